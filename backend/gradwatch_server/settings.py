@@ -1,0 +1,73 @@
+"""The server's configuration: one immutable object, built from CLI arguments and an environment.
+
+Nothing here reads ``os.environ`` at import time: callers pass the environment mapping, so a
+test builds a `Settings` from a plain dict and no module keeps a stale global.
+"""
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+DEFAULT_DB = "sqlite:///./gradwatch.db"
+DEFAULT_HOST = "127.0.0.1"
+DEFAULT_PORT = 8765
+
+#: Environment variables read by `Settings.from_env`, by field name.
+ENV_VARS = {
+    "db_url": "GRADWATCH_DB",
+    "host": "GRADWATCH_HOST",
+    "port": "GRADWATCH_PORT",
+    "token": "GRADWATCH_TOKEN",
+    "crash_grace_s": "GRADWATCH_CRASH_GRACE_S",
+    "frontend_dir": "GRADWATCH_FRONTEND_DIR",
+}
+
+
+def normalize_db_url(value: str) -> str:
+    """Accept a bare file path as an SQLite database: ``runs.db`` -> ``sqlite:///runs.db``."""
+    value = value.strip()
+    if not value:
+        raise ValueError("the database URL is empty; pass e.g. sqlite:///./gradwatch.db")
+    if "://" in value:
+        return value
+    return f"sqlite:///{value}"
+
+
+class Settings(BaseModel):
+    """Everything the server can be told; validated once, then read-only."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    db_url: str = DEFAULT_DB
+    host: str = DEFAULT_HOST
+    port: int = Field(DEFAULT_PORT, ge=0, le=65535)
+    token: str | None = None
+    #: Seconds a run may stay disconnected (without a `close`) before it is marked crashed.
+    crash_grace_s: float = Field(10.0, ge=0)
+    #: Largest websocket frame accepted from a hook; bigger ones are closed with 1009.
+    max_frame_bytes: int = Field(16 * 1024 * 1024, ge=1024)
+    #: Messages queued per browser on /ws/live before that browser is dropped (1013).
+    live_queue_size: int = Field(256, ge=1)
+    #: Serve the dashboard from this folder instead of the packaged copy (frontend work).
+    frontend_dir: Path | None = None
+
+    @field_validator("db_url")
+    @classmethod
+    def _db_url(cls, value: str) -> str:
+        return normalize_db_url(value)
+
+    @field_validator("token")
+    @classmethod
+    def _token(cls, value: str | None) -> str | None:
+        return value or None  # an empty --token or GRADWATCH_TOKEN means "no token"
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str], **overrides: object) -> Settings:
+        """Settings from `env` (e.g. ``os.environ``); explicit `overrides` (not None) win."""
+        values: dict[str, object] = {
+            field: env[var] for field, var in ENV_VARS.items() if env.get(var) not in (None, "")
+        }
+        values.update({k: v for k, v in overrides.items() if v is not None})
+        return cls.model_validate(values)

@@ -1,0 +1,93 @@
+// Chart colours and the common Plotly layout, read from the CSS custom properties of
+// css/app.css so that charts follow the light/dark theme (prefers-color-scheme).
+
+const charts = new Set();
+
+/** The Plotly global, loaded by a classic <script> before the modules run. */
+export function plotly() {
+  if (!window.Plotly) throw new Error("Plotly did not load (/static/vendor/plotly.min.js)");
+  return window.Plotly;
+}
+
+function cssVar(name) {
+  return getComputedStyle(document.documentElement).getPropertyValue(name).trim();
+}
+
+/** The current theme's colours. */
+export function theme() {
+  const palette = [];
+  for (let i = 1; i <= 10; i++) palette.push(cssVar(`--series-${i}`) || "#888");
+  return {
+    fg: cssVar("--fg"),
+    muted: cssVar("--fg-muted"),
+    grid: cssVar("--chart-grid"),
+    axis: cssVar("--border"),
+    card: cssVar("--bg-card"),
+    border: cssVar("--border"),
+    nonfinite: cssVar("--nonfinite"),
+    zero: cssVar("--zero"),
+    font: cssVar("--font-sans"),
+    mono: cssVar("--font-mono"),
+    status: ["--status-none", "--status-zero", "--status-nonzero", "--status-nonfinite"].map(cssVar),
+    palette,
+  };
+}
+
+/** The i-th series colour. */
+export function seriesColor(i, t = theme()) {
+  return t.palette[i % t.palette.length];
+}
+
+function axis(t, extra = {}) {
+  return {
+    gridcolor: t.grid,
+    zerolinecolor: t.grid,
+    linecolor: t.axis,
+    tickcolor: t.axis,
+    automargin: true,
+    ...extra,
+  };
+}
+
+/** The layout every chart starts from; `over` is merged one level deep. */
+export function baseLayout(over = {}, t = theme()) {
+  const base = {
+    paper_bgcolor: "rgba(0,0,0,0)",
+    plot_bgcolor: "rgba(0,0,0,0)",
+    font: { family: t.font, size: 12, color: t.fg },
+    margin: { l: 8, r: 12, t: 8, b: 8 },
+    xaxis: axis(t, { title: { text: "step", font: { color: t.muted, size: 11 } } }),
+    yaxis: axis(t, { exponentformat: "power" }),
+    legend: { orientation: "h", x: 0, y: 1.02, yanchor: "bottom", font: { size: 11 }, bgcolor: "rgba(0,0,0,0)" },
+    hoverlabel: { bgcolor: t.card, bordercolor: t.border, font: { color: t.fg, family: t.font } },
+    hovermode: "closest",
+    showlegend: true,
+  };
+  const out = { ...base };
+  for (const [k, v] of Object.entries(over)) {
+    out[k] = v && typeof v === "object" && !Array.isArray(v) && base[k] && typeof base[k] === "object"
+      ? { ...base[k], ...v } : v;
+  }
+  return out;
+}
+
+/** Plotly config shared by all charts. */
+export function baseConfig(name) {
+  return {
+    responsive: true,
+    displaylogo: false,
+    modeBarButtonsToRemove: ["select2d", "lasso2d", "autoScale2d", "toggleSpikelines"],
+    toImageButtonOptions: { filename: `gradwatch-${name}`, scale: 2 },
+  };
+}
+
+/** Charts register here to be redrawn when the colour scheme changes. */
+export function registerChart(chart) {
+  charts.add(chart);
+  return () => charts.delete(chart);
+}
+
+const scheme = window.matchMedia("(prefers-color-scheme: dark)");
+scheme.addEventListener("change", () => {
+  for (const c of charts) c.retheme();
+});

@@ -1,0 +1,241 @@
+"""The training hot path: fused norms on the training device, one device-to-host copy per step.
+
+`Probe.before_step` reads the gradients as the step uses them, `Probe.after_step` reads the
+parameters and optimizer state as the step left them; both only enqueue device work. The norms
+of one step are concatenated into one vector per device and copied to the host once: on CUDA into
+pinned memory with ``non_blocking=True`` and an event, so the training thread never waits for the
+GPU. `Snapshot.resolve` (on the sender thread) waits for that copy and scatters the vector back
+into per-parameter arrays.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+import numpy as np
+import torch
+
+from .layout import Layout
+from .wire import ABSENT_BITS, GRAD_STATUS_NONE, GRAD_STATUS_NONFINITE, GRAD_STATUS_NONZERO, GRAD_STATUS_ZERO
+
+#: Optimizer state keys that are not per-element buffers even when shaped like a scalar parameter.
+_SCALAR_STATE_KEYS = frozenset({"step"})
+
+
+def fused_norms(tensors: list[torch.Tensor]) -> list[torch.Tensor]:
+    """L2 norm of each tensor as a float32 0-d tensor on its device, in one fused call per device."""
+    if not tensors:
+        return []
+    try:
+        return list(torch._foreach_norm(tensors, 2, dtype=torch.float32))
+    except TypeError:  # torch < 2.3 has no dtype argument: norms come in the tensors' dtype
+        return [n.float() for n in torch._foreach_norm(tensors, 2)]
+
+
+@dataclass
+class _Segment:
+    """`values[k]` is metric `metric` of parameter `index[k]` (a scalar when `index` is None)."""
+    metric: str
+    index: Optional[np.ndarray]
+    values: torch.Tensor
+
+
+@dataclass
+class _DeviceBuffer:
+    segments: list[_Segment]
+    host: torch.Tensor
+    event: Optional[torch.cuda.Event] = None
+
+
+@dataclass
+class Snapshot:
+    """One sampled step's measurements, on their way from the device to the sender thread."""
+    step: int
+    time: float
+    num_params: int
+    buffers: list[_DeviceBuffer]
+    scalars: dict[str, float]
+    grad_bytes: np.ndarray  # bytes of each parameter's .grad (0 where None)
+
+    def resolve(self) -> tuple[dict[str, np.ndarray], np.ndarray, dict[str, float]]:
+        """Wait for the copies, then build per-parameter arrays, grad status and scalars."""
+        metrics: dict[str, np.ndarray] = {"grad_norm": _absent(self.num_params)}
+        scalars = dict(self.scalars)
+        for buf in self.buffers:
+            if buf.event is not None:
+                buf.event.synchronize()
+            host = buf.host.numpy()
+            offset = 0
+            for seg in buf.segments:
+                n = seg.values.numel()
+                chunk = host[offset:offset + n]
+                offset += n
+                if seg.index is None:
+                    scalars[seg.metric] = float(chunk[0])
+                else:
+                    metrics.setdefault(seg.metric, _absent(self.num_params))[seg.index] = chunk
+        status = grad_status(metrics["grad_norm"])
+        grads = metrics["grad_norm"][status != GRAD_STATUS_NONE].astype(np.float64)
+        scalars["grad_norm_total"] = float(np.sqrt(np.sum(grads * grads)))
+        scalars["mem/grads_bytes"] = float(self.grad_bytes.sum())
+        scalars["mem/zero_grad_bytes"] = float(self.grad_bytes[status == GRAD_STATUS_ZERO].sum())
+        return metrics, status, scalars
+
+
+def _absent(n: int) -> np.ndarray:
+    return np.full(n, ABSENT_BITS, dtype=np.uint32).view(np.float32)
+
+
+def is_absent(values: np.ndarray) -> np.ndarray:
+    return values.view(np.uint32) == ABSENT_BITS
+
+
+def grad_status(grad_norm: np.ndarray) -> np.ndarray:
+    """Status code per parameter from its grad norm (ABSENT means `.grad is None`)."""
+    status = np.full(grad_norm.shape, GRAD_STATUS_NONZERO, dtype=np.uint8)
+    status[grad_norm == 0] = GRAD_STATUS_ZERO
+    status[~np.isfinite(grad_norm)] = GRAD_STATUS_NONFINITE
+    status[is_absent(grad_norm)] = GRAD_STATUS_NONE
+    return status
+
+
+@dataclass
+class _Pending:
+    step: int
+    time: float
+    segments: list[_Segment] = field(default_factory=list)
+    grad_bytes: Optional[np.ndarray] = None
+
+
+class Probe:
+    """Measures one step of the optimizers of a `Layout`."""
+
+    def __init__(self, layout: Layout, scaler: Any = None) -> None:
+        self.layout = layout
+        self.scaler = scaler
+        self.params = [w.param for w in layout.params]
+        self.params_bytes = float(sum(p.numel() * p.element_size() for p in self.params))
+        self._pending: Optional[_Pending] = None
+        self._pinned: dict[int, list[torch.Tensor]] = {}  # free pinned host buffers by length
+
+    # -- training thread -------------------------------------------------------------------
+    @torch.no_grad()
+    def before_step(self, step: int) -> None:
+        """Gradient norms as the step will use them (unscaled when a GradScaler scaled them)."""
+        pending = _Pending(step=step, time=time.time())
+        grad_bytes = np.zeros(len(self.params), dtype=np.int64)
+        by_device: dict[torch.device, tuple[list[int], list[torch.Tensor]]] = {}
+        for i, p in enumerate(self.params):
+            g = p.grad
+            if g is not None:
+                grad_bytes[i] = g.numel() * g.element_size()
+                idx, ts = by_device.setdefault(g.device, ([], []))
+                idx.append(i)
+                ts.append(g)
+        for device, (idx, ts) in by_device.items():
+            norms = torch.stack(fused_norms(ts))
+            inv_scale = self._inverse_scale(device)
+            if inv_scale is not None:
+                norms = norms * inv_scale
+            pending.segments.append(_Segment("grad_norm", np.asarray(idx), norms))
+        pending.grad_bytes = grad_bytes
+        self._pending = pending
+
+    @torch.no_grad()
+    def after_step(self, extra_scalars: dict[str, Any]) -> Optional[Snapshot]:
+        """Parameter and optimizer-state norms after the step; enqueues the one copy to host."""
+        pending, self._pending = self._pending, None
+        if pending is None:
+            return None
+        segments = pending.segments
+        scalars: dict[str, float] = {"mem/params_bytes": self.params_bytes}
+        by_device: dict[torch.device, dict[str, tuple[list[int], list[torch.Tensor]]]] = {}
+        optimizer_bytes = 0
+        for i, w in enumerate(self.layout.params):
+            p = w.param
+            by_device.setdefault(p.device, {}).setdefault("param_norm", ([], []))
+            idx, ts = by_device[p.device]["param_norm"]
+            idx.append(i)
+            ts.append(p)
+            state = self.layout.optimizers[w.optimizer].state.get(p)
+            if not state:
+                continue
+            for key, value in state.items():
+                if not isinstance(value, torch.Tensor):
+                    continue
+                optimizer_bytes += value.numel() * value.element_size()
+                if key in _SCALAR_STATE_KEYS or value.shape != p.shape:
+                    continue
+                idx, ts = by_device.setdefault(value.device, {}).setdefault(f"{key}_norm", ([], []))
+                idx.append(i)
+                ts.append(value)
+        for device_metrics in by_device.values():
+            for metric, (idx, ts) in device_metrics.items():
+                segments.append(_Segment(metric, np.asarray(idx), torch.stack(fused_norms(ts))))
+        scalars["mem/optimizer_bytes"] = float(optimizer_bytes)
+        for g, (o, gi) in enumerate(self.layout.group_keys):
+            extra_scalars.setdefault(f"lr/{g}", self.layout.optimizers[o].param_groups[gi].get("lr"))
+        for key, value in extra_scalars.items():
+            if isinstance(value, torch.Tensor):
+                if value.device.type == "cpu":
+                    scalars[key] = float(value.detach().reshape(-1)[0]) if value.numel() else float("nan")
+                else:  # rides along with the one device-to-host copy instead of syncing now
+                    segments.append(_Segment(key, None, value.detach().reshape(-1)[:1].float()))
+            elif isinstance(value, (int, float)) and not isinstance(value, bool):
+                scalars[key] = float(value)
+        scalars.update(cuda_memory({s.values.device for s in segments}))
+        return Snapshot(step=pending.step, time=pending.time, num_params=len(self.params),
+                        buffers=self._to_host(segments), scalars=scalars,
+                        grad_bytes=pending.grad_bytes if pending.grad_bytes is not None else np.zeros(0))
+
+    def recycle(self, snapshot: Snapshot) -> None:
+        """Give a snapshot's pinned buffers back for reuse (sender thread, after `resolve`)."""
+        for buf in snapshot.buffers:
+            if buf.event is not None:
+                self._pinned.setdefault(buf.host.numel(), []).append(buf.host)
+
+    # -- helpers ---------------------------------------------------------------------------
+    def _inverse_scale(self, device: torch.device) -> Optional[torch.Tensor]:
+        """1/scale of the GradScaler unless the user already unscaled these gradients."""
+        scaler = self.scaler
+        if scaler is None or not scaler.is_enabled() or getattr(scaler, "_scale", None) is None:
+            return None
+        from torch.amp.grad_scaler import OptState
+
+        for opt in self.layout.optimizers:
+            if scaler._per_optimizer_states[id(opt)]["stage"] is OptState.UNSCALED:
+                return None
+        return scaler._scale.to(device=device, non_blocking=True).double().reciprocal().float()
+
+    def _to_host(self, segments: list[_Segment]) -> list[_DeviceBuffer]:
+        by_device: dict[torch.device, list[_Segment]] = {}
+        for seg in segments:
+            by_device.setdefault(seg.values.device, []).append(seg)
+        buffers = []
+        for device, segs in by_device.items():
+            flat = torch.cat([s.values.reshape(-1).float() for s in segs])
+            if device.type == "cpu":
+                buffers.append(_DeviceBuffer(segs, flat))
+                continue
+            free = self._pinned.get(flat.numel())
+            host = free.pop() if free else torch.empty(flat.numel(), dtype=torch.float32, pin_memory=True)
+            with torch.cuda.device(device):
+                host.copy_(flat, non_blocking=True)
+                event = torch.cuda.Event()
+                event.record()
+            buffers.append(_DeviceBuffer(segs, host, event))
+        return buffers
+
+
+def cuda_memory(devices: set[torch.device]) -> dict[str, float]:
+    """Allocator counters (host-side, no synchronisation) for the CUDA devices in use."""
+    out: dict[str, float] = {}
+    for device in devices:
+        if device.type != "cuda":
+            continue
+        index = device.index if device.index is not None else torch.cuda.current_device()
+        out[f"mem/cuda:{index}/allocated"] = float(torch.cuda.memory_allocated(index))
+        out[f"mem/cuda:{index}/reserved"] = float(torch.cuda.memory_reserved(index))
+        out[f"mem/cuda:{index}/peak"] = float(torch.cuda.max_memory_allocated(index))
+    return out

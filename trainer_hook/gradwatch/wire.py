@@ -1,0 +1,59 @@
+"""Wire protocol v1, hook side: message builders (see docs/protocol.md).
+
+The server's pydantic models in ``gradwatch_server.protocol`` are the one definition; a test
+validates every message built here against them.
+"""
+from __future__ import annotations
+
+import base64
+import json
+import math
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+
+PROTOCOL_VERSION = 1
+
+#: Bit pattern of the float32 NaN that means "does not apply" (no grad, no such state yet).
+#: A quiet NaN that no hardware produces, so every other NaN stays a measured value.
+ABSENT_BITS = 0x7FDEAD00
+
+GRAD_STATUS_NONE, GRAD_STATUS_ZERO, GRAD_STATUS_NONZERO, GRAD_STATUS_NONFINITE = 0, 1, 2, 3
+
+
+def b64_array(values: np.ndarray) -> str:
+    """Base64 of a little-endian array, the wire encoding of per-parameter values."""
+    little = np.ascontiguousarray(values, dtype=values.dtype.newbyteorder("<"))
+    return base64.b64encode(little.tobytes()).decode("ascii")
+
+
+def json_scalar(value: float) -> float | str:
+    """A float as standard JSON allows it: non-finite values become strings."""
+    if math.isfinite(value):
+        return value
+    if math.isnan(value):
+        return "NaN"
+    return "Infinity" if value > 0 else "-Infinity"
+
+
+def hello(run: Mapping[str, Any], params: Sequence[Mapping[str, Any]], groups: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    return {"v": PROTOCOL_VERSION, "type": "hello", "run": dict(run), "params": list(params), "groups": list(groups)}
+
+
+def step(seq: int, step_index: int, time: float, scalars: Mapping[str, float],
+         metrics: Mapping[str, np.ndarray], grad_status: np.ndarray) -> dict[str, Any]:
+    return {
+        "v": PROTOCOL_VERSION, "type": "step", "seq": seq, "step": step_index, "time": time,
+        "scalars": {k: json_scalar(float(v)) for k, v in scalars.items()},
+        "params": {k: b64_array(v.astype(np.float32, copy=False)) for k, v in metrics.items()},
+        "grad_status": b64_array(grad_status.astype(np.uint8, copy=False)),
+    }
+
+
+def close(seq: int, status: str = "finished") -> dict[str, Any]:
+    return {"v": PROTOCOL_VERSION, "type": "close", "seq": seq, "status": status}
+
+
+def dumps(message: Mapping[str, Any]) -> str:
+    """Serialize strictly: a bare NaN token would be refused by the server."""
+    return json.dumps(message, allow_nan=False, separators=(",", ":"))
