@@ -1,0 +1,44 @@
+# The two commands of the README: `make demo` and `make test`. Everything they need is set up here.
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+PIP    := $(BIN)/python -m pip --disable-pip-version-check -q
+# Pinned: on these machines torch==2.13.0 is a local CPU build; a range would pull CUDA wheels.
+TORCH  := torch==2.13.0
+
+.PHONY: demo test bench setup setup-test system-deps clean
+
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
+
+# Dependencies change rarely: install them once per change of the files that declare them.
+$(VENV)/.stamp-deps: $(BIN)/python trainer_hook/pyproject.toml backend/pyproject.toml
+	$(BIN)/python -c "import torch" 2>/dev/null || $(PIP) install $(TORCH)
+	$(PIP) install ./trainer_hook ./backend
+	touch $@
+
+$(VENV)/.stamp-test-deps: $(VENV)/.stamp-deps requirements-test.txt
+	$(PIP) install -r requirements-test.txt
+	touch $@
+
+# Our own code is reinstalled every time (non-editable, as users get it: the wheel must carry
+# the dashboard), without touching the dependencies.
+setup: $(VENV)/.stamp-deps
+	$(PIP) install --no-deps --force-reinstall ./trainer_hook ./backend
+
+setup-test: setup $(VENV)/.stamp-test-deps system-deps
+
+system-deps:
+	./scripts/install-system-deps.sh
+
+demo: setup
+	./scripts/demo.sh
+
+test: setup-test
+	$(BIN)/python -m pytest
+
+bench: setup-test
+	$(BIN)/python tests/bench/overhead.py
+
+clean:
+	rm -rf $(VENV) build dist */build */*.egg-info

@@ -1,0 +1,130 @@
+"""The hook's measurements against a naive oracle: torch.linalg.vector_norm per tensor."""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from gradwatch.layout import build_layout
+from gradwatch.measure import Probe, is_absent
+from gradwatch.wire import GRAD_STATUS_NONE, GRAD_STATUS_NONFINITE, GRAD_STATUS_NONZERO, GRAD_STATUS_ZERO
+
+
+class Net(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc1 = torch.nn.Linear(6, 16)
+        self.fc2 = torch.nn.Linear(16, 3)
+        self.unused = torch.nn.Linear(3, 3)  # never in the graph: its grad stays None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc2(torch.relu(self.fc1(x)))
+
+
+def oracle(tensors: list[torch.Tensor | None]) -> list[float]:
+    return [math.nan if t is None else float(torch.linalg.vector_norm(t.detach().float())) for t in tensors]
+
+
+def assert_close(got: np.ndarray, want: list[float], absent: list[bool]) -> None:
+    assert list(is_absent(got)) == absent
+    for g, w, a in zip(got.tolist(), want, absent):
+        if a:
+            continue
+        if math.isnan(w):
+            assert math.isnan(g)
+        else:
+            assert g == pytest.approx(w, rel=1e-5, abs=1e-30)
+
+
+def measured_step(model: torch.nn.Module, opt: torch.optim.Optimizer, probe: Probe, step: int):
+    """One real step with the probe around it; returns what it measured and the oracle inputs."""
+    params = [w.param for w in probe.layout.params]
+    grads = [None if p.grad is None else p.grad.clone() for p in params]
+    probe.before_step(step)
+    opt.step()
+    snapshot = probe.after_step({})
+    assert snapshot is not None
+    metrics, status, scalars = snapshot.resolve()
+    return metrics, status, scalars, grads, params
+
+
+@pytest.mark.parametrize("make_opt", [
+    lambda p: torch.optim.AdamW(p, lr=1e-2),
+    lambda p: torch.optim.AdamW(p, lr=1e-2, foreach=False),
+    lambda p: torch.optim.Adam(p, lr=1e-2, amsgrad=True),
+    lambda p: torch.optim.SGD(p, lr=1e-2, momentum=0.9),
+], ids=["adamw-foreach", "adamw-forloop", "adam-amsgrad", "sgd-momentum"])
+def test_norms_match_oracle_with_none_zero_and_nan_grads(make_opt) -> None:
+    torch.manual_seed(0)
+    model = Net()
+    opt = make_opt(model.parameters())
+    probe = Probe(build_layout([opt], model))
+    names = [w.name for w in probe.layout.params]
+    assert names == [n for n, _ in model.named_parameters()]
+    for step in range(1, 4):
+        opt.zero_grad(set_to_none=True)
+        model(torch.randn(8, 6)).pow(2).mean().backward()
+        model.fc1.bias.grad.zero_()  # zero-filled buffer
+        if step == 3:
+            model.fc2.weight.grad[0, 0] = float("nan")
+        metrics, status, scalars, grads, params = measured_step(model, opt, probe, step)
+
+        absent = [g is None for g in grads]
+        assert_close(metrics["grad_norm"], oracle(grads), absent)
+        assert_close(metrics["param_norm"], oracle(params), [False] * len(params))
+        for key in ("exp_avg", "exp_avg_sq", "max_exp_avg_sq", "momentum_buffer"):
+            states = [opt.state.get(p, {}).get(key) for p in params]
+            if all(s is None for s in states):
+                assert f"{key}_norm" not in metrics
+                continue
+            assert_close(metrics[f"{key}_norm"], oracle(states), [s is None for s in states])
+
+        expected = {"fc1.weight": GRAD_STATUS_NONZERO, "fc1.bias": GRAD_STATUS_ZERO,
+                    "fc2.weight": GRAD_STATUS_NONFINITE if step == 3 else GRAD_STATUS_NONZERO,
+                    "fc2.bias": GRAD_STATUS_NONZERO, "unused.weight": GRAD_STATUS_NONE, "unused.bias": GRAD_STATUS_NONE}
+        assert dict(zip(names, status.tolist())) == expected
+
+        present = [g for g in grads if g is not None]
+        total = float(torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g) for g in present]).double()))
+        if step == 3:
+            assert math.isnan(scalars["grad_norm_total"])
+        else:
+            assert scalars["grad_norm_total"] == pytest.approx(total, rel=1e-5)
+        assert scalars["lr/0"] == pytest.approx(1e-2)
+        assert scalars["mem/params_bytes"] == sum(p.numel() * 4 for p in params)
+        assert scalars["mem/grads_bytes"] == sum(g.numel() * 4 for g in present)
+        assert scalars["mem/zero_grad_bytes"] == model.fc1.bias.numel() * 4
+        state_bytes = sum(v.numel() * v.element_size() for s in opt.state.values() for v in s.values() if isinstance(v, torch.Tensor))
+        assert scalars["mem/optimizer_bytes"] == state_bytes
+
+
+def test_bf16_params_are_measured_in_float32() -> None:
+    torch.manual_seed(0)
+    model = torch.nn.Linear(64, 64).to(torch.bfloat16)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    probe = Probe(build_layout([opt], model))
+    model(torch.randn(4, 64, dtype=torch.bfloat16)).float().sum().backward()
+    metrics, *_ , grads, params = measured_step(model, opt, probe, 1)
+    want = [float(torch.linalg.vector_norm(g.float())) for g in grads]
+    assert metrics["grad_norm"].tolist() == pytest.approx(want, rel=1e-5)
+
+
+def test_several_param_groups_report_each_learning_rate() -> None:
+    model = Net()
+    opt = torch.optim.SGD([{"params": model.fc1.parameters(), "lr": 0.1},
+                           {"params": model.fc2.parameters(), "lr": 0.01, "name": "head"}])
+    probe = Probe(build_layout([opt], model))
+    model(torch.randn(2, 6)).sum().backward()
+    _, _, scalars, *_ = measured_step(model, opt, probe, 1)
+    assert scalars["lr/0"] == pytest.approx(0.1) and scalars["lr/1"] == pytest.approx(0.01)
+    assert probe.layout.hello_groups()[1]["name"] == "head"
+    assert probe.layout.unoptimized == ["unused.weight", "unused.bias"]
+
+
+def test_unnamed_parameters_get_stable_names() -> None:
+    a, b = torch.nn.Parameter(torch.ones(3)), torch.nn.Parameter(torch.ones(2))
+    opt = torch.optim.SGD([{"params": [a]}, {"params": [b]}], lr=0.1)
+    layout = build_layout([opt], None)
+    assert [w.name for w in layout.params] == ["group0.param0", "group1.param0"]
