@@ -8,6 +8,7 @@ server refuses as invalid (it would be refused again) with a warning.
 from __future__ import annotations
 
 import collections
+import contextlib
 import json
 import logging
 import queue
@@ -44,6 +45,7 @@ class Sender:
         self._unacked_bytes = 0
         self._seq = 0
         self._ws: Optional[ClientConnection] = None
+        self._ws_scope = contextlib.ExitStack()  # websockets>=17 wants connect() as a context manager
         self._closing = threading.Event()
         self._thread = threading.Thread(target=self._run, name="gradwatch-sender", daemon=True)
         self._thread.start()
@@ -165,8 +167,8 @@ class Sender:
 
     def _connect(self) -> None:
         headers = {"Authorization": f"Bearer {self.token}"} if self.token else None
-        ws = connect(self.ws_url, additional_headers=headers, open_timeout=5, close_timeout=2,
-                     max_size=16 << 20, compression=None)
+        ws = self._ws_scope.enter_context(connect(self.ws_url, additional_headers=headers, open_timeout=5,
+                                                  close_timeout=2, max_size=16 << 20, compression=None))
         self._ws = ws
         ws.send(wire.dumps(self.hello))
         reply = json.loads(ws.recv(timeout=10))
@@ -177,12 +179,11 @@ class Sender:
             ws.send(text)
 
     def _disconnect(self) -> None:
-        ws, self._ws = self._ws, None
-        if ws is not None:
-            try:
-                ws.close()
-            except Exception:
-                pass  # already broken: nothing to tell the server
+        self._ws = None
+        try:
+            self._ws_scope.close()
+        except Exception as exc:  # already broken: nothing more to tell the server
+            log.debug("gradwatch: closing the connection: %s", exc)
 
     def _drop(self, why: str) -> None:
         if self.dropped == 0:

@@ -1,0 +1,58 @@
+"""What the hook emits is valid under the server's protocol models: one definition, both sides."""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import torch
+
+from gradwatch import wire
+from gradwatch.layout import build_layout
+from gradwatch.measure import Probe
+from gradwatch_server import protocol
+
+
+def test_protocol_constants_agree() -> None:
+    assert wire.PROTOCOL_VERSION == protocol.PROTOCOL_VERSION
+    assert wire.ABSENT_BITS == protocol.ABSENT_BITS
+    codes = (wire.GRAD_STATUS_NONE, wire.GRAD_STATUS_ZERO, wire.GRAD_STATUS_NONZERO, wire.GRAD_STATUS_NONFINITE)
+    assert [protocol.GRAD_STATUS_NAMES[c] for c in codes] == ["none", "zero", "nonzero", "nonfinite"]
+
+
+def test_hook_messages_validate_and_round_trip() -> None:
+    model = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.Linear(4, 2), torch.nn.Linear(2, 2))
+    opt = torch.optim.Adam(list(model[0].parameters()) + list(model[1].parameters()), lr=1e-3)
+    layout = build_layout([opt], model)
+    probe = Probe(layout)
+    hello = wire.hello({"id": "abc123", "name": "n", "project": "p", "started_at": 1.0, "hook_version": "0.1.0",
+                        "optimizer": "Adam", "config": {"every": 1, "unoptimized_params": layout.unoptimized}},
+                       layout.hello_params(), layout.hello_groups())
+    parsed = protocol.parse_message(wire.dumps(hello))
+    assert isinstance(parsed, protocol.Hello)
+    assert [p.name for p in parsed.params] == ["0.weight", "0.bias", "1.weight", "1.bias"]
+
+    model(torch.randn(2, 3)).sum().backward()
+    model[0].bias.grad[0] = float("nan")
+    model[1].bias.grad = None
+    probe.before_step(1)
+    opt.step()
+    snapshot = probe.after_step({"loss": float("inf")})
+    metrics, status, scalars = snapshot.resolve()
+    text = wire.dumps(wire.step(7, 1, 2.0, scalars, metrics, status))
+    step = protocol.parse_message(text, param_count=len(layout.params))
+    assert isinstance(step, protocol.Step) and step.seq == 7
+    assert step.scalars["loss"] == float("inf")
+    arrays = step.arrays()
+    for name, values in metrics.items():
+        assert protocol.decode_floats(arrays[name]).tobytes() == values.tobytes()  # bit-exact, ABSENT too
+    assert protocol.decode_status(arrays["grad_status"]).tolist() == status.tolist()
+    assert protocol.absent_mask(protocol.decode_floats(arrays["grad_norm"])).tolist() == [False, False, False, True]
+
+    close = protocol.parse_message(wire.dumps(wire.close(8)))
+    assert isinstance(close, protocol.Close) and close.status == "finished"
+
+
+def test_wire_json_is_strict() -> None:
+    text = wire.dumps(wire.step(1, 1, 0.0, {"a": float("nan"), "b": float("-inf")}, {"grad_norm": np.zeros(1, np.float32)},
+                                np.zeros(1, np.uint8)))
+    assert json.loads(text)["scalars"] == {"a": "NaN", "b": "-Infinity"}
