@@ -96,6 +96,7 @@ export function renderLiveStatus(el, status, retryInMs) {
     connecting: "Connecting…",
     live: "Live",
     reconnecting: retryInMs > 1500 ? `Reconnecting in ${Math.round(retryInMs / 1000)}s` : "Reconnecting…",
+    offline: "Offline",
   }[status] || status;
   el.textContent = text;
   el.title = status === "live" ? "Receiving live updates from the server" : "Live updates paused; the page reconnects by itself";

@@ -76,7 +76,10 @@ export function baseConfig(name) {
   return {
     responsive: true,
     displaylogo: false,
-    modeBarButtonsToRemove: ["select2d", "lasso2d", "autoScale2d", "toggleSpikelines"],
+    // "sendChartToCloud" would upload the chart to Plotly's servers: never, from this tool.
+    modeBarButtonsToRemove: ["select2d", "lasso2d", "autoScale2d", "toggleSpikelines", "sendChartToCloud"],
+    showSendToCloud: false,
+    showEditInChartStudio: false,
     toImageButtonOptions: { filename: `gradwatch-${name}`, scale: 2 },
   };
 }

@@ -1,0 +1,332 @@
+// A line chart of one or more series over steps that never drops a value silently:
+// NaN and ±Inf are drawn as red markers along the top (-Inf along the bottom) with hover
+// text naming them, and on a log axis exact zeros are drawn as grey markers along the
+// bottom. Live points are added with Plotly.extendTraces; the series are kept here too so
+// that switching the axis or the theme redraws without asking the server again.
+
+import { isNonFinite, nonFiniteLabel, plotlyText } from "../format.js";
+import { Pacer } from "./pacer.js";
+import { baseConfig, baseLayout, plotly, registerChart, seriesColor, theme } from "./theme.js";
+
+const TOP = 0.97;    // where non-finite markers sit, in the marker axis (0..1 of the plot)
+const BOTTOM = 0.03; // -Inf, and zeros on a log axis
+const STAGGER = 0.035;
+
+/**
+ * @typedef {{name: string, x: number[], y: (number|null)[], min?: (number|null)[]|null,
+ *            max?: (number|null)[]|null}} Series
+ *   y holds numbers from format.toNumber: finite, NaN, ±Infinity, or null (ABSENT: a gap).
+ */
+
+export class LineChart {
+  /**
+   * @param {HTMLElement} el  the plot element; gets data-points / data-nonfinite after each draw
+   * @param {{name: string, log?: boolean, yTitle?: string, scale?: number, unit?: string,
+   *          legend?: boolean, emptyText?: string, onXRange?: (range: number[]|null) => void}} opts
+   *   scale divides every value (bytes -> MiB); unit is appended in hover text; legend: false
+   *   leaves the series out of the legend (a picker shows their colours instead).
+   */
+  constructor(el, opts) {
+    this.el = el;
+    this.opts = { log: false, scale: 1, unit: "", emptyText: "No data yet", ...opts };
+    this.series = [];
+    this.xRange = null;
+    this.drawn = false;
+    this.syncing = false;
+    this.layoutIndex = null;
+    this.pending = [];   // live points not drawn yet, per series
+    this.pacer = new Pacer(el, () => this.flush());
+    this.unregister = registerChart(this);
+  }
+
+  /** Replace all series (after a REST fetch). */
+  setSeries(series) {
+    this.series = series.map((s) => ({
+      name: s.name,
+      x: s.x.slice(),
+      y: s.y.slice(),
+      min: s.min ? s.min.slice() : null,
+      max: s.max ? s.max.slice() : null,
+    }));
+    return this.draw();
+  }
+
+  setLog(log) {
+    this.opts.log = log;
+    return this.draw();
+  }
+
+  setScale(scale, unit) {
+    this.opts.scale = scale;
+    this.opts.unit = unit;
+  }
+
+  /** Restrict the x axis to [a, b] (shared zoom), or back to everything with null. */
+  setXRange(range) {
+    this.xRange = range;
+    if (!this.drawn) return;
+    this.syncing = true;
+    const upd = range ? { "xaxis.range": range.slice(), "xaxis.autorange": false } : { "xaxis.autorange": true };
+    plotly().relayout(this.el, upd).finally(() => { this.syncing = false; });
+  }
+
+  /** Say in the chart why it has nothing to show (a failed fetch). */
+  fail(err) {
+    this.el.dataset.empty = `Could not load: ${err && err.message ? err.message : err}`;
+  }
+
+  retheme() {
+    if (this.drawn) this.draw();
+  }
+
+  destroy() {
+    this.pacer.destroy();
+    this.unregister();
+    if (this.drawn) plotly().purge(this.el);
+  }
+
+  /**
+   * Append live points: `points[i]` is a list of [x, y] for series i (y as toNumber gives).
+   * They are drawn by the pacer: one extendTraces for everything that arrived since the last
+   * draw, and a full redraw only when they bring the chart's first points, its first
+   * non-finite value or its first zero on a log axis.
+   */
+  append(points) {
+    points.forEach((pts, i) => {
+      const s = this.series[i];
+      if (!s || !pts || !pts.length) return;
+      for (const [x, y] of pts) {
+        s.x.push(x);
+        s.y.push(y);
+        if (s.min) s.min.push(y);
+        if (s.max) s.max.push(y);
+      }
+      (this.pending[i] ||= []).push(...pts);
+    });
+    if (this.pending.some((p) => p && p.length)) this.pacer.request();
+  }
+
+  /** Draw the pending points (called by the pacer). */
+  flush() {
+    const pending = this.pending;
+    this.pending = [];
+    const idx = this.layoutIndex;
+    if (!this.drawn || !idx) return this.draw();
+    const upd = { x: [], y: [], text: [] };
+    const traces = [];
+    const push = (trace, xs, ys, texts) => {
+      traces.push(trace);
+      upd.x.push(xs);
+      upd.y.push(ys);
+      upd.text.push(texts);
+    };
+    const nf = { x: [], y: [], text: [] };
+    const zero = { x: [], y: [], text: [] };
+    pending.forEach((pts, i) => {
+      if (!pts || !pts.length || !this.series[i]) return;
+      const xs = pts.map((p) => p[0]);
+      const ys = pts.map((p) => this.plotY(p[1]));
+      const blank = pts.map(() => "");
+      push(idx.line[i], xs, ys, blank);
+      if (idx.band[i] >= 0) {
+        push(idx.band[i], xs, ys, blank);
+        push(idx.band[i] + 1, xs, ys, blank);
+      }
+      for (const [x, y] of pts) this.markerPoint(i, x, y, nf, zero);
+    });
+    // A first marker needs a trace (and a legend entry) that is not there yet.
+    if ((nf.x.length && idx.nonfinite < 0) || (zero.x.length && idx.zero < 0)) return this.draw();
+    if (nf.x.length) push(idx.nonfinite, nf.x, nf.y, nf.text);
+    if (zero.x.length) push(idx.zero, zero.x, zero.y, zero.text);
+    if (!traces.length) return Promise.resolve();
+    return plotly().extendTraces(this.el, upd, traces).then(() => this.mark());
+  }
+
+  /** A value as drawn on the line: non-finite values and log-axis zeros become gaps. */
+  plotY(y) {
+    if (y === null || isNonFinite(y)) return null;
+    if (this.opts.log && y <= 0) return null;
+    return y / this.opts.scale;
+  }
+
+  markerPoint(i, x, y, nf, zero) {
+    const name = plotlyText(this.series[i].name);
+    const unit = this.opts.unit ? ` ${this.opts.unit}` : "";
+    if (isNonFinite(y)) {
+      nf.x.push(x);
+      nf.y.push(y === -Infinity ? BOTTOM + i * STAGGER : TOP - i * STAGGER);
+      nf.text.push(`<b>${nonFiniteLabel(y)}</b> · ${name}<br>step ${x}`);
+    } else if (this.opts.log && y !== null && y <= 0) {
+      zero.x.push(x);
+      zero.y.push(BOTTOM + i * STAGGER);
+      zero.text.push(`${y}${unit} · ${name}<br>step ${x} (not drawable on a log axis)`);
+    }
+  }
+
+  markerCounts() {
+    let nonfinite = 0;
+    let zero = 0;
+    for (const s of this.series) {
+      for (let j = 0; j < s.y.length; j++) {
+        const vals = [s.y[j], s.min ? s.min[j] : null, s.max ? s.max[j] : null];
+        if (vals.some(isNonFinite)) nonfinite++;
+        else if (this.opts.log && s.y[j] !== null && s.y[j] <= 0) zero++;
+      }
+    }
+    return { nonfinite, zero };
+  }
+
+  /** Build every trace from this.series and (re)draw with Plotly.react. */
+  draw() {
+    this.pending = [];
+    this.pacer.clear();
+    const t = theme();
+    const traces = [];
+    const idx = { line: [], band: [], nonfinite: -1, zero: -1 };
+    const unit = this.opts.unit ? ` ${plotlyText(this.opts.unit)}` : "";
+    const nf = { x: [], y: [], text: [] };
+    const zero = { x: [], y: [], text: [] };
+    const single = this.series.length === 1;
+
+    this.series.forEach((s, i) => {
+      const color = seriesColor(i, t);
+      idx.band[i] = -1;
+      if (s.min && s.max && s.min.some((v, j) => v !== s.y[j]) ) {
+        idx.band[i] = traces.length;
+        const band = (vals, fill) => ({
+          type: "scatter", mode: "lines", x: s.x.slice(), y: vals.map((v) => this.plotY(v)),
+          line: { width: 0, color }, fill, fillcolor: withAlpha(color, 0.16), hoverinfo: "skip",
+          showlegend: false, connectgaps: false, text: s.x.map(() => ""),
+        });
+        traces.push(band(s.min, "none"), band(s.max, "tonexty"));
+      }
+      s.x.forEach((x, j) => {
+        const worst = [s.y[j], s.min ? s.min[j] : null, s.max ? s.max[j] : null].find(isNonFinite);
+        this.markerPoint(i, x, worst === undefined ? s.y[j] : worst, nf, zero);
+      });
+    });
+    this.series.forEach((s, i) => {
+      idx.line[i] = traces.length;
+      const name = plotlyText(s.name);
+      traces.push({
+        type: "scatter", mode: s.x.length < 60 ? "lines+markers" : "lines",
+        name, x: s.x.slice(), y: s.y.map((v) => this.plotY(v)), text: s.x.map(() => ""),
+        line: { width: 1.8, color: seriesColor(i, t) }, marker: { size: 4 }, showlegend: this.opts.legend !== false,
+        hovertemplate: `${single ? "" : `${name}<br>`}step %{x}: <b>%{y:.4~g}${unit}</b><extra></extra>`,
+      });
+    });
+    if (nf.x.length) {
+      idx.nonfinite = traces.length;
+      traces.push({
+        type: "scatter", mode: "markers", name: "NaN / Inf", yaxis: "y2", ...nf,
+        marker: { color: t.nonfinite, size: 10, symbol: "x", line: { width: 1, color: t.nonfinite } },
+        hovertemplate: "%{text}<extra></extra>", cliponaxis: false,
+      });
+    }
+    if (zero.x.length) {
+      idx.zero = traces.length;
+      traces.push({
+        type: "scatter", mode: "markers", name: "zero", yaxis: "y2", ...zero,
+        marker: { color: t.zero, size: 7, symbol: "line-ew-open", line: { width: 2, color: t.zero } },
+        hovertemplate: "%{text}<extra></extra>", cliponaxis: false,
+      });
+    }
+
+    const empty = !this.series.some((s) => s.x.length);
+    const layout = baseLayout({
+      xaxis: { ...(this.xRange ? { range: this.xRange.slice(), autorange: false } : { autorange: true }), visible: !empty },
+      yaxis: {
+        visible: !empty,
+        type: this.opts.log ? "log" : "linear",
+        title: this.opts.yTitle ? { text: plotlyText(this.opts.yTitle), font: { color: t.muted, size: 11 } } : undefined,
+        exponentformat: "power",
+        ...this.yAxisTicks(),
+      },
+      yaxis2: { overlaying: "y", range: [0, 1], visible: false, fixedrange: true },
+      showlegend: traces.filter((tr) => tr.showlegend !== false).length > (this.opts.legend === false ? 0 : 1),
+      uirevision: this.opts.name,
+    }, t);
+
+    this.layoutIndex = idx;
+    const first = !this.drawn;
+    this.drawn = true;
+    return plotly().react(this.el, traces, layout, baseConfig(this.opts.name)).then(() => {
+      if (first) this.listen();
+      this.mark();
+    });
+  }
+
+  /**
+   * Ticks that stay readable: on a log axis spanning a few decades, plain numbers rather
+   * than Plotly's small digits; on a linear axis, a flat series gets a range around its value.
+   */
+  yAxisTicks() {
+    let lo = Infinity;
+    let hi = -Infinity;
+    for (const s of this.series) {
+      for (const v of s.y) {
+        if (v === null || isNonFinite(v) || (this.opts.log && v <= 0)) continue;
+        if (v < lo) lo = v;
+        if (v > hi) hi = v;
+      }
+    }
+    if (!Number.isFinite(lo)) return {};
+    if (this.opts.log) {
+      // Plain numbers up to a few decades (ticks at 1-2-5 past one decade, Plotly's own
+      // within one); powers of ten beyond.
+      const decades = Math.log10(hi / lo);
+      if (decades < 0.8) return { tickformat: "~g" };
+      return decades <= 3 ? { tickformat: "~g", dtick: "D2" } : {};
+    }
+    if (hi === lo) {
+      const pad = Math.abs(lo) * 0.05 || 1;
+      return { range: [(lo - pad) / this.opts.scale, (hi + pad) / this.opts.scale], autorange: false };
+    }
+    return {};
+  }
+
+  listen() {
+    this.el.on("plotly_relayout", (ev) => {
+      if (this.syncing || !this.opts.onXRange) return;
+      if (ev["xaxis.autorange"]) {
+        this.xRange = null;
+        this.opts.onXRange(null);
+      } else if (ev["xaxis.range[0]"] !== undefined) {
+        this.xRange = [ev["xaxis.range[0]"], ev["xaxis.range[1]"]];
+        this.opts.onXRange(this.xRange);
+      } else if (Array.isArray(ev["xaxis.range"])) {
+        this.xRange = ev["xaxis.range"].slice();
+        this.opts.onXRange(this.xRange);
+      }
+    });
+  }
+
+  /** Publish what is drawn for tests and people: data-points, data-nonfinite, data-empty. */
+  mark() {
+    const points = this.series.reduce((n, s) => n + s.x.length, 0);
+    const { nonfinite } = this.markerCounts();
+    this.el.dataset.points = String(points);
+    this.el.dataset.nonfinite = String(nonfinite);
+    this.el.dataset.series = String(this.series.length);
+    if (points === 0) {
+      this.el.dataset.empty = this.opts.emptyText;
+    } else {
+      delete this.el.dataset.empty;
+    }
+  }
+}
+
+/** "#rrggbb" or "rgb(r, g, b)" with an alpha. */
+export function withAlpha(color, alpha) {
+  const c = color.trim();
+  if (/^#[0-9a-f]{6}$/i.test(c)) {
+    const n = parseInt(c.slice(1), 16);
+    return `rgba(${n >> 16}, ${(n >> 8) & 255}, ${n & 255}, ${alpha})`;
+  }
+  const m = c.match(/^rgba?\(([^)]+)\)$/);
+  if (m) {
+    const [r, g, b] = m[1].split(",").map((v) => v.trim());
+    return `rgba(${r}, ${g}, ${b}, ${alpha})`;
+  }
+  return c;
+}

@@ -1,0 +1,286 @@
+// The run page (/runs/{id}): fetches the run over REST, draws one view per card (see
+// views/run-views.js), then follows /ws/live?run=ID and appends each step to the charts.
+// Live steps are queued and handed to the views once per animation frame; each chart then
+// draws them with one extendTraces when its pacer lets it (charts/pacer.js), so 20 steps/s
+// costs a few draws per second. After a dropped connection, or a change the charts cannot
+// absorb (a new metric, a chart grown past its budget), everything is fetched again over REST.
+
+import { api, ApiError, liveUrl, UnreachableError } from "../api.js";
+import { byId, h, notice, setChildren } from "../dom.js";
+import { toNumber } from "../format.js";
+import { LiveSocket, renderLiveStatus } from "../live.js";
+import { queryValue, readQuery, writeQuery } from "../url.js";
+import { headerView } from "../views/header.js";
+import { createRunViews } from "../views/run-views.js";
+
+const MAX_POINTS = 4000;      // a live chart past this many points per series is refetched (downsampled)
+const MAX_QUEUE = 20000;      // live steps waiting (hidden tab): past this, drop them and refetch
+const FINDINGS_EVERY_MS = 15000;
+
+const q = readQuery();
+const runId = decodeURIComponent(location.pathname.split("/").filter(Boolean)[1] || queryValue(q, "id", ""));
+const num = (v) => (v === null || v === "" || Number.isNaN(Number(v)) ? null : Number(v));
+const from = num(queryValue(q, "from"));
+const to = num(queryValue(q, "to"));
+
+/** The page's whole state; views read it, only this module writes the top-level fields. */
+const state = {
+  runId,
+  run: null,
+  params: [],
+  paramIndex: new Map(),   // name -> index in /params (the order of live arrays)
+  metrics: { scalars: [], params: [] },
+  selected: q.param || [], // parameters chosen by name (?param=); empty: the top 5
+  shown: [],               // parameters drawn in the per-parameter charts
+  latest: {},              // latest value of each scalar, for the header
+  xRange: from !== null && to !== null ? [from, to] : null,
+  otherScalar: queryValue(q, "scalar"),
+};
+
+const header = headerView(byId("run-header"));
+const grid = byId("charts");
+const pageNotice = byId("page-notice");
+
+const onXRange = (range) => {
+  state.xRange = range;
+  for (const v of Object.values(views)) if (v.setXRange) v.setXRange(range);
+  saveUrl();
+};
+const select = (names) => {
+  state.selected = names;
+  saveUrl();
+  reloadParams();
+};
+const addParam = (name) => {
+  if (!state.shown.includes(name)) select([...state.shown, name]);
+  views.paramNorms.card.scrollIntoView({ behavior: "smooth", block: "start" });
+};
+
+const { views, present: PRESENT, otherSelect, otherScalars } = createRunViews(state, {
+  onXRange,
+  onSelect: select,
+  onParam: addParam,
+  onOtherScalar: (key) => {
+    state.otherScalar = key;
+    saveUrl();
+    loadViews([views.other]).catch(showError);
+  },
+});
+for (const v of Object.values(views)) grid.appendChild(v.card);
+
+/** Half-width cards go in pairs; the last of an odd run of them takes the whole row. */
+function balanceGrid() {
+  let run = [];
+  const endRun = () => {
+    if (run.length % 2 === 1) run[run.length - 1].classList.add("card-auto-wide");
+    run = [];
+  };
+  for (const card of grid.children) {
+    const was = card.classList.contains("card-auto-wide");
+    card.classList.remove("card-auto-wide");
+    if (!card.hidden && !card.classList.contains("card-wide")) run.push(card);
+    else if (!card.hidden) endRun();
+    card.dataset.wasWide = was ? "1" : "";
+  }
+  endRun();
+  for (const card of grid.children) {
+    const chart = card.querySelector(".js-plotly-plot");
+    if (chart && (card.dataset.wasWide === "1") !== card.classList.contains("card-auto-wide")) window.Plotly.Plots.resize(chart);
+    delete card.dataset.wasWide;
+  }
+}
+
+function saveUrl() {
+  writeQuery({
+    param: state.selected,
+    from: state.xRange ? Math.round(state.xRange[0]) : null,
+    to: state.xRange ? Math.round(state.xRange[1]) : null,
+    scalar: state.otherScalar,
+  });
+}
+
+// ---- loading over REST -------------------------------------------------------------------
+
+let loading = null;      // the load in progress
+let loadedOnce = false;
+let reloadTimer = null;
+const ctx = { state };
+
+async function loadAll() {
+  if (loading) return loading;
+  loading = (async () => {
+    try {
+      const [run, params, metrics] = await Promise.all([api.run(runId), api.params(runId), api.metrics(runId)]);
+      state.run = run;
+      state.params = params.data || [];
+      state.paramIndex = new Map(state.params.map((p, i) => [p.name, p.index ?? i]));
+      state.metrics = { scalars: metrics.scalars || [], params: metrics.params || [] };
+      state.latest = {};
+      fillNames();
+      fillOtherSelect();
+      for (const [name, present] of Object.entries(PRESENT)) views[name].card.hidden = !present();
+      balanceGrid();
+      header.render(state);
+      await loadViews(Object.values(views).filter((v) => !v.card.hidden));
+      if (!state.run.steps) {
+        for (const el of grid.querySelectorAll("[data-chart]")) el.dataset.empty = "Waiting for the first step…";
+      }
+      header.renderStats(state);
+      setChildren(pageNotice);
+      document.body.dataset.state = "loaded";
+      loadedOnce = true;
+      lastFindings = Date.now();
+      if (state.xRange) onXRange(state.xRange);
+      document.body.dataset.ready = "1";
+    } catch (err) {
+      showError(err);
+    } finally {
+      loading = null;
+      scheduleFlush();
+    }
+  })();
+  return loading;
+}
+
+/**
+ * Fetch and draw `list`; the per-parameter followers wait for the chosen parameters. A view
+ * that fails shows why in its card and the others still draw; an unreachable server fails all.
+ */
+async function loadViews(list) {
+  const followers = [views.expAvg, views.expAvgSq, views.momentum, views.updateRatio];
+  const load = (v) => v.load(ctx).catch((err) => {
+    if (err instanceof UnreachableError) throw err;
+    console.warn(`gradwatch: ${v.card.dataset.card}:`, err);
+    if (v.fail) v.fail(err);
+  });
+  const first = list.filter((v) => !followers.includes(v));
+  const after = list.filter((v) => followers.includes(v));
+  const leader = first.includes(views.paramNorms) ? load(views.paramNorms) : Promise.resolve();
+  await Promise.all([
+    ...first.filter((v) => v !== views.paramNorms).map(load),
+    leader.then(() => Promise.all(after.map(load))),
+  ]);
+}
+
+function reloadParams() {
+  const list = [views.paramNorms, views.expAvg, views.expAvgSq, views.momentum, views.updateRatio]
+    .filter((v) => !v.card.hidden);
+  loadViews(list).catch(showError);
+}
+
+function requestReload(delayMs = 500) {
+  clearTimeout(reloadTimer);
+  reloadTimer = setTimeout(() => { reloadTimer = null; loadAll(); }, delayMs);
+}
+
+function fillNames() {
+  setChildren(byId("param-names"), state.params.map((p) => h("option", { value: p.name })));
+}
+
+function fillOtherSelect() {
+  const keys = otherScalars();
+  if (!keys.includes(state.otherScalar)) state.otherScalar = keys[0] || null;
+  setChildren(otherSelect, keys.map((k) => h("option", { value: k, selected: k === state.otherScalar }, k)));
+}
+
+function showError(err) {
+  console.error(err);
+  document.body.dataset.state = "error";
+  if (err instanceof ApiError && err.status === 404) {
+    setChildren(pageNotice, notice("error", "Run not found",
+      h("p", {}, "There is no run with the id ", h("code", {}, runId), " on this server. ", h("a", { href: "/" }, "See all runs"), ".")));
+    grid.hidden = true;
+    socket.stop();
+    renderLiveStatus(header.liveEl, "offline");
+  } else if (err instanceof UnreachableError) {
+    setChildren(pageNotice, notice("error", "The gradwatch server is unreachable",
+      h("p", {}, "Start it with ", h("code", {}, "gradwatch serve"), "; this page reconnects by itself and shows what it missed.")));
+  } else if (!loadedOnce) {
+    setChildren(pageNotice, notice("error", "This run could not be loaded", h("p", {}, String(err.message || err))));
+  }
+}
+
+// ---- live ----------------------------------------------------------------------------------
+
+const queue = [];
+let frame = 0;
+let lastFindings = 0;
+const warnedKeys = new Set();
+let firstStepsReload = false;
+
+function onMessage(msg) {
+  if (msg.type === "step" && msg.run_id === runId) {
+    queue.push(msg);
+    if (queue.length > MAX_QUEUE) {
+      queue.length = 0;
+      requestReload(0);
+    }
+    scheduleFlush();
+  } else if (msg.type === "run" && msg.run && msg.run.id === runId && state.run) {
+    const before = state.run.status;
+    state.run = { ...msg.run, steps: Math.max(msg.run.steps || 0, state.run.steps || 0),
+      last_step: Math.max(msg.run.last_step || 0, state.run.last_step || 0) };
+    header.render(state);
+    if (before !== state.run.status) views.findings.load(ctx);
+  }
+}
+
+function scheduleFlush() {
+  if (!frame && queue.length) frame = requestAnimationFrame(flush);
+}
+
+/** Apply every queued step: one append per view, whatever the number of steps. */
+function flush() {
+  frame = 0;
+  if (loading || !loadedOnce || reloadTimer) return;
+  const msgs = queue.splice(0).sort((a, b) => a.step - b.step);
+  const last = state.run.last_step || 0;
+  const fresh = msgs.filter((m) => m.step > last);
+  if (!fresh.length) return;
+  if (!state.run.steps && !firstStepsReload) {
+    firstStepsReload = true; // the run's first steps: fetch them to pick the parameters to show
+    return requestReload(0);
+  }
+  if (needsReload(fresh)) requestReload();
+  state.run.steps = (state.run.steps || 0) + fresh.length;
+  state.run.last_step = fresh[fresh.length - 1].step;
+  for (const v of Object.values(views)) if (!v.card.hidden) v.append(fresh);
+  header.onSteps(state, fresh);
+  const grown = Object.values(views).some((v) => !v.card.hidden && v.pointsPerSeries && v.pointsPerSeries() > MAX_POINTS);
+  if (grown) requestReload(0);
+  else if (Date.now() - lastFindings > FINDINGS_EVERY_MS) {
+    lastFindings = Date.now();
+    views.findings.load(ctx);
+  }
+}
+
+/** A metric the page has no chart for yet: fetch again (once per new name). */
+function needsReload(msgs) {
+  let found = false;
+  for (const m of msgs) {
+    for (const k of Object.keys(m.scalars || {})) {
+      if (!state.metrics.scalars.includes(k) && !warnedKeys.has(`s:${k}`)) { warnedKeys.add(`s:${k}`); found = true; }
+    }
+    for (const k of Object.keys(m.params || {})) {
+      if (!state.metrics.params.includes(k) && !warnedKeys.has(`p:${k}`)) { warnedKeys.add(`p:${k}`); found = true; }
+    }
+  }
+  return found;
+}
+
+const socket = new LiveSocket(liveUrl(runId), {
+  onMessage,
+  onStatus: (s, ms) => renderLiveStatus(header.liveEl, s, ms),
+  onOpen: (reconnected) => { if (reconnected || !loadedOnce) requestReload(0); },
+});
+
+if (!runId) {
+  showError(new ApiError(404, "no run id in the address"));
+} else {
+  socket.start();
+  loadAll();
+  setInterval(() => { if (state.run && state.run.status === "running") header.tick(state); }, 5000);
+}
+
+// Exposed for debugging in the console (and for tests that want to look inside).
+window.gradwatch = { state, views, reload: loadAll, toNumber };

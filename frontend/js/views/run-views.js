@@ -1,0 +1,102 @@
+// The run page's cards, in page order: which view draws what, with which words, and when
+// a card applies to a run. pages/run.js loads them and feeds them live steps.
+
+import { h } from "../dom.js";
+import { findingsView } from "./findings.js";
+import { heatmapView } from "./heatmaps.js";
+import { paramMetricView } from "./params.js";
+import { scalarView } from "./scalars.js";
+
+const KNOWN_SCALAR = /^(loss|grad_norm_total|lr\/.*|mem\/.*)$/;
+const MEM_ORDER = ["mem/params_bytes", "mem/grads_bytes", "mem/optimizer_bytes", "mem/zero_grad_bytes"];
+const MEM_LABEL = {
+  "mem/params_bytes": "parameters", "mem/grads_bytes": "gradients", "mem/optimizer_bytes": "optimizer state",
+  "mem/zero_grad_bytes": "zero-filled grads", "mem/rss_bytes": "process RSS",
+};
+const memRank = (k) => (MEM_ORDER.includes(k) ? MEM_ORDER.indexOf(k) : k.startsWith("mem/cuda") ? 10 : 20);
+const lrGroup = (k) => Number(k.slice(3));
+
+/**
+ * @param {object} state  the run page's state (read only here)
+ * @param {{onXRange: Function, onSelect: (names: string[]) => void, onParam: (name: string) => void,
+ *          onOtherScalar: (key: string) => void}} on
+ * @returns {{views: Object<string, object>, present: Object<string, () => boolean>,
+ *            otherSelect: HTMLSelectElement, otherScalars: () => string[]}}
+ */
+export function createRunViews(state, { onXRange, onSelect, onParam, onOtherScalar }) {
+  const otherSelect = h("select", {
+    class: "input input-small", "aria-label": "Scalar to show",
+    onchange: (e) => onOtherScalar(e.target.value),
+  });
+
+  const views = {
+    findings: findingsView({ onParam }),
+    gradTotal: scalarView({
+      id: "grad-norm-total", title: "Total gradient norm", help: "‖grad‖₂ over all parameters, as the step used it",
+      keys: (s) => (s.includes("grad_norm_total") ? ["grad_norm_total"] : []), label: () => "total gradient norm",
+      log: true, emptyText: "No total gradient norm in this run", onXRange,
+    }),
+    loss: scalarView({
+      id: "loss", title: "Loss", help: "As the training script reported it",
+      keys: (s) => (s.includes("loss") ? ["loss"] : []), label: () => "loss",
+      emptyText: "This run reports no loss", onXRange,
+    }),
+    paramNorms: paramMetricView({
+      id: "param-grad-norm", title: "Gradient norm per parameter", help: "‖grad‖₂ of each parameter tensor",
+      metric: "grad_norm", picker: true, wide: true, onXRange, onSelect,
+    }),
+    status: heatmapView({
+      id: "grad-status", metric: "grad_status", title: "Gradient buffer status",
+      help: "What each parameter's .grad held when the optimizer stepped", onXRange,
+    }),
+    normMap: heatmapView({
+      id: "grad-norm-heatmap", metric: "grad_norm", label: "‖grad‖", title: "Gradient norm heatmap",
+      help: "‖grad‖₂ per parameter and step, log colour scale; red: NaN/Inf, grey: exactly zero", onXRange,
+    }),
+    expAvg: paramMetricView({
+      id: "exp-avg-norm", metric: "exp_avg_norm", title: "Adam first moment ‖m‖",
+      help: "Norm of exp_avg, the running mean of gradients", onXRange,
+    }),
+    expAvgSq: paramMetricView({
+      id: "exp-avg-sq-norm", metric: "exp_avg_sq_norm", title: "Adam second moment ‖v‖",
+      help: "Norm of exp_avg_sq, the running mean of squared gradients", onXRange,
+    }),
+    momentum: paramMetricView({
+      id: "momentum-norm", metric: "momentum_norm", title: "Momentum buffer norm",
+      help: "Norm of SGD's momentum_buffer", onXRange,
+    }),
+    updateRatio: paramMetricView({
+      id: "update-ratio", metric: "update_ratio", title: "Update size ÷ parameter size",
+      help: "‖Δθ‖ / ‖θ‖ of each step; around 1e-3 is typical", onXRange,
+    }),
+    lr: scalarView({
+      id: "lr", title: "Learning rate", help: "Per parameter group",
+      keys: (s) => s.filter((k) => /^lr\/\d+$/.test(k)).sort((a, b) => lrGroup(a) - lrGroup(b)),
+      label: (k) => `group ${k.slice(3)}`, emptyText: "No learning rate reported", onXRange,
+    }),
+    memory: scalarView({
+      id: "memory", title: "Memory", help: "Parameters, gradients and optimizer state; CUDA when used",
+      keys: (s) => s.filter((k) => k.startsWith("mem/")).sort((a, b) => memRank(a) - memRank(b) || a.localeCompare(b)),
+      label: (k) => MEM_LABEL[k] || k.slice(4).replace("/", " "), bytes: true, emptyText: "No memory figures in this run", onXRange,
+    }),
+    other: scalarView({
+      id: "other-scalars", title: "Other scalars", help: "Any other value the run reports",
+      keys: (s) => (state.otherScalar && s.includes(state.otherScalar) ? [state.otherScalar] : []),
+      label: (k) => k, wide: true, extraTools: [otherSelect], onXRange,
+    }),
+  };
+
+  /** Which cards this run has data for. */
+  const present = {
+    expAvg: () => state.metrics.params.includes("exp_avg_norm"),
+    expAvgSq: () => state.metrics.params.includes("exp_avg_sq_norm"),
+    momentum: () => state.metrics.params.includes("momentum_norm"),
+    updateRatio: () => state.metrics.params.includes("update_ratio"),
+    lr: () => views.lr.keysFor(state.metrics.scalars).length > 0,
+    memory: () => views.memory.keysFor(state.metrics.scalars).length > 0,
+    other: () => otherScalars().length > 0,
+  };
+  const otherScalars = () => state.metrics.scalars.filter((k) => !KNOWN_SCALAR.test(k)).sort();
+
+  return { views, present, otherSelect, otherScalars };
+}

@@ -1,0 +1,298 @@
+"""The dashboard in a real Chromium against a real `gradwatch serve`, fed over /ws/ingest.
+
+Data comes from hand-built protocol v1 messages (synthetic.py), not from the hook. The pages
+publish what they drew: every chart element has `data-chart="<id>"` and, once drawn,
+`data-points` (points or cells) and `data-nonfinite` (NaN/Inf values shown); `body[data-ready]`
+is "1" after the first full render. The tests wait on those, never on sleeps.
+
+Chromium: /usr/bin/chromium, or the path in GRADWATCH_CHROMIUM. Never downloaded.
+Run: .venv/bin/python -m pytest tests/browser -m browser
+"""
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from conftest import REPO, ServerProcess, start_server
+from synthetic import Ingest, SyntheticRun
+
+pytestmark = pytest.mark.browser
+from playwright import sync_api  # noqa: E402  (installed by `make test`)
+
+SCREENSHOT = REPO / "docs" / "screenshot.png"
+XSS_NAME = "<img src=x onerror=alert(1)>"
+XSS_PROJECT = "<script>alert(2)</script>"
+XSS_PARAM = "<b>bold</b>.weight"
+TIMEOUT_MS = 15_000
+
+#: What a real AdamW run with the hook draws (no update ratio yet, no CUDA on this machine).
+REAL_RUN_CHARTS = ["grad-norm-total", "loss", "param-grad-norm", "grad-status", "grad-norm-heatmap",
+                   "exp-avg-norm", "exp-avg-sq-norm", "lr", "memory"]
+CHARTS = ["grad-norm-total", "loss", "param-grad-norm", "grad-status", "grad-norm-heatmap",
+          "exp-avg-norm", "exp-avg-sq-norm", "update-ratio", "lr", "memory"]
+
+
+def chromium_path() -> str:
+    path = os.environ.get("GRADWATCH_CHROMIUM") or shutil.which("chromium") or "/usr/bin/chromium"
+    if not Path(path).exists():
+        pytest.fail(f"no Chromium at {path}: `make test` installs it (apt-get install chromium), or set GRADWATCH_CHROMIUM")
+    return path
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[sync_api.Browser]:
+    with sync_api.sync_playwright() as pw:
+        b = pw.chromium.launch(executable_path=chromium_path(),
+                               args=["--no-sandbox", "--disable-gpu", "--disable-background-networking"])
+        yield b
+        b.close()
+
+
+@pytest.fixture(scope="module")
+def dash(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+    """One server for the module, serving the dashboard from this checkout's frontend/."""
+    server = start_server(tmp_path_factory.mktemp("dashboard"),
+                          env={"GRADWATCH_FRONTEND_DIR": str(REPO / "frontend")})
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+class Page:
+    """A page with its JS errors and dialogs recorded; fails the test on either."""
+
+    def __init__(self, browser: sync_api.Browser, scheme: str = "light", width: int = 1400) -> None:
+        self.context = browser.new_context(viewport={"width": width, "height": 900}, color_scheme=scheme)
+        self.page = self.context.new_page()
+        self.page.set_default_timeout(TIMEOUT_MS)
+        self.errors: list[str] = []
+        self.dialogs: list[str] = []
+        self.foreign: list[str] = []
+        self.page.on("request", self._request)
+        self.page.on("pageerror", lambda e: self.errors.append(str(e)))
+        self.page.on("console", lambda m: self.errors.append(m.text) if m.type == "error" else None)
+        self.page.on("dialog", self._dialog)
+
+    def _request(self, request: sync_api.Request) -> None:
+        """The dashboard works offline: nothing but the gradwatch server is ever asked."""
+        if not re.match(r"^(https?|wss?)://127\.0\.0\.1:\d+/", request.url) and not request.url.startswith("data:"):
+            self.foreign.append(request.url)
+
+    def _dialog(self, dialog: sync_api.Dialog) -> None:
+        self.dialogs.append(dialog.message)
+        dialog.dismiss()
+
+    def open(self, url: str) -> sync_api.Page:
+        self.page.goto(url)
+        self.page.wait_for_function("document.body.dataset.ready === '1'")
+        return self.page
+
+    def points(self, chart: str) -> int:
+        return int(self.page.get_attribute(f'[data-chart="{chart}"]', "data-points") or 0)
+
+    def nonfinite(self, chart: str) -> int:
+        return int(self.page.get_attribute(f'[data-chart="{chart}"]', "data-nonfinite") or 0)
+
+    def wait_points(self, chart: str, at_least: int) -> None:
+        self.page.wait_for_function(
+            "([c, n]) => +(document.querySelector(`[data-chart=\"${c}\"]`)?.dataset.points || 0) >= n",
+            arg=[chart, at_least])
+
+    def close(self) -> None:
+        assert not self.dialogs, f"a dialog fired: {self.dialogs}"
+        assert not self.errors, f"errors in the page: {self.errors}"
+        assert not self.foreign, f"requests beyond the server: {self.foreign}"
+        self.context.close()
+
+
+@pytest.fixture
+def page(browser: sync_api.Browser) -> Iterator[Page]:
+    p = Page(browser)
+    yield p
+    p.close()
+
+
+def seed(dash: ServerProcess, run: SyntheticRun, steps: int, status: str | None = "finished") -> None:
+    with Ingest(dash.ws_url, run) as hook:
+        hook.steps(steps)
+        if status:
+            hook.close(status)
+
+
+def test_run_list_shows_runs_and_renders_names_as_text(dash: ServerProcess, page: Page) -> None:
+    seed(dash, SyntheticRun("list-plain", "baseline-adamw", project="vision"), 12)
+    seed(dash, SyntheticRun("list-xss", XSS_NAME, project=XSS_PROJECT,
+                            params=[(XSS_PARAM, [4, 4]), ("fc.bias", [4])]), 12)
+    p = page.open(dash.url + "/")
+    rows = p.locator("tbody tr")
+    sync_api.expect(p.locator('tr[data-run-id="list-plain"] .run-link')).to_have_text("baseline-adamw")
+    xss_row = p.locator('tr[data-run-id="list-xss"]')
+    sync_api.expect(xss_row.locator(".run-link")).to_have_text(XSS_NAME)
+    sync_api.expect(xss_row).to_contain_text(XSS_PROJECT)
+    assert rows.count() >= 2
+    assert p.locator("img[src='x']").count() == 0
+    assert p.locator("tbody script").count() == 0
+
+    # The filter narrows the list, and the URL keeps it.
+    p.fill("#filter-text", "baseline")
+    sync_api.expect(p.locator("tbody tr")).to_have_count(1)
+    assert "q=baseline" in p.url
+
+    # On the run page the run and parameter names are text too, in the DOM and in Plotly's SVG.
+    p = page.open(dash.url + "/runs/list-xss")
+    sync_api.expect(p.locator(".run-name-text")).to_have_text(XSS_NAME)
+    sync_api.expect(p.locator(".chip-name", has_text=XSS_PARAM)).to_have_count(1)
+    page.wait_points("grad-status", 1)
+    ticks = p.locator('[data-chart="grad-status"] .ytick text').all_text_contents()
+    assert XSS_PARAM in ticks
+    assert p.locator("img[src='x']").count() == 0
+    assert p.locator('[data-chart] b, .chip b').count() == 0
+
+
+def test_run_list_updates_live(dash: ServerProcess, page: Page) -> None:
+    p = page.open(dash.url + "/")
+    p.evaluate("window.__sameDocument = true")
+    with Ingest(dash.ws_url, SyntheticRun("list-live", "appears-live")) as hook:
+        hook.steps(3)
+        row = p.locator('tr[data-run-id="list-live"]')
+        sync_api.expect(row.locator(".badge")).to_have_text("running")
+        hook.close("finished")
+        sync_api.expect(row.locator(".badge")).to_have_text("finished")
+    assert p.evaluate("window.__sameDocument") is True
+
+
+def test_run_page_draws_charts_and_shows_nan(dash: ServerProcess, page: Page) -> None:
+    seed(dash, SyntheticRun("nan-run", "nan-at-30", nan_steps={30, 31}, total_steps=60), 60)
+    p = page.open(dash.url + "/runs/nan-run")
+    sync_api.expect(p.locator(".run-name .badge")).to_have_text("finished")
+    sync_api.expect(p.locator('[data-field="steps"]')).to_have_text("60")
+    for chart in CHARTS:
+        assert page.points(chart) > 0, f"{chart} drew nothing"
+    assert page.points("grad-norm-total") == 60
+
+    # NaN is drawn, not dropped: red markers with hover text, and red heatmap cells.
+    assert page.nonfinite("grad-norm-total") == 2
+    assert page.nonfinite("loss") == 2
+    assert page.nonfinite("grad-status") >= 2
+    assert page.nonfinite("grad-norm-heatmap") >= 2
+    texts = p.evaluate("""() => document.querySelector('[data-chart="loss"]').data
+        .filter(t => t.name === 'NaN / Inf').flatMap(t => t.text)""")
+    assert len(texts) == 2 and all("NaN" in t for t in texts)
+    assert p.locator('[data-chart="loss"] .scatterlayer .trace:last-child path.point').count() == 2
+
+    # Any parameter can be added by name; the view goes into the URL.
+    p.fill('.picker input[type="search"]', "blocks.1.attn.qkv.bias")
+    p.press('.picker input[type="search"]', "Enter")
+    sync_api.expect(p.locator(".chip-name", has_text="blocks.1.attn.qkv.bias")).to_have_count(1)
+    p.wait_for_function("""+document.querySelector('[data-chart="param-grad-norm"]').dataset.nonfinite >= 2""")
+    assert "param=blocks.1.attn.qkv.bias" in p.url
+    shared = p.url
+    p = page.open(shared)
+    sync_api.expect(p.locator(".chip-name", has_text="blocks.1.attn.qkv.bias")).to_have_count(1)
+    assert page.nonfinite("param-grad-norm") == 2
+
+    # Nothing offers to upload a chart (Plotly's "Share chart" goes to Plotly's cloud).
+    assert p.locator('.modebar-btn[data-title^="Share"]').count() == 0
+
+    hrefs = p.locator("[data-export]").evaluate_all("els => els.map(e => e.getAttribute('href'))")
+    assert hrefs == [f"/api/runs/nan-run/export?format={f}" for f in ("csv", "json", "parquet")]
+
+
+def test_new_steps_appear_without_reload(dash: ServerProcess, page: Page) -> None:
+    run = SyntheticRun("live-run", "live-steps", nan_steps={25}, total_steps=100)
+    with Ingest(dash.ws_url, run) as hook:
+        hook.steps(20)
+        p = page.open(dash.url + "/runs/live-run")
+        sync_api.expect(p.locator(".live")).to_have_text("Live")
+        assert page.points("grad-norm-total") == 20
+        p.evaluate("window.__sameDocument = true")
+
+        hook.steps(10)
+        page.wait_points("grad-norm-total", 30)
+        page.wait_points("loss", 30)
+        p.wait_for_function("""+document.querySelector('[data-chart="loss"]').dataset.nonfinite === 1""")
+        sync_api.expect(p.locator('[data-field="steps"]')).to_have_text("30")
+
+        hook.close("finished")
+        sync_api.expect(p.locator(".run-name .badge")).to_have_text("finished")
+    assert p.evaluate("window.__sameDocument") is True
+    assert page.points("grad-norm-total") == 30
+    xs = p.evaluate("""() => document.querySelector('[data-chart="grad-norm-total"]').data
+        .find(t => t.name !== 'NaN / Inf').x""")
+    assert xs == list(range(1, 31))  # each step once, in order
+
+
+def test_compare_page(dash: ServerProcess, page: Page) -> None:
+    seed(dash, SyntheticRun("cmp-a", "cmp-a", seed=1, total_steps=50), 50)
+    seed(dash, SyntheticRun("cmp-b", "cmp-b", seed=2, total_steps=50), 40)
+    p = page.open(dash.url + "/compare?runs=cmp-a,cmp-b")
+    sync_api.expect(p.locator(".compare-run a")).to_have_text(["cmp-a", "cmp-b"])
+    assert page.points("compare-grad-norm-total") == 90
+    assert page.points("compare-loss") == 90
+
+
+def test_real_training_streams_live_and_draws_the_readme_screenshot(dash: ServerProcess, browser: sync_api.Browser) -> None:
+    """examples/train_transformer.py with the hook: points appear while it trains; then the
+    README's screenshot (docs/screenshot.png) is taken of what it drew."""
+    steps = 120
+    train = subprocess.Popen(
+        [sys.executable, str(REPO / "examples" / "train_transformer.py"), "--server", dash.url,
+         "--steps", str(steps), "--delay", "0.05", "--run", "tiny-gpt-lr3e-3", "--project", "demo"],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    shot = Page(browser)
+    try:
+        assert train.stdout is not None
+        first = train.stdout.readline()
+        assert first.startswith("gradwatch run id: "), first
+        run_id = first.split(": ", 1)[1].strip()
+        p = shot.open(f"{dash.url}/runs/{run_id}")
+        p.evaluate("window.__sameDocument = true")
+        shot.wait_points("grad-norm-total", 5)
+        seen = shot.points("grad-norm-total")
+        assert seen < steps, "the page opened after the run ended: nothing was shown live"
+        shot.wait_points("grad-norm-total", seen + 10)  # new points while the run trains
+        shot.wait_points("loss", seen + 10)
+        assert p.evaluate("window.__sameDocument") is True  # no reload
+        assert train.wait(timeout=120) == 0, train.stdout.read()
+        sync_api.expect(p.locator(".run-name .badge")).to_have_text("finished")
+        shot.wait_points("grad-norm-total", steps)
+        p.reload()
+        p.wait_for_function("document.body.dataset.ready === '1'")
+        for chart in REAL_RUN_CHARTS:
+            p.locator(f'[data-chart="{chart}"]').scroll_into_view_if_needed()
+            shot.wait_points(chart, 1)
+        p.evaluate("window.scrollTo(0, 0)")
+        p.evaluate("document.fonts.ready")
+        SCREENSHOT.parent.mkdir(parents=True, exist_ok=True)
+        p.screenshot(path=str(SCREENSHOT), full_page=True)
+    finally:
+        if train.poll() is None:
+            train.kill()
+        shot.close()
+    assert re.match(rb"\x89PNG", SCREENSHOT.read_bytes()[:4])
+
+
+def test_wire_values_convert_in_one_place(dash: ServerProcess, page: Page) -> None:
+    """format.js: "NaN"/"Infinity"/"-Infinity" are numbers, null stays ABSENT, names stay text."""
+    p = page.open(dash.url + "/")
+    got = p.evaluate("""async () => {
+        const f = await import('/static/js/format.js');
+        const n = ['NaN', 'Infinity', '-Infinity', null, 2.5].map(f.toNumber);
+        return {
+            nan: Number.isNaN(n[0]), inf: n[1] === Infinity, ninf: n[2] === -Infinity, absent: n[3] === null,
+            plain: n[4], labels: n.map((v) => f.fmtNum(v)),
+            text: f.plotlyText('<b>a</b>&'), bytes: f.fmtBytes(3 * 2 ** 20),
+            status: ['none', 'zero', 'nonzero', 'nonfinite', 3, null].map(f.statusCode),
+        };
+    }""")
+    assert got == {"nan": True, "inf": True, "ninf": True, "absent": True, "plain": 2.5,
+                   "labels": ["NaN", "+Inf", "-Inf", "—", "2.5"], "text": "&lt;b&gt;a&lt;/b&gt;&amp;",
+                   "bytes": "3 MiB", "status": [0, 1, 2, 3, 3, None]}
