@@ -1,0 +1,6 @@
+"""`python -m gradwatch_server` is the `gradwatch` command."""
+import sys
+
+from .cli import main
+
+sys.exit(main())

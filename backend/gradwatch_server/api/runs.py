@@ -1,0 +1,56 @@
+"""Runs: list, one run, its parameters and series names; rename and delete (token-guarded)."""
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import APIRouter, Query, Response
+
+from ..deps import RunDep, StoreDep, TokenDep
+from ..models import MetricsPublic, ParamPublic, ParamsPublic, RunPublic, RunsPublic, RunStatus, RunUpdate
+
+router = APIRouter(prefix="/runs", tags=["runs"])
+
+
+@router.get("")
+def list_runs(
+    store: StoreDep,
+    project: Annotated[str | None, Query(description="exact project name")] = None,
+    q: Annotated[str | None, Query(max_length=256, description="substring of name or project, any case")] = None,
+    status: RunStatus | None = None,
+    limit: Annotated[int, Query(ge=1, le=1000)] = 100,
+    offset: Annotated[int, Query(ge=0)] = 0,
+) -> RunsPublic:
+    """Runs, newest first; `count` is the number of all matches."""
+    found, count = store.list_runs(project=project, q=q, status=status, limit=limit, offset=offset)
+    return RunsPublic(data=[RunPublic.of(r) for r in found], count=count)
+
+
+@router.get("/{run_id}")
+def get_run(run: RunDep) -> RunPublic:
+    return RunPublic.of(run)
+
+
+@router.patch("/{run_id}", dependencies=[TokenDep])
+def rename_run(run: RunDep, update: RunUpdate, store: StoreDep) -> RunPublic:
+    store.rename_run(run.id, update.name)
+    return RunPublic.of(store.get_run(run.id) or run)
+
+
+@router.delete("/{run_id}", dependencies=[TokenDep], status_code=204)
+def delete_run(run: RunDep, store: StoreDep) -> Response:
+    """Delete the run and all its data."""
+    store.delete_run(run.id)
+    return Response(status_code=204)
+
+
+@router.get("/{run_id}/params")
+def get_params(run: RunDep, store: StoreDep) -> ParamsPublic:
+    """The run's parameters, in the order of the per-parameter arrays."""
+    found = store.get_params(run.id)
+    return ParamsPublic(data=[ParamPublic.of(p) for p in found], count=len(found))
+
+
+@router.get("/{run_id}/metrics")
+def get_metrics(run: RunDep, store: StoreDep) -> MetricsPublic:
+    """Names of the run's scalar series and per-parameter metrics."""
+    return MetricsPublic(scalars=store.series_names(run.id, "scalar"), params=store.series_names(run.id, "param"))

@@ -1,0 +1,30 @@
+"""Websockets: /ws/ingest (hooks send telemetry) and /ws/live (browsers follow runs)."""
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import APIRouter, Query, WebSocket
+
+from ..deps import HubDep, SessionsDep, SettingsDep, StoreDep
+from ..ingest import IngestConnection
+from ..live import pump
+
+router = APIRouter(tags=["websockets"])
+
+
+@router.websocket("/ws/ingest")
+async def ingest(websocket: WebSocket, store: StoreDep, hub: HubDep, sessions: SessionsDep,
+                 settings: SettingsDep) -> None:
+    await IngestConnection(websocket, store, hub, sessions, settings).serve()
+
+
+@router.websocket("/ws/live")
+async def live(websocket: WebSocket, hub: HubDep,
+               run: Annotated[str | None, Query(pattern=r"^[A-Za-z0-9_-]{1,64}$")] = None) -> None:
+    """Run events for every browser; with `run`, that run's steps too."""
+    await websocket.accept()
+    sub = hub.subscribe(run)
+    try:
+        await pump(websocket, sub)
+    finally:
+        hub.unsubscribe(sub)

@@ -1,0 +1,65 @@
+"""The FastAPI application: `create_app(settings)`; the store is opened in the lifespan."""
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+
+from . import __version__
+from .api import router
+from .charts import NotFound
+from .live import LiveHub
+from .sessions import Sessions
+from .settings import Settings
+from .store import open_store
+from .views import find_frontend, mount_dashboard
+
+
+def _validation_detail(exc: RequestValidationError) -> str:
+    """Validation errors as one readable line: 'max_points: Input should be greater than ...'."""
+    parts = []
+    for err in exc.errors():
+        where = ".".join(str(p) for p in err.get("loc", ()) if p not in ("query", "path", "body"))
+        parts.append(f"{where}: {err.get('msg')}" if where else str(err.get("msg")))
+    return "; ".join(parts)
+
+
+async def _invalid_request(_request: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, RequestValidationError)
+    return JSONResponse({"detail": _validation_detail(exc)}, status_code=422)
+
+
+async def _not_found(_request: Request, exc: Exception) -> JSONResponse:
+    return JSONResponse({"detail": str(exc)}, status_code=404)
+
+
+def create_app(settings: Settings) -> FastAPI:
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        store = await asyncio.to_thread(open_store, settings.db_url)
+        hub = LiveHub(settings.live_queue_size)
+        sessions = Sessions(store, hub, settings.crash_grace_s)
+        app.state.store, app.state.hub, app.state.sessions = store, hub, sessions
+        sessions.watch(await asyncio.to_thread(store.running_run_ids))
+        try:
+            yield
+        finally:
+            await sessions.close()
+            store.close()
+
+    app = FastAPI(
+        title="gradwatch",
+        version=__version__,
+        summary="Live PyTorch optimizer and gradient telemetry",
+        lifespan=lifespan,
+    )
+    app.state.settings = settings
+    app.add_exception_handler(RequestValidationError, _invalid_request)
+    app.add_exception_handler(NotFound, _not_found)
+    app.include_router(router)
+    mount_dashboard(app, find_frontend(settings.frontend_dir))
+    return app

@@ -1,0 +1,227 @@
+"""The `gradwatch` command: serve, runs, export, import, sync.
+
+Exit codes: 0 success, 1 the command failed (the message says what to do), 2 bad usage.
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import logging
+import os
+import sys
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from typing import IO
+
+from pydantic import ValidationError
+
+from . import __version__
+from .settings import DEFAULT_HOST, DEFAULT_PORT, ENV_VARS, Settings
+from .store import Run, Store, StoreError, open_store
+
+EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
+
+
+class CommandFailed(Exception):
+    """A failure the user can fix; main() prints it and exits with 1."""
+
+
+def _db_option(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--db", metavar="URL",
+        help=f"database: sqlite:///path.db, a file path, or postgresql://... "
+             f"(default: ${ENV_VARS['db_url']} or sqlite:///./gradwatch.db)",
+    )
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="gradwatch", description="gradwatch server: store PyTorch optimizer telemetry and show it live.",
+    )
+    parser.add_argument("--version", action="version", version=f"gradwatch-server {__version__}")
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+
+    serve = commands.add_parser("serve", help="run the server and dashboard",
+                                description="Receive telemetry from hooks and serve the dashboard.")
+    _db_option(serve)
+    serve.add_argument("--host", help=f"address to bind (default {DEFAULT_HOST}: this machine only)")
+    serve.add_argument("--port", type=int, help=f"port (default {DEFAULT_PORT})")
+    serve.add_argument("--token", help=f"require this token for writes (default: ${ENV_VARS['token']})")
+    serve.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
+
+    runs = commands.add_parser("runs", help="list stored runs", description="List the runs in a database.")
+    _db_option(runs)
+    runs.add_argument("--project", help="only this project")
+    runs.add_argument("--status", choices=["running", "finished", "crashed"])
+    runs.add_argument("--limit", type=int, default=100, help="at most this many (default 100)")
+
+    export = commands.add_parser("export", help="export a run", description="Write a run's data to a file.")
+    export.add_argument("run", metavar="RUN", help="run id (or a name only one run has)")
+    export.add_argument("--format", choices=["csv", "json", "parquet"], default="csv",
+                        help="csv (one row per step and parameter), json (JSON lines, re-importable), parquet")
+    export.add_argument("-o", "--output", metavar="FILE", help="write here (default: standard output)")
+    _db_option(export)
+
+    imp = commands.add_parser("import", help="load an exported run",
+                              description="Load a run exported with --format json into the database.")
+    imp.add_argument("file", metavar="FILE", help="JSON-lines export, or - for standard input")
+    _db_option(imp)
+
+    sync = commands.add_parser("sync", help="send spooled hook data to a server",
+                               description="Replay telemetry the hook spooled while no server was reachable.")
+    sync.add_argument("--server", metavar="URL", help="server URL (default: $GRADWATCH_SERVER)")
+    return parser
+
+
+def _store(args: argparse.Namespace, env: Mapping[str, str]) -> Store:
+    return open_store(Settings.from_env(env, db_url=args.db).db_url)
+
+
+def _find_run(store: Store, ref: str) -> Run:
+    run = store.get_run(ref)
+    if run is not None:
+        return run
+    matches = [r for r in store.list_runs(q=ref, limit=1000)[0] if r.name == ref]
+    if len(matches) == 1:
+        return matches[0]
+    if matches:
+        ids = ", ".join(r.id for r in matches)
+        raise CommandFailed(f"several runs are named {ref!r} ({ids}); pass the run id")
+    raise CommandFailed(f"no run {ref!r} in this database; `gradwatch runs` lists them")
+
+
+def cmd_serve(args: argparse.Namespace, env: Mapping[str, str]) -> int:
+    import uvicorn
+
+    from .app import create_app
+
+    settings = Settings.from_env(env, db_url=args.db, host=args.host, port=args.port, token=args.token)
+    open_store(settings.db_url).close()  # fail here, with a clear message, if the database is unusable
+    if settings.host not in ("127.0.0.1", "localhost", "::1") and settings.token is None:
+        print(f"gradwatch: warning: listening on {settings.host} without --token: anyone who can reach "
+              "this port can write runs", file=sys.stderr)
+    # Our loggers (gradwatch.*) beside uvicorn's: refused hooks and crashed runs show up.
+    logging.basicConfig(format="%(levelname)-9s %(name)s: %(message)s")
+    logging.getLogger("gradwatch").setLevel(args.log_level.upper())
+    host = f"[{settings.host}]" if ":" in settings.host else settings.host
+    print(f"gradwatch: dashboard at http://{host}:{settings.port}/  (database {settings.db_url})", flush=True)
+    try:
+        uvicorn.run(create_app(settings), host=settings.host, port=settings.port, log_level=args.log_level,
+                    ws_max_size=settings.max_frame_bytes)
+    except SystemExit as exc:  # uvicorn exits 3 when it cannot start, e.g. on a port in use
+        if exc.code:
+            raise CommandFailed(f"the server could not start on {host}:{settings.port} (see above); "
+                                "if the port is in use, stop the other server or pass --port") from None
+    return EXIT_OK
+
+
+def cmd_runs(args: argparse.Namespace, env: Mapping[str, str], out: IO[str]) -> int:
+    store = _store(args, env)
+    try:
+        found, count = store.list_runs(project=args.project, status=args.status, limit=args.limit)
+    finally:
+        store.close()
+    if not found:
+        print("no runs", file=out)
+        return EXIT_OK
+    rows = [(r.id, r.name, r.project, r.status, str(r.steps),
+             time.strftime("%Y-%m-%d %H:%M", time.localtime(r.created_at))) for r in found]
+    header = ("ID", "NAME", "PROJECT", "STATUS", "STEPS", "CREATED")
+    widths = [max(len(row[i]) for row in (header, *rows)) for i in range(len(header))]
+    for row in (header, *rows):
+        print("  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip(), file=out)
+    if count > len(found):
+        print(f"({count - len(found)} more; use --limit)", file=out)
+    return EXIT_OK
+
+
+@contextlib.contextmanager
+def _progress(total: int, enabled: bool) -> Iterator[Callable[[int], None] | None]:
+    """A tqdm bar on stderr when tqdm is installed and output goes to a file."""
+    try:
+        from tqdm import tqdm
+    except ImportError:
+        enabled = False
+    if not enabled:
+        yield None
+        return
+    with tqdm(total=total, unit="step", file=sys.stderr) as bar:
+        yield bar.update
+
+
+def cmd_export(args: argparse.Namespace, env: Mapping[str, str], out: IO[str]) -> int:
+    from .exporters import FORMATS
+
+    if args.output is None and args.format == "parquet" and out.isatty():
+        raise CommandFailed("refusing to write Parquet to a terminal; pass -o FILE")
+    store = _store(args, env)
+    try:
+        run = _find_run(store, args.run)
+        fmt = FORMATS[args.format]
+        with _progress(run.steps, args.output is not None) as progress:
+            chunks = fmt.write(store, run, progress)
+            if args.output is None:
+                sink = out.buffer if hasattr(out, "buffer") else None
+                for chunk in chunks:
+                    if sink is not None:
+                        sink.write(chunk)
+                    else:
+                        out.write(chunk.decode())
+                out.flush()
+            else:
+                with open(args.output, "wb") as f:
+                    for chunk in chunks:
+                        f.write(chunk)
+    finally:
+        store.close()
+    if args.output is not None:
+        print(f"wrote run {run.id} to {args.output}", file=sys.stderr)
+    return EXIT_OK
+
+
+def cmd_import(args: argparse.Namespace, env: Mapping[str, str], out: IO[str]) -> int:
+    from .importer import ImportFailed, import_jsonl
+
+    store = _store(args, env)
+    try:
+        with (contextlib.nullcontext(sys.stdin) if args.file == "-" else open(args.file, encoding="utf-8")) as f:
+            result = import_jsonl(store, f)
+    except ImportFailed as exc:
+        raise CommandFailed(f"cannot import {args.file}: {exc}") from None
+    except OSError as exc:
+        raise CommandFailed(f"cannot read {args.file}: {exc.strerror}") from None
+    finally:
+        store.close()
+    print(f"imported run {result.run_id}: {result.stored} steps stored, {result.skipped} already there", file=out)
+    return EXIT_OK
+
+
+def main(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    env = os.environ if env is None else env
+    out = sys.stdout
+    try:
+        if args.command == "serve":
+            return cmd_serve(args, env)
+        if args.command == "runs":
+            return cmd_runs(args, env, out)
+        if args.command == "export":
+            return cmd_export(args, env, out)
+        if args.command == "import":
+            return cmd_import(args, env, out)
+        print("gradwatch: sync is not implemented yet: the spool format belongs to the hook; "
+              "until then, start a server and call gradwatch.watch() again, which replays the spool",
+              file=sys.stderr)
+        return EXIT_USAGE
+    except (CommandFailed, StoreError) as exc:
+        print(f"gradwatch: error: {exc}", file=sys.stderr)
+        return EXIT_FAILED
+    except ValidationError as exc:  # a bad option or environment value, e.g. --port 70000
+        problems = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors())
+        print(f"gradwatch: error: invalid setting: {problems}", file=sys.stderr)
+        return EXIT_USAGE
+    except KeyboardInterrupt:
+        return 130
+    except BrokenPipeError:  # `gradwatch export RUN | head`: the reader had enough
+        sys.stderr.close()
+        return EXIT_OK

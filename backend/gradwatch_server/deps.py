@@ -1,0 +1,71 @@
+"""FastAPI dependencies: the app's shared objects, the run of a path, the write token.
+
+The objects live on ``app.state`` (set in `app.create_app`'s lifespan), so routes declare
+what they need (`StoreDep`, `RunDep`) and tests build apps with their own settings.
+"""
+from __future__ import annotations
+
+import hmac
+from typing import Annotated
+
+from fastapi import Depends, HTTPException, Path
+from starlette.requests import HTTPConnection
+
+from .live import LiveHub
+from .sessions import Sessions
+from .settings import Settings
+from .store import Run, Store
+
+
+def get_settings(conn: HTTPConnection) -> Settings:
+    settings: Settings = conn.app.state.settings
+    return settings
+
+
+def get_store(conn: HTTPConnection) -> Store:
+    store: Store = conn.app.state.store
+    return store
+
+
+def get_hub(conn: HTTPConnection) -> LiveHub:
+    hub: LiveHub = conn.app.state.hub
+    return hub
+
+
+def get_sessions(conn: HTTPConnection) -> Sessions:
+    sessions: Sessions = conn.app.state.sessions
+    return sessions
+
+
+SettingsDep = Annotated[Settings, Depends(get_settings)]
+StoreDep = Annotated[Store, Depends(get_store)]
+HubDep = Annotated[LiveHub, Depends(get_hub)]
+SessionsDep = Annotated[Sessions, Depends(get_sessions)]
+
+RunIdPath = Annotated[str, Path(description="the run's id, chosen by the hook")]
+
+
+def token_ok(settings: Settings, authorization: str | None) -> bool:
+    """Whether an Authorization header carries the server's token (always true without one)."""
+    if settings.token is None:
+        return True
+    scheme, _, credentials = (authorization or "").partition(" ")
+    return scheme.lower() == "bearer" and hmac.compare_digest(credentials.strip().encode(), settings.token.encode())
+
+
+def require_token(conn: HTTPConnection, settings: SettingsDep) -> None:
+    """Writes (delete, rename) need the token when the server has one."""
+    if not token_ok(settings, conn.headers.get("authorization")):
+        raise HTTPException(401, "this server needs its token: send 'Authorization: Bearer TOKEN'",
+                            headers={"WWW-Authenticate": "Bearer"})
+
+
+def get_run(run_id: RunIdPath, store: StoreDep) -> Run:
+    run = store.get_run(run_id)
+    if run is None:
+        raise HTTPException(404, f"no run with id {run_id!r}; GET /api/runs lists them")
+    return run
+
+
+RunDep = Annotated[Run, Depends(get_run)]
+TokenDep = Depends(require_token)

@@ -1,0 +1,88 @@
+"""Bucketing long series for charts without hiding what matters (pure numpy, no I/O).
+
+Steps are cut into consecutive buckets of nearly equal count. Each bucket keeps its mean of
+finite values and its extremes, and a non-finite value is never averaged away: NaN or +Inf shows
+in the bucket's max, -Inf in its min, so a spike or a blow-up survives any zoom level.
+
+Arrays are indexed by step along axis 0; a second axis (one column per parameter) is reduced
+column by column. `missing` marks values that do not exist (ABSENT): they are ignored, and a
+bucket with nothing else is reported as empty (null in the API).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+
+def bucket_starts(n: int, buckets: int) -> np.ndarray:
+    """Start index of each bucket when `n` items are cut into at most `buckets` runs."""
+    if buckets < 1:
+        raise ValueError("buckets must be at least 1")
+    if n <= buckets:
+        return np.arange(n, dtype=np.int64)
+    return (np.arange(buckets, dtype=np.int64) * n) // buckets
+
+
+@dataclass(frozen=True)
+class Summary:
+    """Per-bucket statistics; `empty` is true where a bucket has no value at all."""
+
+    mean: np.ndarray
+    min: np.ndarray
+    max: np.ndarray
+    empty: np.ndarray
+
+
+def _present(values: np.ndarray, missing: np.ndarray | None) -> np.ndarray:
+    return np.ones(values.shape, dtype=bool) if missing is None else ~missing
+
+
+def _count(mask: np.ndarray, starts: np.ndarray) -> np.ndarray:
+    return np.add.reduceat(mask.astype(np.int64), starts, axis=0)
+
+
+def summarize(values: np.ndarray, starts: np.ndarray, missing: np.ndarray | None = None) -> Summary:
+    """Mean of finite values, min and max per bucket, non-finite values kept (see module doc)."""
+    v = np.asarray(values, dtype=np.float64)
+    present = _present(v, missing)
+    nan = np.isnan(v) & present
+    finite = np.isfinite(v) & present
+    ordered = present & ~nan  # finite or +-Inf: values that compare
+
+    n_finite = _count(finite, starts)
+    total = np.add.reduceat(np.where(finite, v, 0.0), starts, axis=0)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        mean = np.where(n_finite > 0, total / np.maximum(n_finite, 1), np.nan)
+
+    has_ordered = _count(ordered, starts) > 0
+    has_nan = _count(nan, starts) > 0
+    low = np.minimum.reduceat(np.where(ordered, v, np.inf), starts, axis=0)
+    high = np.maximum.reduceat(np.where(ordered, v, -np.inf), starts, axis=0)
+    low = np.where(has_ordered, low, np.nan)
+    high = np.where(has_ordered & ~has_nan, high, np.nan)
+    empty = ~(has_ordered | has_nan)
+    return Summary(mean=mean, min=low, max=high, empty=empty)
+
+
+def peak(values: np.ndarray, starts: np.ndarray, missing: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """Per bucket the value of largest magnitude, NaN winning over everything.
+
+    Returns (peaks, empty). For non-negative metrics such as norms this is the bucket's maximum.
+    """
+    v = np.asarray(values, dtype=np.float64)
+    present = _present(v, missing)
+    nan = np.isnan(v) & present
+    ordered = present & ~nan
+    low = np.minimum.reduceat(np.where(ordered, v, np.inf), starts, axis=0)
+    high = np.maximum.reduceat(np.where(ordered, v, -np.inf), starts, axis=0)
+    out = np.where(np.abs(low) > np.abs(high), low, high)
+    has_nan = _count(nan, starts) > 0
+    out = np.where(has_nan, np.nan, out)
+    empty = ~(has_nan | (_count(ordered, starts) > 0))
+    return out, empty
+
+
+def highest_code(codes: np.ndarray, starts: np.ndarray) -> np.ndarray:
+    """Per bucket the highest grad_status code (nonfinite > nonzero > zero > none)."""
+    return np.maximum.reduceat(np.asarray(codes), starts, axis=0)

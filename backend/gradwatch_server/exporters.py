@@ -1,0 +1,180 @@
+"""Run exports as byte streams: CSV, JSON lines, Parquet (docs/api.md, Export).
+
+Each exporter is a generator that reads the run a chunk of steps at a time (`Store.iter_steps`)
+and yields encoded bytes, so neither the server nor the CLI ever holds a whole run in memory.
+NaN and infinities are written as data: `nan`/`inf` in CSV, "NaN"/"Infinity" in JSON lines,
+IEEE values in Parquet; ABSENT is an empty CSV cell, null in JSON, a null in Parquet.
+"""
+from __future__ import annotations
+
+import csv
+import io
+import json
+import re
+import tempfile
+from collections.abc import Callable, Iterator
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from .jsonvalues import metric_list, word
+from .models import ParamPublic, RunPublic
+from .protocol import GRAD_STATUS, GRAD_STATUS_NAMES, absent_mask
+from .store import Param, Run, StepRecord, Store
+
+#: The CSV's leading columns, in this order, whether or not the run has them (contract).
+FIXED_METRICS = ("grad_norm", GRAD_STATUS, "param_norm", "exp_avg_norm", "exp_avg_sq_norm")
+
+Progress = Callable[[int], None]
+"""Called with the number of steps just written (for a progress bar)."""
+
+
+def csv_columns(metrics: list[str]) -> list[str]:
+    """Header of the CSV and Parquet table: step, param, the fixed metrics, then the others sorted."""
+    return ["step", "param", *FIXED_METRICS, *sorted(set(metrics) - set(FIXED_METRICS))]
+
+
+def safe_filename(run: Run, suffix: str) -> str:
+    """A download name made of [A-Za-z0-9._-] only, from the run's name (its id if nothing is left)."""
+    stem = re.sub(r"[^A-Za-z0-9._-]+", "_", run.name).strip("._") or run.id
+    return f"{stem[:100]}.{suffix}"
+
+
+_FORMULA_START = ("=", "+", "-", "@", "\t", "\r")
+
+
+def safe_cell(text: str) -> str:
+    """Defuse spreadsheet formulas: text starting with = + - @ gets a leading quote; numbers do not."""
+    if text.startswith(_FORMULA_START):
+        try:
+            float(text)
+        except ValueError:
+            return "'" + text
+    return text
+
+
+def _text_column(values: np.ndarray | None, count: int) -> np.ndarray:
+    """One metric of one step as CSV text: shortest float32 repr, nan/inf, '' for ABSENT."""
+    if values is None:
+        return np.full(count, "", dtype=object)
+    if values.dtype.kind == "u":  # grad_status codes
+        words: np.ndarray = np.array(GRAD_STATUS_NAMES, dtype=object)[values]
+        return words
+    text: np.ndarray = values.astype(str).astype(object)
+    text[absent_mask(values)] = ""
+    return text
+
+
+def export_csv(store: Store, run: Run, progress: Progress | None = None) -> Iterator[bytes]:
+    params = store.get_params(run.id)
+    names = np.array([safe_cell(p.name) for p in params], dtype=object)
+    header = csv_columns(store.series_names(run.id, "param"))
+    buffer = io.StringIO()
+    writer = csv.writer(buffer, lineterminator="\n")
+    writer.writerow(header)
+    for chunk in store.iter_steps(run.id, with_scalars=False):
+        for record in chunk:
+            columns = [np.full(len(params), str(record.step), dtype=object), names]
+            columns += [_text_column(record.arrays.get(m), len(params)) for m in header[2:]]
+            writer.writerows(zip(*columns))
+        yield buffer.getvalue().encode()
+        buffer.seek(0)
+        buffer.truncate()
+        if progress:
+            progress(len(chunk))
+    if buffer.tell():
+        yield buffer.getvalue().encode()
+
+
+def _json_line(obj: object) -> bytes:
+    return json.dumps(obj, allow_nan=False, separators=(",", ":")).encode() + b"\n"
+
+
+def _step_line(record: StepRecord) -> dict[str, object]:
+    status = record.arrays.get(GRAD_STATUS)
+    return {
+        "type": "step", "step": record.step, "seq": record.seq, "time": record.time,
+        "scalars": {k: word(v) for k, v in record.scalars.items()},
+        "params": {m: metric_list(v) for m, v in sorted(record.arrays.items()) if m != GRAD_STATUS},
+        "grad_status": None if status is None else status.tolist(),
+    }
+
+
+def export_jsonl(store: Store, run: Run, progress: Progress | None = None) -> Iterator[bytes]:
+    """First a run line (run, params, groups), then one line per step; `gradwatch import` reads it."""
+    yield _json_line({
+        "type": "run",
+        "run": RunPublic.of(run).model_dump(),
+        "params": [ParamPublic.of(p).model_dump() for p in store.get_params(run.id)],
+        "groups": [asdict(g) for g in store.get_groups(run.id)],
+    })
+    for chunk in store.iter_steps(run.id):
+        yield b"".join(_json_line(_step_line(r)) for r in chunk)
+        if progress:
+            progress(len(chunk))
+
+
+def _arrow_schema(columns: list[str]) -> pa.Schema:
+    fields = [pa.field("step", pa.int64()), pa.field("param", pa.string())]
+    fields += [pa.field(c, pa.string() if c == GRAD_STATUS else pa.float32()) for c in columns[2:]]
+    return pa.schema(fields)
+
+
+def _arrow_chunk(schema: pa.Schema, params: list[Param], chunk: list[StepRecord]) -> pa.Table:
+    n, p = len(chunk), len(params)
+    data: dict[str, pa.Array] = {
+        "step": pa.array(np.repeat([r.step for r in chunk], p).astype(np.int64)),
+        "param": pa.array([param.name for param in params] * n, type=pa.string()),
+    }
+    for name in schema.names[2:]:
+        present = [r.arrays.get(name) for r in chunk]
+        if name == GRAD_STATUS:
+            words = np.array(GRAD_STATUS_NAMES + (None,), dtype=object)
+            codes = np.concatenate([a if a is not None else np.full(p, 4, "u1") for a in present])
+            data[name] = pa.array(words[codes.astype(np.int64)].tolist(), type=pa.string())
+        else:
+            values = np.concatenate([a if a is not None else np.full(p, np.nan, "<f4") for a in present])
+            missing = np.concatenate([absent_mask(a) if a is not None else np.ones(p, bool) for a in present])
+            data[name] = pa.array(values, mask=missing, type=pa.float32())
+    return pa.table(data, schema=schema)
+
+
+def export_parquet(store: Store, run: Run, progress: Progress | None = None) -> Iterator[bytes]:
+    """The CSV's table as Parquet, one row group per chunk of steps.
+
+    pyarrow writes to a temporary file, and the bytes are passed on as they land there:
+    Parquet needs its footer last, and a native file keeps pyarrow off Python file objects.
+    """
+    params = store.get_params(run.id)
+    schema = _arrow_schema(csv_columns(store.series_names(run.id, "param")))
+    with tempfile.TemporaryDirectory(prefix="gradwatch-export-") as tmp:
+        path = Path(tmp) / "run.parquet"
+        writer = pq.ParquetWriter(str(path), schema)
+        with open(path, "rb") as landed:
+            try:
+                for chunk in store.iter_steps(run.id, with_scalars=False):
+                    writer.write_table(_arrow_chunk(schema, params, chunk))
+                    if progress:
+                        progress(len(chunk))
+                    if data := landed.read():
+                        yield data
+            finally:
+                writer.close()
+            yield landed.read()
+
+
+@dataclass(frozen=True)
+class Format:
+    suffix: str
+    media_type: str
+    write: Callable[[Store, Run, Progress | None], Iterator[bytes]]
+
+
+FORMATS: dict[str, Format] = {
+    "csv": Format("csv", "text/csv; charset=utf-8", export_csv),
+    "json": Format("jsonl", "application/x-ndjson", export_jsonl),
+    "parquet": Format("parquet", "application/vnd.apache.parquet", export_parquet),
+}

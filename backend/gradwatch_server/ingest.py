@@ -1,0 +1,206 @@
+"""One hook connection on /ws/ingest: hello, then steps until close (docs/protocol.md).
+
+The connection moves through explicit states: AWAIT_HELLO -> STREAMING -> CLOSED (after a
+`close` message). After the hello, a reader task validates frames against `protocol` and queues
+them; the writer stores whatever has queued up in one transaction off the event loop, then
+acknowledges the batch's highest seq (an ack covers every seq up to it) and publishes the steps
+to the browsers. Acks come only after the commit. A frame that breaks the protocol gets an
+`error` frame and a close code once the messages before it are committed; nothing of it is
+stored, and every other connection carries on.
+"""
+from __future__ import annotations
+
+import asyncio
+import enum
+import json
+import logging
+
+from fastapi import WebSocket, WebSocketDisconnect
+from starlette.websockets import WebSocketDisconnected
+
+from .deps import token_ok
+from .live import LiveHub
+from .protocol import Close, Hello, ProtocolError, Step, parse_message
+from .sessions import Sessions
+from .settings import Settings
+from .store import ParamsMismatch, StepData, Store, UnknownRun
+
+log = logging.getLogger("gradwatch.ingest")
+
+CLOSE_INVALID = 1003
+CLOSE_POLICY = 1008
+CLOSE_TOO_BIG = 1009
+CLOSE_SERVER_ERROR = 1011
+
+#: Messages validated but not yet stored; when full, the reader stops reading the socket.
+MAX_PENDING = 64
+
+
+class State(enum.Enum):
+    AWAIT_HELLO = "await_hello"
+    STREAMING = "streaming"
+    CLOSED = "closed"
+
+
+class Refusal(Exception):
+    """End the connection: send `message` as an error frame, then close with `code`."""
+
+    def __init__(self, code: int, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+
+
+class _Disconnected:
+    """Queued by the reader when the hook has gone: store what came before, then stop."""
+
+
+Pending = Step | Close | Refusal | _Disconnected
+
+
+def close_reason(message: str) -> str:
+    """A close reason must fit in 123 bytes of UTF-8; cut on a character boundary."""
+    raw = message.encode()
+    if len(raw) <= 123:
+        return message
+    return raw[:120].decode(errors="ignore") + "..."
+
+
+def _deleted(run_id: str) -> Refusal:
+    return Refusal(CLOSE_INVALID, f"run {run_id!r} was deleted on the server; start a new run")
+
+
+class IngestConnection:
+    def __init__(self, websocket: WebSocket, store: Store, hub: LiveHub, sessions: Sessions,
+                 settings: Settings) -> None:
+        self.ws = websocket
+        self.store = store
+        self.hub = hub
+        self.sessions = sessions
+        self.settings = settings
+        self.state = State.AWAIT_HELLO
+        self.run_id = ""
+        self.param_count = 0
+
+    async def serve(self) -> None:
+        await self.ws.accept()
+        reader: asyncio.Task[None] | None = None
+        try:
+            if not token_ok(self.settings, self.ws.headers.get("authorization")):
+                raise Refusal(CLOSE_POLICY, "missing or wrong token: this server needs "
+                                            "'Authorization: Bearer TOKEN' (watch(token=...) or GRADWATCH_TOKEN)")
+            first = self._parse(await self._receive())
+            if not isinstance(first, Hello):
+                raise Refusal(CLOSE_INVALID, f"the first message must be hello, not {first.type}")
+            await self._hello(first)
+            pending: asyncio.Queue[Pending] = asyncio.Queue(MAX_PENDING)
+            reader = asyncio.create_task(self._read(pending))
+            await self._write(pending)
+        except Refusal as refusal:
+            await self._refuse(refusal)
+        except (WebSocketDisconnect, WebSocketDisconnected):
+            pass  # the hook went away: the normal end of a stream
+        except Exception:
+            log.exception("ingest of run %s failed", self.run_id or "(before hello)")
+            await self._refuse(Refusal(CLOSE_SERVER_ERROR, "server error while storing; see the server log"))
+        finally:
+            if reader is not None:
+                reader.cancel()
+                await asyncio.gather(reader, return_exceptions=True)
+            if self.state is not State.AWAIT_HELLO:
+                self.sessions.detach(self.run_id, closed=self.state is State.CLOSED)
+
+    async def _receive(self) -> str:
+        message = await self.ws.receive()
+        if message["type"] == "websocket.disconnect":
+            raise WebSocketDisconnect(message.get("code", 1000))
+        text = message.get("text")
+        if not isinstance(text, str):
+            raise Refusal(CLOSE_INVALID, "binary frames are not part of the protocol; send JSON text frames")
+        if len(text) > self.settings.max_frame_bytes:
+            raise Refusal(CLOSE_TOO_BIG, f"frame larger than {self.settings.max_frame_bytes} bytes")
+        return text
+
+    def _parse(self, text: str) -> Hello | Step | Close:
+        try:
+            return parse_message(text, self.param_count if self.state is not State.AWAIT_HELLO else None)
+        except ProtocolError as exc:
+            raise Refusal(CLOSE_INVALID, str(exc)) from None
+
+    async def _hello(self, hello: Hello) -> None:
+        self.run_id = hello.run.id
+        self.sessions.attach(self.run_id)  # before the write: a crash timer must not overrule it
+        self.state = State.STREAMING
+        try:
+            opened = await asyncio.to_thread(self.store.open_run, hello)
+        except ParamsMismatch as exc:
+            raise Refusal(CLOSE_INVALID, str(exc)) from None
+        self.param_count = len(hello.params)
+        await self._send({"type": "welcome", "run_id": self.run_id, "last_seq": opened.run.last_seq})
+        if opened.created or opened.resumed_from != "running":
+            self.hub.publish_run(opened.run)
+
+    async def _read(self, pending: asyncio.Queue[Pending]) -> None:
+        """Validate frames in arrival order; a refusal or the end of the socket is queued last."""
+        try:
+            while True:
+                message = self._parse(await self._receive())
+                if isinstance(message, Hello):
+                    raise Refusal(CLOSE_INVALID, "hello may only be the first message of a connection")
+                await pending.put(message)
+        except Refusal as refusal:
+            await pending.put(refusal)
+        except (WebSocketDisconnect, WebSocketDisconnected):
+            await pending.put(_Disconnected())
+
+    async def _write(self, pending: asyncio.Queue[Pending]) -> None:
+        """Store queued messages, steps in batches, until the reader's last item."""
+        while True:
+            items = [await pending.get()]
+            while isinstance(items[-1], Step) and not pending.empty():
+                items.append(pending.get_nowait())
+            steps = [item for item in items if isinstance(item, Step)]
+            if steps:
+                await self._steps(steps)
+            last = items[-1]
+            if isinstance(last, Close):
+                await self._close(last)
+            elif isinstance(last, Refusal):
+                raise last
+            elif isinstance(last, _Disconnected):
+                return
+
+    async def _steps(self, steps: list[Step]) -> None:
+        batch = [StepData(seq=s.seq, step=s.step, time=s.time, scalars=s.scalars, arrays=s.arrays())
+                 for s in steps]
+        try:
+            stored = await asyncio.to_thread(self.store.write_steps, self.run_id, batch)
+        except UnknownRun:
+            raise _deleted(self.run_id) from None
+        await self._send({"type": "ack", "seq": max(s.seq for s in steps)})
+        for step, is_new in zip(steps, stored):
+            if is_new:
+                self.hub.publish_step(self.run_id, step)
+
+    async def _close(self, close: Close) -> None:
+        try:
+            changed = await asyncio.to_thread(self.store.close_run, self.run_id, seq=close.seq, status=close.status)
+        except UnknownRun:
+            raise _deleted(self.run_id) from None
+        self.state = State.CLOSED
+        await self._send({"type": "ack", "seq": close.seq})
+        if changed:
+            run = await asyncio.to_thread(self.store.get_run, self.run_id)
+            if run is not None:
+                self.hub.publish_run(run)
+
+    async def _send(self, message: dict[str, object]) -> None:
+        await self.ws.send_text(json.dumps(message, separators=(",", ":")))
+
+    async def _refuse(self, refusal: Refusal) -> None:
+        log.info("ingest of run %s refused (%d): %s", self.run_id or "(before hello)", refusal.code, refusal.message)
+        try:
+            await self._send({"type": "error", "message": refusal.message})
+            await self.ws.close(refusal.code, close_reason(refusal.message))
+        except (WebSocketDisconnect, WebSocketDisconnected, RuntimeError):
+            pass  # the hook is gone already

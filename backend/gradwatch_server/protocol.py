@@ -1,0 +1,292 @@
+"""Wire protocol v1 (hook -> server): the one definition both sides are checked against.
+
+See docs/protocol.md. `parse_message` turns one text frame into a validated `Hello`, `Step` or
+`Close`, or raises `ProtocolError` with a message that says what is wrong. Per-parameter arrays
+are decoded from base64 during validation, so a `Step` carries the raw little-endian bytes that
+the store keeps as they are.
+"""
+from __future__ import annotations
+
+import base64
+import binascii
+import json
+import math
+from typing import Annotated, Any, Literal
+
+import numpy as np
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    StringConstraints,
+    ValidationError,
+    ValidationInfo,
+    WithJsonSchema,
+    field_validator,
+    model_validator,
+)
+
+PROTOCOL_VERSION = 1
+
+#: Bit pattern of the float32 NaN that means "does not apply to this parameter" (no `.grad`,
+#: no such optimizer state yet). Test for it on the raw uint32 bits, before any arithmetic.
+ABSENT_BITS = 0x7FDEAD00
+
+#: `grad_status` codes, in increasing order of concern (the heatmap shows the highest).
+GRAD_STATUS_NAMES = ("none", "zero", "nonzero", "nonfinite")
+
+#: The metric name under which `grad_status` is stored beside the float metrics.
+GRAD_STATUS = "grad_status"
+
+#: dtype codes of stored per-parameter arrays (numpy spelling, little-endian).
+FLOAT_DTYPE = "f4"
+STATUS_DTYPE = "u1"
+
+
+def array_dtype(metric: str) -> str:
+    """The dtype of a per-parameter array: uint8 codes for grad_status, float32 otherwise."""
+    return STATUS_DTYPE if metric == GRAD_STATUS else FLOAT_DTYPE
+
+RunId = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9_-]{1,64}$")]
+SeriesName = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9_./:-]{1,128}$")]
+Label = Annotated[str, StringConstraints(min_length=1, max_length=256)]
+
+_NON_FINITE = {"NaN": math.nan, "Infinity": math.inf, "-Infinity": -math.inf}
+
+
+class ProtocolError(ValueError):
+    """A frame that breaks the protocol; the message is sent to the client as is."""
+
+
+def _finite(value: float) -> float:
+    if not math.isfinite(value):
+        raise ValueError("must be a finite number")
+    return value
+
+
+FiniteFloat = Annotated[float, AfterValidator(_finite)]
+
+
+def _scalar(value: object) -> float:
+    if isinstance(value, str) and value in _NON_FINITE:
+        return _NON_FINITE[value]
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ValueError('must be a number or one of the strings "NaN", "Infinity", "-Infinity"')
+    return float(value)
+
+
+#: On the wire a JSON number or "NaN"/"Infinity"/"-Infinity"; after validation a float.
+ScalarValue = Annotated[
+    float,
+    BeforeValidator(_scalar),
+    WithJsonSchema({"anyOf": [{"type": "number"}, {"enum": list(_NON_FINITE)}]}),
+]
+
+
+class _Message(BaseModel):
+    # strict: no "1" for 1, no true for 1; forbid: a misspelt field is an error, not ignored.
+    model_config = ConfigDict(strict=True, extra="forbid", frozen=True)
+
+    v: Literal[1]
+
+
+class RunInfo(BaseModel):
+    model_config = ConfigDict(strict=True, extra="forbid", frozen=True)
+
+    id: RunId
+    name: Label | None = None
+    project: Label | None = None
+    started_at: FiniteFloat
+    hook_version: Annotated[str, StringConstraints(max_length=64)] | None = None
+    optimizer: Annotated[str, StringConstraints(max_length=128)] | None = None
+    config: dict[str, Any] = Field(default_factory=dict)
+
+
+class ParamInfo(BaseModel):
+    model_config = ConfigDict(strict=True, extra="forbid", frozen=True)
+
+    name: Annotated[str, StringConstraints(min_length=1, max_length=512)]
+    shape: list[Annotated[int, Field(ge=0)]] = Field(max_length=64)
+    numel: int = Field(ge=0)
+    dtype: Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9_.]{1,32}$")]
+    group: int = Field(ge=0)
+    optimizer: int = Field(ge=0)
+
+    @model_validator(mode="after")
+    def _numel_matches_shape(self) -> ParamInfo:
+        if self.numel != math.prod(self.shape):
+            raise ValueError(f"numel {self.numel} does not match shape {self.shape}")
+        return self
+
+
+class GroupInfo(BaseModel):
+    model_config = ConfigDict(strict=True, extra="forbid", frozen=True)
+
+    optimizer: int = Field(ge=0)
+    index: int = Field(ge=0)
+    name: Label | None = None
+    hparams: dict[str, Any] = Field(default_factory=dict)
+
+
+class Hello(_Message):
+    type: Literal["hello"]
+    run: RunInfo
+    params: list[ParamInfo]
+    groups: list[GroupInfo] = Field(default_factory=list)
+
+    @field_validator("params")
+    @classmethod
+    def _unique_names(cls, params: list[ParamInfo]) -> list[ParamInfo]:
+        seen: set[str] = set()
+        for p in params:
+            if p.name in seen:
+                raise ValueError(f"parameter name {p.name!r} appears twice")
+            seen.add(p.name)
+        return params
+
+    @field_validator("groups")
+    @classmethod
+    def _unique_groups(cls, groups: list[GroupInfo]) -> list[GroupInfo]:
+        keys = [(g.optimizer, g.index) for g in groups]
+        if len(set(keys)) != len(keys):
+            raise ValueError("a param group (optimizer, index) appears twice")
+        return groups
+
+
+def _decode_array(value: object, info: ValidationInfo, itemsize: int) -> bytes:
+    """Base64 -> bytes, checked against the parameter count given in the validation context."""
+    if not isinstance(value, str):
+        raise ValueError("must be a base64 string")
+    try:
+        raw = base64.b64decode(value, validate=True)
+    except (binascii.Error, ValueError):
+        raise ValueError("is not valid base64 (standard alphabet, padded)") from None
+    count = (info.context or {}).get("param_count")
+    if count is None:
+        raise ValueError("cannot be checked: the parameter count is unknown (send hello first)")
+    if len(raw) != count * itemsize:
+        raise ValueError(
+            f"decodes to {len(raw)} bytes, expected {count * itemsize} "
+            f"({count} parameters x {itemsize} bytes)"
+        )
+    return raw
+
+
+def _decode_floats(value: object, info: ValidationInfo) -> bytes:
+    return _decode_array(value, info, 4)
+
+
+def _decode_codes(value: object, info: ValidationInfo) -> bytes:
+    raw = _decode_array(value, info, 1)
+    if raw and max(raw) >= len(GRAD_STATUS_NAMES):
+        raise ValueError(f"has a code above {len(GRAD_STATUS_NAMES) - 1}")
+    return raw
+
+
+#: On the wire a base64 string; after validation the raw little-endian bytes it encodes.
+Float32Array = Annotated[
+    bytes,
+    BeforeValidator(_decode_floats),
+    WithJsonSchema({"type": "string", "contentEncoding": "base64",
+                    "description": "little-endian float32, one per parameter"}),
+]
+StatusArray = Annotated[
+    bytes,
+    BeforeValidator(_decode_codes),
+    WithJsonSchema({"type": "string", "contentEncoding": "base64",
+                    "description": "uint8 grad_status codes, one per parameter"}),
+]
+
+
+class Step(_Message):
+    type: Literal["step"]
+    seq: int = Field(ge=1)
+    step: int = Field(ge=0)
+    time: FiniteFloat
+    scalars: dict[SeriesName, ScalarValue] = Field(default_factory=dict, max_length=10_000)
+    params: dict[SeriesName, Float32Array] = Field(default_factory=dict, max_length=1_000)
+    grad_status: StatusArray | None = None
+
+    @field_validator("params")
+    @classmethod
+    def _no_status_in_params(cls, params: dict[str, bytes]) -> dict[str, bytes]:
+        if GRAD_STATUS in params:
+            raise ValueError(f"{GRAD_STATUS!r} belongs in the top-level grad_status field")
+        return params
+
+    def arrays(self) -> dict[str, bytes]:
+        """Every per-parameter array as raw bytes, `grad_status` included."""
+        if self.grad_status is None:
+            return dict(self.params)
+        return {**self.params, GRAD_STATUS: self.grad_status}
+
+
+class Close(_Message):
+    type: Literal["close"]
+    seq: int = Field(ge=1)
+    status: Literal["finished", "crashed"] = "finished"
+
+
+Message = Hello | Step | Close
+_MODELS: dict[str, type[Hello] | type[Step] | type[Close]] = {"hello": Hello, "step": Step, "close": Close}
+
+
+def _refuse_constant(token: str) -> float:
+    raise ProtocolError(f"bare {token} is not standard JSON; send the string \"{token}\" instead")
+
+
+def _describe(exc: ValidationError, kind: str) -> str:
+    """The first few validation errors as one line: where, and what is wrong."""
+    parts = []
+    for err in exc.errors()[:3]:
+        where = ".".join(str(p) for p in err["loc"]) or kind
+        msg = err["msg"].removeprefix("Value error, ")
+        parts.append(f"{where}: {msg}")
+    more = len(exc.errors()) - 3
+    suffix = f" (and {more} more)" if more > 0 else ""
+    return f"invalid {kind} message: " + "; ".join(parts) + suffix
+
+
+def parse_message(text: str | bytes, param_count: int | None = None) -> Message:
+    """Validate one frame. `param_count` is the length of the run's `params` (after `hello`)."""
+    try:
+        data = json.loads(text, parse_constant=_refuse_constant)
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise ProtocolError(f"frame is not valid JSON: {exc}") from None
+    return validate_message(data, param_count)
+
+
+def validate_message(data: object, param_count: int | None = None) -> Message:
+    """Validate one decoded message (a dict as `json.loads` gives it)."""
+    if not isinstance(data, dict):
+        raise ProtocolError("frame must be a JSON object")
+    version = data.get("v")
+    if type(version) is not int or version != PROTOCOL_VERSION:
+        raise ProtocolError(
+            f"unsupported protocol version {version!r}: this server speaks version {PROTOCOL_VERSION}"
+        )
+    kind = data.get("type")
+    if not isinstance(kind, str) or kind not in _MODELS:
+        raise ProtocolError(f"unknown message type {kind!r}: expected one of {', '.join(_MODELS)}")
+    try:
+        return _MODELS[kind].model_validate(data, context={"param_count": param_count})
+    except ValidationError as exc:
+        raise ProtocolError(_describe(exc, kind)) from None
+
+
+def decode_floats(raw: bytes) -> np.ndarray:
+    """Raw wire/store bytes -> float32 array (read-only view, no copy)."""
+    return np.frombuffer(raw, dtype="<f4")
+
+
+def decode_status(raw: bytes) -> np.ndarray:
+    """Raw wire/store bytes -> uint8 status codes (read-only view, no copy)."""
+    return np.frombuffer(raw, dtype="u1")
+
+
+def absent_mask(values: np.ndarray) -> np.ndarray:
+    """True where a float32 array holds ABSENT (compared on the bits, before any arithmetic)."""
+    mask: np.ndarray = np.ascontiguousarray(values, dtype="<f4").view("<u4") == ABSENT_BITS
+    return mask

@@ -1,0 +1,129 @@
+"""Table definitions (SQLAlchemy Core), portable between SQLite and PostgreSQL.
+
+Laid out for the dashboard's reads: a scalar's series is one primary-key range
+(run_id, key, step); a parameter metric is one row per (run, metric, step) holding the
+whole per-parameter array as a blob, so "all parameters over a window of steps" is one range
+scan, and "one parameter over many steps" reads a 4-byte slice of each blob (`substr`).
+
+Small-row tables are WITHOUT ROWID on SQLite: the primary key is the table's b-tree, which saves
+a second index and a lookup. `param_metrics` keeps its rowid because its rows are large (SQLite
+advises WITHOUT ROWID only for rows well under a twentieth of a page).
+
+Changing this file needs a new migration under migrations/versions/; a test checks that the
+migrations produce exactly these tables.
+"""
+from __future__ import annotations
+
+from sqlalchemy import (
+    BigInteger,
+    Column,
+    Double,
+    ForeignKey,
+    Integer,
+    LargeBinary,
+    MetaData,
+    SmallInteger,
+    String,
+    Table,
+    Text,
+)
+
+metadata = MetaData()
+
+
+
+def _run_id() -> Column[str]:
+    """The key column pointing at the owning run; deleting the run deletes the row."""
+    return Column("run_id", String(64), ForeignKey("runs.id", ondelete="CASCADE"), primary_key=True)
+
+
+runs = Table(
+    "runs",
+    metadata,
+    Column("id", String(64), primary_key=True),  # chosen by the hook
+    Column("name", Text, nullable=False),
+    Column("project", Text, nullable=False, index=True),
+    Column("status", String(16), nullable=False),  # running | finished | crashed
+    Column("created_at", Double, nullable=False, index=True),  # Unix seconds
+    Column("updated_at", Double, nullable=False),
+    Column("finished_at", Double),
+    Column("last_seq", BigInteger, nullable=False),  # highest committed message seq
+    Column("steps", Integer, nullable=False),  # number of stored steps
+    Column("last_step", BigInteger),
+    Column("param_count", Integer, nullable=False),
+    Column("param_numel", BigInteger, nullable=False),
+    Column("optimizer", Text),
+    Column("config", Text, nullable=False),  # JSON object
+    Column("hook_version", String(64)),
+)
+
+params = Table(
+    "params",
+    metadata,
+    _run_id(),
+    Column("idx", Integer, primary_key=True),  # position in the per-parameter arrays
+    Column("name", Text, nullable=False),
+    Column("shape", Text, nullable=False),  # JSON list
+    Column("numel", BigInteger, nullable=False),
+    Column("dtype", String(32), nullable=False),
+    Column("group_idx", Integer, nullable=False),
+    Column("optimizer_idx", Integer, nullable=False),
+    sqlite_with_rowid=False,
+)
+
+groups = Table(
+    "groups",
+    metadata,
+    _run_id(),
+    Column("optimizer_idx", Integer, primary_key=True),
+    Column("idx", Integer, primary_key=True),
+    Column("name", Text),
+    Column("hparams", Text, nullable=False),  # JSON object
+    sqlite_with_rowid=False,
+)
+
+steps = Table(
+    "steps",
+    metadata,
+    _run_id(),
+    Column("step", BigInteger, primary_key=True),
+    Column("seq", BigInteger, nullable=False),
+    Column("time", Double, nullable=False),
+    sqlite_with_rowid=False,
+)
+
+# A scalar is `value` unless `special` says otherwise: SQLite turns NaN into NULL and -0.0 into 0,
+# so NaN is `value` NULL with `special` 1 and -0.0 is `value` 0 with `special` 2 (store.py). A
+# query like `value < 0.1` thus never matches a NaN; infinities are stored as themselves.
+scalars = Table(
+    "scalars",
+    metadata,
+    _run_id(),
+    Column("key", String(128), primary_key=True),
+    Column("step", BigInteger, primary_key=True),
+    Column("value", Double),
+    Column("special", SmallInteger),
+    sqlite_with_rowid=False,
+)
+
+# One row per (run, metric, step): `data` is the little-endian array exactly as decoded from the
+# wire (float32 'f4', ABSENT and NaN payloads bit for bit, or uint8 'u1' for grad_status).
+param_metrics = Table(
+    "param_metrics",
+    metadata,
+    _run_id(),
+    Column("metric", String(128), primary_key=True),
+    Column("step", BigInteger, primary_key=True),
+    Column("data", LargeBinary, nullable=False),
+    Column("dtype", String(4), nullable=False),
+)
+
+# The names of a run's series, so that listing them does not scan every stored value.
+series_names = Table(
+    "series_names",
+    metadata,
+    _run_id(),
+    Column("kind", String(8), primary_key=True),  # scalar | param
+    Column("name", String(128), primary_key=True),
+    sqlite_with_rowid=False,
+)

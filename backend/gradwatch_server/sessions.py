@@ -1,0 +1,76 @@
+"""Which runs have a hook connected, and marking the ones that vanished as crashed.
+
+A hook that disconnects without sending `close` may just be reconnecting, so a run is marked
+crashed only after `grace_s` seconds without any connection, and only if it is still running
+and nothing was written to it since the timer started (so a hook that reconnects while the
+timer fires is never overruled). Runs found running when the server starts get the same
+grace: their hooks may come back.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections import Counter
+from collections.abc import Callable, Iterable
+
+from .live import LiveHub
+from .store import Store
+
+log = logging.getLogger("gradwatch.sessions")
+
+
+class Sessions:
+    """Counts connections per run and runs one crash timer per run left without any. Loop-only."""
+
+    def __init__(self, store: Store, hub: LiveHub, grace_s: float,
+                 clock: Callable[[], float] = time.time) -> None:
+        self._store = store
+        self._clock = clock
+        self._hub = hub
+        self._grace_s = grace_s
+        self._connections: Counter[str] = Counter()
+        self._timers: dict[str, asyncio.Task[None]] = {}
+
+    def attach(self, run_id: str) -> None:
+        """A hook connected for this run: it is alive, whatever timer was counting."""
+        self._connections[run_id] += 1
+        timer = self._timers.pop(run_id, None)
+        if timer is not None:
+            timer.cancel()
+
+    def detach(self, run_id: str, *, closed: bool) -> None:
+        """A hook's connection ended; without a `close` (`closed`) the run may have crashed."""
+        self._connections[run_id] -= 1
+        if self._connections[run_id] <= 0:
+            del self._connections[run_id]
+            if not closed:
+                self.watch([run_id])
+
+    def watch(self, run_ids: Iterable[str]) -> None:
+        """Mark these runs crashed unless a hook connects for them within the grace period."""
+        for run_id in run_ids:
+            if run_id not in self._connections and run_id not in self._timers:
+                self._timers[run_id] = asyncio.create_task(self._expire(run_id, self._clock()))
+
+    async def _expire(self, run_id: str, idle_since: float) -> None:
+        await asyncio.sleep(self._grace_s)
+        self._timers.pop(run_id, None)
+        if run_id in self._connections:
+            return
+        try:
+            if await asyncio.to_thread(self._store.mark_crashed, run_id, idle_since):
+                log.info("run %s marked crashed: no hook for %.0f s", run_id, self._grace_s)
+                run = await asyncio.to_thread(self._store.get_run, run_id)
+                if run is not None:
+                    self._hub.publish_run(run)
+        except Exception:  # a timer has no caller to report to: log, and keep serving
+            log.exception("could not mark run %s crashed", run_id)
+
+    async def close(self) -> None:
+        """Stop every timer (server shutdown): the next start gives those runs a new grace."""
+        timers = list(self._timers.values())
+        self._timers.clear()
+        for timer in timers:
+            timer.cancel()
+        await asyncio.gather(*timers, return_exceptions=True)

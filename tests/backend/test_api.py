@@ -1,0 +1,327 @@
+"""The REST API over a real server: reads match what was ingested, exactly; bad input is a 4xx."""
+from __future__ import annotations
+
+import csv
+import io
+import json
+import math
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import numpy as np
+import pyarrow.parquet as pq
+import pytest
+from conftest import ServerProcess, start_server
+from wiremsg import Hook, close, f32, hello, step, with_absent
+
+PARAMS = ("enc.weight", "=cmd|' /C calc'!A0", "dec.bias")
+N = 40
+
+
+def loss_at(i: int) -> float:
+    return {5: math.nan, 17: 1000.0, 23: -math.inf}.get(i, 1.0 / i)
+
+
+def grad_at(i: int) -> np.ndarray:
+    values = f32(0.01 * i, 10.0 + i, np.nan if i == 30 else 1.0 / i)
+    return with_absent(values, 1) if i <= 3 else values  # no grad yet for the second parameter
+
+
+def status_at(i: int) -> list[int]:
+    return [2, 0 if i <= 3 else 2, 3 if i == 30 else 2]
+
+
+@pytest.fixture(scope="module")
+def srv(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+    server = start_server(tmp_path_factory.mktemp("api"))
+    with Hook(server.ws_url) as hook:
+        hook.call(hello("api-run", params=PARAMS, name="My run: v1/β", project="proj-a"))
+        for i in range(1, N + 1):
+            hook.call(step(i, i, scalars={"loss": loss_at(i) if math.isfinite(loss_at(i)) else
+                                          ("NaN" if math.isnan(loss_at(i)) else "-Infinity"),
+                                          "lr/0": 0.001},
+                           arrays={"grad_norm": grad_at(i), "param_norm": f32(1.0, 2.0, 3.0),
+                                   "momentum_norm": f32(0.5, -0.0, 1e-45)},
+                           grad_status=status_at(i)))
+        hook.call(close(N + 1))
+    for run_id, project, name in (("other-1", "proj-b", "o1"), ("other-2", "proj-b", "o2"),
+                                  ("real", "proj-a", "100%_real")):
+        with Hook(server.ws_url) as hook:
+            hook.call(hello(run_id, project=project, name=name))
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="module")
+def http(srv: ServerProcess) -> Iterator[httpx.Client]:
+    with httpx.Client(base_url=srv.url, timeout=30) as client:
+        yield client
+
+
+def naive_buckets(n: int, buckets: int) -> list[range]:
+    edges = [j * n // buckets for j in range(buckets)] + [n]
+    return [range(edges[j], edges[j + 1]) for j in range(buckets)]
+
+
+def json_float(x: float) -> float | str:
+    if math.isnan(x):
+        return "NaN"
+    if math.isinf(x):
+        return "Infinity" if x > 0 else "-Infinity"
+    return x
+
+
+# -- runs ------------------------------------------------------------------------------------
+
+def test_health(http: httpx.Client) -> None:
+    assert http.get("/api/health").json() == {"status": "ok", "version": "0.1.0"}
+
+
+def test_run_list_filters_and_pages(http: httpx.Client) -> None:
+    body = http.get("/api/runs").json()
+    assert body["count"] == 4 and {r["id"] for r in body["data"]} == {"api-run", "other-1", "other-2", "real"}
+    in_b = http.get("/api/runs", params={"project": "proj-b"}).json()["data"]
+    assert [r["id"] for r in in_b] == ["other-1", "other-2"]
+    assert [r["id"] for r in http.get("/api/runs", params={"q": "MY RUN"}).json()["data"]] == ["api-run"]
+    assert [r["id"] for r in http.get("/api/runs", params={"q": "100%"}).json()["data"]] == ["real"]
+    assert http.get("/api/runs", params={"q": "%"}).json()["count"] == 1  # % is a character, not a wildcard
+    assert [r["id"] for r in http.get("/api/runs", params={"status": "finished"}).json()["data"]] == ["api-run"]
+    page = http.get("/api/runs", params={"limit": 1, "offset": 1}).json()
+    assert page["count"] == 4 and len(page["data"]) == 1
+
+
+def test_run_detail(http: httpx.Client) -> None:
+    run = http.get("/api/runs/api-run").json()
+    assert run["name"] == "My run: v1/β" and run["project"] == "proj-a" and run["status"] == "finished"
+    assert run["steps"] == N and run["last_step"] == N and run["param_count"] == 3
+    assert run["optimizer"] == "AdamW" and run["config"] == {"every": 1}
+    assert run["created_at"] == 1_700_000_000.0 and run["finished_at"] >= run["created_at"]
+
+
+def test_params_and_metrics(http: httpx.Client) -> None:
+    params = http.get("/api/runs/api-run/params").json()
+    assert params["count"] == 3
+    assert params["data"][0] == {"index": 0, "name": "enc.weight", "shape": [2, 3], "numel": 6,
+                                 "dtype": "float32", "group": 0, "optimizer": 0}
+    assert [p["name"] for p in params["data"]] == list(PARAMS)
+    assert http.get("/api/runs/api-run/metrics").json() == {
+        "scalars": ["loss", "lr/0"], "params": ["grad_norm", "grad_status", "momentum_norm", "param_norm"]}
+
+
+# -- series ----------------------------------------------------------------------------------
+
+def test_scalar_series_is_exact_without_downsampling(http: httpx.Client) -> None:
+    body = http.get("/api/runs/api-run/series", params={"key": "loss"}).json()
+    assert body == {"key": "loss", "downsampled": False, "step": list(range(1, N + 1)),
+                    "value": [json_float(loss_at(i)) for i in range(1, N + 1)], "min": None, "max": None}
+    window = http.get("/api/runs/api-run/series", params={"key": "loss", "start": 10, "end": 12}).json()
+    assert window["step"] == [10, 11, 12]
+
+
+def test_scalar_series_downsampled_keeps_spikes_and_non_finite(http: httpx.Client) -> None:
+    body = http.get("/api/runs/api-run/series", params={"key": "loss", "max_points": 6}).json()
+    assert body["downsampled"] is True and len(body["step"]) == 6
+    values = [loss_at(i) for i in range(1, N + 1)]
+    for j, bucket in enumerate(naive_buckets(N, 6)):
+        chunk = [values[k] for k in bucket]
+        finite = [v for v in chunk if math.isfinite(v)]
+        assert body["step"][j] == bucket[0] + 1
+        assert body["value"][j] == pytest.approx(sum(finite) / len(finite))
+        ordered = [v for v in chunk if not math.isnan(v)]
+        assert body["max"][j] == ("NaN" if any(math.isnan(v) for v in chunk) else json_float(max(ordered)))
+        assert body["min"][j] == json_float(min(ordered))
+    assert 1000.0 in body["max"] and "NaN" in body["max"] and "-Infinity" in body["min"]
+
+
+def test_param_series_by_name_and_top(http: httpx.Client) -> None:
+    named = http.get("/api/runs/api-run/params/series",
+                     params={"metric": "grad_norm", "param": [PARAMS[1], "enc.weight"]}).json()
+    assert [s["param"] for s in named["series"]] == [PARAMS[1], "enc.weight"]
+    assert [s["index"] for s in named["series"]] == [1, 0]
+    assert named["series"][0]["value"][:4] == [None, None, None, float(np.float32(14.0))]
+    assert named["series"][1]["value"] == [float(np.float32(0.01 * i)) for i in range(1, N + 1)]
+
+    # At the last step (40): 0.4, 50.0, 0.025 -> descending 1, 0, 2; ascending 2, 0, 1.
+    top = http.get("/api/runs/api-run/params/series", params={"metric": "grad_norm", "top": 2}).json()
+    assert [s["index"] for s in top["series"]] == [1, 0]
+    low = http.get("/api/runs/api-run/params/series", params={"metric": "grad_norm", "top": 2, "order": "asc"}).json()
+    assert [s["index"] for s in low["series"]] == [2, 0]
+    # At step 30 the third parameter is NaN: it ranks first, a blow-up is what one looks for.
+    nan_top = http.get("/api/runs/api-run/params/series",
+                       params={"metric": "grad_norm", "top": 1, "end": 30}).json()
+    assert [s["index"] for s in nan_top["series"]] == [2] and nan_top["series"][0]["value"][-1] == "NaN"
+
+
+def test_param_series_downsampled_ignores_absent(http: httpx.Client) -> None:
+    body = http.get("/api/runs/api-run/params/series",
+                    params={"metric": "grad_norm", "param": PARAMS[1], "max_points": 20}).json()
+    series = body["series"][0]
+    assert body["downsampled"] is True and body["step"][:2] == [1, 3]
+    assert series["value"][0] is None and series["min"][0] is None  # steps 1-2: ABSENT only
+    assert series["value"][1] == pytest.approx(14.0)  # steps 3-4: ABSENT and 14
+    assert series["max"][-1] == 50.0
+
+
+def test_momentum_keeps_negative_zero_and_subnormals(http: httpx.Client) -> None:
+    body = http.get("/api/runs/api-run/params/series",
+                    params={"metric": "momentum_norm", "param": [PARAMS[1], "dec.bias"], "end": 1}).json()
+    neg_zero, tiny = body["series"][0]["value"][0], body["series"][1]["value"][0]
+    assert neg_zero == 0.0 and math.copysign(1.0, neg_zero) == -1.0
+    assert tiny == float(np.float32(1e-45)) and tiny > 0
+
+
+def test_heatmap(http: httpx.Client) -> None:
+    full = http.get("/api/runs/api-run/heatmap", params={"metric": "grad_norm"}).json()
+    assert full["downsampled"] is False and full["params"] == list(PARAMS) and full["step"] == list(range(1, N + 1))
+    assert full["z"][1][:4] == [None, None, None, float(np.float32(14.0))]
+    binned = http.get("/api/runs/api-run/heatmap", params={"metric": "grad_norm", "max_steps": 4}).json()
+    assert binned["downsampled"] is True and binned["step"] == [1, 11, 21, 31]
+    assert binned["z"][0] == [float(np.float32(0.01 * i)) for i in (10, 20, 30, 40)]
+    assert binned["z"][2][2] == "NaN"  # step 30's NaN wins its bucket
+    status = http.get("/api/runs/api-run/heatmap", params={"metric": "grad_status", "max_steps": 4}).json()
+    assert status["z"] == [[2, 2, 2, 2], [2, 2, 2, 2], [2, 2, 3, 2]]
+
+
+# -- export ----------------------------------------------------------------------------------
+
+def test_export_csv(http: httpx.Client) -> None:
+    response = http.get("/api/runs/api-run/export", params={"format": "csv"})
+    assert response.status_code == 200 and response.headers["content-type"].startswith("text/csv")
+    assert response.headers["content-disposition"] == 'attachment; filename="My_run_v1.csv"'
+    rows = list(csv.DictReader(io.StringIO(response.text)))
+    assert list(rows[0]) == ["step", "param", "grad_norm", "grad_status", "param_norm", "exp_avg_norm",
+                             "exp_avg_sq_norm", "momentum_norm"]
+    assert len(rows) == N * 3
+    by_key = {(int(r["step"]), r["param"]): r for r in rows}
+    assert by_key[(1, "'" + PARAMS[1])]["grad_norm"] == ""  # ABSENT; the name is defused
+    assert by_key[(1, "'" + PARAMS[1])]["grad_status"] == "none"
+    assert by_key[(1, "'" + PARAMS[1])]["momentum_norm"] == "-0.0"
+    assert by_key[(30, "dec.bias")]["grad_norm"] == "nan" and by_key[(30, "dec.bias")]["grad_status"] == "nonfinite"
+    assert by_key[(1, "enc.weight")]["exp_avg_norm"] == ""
+    for i in range(1, N + 1):
+        for j, name in enumerate(PARAMS):
+            cell = by_key[(i, "'" + name if j == 1 else name)]["grad_norm"]
+            expected = grad_at(i)[j]
+            if cell:
+                assert np.float32(float(cell)).tobytes() == expected.tobytes() or (np.isnan(expected) and cell == "nan")
+
+
+def test_export_json_lines(http: httpx.Client) -> None:
+    response = http.get("/api/runs/api-run/export", params={"format": "json"})
+    assert response.headers["content-disposition"].endswith('.jsonl"')
+    lines = [json.loads(line) for line in response.text.splitlines()]
+    assert lines[0]["type"] == "run" and lines[0]["run"]["id"] == "api-run"
+    assert [p["name"] for p in lines[0]["params"]] == list(PARAMS)
+    assert lines[0]["groups"] == [{"optimizer": 0, "index": 0, "name": None,
+                                   "hparams": {"lr": 0.001, "betas": [0.9, 0.999]}}]
+    steps = lines[1:]
+    assert [s["step"] for s in steps] == list(range(1, N + 1))
+    assert steps[4]["scalars"] == {"loss": "NaN", "lr/0": 0.001}
+    assert steps[0]["params"]["grad_norm"][1] is None and steps[29]["params"]["grad_norm"][2] == "NaN"
+    assert steps[29]["grad_status"] == [2, 2, 3]
+
+
+def test_export_parquet(http: httpx.Client) -> None:
+    response = http.get("/api/runs/api-run/export", params={"format": "parquet"})
+    assert response.headers["content-disposition"] == 'attachment; filename="My_run_v1.parquet"'
+    table = pq.read_table(io.BytesIO(response.content))
+    assert table.column_names[:7] == ["step", "param", "grad_norm", "grad_status", "param_norm", "exp_avg_norm",
+                                      "exp_avg_sq_norm"]
+    assert table.num_rows == N * 3
+    data = table.to_pydict()
+    assert data["grad_norm"][1] is None  # ABSENT is null
+    nan_row = 29 * 3 + 2
+    assert data["param"][nan_row] == "dec.bias" and math.isnan(data["grad_norm"][nan_row])
+    assert data["grad_status"][nan_row] == "nonfinite"
+    assert table.schema.field("grad_norm").type == "float"
+
+
+# -- errors ----------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("path", ["", "/params", "/metrics", "/series?key=loss", "/params/series?metric=grad_norm",
+                                  "/heatmap?metric=grad_norm", "/export", "/diagnostics"])
+def test_unknown_run_is_404(http: httpx.Client, path: str) -> None:
+    response = http.get(f"/api/runs/nope{path}")
+    assert response.status_code == 404 and "no run with id 'nope'" in response.json()["detail"]
+
+
+@pytest.mark.parametrize(("path", "params", "code", "text"), [
+    ("/export", {"format": "xml"}, 400, "format must be one of csv, json, parquet"),
+    ("/series", {"key": "loss", "max_points": 1}, 422, "max_points"),
+    ("/series", {}, 422, "key"),
+    ("/series", {"key": "nope"}, 404, "no scalar 'nope'"),
+    ("/series", {"key": "loss", "start": "abc"}, 422, "start"),
+    ("/params/series", {"metric": "nope"}, 404, "no parameter metric 'nope'"),
+    ("/params/series", {"metric": "grad_norm", "param": "nope"}, 404, "no parameter 'nope'"),
+    ("/params/series", {"metric": "grad_norm", "top": 0}, 422, "top"),
+    ("/params/series", {"metric": "grad_norm", "order": "up"}, 422, "order"),
+    ("/heatmap", {"metric": "grad_norm", "max_steps": 0}, 422, "max_steps"),
+])
+def test_bad_parameters_are_4xx_with_a_message(http: httpx.Client, path: str, params: dict[str, object],
+                                               code: int, text: str) -> None:
+    response = http.get(f"/api/runs/api-run{path}", params=params)
+    assert response.status_code == code
+    detail = response.json()["detail"]
+    assert isinstance(detail, str) and text in detail
+
+
+def test_bad_run_list_parameters(http: httpx.Client) -> None:
+    for params in ({"status": "bogus"}, {"limit": 0}, {"offset": -1}):
+        response = http.get("/api/runs", params=params)
+        assert response.status_code == 422 and isinstance(response.json()["detail"], str)
+
+
+def test_diagnostics_is_a_list(http: httpx.Client) -> None:
+    assert http.get("/api/runs/api-run/diagnostics").json() == []
+
+
+def test_openapi_documents_the_routes(http: httpx.Client) -> None:
+    paths = http.get("/openapi.json").json()["paths"]
+    for path in ("/api/health", "/api/runs", "/api/runs/{run_id}", "/api/runs/{run_id}/series",
+                 "/api/runs/{run_id}/params/series", "/api/runs/{run_id}/heatmap", "/api/runs/{run_id}/export"):
+        assert path in paths
+    assert http.get("/docs").status_code == 200
+
+
+# -- pages -----------------------------------------------------------------------------------
+
+def test_pages_and_static_files(tmp_path: Path) -> None:
+    frontend = tmp_path / "frontend"
+    (frontend / "js").mkdir(parents=True)
+    for page in ("index.html", "run.html"):
+        (frontend / page).write_text(f"<title>{page}</title>")
+    (frontend / "js" / "app.js").write_text("export {};")
+    server = start_server(tmp_path, env={"GRADWATCH_FRONTEND_DIR": str(frontend)})
+    try:
+        with httpx.Client(base_url=server.url) as http:
+            assert http.get("/").text == "<title>index.html</title>"
+            assert http.get("/runs/abc").text == "<title>run.html</title>"
+            missing = http.get("/compare")
+            assert missing.status_code == 404 and "compare.html" in missing.text
+            assert http.get("/static/js/app.js").text == "export {};"
+            plotly = http.get("/static/vendor/plotly.min.js")
+            assert plotly.status_code == 200 and "plotly" in plotly.text[:200].lower()
+            assert "javascript" in plotly.headers["content-type"]
+            assert http.get("/static/nope.js").status_code == 404
+    finally:
+        server.stop()
+
+
+def test_writes_need_the_token(tmp_path: Path) -> None:
+    server = start_server(tmp_path, token="tok")
+    try:
+        with Hook(server.ws_url, token="tok") as hook:
+            hook.call(hello("victim"))
+        with httpx.Client(base_url=server.url) as http:
+            assert http.patch("/api/runs/victim", json={"name": "x"}).status_code == 401
+            assert http.delete("/api/runs/victim", headers={"Authorization": "Bearer bad"}).status_code == 401
+            auth = {"Authorization": "Bearer tok"}
+            renamed = http.patch("/api/runs/victim", json={"name": "renamed"}, headers=auth)
+            assert renamed.status_code == 200 and renamed.json()["name"] == "renamed"
+            assert http.patch("/api/runs/victim", json={"name": ""}, headers=auth).status_code == 422
+            assert http.delete("/api/runs/victim", headers=auth).status_code == 204
+            assert http.get("/api/runs/victim").status_code == 404
+            assert http.delete("/api/runs/victim", headers=auth).status_code == 404
+    finally:
+        server.stop()

@@ -1,0 +1,87 @@
+"""Chart payloads from a real store against naive loops; the heatmap is the same read in chunks."""
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Iterator
+
+import numpy as np
+import pytest
+from gradwatch_server import charts
+from gradwatch_server.protocol import Hello, parse_message
+from gradwatch_server.store import StepData, Store, open_store
+from wiremsg import ABSENT_BITS, hello
+
+P, N = 5, 203
+
+
+@pytest.fixture(scope="module")
+def data() -> np.ndarray:
+    rng = np.random.default_rng(1)
+    values = rng.random((N, P)).astype("<f4")
+    values[50, 1] = np.nan
+    values[120, 3] = np.inf
+    values[7, 2] = 1e6  # a spike
+    values.view("<u4")[:30, 4] = ABSENT_BITS  # no grad at first
+    return values
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory: pytest.TempPathFactory, data: np.ndarray) -> Iterator[Store]:
+    s = open_store(f"sqlite:///{tmp_path_factory.mktemp('charts') / 'c.db'}")
+    message = parse_message(json.dumps(hello("c", params=tuple(f"p{i}.weight" for i in range(P)))))
+    assert isinstance(message, Hello)
+    s.open_run(message)
+    s.write_steps("c", [StepData(i + 1, 10 * (i + 1), 0.0, {}, {"grad_norm": data[i].tobytes(),
+                                                               "grad_status": bytes([i % 4] * P)})
+                        for i in range(N)])
+    yield s
+    s.close()
+
+
+def naive_peak(chunk: list[float | None]) -> float | str | None:
+    """The largest magnitude, NaN winning, None (ABSENT) ignored; as the API writes it."""
+    present = [v for v in chunk if v is not None]
+    if not present:
+        return None
+    if any(math.isnan(v) for v in present):
+        return "NaN"
+    best = max(present, key=abs)
+    return "Infinity" if best == math.inf else best
+
+
+@pytest.mark.parametrize("chunk_rows", [1, 7, 10**6])
+def test_heatmap_matches_a_naive_loop_whatever_the_chunking(store: Store, data: np.ndarray,
+                                                            chunk_rows: int) -> None:
+    params = store.get_params("c")
+    grid = charts.heatmap(store, "c", params, "grad_norm", None, None, 9, chunk_rows=chunk_rows)
+    edges = [j * N // 9 for j in range(9)] + [N]
+    assert grid.step == [10 * (e + 1) for e in edges[:-1]] and grid.downsampled
+    absent = data.view("<u4") == ABSENT_BITS
+    for i in range(P):
+        for j in range(9):
+            chunk = [None if absent[k, i] else float(data[k, i]) for k in range(edges[j], edges[j + 1])]
+            assert grid.z[i][j] == naive_peak(chunk), (i, j)
+    codes = charts.heatmap(store, "c", params, "grad_status", None, None, 9, chunk_rows=chunk_rows)
+    assert codes.z[0] == [max(k % 4 for k in range(edges[j], edges[j + 1])) for j in range(9)]
+
+
+def test_heatmap_window_without_downsampling(store: Store) -> None:
+    grid = charts.heatmap(store, "c", store.get_params("c"), "grad_norm", 15, 40, 400)
+    assert grid.step == [20, 30, 40] and not grid.downsampled and len(grid.z[0]) == 3
+
+
+def test_top_parameters_rank_nan_first_and_skip_absent(store: Store, data: np.ndarray) -> None:
+    values = data[50].copy()
+    assert charts.top_indices(values, 2, "desc")[0] == 1  # NaN first
+    early = data[0]
+    ranked = charts.top_indices(early, P, "asc")
+    assert 4 not in ranked and len(ranked) == P - 1  # ABSENT never ranks
+    finite = [int(i) for i in np.argsort(early[:4])]
+    assert ranked == finite
+
+
+def test_param_series_by_top_in_a_window(store: Store, data: np.ndarray) -> None:
+    body = charts.param_series(store, "c", store.get_params("c"), "grad_norm", [], 1, "desc", None, 510, 2000)
+    assert [s.index for s in body.series] == [1] and body.series[0].value[-1] == "NaN"
+    assert body.step == [10 * (i + 1) for i in range(51)]

@@ -1,0 +1,99 @@
+"""The v1 wire models: what is accepted, what is refused and how the refusal reads."""
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+import pytest
+from gradwatch_server.jsonvalues import float_list, metric_array, metric_list
+from gradwatch_server.protocol import (
+    ABSENT_BITS,
+    Close,
+    Hello,
+    ProtocolError,
+    Step,
+    absent_mask,
+    decode_floats,
+    parse_message,
+)
+from wiremsg import b64, close, f32, hello, step, with_absent
+
+
+def parse(message: dict[str, object], param_count: int | None = 2) -> object:
+    return parse_message(json.dumps(message), param_count)
+
+
+def test_valid_messages() -> None:
+    h = parse(hello("run_1-x"), None)
+    assert isinstance(h, Hello) and [p.name for p in h.params] == ["fc.weight", "fc.bias"]
+    s = parse(step(3, 2, scalars={"loss": "NaN", "n": 3, "m": "-Infinity"}, arrays={"grad_norm": f32(1, 2)},
+                   grad_status=[0, 3]))
+    assert isinstance(s, Step)
+    assert math.isnan(s.scalars["loss"]) and s.scalars["n"] == 3.0 and s.scalars["m"] == -math.inf
+    assert s.arrays() == {"grad_norm": f32(1, 2).tobytes(), "grad_status": bytes([0, 3])}
+    c = parse(close(4))
+    assert isinstance(c, Close) and c.status == "finished"
+
+
+@pytest.mark.parametrize(("change", "text"), [
+    ({"v": 2}, "unsupported protocol version 2"),
+    ({"v": "1"}, "unsupported protocol version '1'"),
+    ({"v": 1.0}, "unsupported protocol version 1.0"),
+    ({"type": "bye"}, "unknown message type 'bye'"),
+    ({"seq": 0}, "seq"),
+    ({"seq": True}, "seq"),
+    ({"time": "now"}, "time"),
+    ({"scalars": {"loss": True}}, 'must be a number or one of the strings "NaN"'),
+    ({"scalars": {"loss": "nan"}}, "scalars.loss"),
+    ({"scalars": {"x" * 129: 1.0}}, "scalars"),
+    ({"params": {"grad_norm": b64(f32(1, 2, 3))}}, "decodes to 12 bytes, expected 8 (2 parameters x 4 bytes)"),
+    ({"params": {"grad_norm": "AAA"}}, "not valid base64"),
+    ({"params": {"grad_norm": 5}}, "must be a base64 string"),
+    ({"params": {"grad_status": b64(f32(1, 2))}}, "top-level grad_status"),
+    ({"grad_status": b64(np.array([0, 4], "u1"))}, "has a code above 3"),
+    ({"grad_status": b64(np.array([0], "u1"))}, "expected 2"),
+    ({"extra": 1}, "extra: Extra inputs are not permitted"),
+])
+def test_invalid_steps_are_refused_with_a_clear_message(change: dict[str, object], text: str) -> None:
+    with pytest.raises(ProtocolError) as info:
+        parse({**step(1, 1), **change})
+    assert text in str(info.value)
+
+
+def test_invalid_hellos() -> None:
+    bad_id = hello("x")
+    bad_id["run"]["id"] = "has space"
+    twice = hello("x", params=("a.weight", "a.weight"))
+    wrong_numel = hello("x")
+    wrong_numel["params"][0]["numel"] = 7
+    for message, text in ((bad_id, "run.id"), (twice, "appears twice"), (wrong_numel, "does not match shape")):
+        with pytest.raises(ProtocolError, match=text):
+            parse(message, None)
+
+
+def test_frames_that_are_not_json_objects() -> None:
+    for frame, text in (("{", "not valid JSON"), ("[1]", "JSON object"), ('{"v": NaN}', "bare NaN")):
+        with pytest.raises(ProtocolError, match=text):
+            parse_message(frame)
+
+
+def test_arrays_need_the_parameter_count() -> None:
+    with pytest.raises(ProtocolError, match="send hello first"):
+        parse(step(1, 1, arrays={"grad_norm": f32(1, 2)}), None)
+
+
+def test_absent_is_told_from_other_nans_by_its_bits() -> None:
+    values = with_absent(f32(np.nan, 1.0, np.nan), 2)
+    assert absent_mask(values).tolist() == [False, False, True]
+    assert metric_list(values) == ["NaN", 1.0, None]
+    back = metric_array(metric_list(values))
+    assert back.view("<u4")[2] == ABSENT_BITS and math.isnan(back[0]) and back[1] == 1.0
+    assert decode_floats(values.tobytes()).tobytes() == values.tobytes()
+
+
+def test_float_list_words() -> None:
+    values = np.array([1.5, np.nan, np.inf, -np.inf, -0.0])
+    out = float_list(values, np.array([False, False, False, False, False]))
+    assert out[:4] == [1.5, "NaN", "Infinity", "-Infinity"] and math.copysign(1, out[4]) == -1
+    assert float_list(values, np.array([True, False, False, False, False]))[0] is None

@@ -1,0 +1,254 @@
+"""The store on real databases: exact round trips, idempotency, runs, and the migrations.
+
+Every test runs on an SQLite file; the ones taking `store` also run on PostgreSQL when
+GRADWATCH_TEST_POSTGRES_URL names a database they may wipe (postgresql://user@host:port/db).
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+import sqlite3
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+from alembic.autogenerate import compare_metadata
+from alembic.migration import MigrationContext
+from gradwatch_server.protocol import Hello, parse_message
+from gradwatch_server.schema import metadata
+from gradwatch_server.store import (
+    ParamsMismatch,
+    StepData,
+    Store,
+    StoreError,
+    UnknownRun,
+    create_db_engine,
+    open_store,
+)
+from wiremsg import ABSENT_BITS, f32, hello, with_absent
+
+SPECIAL = [math.nan, math.inf, -math.inf, -0.0, 0.0, 5e-324, 1.7976931348623157e308, -1.5, 1e20]
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@pytest.fixture
+def clock() -> Clock:
+    return Clock()
+
+
+POSTGRES_URL = os.environ.get("GRADWATCH_TEST_POSTGRES_URL")
+
+
+def _wipe_postgres(url: str) -> None:
+    engine = create_db_engine(url)
+    with engine.begin() as conn:
+        conn.exec_driver_sql("DROP SCHEMA public CASCADE")
+        conn.exec_driver_sql("CREATE SCHEMA public")
+    engine.dispose()
+
+
+@pytest.fixture(params=["sqlite", pytest.param("postgresql", marks=pytest.mark.skipif(
+    not POSTGRES_URL, reason="set GRADWATCH_TEST_POSTGRES_URL to test on PostgreSQL"))])
+def store(request: pytest.FixtureRequest, tmp_path: Path, clock: Clock) -> Iterator[Store]:
+    if request.param == "sqlite":
+        url = f"sqlite:///{tmp_path / 'store.db'}"
+    else:
+        assert POSTGRES_URL
+        url = POSTGRES_URL
+        _wipe_postgres(url)
+    s = open_store(url, clock=clock)
+    yield s
+    s.close()
+
+
+@pytest.fixture
+def sqlite_store(tmp_path: Path, clock: Clock) -> Iterator[Store]:
+    s = open_store(f"sqlite:///{tmp_path / 'store.db'}", clock=clock)
+    yield s
+    s.close()
+
+
+def open_hello(store: Store, run_id: str = "r", params: tuple[str, ...] = ("a.weight", "b.bias")) -> None:
+    message = parse_message(json.dumps(hello(run_id, params=params)))
+    assert isinstance(message, Hello)
+    store.open_run(message)
+
+
+def write(store: Store, run_id: str, seq: int, step: int, scalars: dict[str, float] | None = None,
+          arrays: dict[str, bytes] | None = None) -> bool:
+    """Store one step message; True if it was new."""
+    return store.write_steps(run_id, [StepData(seq, step, float(step), scalars or {}, arrays or {})])[0]
+
+
+def same_float(a: float, b: float) -> bool:
+    return (math.isnan(a) and math.isnan(b)) or (a == b and math.copysign(1, a) == math.copysign(1, b))
+
+
+def test_scalars_round_trip_exactly(store: Store) -> None:
+    open_hello(store)
+    for i, value in enumerate(SPECIAL, start=1):
+        assert write(store, "r", i, i, scalars={"x": value}, arrays={})
+    steps, values = store.scalar_series("r", "x")
+    assert steps.tolist() == list(range(1, len(SPECIAL) + 1))
+    assert all(same_float(a, b) for a, b in zip(values.tolist(), SPECIAL)), values
+    chunk = next(store.iter_steps("r"))
+    assert all(same_float(r.scalars["x"], v) for r, v in zip(chunk, SPECIAL))
+
+
+def test_nan_is_not_matched_by_comparisons_in_sql(store: Store) -> None:
+    open_hello(store)
+    write(store, "r", 1, 1, scalars={"loss": math.nan}, arrays={})
+    write(store, "r", 2, 2, scalars={"loss": 0.05}, arrays={})
+    with store.engine.connect() as conn:
+        assert conn.exec_driver_sql("SELECT step FROM scalars WHERE value < 0.1").all() == [(2,)]
+
+
+def test_param_arrays_round_trip_bit_for_bit(store: Store) -> None:
+    open_hello(store, params=("a", "b", "c", "d"))
+    grad = with_absent(f32(np.nan, np.inf, -0.0, 1e-45), 0)
+    other_nan = grad.copy()
+    other_nan.view("<u4")[0] = 0x7FC00001  # a measured NaN with a payload, not ABSENT
+    status = bytes([0, 1, 2, 3])
+    write(store, "r", 1, 1,
+          arrays={"grad_norm": grad.tobytes(), "exp_avg_norm": other_nan.tobytes(), "grad_status": status})
+    steps, rows = store.metric_rows("r", "grad_norm")
+    assert steps.tolist() == [1] and rows.tobytes() == grad.tobytes()
+    assert rows.view("<u4")[0, 0] == ABSENT_BITS
+    assert store.metric_rows("r", "exp_avg_norm")[1].tobytes() == other_nan.tobytes()
+    assert store.metric_rows("r", "grad_status")[1].tobytes() == status
+    _, columns = store.metric_columns("r", "grad_norm", [3, 0, 2])
+    assert columns.tobytes() == grad[[3, 0, 2]].tobytes()
+    assert store.metric_columns("r", "grad_status", [3, 1])[1].tolist() == [[3, 1]]
+    record = next(store.iter_steps("r"))[0]
+    assert record.arrays["grad_norm"].tobytes() == grad.tobytes()
+    assert record.arrays["grad_status"].dtype == np.uint8
+
+
+def test_a_batch_is_stored_once_in_order(store: Store) -> None:
+    open_hello(store)
+    batch = [StepData(1, 1, 0.0, {"loss": 1.0}, {}), StepData(2, 2, 0.0, {"loss": 2.0}, {}),
+             StepData(2, 2, 0.0, {"loss": 9.0}, {}), StepData(3, 2, 0.0, {"loss": 8.0}, {}),
+             StepData(4, 4, 0.0, {"loss": 4.0}, {})]
+    assert store.write_steps("r", batch) == [True, True, False, False, True]
+    assert store.write_steps("r", batch) == [False] * 5
+    assert store.scalar_series("r", "loss")[1].tolist() == [1.0, 2.0, 4.0]
+    run = store.get_run("r")
+    assert run is not None and (run.last_seq, run.steps, run.last_step) == (4, 3, 4)
+
+
+def test_writes_are_idempotent_and_update_the_run(store: Store, clock: Clock) -> None:
+    open_hello(store)
+    arrays = {"grad_norm": f32(1, 2).tobytes()}
+    clock.now = 2000.0
+    assert write(store, "r", 1, 5, scalars={"loss": 1.0}, arrays=arrays)
+    assert not write(store, "r", 1, 6, scalars={"loss": 2.0}, arrays=arrays)
+    assert not write(store, "r", 2, 5, scalars={"loss": 3.0}, arrays=arrays)
+    assert write(store, "r", 3, 3, scalars={"loss": 4.0}, arrays=arrays)
+    run = store.get_run("r")
+    assert run is not None
+    assert (run.last_seq, run.steps, run.last_step, run.updated_at) == (3, 2, 5, 2000.0)
+    assert store.scalar_series("r", "loss")[1].tolist() == [4.0, 1.0]
+    assert store.series_names("r", "scalar") == ["loss"] and store.series_names("r", "param") == ["grad_norm"]
+    assert store.close_run("r", seq=4, status="finished")
+    assert not store.close_run("r", seq=4, status="finished")
+    run = store.get_run("r")
+    assert run is not None and run.status == "finished" and run.finished_at == 2000.0
+
+
+def test_resume_checks_the_parameters(store: Store) -> None:
+    open_hello(store)
+    store.close_run("r", seq=1, status="finished")
+    open_hello(store)  # same parameters: resumed
+    run = store.get_run("r")
+    assert run is not None and run.status == "running" and run.finished_at is None and run.last_seq == 1
+    with pytest.raises(ParamsMismatch, match="parameter 1 is 'b.bias', the hello says 'c.bias'"):
+        open_hello(store, params=("a.weight", "c.bias"))
+    with pytest.raises(ParamsMismatch, match="it has 2 parameters, the hello lists 1"):
+        open_hello(store, params=("a.weight",))
+
+
+def test_writes_to_an_unknown_run_fail(store: Store) -> None:
+    with pytest.raises(UnknownRun):
+        write(store, "ghost", 1, 1, scalars={}, arrays={})
+
+
+def test_mark_crashed_only_when_idle_and_running(store: Store, clock: Clock) -> None:
+    open_hello(store)
+    clock.now = 1500.0
+    write(store, "r", 1, 1, scalars={}, arrays={})
+    assert not store.mark_crashed("r", idle_since=1400.0)  # written after the timer started
+    assert store.mark_crashed("r", idle_since=1500.0)
+    assert not store.mark_crashed("r", idle_since=9999.0)  # not running any more
+    run = store.get_run("r")
+    assert run is not None and run.status == "crashed"
+
+
+def test_list_runs_filters_and_orders(store: Store) -> None:
+    for i, (run_id, project) in enumerate([("a", "p1"), ("b", "p2"), ("c", "p1")]):
+        message = parse_message(json.dumps(hello(run_id, project=project, name=f"name_{i}%",
+                                                               started_at=100.0 + i)))
+        assert isinstance(message, Hello)
+        store.open_run(message)
+    runs, count = store.list_runs()
+    assert [r.id for r in runs] == ["c", "b", "a"] and count == 3
+    assert [r.id for r in store.list_runs(project="p1")[0]] == ["c", "a"]
+    assert [r.id for r in store.list_runs(q="NAME_1%")[0]] == ["b"]
+    assert store.list_runs(q="_")[1] == 3 and store.list_runs(q="x%")[1] == 0
+    assert [r.id for r in store.list_runs(limit=1, offset=1)[0]] == ["b"]
+
+
+def test_delete_removes_everything(store: Store) -> None:
+    open_hello(store)
+    write(store, "r", 1, 1, scalars={"loss": 1.0}, arrays={"g": f32(1, 2).tobytes()})
+    assert store.delete_run("r") and not store.delete_run("r")
+    with store.engine.connect() as conn:
+        for table in ("runs", "params", "groups", "steps", "scalars", "param_metrics", "series_names"):
+            assert conn.exec_driver_sql(f'SELECT COUNT(*) FROM "{table}"').scalar() == 0, table
+    open_hello(store)  # the id can be used again, names cache included
+    write(store, "r", 1, 1, scalars={"loss": 1.0}, arrays={})
+    assert store.series_names("r", "scalar") == ["loss"]
+
+
+def test_sqlite_pragmas(sqlite_store: Store) -> None:
+    with sqlite_store.engine.connect() as conn:
+        values = {name: conn.exec_driver_sql(f"PRAGMA {name}").scalar()
+                  for name in ("journal_mode", "synchronous", "foreign_keys", "busy_timeout")}
+    assert values == {"journal_mode": "wal", "synchronous": 1, "foreign_keys": 1, "busy_timeout": 10000}
+
+
+def test_migrations_create_exactly_the_schema(store: Store) -> None:
+    with store.engine.connect() as conn:
+        diff = compare_metadata(MigrationContext.configure(conn), metadata)
+    assert diff == []
+
+
+def test_reopening_is_a_no_op(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'again.db'}"
+    first = open_store(url)
+    open_hello(first)
+    first.close()
+    second = open_store(url)
+    assert second.get_run("r") is not None
+    second.close()
+
+
+def test_unusable_databases_give_clear_errors(tmp_path: Path) -> None:
+    with pytest.raises(StoreError, match="does not exist"):
+        open_store(f"sqlite:///{tmp_path / 'missing' / 'x.db'}")
+    with pytest.raises(StoreError, match="postgres"):
+        open_store("postgresql://user@127.0.0.1:1/db")
+    newer = tmp_path / "newer.db"
+    open_store(f"sqlite:///{newer}").close()
+    with sqlite3.connect(newer) as conn:
+        conn.execute("UPDATE alembic_version SET version_num = '9999'")
+    with pytest.raises(StoreError, match="newer gradwatch-server"):
+        open_store(f"sqlite:///{newer}")

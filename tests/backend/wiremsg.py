@@ -1,0 +1,102 @@
+"""Hand-built wire protocol v1 messages and a small websocket hook for the backend tests.
+
+Deliberately independent of the `gradwatch` hook: these tests check the server against
+docs/protocol.md, not against the hook's own encoder.
+"""
+from __future__ import annotations
+
+import base64
+import json
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+from websockets.exceptions import ConnectionClosed
+from websockets.sync.client import ClientConnection, connect
+
+ABSENT_BITS = 0x7FDEAD00
+ABSENT = np.array([ABSENT_BITS], dtype="<u4").view("<f4")[0]
+
+
+def f32(*values: float) -> np.ndarray:
+    return np.array(values, dtype="<f4")
+
+
+def with_absent(values: np.ndarray, *indices: int) -> np.ndarray:
+    out = values.astype("<f4").copy()
+    out.view("<u4")[list(indices)] = ABSENT_BITS
+    return out
+
+
+def b64(array: np.ndarray) -> str:
+    return base64.b64encode(np.ascontiguousarray(array).tobytes()).decode("ascii")
+
+
+def hello(run_id: str, params: Sequence[str] = ("fc.weight", "fc.bias"), **run: Any) -> dict[str, Any]:
+    return {
+        "v": 1, "type": "hello",
+        "run": {"id": run_id, "name": run.pop("name", run_id), "project": run.pop("project", "tests"),
+                "started_at": run.pop("started_at", 1_700_000_000.0), "hook_version": "0.1.0",
+                "optimizer": "AdamW", "config": {"every": 1}, **run},
+        "params": [{"name": n, "shape": [2, 3] if n.endswith("weight") else [3],
+                    "numel": 6 if n.endswith("weight") else 3, "dtype": "float32", "group": 0, "optimizer": 0}
+                   for n in params],
+        "groups": [{"optimizer": 0, "index": 0, "name": None, "hparams": {"lr": 0.001, "betas": [0.9, 0.999]}}],
+    }
+
+
+def step(seq: int, step_index: int, *, scalars: Mapping[str, float | str] | None = None,
+         arrays: Mapping[str, np.ndarray] | None = None, grad_status: Sequence[int] | None = None,
+         time: float | None = None) -> dict[str, Any]:
+    message: dict[str, Any] = {
+        "v": 1, "type": "step", "seq": seq, "step": step_index,
+        "time": 1_700_000_000.0 + step_index if time is None else time,
+        "scalars": dict(scalars or {}),
+        "params": {k: b64(v.astype("<f4")) for k, v in (arrays or {}).items()},
+    }
+    if grad_status is not None:
+        message["grad_status"] = b64(np.array(grad_status, dtype="u1"))
+    return message
+
+
+def close(seq: int) -> dict[str, Any]:
+    return {"v": 1, "type": "close", "seq": seq, "status": "finished"}
+
+
+class Hook:
+    """A websocket client speaking the protocol by hand; use it as a context manager."""
+
+    def __init__(self, ws_url: str, token: str | None = None) -> None:
+        headers = {"Authorization": f"Bearer {token}"} if token else None
+        self._connect = connect(f"{ws_url}/ws/ingest", additional_headers=headers,
+                                open_timeout=10, close_timeout=5, max_size=None)
+        self.ws: ClientConnection
+
+    def __enter__(self) -> Hook:
+        self.ws = self._connect.__enter__()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._connect.__exit__(None, None, None)
+
+    def send(self, message: Mapping[str, Any] | str) -> None:
+        self.ws.send(message if isinstance(message, str) else json.dumps(message, allow_nan=False))
+
+    def recv(self, timeout: float = 10) -> dict[str, Any]:
+        return json.loads(self.ws.recv(timeout))
+
+    def call(self, message: Mapping[str, Any] | str) -> dict[str, Any]:
+        self.send(message)
+        return self.recv()
+
+    def refused(self, timeout: float = 10) -> tuple[int | None, str, str | None]:
+        """Read until the server closes: (close code, close reason, text of its error frame)."""
+        error = None
+        try:
+            while True:
+                frame = json.loads(self.ws.recv(timeout))
+                if frame.get("type") == "error":
+                    error = frame["message"]
+        except ConnectionClosed as closed:
+            rcvd = closed.rcvd
+            return (rcvd.code if rcvd else None), (rcvd.reason if rcvd else ""), error
