@@ -57,6 +57,8 @@ class Snapshot:
     buffers: list[_DeviceBuffer]
     scalars: dict[str, float]
     grad_bytes: np.ndarray  # bytes of each parameter's .grad (0 where None)
+    host_metrics: dict[str, np.ndarray] = field(default_factory=dict)  # per-parameter, NaN = ABSENT
+    cost_s: float = 0.0  # training-thread seconds spent measuring this step
 
     def resolve(self) -> tuple[dict[str, np.ndarray], np.ndarray, dict[str, float]]:
         """Wait for the copies, then build per-parameter arrays, grad status and scalars."""
@@ -75,6 +77,8 @@ class Snapshot:
                     scalars[seg.metric] = float(chunk[0])
                 else:
                     metrics.setdefault(seg.metric, _absent(self.num_params))[seg.index] = chunk
+        for name, values in self.host_metrics.items():
+            metrics[name] = np.where(np.isnan(values), _absent(self.num_params), values).astype(np.float32)
         status = grad_status(metrics["grad_norm"])
         grads = metrics["grad_norm"][status != GRAD_STATUS_NONE].astype(np.float64)
         scalars["grad_norm_total"] = float(np.sqrt(np.sum(grads * grads)))
@@ -106,14 +110,17 @@ class _Pending:
     time: float
     segments: list[_Segment] = field(default_factory=list)
     grad_bytes: Optional[np.ndarray] = None
+    before: Optional[list[torch.Tensor]] = None  # parameter copies, with updates=True
+    cost_s: float = 0.0
 
 
 class Probe:
     """Measures one step of the optimizers of a `Layout`."""
 
-    def __init__(self, layout: Layout, scaler: Any = None) -> None:
+    def __init__(self, layout: Layout, scaler: Any = None, updates: bool = False) -> None:
         self.layout = layout
         self.scaler = scaler
+        self.updates = updates
         self.params = [w.param for w in layout.params]
         self.params_bytes = float(sum(p.numel() * p.element_size() for p in self.params))
         self._pending: Optional[_Pending] = None
@@ -122,7 +129,12 @@ class Probe:
     # -- training thread -------------------------------------------------------------------
     @torch.no_grad()
     def before_step(self, step: int) -> None:
-        """Gradient norms as the step will use them (unscaled when a GradScaler scaled them)."""
+        """Gradient norms as the step will use them (unscaled when a GradScaler scaled them).
+
+        With `updates`, also a copy of every parameter (memory: one more copy of the parameters,
+        held during the step) so that `after_step` can measure ‖p_after − p_before‖ exactly.
+        """
+        started = time.perf_counter()
         pending = _Pending(step=step, time=time.time())
         grad_bytes = np.zeros(len(self.params), dtype=np.int64)
         by_device: dict[torch.device, tuple[list[int], list[torch.Tensor]]] = {}
@@ -140,14 +152,23 @@ class Probe:
                 norms = norms * inv_scale
             pending.segments.append(_Segment("grad_norm", np.asarray(idx), norms))
         pending.grad_bytes = grad_bytes
+        if self.updates:
+            pending.before = [p.detach().clone() for p in self.params]
+        pending.cost_s = time.perf_counter() - started
         self._pending = pending
 
     @torch.no_grad()
-    def after_step(self, extra_scalars: dict[str, Any]) -> Optional[Snapshot]:
+    def after_step(self, extra_scalars: dict[str, Any],
+                   host_metrics: Optional[dict[str, np.ndarray]] = None) -> Optional[Snapshot]:
         """Parameter and optimizer-state norms after the step; enqueues the one copy to host."""
         pending, self._pending = self._pending, None
         if pending is None:
             return None
+        started = time.perf_counter()
+        if pending.before is not None:
+            segments_before = self._updates(pending.before)
+            pending.before = None
+            pending.segments.extend(segments_before)
         segments = pending.segments
         scalars: dict[str, float] = {"mem/params_bytes": self.params_bytes}
         by_device: dict[torch.device, dict[str, tuple[list[int], list[torch.Tensor]]]] = {}
@@ -185,9 +206,11 @@ class Probe:
             elif isinstance(value, (int, float)) and not isinstance(value, bool):
                 scalars[key] = float(value)
         scalars.update(cuda_memory({s.values.device for s in segments}))
+        buffers = self._to_host(segments)
         return Snapshot(step=pending.step, time=pending.time, num_params=len(self.params),
-                        buffers=self._to_host(segments), scalars=scalars,
-                        grad_bytes=pending.grad_bytes if pending.grad_bytes is not None else np.zeros(0))
+                        buffers=buffers, scalars=scalars,
+                        grad_bytes=pending.grad_bytes if pending.grad_bytes is not None else np.zeros(0),
+                        host_metrics=host_metrics or {}, cost_s=pending.cost_s + time.perf_counter() - started)
 
     def recycle(self, snapshot: Snapshot) -> None:
         """Give a snapshot's pinned buffers back for reuse (sender thread, after `resolve`)."""
@@ -196,6 +219,22 @@ class Probe:
                 self._pinned.setdefault(buf.host.numel(), []).append(buf.host)
 
     # -- helpers ---------------------------------------------------------------------------
+    def _updates(self, before: list[torch.Tensor]) -> list[_Segment]:
+        """`update_norm` = ‖p_after − p_before‖ and `update_ratio` = update_norm / ‖p_before‖."""
+        segments = []
+        by_device: dict[torch.device, list[int]] = {}
+        for i, p in enumerate(self.params):
+            by_device.setdefault(p.device, []).append(i)
+        for idx in by_device.values():
+            old = [before[i] for i in idx]
+            old_norms = torch.stack(fused_norms(old))
+            torch._foreach_sub_(old, [self.params[i].detach() for i in idx])  # old := p_before - p_after
+            update = torch.stack(fused_norms(old))
+            index = np.asarray(idx)
+            segments.append(_Segment("update_norm", index, update))
+            segments.append(_Segment("update_ratio", index, update / old_norms))
+        return segments
+
     def _inverse_scale(self, device: torch.device) -> Optional[torch.Tensor]:
         """1/scale of the GradScaler unless the user already unscaled these gradients."""
         scaler = self.scaler

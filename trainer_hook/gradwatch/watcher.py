@@ -7,14 +7,16 @@ import re
 import secrets
 import time
 import weakref
-from typing import Any, Mapping, Optional
+from typing import Any, Mapping, Optional, Union
 from urllib.parse import urlsplit, urlunsplit
 
 import torch
 
 from . import __version__, wire
+from .accumulation import GradTracker
 from .layout import Layout, build_layout
 from .measure import Probe, Snapshot
+from .sampling import make_sampler
 from .sender import Sender
 
 DEFAULT_SERVER = "http://127.0.0.1:8765"
@@ -56,13 +58,15 @@ class Watcher:
 
     def __init__(self, optimizer: torch.optim.Optimizer, *, model: Optional[torch.nn.Module] = None,
                  run: Optional[str] = None, project: Optional[str] = None, server: Optional[str] = None,
-                 every: int = 1, scaler: Any = None, token: Optional[str] = None) -> None:
+                 every: Union[int, str] = 1, scaler: Any = None, token: Optional[str] = None,
+                 updates: bool = False, warn: bool = True) -> None:
         if not isinstance(optimizer, torch.optim.Optimizer):
             raise TypeError(f"watch() needs a torch.optim.Optimizer as its first argument, not {type(optimizer).__name__}")
         if model is not None and not isinstance(model, torch.nn.Module):
             raise TypeError(f"model must be a torch.nn.Module (used to name parameters), not {type(model).__name__}")
-        if isinstance(every, bool) or not isinstance(every, int) or every < 1:
-            raise ValueError(f"every must be a whole number >= 1 (sample every N-th optimizer step); got {every!r}")
+        self._sampler = make_sampler(every)
+        if not isinstance(updates, bool) or not isinstance(warn, bool):
+            raise TypeError("updates and warn must be True or False")
         if scaler is not None and not (hasattr(scaler, "_per_optimizer_states") and hasattr(scaler, "is_enabled")):
             raise TypeError(f"scaler must be a torch.amp.GradScaler, not {type(scaler).__name__}")
         _check_name("run", run)
@@ -80,31 +84,74 @@ class Watcher:
         self.layout: Layout = build_layout([optimizer], model)
         if not self.layout.params:
             raise ValueError("the optimizer has no parameters to watch")
-        self._probe = Probe(self.layout, scaler=scaler)
+        self.warn = warn
+        self._probe = Probe(self.layout, scaler=scaler, updates=updates)
+        self._tracker = GradTracker(self._probe.params)
         self._logged: dict[str, Any] = {}
         self._closed = False
+        self._sampled = False
+        self._last_step_start: Optional[float] = None
+        self._step_time = 0.0
+        self._scaler = scaler
+        self._skipped = 0  # optimizer steps a GradScaler skipped (they never reach our hooks)
+        self._stepped = False
         hello = wire.hello(
             run={"id": self.run_id, "name": run or time.strftime("run-%Y%m%d-%H%M%S"), "project": project or "default",
                  "started_at": time.time(), "hook_version": __version__, "optimizer": type(optimizer).__name__,
-                 "config": {"every": every, "amp": scaler is not None, "unoptimized_params": self.layout.unoptimized}},
+                 "config": {"every": every, "amp": scaler is not None, "updates": updates,
+                            "unoptimized_params": self.layout.unoptimized}},
             params=self.layout.hello_params(), groups=self.layout.hello_groups())
         self._sender = Sender(url, hello, token=token)
         self._handles = [optimizer.register_step_pre_hook(self._before_step),
                          optimizer.register_step_post_hook(self._after_step)]
+        if scaler is not None:
+            self._wrap_scaler(scaler, optimizer)
         self_ref = weakref.ref(self)
         atexit.register(lambda: (w := self_ref()) is not None and w.close())
 
     # -- hooks (training thread) -----------------------------------------------------------
     def _before_step(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
         self.step += 1
-        if (self.step - 1) % self.every == 0:
+        self._stepped = True
+        now = time.perf_counter()
+        if self._last_step_start is not None:
+            self._step_time = now - self._last_step_start
+        self._last_step_start = now
+        self._sampled = self._sampler(self.step)
+        if self._sampled:
             self._probe.before_step(self.step)
 
     def _after_step(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
+        passes, clear = self._tracker.end_step()  # every step: it marks where the next one starts
+        if not self._sampled:
+            return
         logged, self._logged = self._logged, {}
-        snapshot = self._probe.after_step(logged)
+        if self._scaler is not None:
+            logged.setdefault("amp/skipped_steps", self._skipped)
+            if getattr(self._scaler, "_scale", None) is not None:
+                logged.setdefault("amp/scale", self._scaler._scale)
+        logged["backward_passes"] = float(passes.max()) if passes.size else 0.0
+        snapshot = self._probe.after_step(logged, {"backward_passes": passes, "grad_clear": clear})
         if snapshot is not None:
-            self._sender.submit(lambda seq, s=snapshot: self._render(seq, s))
+            step_time = self._step_time
+            self._sender.submit(lambda seq, s=snapshot: self._render(seq, s, step_time))
+
+    def _wrap_scaler(self, scaler: Any, optimizer: torch.optim.Optimizer) -> None:
+        """See the steps GradScaler skips: they never call `optimizer.step()`, so no hook fires."""
+        original = scaler.step
+
+        def step(opt: Any, *args: Any, **kwargs: Any) -> Any:
+            if opt is not optimizer or self._closed:
+                return original(opt, *args, **kwargs)
+            self._stepped = False
+            out = original(opt, *args, **kwargs)
+            if not self._stepped:
+                self._skipped += 1
+                self._tracker.end_step()
+            return out
+
+        scaler.step = step
+        self._unwrap = lambda: scaler.__dict__.pop("step", None) if scaler.__dict__.get("step") is step else None
 
     # -- public ----------------------------------------------------------------------------
     def log(self, metrics: Optional[Mapping[str, Any]] = None, **kwargs: Any) -> None:
@@ -132,6 +179,9 @@ class Watcher:
         self._closed = True
         for handle in self._handles:
             handle.remove()
+        self._tracker.remove()
+        if self._scaler is not None:
+            self._unwrap()
         self._sender.close("finished", timeout=timeout)
 
     @property
@@ -146,13 +196,16 @@ class Watcher:
         self.close()
 
     # -- sender thread ---------------------------------------------------------------------
-    def _render(self, seq: int, snapshot: Snapshot) -> dict[str, Any]:
+    def _render(self, seq: int, snapshot: Snapshot, step_time: float) -> dict[str, Any]:
+        started = time.thread_time()
         metrics, status, scalars = snapshot.resolve()
         self._probe.recycle(snapshot)
         rss = _rss_bytes()
         if rss is not None:
             scalars["mem/rss_bytes"] = rss
-        return wire.step(seq, snapshot.step, snapshot.time, scalars, metrics, status)
+        message = wire.step(seq, snapshot.step, snapshot.time, scalars, metrics, status)
+        self._sampler.observe(snapshot.cost_s + time.thread_time() - started, step_time)
+        return message
 
 
 def _rss_bytes() -> Optional[float]:
@@ -165,8 +218,14 @@ def _rss_bytes() -> Optional[float]:
 
 def watch(optimizer: torch.optim.Optimizer, *, model: Optional[torch.nn.Module] = None,
           run: Optional[str] = None, project: Optional[str] = None, server: Optional[str] = None,
-          every: int = 1, scaler: Any = None, token: Optional[str] = None) -> Watcher:
-    """Watch `optimizer`; see `Watcher`. Raises TypeError/ValueError on bad arguments."""
-    return Watcher(optimizer, model=model, run=run, project=project, server=server,
-                   every=every, scaler=scaler, token=token)
+          every: Union[int, str] = 1, scaler: Any = None, token: Optional[str] = None,
+          updates: bool = False, warn: bool = True) -> Watcher:
+    """Watch `optimizer`; see `Watcher`. Raises TypeError/ValueError on bad arguments.
+
+    every: measure every N-th `optimizer.step()`, or "auto" to keep the hook's cost within 1% of
+        the step time. updates: also measure `update_norm`/`update_ratio` (holds one copy of the
+        parameters during sampled steps). warn: show each diagnostic once as a Python warning.
+    """
+    return Watcher(optimizer, model=model, run=run, project=project, server=server, every=every,
+                   scaler=scaler, token=token, updates=updates, warn=warn)
 

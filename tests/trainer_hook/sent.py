@@ -1,0 +1,38 @@
+"""Read back what a Watcher queued for the server (its unacknowledged messages), decoded."""
+from __future__ import annotations
+
+import base64
+import json
+from typing import Any
+
+import numpy as np
+
+from gradwatch import Watcher
+from gradwatch.wire import ABSENT_BITS
+
+
+def decode(b64: str, dtype: str = "<f4") -> list[float | None]:
+    raw = np.frombuffer(base64.b64decode(b64), dtype=dtype)
+    if dtype == "<f4":
+        absent = raw.view("<u4") == ABSENT_BITS
+        return [None if a else float(v) for v, a in zip(raw, absent)]
+    return raw.tolist()
+
+
+def sent_steps(w: Watcher, timeout: float = 5.0) -> list[dict[str, Any]]:
+    """Step messages with per-parameter arrays decoded, keyed by parameter name."""
+    import time
+
+    deadline = time.monotonic() + timeout
+    while w._sender._queue.qsize() and time.monotonic() < deadline:  # the sender thread serializes
+        time.sleep(0.01)
+    names = [p.name for p in w.layout.params]
+    out = []
+    for _, text in list(w._sender._unacked):
+        msg = json.loads(text)
+        if msg["type"] != "step":
+            continue
+        msg["params"] = {k: dict(zip(names, decode(v))) for k, v in msg["params"].items()}
+        msg["grad_status"] = dict(zip(names, decode(msg["grad_status"], "u1")))
+        out.append(msg)
+    return out

@@ -1,0 +1,85 @@
+"""Backward passes per step and how .grad was cleared, for each way people clear (or forget to)."""
+from __future__ import annotations
+
+from typing import Callable
+
+import pytest
+import torch
+
+import gradwatch
+from sent import sent_steps
+
+NOWHERE = "http://127.0.0.1:9"  # no server: messages stay queued, where the test reads them
+
+
+class Net(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = torch.nn.Linear(4, 3)
+        self.unused = torch.nn.Linear(3, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc(x)
+
+
+def run(clear: Callable[[torch.nn.Module, torch.optim.Optimizer], None], micro: int = 1, steps: int = 4):
+    torch.manual_seed(0)
+    model = Net()
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    w = gradwatch.watch(opt, model=model, server=NOWHERE)
+    for _ in range(steps):
+        clear(model, opt)
+        for _ in range(micro):
+            (model(torch.randn(2, 4)).sum() / micro).backward()
+        opt.step()
+    msgs = sent_steps(w)
+    w.close(timeout=0.1)
+    assert [m["step"] for m in msgs] == list(range(1, steps + 1))
+    return msgs
+
+
+def set_none(p: torch.nn.Module) -> None:
+    for q in p.parameters():
+        q.grad = None
+
+
+@pytest.mark.parametrize("clear, code", [
+    (lambda m, o: o.zero_grad(), 1.0),
+    (lambda m, o: o.zero_grad(set_to_none=True), 1.0),
+    (lambda m, o: m.zero_grad(), 1.0),
+    (lambda m, o: set_none(m), 1.0),
+    (lambda m, o: o.zero_grad(set_to_none=False), 2.0),
+    (lambda m, o: None, 0.0),
+], ids=["zero_grad", "set_to_none", "model.zero_grad", "p.grad=None", "zero-filled", "never-cleared"])
+def test_how_grads_were_cleared(clear, code) -> None:
+    msgs = run(clear)
+    first, rest = msgs[0], msgs[1:]
+    assert first["params"]["grad_clear"]["fc.weight"] is None  # nothing before the first step
+    for m in rest:
+        assert m["params"]["grad_clear"]["fc.weight"] == code
+        assert m["params"]["grad_clear"]["unused.weight"] is None  # never accumulated
+    for m in msgs:
+        assert m["params"]["backward_passes"]["fc.weight"] == 1.0
+        assert m["params"]["backward_passes"]["unused.weight"] == 0.0
+        assert m["scalars"]["backward_passes"] == 1.0
+
+
+def test_intentional_accumulation_counts_micro_batches() -> None:
+    msgs = run(lambda m, o: o.zero_grad(), micro=4)
+    assert [m["params"]["backward_passes"]["fc.bias"] for m in msgs] == [4.0] * 4
+    assert [m["params"]["grad_clear"]["fc.bias"] for m in msgs] == [None, 1.0, 1.0, 1.0]
+
+
+def test_every_n_samples_but_counts_per_step() -> None:
+    model = Net()
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    w = gradwatch.watch(opt, model=model, server=NOWHERE, every=3)
+    for _ in range(7):
+        opt.zero_grad()
+        model(torch.randn(2, 4)).sum().backward()
+        model(torch.randn(2, 4)).sum().backward()
+        opt.step()
+    msgs = sent_steps(w)
+    w.close(timeout=0.1)
+    assert [m["step"] for m in msgs] == [1, 4, 7]
+    assert all(m["params"]["backward_passes"]["fc.weight"] == 2.0 for m in msgs)  # not 6: reset every step

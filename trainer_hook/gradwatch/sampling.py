@@ -1,0 +1,62 @@
+"""Which optimizer steps are measured: every N-th, or as often as a cost budget allows."""
+from __future__ import annotations
+
+import math
+from typing import Optional, Union
+
+
+class EveryN:
+    """Steps 1, 1+N, 1+2N, ..."""
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+
+    def __call__(self, step: int) -> bool:
+        return (step - 1) % self.n == 0
+
+    def observe(self, cost_s: float, step_time_s: float) -> None:
+        """A fixed interval learns nothing from costs."""
+
+
+class AutoInterval:
+    """Measures the hook's own cost and keeps it within `budget` of the step time.
+
+    After each measured step the interval becomes ceil(cost / (budget * step time)), with the
+    cost (training-thread time in the hook plus the sender thread's CPU for that step) and the
+    step time (wall time between optimizer steps) smoothed over recent steps. Step 1 is always
+    measured, so the first interval is known after one step.
+    """
+
+    def __init__(self, budget: float = 0.01, max_interval: int = 1000) -> None:
+        self.budget = budget
+        self.max_interval = max_interval
+        self.interval = 1
+        self._last: Optional[int] = None
+        self._cost: Optional[float] = None
+        self._step_time: Optional[float] = None
+
+    def __call__(self, step: int) -> bool:
+        if self._last is not None and step < self._last + self.interval:
+            return False
+        self._last = step
+        return True
+
+    def observe(self, cost_s: float, step_time_s: float) -> None:
+        self._cost = cost_s if self._cost is None else 0.7 * self._cost + 0.3 * cost_s
+        if step_time_s > 0:
+            self._step_time = step_time_s if self._step_time is None else 0.9 * self._step_time + 0.1 * step_time_s
+        if self._step_time:
+            wanted = math.ceil(self._cost / (self.budget * self._step_time))
+            self.interval = max(1, min(self.max_interval, wanted))
+
+
+Sampler = Union[EveryN, AutoInterval]
+
+
+def make_sampler(every: object) -> Sampler:
+    """`every=N` (a whole number >= 1) or `every="auto"`; ValueError otherwise."""
+    if every == "auto":
+        return AutoInterval()
+    if isinstance(every, bool) or not isinstance(every, int) or every < 1:
+        raise ValueError(f'every must be a whole number >= 1 (sample every N-th optimizer step) or "auto"; got {every!r}')
+    return EveryN(every)
