@@ -21,11 +21,7 @@ def decode(b64: str, dtype: str = "<f4") -> list[float | None]:
 
 def sent_steps(w: Watcher, timeout: float = 5.0) -> list[dict[str, Any]]:
     """Step messages with per-parameter arrays decoded, keyed by parameter name."""
-    import time
-
-    deadline = time.monotonic() + timeout
-    while w._sender._queue.qsize() and time.monotonic() < deadline:  # the sender thread serializes
-        time.sleep(0.01)
+    assert w._sender.wait_serialized(timeout), "the sender thread did not serialize in time"
     names = [p.name for p in w.layout.params]
     out = []
     for _, text in list(w._sender._unacked):

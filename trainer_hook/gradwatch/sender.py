@@ -67,6 +67,13 @@ class Sender:
         self._thread.join(timeout)
         return not self._thread.is_alive()
 
+    def wait_serialized(self, timeout: float) -> bool:
+        """Wait until every submitted message is serialized (sent or kept for resending)."""
+        deadline = time.monotonic() + timeout
+        while self._queue.unfinished_tasks and time.monotonic() < deadline:
+            time.sleep(0.005)
+        return not self._queue.unfinished_tasks
+
     @property
     def pending(self) -> int:
         """Messages not yet acknowledged by the server (queued or sent)."""
@@ -104,6 +111,7 @@ class Sender:
             factory = None
         while factory is not None:
             self._add(factory)
+            self._queue.task_done()
             try:
                 factory = self._queue.get_nowait()
             except queue.Empty:
