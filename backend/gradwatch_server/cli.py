@@ -11,13 +11,14 @@ import os
 import sys
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
+from pathlib import Path
 from typing import IO
 
 from pydantic import ValidationError
 
 from . import __version__
 from .settings import DEFAULT_HOST, DEFAULT_PORT, ENV_VARS, Settings
-from .store import Run, Store, StoreError, open_store
+from .store import Run, Store, StoreError, display_url, open_store
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 
@@ -69,7 +70,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     sync = commands.add_parser("sync", help="send spooled hook data to a server",
                                description="Replay telemetry the hook spooled while no server was reachable.")
-    sync.add_argument("--server", metavar="URL", help="server URL (default: $GRADWATCH_SERVER)")
+    sync.add_argument("--server", metavar="URL",
+                      help="server URL (default: $GRADWATCH_SERVER, then http://127.0.0.1:8765)")
+    sync.add_argument("--spool", metavar="DIR", help="spool folder (default: $GRADWATCH_SPOOL, then ~/.gradwatch/spool)")
+    sync.add_argument("--token", metavar="T", help="the server's token (default: $GRADWATCH_TOKEN)")
     return parser
 
 
@@ -104,7 +108,7 @@ def cmd_serve(args: argparse.Namespace, env: Mapping[str, str]) -> int:
     logging.basicConfig(format="%(levelname)-9s %(name)s: %(message)s")
     logging.getLogger("gradwatch").setLevel(args.log_level.upper())
     host = f"[{settings.host}]" if ":" in settings.host else settings.host
-    print(f"gradwatch: dashboard at http://{host}:{settings.port}/  (database {settings.db_url})", flush=True)
+    print(f"gradwatch: dashboard at http://{host}:{settings.port}/  (database {display_url(settings.db_url)})", flush=True)
     try:
         uvicorn.run(create_app(settings), host=settings.host, port=settings.port, log_level=args.log_level,
                     ws_max_size=settings.max_frame_bytes)
@@ -136,7 +140,7 @@ def cmd_runs(args: argparse.Namespace, env: Mapping[str, str], out: IO[str]) -> 
 
 
 @contextlib.contextmanager
-def _progress(total: int, enabled: bool) -> Iterator[Callable[[int], None] | None]:
+def _progress(total: int, enabled: bool, unit: str = "step") -> Iterator[Callable[[int], None] | None]:
     """A tqdm bar on stderr when tqdm is installed and output goes to a file."""
     try:
         from tqdm import tqdm
@@ -145,7 +149,7 @@ def _progress(total: int, enabled: bool) -> Iterator[Callable[[int], None] | Non
     if not enabled:
         yield None
         return
-    with tqdm(total=total, unit="step", file=sys.stderr) as bar:
+    with tqdm(total=total, unit=unit, file=sys.stderr) as bar:
         yield bar.update
 
 
@@ -196,6 +200,42 @@ def cmd_import(args: argparse.Namespace, env: Mapping[str, str], out: IO[str]) -
     return EXIT_OK
 
 
+def cmd_sync(args: argparse.Namespace, env: Mapping[str, str], out: IO[str]) -> int:
+    """Replay the hook's spool files (runs whose server was away) to a server, then delete them."""
+    try:  # the spool format belongs to the hook; its spool module needs no torch
+        from gradwatch import spool, wire
+    except ImportError:
+        raise CommandFailed("sync replays the hook's spool: run it where the hook is installed "
+                            "(pip install gradwatch)") from None
+    server = args.server or env.get("GRADWATCH_SERVER") or wire.DEFAULT_SERVER
+    try:
+        ws_url = wire.ingest_url(server)
+    except (TypeError, ValueError) as exc:
+        raise CommandFailed(str(exc)) from None
+    directory = Path(args.spool) if args.spool else spool.spool_dir(env)
+    files = spool.pending_spools(directory)
+    if not files:
+        print(f"nothing to sync: no spooled runs in {directory}", file=out)
+        return EXIT_OK
+    failed = 0
+    with _progress(len(files), enabled=True, unit="run") as advance:
+        for path in files:
+            try:
+                sent, torn = spool.replay(path, ws_url, args.token or env.get("GRADWATCH_TOKEN"))
+            except (OSError, ConnectionError, TimeoutError) as exc:
+                failed += 1
+                print(f"run {path.stem}: not delivered ({exc}); the spool file stays", file=sys.stderr)
+            else:
+                note = f"; dropped {torn} at its end" if torn else ""
+                print(f"run {path.stem}: {sent} messages delivered{note}", file=out)
+            if advance is not None:
+                advance(1)
+    if failed:
+        raise CommandFailed(f"{failed} of {len(files)} spooled runs could not be delivered to {server}: "
+                            "is the server up (gradwatch serve)?")
+    return EXIT_OK
+
+
 def main(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     env = os.environ if env is None else env
@@ -209,10 +249,7 @@ def main(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None
             return cmd_export(args, env, out)
         if args.command == "import":
             return cmd_import(args, env, out)
-        print("gradwatch: sync is not implemented yet: the spool format belongs to the hook; "
-              "until then, start a server and call gradwatch.watch() again, which replays the spool",
-              file=sys.stderr)
-        return EXIT_USAGE
+        return cmd_sync(args, env, out)
     except (CommandFailed, StoreError) as exc:
         print(f"gradwatch: error: {exc}", file=sys.stderr)
         return EXIT_FAILED

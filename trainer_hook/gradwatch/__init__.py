@@ -3,8 +3,16 @@
     import gradwatch
     w = gradwatch.watch(optimizer, model=model, run="lr3e-4", project="gpt-small")
 """
+from typing import Any
+
 __version__ = "0.1.0"
-
-from .watcher import Watcher, watch  # noqa: E402  (watcher reads __version__)
-
 __all__ = ["Watcher", "watch", "__version__"]
+
+
+def __getattr__(name: str) -> Any:
+    """Import torch only when the hook is used: `gradwatch.spool` (for `gradwatch sync`) needs none."""
+    if name in ("Watcher", "watch"):
+        from . import watcher
+
+        return getattr(watcher, name)
+    raise AttributeError(f"module 'gradwatch' has no attribute {name!r}")

@@ -1,9 +1,12 @@
 """The transport: a background thread that serializes messages and streams them to the server.
 
-The training thread only calls `submit`, which never blocks and never raises. The thread keeps
-every message until the server acknowledges it (the server acks after commit), resends what is
-unacknowledged after reconnecting with exponential backoff and jitter, and drops the message the
-server refuses as invalid (it would be refused again) with a warning.
+The training thread only calls `submit`, which never blocks and never raises. The thread writes
+every message ahead to the run's spool file (spool.py), keeps it until the server acknowledges
+it (the server acks after commit), resends what is unacknowledged after reconnecting with
+exponential backoff and jitter, and drops the message the server refuses as invalid (it would be
+refused again) with a warning. Memory stays bounded: past `max_unacked_bytes` the oldest
+messages live only in the spool and are resent from there. What is still unacknowledged when
+`close()` gives up stays in the spool for the next `watch()` or `gradwatch sync`.
 """
 from __future__ import annotations
 
@@ -21,6 +24,7 @@ from websockets.exceptions import ConnectionClosed
 from websockets.sync.client import ClientConnection, connect
 
 from . import wire
+from .spool import SpoolWriter
 
 log = logging.getLogger("gradwatch")
 
@@ -33,13 +37,21 @@ _CLOSE_POLICY = 1008
 
 
 class Sender:
+    #: Called on this thread with each diagnostic the server finds (watcher sets a FindingWarner).
+    on_finding: Callable[[Any], None] = staticmethod(lambda finding: None)
+
     def __init__(self, ws_url: str, hello: dict[str, Any], token: Optional[str] = None,
-                 max_queue: int = 4096, max_unacked_bytes: int = 256 << 20) -> None:
+                 max_queue: int = 4096, max_unacked_bytes: int = 64 << 20,
+                 spool: Optional[SpoolWriter] = None) -> None:
         self.ws_url = ws_url
         self.hello = hello
         self.token = token
         self.max_unacked_bytes = max_unacked_bytes
-        self.dropped = 0  # messages lost because memory was full (the spool will take these)
+        self.spool = spool
+        self.dropped = 0  # messages lost: the queue was full, or memory was and there is no spool
+        self._evicted_upto = 0  # messages up to this seq are unacknowledged but only in the spool
+        self._acked = 0  # highest seq the server acknowledged
+        self._deadline = float("inf")
         self._queue: queue.Queue[Optional[MessageFactory]] = queue.Queue(maxsize=max_queue)
         self._unacked: collections.deque[tuple[int, str]] = collections.deque()
         self._unacked_bytes = 0
@@ -63,8 +75,9 @@ class Sender:
         if self._closing.is_set():
             return not self._thread.is_alive()
         self.submit(lambda seq: wire.close(seq, status))
+        self._deadline = time.monotonic() + timeout
         self._closing.set()
-        self._thread.join(timeout)
+        self._thread.join(timeout + 1.0)
         return not self._thread.is_alive()
 
     def wait_serialized(self, timeout: float) -> bool:
@@ -77,7 +90,8 @@ class Sender:
     @property
     def pending(self) -> int:
         """Messages not yet acknowledged by the server (queued or sent)."""
-        return self._queue.qsize() + len(self._unacked)
+        evicted = self._evicted_upto - self._acked if self._evicted_upto else 0
+        return self._queue.qsize() + len(self._unacked) + evicted
 
     # -- sender thread ---------------------------------------------------------------------
     def _run(self) -> None:
@@ -94,9 +108,11 @@ class Sender:
                         next_attempt = time.monotonic() + backoff * (0.5 + random.random())
                         backoff = min(backoff * 2, 5.0)
                 self._pump()
-                if self._closing.is_set() and self._queue.empty() and not self._unacked:
-                    self._disconnect()
-                    return
+                if self._closing.is_set():
+                    delivered = self._queue.empty() and not self._unacked and not self._evicted_upto
+                    if delivered or time.monotonic() > self._deadline:
+                        self._finish(delivered)
+                        return
             except Exception:  # a bug here must never reach the training loop
                 log.exception("gradwatch: sender error; continuing")
                 self._disconnect()
@@ -116,6 +132,8 @@ class Sender:
                 factory = self._queue.get_nowait()
             except queue.Empty:
                 factory = None
+        if self.spool is not None:
+            self.spool.flush()
         if self._ws is not None:
             self._read_acks(0.02 if self._unacked else 0.0)
 
@@ -127,12 +145,17 @@ class Sender:
             log.exception("gradwatch: could not build a message; skipped")
             return
         self._seq += 1
+        if self.spool is not None:
+            self._spool_append(text)
         self._unacked.append((self._seq, text))
         self._unacked_bytes += len(text)
         while self._unacked_bytes > self.max_unacked_bytes and len(self._unacked) > 1:
-            _, old = self._unacked.popleft()
+            seq, old = self._unacked.popleft()
             self._unacked_bytes -= len(old)
-            self._drop("unacknowledged data exceeds the memory limit")
+            if self.spool is not None:
+                self._evicted_upto = seq  # still on disk: resent from there
+            else:
+                self._drop("unacknowledged data exceeds the memory limit")
         if self._ws is not None:
             try:
                 self._ws.send(text)
@@ -149,6 +172,8 @@ class Sender:
                     self._acknowledge(int(reply["seq"]))
                 elif reply.get("type") == "error":
                     log.warning("gradwatch: the server refused a message: %s", reply.get("message"))
+                elif reply.get("type") == "finding":  # a diagnostic (findings.py); never raises
+                    self.on_finding(reply.get("finding"))
         except TimeoutError:
             return
         except ConnectionClosed as exc:
@@ -169,6 +194,9 @@ class Sender:
                         "(watch(token=...) or GRADWATCH_TOKEN)", rcvd.reason)
 
     def _acknowledge(self, seq: int) -> None:
+        self._acked = max(self._acked, seq)
+        if seq >= self._evicted_upto:
+            self._evicted_upto = 0
         while self._unacked and self._unacked[0][0] <= seq:
             _, text = self._unacked.popleft()
             self._unacked_bytes -= len(text)
@@ -182,7 +210,13 @@ class Sender:
         reply = json.loads(ws.recv(timeout=10))
         if reply.get("type") != "welcome":
             raise ConnectionError(f"server answered hello with {reply!r}")
-        self._acknowledge(int(reply.get("last_seq", 0)))
+        last_seq = int(reply.get("last_seq", 0))
+        self._acknowledge(last_seq)
+        if self._evicted_upto and self.spool is not None:
+            for text in self.spool.records():  # the hello, then messages in seq order
+                seq = json.loads(text).get("seq", 0)
+                if last_seq < seq <= self._evicted_upto:
+                    ws.send(text)
         for _, text in list(self._unacked):
             ws.send(text)
 
@@ -192,6 +226,30 @@ class Sender:
             self._ws_scope.close()
         except Exception as exc:  # already broken: nothing more to tell the server
             log.debug("gradwatch: closing the connection: %s", exc)
+
+    def _spool_append(self, text: str) -> None:
+        assert self.spool is not None
+        try:
+            self.spool.append(text)
+        except OSError as exc:  # disk full or gone: keep going in memory only
+            log.warning("gradwatch: cannot write the spool %s (%s); continuing without it", self.spool.path, exc)
+            self._close_spool(delete=False)
+
+    def _finish(self, delivered: bool) -> None:
+        """End of the run: drop the spool if the server has everything, else leave it for replay."""
+        self._disconnect()
+        if not delivered and self.spool is not None:
+            log.warning("gradwatch: %d messages not acknowledged yet; kept in %s: run `gradwatch sync` "
+                        "or the next watch() to deliver them", self.pending, self.spool.path)
+        self._close_spool(delete=delivered)
+
+    def _close_spool(self, delete: bool) -> None:
+        spool, self.spool = self.spool, None
+        if spool is not None:
+            try:
+                spool.close(delete=delete)
+            except OSError as exc:
+                log.warning("gradwatch: closing the spool %s: %s", spool.path, exc)
 
     def _drop(self, why: str) -> None:
         if self.dropped == 0:

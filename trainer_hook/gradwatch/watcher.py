@@ -2,41 +2,29 @@
 from __future__ import annotations
 
 import atexit
+import logging
 import os
 import re
 import secrets
+import threading
 import time
 import weakref
 from typing import Any, Mapping, Optional, Union
-from urllib.parse import urlsplit, urlunsplit
 
 import torch
 
 from . import __version__, wire
+from .wire import DEFAULT_SERVER, ingest_url
 from .accumulation import GradTracker
+from .findings import FindingWarner, run_page
 from .layout import Layout, build_layout
 from .measure import Probe, Snapshot
 from .sampling import make_sampler
 from .sender import Sender
+from .spool import SpoolWriter, pending_spools, replay, spool_dir
 
-DEFAULT_SERVER = "http://127.0.0.1:8765"
+log = logging.getLogger("gradwatch")
 _NAME_RE = re.compile(r"^[^\x00-\x1f\x7f]{1,200}$")
-
-
-def ingest_url(server: str) -> str:
-    """The websocket ingest URL of a server URL (http->ws, https->wss); ValueError if unusable."""
-    if not isinstance(server, str):
-        raise TypeError(f"server must be a URL string like {DEFAULT_SERVER!r}, not {type(server).__name__}")
-    parts = urlsplit(server.strip())
-    scheme = {"http": "ws", "https": "wss", "ws": "ws", "wss": "wss"}.get(parts.scheme)
-    if scheme is None or not parts.hostname:
-        raise ValueError(f"server must be an http(s):// or ws(s):// URL with a host, like {DEFAULT_SERVER!r}; got {server!r}")
-    try:
-        parts.port  # noqa: B018  (raises ValueError on a bad port)
-    except ValueError as exc:
-        raise ValueError(f"server URL {server!r} has an invalid port") from exc
-    path = parts.path.rstrip("/") + "/ws/ingest"
-    return urlunsplit((scheme, parts.netloc, path, "", ""))
 
 
 def _check_name(kind: str, value: Optional[str]) -> None:
@@ -101,7 +89,9 @@ class Watcher:
                  "config": {"every": every, "amp": scaler is not None, "updates": updates,
                             "unoptimized_params": self.layout.unoptimized}},
             params=self.layout.hello_params(), groups=self.layout.hello_groups())
-        self._sender = Sender(url, hello, token=token)
+        self._sender = Sender(url, hello, token=token, spool=_open_spool(self.run_id, hello))
+        _replay_in_background(url, token)
+        self._sender.on_finding = FindingWarner(warn, run_page(server, self.run_id))
         self._handles = [optimizer.register_step_pre_hook(self._before_step),
                          optimizer.register_step_post_hook(self._after_step)]
         if scaler is not None:
@@ -206,6 +196,33 @@ class Watcher:
         message = wire.step(seq, snapshot.step, snapshot.time, scalars, metrics, status)
         self._sampler.observe(snapshot.cost_s + time.thread_time() - started, step_time)
         return message
+
+
+def _open_spool(run_id: str, hello: dict[str, Any]) -> Optional[SpoolWriter]:
+    directory = spool_dir()
+    try:
+        return SpoolWriter(directory, run_id, wire.dumps(hello))
+    except OSError as exc:
+        log.warning("gradwatch: no spool in %s (%s): unsent data will live in memory only; "
+                    "set GRADWATCH_SPOOL to a writable folder", directory, exc)
+        return None
+
+
+def _replay_in_background(ws_url: str, token: Optional[str]) -> None:
+    """Deliver what earlier runs left in the spool (a server that was down, a killed process)."""
+    files = pending_spools(spool_dir())
+    if not files:
+        return
+
+    def replay_all() -> None:
+        for path in files:
+            try:
+                sent, _ = replay(path, ws_url, token)
+                log.info("gradwatch: replayed %d spooled messages of run %s", sent, path.stem)
+            except Exception as exc:  # server still away: the file waits for the next chance
+                log.debug("gradwatch: could not replay %s: %s", path, exc)
+
+    threading.Thread(target=replay_all, name="gradwatch-replay", daemon=True).start()
 
 
 def _rss_bytes() -> Optional[float]:
