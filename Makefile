@@ -5,16 +5,20 @@ BIN    := $(VENV)/bin
 PIP    := $(BIN)/python -m pip --disable-pip-version-check -q
 # Pinned: on these machines torch==2.13.0 is a local CPU build; a range would pull CUDA wheels.
 TORCH  := torch==2.13.0
+# Our two packages; the server with its `postgres` extra (psycopg 3) so that the demo can be
+# pointed at PostgreSQL and the tests run on it too.
+PKGS   := ./trainer_hook './backend[postgres]'
 
 .PHONY: demo test bench setup setup-test system-deps clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 
-# Dependencies change rarely: install them once per change of the files that declare them.
-$(VENV)/.stamp-deps: $(BIN)/python trainer_hook/pyproject.toml backend/pyproject.toml
+# Dependencies change rarely: install them once per change of the files that declare them
+# (this Makefile included: it picks the extras).
+$(VENV)/.stamp-deps: $(BIN)/python trainer_hook/pyproject.toml backend/pyproject.toml Makefile
 	$(BIN)/python -c "import torch" 2>/dev/null || $(PIP) install $(TORCH)
-	$(PIP) install ./trainer_hook ./backend
+	$(PIP) install $(PKGS)
 	touch $@
 
 $(VENV)/.stamp-test-deps: $(VENV)/.stamp-deps requirements-test.txt
@@ -24,7 +28,7 @@ $(VENV)/.stamp-test-deps: $(VENV)/.stamp-deps requirements-test.txt
 # Our own code is reinstalled every time (non-editable, as users get it: the wheel must carry
 # the dashboard), without touching the dependencies.
 setup: $(VENV)/.stamp-deps
-	$(PIP) install --no-deps --force-reinstall ./trainer_hook ./backend
+	$(PIP) install --no-deps --force-reinstall $(PKGS)
 
 setup-test: setup $(VENV)/.stamp-test-deps system-deps
 

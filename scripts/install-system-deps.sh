@@ -1,10 +1,14 @@
 #!/usr/bin/env bash
-# Debian packages the tests need: Chromium (browser tests) and docker-compose (checks the
-# compose file; no Docker engine is needed). Installs only what is missing.
+# Debian packages the tests need: Chromium (browser tests), docker-compose (checks the
+# compose file; no Docker engine is needed) and PostgreSQL (the storage tests start a throwaway
+# cluster of their own with its initdb/pg_ctl, from /usr/lib/postgresql/<version>/bin; the
+# package's default cluster is not used). Installs only what is missing, so running it again
+# changes nothing.
 set -euo pipefail
 need=()
 command -v chromium >/dev/null 2>&1 || need+=(chromium)
 command -v docker-compose >/dev/null 2>&1 || need+=(docker-compose)
+compgen -G '/usr/lib/postgresql/*/bin/initdb' >/dev/null || need+=(postgresql)
 [ ${#need[@]} -eq 0 ] && exit 0
 sudo=""
 [ "$(id -u)" -eq 0 ] || sudo="sudo"

@@ -1,11 +1,21 @@
-"""Shared fixtures: a free port, and a real `gradwatch serve` process on a temporary SQLite file.
+"""Shared fixtures: a free port, real databases, and a real `gradwatch serve` process.
 
-`start_server(tmp_path, ...)` starts one and waits until /api/health answers; the `server`
-fixture yields one and stops it afterwards. Other test folders (integration, browser) use both:
-``from conftest import start_server``.
+`start_server(tmp_path, db_url=...)` starts one (on a temporary SQLite file unless given a
+database URL) and waits until /api/health answers. Other test folders (integration, browser) use
+it too: ``from conftest import start_server``.
+
+The storage-facing tests run on both databases the server supports. `db_url` (per test) and
+`module_db_url` (per module, for a server shared by a module's tests) are parametrized over
+`DATABASES`: an SQLite file under the test's temporary folder, or a fresh, empty database on a
+real PostgreSQL server. That server is the `postgres` session fixture: a throwaway cluster that
+tests/pg.py starts in a temporary directory (Debian's `postgresql`, which `make test` installs),
+or the server at GRADWATCH_TEST_POSTGRES_URL when that is set. Without PostgreSQL these tests
+fail and say how to install it; `-k "not postgresql"` leaves them out. The `server` fixture is
+a `gradwatch serve` on `db_url`.
 """
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import os
 import socket
@@ -18,6 +28,7 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import pg
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
@@ -38,11 +49,12 @@ def free_port() -> int:
 
 @dataclass
 class ServerProcess:
-    """A running `gradwatch serve`: its URLs, database file, process and log."""
+    """A running `gradwatch serve`: its URLs, database (`db_path` is None on PostgreSQL), process and log."""
 
     url: str
     ws_url: str
-    db_path: Path
+    db_url: str
+    db_path: Path | None
     proc: subprocess.Popen[bytes]
     log_path: Path
     env: dict[str, str] = field(repr=False, default_factory=dict)
@@ -76,21 +88,26 @@ def server_env(extra: Mapping[str, str] | None = None) -> dict[str, str]:
     return env
 
 
-def start_server(tmp_path: Path, *, db_path: Path | None = None, token: str | None = None,
-                 crash_grace_s: float = 1.0, env: Mapping[str, str] | None = None,
+def start_server(tmp_path: Path, *, db_url: str | None = None, db_path: Path | None = None,
+                 token: str | None = None, crash_grace_s: float = 1.0, env: Mapping[str, str] | None = None,
                  port: int | None = None) -> ServerProcess:
-    """Start `gradwatch serve` on a free port and a SQLite file under `tmp_path`; wait for health."""
+    """Start `gradwatch serve` on a free port and wait for health.
+
+    The database is `db_url`, else the SQLite file `db_path`, else `tmp_path/gradwatch.db`.
+    """
     port = port or find_free_port()
-    db_path = db_path or tmp_path / "gradwatch.db"
+    if db_url is None:
+        db_url = f"sqlite:///{db_path or tmp_path / 'gradwatch.db'}"
+    db_path = Path(db_url.removeprefix("sqlite:///")) if db_url.startswith("sqlite:///") else None
     log_path = tmp_path / f"server-{port}.log"
-    args = [*server_command(), "serve", "--db", str(db_path), "--port", str(port)]
+    args = [*server_command(), "serve", "--db", db_url, "--port", str(port)]
     if token is not None:
         args += ["--token", token]
     full_env = server_env({"GRADWATCH_CRASH_GRACE_S": str(crash_grace_s), **(env or {})})
     with open(log_path, "wb") as log:
         proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, env=full_env, cwd=tmp_path)
     server = ServerProcess(url=f"http://127.0.0.1:{port}", ws_url=f"ws://127.0.0.1:{port}",
-                           db_path=db_path, proc=proc, log_path=log_path, env=full_env)
+                           db_url=db_url, db_path=db_path, proc=proc, log_path=log_path, env=full_env)
     deadline = time.monotonic() + READY_TIMEOUT_S
     while time.monotonic() < deadline:
         if proc.poll() is not None:
@@ -105,10 +122,71 @@ def start_server(tmp_path: Path, *, db_path: Path | None = None, token: str | No
     raise RuntimeError(f"gradwatch serve did not answer /api/health in {READY_TIMEOUT_S} s:\n{server.log()}")
 
 
+# -- databases -------------------------------------------------------------------------------
+
+#: The databases the server supports; `db_url` and `module_db_url` are parametrized over them.
+DATABASES = ("sqlite", "postgresql")
+
+
+@pytest.fixture(scope="session")
+def postgres() -> Iterator[pg.Server]:
+    """A real PostgreSQL server for the session (its `url` names the `gradwatch_test` database)."""
+    try:
+        server = pg.start_server(os.environ.get("GRADWATCH_TEST_POSTGRES_URL"))
+    except pg.PostgresUnavailable as exc:
+        problem = str(exc)  # failed outside the except block: the message alone, no traceback chain
+    else:
+        problem = ""
+    if problem:
+        pytest.fail(problem, pytrace=False)
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@contextlib.contextmanager
+def new_database(request: pytest.FixtureRequest, kind: str, folder: Path) -> Iterator[str]:
+    """The URL of an empty database of `kind`: an SQLite file in `folder`, or a PostgreSQL
+    database of its own, dropped afterwards (the cluster starts only when a test needs it)."""
+    if kind == "sqlite":
+        yield f"sqlite:///{folder / 'gradwatch.db'}"
+        return
+    server: pg.Server = request.getfixturevalue("postgres")
+    url = server.create_database()
+    try:
+        yield url
+    finally:
+        server.drop_database(url)
+
+
+@pytest.fixture(params=DATABASES)
+def db_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
+    """An empty database for one test, on SQLite and on PostgreSQL."""
+    with new_database(request, request.param, tmp_path) as url:
+        yield url
+
+
+@pytest.fixture(scope="module", params=DATABASES)
+def module_db_url(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """An empty database for one module's tests, on SQLite and on PostgreSQL."""
+    with new_database(request, request.param, tmp_path_factory.mktemp(request.param)) as url:
+        yield url
+
+
 @pytest.fixture
-def server(tmp_path: Path) -> Iterator[ServerProcess]:
-    proc = start_server(tmp_path)
+def server(tmp_path: Path, db_url: str) -> Iterator[ServerProcess]:
+    """`gradwatch serve` on an empty database (each test runs on SQLite and on PostgreSQL)."""
+    proc = start_server(tmp_path, db_url=db_url)
     try:
         yield proc
     finally:
         proc.stop()
+
+
+@pytest.fixture(autouse=True)
+def spool_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """Each test's hook spools into its own folder, never into ~/.gradwatch or another test's."""
+    directory = tmp_path / "spool"
+    monkeypatch.setenv("GRADWATCH_SPOOL", str(directory))
+    return directory

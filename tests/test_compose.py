@@ -42,3 +42,8 @@ def test_database_url_can_point_the_server_at_postgres() -> None:
     url = "postgresql://gradwatch:gradwatch@postgres:5432/gradwatch"
     config = yaml.safe_load(compose("config", env={"GRADWATCH_DB": url}))
     assert url in config["services"]["gradwatch"]["command"]
+
+
+def test_the_image_has_the_postgres_driver() -> None:
+    """The postgres profile points the server at PostgreSQL: the image needs psycopg (the extra)."""
+    assert '"./backend[postgres]"' in (ROOT / "Dockerfile").read_text()

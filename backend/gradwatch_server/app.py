@@ -12,7 +12,9 @@ from fastapi.responses import JSONResponse
 from . import __version__
 from .api import router
 from .charts import NotFound
+from .diagnostics import Diagnostics
 from .live import LiveHub
+from .security import HostGuard, default_allowed_hosts
 from .sessions import Sessions
 from .settings import Settings
 from .store import open_store
@@ -44,6 +46,7 @@ def create_app(settings: Settings) -> FastAPI:
         hub = LiveHub(settings.live_queue_size)
         sessions = Sessions(store, hub, settings.crash_grace_s)
         app.state.store, app.state.hub, app.state.sessions = store, hub, sessions
+        app.state.diagnostics = Diagnostics(store)
         sessions.watch(await asyncio.to_thread(store.running_run_ids))
         try:
             yield
@@ -61,5 +64,10 @@ def create_app(settings: Settings) -> FastAPI:
     app.add_exception_handler(RequestValidationError, _invalid_request)
     app.add_exception_handler(NotFound, _not_found)
     app.include_router(router)
+    if settings.allowed_hosts is None:
+        allowed = default_allowed_hosts(settings.host)
+    else:
+        allowed = None if "*" in settings.allowed_hosts else settings.allowed_hosts
+    app.add_middleware(HostGuard, allowed_hosts=allowed)
     mount_dashboard(app, find_frontend(settings.frontend_dir))
     return app

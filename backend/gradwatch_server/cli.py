@@ -48,6 +48,9 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--host", help=f"address to bind (default {DEFAULT_HOST}: this machine only)")
     serve.add_argument("--port", type=int, help=f"port (default {DEFAULT_PORT})")
     serve.add_argument("--token", help=f"require this token for writes (default: ${ENV_VARS['token']})")
+    serve.add_argument("--allowed-hosts", metavar="NAMES",
+                       help="comma-separated host names the server answers to, * for any (default: the "
+                            "loopback names when bound to loopback, else any)")
     serve.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
 
     runs = commands.add_parser("runs", help="list stored runs", description="List the runs in a database.")
@@ -99,7 +102,8 @@ def cmd_serve(args: argparse.Namespace, env: Mapping[str, str]) -> int:
 
     from .app import create_app
 
-    settings = Settings.from_env(env, db_url=args.db, host=args.host, port=args.port, token=args.token)
+    settings = Settings.from_env(env, db_url=args.db, host=args.host, port=args.port, token=args.token,
+                                 allowed_hosts=args.allowed_hosts)
     open_store(settings.db_url).close()  # fail here, with a clear message, if the database is unusable
     if settings.host not in ("127.0.0.1", "localhost", "::1") and settings.token is None:
         print(f"gradwatch: warning: listening on {settings.host} without --token: anyone who can reach "

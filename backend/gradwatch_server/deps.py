@@ -11,6 +11,7 @@ from typing import Annotated
 from fastapi import Depends, HTTPException, Path
 from starlette.requests import HTTPConnection
 
+from .diagnostics import Diagnostics
 from .live import LiveHub
 from .sessions import Sessions
 from .settings import Settings
@@ -37,10 +38,16 @@ def get_sessions(conn: HTTPConnection) -> Sessions:
     return sessions
 
 
+def get_diagnostics(conn: HTTPConnection) -> Diagnostics:
+    diagnostics: Diagnostics = conn.app.state.diagnostics
+    return diagnostics
+
+
 SettingsDep = Annotated[Settings, Depends(get_settings)]
 StoreDep = Annotated[Store, Depends(get_store)]
 HubDep = Annotated[LiveHub, Depends(get_hub)]
 SessionsDep = Annotated[Sessions, Depends(get_sessions)]
+DiagnosticsDep = Annotated[Diagnostics, Depends(get_diagnostics)]
 
 RunIdPath = Annotated[str, Path(description="the run's id, chosen by the hook")]
 

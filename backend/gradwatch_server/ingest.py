@@ -4,9 +4,12 @@ The connection moves through explicit states: AWAIT_HELLO -> STREAMING -> CLOSED
 `close` message). After the hello, a reader task validates frames against `protocol` and queues
 them; the writer stores whatever has queued up in one transaction off the event loop, then
 acknowledges the batch's highest seq (an ack covers every seq up to it) and publishes the steps
-to the browsers. Acks come only after the commit. A frame that breaks the protocol gets an
-`error` frame and a close code once the messages before it are committed; nothing of it is
-stored, and every other connection carries on.
+to the browsers. Acks come only after the commit. Each committed batch goes through the
+diagnostics engine before it is acknowledged: a new finding (or one whose severity changed) is
+sent to the hook (`finding`) ahead of the ack that covers its step, so a hook that has its acks
+has its findings; new or changed findings go to the browsers. A frame that breaks the protocol
+gets an `error` frame and a close code once the messages before it are committed; nothing of it
+is stored, and every other connection carries on.
 """
 from __future__ import annotations
 
@@ -14,11 +17,13 @@ import asyncio
 import enum
 import json
 import logging
+from collections.abc import Callable
 
 from fastapi import WebSocket, WebSocketDisconnect
 from starlette.websockets import WebSocketDisconnected
 
 from .deps import token_ok
+from .diagnostics import Diagnostics, Finding
 from .live import LiveHub
 from .protocol import Close, Hello, ProtocolError, Step, parse_message
 from .sessions import Sessions
@@ -72,15 +77,17 @@ def _deleted(run_id: str) -> Refusal:
 
 class IngestConnection:
     def __init__(self, websocket: WebSocket, store: Store, hub: LiveHub, sessions: Sessions,
-                 settings: Settings) -> None:
+                 settings: Settings, diagnostics: Diagnostics) -> None:
         self.ws = websocket
         self.store = store
         self.hub = hub
         self.sessions = sessions
         self.settings = settings
+        self.diagnostics = diagnostics
         self.state = State.AWAIT_HELLO
         self.run_id = ""
         self.param_count = 0
+        self.reported: dict[str, dict[str, object]] = {}  # findings this connection has passed on
 
     async def serve(self) -> None:
         await self.ws.accept()
@@ -139,6 +146,7 @@ class IngestConnection:
         await self._send({"type": "welcome", "run_id": self.run_id, "last_seq": opened.run.last_seq})
         if opened.created or opened.resumed_from != "running":
             self.hub.publish_run(opened.run)
+        await self._report(self.diagnostics.open_run)
 
     async def _read(self, pending: asyncio.Queue[Pending]) -> None:
         """Validate frames in arrival order; a refusal or the end of the socket is queued last."""
@@ -177,10 +185,31 @@ class IngestConnection:
             stored = await asyncio.to_thread(self.store.write_steps, self.run_id, batch)
         except UnknownRun:
             raise _deleted(self.run_id) from None
+        new = [data for data, is_new in zip(batch, stored) if is_new]
+        if new:
+            await self._report(lambda run_id: self.diagnostics.observe(run_id, new))
         await self._send({"type": "ack", "seq": max(s.seq for s in steps)})
         for step, is_new in zip(steps, stored):
             if is_new:
                 self.hub.publish_step(self.run_id, step)
+
+    async def _report(self, diagnose: Callable[[str], list[Finding]]) -> None:
+        """Run the diagnostics (off the loop); send the hook each new code (again if its severity
+        changes), the browsers each change."""
+        try:
+            found = await asyncio.to_thread(diagnose, self.run_id)
+        except Exception:  # diagnostics must never stop ingest: log, and carry on storing
+            log.exception("diagnostics of run %s failed", self.run_id)
+            return
+        for finding in found:
+            public = finding.to_dict()
+            known = self.reported.get(finding.code)
+            if known == public:
+                continue
+            if known is None or known["severity"] != public["severity"]:  # new, or graver (info -> warning)
+                await self._send({"type": "finding", "finding": public})
+            self.reported[finding.code] = public
+            self.hub.publish_finding(self.run_id, public)
 
     async def _close(self, close: Close) -> None:
         try:
@@ -188,6 +217,10 @@ class IngestConnection:
         except UnknownRun:
             raise _deleted(self.run_id) from None
         self.state = State.CLOSED
+        try:
+            await asyncio.to_thread(self.diagnostics.close_run, self.run_id)
+        except Exception:
+            log.exception("diagnostics of run %s could not be closed", self.run_id)
         await self._send({"type": "ack", "seq": close.seq})
         if changed:
             run = await asyncio.to_thread(self.store.get_run, self.run_id)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from typing import Any
 
 from fastapi import WebSocket, WebSocketDisconnect
 from starlette.websockets import WebSocketDisconnected
@@ -62,6 +63,15 @@ class LiveHub:
             "params": {m: metric_list(decode_floats(raw)) for m, raw in step.params.items()},
             GRAD_STATUS: None if status is None else list(status),
         }, allow_nan=False)
+        for sub in watchers:
+            self._deliver(sub, text)
+
+    def publish_finding(self, run_id: str, finding: dict[str, Any]) -> None:
+        """A diagnostic finding of a run is new or changed: tell the browsers watching the run."""
+        watchers = [s for s in self._subscribers if s.run_id == run_id]
+        if not watchers:
+            return
+        text = json.dumps({"type": "finding", "run_id": run_id, "finding": finding}, allow_nan=False)
         for sub in watchers:
             self._deliver(sub, text)
 

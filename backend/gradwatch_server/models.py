@@ -9,6 +9,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from .protocol import Label
 from .store import Param, Run
 
 JsonFloat = float | str | None
@@ -51,7 +52,7 @@ class RunsPublic(BaseModel):
 class RunUpdate(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    name: str = Field(min_length=1, max_length=256)
+    name: Label = Field(description="1 to 256 characters, no NUL (as a run's name in the hello)")
 
 
 class ParamPublic(BaseModel):
@@ -112,9 +113,17 @@ class Heatmap(BaseModel):
     downsampled: bool
 
 
+class FindingFigure(BaseModel):
+    label: str = Field(description='what the number is, e.g. "bytes held between steps"')
+    value: JsonFloat
+    unit: str = Field(description='"bytes", "passes", "steps" or "ratio"')
+    text: str = Field(description='the value as it reads, e.g. "1.5 MiB"')
+
+
 class Finding(BaseModel):
-    code: str
+    code: str = Field(description="one of the codes of DESIGN.md's Diagnostics table")
     severity: Literal["info", "warning", "error"]
-    message: str
-    params: list[str]
-    first_step: int | None
+    message: str = Field(description="one sentence: what happened, and the fix")
+    params: list[str] = Field(description="the parameters concerned (none for run-wide findings)")
+    first_step: int | None = Field(description="the step where it began (null: known from the start)")
+    figure: FindingFigure | None = Field(default=None, description="the number that sizes it, where one does")

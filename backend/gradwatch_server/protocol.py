@@ -49,9 +49,21 @@ def array_dtype(metric: str) -> str:
     """The dtype of a per-parameter array: uint8 codes for grad_status, float32 otherwise."""
     return STATUS_DTYPE if metric == GRAD_STATUS else FLOAT_DTYPE
 
+
+#: `seq` and `step` are stored as 64-bit integers (BIGINT) on SQLite and PostgreSQL alike.
+MAX_INT64 = 2**63 - 1
+
+
+def _no_nul(value: str) -> str:
+    # PostgreSQL text cannot hold U+0000 (SQLite can): refused on both, so runs move between them.
+    if "\x00" in value:
+        raise ValueError("must not contain the NUL character (U+0000)")
+    return value
+
+
 RunId = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9_-]{1,64}$")]
 SeriesName = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9_./:-]{1,128}$")]
-Label = Annotated[str, StringConstraints(min_length=1, max_length=256)]
+Label = Annotated[str, StringConstraints(min_length=1, max_length=256), AfterValidator(_no_nul)]
 
 _NON_FINITE = {"NaN": math.nan, "Infinity": math.inf, "-Infinity": -math.inf}
 
@@ -99,15 +111,15 @@ class RunInfo(BaseModel):
     name: Label | None = None
     project: Label | None = None
     started_at: FiniteFloat
-    hook_version: Annotated[str, StringConstraints(max_length=64)] | None = None
-    optimizer: Annotated[str, StringConstraints(max_length=128)] | None = None
+    hook_version: Annotated[str, StringConstraints(max_length=64), AfterValidator(_no_nul)] | None = None
+    optimizer: Annotated[str, StringConstraints(max_length=128), AfterValidator(_no_nul)] | None = None
     config: dict[str, Any] = Field(default_factory=dict)
 
 
 class ParamInfo(BaseModel):
     model_config = ConfigDict(strict=True, extra="forbid", frozen=True)
 
-    name: Annotated[str, StringConstraints(min_length=1, max_length=512)]
+    name: Annotated[str, StringConstraints(min_length=1, max_length=512), AfterValidator(_no_nul)]
     shape: list[Annotated[int, Field(ge=0)]] = Field(max_length=64)
     numel: int = Field(ge=0)
     dtype: Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9_.]{1,32}$")]
@@ -202,8 +214,8 @@ StatusArray = Annotated[
 
 class Step(_Message):
     type: Literal["step"]
-    seq: int = Field(ge=1)
-    step: int = Field(ge=0)
+    seq: int = Field(ge=1, le=MAX_INT64)
+    step: int = Field(ge=0, le=MAX_INT64)
     time: FiniteFloat
     scalars: dict[SeriesName, ScalarValue] = Field(default_factory=dict, max_length=10_000)
     params: dict[SeriesName, Float32Array] = Field(default_factory=dict, max_length=1_000)
@@ -225,7 +237,7 @@ class Step(_Message):
 
 class Close(_Message):
     type: Literal["close"]
-    seq: int = Field(ge=1)
+    seq: int = Field(ge=1, le=MAX_INT64)
     status: Literal["finished", "crashed"] = "finished"
 
 

@@ -9,8 +9,8 @@ Small-row tables are WITHOUT ROWID on SQLite: the primary key is the table's b-t
 a second index and a lookup. `param_metrics` keeps its rowid because its rows are large (SQLite
 advises WITHOUT ROWID only for rows well under a twentieth of a page).
 
-Changing this file needs a new migration under migrations/versions/; a test checks that the
-migrations produce exactly these tables.
+Changing this file needs a new migration under migrations/versions/ (0002 added `findings` and
+`diagnoses`); a test checks that the migrations produce exactly these tables.
 """
 from __future__ import annotations
 
@@ -125,5 +125,36 @@ series_names = Table(
     _run_id(),
     Column("kind", String(8), primary_key=True),  # scalar | param
     Column("name", String(128), primary_key=True),
+    sqlite_with_rowid=False,
+)
+
+# What the diagnostics engine found about a run (diagnostics/): one row per finding code, kept
+# up to date while the run streams. `params` is a JSON list of parameter names, `figure` a JSON
+# object ({label, value, unit, text}) or NULL.
+findings = Table(
+    "findings",
+    metadata,
+    _run_id(),
+    Column("code", String(64), primary_key=True),
+    Column("severity", String(16), nullable=False),  # error | warning | info
+    Column("message", Text, nullable=False),
+    Column("params", Text, nullable=False),
+    Column("first_step", BigInteger),
+    Column("figure", Text),
+    Column("updated_at", Double, nullable=False),
+    sqlite_with_rowid=False,
+)
+
+# How far the stored findings of a run go: they cover its first `steps` stored steps, derived by
+# the rules of `version`. A run whose row is missing, behind its step count or of an older
+# version is diagnosed again from its stored steps when its findings are asked for.
+diagnoses = Table(
+    "diagnoses",
+    metadata,
+    Column("run_id", String(64), ForeignKey("runs.id", ondelete="CASCADE"), primary_key=True),
+    Column("steps", Integer, nullable=False),
+    Column("last_step", BigInteger),
+    Column("version", Integer, nullable=False),
+    Column("updated_at", Double, nullable=False),
     sqlite_with_rowid=False,
 )

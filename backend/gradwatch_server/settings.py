@@ -22,6 +22,7 @@ ENV_VARS = {
     "token": "GRADWATCH_TOKEN",
     "crash_grace_s": "GRADWATCH_CRASH_GRACE_S",
     "frontend_dir": "GRADWATCH_FRONTEND_DIR",
+    "allowed_hosts": "GRADWATCH_ALLOWED_HOSTS",
 }
 
 
@@ -52,11 +53,23 @@ class Settings(BaseModel):
     live_queue_size: int = Field(256, ge=1)
     #: Serve the dashboard from this folder instead of the packaged copy (frontend work).
     frontend_dir: Path | None = None
+    #: Host names the server answers to (DNS rebinding); None: the loopback names when bound to
+    #: loopback, any name otherwise. "*" allows any. Comma-separated in the environment.
+    allowed_hosts: tuple[str, ...] | None = None
 
     @field_validator("db_url")
     @classmethod
     def _db_url(cls, value: str) -> str:
         return normalize_db_url(value)
+
+    @field_validator("allowed_hosts", mode="before")
+    @classmethod
+    def _hosts(cls, value: object) -> object:
+        if isinstance(value, str):
+            value = tuple(h.strip() for h in value.split(",") if h.strip())
+        if value is not None and not value:
+            raise ValueError("name at least one host, or * for any")
+        return value
 
     @field_validator("token")
     @classmethod

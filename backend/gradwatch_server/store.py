@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import json
 import math
+import re
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
@@ -35,11 +36,11 @@ from sqlalchemy import (
     update,
 )
 from sqlalchemy.engine import make_url
-from sqlalchemy.exc import ArgumentError, NoSuchModuleError, OperationalError
+from sqlalchemy.exc import ArgumentError, IntegrityError, NoSuchModuleError, OperationalError
 
 from . import migrations
 from .protocol import Hello, array_dtype
-from .schema import groups, param_metrics, params, runs, series_names, steps
+from .schema import diagnoses, findings, groups, param_metrics, params, runs, series_names, steps
 from .schema import scalars as scalars_table
 
 #: `scalars.special` codes (see schema.py): values SQLite cannot keep in a REAL column.
@@ -119,6 +120,27 @@ class StepData:
     arrays: Mapping[str, bytes]
 
 
+@dataclass(frozen=True)
+class StoredFinding:
+    """One diagnostic finding as stored (diagnostics/ makes them; see DESIGN.md, Diagnostics)."""
+
+    code: str
+    severity: str
+    message: str
+    params: list[str]
+    first_step: int | None
+    figure: dict[str, Any] | None
+
+
+@dataclass(frozen=True)
+class DiagnosisMark:
+    """The stored findings of a run cover its first `steps` stored steps, by rules `version`."""
+
+    steps: int
+    last_step: int | None
+    version: int
+
+
 @dataclass
 class StepRecord:
     """One stored step, as the exporters read it."""
@@ -154,15 +176,23 @@ def _engine_url(url: str) -> str:
     return parsed.render_as_string(hide_password=False)
 
 
+def display_url(url: str) -> str:
+    """`url` with its password replaced by ***: messages and logs must not carry it."""
+    try:
+        return make_url(url).render_as_string(hide_password=True)
+    except (ArgumentError, ValueError):
+        return re.sub(r"(//[^/@]*?:)[^/@]*@", r"\1***@", url)
+
+
 def create_db_engine(url: str) -> Engine:
     """An engine for `url`; SQLite files get their pragmas, and a missing folder a clear error."""
     try:
         engine = create_engine(_engine_url(url))
     except (ArgumentError, ValueError) as exc:
-        raise StoreError(f"cannot use database URL {url!r}: {exc}") from exc
+        raise StoreError(f"cannot use database URL {display_url(url)!r}: {exc}") from exc
     except (NoSuchModuleError, ModuleNotFoundError) as exc:
         raise StoreError(
-            f"no driver for {url!r} ({exc}); for PostgreSQL: pip install 'gradwatch-server[postgres]'"
+            f"no driver for {display_url(url)!r} ({exc}); for PostgreSQL: pip install 'gradwatch-server[postgres]'"
         ) from exc
     if engine.dialect.name == "sqlite":
         database = engine.url.database
@@ -182,7 +212,7 @@ def open_store(url: str, clock: Callable[[], float] = time.time) -> Store:
         raise StoreError(str(exc)) from exc
     except OperationalError as exc:
         engine.dispose()
-        raise StoreError(f"cannot open database {url!r}: {exc.orig}") from exc
+        raise StoreError(f"cannot open database {display_url(url)!r}: {exc.orig}") from exc
     return Store(engine, clock)
 
 
@@ -243,6 +273,14 @@ class Store:
 
     def open_run(self, hello: Hello) -> OpenedRun:
         """Create the run of a `hello`, or resume it (same parameter names, same order)."""
+        try:
+            return self._open_run(hello)
+        except IntegrityError:
+            # On PostgreSQL writers do not take turns: two hellos of a new run may both find no
+            # row, and the second insert fails. The run exists now, so this hello resumes it.
+            return self._open_run(hello)
+
+    def _open_run(self, hello: Hello) -> OpenedRun:
         info, now = hello.run, self._clock()
         with self._write() as conn:
             existing = conn.execute(
@@ -389,9 +427,54 @@ class Store:
         self._known_names = {k for k in self._known_names if k[0] != run_id}
         return result.rowcount > 0
 
+    # -- findings (diagnostics) -------------------------------------------------------------
+
+    def save_findings(self, run_id: str, found: Sequence[StoredFinding], mark: DiagnosisMark | None = None,
+                      *, replace: bool = False) -> None:
+        """Store findings (each replaces the run's finding of its code) and the mark, in one
+        transaction; `replace` first removes every other finding of the run (a fresh diagnosis)."""
+        now = self._clock()
+        with self._write() as conn:
+            if conn.execute(select(runs.c.id).where(runs.c.id == run_id)).one_or_none() is None:
+                raise UnknownRun(f"no run {run_id!r}")
+            if replace:
+                conn.execute(delete(findings).where(findings.c.run_id == run_id))
+            elif found:
+                conn.execute(delete(findings).where(
+                    findings.c.run_id == run_id, findings.c.code.in_([f.code for f in found])))
+            if found:
+                conn.execute(insert(findings), [
+                    {"run_id": run_id, "code": f.code, "severity": f.severity, "message": f.message,
+                     "params": json.dumps(f.params), "first_step": f.first_step,
+                     "figure": None if f.figure is None else json.dumps(f.figure, allow_nan=False),
+                     "updated_at": now}
+                    for f in found
+                ])
+            if mark is not None:
+                conn.execute(delete(diagnoses).where(diagnoses.c.run_id == run_id))
+                conn.execute(insert(diagnoses).values(run_id=run_id, steps=mark.steps, last_step=mark.last_step,
+                                                      version=mark.version, updated_at=now))
+
+    def get_findings(self, run_id: str) -> list[StoredFinding]:
+        """A run's stored findings, in the order they were first seen."""
+        with self.engine.connect() as conn:
+            rows = conn.execute(select(findings).where(findings.c.run_id == run_id)).all()
+        found = [StoredFinding(code=r.code, severity=r.severity, message=r.message, params=json.loads(r.params),
+                               first_step=r.first_step, figure=None if r.figure is None else json.loads(r.figure))
+                 for r in rows]
+        return sorted(found, key=lambda f: (f.first_step is not None, f.first_step or 0, f.code))
+
+    def get_diagnosis(self, run_id: str) -> DiagnosisMark | None:
+        """How far the stored findings of a run go (None: never diagnosed)."""
+        with self.engine.connect() as conn:
+            row = conn.execute(select(diagnoses).where(diagnoses.c.run_id == run_id)).one_or_none()
+        return None if row is None else DiagnosisMark(steps=row.steps, last_step=row.last_step, version=row.version)
+
     # -- reads: runs -----------------------------------------------------------------------
 
     def get_run(self, run_id: str) -> Run | None:
+        if not _storable(run_id):
+            return None
         with self.engine.connect() as conn:
             row = conn.execute(select(runs).where(runs.c.id == run_id)).one_or_none()
         return None if row is None else _to_run(row)
@@ -399,6 +482,8 @@ class Store:
     def list_runs(self, *, project: str | None = None, q: str | None = None, status: str | None = None,
                   limit: int = 100, offset: int = 0) -> tuple[list[Run], int]:
         """Matching runs, newest first, and how many match in all."""
+        if not _storable(project, q):
+            return [], 0
         where = []
         if project is not None:
             where.append(runs.c.project == project)
@@ -436,11 +521,13 @@ class Store:
     def series_names(self, run_id: str, kind: str) -> list[str]:
         """Sorted names of a run's scalar series (`kind="scalar"`) or parameter metrics ("param")."""
         with self.engine.connect() as conn:
-            return list(conn.execute(
+            names = conn.execute(
                 select(series_names.c.name)
                 .where(series_names.c.run_id == run_id, series_names.c.kind == kind)
-                .order_by(series_names.c.name)
-            ).scalars())
+            ).scalars().all()
+        # Sorted here, not by ORDER BY: code-point order on every database, whatever the collation
+        # of a PostgreSQL server (en_US sorts "alpha" before "Zeta"; SQLite and Python after).
+        return sorted(names)
 
     # -- reads: series -----------------------------------------------------------------------
 
@@ -511,15 +598,21 @@ class Store:
         matrix = np.frombuffer(raw, dtype=dtype).reshape(len(rows), len(indices))
         return np.array([r.step for r in rows], dtype=np.int64), matrix
 
-    def iter_steps(self, run_id: str, *, with_scalars: bool = True, chunk: int = 256) -> Iterator[list[StepRecord]]:
-        """Every stored step of a run, in order, `chunk` steps at a time.
+    def iter_steps(self, run_id: str, *, with_scalars: bool = True, chunk: int = 256,
+                   metrics: Iterable[str] | None = None, scalar_keys: Iterable[str] | None = None,
+                   after: int | None = None) -> Iterator[list[StepRecord]]:
+        """Every stored step of a run (after step `after`), in order, `chunk` steps at a time.
 
         Each chunk is its own short query, so an export never holds the run in memory nor a
-        read transaction open for its whole length.
+        read transaction open for its whole length. `metrics` and `scalar_keys` read only those
+        series (the diagnostics replay needs a few); by default every one is read.
         """
-        after: int | None = None
-        scalar_keys = self.series_names(run_id, "scalar") if with_scalars else []
-        metrics = self.series_names(run_id, "param")
+        keys = self.series_names(run_id, "scalar") if with_scalars else []
+        if scalar_keys is not None:
+            keys = sorted(set(keys) & set(scalar_keys))
+        names = self.series_names(run_id, "param")
+        if metrics is not None:
+            names = sorted(set(names) & set(metrics))
         while True:
             with self.engine.connect() as conn:
                 where = [steps.c.run_id == run_id] + ([steps.c.step > after] if after is not None else [])
@@ -530,21 +623,21 @@ class Store:
                     return
                 lo, hi = head[0].step, head[-1].step
                 records = {r.step: StepRecord(step=r.step, seq=r.seq, time=r.time) for r in head}
-                if scalar_keys:
+                if keys:
                     rows = conn.execute(
                         select(scalars_table.c.key, scalars_table.c.step, scalars_table.c.value,
                                scalars_table.c.special)
-                        .where(scalars_table.c.run_id == run_id, scalars_table.c.key.in_(scalar_keys),
+                        .where(scalars_table.c.run_id == run_id, scalars_table.c.key.in_(keys),
                                scalars_table.c.step.between(lo, hi))
                     ).all()
                     for r, value in zip(rows, _decode_scalars(rows).tolist()):
                         if r.step in records:  # not a step written since `head` was read
                             records[r.step].scalars[r.key] = value
-                if metrics:
+                if names:
                     for r in conn.execute(
                         select(param_metrics.c.metric, param_metrics.c.step, param_metrics.c.data,
                                param_metrics.c.dtype)
-                        .where(param_metrics.c.run_id == run_id, param_metrics.c.metric.in_(metrics),
+                        .where(param_metrics.c.run_id == run_id, param_metrics.c.metric.in_(names),
                                param_metrics.c.step.between(lo, hi))
                     ):
                         if r.step in records:
@@ -553,6 +646,12 @@ class Store:
                 record.scalars = dict(sorted(record.scalars.items()))
             yield list(records.values())
             after = hi
+
+
+def _storable(*texts: str | None) -> bool:
+    """False if a text holds U+0000: PostgreSQL cannot even compare it (SQLite can), and the
+    protocol refuses it in anything stored, so a lookup by it finds nothing on either database."""
+    return not any(t and "\x00" in t for t in texts)
 
 
 def _metric_where(run_id: str, metric: str) -> list[Any]:

@@ -1,4 +1,7 @@
-"""The REST API over a real server: reads match what was ingested, exactly; bad input is a 4xx."""
+"""The REST API over a real server: reads match what was ingested, exactly; bad input is a 4xx.
+
+The module's server runs once on SQLite and once on PostgreSQL (`module_db_url`, tests/conftest.py).
+"""
 from __future__ import annotations
 
 import csv
@@ -33,8 +36,8 @@ def status_at(i: int) -> list[int]:
 
 
 @pytest.fixture(scope="module")
-def srv(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
-    server = start_server(tmp_path_factory.mktemp("api"))
+def srv(tmp_path_factory: pytest.TempPathFactory, module_db_url: str) -> Iterator[ServerProcess]:
+    server = start_server(tmp_path_factory.mktemp("api"), db_url=module_db_url)
     with Hook(server.ws_url) as hook:
         hook.call(hello("api-run", params=PARAMS, name="My run: v1/β", project="proj-a"))
         for i in range(1, N + 1):
@@ -252,8 +255,11 @@ def test_unknown_run_is_404(http: httpx.Client, path: str) -> None:
     ("/series", {}, 422, "key"),
     ("/series", {"key": "nope"}, 404, "no scalar 'nope'"),
     ("/series", {"key": "loss", "start": "abc"}, 422, "start"),
+    ("/series", {"key": "loss", "end": 2**63}, 422, "end"),  # steps are 64-bit in both databases
+    ("/series", {"key": "lo\x00ss"}, 404, "no scalar"),
     ("/params/series", {"metric": "nope"}, 404, "no parameter metric 'nope'"),
     ("/params/series", {"metric": "grad_norm", "param": "nope"}, 404, "no parameter 'nope'"),
+    ("/params/series", {"metric": "grad_norm", "param": "no\x00pe"}, 404, "no parameter"),
     ("/params/series", {"metric": "grad_norm", "top": 0}, 422, "top"),
     ("/params/series", {"metric": "grad_norm", "order": "up"}, 422, "order"),
     ("/heatmap", {"metric": "grad_norm", "max_steps": 0}, 422, "max_steps"),
@@ -272,8 +278,24 @@ def test_bad_run_list_parameters(http: httpx.Client) -> None:
         assert response.status_code == 422 and isinstance(response.json()["detail"], str)
 
 
-def test_diagnostics_is_a_list(http: httpx.Client) -> None:
-    assert http.get("/api/runs/api-run/diagnostics").json() == []
+def test_text_with_a_nul_matches_nothing_and_is_never_stored(http: httpx.Client) -> None:
+    """PostgreSQL cannot hold or compare U+0000 in text: lookups find nothing, writes are refused."""
+    assert http.get("/api/runs/api%00run").status_code == 404
+    for params in ({"q": "api\x00"}, {"project": "proj-a\x00"}):
+        assert http.get("/api/runs", params=params).json() == {"data": [], "count": 0}
+    response = http.patch("/api/runs/api-run", json={"name": "a\x00b"})
+    assert response.status_code == 422 and "NUL" in json.dumps(response.json())
+    assert http.get("/api/runs/api-run").json()["name"] == "My run: v1/β"
+
+
+def test_diagnostics_lists_findings(http: httpx.Client) -> None:
+    """The NaN gradient of dec.bias at step 30 (status_at) is the run's one finding."""
+    found = http.get("/api/runs/api-run/diagnostics").json()
+    assert [(f["code"], f["severity"], f["params"], f["first_step"]) for f in found] == [
+        ("nonfinite_grad", "error", ["dec.bias"], 30)]
+    assert "step 30" in found[0]["message"] and found[0]["figure"] is None
+    assert http.get("/api/runs/other-1/diagnostics").json() == []
+    assert http.get("/api/runs/nope/diagnostics").status_code == 404
 
 
 def test_openapi_documents_the_routes(http: httpx.Client) -> None:

@@ -84,11 +84,12 @@ def test_missing_database_folder_fails_clearly(tmp_path: Path) -> None:
     assert result.returncode == 1 and "does not exist" in result.stderr
 
 
-def test_json_export_imports_back_identically(db: Path, tmp_path: Path) -> None:
+def test_json_export_imports_back_identically(db: Path, tmp_path: Path, db_url: str) -> None:
+    """From SQLite into another SQLite file, or into PostgreSQL: runs move between servers."""
     exported = gradwatch("export", "cli-run", "--format", "json", "--db", str(db)).stdout
     dump = tmp_path / "run.jsonl"
     dump.write_text(exported)
-    copy = tmp_path / "copy.db"
+    copy = db_url
     first = gradwatch("import", str(dump), "--db", str(copy))
     assert first.returncode == 0 and "5 steps stored, 0 already there" in first.stdout
     again = gradwatch("import", "-", "--db", str(copy), stdin=exported)
@@ -103,6 +104,12 @@ def test_json_export_imports_back_identically(db: Path, tmp_path: Path) -> None:
     assert comparable(reexported) == comparable(exported)
 
 
+def test_an_unreachable_postgres_fails_clearly_without_showing_the_password() -> None:
+    result = gradwatch("serve", "--db", "postgresql://me:s3cret@127.0.0.1:1/gradwatch")
+    assert result.returncode == 1 and "cannot open database" in result.stderr
+    assert "s3cret" not in result.stdout + result.stderr and "me:***@" in result.stderr
+
+
 def test_import_refuses_what_is_not_an_export(tmp_path: Path) -> None:
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"type": "step"}\n')
@@ -110,11 +117,6 @@ def test_import_refuses_what_is_not_an_export(tmp_path: Path) -> None:
     assert result.returncode == 1 and "line 1" in result.stderr
     result = gradwatch("import", str(tmp_path / "missing.jsonl"), "--db", str(tmp_path / "x.db"))
     assert result.returncode == 1 and "cannot read" in result.stderr
-
-
-def test_sync_is_not_implemented_yet() -> None:
-    result = gradwatch("sync")
-    assert result.returncode == 2 and "not implemented yet" in result.stderr
 
 
 def test_settings_come_from_an_injected_environment() -> None:

@@ -1,4 +1,7 @@
-"""/ws/ingest against a real `gradwatch serve`: storage, acks, idempotency, and every refusal."""
+"""/ws/ingest against a real `gradwatch serve`: storage, acks, idempotency, and every refusal.
+
+The module's server runs once on SQLite and once on PostgreSQL (`module_db_url`, tests/conftest.py).
+"""
 from __future__ import annotations
 
 import json
@@ -15,8 +18,8 @@ from wiremsg import Hook, close, f32, hello, step, with_absent
 
 
 @pytest.fixture(scope="module")
-def srv(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
-    server = start_server(tmp_path_factory.mktemp("ingest"), crash_grace_s=0.5)
+def srv(tmp_path_factory: pytest.TempPathFactory, module_db_url: str) -> Iterator[ServerProcess]:
+    server = start_server(tmp_path_factory.mktemp("ingest"), db_url=module_db_url, crash_grace_s=0.5)
     yield server
     server.stop()
 
@@ -111,6 +114,7 @@ BAD_FRAMES = {
     "bad scalar name": (json.dumps(step(1, 1, scalars={"no spaces": 1.0})), 1003, "scalars"),
     "unknown field": (json.dumps({**step(1, 1), "extra": 1}), 1003, "extra"),
     "second hello": (json.dumps(hello("bad")), 1003, "hello"),
+    "step beyond 64 bits": (json.dumps(step(2, 2**63)), 1003, "step"),
     "oversized frame": (_huge_frame(), 1009, None),
 }
 
@@ -134,6 +138,21 @@ def test_bad_frame_is_refused_and_nothing_is_stored(srv: ServerProcess, http: ht
     assert run_steps(http, run_id) == [1]  # only the good step before the bad frame
     good_run(srv.ws_url, f"after-{run_id}")  # the server keeps serving
     assert run_steps(http, f"after-{run_id}") == [1, 2, 3]
+
+
+@pytest.mark.parametrize("where", ["name", "project", "param", "hook_version"])
+def test_a_nul_in_the_hello_is_refused(srv: ServerProcess, http: httpx.Client, where: str) -> None:
+    """PostgreSQL text cannot hold U+0000: refused on both databases, so runs move between them."""
+    run_id = f"nul-{where}"
+    if where == "param":
+        message = hello(run_id, params=("a\x00.weight", "b.bias"))
+    else:
+        message = hello(run_id, **{where: "x\x00y"})
+    with Hook(srv.ws_url) as hook:
+        hook.send(message)
+        code, _, error = hook.refused()
+    assert code == 1003 and "NUL" in error
+    assert http.get(f"/api/runs/{run_id}").status_code == 404
 
 
 def test_invalid_step_stores_nothing_of_it(srv: ServerProcess, http: httpx.Client) -> None:
@@ -202,8 +221,8 @@ def test_token_is_required_for_ingest(tmp_path: Path) -> None:
         server.stop()
 
 
-def test_a_restarted_server_keeps_the_data_and_gives_running_runs_a_grace(tmp_path: Path) -> None:
-    first = start_server(tmp_path, crash_grace_s=0.5)
+def test_a_restarted_server_keeps_the_data_and_gives_running_runs_a_grace(tmp_path: Path, db_url: str) -> None:
+    first = start_server(tmp_path, db_url=db_url, crash_grace_s=0.5)
     try:
         with Hook(first.ws_url) as hook:
             hook.call(hello("survivor"))
@@ -211,7 +230,7 @@ def test_a_restarted_server_keeps_the_data_and_gives_running_runs_a_grace(tmp_pa
             first.stop()
     finally:
         first.stop()
-    second = start_server(tmp_path, db_path=first.db_path, crash_grace_s=0.5)
+    second = start_server(tmp_path, db_url=db_url, crash_grace_s=0.5)
     try:
         with httpx.Client(base_url=second.url) as http:
             assert run_steps(http, "survivor") == [1]

@@ -1,21 +1,25 @@
 """The store on real databases: exact round trips, idempotency, runs, and the migrations.
 
-Every test runs on an SQLite file; the ones taking `store` also run on PostgreSQL when
-GRADWATCH_TEST_POSTGRES_URL names a database they may wipe (postgresql://user@host:port/db).
+The tests taking `store` or `db_url` run twice: on an SQLite file, and on an empty database of
+a real PostgreSQL server (the `postgres` fixture of tests/conftest.py).
 """
 from __future__ import annotations
 
 import json
 import math
-import os
-import sqlite3
+import subprocess
+import sys
+import threading
+import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
 import pytest
 from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
+from conftest import server_env
 from gradwatch_server.protocol import Hello, parse_message
 from gradwatch_server.schema import metadata
 from gradwatch_server.store import (
@@ -45,27 +49,9 @@ def clock() -> Clock:
     return Clock()
 
 
-POSTGRES_URL = os.environ.get("GRADWATCH_TEST_POSTGRES_URL")
-
-
-def _wipe_postgres(url: str) -> None:
-    engine = create_db_engine(url)
-    with engine.begin() as conn:
-        conn.exec_driver_sql("DROP SCHEMA public CASCADE")
-        conn.exec_driver_sql("CREATE SCHEMA public")
-    engine.dispose()
-
-
-@pytest.fixture(params=["sqlite", pytest.param("postgresql", marks=pytest.mark.skipif(
-    not POSTGRES_URL, reason="set GRADWATCH_TEST_POSTGRES_URL to test on PostgreSQL"))])
-def store(request: pytest.FixtureRequest, tmp_path: Path, clock: Clock) -> Iterator[Store]:
-    if request.param == "sqlite":
-        url = f"sqlite:///{tmp_path / 'store.db'}"
-    else:
-        assert POSTGRES_URL
-        url = POSTGRES_URL
-        _wipe_postgres(url)
-    s = open_store(url, clock=clock)
+@pytest.fixture
+def store(db_url: str, clock: Clock) -> Iterator[Store]:
+    s = open_store(db_url, clock=clock)
     yield s
     s.close()
 
@@ -164,6 +150,12 @@ def test_writes_are_idempotent_and_update_the_run(store: Store, clock: Clock) ->
     assert run is not None and run.status == "finished" and run.finished_at == 2000.0
 
 
+def test_series_names_are_in_code_point_order_on_every_database(store: Store) -> None:
+    open_hello(store)
+    write(store, "r", 1, 1, scalars={"alpha": 1.0, "Zeta": 2.0, "lr_max": 3.0, "lr/0": 4.0})
+    assert store.series_names("r", "scalar") == ["Zeta", "alpha", "lr/0", "lr_max"]
+
+
 def test_resume_checks_the_parameters(store: Store) -> None:
     open_hello(store)
     store.close_run("r", seq=1, status="finished")
@@ -174,6 +166,22 @@ def test_resume_checks_the_parameters(store: Store) -> None:
         open_hello(store, params=("a.weight", "c.bias"))
     with pytest.raises(ParamsMismatch, match="it has 2 parameters, the hello lists 1"):
         open_hello(store, params=("a.weight",))
+
+
+def test_concurrent_hellos_of_a_new_run_create_it_once(store: Store) -> None:
+    """Writers take turns on SQLite but not on PostgreSQL: racing inserts must still resume."""
+    for round_ in range(5):
+        message = parse_message(json.dumps(hello(f"race{round_}")))
+        assert isinstance(message, Hello)
+        barrier = threading.Barrier(8)
+
+        def open_it(_: int, message: Hello = message, barrier: threading.Barrier = barrier) -> bool:
+            barrier.wait()
+            return store.open_run(message).created
+
+        with ThreadPoolExecutor(8) as pool:
+            created = list(pool.map(open_it, range(8)))
+        assert created.count(True) == 1
 
 
 def test_writes_to_an_unknown_run_fail(store: Store) -> None:
@@ -231,24 +239,42 @@ def test_migrations_create_exactly_the_schema(store: Store) -> None:
     assert diff == []
 
 
-def test_reopening_is_a_no_op(tmp_path: Path) -> None:
-    url = f"sqlite:///{tmp_path / 'again.db'}"
-    first = open_store(url)
+def test_reopening_is_a_no_op(db_url: str) -> None:
+    first = open_store(db_url)
     open_hello(first)
     first.close()
-    second = open_store(url)
+    second = open_store(db_url)
     assert second.get_run("r") is not None
     second.close()
+
+
+def test_processes_starting_together_on_a_new_database_all_open_it(db_url: str) -> None:
+    """Two servers, or a server and `gradwatch import`: one creates the schema, the others wait."""
+    start_at = time.time() + 2.0  # after every child has imported gradwatch_server
+    code = ("import sys, time; from gradwatch_server.store import open_store; "
+            "time.sleep(max(0.0, float(sys.argv[2]) - time.time())); open_store(sys.argv[1]).close()")
+    children = [subprocess.Popen([sys.executable, "-c", code, db_url, str(start_at)], env=server_env(),
+                                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for _ in range(3)]
+    outputs = [child.communicate(timeout=60)[0] for child in children]
+    assert [child.returncode for child in children] == [0] * 3, outputs
+    store = open_store(db_url)
+    assert store.list_runs() == ([], 0)
+    store.close()
+
+
+def test_a_schema_from_a_newer_version_is_refused(db_url: str) -> None:
+    open_store(db_url).close()
+    engine = create_db_engine(db_url)
+    with engine.begin() as conn:
+        conn.exec_driver_sql("UPDATE alembic_version SET version_num = '9999'")
+    engine.dispose()
+    with pytest.raises(StoreError, match="newer gradwatch-server"):
+        open_store(db_url)
 
 
 def test_unusable_databases_give_clear_errors(tmp_path: Path) -> None:
     with pytest.raises(StoreError, match="does not exist"):
         open_store(f"sqlite:///{tmp_path / 'missing' / 'x.db'}")
-    with pytest.raises(StoreError, match="postgres"):
-        open_store("postgresql://user@127.0.0.1:1/db")
-    newer = tmp_path / "newer.db"
-    open_store(f"sqlite:///{newer}").close()
-    with sqlite3.connect(newer) as conn:
-        conn.execute("UPDATE alembic_version SET version_num = '9999'")
-    with pytest.raises(StoreError, match="newer gradwatch-server"):
-        open_store(f"sqlite:///{newer}")
+    with pytest.raises(StoreError, match="cannot open database") as refused:
+        open_store("postgresql://user:s3cret@127.0.0.1:1/db")
+    assert "s3cret" not in str(refused.value)  # the message may reach logs: no password in it

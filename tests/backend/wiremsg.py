@@ -71,6 +71,7 @@ class Hook:
         self._connect = connect(f"{ws_url}/ws/ingest", additional_headers=headers,
                                 open_timeout=10, close_timeout=5, max_size=None)
         self.ws: ClientConnection
+        self.findings: list[dict[str, Any]] = []
 
     def __enter__(self) -> Hook:
         self.ws = self._connect.__enter__()
@@ -83,7 +84,12 @@ class Hook:
         self.ws.send(message if isinstance(message, str) else json.dumps(message, allow_nan=False))
 
     def recv(self, timeout: float = 10) -> dict[str, Any]:
-        return json.loads(self.ws.recv(timeout))
+        """The next reply; `finding` frames (diagnostics, sent ahead of acks) go to `self.findings`."""
+        while True:
+            frame = json.loads(self.ws.recv(timeout))
+            if frame.get("type") != "finding":
+                return frame
+            self.findings.append(frame["finding"])
 
     def call(self, message: Mapping[str, Any] | str) -> dict[str, Any]:
         self.send(message)

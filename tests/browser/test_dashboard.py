@@ -296,3 +296,76 @@ def test_wire_values_convert_in_one_place(dash: ServerProcess, page: Page) -> No
     assert got == {"nan": True, "inf": True, "ninf": True, "absent": True, "plain": 2.5,
                    "labels": ["NaN", "+Inf", "-Inf", "—", "2.5"], "text": "&lt;b&gt;a&lt;/b&gt;&amp;",
                    "bytes": "3 MiB", "status": [0, 1, 2, 3, 3, None]}
+
+
+class FindingsRun(SyntheticRun):
+    """A synthetic run whose hello also reports parameters left out of the optimizer."""
+
+    unoptimized: tuple[str, ...] = ()
+
+    def hello(self) -> dict[str, object]:
+        message = super().hello()
+        message["run"]["config"]["unoptimized_params"] = list(self.unoptimized)  # type: ignore[index]
+        return message
+
+
+def finding_row(p: sync_api.Page, code: str) -> sync_api.Locator:
+    return p.locator(f'.findings .finding[data-code="{code}"]')
+
+
+def test_findings_panel_and_chart_markers(dash: ServerProcess, page: Page) -> None:
+    """A stored run: each finding in the panel (severity, message, step, parameters as text),
+    and a dotted marker where it began on the step-axis charts."""
+    run = FindingsRun("found-run", "has-findings", nan_steps={30, 31}, total_steps=60)
+    run.unoptimized = (XSS_PARAM,)
+    seed(dash, run, 60)
+    p = page.open(dash.url + "/runs/found-run")
+    nonfinite = finding_row(p, "nonfinite_grad")
+    sync_api.expect(nonfinite).to_have_attribute("data-severity", "error")
+    sync_api.expect(nonfinite.locator(".finding-msg")).to_contain_text("Gradients became NaN or Inf at step 30")
+    sync_api.expect(nonfinite.locator(".finding-step")).to_have_text(" · from step 30")
+    sync_api.expect(nonfinite.locator(".finding-params .chip")).to_have_text(
+        ["blocks.1.attn.qkv.bias", "blocks.1.mlp.fc1.weight"])
+    never = finding_row(p, "param_never_gets_grad")
+    sync_api.expect(never).to_have_attribute("data-severity", "warning")
+    sync_api.expect(never.locator(".finding-params .chip")).to_have_text(["adapter.weight"])
+    left_out = finding_row(p, "param_not_in_optimizer")
+    sync_api.expect(left_out.locator(".finding-params .chip")).to_have_text([XSS_PARAM])  # text, not markup
+    sync_api.expect(left_out.locator(".finding-step")).to_have_text(" · from the start")
+    assert p.locator(".findings b").count() == 0
+    sync_api.expect(p.locator(".findings .count")).to_have_attribute("data-severity", "error")
+    # Errors first.
+    assert p.locator(".findings .finding").evaluate_all("els => els.map(e => e.dataset.severity)") == [
+        "error", "warning", "warning"]
+
+    # Markers: where each finding with a step began, on line charts and heatmaps alike.
+    for chart in ("grad-norm-total", "loss", "param-grad-norm", "grad-status", "grad-norm-heatmap"):
+        p.wait_for_function("c => document.querySelector(`[data-chart=\"${c}\"]`).dataset.markers === '1,30'",
+                            arg=chart)
+    shapes = p.evaluate("""() => document.querySelector('[data-chart="loss"]').layout.shapes
+        .map(s => [s.x0, s.line.dash])""")
+    assert shapes == [[1, "dot"], [30, "dot"]]
+    labels = p.evaluate("""() => document.querySelector('[data-chart="loss"]').layout.annotations.map(a => a.text)""")
+    assert labels == ["param_never_gets_grad", "nonfinite_grad"]
+
+    # A parameter of a finding goes into the per-parameter chart with a click.
+    never.locator(".chip", has_text="adapter.weight").click()
+    sync_api.expect(p.locator(".chip-name", has_text="adapter.weight")).to_have_count(1)
+
+
+def test_findings_arrive_live(dash: ServerProcess, page: Page) -> None:
+    """A running run: findings appear in the panel and on the charts as the steps that cause
+    them arrive, without reloading the page."""
+    with Ingest(dash.ws_url, SyntheticRun("live-found", "live-findings", nan_steps={16}, total_steps=60)) as hook:
+        hook.steps(5)
+        p = page.open(dash.url + "/runs/live-found")
+        sync_api.expect(p.locator(".live")).to_have_text("Live")
+        sync_api.expect(p.locator(".findings-ok")).to_contain_text("No problems found")
+        p.evaluate("window.__sameDocument = true")
+        hook.steps(7)  # step 10: adapter.weight has had no gradient for 10 steps
+        sync_api.expect(finding_row(p, "param_never_gets_grad")).to_have_count(1)
+        hook.steps(6)  # step 16: NaN
+        sync_api.expect(finding_row(p, "nonfinite_grad").locator(".finding-step")).to_have_text(" · from step 16")
+        p.wait_for_function("""document.querySelector('[data-chart="grad-norm-total"]').dataset.markers === '1,16'""")
+        hook.close("finished")
+    assert p.evaluate("window.__sameDocument") is True

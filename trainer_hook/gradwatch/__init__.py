@@ -6,7 +6,7 @@
 from typing import Any
 
 __version__ = "0.1.0"
-__all__ = ["Watcher", "watch", "__version__"]
+__all__ = ["GradwatchWarning", "Watcher", "watch", "__version__"]
 
 
 def __getattr__(name: str) -> Any:
@@ -15,4 +15,8 @@ def __getattr__(name: str) -> Any:
         from . import watcher
 
         return getattr(watcher, name)
+    if name == "GradwatchWarning":  # e.g. warnings.filterwarnings("error", category=gradwatch.GradwatchWarning)
+        from .findings import GradwatchWarning
+
+        return GradwatchWarning
     raise AttributeError(f"module 'gradwatch' has no attribute {name!r}")

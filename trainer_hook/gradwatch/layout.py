@@ -29,6 +29,8 @@ class Layout:
     group_keys: list[tuple[int, int]] = field(default_factory=list)
     #: `requires_grad` parameters of the model that no optimizer updates
     unoptimized: list[str] = field(default_factory=list)
+    #: optimizer parameters with requires_grad=False: no gradient is expected for them
+    frozen: list[str] = field(default_factory=list)
 
     def hello_params(self) -> list[dict[str, Any]]:
         return [
@@ -80,6 +82,7 @@ def build_layout(optimizers: Sequence[torch.optim.Optimizer], model: torch.nn.Mo
                 seen.add(id(p))
                 fallback = f"opt{o}.group{i}.param{j}" if len(optimizers) > 1 else f"group{i}.param{j}"
                 layout.params.append(WatchedParam(names.get(id(p), fallback), p, o, g))
+    layout.frozen = [w.name for w in layout.params if not w.param.requires_grad]
     if model is not None:
         layout.unoptimized = [n for n, p in model.named_parameters() if p.requires_grad and id(p) not in seen]
     return layout

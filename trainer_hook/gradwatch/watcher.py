@@ -87,7 +87,7 @@ class Watcher:
             run={"id": self.run_id, "name": run or time.strftime("run-%Y%m%d-%H%M%S"), "project": project or "default",
                  "started_at": time.time(), "hook_version": __version__, "optimizer": type(optimizer).__name__,
                  "config": {"every": every, "amp": scaler is not None, "updates": updates,
-                            "unoptimized_params": self.layout.unoptimized}},
+                            "unoptimized_params": self.layout.unoptimized, "frozen_params": self.layout.frozen}},
             params=self.layout.hello_params(), groups=self.layout.hello_groups())
         self._sender = Sender(url, hello, token=token, spool=_open_spool(self.run_id, hello))
         _replay_in_background(url, token)

@@ -5,7 +5,7 @@ from typing import Annotated
 
 from fastapi import APIRouter, Query, Response
 
-from ..deps import RunDep, StoreDep, TokenDep
+from ..deps import DiagnosticsDep, RunDep, StoreDep, TokenDep
 from ..models import MetricsPublic, ParamPublic, ParamsPublic, RunPublic, RunsPublic, RunStatus, RunUpdate
 
 router = APIRouter(prefix="/runs", tags=["runs"])
@@ -37,9 +37,10 @@ def rename_run(run: RunDep, update: RunUpdate, store: StoreDep) -> RunPublic:
 
 
 @router.delete("/{run_id}", dependencies=[TokenDep], status_code=204)
-def delete_run(run: RunDep, store: StoreDep) -> Response:
+def delete_run(run: RunDep, store: StoreDep, diagnostics: DiagnosticsDep) -> Response:
     """Delete the run and all its data."""
     store.delete_run(run.id)
+    diagnostics.forget(run.id)
     return Response(status_code=204)
 
 

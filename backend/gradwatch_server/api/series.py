@@ -8,11 +8,12 @@ from fastapi import APIRouter, Query
 from .. import charts
 from ..deps import RunDep, StoreDep
 from ..models import Heatmap, ParamSeriesPublic, Series
+from ..protocol import MAX_INT64
 
 router = APIRouter(prefix="/runs/{run_id}", tags=["series"])
 
-Start = Annotated[int | None, Query(ge=0, description="first step, inclusive")]
-End = Annotated[int | None, Query(ge=0, description="last step, inclusive")]
+Start = Annotated[int | None, Query(ge=0, le=MAX_INT64, description="first step, inclusive")]
+End = Annotated[int | None, Query(ge=0, le=MAX_INT64, description="last step, inclusive")]
 MaxPoints = Annotated[int, Query(ge=2, le=100_000, description="downsample above this many steps")]
 Name = Annotated[str, Query(min_length=1, max_length=128)]
 

@@ -8,6 +8,7 @@
 // never by asking the server again.
 
 import { GRAD_STATUS, isNonFinite, nonFiniteLabel, fmtNum, plotlyText } from "../format.js";
+import { markerLayout, markMarkers } from "./markers.js";
 import { Pacer } from "./pacer.js";
 import { baseConfig, baseLayout, plotly, registerChart, theme } from "./theme.js";
 
@@ -25,6 +26,7 @@ export class HeatmapChart {
     this.rows = [];   // parameter names, top to bottom
     this.steps = [];  // x of each column (its first step)
     this.cols = [];   // column j: values per row (codes for "status", numbers for "log")
+    this.markers = []; // findings drawn as vertical lines (charts/markers.js), without labels
     this.xRange = null;
     this.drawn = false;
     this.syncing = false;
@@ -38,6 +40,15 @@ export class HeatmapChart {
     this.steps = steps.slice();
     this.cols = steps.map((_, j) => rows.map((_, i) => (z[i] ? z[i][j] : null)));
     return this.draw();
+  }
+
+  /** Show where findings began (markers.js); redraws only the shapes. */
+  setMarkers(markers) {
+    this.markers = markers.slice();
+    if (!this.drawn) return Promise.resolve();
+    const cells = this.rows.length * this.cols.length;
+    return plotly().relayout(this.el, markerLayout(cells ? this.markers : [], theme(), { labels: false }))
+      .then(() => this.mark());
   }
 
   /** Add live columns: each {step, values} with one value per row. */
@@ -112,6 +123,7 @@ export class HeatmapChart {
         visible: nRows > 0 && this.cols.length > 0 },
       showlegend: false,
       uirevision: this.opts.name,
+      ...markerLayout(nRows && this.cols.length ? this.markers : [], t, { labels: false }),
     }, t);
     const first = !this.drawn;
     this.drawn = true;
@@ -215,6 +227,7 @@ export class HeatmapChart {
     this.el.dataset.nonfinite = String(nonfinite);
     this.el.dataset.rows = String(this.rows.length);
     this.el.dataset.columns = String(this.cols.length);
+    markMarkers(this.el, cells ? this.markers : []);
     if (cells === 0) this.el.dataset.empty = this.opts.emptyText;
     else delete this.el.dataset.empty;
   }

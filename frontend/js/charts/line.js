@@ -5,6 +5,7 @@
 // that switching the axis or the theme redraws without asking the server again.
 
 import { isNonFinite, nonFiniteLabel, plotlyText } from "../format.js";
+import { markerLayout, markMarkers } from "./markers.js";
 import { Pacer } from "./pacer.js";
 import { baseConfig, baseLayout, plotly, registerChart, seriesColor, theme } from "./theme.js";
 
@@ -35,6 +36,7 @@ export class LineChart {
     this.syncing = false;
     this.layoutIndex = null;
     this.pending = [];   // live points not drawn yet, per series
+    this.markers = [];   // findings drawn as vertical lines (charts/markers.js)
     this.pacer = new Pacer(el, () => this.flush());
     this.unregister = registerChart(this);
   }
@@ -49,6 +51,14 @@ export class LineChart {
       max: s.max ? s.max.slice() : null,
     }));
     return this.draw();
+  }
+
+  /** Show where findings began (markers.js); redraws only the shapes. */
+  setMarkers(markers) {
+    this.markers = markers.slice();
+    if (!this.drawn) return Promise.resolve();
+    const empty = !this.series.some((s) => s.x.length);
+    return plotly().relayout(this.el, markerLayout(empty ? [] : this.markers, theme())).then(() => this.mark());
   }
 
   setLog(log) {
@@ -245,6 +255,7 @@ export class LineChart {
       yaxis2: { overlaying: "y", range: [0, 1], visible: false, fixedrange: true },
       showlegend: traces.filter((tr) => tr.showlegend !== false).length > (this.opts.legend === false ? 0 : 1),
       uirevision: this.opts.name,
+      ...markerLayout(empty ? [] : this.markers, t),
     }, t);
 
     this.layoutIndex = idx;
@@ -308,6 +319,7 @@ export class LineChart {
     this.el.dataset.points = String(points);
     this.el.dataset.nonfinite = String(nonfinite);
     this.el.dataset.series = String(this.series.length);
+    markMarkers(this.el, points ? this.markers : []);
     if (points === 0) {
       this.el.dataset.empty = this.opts.emptyText;
     } else {

@@ -29,6 +29,7 @@ export function theme() {
     font: cssVar("--font-sans"),
     mono: cssVar("--font-mono"),
     status: ["--status-none", "--status-zero", "--status-nonzero", "--status-nonfinite"].map(cssVar),
+    severity: { error: cssVar("--bad"), warning: cssVar("--warn"), info: cssVar("--info") },
     palette,
   };
 }

@@ -4,8 +4,11 @@
 // draws them with one extendTraces when its pacer lets it (charts/pacer.js), so 20 steps/s
 // costs a few draws per second. After a dropped connection, or a change the charts cannot
 // absorb (a new metric, a chart grown past its budget), everything is fetched again over REST.
+// Findings (views/findings.js) come over REST and then live (`finding` messages); each one with
+// a first step is drawn on every step-axis chart as a dotted line where it began.
 
 import { api, ApiError, liveUrl, UnreachableError } from "../api.js";
+import { markersOf } from "../charts/markers.js";
 import { byId, h, notice, setChildren } from "../dom.js";
 import { toNumber } from "../format.js";
 import { LiveSocket, renderLiveStatus } from "../live.js";
@@ -65,7 +68,17 @@ const { views, present: PRESENT, otherSelect, otherScalars } = createRunViews(st
     saveUrl();
     loadViews([views.other]).catch(showError);
   },
+  onFindings: (list) => drawMarkers(list),
 });
+
+/** Mark where each finding began on every chart with a step axis. */
+function drawMarkers(findings) {
+  const markers = markersOf(findings);
+  for (const v of Object.values(views)) {
+    if (v.chart && v.chart.setMarkers) v.chart.setMarkers(markers).catch((err) => console.warn("gradwatch: markers:", err));
+  }
+}
+
 for (const v of Object.values(views)) grid.appendChild(v.card);
 
 /** Half-width cards go in pairs; the last of an odd run of them takes the whole row. */
@@ -216,6 +229,8 @@ function onMessage(msg) {
       requestReload(0);
     }
     scheduleFlush();
+  } else if (msg.type === "finding" && msg.run_id === runId) {
+    views.findings.upsert(msg.finding);
   } else if (msg.type === "run" && msg.run && msg.run.id === runId && state.run) {
     const before = state.run.status;
     state.run = { ...msg.run, steps: Math.max(msg.run.steps || 0, state.run.steps || 0),

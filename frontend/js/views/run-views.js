@@ -19,18 +19,18 @@ const lrGroup = (k) => Number(k.slice(3));
 /**
  * @param {object} state  the run page's state (read only here)
  * @param {{onXRange: Function, onSelect: (names: string[]) => void, onParam: (name: string) => void,
- *          onOtherScalar: (key: string) => void}} on
+ *          onOtherScalar: (key: string) => void, onFindings: (list: object[]) => void}} on
  * @returns {{views: Object<string, object>, present: Object<string, () => boolean>,
  *            otherSelect: HTMLSelectElement, otherScalars: () => string[]}}
  */
-export function createRunViews(state, { onXRange, onSelect, onParam, onOtherScalar }) {
+export function createRunViews(state, { onXRange, onSelect, onParam, onOtherScalar, onFindings }) {
   const otherSelect = h("select", {
     class: "input input-small", "aria-label": "Scalar to show",
     onchange: (e) => onOtherScalar(e.target.value),
   });
 
   const views = {
-    findings: findingsView({ onParam }),
+    findings: findingsView({ onParam, onFindings }),
     gradTotal: scalarView({
       id: "grad-norm-total", title: "Total gradient norm", help: "‖grad‖₂ over all parameters, as the step used it",
       keys: (s) => (s.includes("grad_norm_total") ? ["grad_norm_total"] : []), label: () => "total gradient norm",

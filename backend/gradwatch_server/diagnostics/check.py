@@ -1,0 +1,28 @@
+"""The one interface every diagnostic implements (a check per finding code)."""
+from __future__ import annotations
+
+from typing import ClassVar
+
+from .data import RunContext, StepView
+from .finding import Finding
+
+
+class Check:
+    """Reads a run's steps in order and holds at most one finding, of its `code`.
+
+    A check is small and self-contained: its docstring says what evidence it uses and its
+    thresholds are class attributes. `start` sees the run's `hello`; `observe` sees each step
+    once, in step order. Either may set or update `finding`; the engine notices the change,
+    stores it and tells the browsers and the hook. A finding, once made, is never withdrawn.
+    """
+
+    code: ClassVar[str]
+
+    def __init__(self) -> None:
+        self.finding: Finding | None = None
+
+    def start(self, run: RunContext) -> None:
+        """The run's hello has been seen (before any step)."""
+
+    def observe(self, run: RunContext, step: StepView) -> None:
+        """One step, in order; each step once."""

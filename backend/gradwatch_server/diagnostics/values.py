@@ -1,0 +1,199 @@
+"""Gradient values: non-finite gradients, and norms far above or below a parameter's own history."""
+from __future__ import annotations
+
+import numpy as np
+
+from .check import Check
+from .data import NONFINITE, NONZERO, ZERO, RunContext, StepView
+from .finding import Figure, Finding, name_list
+
+
+class NonfiniteGrad(Check):
+    """`nonfinite_grad` (error): a gradient holds NaN or ±Inf.
+
+    Evidence: `grad_status == nonfinite` (the hook's norm of that `.grad` is NaN or infinite).
+    The finding names every parameter seen non-finite so far, and the first step. (Under a
+    GradScaler, an overflowing step is skipped and never reaches the optimizer, so it shows as
+    `amp_skipped_steps` instead.)
+    """
+
+    code = "nonfinite_grad"
+
+    def observe(self, run: RunContext, step: StepView) -> None:
+        bad = step.status == NONFINITE
+        if not bad.any():
+            return
+        before = self.finding
+        names = set(before.params if before else ()) | set(run.names(bad))
+        if before is not None and len(names) == len(before.params):
+            return
+        ordered = tuple(n for n in run.params if n in names)
+        first = before.first_step if before is not None and before.first_step is not None else step.step
+        message = (f"Gradients became NaN or Inf at step {first} in {name_list(ordered)}; look for NaN/Inf in "
+                   "the inputs and the loss (log, division, overflow in float16), lower the learning rate, or "
+                   "clip gradients with torch.nn.utils.clip_grad_norm_.")
+        self.finding = Finding(self.code, "error", message, ordered, first)
+
+
+class NormHistory:
+    """The last `window` usable gradient norms of each parameter: one ring buffer per parameter
+    (a row each, so that a parameter's window is contiguous for the median)."""
+
+    def __init__(self, count: int, window: int) -> None:
+        self.values = np.full((count, window), np.nan)
+        self.pos = np.zeros(count, dtype=np.int64)
+        self.count = np.zeros(count, dtype=np.int64)
+        self._rows = np.arange(count)
+
+    def push(self, mask: np.ndarray, values: np.ndarray) -> None:
+        rows = self._rows[mask]
+        self.values[rows, self.pos[rows]] = values[rows]
+        self.pos[rows] = (self.pos[rows] + 1) % self.values.shape[1]
+        self.count[rows] += 1
+
+    def median(self, last: int | None = None) -> np.ndarray:
+        """Per parameter: the median of its last `last` values (all kept ones by default); NaN if none."""
+        window = self.values.shape[1]
+        depth = window if last is None else min(last, window)
+        if depth == window:
+            recent = self.values  # the order does not matter to a median
+        else:
+            cols = (self.pos[:, None] - np.arange(1, depth + 1)[None, :]) % window
+            recent = self.values[self._rows[:, None], cols]
+        out = np.full(len(self._rows), np.nan)
+        full = self.count >= depth  # no gaps: np.median, much faster than nanmedian
+        if full.all():
+            return np.asarray(np.median(recent, axis=1))
+        if full.any():
+            out[full] = np.median(recent[full], axis=1)
+        part = (self.count > 0) & ~full
+        if part.any() and depth == window:  # not wrapped yet: a row's values are its first `count`
+            for n in np.unique(self.count[part]):
+                rows = part & (self.count == n)
+                out[rows] = np.median(self.values[rows, :n], axis=1)
+        elif part.any():
+            out[part] = np.nanmedian(recent[part], axis=1)
+        return out
+
+
+class _NormJump(Check):
+    """A parameter's gradient norm leaves its own recent range for `PERSIST` sampled steps in a row.
+
+    Each parameter is compared with itself only: the median of its last `WINDOW` usable norms
+    (finite, non-zero, from a step where a backward pass reached it), once it has `WARMUP` of
+    them. A median is robust to the odd spike, and a window follows the slow drift of a run
+    that converges. Subclasses say what "far" means (`_far`).
+    """
+
+    WINDOW = 50
+    WARMUP = 20
+    PERSIST = 2
+    ABOVE = True  # the figure is the highest ratio (else the lowest)
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.history: NormHistory | None = None
+        self.streak: np.ndarray | None = None
+        self.began: np.ndarray | None = None
+        self.ratio: np.ndarray | None = None
+
+    def _far(self, value: np.ndarray, median: np.ndarray, history: NormHistory, streak: np.ndarray) -> np.ndarray:
+        raise NotImplementedError
+
+    def _message(self, names: tuple[str, ...], first: int, ratio: float) -> tuple[str, Figure]:
+        raise NotImplementedError
+
+    def observe(self, run: RunContext, step: StepView) -> None:
+        n = len(step.status)
+        if self.history is None or self.streak is None or self.began is None or self.ratio is None:
+            self.history = NormHistory(n, self.WINDOW)
+            self.streak = np.zeros(n, dtype=np.int64)
+            self.began = np.zeros(n, dtype=np.int64)
+            self.ratio = np.zeros(n)
+        history, streak = self.history, self.streak
+        reached = (np.nan_to_num(step.passes) > 0) if step.passes is not None else step.status == NONZERO
+        value = np.where(step.status == ZERO, 0.0, step.grad_norm)
+        # Non-finite norms are nonfinite_grad's: they neither extend nor break a streak here.
+        judged = reached & np.isin(step.status, (ZERO, NONZERO)) & (history.count >= self.WARMUP)
+        median = history.median()
+        far = judged & self._far(value, median, history, streak)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            ratio = np.where(far, value / median, 0.0)
+        self.began[far & (streak == 0)] = step.step
+        streak[far] += 1
+        streak[judged & ~far] = 0
+        self.ratio = np.where(far, ratio, self.ratio)
+        history.push(reached & (step.status == NONZERO), step.grad_norm)
+        flagged = streak >= self.PERSIST
+        if not flagged.any():
+            return
+        before = self.finding
+        names = set(before.params if before else ()) | set(run.names(flagged))
+        if before is not None and len(names) == len(before.params):
+            return
+        ordered = tuple(p for p in run.params if p in names)
+        first = int(self.began[flagged].min()) if before is None or before.first_step is None \
+            else min(before.first_step, int(self.began[flagged].min()))
+        ratios = self.ratio[flagged]
+        worst = before.figure.value if before is not None and before.figure is not None \
+            else float(ratios.max() if self.ABOVE else ratios.min())
+        message, figure = self._message(ordered, first, worst)
+        self.finding = Finding(self.code, "warning", message, ordered, first, figure)
+
+
+class ExplodingGrad(_NormJump):
+    """`exploding_grad` (warning): a gradient norm far above its own history.
+
+    Thresholds: above `RATIO` (10) times the median of the parameter's last `WINDOW` (50) usable
+    norms, after `WARMUP` (20) of them, on `PERSIST` (3) sampled steps in a row. A one-step
+    spike is not an explosion; a run that diverges stays up. (Non-finite norms are left to
+    `nonfinite_grad`: NaN from a bad batch is not a divergence.)
+    The parameters' norms are measured as the step uses them, so clipping keeps this quiet.
+    """
+
+    code = "exploding_grad"
+    RATIO = 10.0
+    PERSIST = 3
+
+    def _far(self, value: np.ndarray, median: np.ndarray, history: NormHistory, streak: np.ndarray) -> np.ndarray:
+        with np.errstate(invalid="ignore"):
+            return np.asarray(value > self.RATIO * median)
+
+    def _message(self, names: tuple[str, ...], first: int, ratio: float) -> tuple[str, Figure]:
+        text = f"{ratio:.0f}×"
+        message = (f"The gradient norm of {name_list(names)} jumped to {text} its recent median at step {first} "
+                   "and stayed up: training is diverging; lower the learning rate, add warm-up, or clip gradients "
+                   "with torch.nn.utils.clip_grad_norm_.")
+        return message, Figure("gradient norm / its recent median", float(ratio), "ratio", text)
+
+
+class VanishingGrad(_NormJump):
+    """`vanishing_grad` (warning): a gradient norm collapses far below its own history.
+
+    Thresholds: below `RATIO` (1/1000) of the median of the parameter's last `WINDOW` (50)
+    usable norms, after `WARMUP` (20) of them, on `PERSIST` (2) sampled steps in a row, where the
+    first of them is also below `SUDDEN` (1/100) of the median of its last `RECENT` (5) norms.
+    The last condition tells a collapse (dead ReLUs, saturated activations) from the steady,
+    geometric decay of a run that converges towards zero loss, which never drops 100× at once.
+    A zero gradient from a backward pass that reached the parameter counts as below.
+    """
+
+    code = "vanishing_grad"
+    RATIO = 1e-3
+    SUDDEN = 1e-2
+    RECENT = 5
+    PERSIST = 2
+    ABOVE = False
+
+    def _far(self, value: np.ndarray, median: np.ndarray, history: NormHistory, streak: np.ndarray) -> np.ndarray:
+        with np.errstate(invalid="ignore"):
+            low = value < self.RATIO * median
+            sudden = value < self.SUDDEN * history.median(self.RECENT)
+        return np.asarray(low & ((streak > 0) | sudden))
+
+    def _message(self, names: tuple[str, ...], first: int, ratio: float) -> tuple[str, Figure]:
+        text = "0×" if ratio == 0 else f"{ratio:.1e}×"
+        message = (f"The gradient norm of {name_list(names)} collapsed to {text} its recent median at step {first}, "
+                   "so it has stopped learning (its input became zero, dead ReLUs, saturated activations, or a loss "
+                   "scaled to nothing); check the data, the activations and the learning rate.")
+        return message, Figure("gradient norm / its recent median", float(ratio), "ratio", text)

@@ -1,0 +1,112 @@
+"""The diagnostics engine on a real store (SQLite and PostgreSQL): findings are stored with a
+mark of how far they go, answered from the store while current, derived again when stale."""
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+
+import numpy as np
+import pytest
+from gradwatch_server.diagnostics import RULES_VERSION, Diagnostics
+from gradwatch_server.protocol import Hello, parse_message
+from gradwatch_server.store import DiagnosisMark, StepData, Store, StoredFinding, open_store
+from wiremsg import f32, hello, with_absent
+
+PARAMS = ("enc.weight", "head.bias")
+
+
+@pytest.fixture
+def store(db_url: str) -> Iterator[Store]:
+    s = open_store(db_url)
+    yield s
+    s.close()
+
+
+def open_run(store: Store, run_id: str) -> None:
+    message = parse_message(json.dumps(hello(run_id, params=PARAMS)))
+    assert isinstance(message, Hello)
+    store.open_run(message)
+
+
+def data(n: int, clear: float | None = 1.0) -> StepData:
+    """A step of a loop that forgets zero_grad() from step 5 on (clear 0), unless `clear` says."""
+    clear_arr = with_absent(f32(0, 0), 0, 1) if n == 1 or clear is None else f32(clear, clear)
+    arrays = {"grad_norm": f32(1.0, 0.5).tobytes(), "grad_status": bytes([2, 2]),
+              "backward_passes": f32(1, 1).tobytes(), "grad_clear": clear_arr.tobytes()}
+    return StepData(seq=n, step=n, time=float(n), scalars={"loss": 1.0 / n}, arrays=arrays)
+
+
+def write(store: Store, run_id: str, steps: range, clear_from: int = 5) -> list[StepData]:
+    batch = [data(n, 0.0 if n >= clear_from else 1.0) for n in steps]
+    assert all(store.write_steps(run_id, batch))
+    return batch
+
+
+def codes(found: list[object]) -> list[tuple[str, int | None]]:
+    return [(f.code, f.first_step) for f in found]  # type: ignore[attr-defined]
+
+
+def test_live_findings_are_stored_with_their_mark(store: Store) -> None:
+    open_run(store, "live")
+    engine = Diagnostics(store)
+    assert engine.open_run("live") == []
+    found = engine.observe("live", write(store, "live", range(1, 8)))
+    assert codes(found) == [("grad_accumulation_unbounded", 5)]
+    assert codes(engine.current("live")) == codes(found)
+    stored = store.get_findings("live")
+    assert [(f.code, f.severity, f.first_step, f.params) for f in stored] == [
+        ("grad_accumulation_unbounded", "error", 5, list(PARAMS))]
+    assert stored[0].figure == {"label": "backward passes summed in .grad", "value": 2.0, "unit": "passes", "text": "2"}
+    assert store.get_diagnosis("live") == DiagnosisMark(steps=7, last_step=7, version=RULES_VERSION)
+    engine.close_run("live")
+    assert engine.current("live") == []  # state let go; the store answers now
+    assert codes(engine.findings("live", steps=7, running=False)) == codes(found)
+
+
+def test_stored_runs_are_diagnosed_once_then_answered_from_the_store(store: Store) -> None:
+    open_run(store, "old")
+    write(store, "old", range(1, 11))  # as an import or an older server leaves it: no findings yet
+    assert store.get_diagnosis("old") is None
+    first = Diagnostics(store).findings("old", steps=10, running=False)
+    assert codes(first) == [("grad_accumulation_unbounded", 5)]
+    assert store.get_diagnosis("old") == DiagnosisMark(steps=10, last_step=10, version=RULES_VERSION)
+
+    # While the mark is current, a fresh engine (a restarted server) reads the stored findings.
+    edited = StoredFinding("grad_accumulation_unbounded", "error", "edited", list(PARAMS), 5, None)
+    store.save_findings("old", [edited])
+    assert [f.message for f in Diagnostics(store).findings("old", steps=10, running=False)] == ["edited"]
+    # Older rules, or steps the mark does not cover: derived again from the steps.
+    store.save_findings("old", [], DiagnosisMark(steps=10, last_step=10, version=RULES_VERSION - 1))
+    again = Diagnostics(store).findings("old", steps=10, running=False)
+    assert [f.message for f in again] == [f.message for f in first] and again[0].message != "edited"
+    assert store.get_diagnosis("old") == DiagnosisMark(steps=10, last_step=10, version=RULES_VERSION)
+
+
+def test_state_is_rebuilt_from_the_store_and_catches_up(store: Store) -> None:
+    open_run(store, "resumed")
+    write(store, "resumed", range(1, 6), clear_from=99)
+    # A new engine (server restart) sees the run again when its hook resumes: state from the store.
+    engine = Diagnostics(store)
+    assert engine.open_run("resumed") == []
+    found = engine.observe("resumed", write(store, "resumed", range(6, 8), clear_from=6))
+    # Continuing from the rebuilt state: step 6 used the gradients of steps 5 and 6.
+    assert "step 6 used the sum of 2 batches' gradients" in found[0].message
+    # Steps written by another process (an import into the same database) are caught up on read.
+    write(store, "resumed", range(8, 40), clear_from=0)
+    nan = StepData(seq=40, step=40, time=40.0, scalars={},
+                   arrays={"grad_norm": f32(np.nan, 1).tobytes(), "grad_status": bytes([3, 2])})
+    store.write_steps("resumed", [nan])
+    assert codes(engine.findings("resumed", steps=40, running=True)) == [
+        ("grad_accumulation_unbounded", 6), ("nonfinite_grad", 40)]
+    assert store.get_diagnosis("resumed") == DiagnosisMark(steps=40, last_step=40, version=RULES_VERSION)
+
+
+def test_deleting_a_run_deletes_its_findings(store: Store) -> None:
+    open_run(store, "gone")
+    engine = Diagnostics(store)
+    engine.observe("gone", write(store, "gone", range(1, 7)))
+    assert store.get_findings("gone")
+    store.delete_run("gone")
+    engine.forget("gone")
+    assert store.get_findings("gone") == [] and store.get_diagnosis("gone") is None
+    assert engine.current("gone") == []

@@ -1,0 +1,154 @@
+"""Diagnostics through a real `gradwatch serve`: findings go to the hook (before the ack of their
+step), to the browsers (/ws/live) and to GET .../diagnostics; they survive a restart and are
+derived for imported runs. Messages are built by hand (wiremsg), on SQLite and PostgreSQL."""
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import httpx
+from conftest import server_command, server_env, start_server
+from gradwatch_server.store import open_store
+from websockets.sync.client import connect
+from wiremsg import Hook, close, f32, hello, step, with_absent
+
+PARAMS = ("enc.weight", "enc.bias", "head.weight")
+
+
+def healthy(seq: int, n: int, *, clear: float = 1.0, status: tuple[int, ...] = (2, 2, 2)) -> dict[str, Any]:
+    """A step message with the hook's accumulation counters (clear 0: a forgotten zero_grad())."""
+    norm = f32(*[float("nan") if s == 3 else 0.5 for s in status])
+    norm = with_absent(norm, *[i for i, s in enumerate(status) if s == 0])
+    clears = with_absent(f32(0, 0, 0), 0, 1, 2) if n == 1 else f32(clear, clear, clear)
+    return step(seq, n, scalars={"loss": 1.0 / n}, grad_status=list(status),
+                arrays={"grad_norm": norm, "backward_passes": f32(1, 1, 1), "grad_clear": clears})
+
+
+def frames_until_ack(hook: Hook, seq: int) -> list[dict[str, Any]]:
+    """Every frame the server sends up to and including the ack of `seq`, in order."""
+    out = []
+    while True:
+        frame = json.loads(hook.ws.recv(10))
+        out.append(frame)
+        if frame.get("type") == "ack" and frame["seq"] >= seq:
+            return out
+
+
+def test_findings_reach_the_hook_the_browsers_and_the_api(tmp_path: Path, db_url: str) -> None:
+    server = start_server(tmp_path, db_url=db_url)
+    try:
+        with connect(f"{server.ws_url}/ws/live?run=diag", open_timeout=10) as live, Hook(server.ws_url) as hook:
+            welcome = hook.call(hello("diag", params=PARAMS, config={"every": 1, "unoptimized_params": ["extra.bias"]}))
+            assert welcome["type"] == "welcome"
+            for n in (1, 2, 3):
+                assert hook.call(healthy(n, n)) == {"type": "ack", "seq": n}
+            # Known from the hello: sent right after the welcome.
+            assert [f["code"] for f in hook.findings] == ["param_not_in_optimizer"]
+
+            hook.send(healthy(4, 4, clear=0.0))
+            frames = frames_until_ack(hook, 4)
+            assert [f["type"] for f in frames] == ["finding", "ack"]  # the finding comes first
+            piled = frames[0]["finding"]
+            assert piled["code"] == "grad_accumulation_unbounded" and piled["first_step"] == 4
+            assert piled["severity"] == "error" and piled["params"] == list(PARAMS)
+            assert piled["figure"] == {"label": "backward passes summed in .grad", "value": 2.0, "unit": "passes",
+                                       "text": "2"}
+
+            # The same code is not sent again; a new one is.
+            hook.send(healthy(5, 5, clear=0.0, status=(2, 3, 2)))
+            frames = frames_until_ack(hook, 5)
+            assert [(f["type"], f.get("finding", {}).get("code")) for f in frames] == [
+                ("finding", "nonfinite_grad"), ("ack", None)]
+            assert hook.call(close(6)) == {"type": "ack", "seq": 6}
+
+            got: dict[str, dict[str, Any]] = {}
+            while len(got) < 3:
+                message = json.loads(live.recv(10))
+                if message["type"] == "finding":
+                    assert message["run_id"] == "diag"
+                    got[message["finding"]["code"]] = message["finding"]
+            assert got["grad_accumulation_unbounded"] == piled
+
+        with httpx.Client(base_url=server.url, timeout=10) as http:
+            found = http.get("/api/runs/diag/diagnostics").json()
+        assert [(f["code"], f["first_step"]) for f in found] == [
+            ("param_not_in_optimizer", None), ("grad_accumulation_unbounded", 4), ("nonfinite_grad", 5)]
+        assert found[1] == piled and found[2]["params"] == ["enc.bias"]
+        assert all(f == got[f["code"]] for f in found)
+    finally:
+        server.stop()
+    store = open_store(db_url)
+    try:
+        assert [f.code for f in store.get_findings("diag")] == [f["code"] for f in found]
+        mark = store.get_diagnosis("diag")
+        assert mark is not None and (mark.steps, mark.last_step) == (5, 5)
+    finally:
+        store.close()
+
+
+def test_a_restarted_server_rebuilds_the_state_and_the_hook_resumes(tmp_path: Path, db_url: str) -> None:
+    server = start_server(tmp_path, db_url=db_url)
+    try:
+        with Hook(server.ws_url) as hook:
+            hook.call(hello("resume", params=PARAMS))
+            for n in range(1, 13):  # head.weight never gets a gradient
+                hook.call(healthy(n, n, status=(2, 2, 0)))
+            assert [f["code"] for f in hook.findings] == ["param_never_gets_grad"]
+    finally:
+        server.stop()  # the hook never said close
+    server = start_server(tmp_path, db_url=db_url)
+    try:
+        with httpx.Client(base_url=server.url, timeout=10) as http:
+            found = http.get("/api/runs/resume/diagnostics").json()
+            assert [(f["code"], f["first_step"], f["params"]) for f in found] == [
+                ("param_never_gets_grad", 1, ["head.weight"])]
+            with Hook(server.ws_url) as hook:
+                assert hook.call(hello("resume", params=PARAMS))["last_seq"] == 12
+                hook.call(healthy(13, 13, clear=0.0, status=(2, 2, 0)))
+                assert hook.call(close(14)) == {"type": "ack", "seq": 14}
+                # A new connection hears every finding again (the hook shows each code once anyway).
+                assert [f["code"] for f in hook.findings] == ["param_never_gets_grad", "grad_accumulation_unbounded"]
+                piled = hook.findings[1]
+            # The rebuilt state knew step 12's gradient: step 13 summed two batches.
+            assert "step 13 used the sum of 2 batches' gradients" in piled["message"]
+            assert [f["code"] for f in http.get("/api/runs/resume/diagnostics").json()] == [
+                "param_never_gets_grad", "grad_accumulation_unbounded"]
+    finally:
+        server.stop()
+
+
+def test_imported_runs_are_diagnosed(tmp_path: Path, db_url: str) -> None:
+    (tmp_path / "source").mkdir()
+    source = start_server(tmp_path / "source")  # on SQLite; the import goes to db_url
+    try:
+        with Hook(source.ws_url) as hook:
+            hook.call(hello("imported", params=PARAMS))
+            for n in range(1, 8):
+                hook.call(healthy(n, n, clear=2.0))  # zero_grad(set_to_none=False)
+            hook.call(close(8))
+        with httpx.Client(base_url=source.url, timeout=10) as http:
+            expected = http.get("/api/runs/imported/diagnostics").json()
+            exported = http.get("/api/runs/imported/export", params={"format": "json"}).text
+    finally:
+        source.stop()
+    assert [f["code"] for f in expected] == ["zero_filled_grad_buffers"]
+    assert expected[0]["figure"]["value"] == 6 * 4 + 3 * 4 + 6 * 4  # wiremsg shapes, float32
+    path = tmp_path / "run.jsonl"
+    path.write_text(exported)
+    result = subprocess.run([*server_command(), "import", str(path), "--db", db_url], capture_output=True,
+                            text=True, timeout=120, env=server_env())
+    assert result.returncode == 0, result.stderr
+    target = start_server(tmp_path, db_url=db_url)
+    try:
+        with httpx.Client(base_url=target.url, timeout=10) as http:
+            assert http.get("/api/runs/imported/diagnostics").json() == expected
+            assert http.delete("/api/runs/imported").status_code == 204
+    finally:
+        target.stop()
+    store = open_store(db_url)
+    try:
+        assert store.get_findings("imported") == [] and store.get_diagnosis("imported") is None
+    finally:
+        store.close()
