@@ -98,6 +98,7 @@ class Sender:
         backoff, next_attempt = 0.1, 0.0
         while True:
             try:
+                self._pump()  # spool what is queued before a connection attempt can block
                 if self._ws is None and time.monotonic() >= next_attempt:
                     try:
                         self._connect()
@@ -107,7 +108,6 @@ class Sender:
                         self._disconnect()
                         next_attempt = time.monotonic() + backoff * (0.5 + random.random())
                         backoff = min(backoff * 2, 5.0)
-                self._pump()
                 if self._closing.is_set():
                     delivered = self._queue.empty() and not self._unacked and not self._evicted_upto
                     if delivered or time.monotonic() > self._deadline:
@@ -119,14 +119,21 @@ class Sender:
                 time.sleep(0.1)
 
     def _pump(self) -> None:
-        """Serialize queued messages, send them, and read acknowledgements."""
+        """Serialize queued messages, write them to the spool, send them, and read acks.
+
+        The spool is flushed before anything is sent, so a send that hangs on a stalled server
+        leaves every serialized message on disk.
+        """
         wait = 0.0 if self._ws is not None and self._unacked else 0.05
         try:
             factory = self._queue.get(timeout=wait) if wait else self._queue.get_nowait()
         except queue.Empty:
             factory = None
+        fresh: list[str] = []
         while factory is not None:
-            self._add(factory)
+            text = self._add(factory)
+            if text is not None:
+                fresh.append(text)
             self._queue.task_done()
             try:
                 factory = self._queue.get_nowait()
@@ -134,16 +141,24 @@ class Sender:
                 factory = None
         if self.spool is not None:
             self.spool.flush()
+        for text in fresh:
+            if self._ws is None:
+                break
+            try:
+                self._ws.send(text)
+            except Exception:
+                self._disconnect()
         if self._ws is not None:
             self._read_acks(0.02 if self._unacked else 0.0)
 
-    def _add(self, factory: MessageFactory) -> None:
+    def _add(self, factory: MessageFactory) -> Optional[str]:
+        """Serialize one message, spool it and keep it until acknowledged; returns its text."""
         try:
             body = factory(self._seq + 1)
             text = wire.dumps(body)
         except Exception:
             log.exception("gradwatch: could not build a message; skipped")
-            return
+            return None
         self._seq += 1
         if self.spool is not None:
             self._spool_append(text)
@@ -156,11 +171,7 @@ class Sender:
                 self._evicted_upto = seq  # still on disk: resent from there
             else:
                 self._drop("unacknowledged data exceeds the memory limit")
-        if self._ws is not None:
-            try:
-                self._ws.send(text)
-            except Exception:
-                self._disconnect()
+        return text
 
     def _read_acks(self, timeout: float) -> None:
         assert self._ws is not None
@@ -203,11 +214,11 @@ class Sender:
 
     def _connect(self) -> None:
         headers = {"Authorization": f"Bearer {self.token}"} if self.token else None
-        ws = self._ws_scope.enter_context(connect(self.ws_url, additional_headers=headers, open_timeout=5,
+        ws = self._ws_scope.enter_context(connect(self.ws_url, additional_headers=headers, open_timeout=2,
                                                   close_timeout=2, max_size=16 << 20, compression=None))
         self._ws = ws
         ws.send(wire.dumps(self.hello))
-        reply = json.loads(ws.recv(timeout=10))
+        reply = json.loads(ws.recv(timeout=5))
         if reply.get("type") != "welcome":
             raise ConnectionError(f"server answered hello with {reply!r}")
         last_seq = int(reply.get("last_seq", 0))
@@ -238,6 +249,15 @@ class Sender:
     def _finish(self, delivered: bool) -> None:
         """End of the run: drop the spool if the server has everything, else leave it for replay."""
         self._disconnect()
+        while not delivered and self.spool is not None:  # what is still queued goes to disk too
+            try:
+                factory = self._queue.get_nowait()
+            except queue.Empty:
+                break
+            self._add(factory)
+            self._queue.task_done()
+        if self.spool is not None:
+            self.spool.flush()
         if not delivered and self.spool is not None:
             log.warning("gradwatch: %d messages not acknowledged yet; kept in %s: run `gradwatch sync` "
                         "or the next watch() to deliver them", self.pending, self.spool.path)

@@ -48,6 +48,7 @@ class SpoolWriter:
         self._file: IO[bytes] = open(self.path, "ab")
         fcntl.flock(self._file, fcntl.LOCK_EX | fcntl.LOCK_NB)
         self._file.write(frame(hello))
+        self._file.flush()
 
     def append(self, payload: str) -> None:
         self._file.write(frame(payload))

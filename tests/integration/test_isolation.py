@@ -1,0 +1,107 @@
+"""A server that stalls never slows or stops training: the sender thread may hang, the training
+thread does not. Real sockets on loopback; each test prints its figure.
+
+The reference is the same hook pointed at a port that refuses connections at once (the same
+measuring, no network wait). The bound asserted is loose (1.5x): it catches a training thread
+that waits on the network (seconds per step), not noise; the printed ratio is the figure."""
+from __future__ import annotations
+
+import socket
+import statistics
+import threading
+import time
+from pathlib import Path
+
+import torch
+from websockets.sync.server import serve
+
+import gradwatch
+from gradwatch.spool import read_records
+
+
+def step_times(model: torch.nn.Module, opt: torch.optim.Optimizer, steps: int) -> list[float]:
+    times = []
+    x = torch.randn(256, 512)
+    for _ in range(steps):
+        t0 = time.perf_counter()
+        opt.zero_grad()
+        model(x).pow(2).mean().backward()
+        opt.step()
+        times.append(time.perf_counter() - t0)
+    return times
+
+
+def model_and_optimizer() -> tuple[torch.nn.Module, torch.optim.Optimizer]:
+    model = torch.nn.Sequential(*[torch.nn.Linear(512, 512) for _ in range(4)])
+    return model, torch.optim.Adam(model.parameters())
+
+
+def reference(steps: int) -> float:
+    """Median step time with the hook and a server that refuses at once."""
+    model, opt = model_and_optimizer()
+    refused = socket.socket()
+    refused.bind(("127.0.0.1", 0))
+    port = refused.getsockname()[1]
+    refused.close()
+    w = gradwatch.watch(opt, model=model, server=f"http://127.0.0.1:{port}", warn=False)
+    times = step_times(model, opt, steps)
+    w.close(timeout=0.2)
+    return statistics.median(times)
+
+
+def stalled_after_welcome(port_holder: list[int], stop: threading.Event) -> None:
+    """Answers hello, then never reads again: the hook's sends block once the socket buffers fill."""
+    def handler(ws) -> None:
+        hello = ws.recv()
+        assert '"type":"hello"' in hello
+        ws.send('{"type": "welcome", "run_id": "x", "last_seq": 0}')
+        stop.wait()
+
+    with serve(handler, "127.0.0.1", 0, max_size=None) as server:
+        port_holder.append(server.socket.getsockname()[1])
+        threading.Thread(target=server.serve_forever, daemon=True).start()
+        stop.wait()
+        server.shutdown()
+
+
+def test_a_server_that_never_answers_the_handshake(spool_dir: Path) -> None:
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(16)  # accepts TCP connections (the kernel does), never speaks websocket
+    port = listener.getsockname()[1]
+    base = reference(30)
+    model, opt = model_and_optimizer()
+    w = gradwatch.watch(opt, model=model, server=f"http://127.0.0.1:{port}", warn=False)
+    hooked = step_times(model, opt, 30)
+    started = time.monotonic()
+    w.close(timeout=2.5)  # longer than one connection attempt (2 s), so the sender gets to spool
+    closing = time.monotonic() - started
+    listener.close()
+    ratio = statistics.median(hooked) / base
+    print(f"\nserver that never answers: training completed, median step x{ratio:.2f} of a refused port, close() {closing:.1f} s")
+    assert closing < 4.5
+    assert ratio < 1.5
+    records, _ = read_records(next(spool_dir.glob("*.spool")))
+    assert sum(1 for _ in records) == 1 + 30 + 1  # hello, every step, close: nothing lost
+
+
+def test_a_server_that_stops_reading_mid_run(spool_dir: Path) -> None:
+    stop = threading.Event()
+    port: list[int] = []
+    threading.Thread(target=stalled_after_welcome, args=(port, stop), daemon=True).start()
+    while not port:
+        time.sleep(0.01)
+    base = reference(40)
+    model, opt = model_and_optimizer()
+    w = gradwatch.watch(opt, model=model, server=f"http://127.0.0.1:{port[0]}", warn=False)
+    hooked = step_times(model, opt, 200)  # enough messages to fill the socket buffers
+    started = time.monotonic()
+    w.close(timeout=1.0)
+    closing = time.monotonic() - started
+    stop.set()
+    ratio = statistics.median(hooked[-40:]) / base
+    print(f"\nserver that stops reading: training completed, median step x{ratio:.2f} of a refused port, close() {closing:.1f} s")
+    assert closing < 3.0
+    assert ratio < 1.5
+    records, _ = read_records(next(spool_dir.glob("*.spool")))
+    assert sum(1 for _ in records) >= 1 + 200  # every step reached the disk before any send
