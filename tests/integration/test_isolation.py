@@ -81,7 +81,7 @@ def test_a_server_that_never_answers_the_handshake(spool_dir: Path) -> None:
     print(f"\nserver that never answers: training completed, median step x{ratio:.2f} of a refused port, close() {closing:.1f} s")
     assert closing < 4.5
     assert ratio < 1.5
-    records, _ = read_records(next(spool_dir.glob("*.spool")))
+    records, _ = read_records(spool_dir / f"{w.run_id}.spool")
     assert sum(1 for _ in records) == 1 + 30 + 1  # hello, every step, close: nothing lost
 
 
@@ -101,7 +101,7 @@ def test_a_server_that_stops_reading_mid_run(spool_dir: Path) -> None:
     stop.set()
     ratio = statistics.median(hooked[-40:]) / base
     print(f"\nserver that stops reading: training completed, median step x{ratio:.2f} of a refused port, close() {closing:.1f} s")
-    assert closing < 3.0
+    assert closing < 3.5
     assert ratio < 1.5
-    records, _ = read_records(next(spool_dir.glob("*.spool")))
-    assert sum(1 for _ in records) >= 1 + 200  # every step reached the disk before any send
+    records, _ = read_records(spool_dir / f"{w.run_id}.spool")
+    assert sum(1 for _ in records) >= 1 + 200  # close() spooled everything it could not send

@@ -16,6 +16,8 @@ import json
 import logging
 import queue
 import random
+import socket
+import struct
 import threading
 import time
 from typing import Any, Callable, Optional
@@ -77,7 +79,7 @@ class Sender:
         self.submit(lambda seq: wire.close(seq, status))
         self._deadline = time.monotonic() + timeout
         self._closing.set()
-        self._thread.join(timeout + 1.0)
+        self._thread.join(timeout + 1.5)  # a send in progress gives up within 1 s (SO_SNDTIMEO)
         return not self._thread.is_alive()
 
     def wait_serialized(self, timeout: float) -> bool:
@@ -99,6 +101,11 @@ class Sender:
         while True:
             try:
                 self._pump()  # spool what is queued before a connection attempt can block
+                if self._closing.is_set():
+                    delivered = self._queue.empty() and not self._unacked and not self._evicted_upto
+                    if delivered or self._past_deadline():
+                        self._finish(delivered)
+                        return
                 if self._ws is None and time.monotonic() >= next_attempt:
                     try:
                         self._connect()
@@ -108,11 +115,6 @@ class Sender:
                         self._disconnect()
                         next_attempt = time.monotonic() + backoff * (0.5 + random.random())
                         backoff = min(backoff * 2, 5.0)
-                if self._closing.is_set():
-                    delivered = self._queue.empty() and not self._unacked and not self._evicted_upto
-                    if delivered or time.monotonic() > self._deadline:
-                        self._finish(delivered)
-                        return
             except Exception:  # a bug here must never reach the training loop
                 log.exception("gradwatch: sender error; continuing")
                 self._disconnect()
@@ -142,7 +144,7 @@ class Sender:
         if self.spool is not None:
             self.spool.flush()
         for text in fresh:
-            if self._ws is None:
+            if self._ws is None or self._past_deadline():
                 break
             try:
                 self._ws.send(text)
@@ -150,6 +152,9 @@ class Sender:
                 self._disconnect()
         if self._ws is not None:
             self._read_acks(0.02 if self._unacked else 0.0)
+
+    def _past_deadline(self) -> bool:
+        return self._closing.is_set() and time.monotonic() > self._deadline
 
     def _add(self, factory: MessageFactory) -> Optional[str]:
         """Serialize one message, spool it and keep it until acknowledged; returns its text."""
@@ -217,6 +222,9 @@ class Sender:
         ws = self._ws_scope.enter_context(connect(self.ws_url, additional_headers=headers, open_timeout=2,
                                                   close_timeout=2, max_size=16 << 20, compression=None))
         self._ws = ws
+        # A server that stops reading must not hold this thread in a send for long: past 1 s
+        # the send fails, the connection is dropped and retried, and the pump keeps spooling.
+        ws.socket.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, struct.pack("ll", 1, 0))
         ws.send(wire.dumps(self.hello))
         reply = json.loads(ws.recv(timeout=5))
         if reply.get("type") != "welcome":
