@@ -118,10 +118,13 @@ def locked_elsewhere(path: Path) -> bool:
 
 def pending_spools(directory: Path) -> list[Path]:
     """Spool files no live run holds, oldest first."""
-    if not directory.is_dir():
-        return []
-    files = sorted(directory.glob(f"*{SUFFIX}"), key=lambda p: p.stat().st_mtime)
-    return [p for p in files if not locked_elsewhere(p)]
+    stamped = []
+    for path in directory.glob(f"*{SUFFIX}") if directory.is_dir() else ():
+        try:
+            stamped.append((path.stat().st_mtime, path))
+        except FileNotFoundError:  # delivered and deleted meanwhile by another process
+            continue
+    return [p for _, p in sorted(stamped) if not locked_elsewhere(p)]
 
 
 def replay(path: Path, ws_url: str, token: Optional[str] = None, timeout: float = 30.0) -> tuple[int, Optional[str]]:
@@ -130,6 +133,19 @@ def replay(path: Path, ws_url: str, token: Optional[str] = None, timeout: float 
     Returns (messages the server had not acknowledged before, torn-tail description or None).
     Raises OSError/ConnectionError when the server cannot be reached or refuses the run.
     """
+    try:
+        guard = open(path, "rb")
+    except FileNotFoundError:  # another process delivered it meanwhile
+        return 0, None
+    with guard:
+        try:  # one replayer at a time, and never a file whose run is still alive
+            fcntl.flock(guard, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return 0, None
+        return _replay_locked(path, ws_url, token, timeout)
+
+
+def _replay_locked(path: Path, ws_url: str, token: Optional[str], timeout: float) -> tuple[int, Optional[str]]:
     from websockets.sync.client import connect
 
     records, report = read_records(path)

@@ -209,12 +209,18 @@ def _open_spool(run_id: str, hello: dict[str, Any]) -> Optional[SpoolWriter]:
 
 
 def _replay_in_background(ws_url: str, token: Optional[str]) -> None:
-    """Deliver what earlier runs left in the spool (a server that was down, a killed process)."""
-    files = pending_spools(spool_dir())
-    if not files:
-        return
+    """Deliver what earlier runs left in the spool (a server that was down, a killed process).
+
+    Everything, the listing included, happens on a daemon thread: nothing here can raise into
+    watch() or delay it.
+    """
 
     def replay_all() -> None:
+        try:
+            files = pending_spools(spool_dir())
+        except OSError as exc:
+            log.debug("gradwatch: cannot list the spool: %s", exc)
+            return
         for path in files:
             try:
                 sent, _ = replay(path, ws_url, token)
