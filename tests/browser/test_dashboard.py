@@ -263,9 +263,9 @@ def test_real_training_streams_live_and_draws_the_readme_screenshot(dash: Server
         assert p.evaluate("window.__sameDocument") is True  # no reload
         assert train.wait(timeout=120) == 0, train.stdout.read()
         sync_api.expect(p.locator(".run-name .badge")).to_have_text("finished")
-        shot.wait_points("grad-norm-total", steps)
-        p.reload()
+        p.reload()  # the finished run as stored: every step
         p.wait_for_function("document.body.dataset.ready === '1'")
+        shot.wait_points("grad-norm-total", steps)
         for chart in REAL_RUN_CHARTS:
             p.locator(f'[data-chart="{chart}"]').scroll_into_view_if_needed()
             shot.wait_points(chart, 1)
