@@ -9,27 +9,25 @@
 
 import { GRAD_STATUS, isNonFinite, nonFiniteLabel, fmtNum, plotlyText } from "../format.js";
 import { markerLayout, markMarkers } from "./markers.js";
+import { Chart } from "./base.js";
 import { Pacer } from "./pacer.js";
 import { baseConfig, baseLayout, plotly, registerChart, theme } from "./theme.js";
 
 const REDRAW_MS = 1000;
 
-export class HeatmapChart {
+export class HeatmapChart extends Chart {
   /**
    * @param {HTMLElement} el
    * @param {{name: string, kind: "status"|"log", label?: string, maxSteps?: number,
    *          emptyText?: string, onXRange?: (range: number[]|null) => void}} opts
    */
   constructor(el, opts) {
-    this.el = el;
+    super(el);
     this.opts = { maxSteps: 400, label: "value", emptyText: "No data yet", ...opts };
     this.rows = [];   // parameter names, top to bottom
     this.steps = [];  // x of each column (its first step)
     this.cols = [];   // column j: values per row (codes for "status", numbers for "log")
     this.markers = []; // findings drawn as vertical lines (charts/markers.js), without labels
-    this.xRange = null;
-    this.drawn = false;
-    this.syncing = false;
     this.pacer = new Pacer(el, () => this.draw(), { minMs: REDRAW_MS, factor: 10 });
     this.unregister = registerChart(this);
   }
@@ -81,29 +79,6 @@ export class HeatmapChart {
     if (isNonFinite(a)) return a;
     if (isNonFinite(b)) return b;
     return Math.abs(b) > Math.abs(a) ? b : a;
-  }
-
-  setXRange(range) {
-    this.xRange = range;
-    if (!this.drawn) return;
-    this.syncing = true;
-    const upd = range ? { "xaxis.range": range.slice(), "xaxis.autorange": false } : { "xaxis.autorange": true };
-    plotly().relayout(this.el, upd).finally(() => { this.syncing = false; });
-  }
-
-  /** Say in the chart why it has nothing to show (a failed fetch). */
-  fail(err) {
-    this.el.dataset.empty = `Could not load: ${err && err.message ? err.message : err}`;
-  }
-
-  retheme() {
-    if (this.drawn) this.draw();
-  }
-
-  destroy() {
-    this.pacer.destroy();
-    this.unregister();
-    if (this.drawn) plotly().purge(this.el);
   }
 
   draw() {

@@ -6,6 +6,7 @@
 
 import { isNonFinite, nonFiniteLabel, plotlyText } from "../format.js";
 import { markerLayout, markMarkers } from "./markers.js";
+import { Chart } from "./base.js";
 import { Pacer } from "./pacer.js";
 import { baseConfig, baseLayout, plotly, registerChart, seriesColor, theme } from "./theme.js";
 
@@ -19,7 +20,7 @@ const STAGGER = 0.035;
  *   y holds numbers from format.toNumber: finite, NaN, ±Infinity, or null (ABSENT: a gap).
  */
 
-export class LineChart {
+export class LineChart extends Chart {
   /**
    * @param {HTMLElement} el  the plot element; gets data-points / data-nonfinite after each draw
    * @param {{name: string, log?: boolean, yTitle?: string, scale?: number, unit?: string,
@@ -28,12 +29,9 @@ export class LineChart {
    *   leaves the series out of the legend (a picker shows their colours instead).
    */
   constructor(el, opts) {
-    this.el = el;
+    super(el);
     this.opts = { log: false, scale: 1, unit: "", emptyText: "No data yet", ...opts };
     this.series = [];
-    this.xRange = null;
-    this.drawn = false;
-    this.syncing = false;
     this.layoutIndex = null;
     this.pending = [];   // live points not drawn yet, per series
     this.markers = [];   // findings drawn as vertical lines (charts/markers.js)
@@ -69,30 +67,6 @@ export class LineChart {
   setScale(scale, unit) {
     this.opts.scale = scale;
     this.opts.unit = unit;
-  }
-
-  /** Restrict the x axis to [a, b] (shared zoom), or back to everything with null. */
-  setXRange(range) {
-    this.xRange = range;
-    if (!this.drawn) return;
-    this.syncing = true;
-    const upd = range ? { "xaxis.range": range.slice(), "xaxis.autorange": false } : { "xaxis.autorange": true };
-    plotly().relayout(this.el, upd).finally(() => { this.syncing = false; });
-  }
-
-  /** Say in the chart why it has nothing to show (a failed fetch). */
-  fail(err) {
-    this.el.dataset.empty = `Could not load: ${err && err.message ? err.message : err}`;
-  }
-
-  retheme() {
-    if (this.drawn) this.draw();
-  }
-
-  destroy() {
-    this.pacer.destroy();
-    this.unregister();
-    if (this.drawn) plotly().purge(this.el);
   }
 
   /**
