@@ -125,3 +125,35 @@ def test_series_endpoint_serves_the_logged_loss_and_total_norm(server) -> None:
         assert total["value"][INF_STEP - 1] == "Infinity"  # non-finite values are data, never dropped
         small = http.get(f"/api/runs/{run_id}/series", params={"key": "loss", "max_points": 10}).json()
         assert small["downsampled"] and len(small["step"]) <= 10
+
+
+def test_unsampled_steps_store_their_cheap_facts_and_raise_no_findings(server) -> None:
+    """every=5: all 20 steps are stored with learning rate and counters, four are measured, and
+    the unmeasured ones are not mistaken for steps without gradients."""
+    torch.manual_seed(0)
+    model = Net()
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    sched = torch.optim.lr_scheduler.StepLR(opt, step_size=1, gamma=0.5)
+    with gradwatch.watch(opt, model=model, run="sampled", project="tests", server=server.url, every=5,
+                         warn=False) as w:
+        for _ in range(20):
+            opt.zero_grad()
+            model(torch.randn(8, 10)).pow(2).mean().backward()
+            opt.step()
+            sched.step()
+    with httpx.Client(base_url=server.url, timeout=30) as http:
+        run = http.get(f"/api/runs/{w.run_id}").json()
+        assert run["steps"] == 20
+        lr = http.get(f"/api/runs/{w.run_id}/series", params={"key": "lr/0"}).json()
+        assert lr["step"] == list(range(1, 21))
+        assert lr["value"] == pytest.approx([0.05 * 0.5 ** i for i in range(20)])
+        passes = http.get(f"/api/runs/{w.run_id}/params/series",
+                          params={"metric": "backward_passes", "param": "head.weight"}).json()
+        assert passes["step"] == list(range(1, 21)) and passes["series"][0]["value"] == [1.0] * 20
+        norms = http.get(f"/api/runs/{w.run_id}/params/series",
+                         params={"metric": "grad_norm", "param": "head.weight"}).json()
+        assert norms["step"] == [1, 6, 11, 16]
+        cost = http.get(f"/api/runs/{w.run_id}/series", params={"key": "hook/sender_cpu_s"}).json()
+        assert cost["step"] == [1, 6, 11, 16] and all(v > 0 for v in cost["value"])
+        codes = {f["code"] for f in http.get(f"/api/runs/{w.run_id}/diagnostics").json()}
+        assert "step_without_grad" not in codes, codes  # unmeasured steps are not "no gradient at all"

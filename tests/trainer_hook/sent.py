@@ -29,6 +29,12 @@ def sent_steps(w: Watcher, timeout: float = 5.0) -> list[dict[str, Any]]:
         if msg["type"] != "step":
             continue
         msg["params"] = {k: dict(zip(names, decode(v))) for k, v in msg["params"].items()}
-        msg["grad_status"] = dict(zip(names, decode(msg["grad_status"], "u1")))
+        if "grad_status" in msg:
+            msg["grad_status"] = dict(zip(names, decode(msg["grad_status"], "u1")))
         out.append(msg)
     return out
+
+
+def measured(steps: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The steps whose tensors were measured (not only their cheap facts)."""
+    return [m for m in steps if "grad_norm" in m["params"]]

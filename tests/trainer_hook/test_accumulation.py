@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import gradwatch
-from sent import sent_steps
+from sent import measured, sent_steps
 
 NOWHERE = "http://127.0.0.1:9"  # no server: messages stay queued, where the test reads them
 
@@ -81,5 +81,12 @@ def test_every_n_samples_but_counts_per_step() -> None:
         opt.step()
     msgs = sent_steps(w)
     w.close(timeout=0.1)
-    assert [m["step"] for m in msgs] == [1, 4, 7]
-    assert all(m["params"]["backward_passes"]["fc.weight"] == 2.0 for m in msgs)  # not 6: reset every step
+    assert [m["step"] for m in measured(msgs)] == [1, 4, 7]
+    # every step records its cheap facts; counts are per step (2, not 6) whatever the interval
+    assert [m["step"] for m in msgs] == list(range(1, 8))
+    assert all(m["params"]["backward_passes"]["fc.weight"] == 2.0 for m in msgs)
+    light = [m for m in msgs if m["step"] not in (1, 4, 7)]
+    assert all("grad_status" not in m and m["scalars"]["lr/0"] == 0.01 for m in light)
+    fc_bytes = (4 * 3 + 3) * 4  # `unused` never gets a .grad
+    assert all(m["scalars"]["grads/none"] == 2 and m["scalars"]["mem/grads_bytes"] == fc_bytes for m in light)
+    assert all(m["params"]["grad_clear"]["fc.weight"] == 1.0 for m in msgs[1:])  # zero_grad() sets None

@@ -6,7 +6,7 @@ import torch
 
 import gradwatch
 from gradwatch.sampling import AutoInterval, EveryN, make_sampler
-from sent import sent_steps
+from sent import measured, sent_steps
 
 NOWHERE = "http://127.0.0.1:9"
 
@@ -99,6 +99,8 @@ def test_every_auto_samples_less_when_the_hook_is_costly_relative_to_the_step() 
         opt.step()
     msgs = sent_steps(w)
     w.close(timeout=0.1)
+    assert len(msgs) == 200  # every step sends its cheap facts
+    msgs = measured(msgs)
     assert msgs[0]["step"] == 1
     assert 1 < len(msgs) < 100, len(msgs)
     assert w._sampler.interval > 1

@@ -13,7 +13,7 @@ This tells intentional accumulation (K passes after a clear) from a forgotten cl
 from __future__ import annotations
 
 import weakref
-from typing import Any, Optional
+from typing import Any, Optional, Sequence
 
 import numpy as np
 import torch
@@ -50,15 +50,17 @@ class GradTracker:
             return CLEAR_NONE
         return CLEAR_NOT if grad._version - version <= 1 else CLEAR_ZERO
 
-    def end_step(self) -> tuple[np.ndarray, np.ndarray]:
+    def end_step(self, indices: Optional[Sequence[int]] = None) -> tuple[np.ndarray, np.ndarray]:
         """Passes and clear codes (NaN = nothing to say) since the last step; starts a new step.
 
-        Called after every optimizer step, and for steps a GradScaler skipped.
+        Called after every optimizer step, and for steps a GradScaler skipped, with the
+        parameters of the optimizer that stepped (default: all); the arrays cover those only.
         """
-        passes = np.asarray(self._passes, dtype=np.float32)
-        clear = np.asarray([np.nan if c is None else c for c in self._clear], dtype=np.float32)
-        for i, p in enumerate(self._params):
-            g = p.grad
+        chosen = range(len(self._params)) if indices is None else indices
+        passes = np.asarray([self._passes[i] for i in chosen], dtype=np.float32)
+        clear = np.asarray([np.nan if self._clear[i] is None else self._clear[i] for i in chosen], dtype=np.float32)
+        for i in chosen:
+            g = self._params[i].grad
             self._ref[i] = (None, 0) if g is None else (weakref.ref(g), g._version)
             self._passes[i] = 0
             self._clear[i] = None

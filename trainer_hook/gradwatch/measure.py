@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Any, Optional
+from typing import Any, Optional, Sequence
 
 import numpy as np
 import torch
@@ -110,7 +110,8 @@ class _Pending:
     time: float
     segments: list[_Segment] = field(default_factory=list)
     grad_bytes: Optional[np.ndarray] = None
-    before: Optional[list[torch.Tensor]] = None  # parameter copies, with updates=True
+    before: dict[int, torch.Tensor] = field(default_factory=dict)  # parameter copies, with updates=True
+    optimizer_bytes: int = 0
     cost_s: float = 0.0
 
 
@@ -123,60 +124,73 @@ class Probe:
         self.updates = updates
         self.params = [w.param for w in layout.params]
         self.params_bytes = float(sum(p.numel() * p.element_size() for p in self.params))
+        self._devices = {p.device for p in self.params}
         self._pending: Optional[_Pending] = None
         self._pinned: dict[int, list[torch.Tensor]] = {}  # free pinned host buffers by length
 
     # -- training thread -------------------------------------------------------------------
-    @torch.no_grad()
     def before_step(self, step: int) -> None:
+        """Start measuring `step` and read every gradient (one optimizer: see `read_grads`)."""
+        self.begin(step)
+        self.read_grads()
+
+    def after_step(self, extra_scalars: dict[str, Any],
+                   host_metrics: Optional[dict[str, np.ndarray]] = None) -> Optional[Snapshot]:
+        """Read every parameter and optimizer state, then `finish` the step."""
+        self.read_state()
+        return self.finish(extra_scalars, host_metrics)
+
+    def begin(self, step: int) -> None:
+        self._pending = _Pending(step=step, time=time.time(), grad_bytes=np.zeros(len(self.params), dtype=np.int64))
+
+    @torch.no_grad()
+    def read_grads(self, indices: Optional[Sequence[int]] = None, optimizer: Optional[int] = None) -> None:
         """Gradient norms as the step will use them (unscaled when a GradScaler scaled them).
 
-        With `updates`, also a copy of every parameter (memory: one more copy of the parameters,
-        held during the step) so that `after_step` can measure ‖p_after − p_before‖ exactly.
+        `indices` (default: all) are the parameters of `optimizer`, which is about to step: with
+        several optimizers each one's gradients are read just before its own step. With
+        `updates`, also a copy of those parameters (memory: one more copy of the parameters,
+        held during the step) so that `read_state` can measure ‖p_after − p_before‖ exactly.
         """
+        pending = self._pending
+        if pending is None:
+            return
         started = time.perf_counter()
-        pending = _Pending(step=step, time=time.time())
-        grad_bytes = np.zeros(len(self.params), dtype=np.int64)
+        assert pending.grad_bytes is not None
         by_device: dict[torch.device, tuple[list[int], list[torch.Tensor]]] = {}
-        for i, p in enumerate(self.params):
-            g = p.grad
+        for i in range(len(self.params)) if indices is None else indices:
+            g = self.params[i].grad
             if g is not None:
-                grad_bytes[i] = g.numel() * g.element_size()
+                pending.grad_bytes[i] = g.numel() * g.element_size()
                 idx, ts = by_device.setdefault(g.device, ([], []))
                 idx.append(i)
                 ts.append(g)
         for device, (idx, ts) in by_device.items():
             norms = torch.stack(fused_norms(ts))
-            inv_scale = self._inverse_scale(device)
+            inv_scale = self._inverse_scale(device, optimizer)
             if inv_scale is not None:
                 norms = norms * inv_scale
             pending.segments.append(_Segment("grad_norm", np.asarray(idx), norms))
-        pending.grad_bytes = grad_bytes
         if self.updates:
-            pending.before = [p.detach().clone() for p in self.params]
-        pending.cost_s = time.perf_counter() - started
-        self._pending = pending
+            for i in range(len(self.params)) if indices is None else indices:
+                pending.before[i] = self.params[i].detach().clone()
+        pending.cost_s += time.perf_counter() - started
 
     @torch.no_grad()
-    def after_step(self, extra_scalars: dict[str, Any],
-                   host_metrics: Optional[dict[str, np.ndarray]] = None) -> Optional[Snapshot]:
-        """Parameter and optimizer-state norms after the step; enqueues the one copy to host."""
-        pending, self._pending = self._pending, None
+    def read_state(self, indices: Optional[Sequence[int]] = None) -> None:
+        """Parameter and optimizer-state norms of `indices` (default: all) as the step left them."""
+        pending = self._pending
         if pending is None:
-            return None
+            return
         started = time.perf_counter()
-        if pending.before is not None:
-            segments_before = self._updates(pending.before)
-            pending.before = None
-            pending.segments.extend(segments_before)
-        segments = pending.segments
-        scalars: dict[str, float] = {"mem/params_bytes": self.params_bytes}
+        if pending.before:
+            before, pending.before = pending.before, {}
+            pending.segments.extend(self._updates(before))
         by_device: dict[torch.device, dict[str, tuple[list[int], list[torch.Tensor]]]] = {}
-        optimizer_bytes = 0
-        for i, w in enumerate(self.layout.params):
+        for i in range(len(self.params)) if indices is None else indices:
+            w = self.layout.params[i]
             p = w.param
-            by_device.setdefault(p.device, {}).setdefault("param_norm", ([], []))
-            idx, ts = by_device[p.device]["param_norm"]
+            idx, ts = by_device.setdefault(p.device, {}).setdefault("param_norm", ([], []))
             idx.append(i)
             ts.append(p)
             state = self.layout.optimizers[w.optimizer].state.get(p)
@@ -185,7 +199,7 @@ class Probe:
             for key, value in state.items():
                 if not isinstance(value, torch.Tensor):
                     continue
-                optimizer_bytes += value.numel() * value.element_size()
+                pending.optimizer_bytes += value.numel() * value.element_size()
                 if key in _SCALAR_STATE_KEYS or value.shape != p.shape:
                     continue
                 idx, ts = by_device.setdefault(value.device, {}).setdefault(f"{key}_norm", ([], []))
@@ -193,11 +207,21 @@ class Probe:
                 ts.append(value)
         for device_metrics in by_device.values():
             for metric, (idx, ts) in device_metrics.items():
-                segments.append(_Segment(metric, np.asarray(idx), torch.stack(fused_norms(ts))))
-        scalars["mem/optimizer_bytes"] = float(optimizer_bytes)
-        for g, (o, gi) in enumerate(self.layout.group_keys):
-            extra_scalars.setdefault(f"lr/{g}", self.layout.optimizers[o].param_groups[gi].get("lr"))
-        for key, value in extra_scalars.items():
+                pending.segments.append(_Segment(metric, np.asarray(idx), torch.stack(fused_norms(ts))))
+        pending.cost_s += time.perf_counter() - started
+
+    @torch.no_grad()
+    def finish(self, extra_scalars: dict[str, Any],
+               host_metrics: Optional[dict[str, np.ndarray]] = None) -> Optional[Snapshot]:
+        """Add the step's scalars and enqueue the one device-to-host copy per device."""
+        pending, self._pending = self._pending, None
+        if pending is None:
+            return None
+        started = time.perf_counter()
+        segments = pending.segments
+        scalars: dict[str, float] = {"mem/params_bytes": self.params_bytes,
+                                     "mem/optimizer_bytes": float(pending.optimizer_bytes)}
+        for key, value in self.group_lrs(extra_scalars).items():
             if isinstance(value, torch.Tensor):
                 if value.device.type == "cpu":
                     scalars[key] = float(value.detach().reshape(-1)[0]) if value.numel() else float("nan")
@@ -212,6 +236,30 @@ class Probe:
                         grad_bytes=pending.grad_bytes if pending.grad_bytes is not None else np.zeros(0),
                         host_metrics=host_metrics or {}, cost_s=pending.cost_s + time.perf_counter() - started)
 
+    def group_lrs(self, scalars: dict[str, Any]) -> dict[str, Any]:
+        """`scalars` with `lr/G` of every param group added (read now: schedulers change them)."""
+        for g, (o, gi) in enumerate(self.layout.group_keys):
+            scalars.setdefault(f"lr/{g}", self.layout.optimizers[o].param_groups[gi].get("lr"))
+        return scalars
+
+    def cheap_facts(self, scalars: dict[str, Any]) -> dict[str, float]:
+        """What a step not measured still records, from host-side metadata only (no device work):
+        learning rates, bytes and count of `.grad` buffers that exist, CUDA allocator counters."""
+        grad_bytes, none = 0, 0
+        for p in self.params:
+            g = p.grad
+            if g is None:
+                none += 1
+            else:
+                grad_bytes += g.numel() * g.element_size()
+        out = {k: float(v) for k, v in self.group_lrs(scalars).items()
+               if (isinstance(v, (int, float)) and not isinstance(v, bool))
+               or (isinstance(v, torch.Tensor) and v.device.type == "cpu" and v.numel() == 1)}
+        out.update({"mem/params_bytes": self.params_bytes, "mem/grads_bytes": float(grad_bytes),
+                    "grads/none": float(none)})
+        out.update(cuda_memory(self._devices))
+        return out
+
     def recycle(self, snapshot: Snapshot) -> None:
         """Give a snapshot's pinned buffers back for reuse (sender thread, after `resolve`)."""
         for buf in snapshot.buffers:
@@ -219,12 +267,12 @@ class Probe:
                 self._pinned.setdefault(buf.host.numel(), []).append(buf.host)
 
     # -- helpers ---------------------------------------------------------------------------
-    def _updates(self, before: list[torch.Tensor]) -> list[_Segment]:
+    def _updates(self, before: dict[int, torch.Tensor]) -> list[_Segment]:
         """`update_norm` = ‖p_after − p_before‖ and `update_ratio` = update_norm / ‖p_before‖."""
         segments = []
         by_device: dict[torch.device, list[int]] = {}
-        for i, p in enumerate(self.params):
-            by_device.setdefault(p.device, []).append(i)
+        for i in before:
+            by_device.setdefault(self.params[i].device, []).append(i)
         for idx in by_device.values():
             old = [before[i] for i in idx]
             old_norms = torch.stack(fused_norms(old))
@@ -235,14 +283,16 @@ class Probe:
             segments.append(_Segment("update_ratio", index, update / old_norms))
         return segments
 
-    def _inverse_scale(self, device: torch.device) -> Optional[torch.Tensor]:
-        """1/scale of the GradScaler unless the user already unscaled these gradients."""
+    def _inverse_scale(self, device: torch.device, optimizer: Optional[int] = None) -> Optional[torch.Tensor]:
+        """1/scale of the GradScaler unless the user already unscaled these gradients
+        (those of `optimizer`, or of every optimizer when None)."""
         scaler = self.scaler
         if scaler is None or not scaler.is_enabled() or getattr(scaler, "_scale", None) is None:
             return None
         from torch.amp.grad_scaler import OptState
 
-        for opt in self.layout.optimizers:
+        optimizers = self.layout.optimizers if optimizer is None else [self.layout.optimizers[optimizer]]
+        for opt in optimizers:
             if scaler._per_optimizer_states[id(opt)]["stage"] is OptState.UNSCALED:
                 return None
         return scaler._scale.to(device=device, non_blocking=True).double().reciprocal().float()

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import atexit
+import functools
 import logging
 import os
 import re
@@ -9,7 +10,9 @@ import secrets
 import threading
 import time
 import weakref
-from typing import Any, Mapping, Optional, Union
+from typing import Any, Mapping, Optional, Sequence, Union
+
+import numpy as np
 
 import torch
 
@@ -44,12 +47,12 @@ class Watcher:
     waiting a few seconds at most.
     """
 
-    def __init__(self, optimizer: torch.optim.Optimizer, *, model: Optional[torch.nn.Module] = None,
+    def __init__(self, optimizer: Union[torch.optim.Optimizer, Sequence[torch.optim.Optimizer]], *,
+                 model: Optional[torch.nn.Module] = None,
                  run: Optional[str] = None, project: Optional[str] = None, server: Optional[str] = None,
                  every: Union[int, str] = 1, scaler: Any = None, token: Optional[str] = None,
                  updates: bool = False, warn: bool = True) -> None:
-        if not isinstance(optimizer, torch.optim.Optimizer):
-            raise TypeError(f"watch() needs a torch.optim.Optimizer as its first argument, not {type(optimizer).__name__}")
+        optimizers = _optimizers(optimizer)
         if model is not None and not isinstance(model, torch.nn.Module):
             raise TypeError(f"model must be a torch.nn.Module (used to name parameters), not {type(model).__name__}")
         self._sampler = make_sampler(every)
@@ -68,13 +71,23 @@ class Watcher:
         self.run_id: str = secrets.token_hex(6)
         self.server = server
         self.every = every
-        self.step = 0  # optimizer.step() calls so far
-        self.layout: Layout = build_layout([optimizer], model)
+        self.step = 0  # optimizer.step() calls so far (rounds, with several optimizers: see `watch`)
+        self.layout: Layout = build_layout(optimizers, model)
         if not self.layout.params:
             raise ValueError("the optimizer has no parameters to watch")
         self.warn = warn
         self._probe = Probe(self.layout, scaler=scaler, updates=updates)
         self._tracker = GradTracker(self._probe.params)
+        owner = np.array([w.optimizer for w in self.layout.params])
+        #: parameter indices of each optimizer; None stands for all (one optimizer)
+        self._members: list[Optional[np.ndarray]] = (
+            [None] if len(optimizers) == 1 else [np.flatnonzero(owner == k) for k in range(len(optimizers))])
+        self._round: dict[int, int] = {}  # optimizer -> its steps in the open round
+        self._opt_steps = [0] * len(optimizers)
+        self._passes = np.zeros(len(self.layout.params), dtype=np.float32)
+        self._clear = np.full(len(self.layout.params), np.nan, dtype=np.float32)
+        self._sender_cpu = 0.0  # sender-thread CPU seconds at the last measured step
+        self._since_measured = 0  # steps since the last measured step
         self._logged: dict[str, Any] = {}
         self._closed = False
         self._sampled = False
@@ -85,59 +98,103 @@ class Watcher:
         self._stepped = False
         hello = wire.hello(
             run={"id": self.run_id, "name": run or time.strftime("run-%Y%m%d-%H%M%S"), "project": project or "default",
-                 "started_at": time.time(), "hook_version": __version__, "optimizer": type(optimizer).__name__,
+                 "started_at": time.time(), "hook_version": __version__,
+                 "optimizer": "+".join(type(o).__name__ for o in optimizers),
                  "config": {"every": every, "amp": scaler is not None, "updates": updates,
+                            "optimizers": [type(o).__name__ for o in optimizers],
                             "unoptimized_params": self.layout.unoptimized, "frozen_params": self.layout.frozen}},
             params=self.layout.hello_params(), groups=self.layout.hello_groups())
         self._sender = Sender(url, hello, token=token, spool=_open_spool(self.run_id, hello))
         _replay_in_background(url, token)
         self._sender.on_finding = FindingWarner(warn, run_page(server, self.run_id))
-        self._handles = [optimizer.register_step_pre_hook(self._before_step),
-                         optimizer.register_step_post_hook(self._after_step)]
+        self._handles = []
+        for k, opt in enumerate(optimizers):
+            self._handles += [opt.register_step_pre_hook(functools.partial(self._before_step, k)),
+                              opt.register_step_post_hook(functools.partial(self._after_step, k))]
         if scaler is not None:
-            self._wrap_scaler(scaler, optimizer)
+            self._wrap_scaler(scaler)
         self_ref = weakref.ref(self)
         atexit.register(lambda: (w := self_ref()) is not None and w.close())
 
     # -- hooks (training thread) -----------------------------------------------------------
-    def _before_step(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
-        self.step += 1
+    # With several optimizers a step is a round: it opens with the first `optimizer.step()`
+    # after the previous round and closes when every optimizer has stepped at least once (a GAN's
+    # D then G step; a critic stepped 5 times per generator step). Each optimizer is measured at
+    # its first step of a sampled round: its gradients just before, its state just after.
+    def _before_step(self, k: int, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
         self._stepped = True
-        now = time.perf_counter()
-        if self._last_step_start is not None:
-            self._step_time = now - self._last_step_start
-        self._last_step_start = now
-        self._sampled = self._sampler(self.step)
-        if self._sampled:
-            self._probe.before_step(self.step)
+        if not self._round:
+            self.step += 1
+            now = time.perf_counter()
+            if self._last_step_start is not None:
+                self._step_time = now - self._last_step_start
+            self._last_step_start = now
+            self._sampled = self._sampler(self.step)
+            if self._sampled:
+                self._probe.begin(self.step)
+        if self._sampled and k not in self._round:
+            self._probe.read_grads(self._members[k], k if len(self._members) > 1 else None)
 
-    def _after_step(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
-        passes, clear = self._tracker.end_step()  # every step: it marks where the next one starts
-        if not self._sampled:
-            return
+    def _after_step(self, k: int, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
+        first = k not in self._round
+        self._round[k] = self._round.get(k, 0) + 1
+        self._opt_steps[k] += 1
+        self._end_passes(k, keep=first)  # every step: it marks where the next one starts
+        if self._sampled and first:
+            self._probe.read_state(self._members[k])
+        if len(self._round) == len(self._members):
+            self._emit()
+
+    def _end_passes(self, k: int, keep: bool) -> None:
+        members = self._members[k]
+        passes, clear = self._tracker.end_step(members)
+        if keep:
+            self._passes[slice(None) if members is None else members] = passes
+            self._clear[slice(None) if members is None else members] = clear
+
+    def _emit(self) -> None:
+        """The round is complete: send the measured step, or the cheap facts of an unmeasured one."""
+        self._round.clear()
+        self._since_measured += 1
         logged, self._logged = self._logged, {}
         if self._scaler is not None:
             logged.setdefault("amp/skipped_steps", self._skipped)
             if getattr(self._scaler, "_scale", None) is not None:
                 logged.setdefault("amp/scale", self._scaler._scale)
+        if len(self._members) > 1:
+            for k, n in enumerate(self._opt_steps):
+                logged[f"opt/{k}/steps"] = n
+        passes, clear = self._passes.copy(), self._clear.copy()
+        self._clear.fill(np.nan)
         logged["backward_passes"] = float(passes.max()) if passes.size else 0.0
-        snapshot = self._probe.after_step(logged, {"backward_passes": passes, "grad_clear": clear})
-        if snapshot is not None:
-            step_time = self._step_time
-            self._sender.submit(lambda seq, s=snapshot: self._render(seq, s, step_time))
+        host = {"backward_passes": passes, "grad_clear": clear}
+        if self._sampled:
+            snapshot = self._probe.finish(logged, host)
+            steps, self._since_measured = self._since_measured, 0
+            if snapshot is not None:
+                step_time = self._step_time
+                self._sender.submit(lambda seq, s=snapshot: self._render(seq, s, step_time, steps))
+            return
+        tensors = {key: v for key, v in logged.items() if isinstance(v, torch.Tensor) and v.device.type != "cpu"}
+        for key in tensors:  # a CUDA tensor is read only at measured steps: reading it now would sync
+            logged.pop(key)
+        scalars = self._probe.cheap_facts(logged)
+        step, now = self.step, time.time()
+        self._sender.submit(lambda seq: wire.step(seq, step, now, scalars, host, None))
 
-    def _wrap_scaler(self, scaler: Any, optimizer: torch.optim.Optimizer) -> None:
+    def _wrap_scaler(self, scaler: Any) -> None:
         """See the steps GradScaler skips: they never call `optimizer.step()`, so no hook fires."""
         original = scaler.step
+        optimizers = self.layout.optimizers
 
         def step(opt: Any, *args: Any, **kwargs: Any) -> Any:
-            if opt is not optimizer or self._closed:
+            if self._closed or not any(opt is o for o in optimizers):
                 return original(opt, *args, **kwargs)
             self._stepped = False
             out = original(opt, *args, **kwargs)
             if not self._stepped:
                 self._skipped += 1
-                self._tracker.end_step()
+                self._tracker.end_step(self._members[[i for i, o in enumerate(optimizers) if o is opt][0]])
             return out
 
         scaler.step = step
@@ -167,6 +224,8 @@ class Watcher:
         if self._closed:
             return
         self._closed = True
+        if self._round:  # an optimizer never stepped in the last round: send what there is
+            self._emit()
         for handle in self._handles:
             handle.remove()
         self._tracker.remove()
@@ -186,13 +245,18 @@ class Watcher:
         self.close()
 
     # -- sender thread ---------------------------------------------------------------------
-    def _render(self, seq: int, snapshot: Snapshot, step_time: float) -> dict[str, Any]:
+    def _render(self, seq: int, snapshot: Snapshot, step_time: float, steps: int) -> dict[str, Any]:
         started = time.thread_time()
         metrics, status, scalars = snapshot.resolve()
         self._probe.recycle(snapshot)
         rss = _rss_bytes()
         if rss is not None:
             scalars["mem/rss_bytes"] = rss
+        # The hook's own cost, so that users can see it: training-thread seconds of this step,
+        # and sender-thread CPU per step since the previous measured step (sending included).
+        cpu, self._sender_cpu = started - self._sender_cpu, started
+        scalars["hook/train_s"] = snapshot.cost_s
+        scalars["hook/sender_cpu_s"] = cpu / max(1, steps)
         message = wire.step(seq, snapshot.step, snapshot.time, scalars, metrics, status)
         self._sampler.observe(snapshot.cost_s + time.thread_time() - started, step_time)
         return message
@@ -239,11 +303,30 @@ def _rss_bytes() -> Optional[float]:
         return None
 
 
-def watch(optimizer: torch.optim.Optimizer, *, model: Optional[torch.nn.Module] = None,
+def _optimizers(optimizer: Any) -> list[torch.optim.Optimizer]:
+    """One optimizer or a non-empty list/tuple of distinct ones; TypeError/ValueError otherwise."""
+    many = list(optimizer) if isinstance(optimizer, (list, tuple)) else [optimizer]
+    for opt in many:
+        if not isinstance(opt, torch.optim.Optimizer):
+            raise TypeError("watch() needs a torch.optim.Optimizer (or a list of them) as its first argument, "
+                            f"not {type(opt).__name__}")
+    if not many:
+        raise ValueError("watch() got an empty list of optimizers")
+    if len({id(o) for o in many}) != len(many):
+        raise ValueError("watch() got the same optimizer twice")
+    return many
+
+
+def watch(optimizer: Union[torch.optim.Optimizer, Sequence[torch.optim.Optimizer]], *, model: Optional[torch.nn.Module] = None,
           run: Optional[str] = None, project: Optional[str] = None, server: Optional[str] = None,
           every: Union[int, str] = 1, scaler: Any = None, token: Optional[str] = None,
           updates: bool = False, warn: bool = True) -> Watcher:
-    """Watch `optimizer`; see `Watcher`. Raises TypeError/ValueError on bad arguments.
+    """Watch `optimizer` (or a list of optimizers); see `Watcher`. Raises TypeError/ValueError on bad arguments.
+
+    Several optimizers (`watch([opt_d, opt_g], ...)`) make one run: a step is a round in which
+    every optimizer stepped at least once, and `opt/K/steps` counts each one's own steps.
+    Steps that are not sampled still send their cheap facts (learning rates, backward passes,
+    how grads were cleared, `.grad` bytes, AMP scale, CUDA memory counters): no device work.
 
     every: measure every N-th `optimizer.step()`, or "auto" to keep the hook's cost within 1% of
         the step time. updates: also measure `update_norm`/`update_ratio` (holds one copy of the

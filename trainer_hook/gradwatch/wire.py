@@ -43,13 +43,16 @@ def hello(run: Mapping[str, Any], params: Sequence[Mapping[str, Any]], groups: S
 
 
 def step(seq: int, step_index: int, time: float, scalars: Mapping[str, float],
-         metrics: Mapping[str, np.ndarray], grad_status: np.ndarray) -> dict[str, Any]:
-    return {
+         metrics: Mapping[str, np.ndarray], grad_status: np.ndarray | None) -> dict[str, Any]:
+    """A step; `grad_status` is None for a step whose gradients were not measured."""
+    message = {
         "v": PROTOCOL_VERSION, "type": "step", "seq": seq, "step": step_index, "time": time,
         "scalars": {k: json_scalar(float(v)) for k, v in scalars.items()},
         "params": {k: b64_array(v.astype(np.float32, copy=False)) for k, v in metrics.items()},
-        "grad_status": b64_array(grad_status.astype(np.uint8, copy=False)),
     }
+    if grad_status is not None:
+        message["grad_status"] = b64_array(grad_status.astype(np.uint8, copy=False))
+    return message
 
 
 def close(seq: int, status: str = "finished") -> dict[str, Any]:

@@ -62,6 +62,9 @@ class RunDiagnosis:
             self._run(check, lambda c: c.observe(self.context, step))
 
     def observe_data(self, data: StepData) -> None:
+        if "grad_norm" not in data.arrays:  # a step the hook did not measure (cheap facts only)
+            self.steps += 1
+            return
         self.observe(StepView.of(data.step, data.scalars, data.arrays, len(self.context.params)))
 
     def findings(self) -> list[Finding]:
@@ -92,21 +95,35 @@ class Diagnostics:
 
     Live state is kept for at most `max_runs` runs (least recently used go first; a run that
     comes back is diagnosed again from the store).
+
+    `sole_writer=False` (`gradwatch serve --workers N`: several processes on one database): the
+    findings of a running run are stored only by the process that holds its hook, since another
+    worker's reads may be behind it and would overwrite newer findings with older ones; reads of
+    a running run elsewhere are derived but not stored, and a run's findings are stored whole
+    when it closes. A hook that moves between workers is caught up from the store (`open_run`).
     """
 
-    def __init__(self, store: Store, max_runs: int = 64) -> None:
+    def __init__(self, store: Store, max_runs: int = 64, *, sole_writer: bool = True) -> None:
         self.store = store
         self.max_runs = max_runs
+        self.sole_writer = sole_writer
         self._runs: collections.OrderedDict[str, RunDiagnosis] = collections.OrderedDict()
         self._locks: dict[str, threading.Lock] = {}
         self._lock = threading.Lock()
 
     # -- ingest ------------------------------------------------------------------------------
 
-    def open_run(self, run_id: str) -> list[Finding]:
-        """A hook connected for this run: have its state ready; its current findings."""
+    def open_run(self, run_id: str, stored_steps: int | None = None) -> list[Finding]:
+        """A hook connected for this run: have its state ready; its current findings.
+
+        `stored_steps` is the run's stored step count: state held from earlier that is behind it
+        (another process stored steps meanwhile, e.g. the worker that held the hook before) is
+        caught up from the store first."""
         with self._run_lock(run_id):
-            return self._ensure(run_id).findings()
+            diag = self._ensure(run_id)
+            if stored_steps is not None and stored_steps > diag.steps:
+                self._catch_up(run_id, diag)
+            return diag.findings()
 
     def observe(self, run_id: str, steps: Sequence[StepData]) -> list[Finding]:
         """Judge newly stored steps; store what changed; the run's current findings."""
@@ -123,7 +140,7 @@ class Diagnostics:
             with self._lock:
                 diag = self._runs.pop(run_id, None)
             if diag is not None:
-                self._save(run_id, diag)
+                self._save(run_id, diag, replace=not self.sole_writer)
 
     def forget(self, run_id: str) -> None:
         """The run was deleted."""
@@ -143,14 +160,15 @@ class Diagnostics:
         with self._run_lock(run_id):
             with self._lock:
                 diag = self._runs.get(run_id)
+            store = self.sole_writer or not running  # else its hook's worker stores them
             if diag is not None:
                 if steps > diag.steps:  # written by another process (e.g. an import): catch up
-                    self._catch_up(run_id, diag)
+                    self._catch_up(run_id, diag, save=store)
                 return diag.findings()
             mark = self.store.get_diagnosis(run_id)
             if mark is not None and mark.version == RULES_VERSION and mark.steps >= steps:
                 return [_from_stored(f) for f in self.store.get_findings(run_id)]
-            diag = self._rebuild(run_id)
+            diag = self._rebuild(run_id, save=store)
             if running:
                 self._keep(run_id, diag)
             return diag.findings()
@@ -179,7 +197,7 @@ class Diagnostics:
             while len(self._runs) > self.max_runs:
                 self._runs.popitem(last=False)  # its lock stays: another thread may hold it
 
-    def _rebuild(self, run_id: str, skip: set[int] | None = None) -> RunDiagnosis:
+    def _rebuild(self, run_id: str, skip: set[int] | None = None, *, save: bool = True) -> RunDiagnosis:
         """Diagnose a run afresh from its stored steps (leaving out `skip`, which the caller feeds)."""
         run = self.store.get_run(run_id)
         if run is None:
@@ -187,12 +205,14 @@ class Diagnostics:
         params = self.store.get_params(run_id)
         diag = RunDiagnosis(RunContext.of([(p.name, p.numel, p.dtype) for p in params], run.config))
         self._feed(run_id, diag, after=None, skip=skip or set())
-        self._save(run_id, diag, replace=True)
+        if save:
+            self._save(run_id, diag, replace=True)
         return diag
 
-    def _catch_up(self, run_id: str, diag: RunDiagnosis) -> None:
+    def _catch_up(self, run_id: str, diag: RunDiagnosis, *, save: bool = True) -> None:
         self._feed(run_id, diag, after=diag.last_step, skip=set())
-        self._save(run_id, diag)
+        if save:
+            self._save(run_id, diag)
 
     def _feed(self, run_id: str, diag: RunDiagnosis, after: int | None, skip: set[int]) -> None:
         for chunk in self.store.iter_steps(run_id, metrics=METRICS, scalar_keys=SCALARS, after=after):
