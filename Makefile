@@ -41,7 +41,12 @@ demo: setup
 test: setup-test
 	$(BIN)/python -m pytest
 
-bench: setup-test
+# The peers the overhead benchmark compares with (TensorBoard, wandb) go into .venv for it only.
+$(VENV)/.stamp-bench-peers: $(VENV)/.stamp-test-deps tests/bench/requirements-peers.txt
+	$(PIP) install -r tests/bench/requirements-peers.txt
+	touch $@
+
+bench: setup-test $(VENV)/.stamp-bench-peers
 	$(BIN)/python tests/bench/overhead.py
 
 clean:

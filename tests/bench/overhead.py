@@ -3,19 +3,27 @@
 Variants, interleaved round by round on the same model and optimizer:
   baseline            the plain training step
   naive .item()       per-tensor torch.linalg.vector_norm(...).item() of grads (what most loggers do)
+  tb scalar           TensorBoard: add_scalar of each grad's norm (.item() per tensor), every step
+  tb histogram        TensorBoard: add_histogram of each grad, every step
+  wandb.watch         wandb (offline) watch(log="all", log_freq=1) and a wandb.log per step
   gradwatch every=1   the hook, streaming every step to a real local `gradwatch serve`
+  gradwatch auto      the same with every="auto" (1% budget; unmeasured steps send cheap facts)
   floor               one 2-thread .sum() over the bytes the hook reads (grad, param, Adam moments)
+
+The peers (tensorboard, wandb) are installed for the benchmark only (tests/bench/requirements-peers.txt,
+`make bench`); a peer that is not installed is reported as "n/a".
 
 Per round, each variant's median step time; the figure is the median over rounds of the paired
 ratio variant/baseline - 1. The hook's background (sender thread) CPU per step is measured too
 and charged: "charged" adds what it takes beyond the baseline's (torch's intra-op threads count
 there too) to the variant's step time, as if it ran on the training core.
 
-    python tests/bench/overhead.py [--rounds 7] [--steps 15] [--models gpt,mlp]
+    python tests/bench/overhead.py [--rounds 7] [--steps 15] [--models gpt,mlp] [--variants ...]
 """
 from __future__ import annotations
 
 import argparse
+import atexit
 import os
 import random
 import signal
@@ -123,31 +131,53 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=7)
     ap.add_argument("--steps", type=int, default=15)
     ap.add_argument("--models", default="gpt,mlp")
+    ap.add_argument("--variants", default=",".join(VARIANTS), help="comma-separated subset of: " + ",".join(VARIANTS))
     args = ap.parse_args()
+    variants = [v for v in args.variants.split(",") if v]
+    if "baseline" not in variants or set(variants) - set(VARIANTS):
+        ap.error(f"--variants must include baseline and name only: {','.join(VARIANTS)}")
     torch.set_flush_denormal(True)  # decayed Adam state turns denormal and slows every variant alike
     torch.manual_seed(0)
 
     with tempfile.TemporaryDirectory() as tmp:
         server, url = start_server(Path(tmp))
         try:
-            rows = [bench(name, url, args.rounds, args.steps) for name in args.models.split(",")]
+            rows = [bench(name, url, args.rounds, args.steps, variants, Path(tmp)) for name in args.models.split(",")]
         finally:
             server.send_signal(signal.SIGINT)
             server.wait(timeout=10)
     print()
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, {os.cpu_count()} cores; "
           f"{args.rounds} interleaved rounds x {args.steps} steps; paired median overhead vs baseline")
-    print("| model | baseline step | naive `.item()` | gradwatch every=1 | gradwatch, background CPU charged | floor |")
-    print("|---|---|---|---|---|---|")
+    shown = [v for v in variants if v != "baseline"]
+    cols = [LABELS[v] for v in shown] + ["gradwatch every=1, background CPU charged"] * ("gradwatch" in shown)
+    print("| model | baseline step | " + " | ".join(cols) + " |")
+    print("|---" * (len(cols) + 2) + "|")
     for r in rows:
-        print(f"| {r['model']} | {r['baseline'] * 1e3:.1f} ms | {r['naive']:+.1%} | {r['gradwatch']:+.1%} "
-              f"| {r['gradwatch_charged']:+.1%} | {r['floor']:+.1%} |")
+        cells = [_pct(r.get(v)) for v in shown] + [_pct(r.get("gradwatch_charged"))] * ("gradwatch" in shown)
+        print(f"| {r['model']} | {r['baseline'] * 1e3:.1f} ms | " + " | ".join(cells) + " |")
+    if "wandb" in shown and "gradwatch" in shown:
+        for r in rows:
+            if r.get("wandb") is not None and r["gradwatch_charged"] > 0:
+                print(f"{r['model']}: wandb.watch costs {r['wandb'] / r['gradwatch_charged']:.0f}x what gradwatch every=1 "
+                      "costs (charged)")
 
 
-def bench(name: str, url: str, rounds: int, steps: int) -> dict[str, float]:
+VARIANTS = ("baseline", "naive", "tb_scalar", "tb_hist", "wandb", "gradwatch", "gradwatch_auto", "floor")
+LABELS = {"naive": "naive `.item()`", "tb_scalar": "TensorBoard `add_scalar`", "tb_hist": "TensorBoard `add_histogram`",
+          "wandb": '`wandb.watch(log="all", log_freq=1)`', "gradwatch": "gradwatch every=1",
+          "gradwatch_auto": 'gradwatch every="auto"', "floor": "floor"}
+
+
+def _pct(value: float | None) -> str:
+    return "n/a" if value is None else f"{value:+.1%}"
+
+
+def bench(name: str, url: str, rounds: int, steps: int, wanted: list[str], tmp: Path) -> dict[str, float | None]:
     model, loss_fn = {"gpt": gpt_task, "mlp": mlp_task}[name]()
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
-    params = list(model.parameters())
+    named = list(model.named_parameters())
+    params = [p for _, p in named]
     time_steps(model, opt, loss_fn, 3)  # warm up: allocate Adam state
 
     def naive() -> None:
@@ -160,20 +190,28 @@ def bench(name: str, url: str, rounds: int, steps: int) -> dict[str, float]:
             for t in (p.grad, p, st["exp_avg"], st["exp_avg_sq"]):
                 t.sum()
 
-    def with_hook() -> tuple[float, float]:
-        w = gradwatch.watch(opt, model=model, run=f"bench-{name}", project="bench", server=url)
-        try:
-            return time_steps(model, opt, loss_fn, steps)
-        finally:
-            w.close(timeout=30)
+    def with_hook(every: int | str) -> Callable[[], tuple[float, float]]:
+        def run() -> tuple[float, float]:
+            w = gradwatch.watch(opt, model=model, run=f"bench-{name}-{every}", project="bench", server=url,
+                                every=every, warn=False)
+            try:
+                return time_steps(model, opt, loss_fn, steps)
+            finally:
+                w.close(timeout=30)
+        return run
 
     variants: dict[str, Callable[[], tuple[float, float]]] = {
         "baseline": lambda: time_steps(model, opt, loss_fn, steps),
         "naive": lambda: time_steps(model, opt, loss_fn, steps, naive),
-        "gradwatch": with_hook,
+        "gradwatch": with_hook(1),
+        "gradwatch_auto": with_hook("auto"),
         "floor": lambda: time_steps(model, opt, loss_fn, steps, floor),
     }
-    ratios: dict[str, list[float]] = {k: [] for k in ("naive", "gradwatch", "gradwatch_charged", "floor")}
+    if any(k in wanted for k in ("tb_scalar", "tb_hist", "wandb")):
+        variants.update(peers(name, model, opt, loss_fn, named, steps, tmp))
+    variants = {k: v for k, v in variants.items() if k in wanted}
+    measured = [k for k in variants if k != "baseline"]
+    ratios: dict[str, list[float]] = {k: [] for k in measured + ["gradwatch_charged"] * ("gradwatch" in variants)}
     base_times = []
     for r in range(rounds):
         order = list(variants)
@@ -181,15 +219,67 @@ def bench(name: str, url: str, rounds: int, steps: int) -> dict[str, float]:
         got = {k: variants[k]() for k in order}
         base, base_bg = got["baseline"]
         base_times.append(base)
-        for k in ("naive", "gradwatch", "floor"):
+        for k in measured:
             ratios[k].append(got[k][0] / base - 1)
-        hook_time, hook_bg = got["gradwatch"]
-        # torch's own intra-op threads show up as "background" in every variant: charge the excess
-        ratios["gradwatch_charged"].append((hook_time + max(hook_bg - base_bg, 0.0)) / base - 1)
+        if "gradwatch" in got:
+            hook_time, hook_bg = got["gradwatch"]
+            # torch's own intra-op threads show up as "background" in every variant: charge the excess
+            ratios["gradwatch_charged"].append((hook_time + max(hook_bg - base_bg, 0.0)) / base - 1)
         print(f"{name} round {r + 1}/{rounds}: baseline {base * 1e3:.1f} ms, "
-              + ", ".join(f"{k} {ratios[k][-1]:+.1%}" for k in ratios), flush=True)
-    return {"model": name, "baseline": statistics.median(base_times),
-            **{k: statistics.median(v) for k, v in ratios.items()}}
+              + ", ".join(f"{k} {v[-1]:+.1%}" for k, v in ratios.items()), flush=True)
+    out: dict[str, float | None] = {"model": name, "baseline": statistics.median(base_times)}  # type: ignore[dict-item]
+    out.update({k: statistics.median(v) for k, v in ratios.items()})
+    return out
+
+
+def peers(name: str, model: nn.Module, opt: torch.optim.Optimizer, loss_fn, named: list[tuple[str, nn.Parameter]],
+          steps: int, tmp: Path) -> dict[str, Callable[[], tuple[float, float]]]:
+    """TensorBoard and wandb variants, for those installed."""
+    out: dict[str, Callable[[], tuple[float, float]]] = {}
+    try:
+        from torch.utils.tensorboard import SummaryWriter
+    except ImportError:
+        print("tensorboard is not installed: its variants are n/a (pip install -r tests/bench/requirements-peers.txt)")
+    else:
+        writer = SummaryWriter(log_dir=str(tmp / f"tb-{name}"))
+        count = [0]
+
+        def tb_scalar() -> None:
+            count[0] += 1
+            for n, p in named:
+                writer.add_scalar(f"grad_norm/{n}", torch.linalg.vector_norm(p.grad).item(), count[0])
+
+        def tb_hist() -> None:
+            count[0] += 1
+            for n, p in named:
+                writer.add_histogram(f"grad/{n}", p.grad, count[0])
+
+        out["tb_scalar"] = lambda: time_steps(model, opt, loss_fn, steps, tb_scalar)
+        out["tb_hist"] = lambda: time_steps(model, opt, loss_fn, steps, tb_hist)
+    try:
+        import wandb
+    except ImportError:
+        print("wandb is not installed: its variant is n/a (pip install -r tests/bench/requirements-peers.txt)")
+    else:
+        if wandb.run is not None:
+            wandb.run.finish()
+        run = wandb.init(project="gradwatch-bench", name=name, mode="offline", dir=str(tmp),
+                         settings=wandb.Settings(silent=True, console="off"))
+
+        def with_wandb() -> tuple[float, float]:
+            run.watch(model, log="all", log_freq=1)
+            last = [0.0]
+
+            def log_step() -> None:  # wandb commits the hooks' histograms with the step's log
+                run.log({"step_time": last[0]})
+            try:
+                return time_steps(model, opt, loss_fn, steps, log_step)
+            finally:
+                run.unwatch(model)
+
+        out["wandb"] = with_wandb
+        atexit.register(run.finish)
+    return out
 
 
 if __name__ == "__main__":
