@@ -8,6 +8,7 @@ Variants, interleaved round by round on the same model and optimizer:
   wandb.watch         wandb (offline) watch(log="all", log_freq=1) and a wandb.log per step
   gradwatch every=1   the hook, streaming every step to a real local `gradwatch serve`
   gradwatch auto      the same with every="auto" (1% budget; unmeasured steps send cheap facts)
+  gradwatch no server every=1 with no server listening: everything goes to the spool on disk
   floor               one 2-thread .sum() over the bytes the hook reads (grad, param, Adam moments)
 
 The peers (tensorboard, wandb) are installed for the benchmark only (tests/bench/requirements-peers.txt,
@@ -26,6 +27,7 @@ import argparse
 import atexit
 import os
 import random
+import shutil
 import signal
 import socket
 import statistics
@@ -140,6 +142,7 @@ def main() -> None:
     torch.manual_seed(0)
 
     with tempfile.TemporaryDirectory() as tmp:
+        os.environ["GRADWATCH_SPOOL"] = str(Path(tmp) / "spool")
         server, url = start_server(Path(tmp))
         try:
             rows = [bench(name, url, args.rounds, args.steps, variants, Path(tmp)) for name in args.models.split(",")]
@@ -156,6 +159,10 @@ def main() -> None:
     for r in rows:
         cells = [_pct(r.get(v)) for v in shown] + [_pct(r.get("gradwatch_charged"))] * ("gradwatch" in shown)
         print(f"| {r['model']} | {r['baseline'] * 1e3:.1f} ms | " + " | ".join(cells) + " |")
+    if "gradwatch_spool" in shown and "gradwatch" in shown:
+        for r in rows:
+            print(f"{r['model']}: step time with the server down vs up: "
+                  f"{(1 + r['gradwatch_spool']) / (1 + r['gradwatch']) - 1:+.1%}")
     if "wandb" in shown and "gradwatch" in shown:
         for r in rows:
             if r.get("wandb") is not None and r["gradwatch_charged"] > 0:
@@ -163,10 +170,12 @@ def main() -> None:
                       "costs (charged)")
 
 
-VARIANTS = ("baseline", "naive", "tb_scalar", "tb_hist", "wandb", "gradwatch", "gradwatch_auto", "floor")
+VARIANTS = ("baseline", "naive", "tb_scalar", "tb_hist", "wandb", "gradwatch", "gradwatch_auto", "gradwatch_spool",
+            "floor")
 LABELS = {"naive": "naive `.item()`", "tb_scalar": "TensorBoard `add_scalar`", "tb_hist": "TensorBoard `add_histogram`",
           "wandb": '`wandb.watch(log="all", log_freq=1)`', "gradwatch": "gradwatch every=1",
-          "gradwatch_auto": 'gradwatch every="auto"', "floor": "floor"}
+          "gradwatch_auto": 'gradwatch every="auto"', "gradwatch_spool": "gradwatch every=1, server down (spooling)",
+          "floor": "floor"}
 
 
 def _pct(value: float | None) -> str:
@@ -190,14 +199,16 @@ def bench(name: str, url: str, rounds: int, steps: int, wanted: list[str], tmp: 
             for t in (p.grad, p, st["exp_avg"], st["exp_avg_sq"]):
                 t.sum()
 
-    def with_hook(every: int | str) -> Callable[[], tuple[float, float]]:
+    def with_hook(every: int | str, server: str = url) -> Callable[[], tuple[float, float]]:
         def run() -> tuple[float, float]:
-            w = gradwatch.watch(opt, model=model, run=f"bench-{name}-{every}", project="bench", server=url,
+            w = gradwatch.watch(opt, model=model, run=f"bench-{name}-{every}", project="bench", server=server,
                                 every=every, warn=False)
             try:
                 return time_steps(model, opt, loss_fn, steps)
             finally:
-                w.close(timeout=30)
+                w.close(timeout=30 if server == url else 0.5)
+                if server != url:  # else the next watch() would replay it while others are timed
+                    shutil.rmtree(os.environ["GRADWATCH_SPOOL"], ignore_errors=True)
         return run
 
     variants: dict[str, Callable[[], tuple[float, float]]] = {
@@ -205,6 +216,7 @@ def bench(name: str, url: str, rounds: int, steps: int, wanted: list[str], tmp: 
         "naive": lambda: time_steps(model, opt, loss_fn, steps, naive),
         "gradwatch": with_hook(1),
         "gradwatch_auto": with_hook("auto"),
+        "gradwatch_spool": with_hook(1, server=f"http://127.0.0.1:{free_port()}"),
         "floor": lambda: time_steps(model, opt, loss_fn, steps, floor),
     }
     if any(k in wanted for k in ("tb_scalar", "tb_hist", "wandb")):

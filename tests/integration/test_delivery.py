@@ -83,7 +83,7 @@ def test_sync_without_a_server_fails_clearly_and_keeps_the_spool(tmp_path: Path,
 
 
 def test_server_sigkilled_mid_run_loses_and_duplicates_nothing(tmp_path: Path) -> None:
-    trials, steps = 5, 120
+    trials, steps = 10, 120
     port = find_free_port()
     db = tmp_path / "kill.db"
     lost = duplicated = 0
