@@ -16,9 +16,9 @@ $(BIN)/python:
 
 # Dependencies change rarely: install them once per change of the files that declare them
 # (this Makefile included: it picks the extras).
-$(VENV)/.stamp-deps: $(BIN)/python trainer_hook/pyproject.toml backend/pyproject.toml Makefile
+$(VENV)/.stamp-deps: $(BIN)/python trainer_hook/pyproject.toml backend/pyproject.toml constraints.txt Makefile
 	$(BIN)/python -c "import torch" 2>/dev/null || $(PIP) install $(TORCH)
-	$(PIP) install $(PKGS)
+	$(PIP) install -c constraints.txt $(PKGS)
 	touch $@
 
 $(VENV)/.stamp-test-deps: $(VENV)/.stamp-deps requirements-test.txt
