@@ -18,7 +18,7 @@ def list_runs(
     q: Annotated[str | None, Query(max_length=256, description="substring of name or project, any case")] = None,
     status: RunStatus | None = None,
     limit: Annotated[int, Query(ge=1, le=1000)] = 100,
-    offset: Annotated[int, Query(ge=0)] = 0,
+    offset: Annotated[int, Query(ge=0, le=2**62, description="runs to skip (newest first)")] = 0,
 ) -> RunsPublic:
     """Runs, newest first; `count` is the number of all matches."""
     found, count = store.list_runs(project=project, q=q, status=status, limit=limit, offset=offset)
