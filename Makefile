@@ -22,7 +22,7 @@ $(VENV)/.stamp-deps: $(BIN)/python trainer_hook/pyproject.toml backend/pyproject
 	touch $@
 
 $(VENV)/.stamp-test-deps: $(VENV)/.stamp-deps requirements-test.txt
-	$(PIP) install -r requirements-test.txt
+	$(PIP) install -c constraints.txt -r requirements-test.txt
 	touch $@
 
 # Our own code is reinstalled every time (non-editable, as users get it: the wheel must carry
@@ -43,7 +43,7 @@ test: setup-test
 
 # The peers the overhead benchmark compares with (TensorBoard, wandb) go into .venv for it only.
 $(VENV)/.stamp-bench-peers: $(VENV)/.stamp-test-deps tests/bench/requirements-peers.txt
-	$(PIP) install -r tests/bench/requirements-peers.txt
+	$(PIP) install -c constraints.txt -r tests/bench/requirements-peers.txt
 	touch $@
 
 bench: setup-test $(VENV)/.stamp-bench-peers

@@ -128,3 +128,22 @@ def test_unnamed_parameters_get_stable_names() -> None:
     opt = torch.optim.SGD([{"params": [a]}, {"params": [b]}], lr=0.1)
     layout = build_layout([opt], None)
     assert [w.name for w in layout.params] == ["group0.param0", "group1.param0"]
+
+
+def test_large_cpu_passes_split_across_two_threads_give_the_same_norms() -> None:
+    """Above _SecondCore.MIN_BYTES the CPU pass is split between the training thread and a
+    worker: every norm still equals the oracle, in parameter order."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(*[torch.nn.Linear(512, 512) for _ in range(6)])  # 6.3 MB of params
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+    probe = Probe(build_layout([opt], model))
+    for step in (1, 2):
+        opt.zero_grad()
+        model(torch.randn(4, 512)).pow(2).mean().backward()
+        metrics, _, _, grads, params = measured_step(model, opt, probe, step)
+        none = [False] * len(params)
+        assert_close(metrics["grad_norm"], oracle(grads), none)
+        assert_close(metrics["param_norm"], oracle(params), none)
+        assert_close(metrics["exp_avg_sq_norm"], oracle([opt.state[p]["exp_avg_sq"] for p in params]), none)
+    if torch.get_num_threads() > 1:
+        assert probe._cores._pool is not None  # the split really happened

@@ -10,6 +10,7 @@ into per-parameter arrays.
 from __future__ import annotations
 
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Optional, Sequence
 
@@ -31,6 +32,35 @@ def fused_norms(tensors: list[torch.Tensor]) -> list[torch.Tensor]:
         return list(torch._foreach_norm(tensors, 2, dtype=torch.float32))
     except TypeError:  # torch < 2.3 has no dtype argument: norms come in the tensors' dtype
         return [n.float() for n in torch._foreach_norm(tensors, 2)]
+
+
+class _SecondCore:
+    """Runs part of a CPU norm pass on a second thread.
+
+    On CPU `_foreach_norm` runs on one core, while the training step's own ops use all of torch's
+    intra-op threads, so the other cores sit idle while the hook reads its bytes. For a pass
+    over more than `MIN_BYTES`, the tensors are split in two halves by size, one computed here
+    and one on a worker thread (torch releases the GIL), and the hook waits for both: the values
+    are the same, read at the same point of the step, in about half the time.
+    """
+
+    MIN_BYTES = 4 << 20
+
+    def __init__(self) -> None:
+        self._pool: Optional[ThreadPoolExecutor] = None
+
+    def norms(self, tensors: list[torch.Tensor]) -> list[torch.Tensor]:
+        if len(tensors) < 2 or tensors[0].device.type != "cpu" or torch.get_num_threads() < 2:
+            return fused_norms(tensors)
+        sizes = np.cumsum([t.numel() * t.element_size() for t in tensors])
+        if sizes[-1] < self.MIN_BYTES:
+            return fused_norms(tensors)
+        half = int(np.searchsorted(sizes, sizes[-1] / 2)) + 1
+        half = min(max(half, 1), len(tensors) - 1)
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(1, thread_name_prefix="gradwatch-norms")
+        tail = self._pool.submit(fused_norms, tensors[half:])
+        return fused_norms(tensors[:half]) + tail.result()
 
 
 @dataclass
@@ -125,6 +155,7 @@ class Probe:
         self.params = [w.param for w in layout.params]
         self.params_bytes = float(sum(p.numel() * p.element_size() for p in self.params))
         self._devices = {p.device for p in self.params}
+        self._cores = _SecondCore()
         self._pending: Optional[_Pending] = None
         self._pinned: dict[int, list[torch.Tensor]] = {}  # free pinned host buffers by length
 
@@ -166,7 +197,7 @@ class Probe:
                 idx.append(i)
                 ts.append(g)
         for device, (idx, ts) in by_device.items():
-            norms = torch.stack(fused_norms(ts))
+            norms = torch.stack(self._cores.norms(ts))
             inv_scale = self._inverse_scale(device, optimizer)
             if inv_scale is not None:
                 norms = norms * inv_scale
@@ -205,9 +236,13 @@ class Probe:
                 idx, ts = by_device.setdefault(value.device, {}).setdefault(f"{key}_norm", ([], []))
                 idx.append(i)
                 ts.append(value)
-        for device_metrics in by_device.values():
+        for device_metrics in by_device.values():  # one pass per device over every metric's tensors
+            everything = [t for _, ts in device_metrics.values() for t in ts]
+            norms = torch.stack(self._cores.norms(everything))
+            offset = 0
             for metric, (idx, ts) in device_metrics.items():
-                pending.segments.append(_Segment(metric, np.asarray(idx), torch.stack(fused_norms(ts))))
+                pending.segments.append(_Segment(metric, np.asarray(idx), norms[offset:offset + len(ts)]))
+                offset += len(ts)
         pending.cost_s += time.perf_counter() - started
 
     @torch.no_grad()
