@@ -157,6 +157,18 @@ def test_amp_with_two_optimizers_reports_unscaled_norms() -> None:
         assert math.isclose(msgs[0]["params"]["grad_norm"][n], want, rel_tol=1e-5), n
 
 
+def test_names_from_named_parameters_pairs() -> None:
+    """Two models, no common Module: name their parameters with (name, parameter) pairs."""
+    gen, disc = torch.nn.Linear(3, 5), torch.nn.Linear(5, 1)
+    opt_g, opt_d = torch.optim.SGD(gen.parameters(), lr=0.1), torch.optim.SGD(disc.parameters(), lr=0.1)
+    frozen = torch.nn.Parameter(torch.ones(2))  # requires grad, in no optimizer
+    pairs = [*gen.named_parameters("G"), *disc.named_parameters("D"), ("extra", frozen)]
+    w = gradwatch.watch([opt_g, opt_d], model=iter(pairs), server=NOWHERE, warn=False)
+    w.close(timeout=0.1)
+    assert [p.name for p in w.layout.params] == ["G.weight", "G.bias", "D.weight", "D.bias"]
+    assert w.layout.unoptimized == ["extra"]
+
+
 @pytest.mark.parametrize("bad, error, match", [
     ([], ValueError, "empty list"),
     ("twice", ValueError, "same optimizer twice"),

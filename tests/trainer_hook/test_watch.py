@@ -24,6 +24,7 @@ def make() -> tuple[torch.nn.Module, torch.optim.Optimizer]:
     ({"server": "http://127.0.0.1:99999"}, ValueError, "invalid port"),
     ({"server": 8765}, TypeError, "URL string"),
     ({"model": "resnet"}, TypeError, "torch.nn.Module"),
+    ({"model": [("fc.weight", 3)]}, TypeError, r"\(name, parameter\) pairs"),
     ({"run": ""}, ValueError, "run must be 1 to 200 printable characters"),
     ({"run": "a\nb"}, ValueError, "run must be"),
     ({"project": 3}, TypeError, "project must be a string"),

@@ -65,11 +65,29 @@ def hparams(group: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def build_layout(optimizers: Sequence[torch.optim.Optimizer], model: torch.nn.Module | None) -> Layout:
+def named_parameters(model: Any) -> list[tuple[str, torch.Tensor]]:
+    """`model.named_parameters()` of a Module, or the (name, parameter) pairs given instead
+    (e.g. `[*gen.named_parameters("gen"), *disc.named_parameters("disc")]`); TypeError otherwise."""
+    if model is None:
+        return []
+    if isinstance(model, torch.nn.Module):
+        return list(model.named_parameters())
+    if isinstance(model, (str, bytes, torch.Tensor)) or not hasattr(model, "__iter__"):
+        raise TypeError("model must be a torch.nn.Module or (name, parameter) pairs such as "
+                        f"model.named_parameters(), not {type(model).__name__}")
+    pairs = list(model)
+    for pair in pairs:
+        if not (isinstance(pair, tuple) and len(pair) == 2 and isinstance(pair[0], str)
+                and isinstance(pair[1], torch.Tensor)):
+            raise TypeError(f"model: expected (name, parameter) pairs such as model.named_parameters(); got {pair!r:.80}")
+    return pairs
+
+
+def build_layout(optimizers: Sequence[torch.optim.Optimizer], model: Any) -> Layout:
+    named = named_parameters(model)
     names: dict[int, str] = {}
-    if model is not None:
-        for name, p in model.named_parameters():
-            names.setdefault(id(p), name)
+    for name, p in named:
+        names.setdefault(id(p), name)
     layout = Layout(optimizers=list(optimizers), params=[])
     seen: set[int] = set()
     for o, opt in enumerate(optimizers):
@@ -83,6 +101,5 @@ def build_layout(optimizers: Sequence[torch.optim.Optimizer], model: torch.nn.Mo
                 fallback = f"opt{o}.group{i}.param{j}" if len(optimizers) > 1 else f"group{i}.param{j}"
                 layout.params.append(WatchedParam(names.get(id(p), fallback), p, o, g))
     layout.frozen = [w.name for w in layout.params if not w.param.requires_grad]
-    if model is not None:
-        layout.unoptimized = [n for n, p in model.named_parameters() if p.requires_grad and id(p) not in seen]
+    layout.unoptimized = [n for n, p in named if p.requires_grad and id(p) not in seen]
     return layout

@@ -10,7 +10,7 @@ import secrets
 import threading
 import time
 import weakref
-from typing import Any, Mapping, Optional, Sequence, Union
+from typing import Any, Iterable, Mapping, Optional, Sequence, Union
 
 import numpy as np
 
@@ -48,13 +48,11 @@ class Watcher:
     """
 
     def __init__(self, optimizer: Union[torch.optim.Optimizer, Sequence[torch.optim.Optimizer]], *,
-                 model: Optional[torch.nn.Module] = None,
+                 model: Union[torch.nn.Module, Iterable[tuple[str, torch.Tensor]], None] = None,
                  run: Optional[str] = None, project: Optional[str] = None, server: Optional[str] = None,
                  every: Union[int, str] = 1, scaler: Any = None, token: Optional[str] = None,
                  updates: bool = False, warn: bool = True) -> None:
         optimizers = _optimizers(optimizer)
-        if model is not None and not isinstance(model, torch.nn.Module):
-            raise TypeError(f"model must be a torch.nn.Module (used to name parameters), not {type(model).__name__}")
         self._sampler = make_sampler(every)
         if not isinstance(updates, bool) or not isinstance(warn, bool):
             raise TypeError("updates and warn must be True or False")
@@ -317,7 +315,8 @@ def _optimizers(optimizer: Any) -> list[torch.optim.Optimizer]:
     return many
 
 
-def watch(optimizer: Union[torch.optim.Optimizer, Sequence[torch.optim.Optimizer]], *, model: Optional[torch.nn.Module] = None,
+def watch(optimizer: Union[torch.optim.Optimizer, Sequence[torch.optim.Optimizer]], *,
+          model: Union[torch.nn.Module, Iterable[tuple[str, torch.Tensor]], None] = None,
           run: Optional[str] = None, project: Optional[str] = None, server: Optional[str] = None,
           every: Union[int, str] = 1, scaler: Any = None, token: Optional[str] = None,
           updates: bool = False, warn: bool = True) -> Watcher:
