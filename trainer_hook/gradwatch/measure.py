@@ -10,7 +10,6 @@ into per-parameter arrays.
 from __future__ import annotations
 
 import time
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Optional, Sequence
 
@@ -34,33 +33,23 @@ def fused_norms(tensors: list[torch.Tensor]) -> list[torch.Tensor]:
         return [n.float() for n in torch._foreach_norm(tensors, 2)]
 
 
-class _SecondCore:
-    """Runs part of a CPU norm pass on a second thread.
+@dataclass
+class _StateEntry:
+    """What `read_state` reads of one parameter's optimizer state, kept between steps.
 
-    On CPU `_foreach_norm` runs on one core, while the training step's own ops use all of torch's
-    intra-op threads, so the other cores sit idle while the hook reads its bytes. For a pass
-    over more than `MIN_BYTES`, the tensors are split in two halves by size, one computed here
-    and one on a worker thread (torch releases the GIL), and the hook waits for both: the values
-    are the same, read at the same point of the step, in about half the time.
+    torch optimizers update their state tensors in place, so the same tensors are read every
+    step; rebuilding these lists from the state dicts cost more than the norms on models of many
+    small tensors. An entry is used only while its dict, its keys and every listed tensor are
+    still the ones it was built from (a few identity checks), else it is rebuilt.
     """
+    state: dict
+    size: int  # len(state) when built
+    tensors: list[tuple[str, str, torch.Tensor, torch.device]]  # (key, metric, tensor, device)
+    nbytes: int  # every tensor in the state, the scalar ones (`step`) included
 
-    MIN_BYTES = 4 << 20
-
-    def __init__(self) -> None:
-        self._pool: Optional[ThreadPoolExecutor] = None
-
-    def norms(self, tensors: list[torch.Tensor]) -> list[torch.Tensor]:
-        if len(tensors) < 2 or tensors[0].device.type != "cpu" or torch.get_num_threads() < 2:
-            return fused_norms(tensors)
-        sizes = np.cumsum([t.numel() * t.element_size() for t in tensors])
-        if sizes[-1] < self.MIN_BYTES:
-            return fused_norms(tensors)
-        half = int(np.searchsorted(sizes, sizes[-1] / 2)) + 1
-        half = min(max(half, 1), len(tensors) - 1)
-        if self._pool is None:
-            self._pool = ThreadPoolExecutor(1, thread_name_prefix="gradwatch-norms")
-        tail = self._pool.submit(fused_norms, tensors[half:])
-        return fused_norms(tensors[:half]) + tail.result()
+    def valid(self, state: dict) -> bool:
+        return state is self.state and len(state) == self.size and \
+            all(state.get(key) is t for key, _, t, _ in self.tensors)
 
 
 @dataclass
@@ -155,7 +144,7 @@ class Probe:
         self.params = [w.param for w in layout.params]
         self.params_bytes = float(sum(p.numel() * p.element_size() for p in self.params))
         self._devices = {p.device for p in self.params}
-        self._cores = _SecondCore()
+        self._state_cache: list[Optional[_StateEntry]] = [None] * len(self.params)
         self._pending: Optional[_Pending] = None
         self._pinned: dict[int, list[torch.Tensor]] = {}  # free pinned host buffers by length
 
@@ -197,7 +186,7 @@ class Probe:
                 idx.append(i)
                 ts.append(g)
         for device, (idx, ts) in by_device.items():
-            norms = torch.stack(self._cores.norms(ts))
+            norms = torch.stack(fused_norms(ts))
             inv_scale = self._inverse_scale(device, optimizer)
             if inv_scale is not None:
                 norms = norms * inv_scale
@@ -218,27 +207,27 @@ class Probe:
             before, pending.before = pending.before, {}
             pending.segments.extend(self._updates(before))
         by_device: dict[torch.device, dict[str, tuple[list[int], list[torch.Tensor]]]] = {}
+        layout, cache = self.layout, self._state_cache
         for i in range(len(self.params)) if indices is None else indices:
-            w = self.layout.params[i]
+            w = layout.params[i]
             p = w.param
             idx, ts = by_device.setdefault(p.device, {}).setdefault("param_norm", ([], []))
             idx.append(i)
             ts.append(p)
-            state = self.layout.optimizers[w.optimizer].state.get(p)
+            state = layout.optimizers[w.optimizer].state.get(p)
             if not state:
                 continue
-            for key, value in state.items():
-                if not isinstance(value, torch.Tensor):
-                    continue
-                pending.optimizer_bytes += value.numel() * value.element_size()
-                if key in _SCALAR_STATE_KEYS or value.shape != p.shape:
-                    continue
-                idx, ts = by_device.setdefault(value.device, {}).setdefault(f"{key}_norm", ([], []))
+            entry = cache[i]
+            if entry is None or not entry.valid(state):
+                entry = cache[i] = _state_entry(p, state)
+            pending.optimizer_bytes += entry.nbytes
+            for _, metric, value, device in entry.tensors:
+                idx, ts = by_device.setdefault(device, {}).setdefault(metric, ([], []))
                 idx.append(i)
                 ts.append(value)
         for device_metrics in by_device.values():  # one pass per device over every metric's tensors
             everything = [t for _, ts in device_metrics.values() for t in ts]
-            norms = torch.stack(self._cores.norms(everything))
+            norms = torch.stack(fused_norms(everything))
             offset = 0
             for metric, (idx, ts) in device_metrics.items():
                 pending.segments.append(_Segment(metric, np.asarray(idx), norms[offset:offset + len(ts)]))
@@ -350,6 +339,18 @@ class Probe:
                 event.record()
             buffers.append(_DeviceBuffer(segs, host, event))
         return buffers
+
+
+def _state_entry(p: torch.Tensor, state: dict) -> _StateEntry:
+    """The state tensors shaped like `p` (named `<key>_norm`) and the bytes of all of them."""
+    tensors, nbytes = [], 0
+    for key, value in state.items():
+        if not isinstance(value, torch.Tensor):
+            continue
+        nbytes += value.numel() * value.element_size()
+        if key not in _SCALAR_STATE_KEYS and value.shape == p.shape:
+            tensors.append((key, f"{key}_norm", value, value.device))
+    return _StateEntry(state, len(state), tensors, nbytes)
 
 
 def cuda_memory(devices: set[torch.device]) -> dict[str, float]:
