@@ -9,7 +9,7 @@ TORCH  := torch==2.13.0
 # pointed at PostgreSQL and the tests run on it too.
 PKGS   := ./trainer_hook './backend[postgres]'
 
-.PHONY: demo test bench setup setup-test system-deps clean
+.PHONY: demo test bench bench-dashboard bench-storage setup setup-test system-deps clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -46,8 +46,25 @@ $(VENV)/.stamp-bench-peers: $(VENV)/.stamp-test-deps tests/bench/requirements-pe
 	$(PIP) install -c constraints.txt -r tests/bench/requirements-peers.txt
 	touch $@
 
-bench: setup-test $(VENV)/.stamp-bench-peers
+# MLflow, the peer of the storage benchmark, gets a venv of its own (see the requirements file).
+BENCH_VENV := .venv-bench
+$(BENCH_VENV)/.stamp: tests/bench/requirements-mlflow.txt
+	$(PYTHON) -m venv $(BENCH_VENV)
+	$(BENCH_VENV)/bin/python -m pip --disable-pip-version-check -q install -r tests/bench/requirements-mlflow.txt
+	touch $@
+
+bench: setup-test $(VENV)/.stamp-bench-peers $(BENCH_VENV)/.stamp
 	$(BIN)/python tests/bench/overhead.py
+	$(BIN)/python tests/bench/dashboard.py
+	$(BIN)/python tests/bench/storage.py
+
+# Storage at scale alone: ingest (SQLite, PostgreSQL, MLflow), reads, export, disk, run management.
+bench-storage: setup-test $(BENCH_VENV)/.stamp
+	$(BIN)/python tests/bench/storage.py
+
+# The dashboard's speed alone, in real Chromium: a 1,000-tensor x 10,000-step run and a live one.
+bench-dashboard: setup-test
+	$(BIN)/python tests/bench/dashboard.py
 
 clean:
-	rm -rf $(VENV) build dist */build */*.egg-info
+	rm -rf $(VENV) $(BENCH_VENV) build dist */build */*.egg-info

@@ -24,7 +24,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -90,17 +90,18 @@ def server_env(extra: Mapping[str, str] | None = None) -> dict[str, str]:
 
 def start_server(tmp_path: Path, *, db_url: str | None = None, db_path: Path | None = None,
                  token: str | None = None, crash_grace_s: float = 1.0, env: Mapping[str, str] | None = None,
-                 port: int | None = None) -> ServerProcess:
+                 port: int | None = None, args: Sequence[str] = ()) -> ServerProcess:
     """Start `gradwatch serve` on a free port and wait for health.
 
-    The database is `db_url`, else the SQLite file `db_path`, else `tmp_path/gradwatch.db`.
+    The database is `db_url`, else the SQLite file `db_path`, else `tmp_path/gradwatch.db`;
+    `args` are more options of `serve` (e.g. ``("--workers", "2")``).
     """
     port = port or find_free_port()
     if db_url is None:
         db_url = f"sqlite:///{db_path or tmp_path / 'gradwatch.db'}"
     db_path = Path(db_url.removeprefix("sqlite:///")) if db_url.startswith("sqlite:///") else None
     log_path = tmp_path / f"server-{port}.log"
-    args = [*server_command(), "serve", "--db", db_url, "--port", str(port)]
+    args = [*server_command(), "serve", "--db", db_url, "--port", str(port), *args]
     if token is not None:
         args += ["--token", token]
     full_env = server_env({"GRADWATCH_CRASH_GRACE_S": str(crash_grace_s), **(env or {})})

@@ -44,6 +44,14 @@ def test_database_url_can_point_the_server_at_postgres() -> None:
     assert url in config["services"]["gradwatch"]["command"]
 
 
+def test_workers_can_be_set_for_postgres_and_default_to_one_process() -> None:
+    url = "postgresql://gradwatch:gradwatch@postgres:5432/gradwatch"
+    config = yaml.safe_load(compose("config", env={"GRADWATCH_DB": url, "GRADWATCH_WORKERS": "4"}))
+    assert config["services"]["gradwatch"]["environment"]["GRADWATCH_WORKERS"] == "4"
+    config = yaml.safe_load(compose("config"))
+    assert not config["services"]["gradwatch"]["environment"]["GRADWATCH_WORKERS"]  # empty: one process
+
+
 def test_the_image_has_the_postgres_driver() -> None:
     """The postgres profile points the server at PostgreSQL: the image needs psycopg (the extra)."""
     assert '"./backend[postgres]"' in (ROOT / "Dockerfile").read_text()

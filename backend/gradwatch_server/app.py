@@ -43,15 +43,27 @@ def create_app(settings: Settings) -> FastAPI:
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         store = await asyncio.to_thread(open_store, settings.db_url)
-        hub = LiveHub(settings.live_queue_size)
-        sessions = Sessions(store, hub, settings.crash_grace_s)
+        relay = None
+        if settings.workers > 1:  # one of several worker processes: live updates go through PostgreSQL
+            from .relay import Relay  # needs psycopg, which SQLite users may not have
+
+            try:
+                relay = Relay(settings.db_url, store, settings.live_queue_size)
+                await relay.start()
+            except BaseException:
+                store.close()
+                raise
+        hub = LiveHub(settings.live_queue_size) if relay is None else relay.hub
+        sessions = Sessions(store, hub, settings.crash_grace_s, presence=relay)
         app.state.store, app.state.hub, app.state.sessions = store, hub, sessions
-        app.state.diagnostics = Diagnostics(store)
+        app.state.diagnostics = Diagnostics(store, sole_writer=relay is None)
         sessions.watch(await asyncio.to_thread(store.running_run_ids))
         try:
             yield
         finally:
             await sessions.close()
+            if relay is not None:
+                await relay.close()
             store.close()
 
     app = FastAPI(

@@ -1,4 +1,4 @@
-"""The `gradwatch` command: serve, runs, export, import, sync.
+"""The `gradwatch` command: serve, runs, export, import, sync, gc.
 
 Exit codes: 0 success, 1 the command failed (the message says what to do), 2 bad usage.
 """
@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import logging
 import os
 import sys
 import time
@@ -35,6 +34,16 @@ def _db_option(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def _workers(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1 (worker processes), not {value}")
+    return value
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="gradwatch", description="gradwatch server: store PyTorch optimizer telemetry and show it live.",
@@ -51,6 +60,10 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--allowed-hosts", metavar="NAMES",
                        help="comma-separated host names the server answers to, * for any (default: the "
                             "loopback names when bound to loopback, else any)")
+    serve.add_argument("--workers", type=_workers, metavar="N",
+                       help=f"worker processes serving the port (default: ${ENV_VARS['workers']}, then 1); more "
+                            "than 1 needs PostgreSQL (--db postgresql://...), which passes live updates between "
+                            "them; SQLite stays one process")
     serve.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
 
     runs = commands.add_parser("runs", help="list stored runs", description="List the runs in a database.")
@@ -77,7 +90,35 @@ def build_parser() -> argparse.ArgumentParser:
                       help="server URL (default: $GRADWATCH_SERVER, then http://127.0.0.1:8765)")
     sync.add_argument("--spool", metavar="DIR", help="spool folder (default: $GRADWATCH_SPOOL, then ~/.gradwatch/spool)")
     sync.add_argument("--token", metavar="T", help="the server's token (default: $GRADWATCH_TOKEN)")
+
+    gc = commands.add_parser(
+        "gc", help="delete old or crashed runs and compact the database",
+        description="Delete the runs chosen by --older-than and/or --crashed (each with all its data, in one "
+                    "transaction; never a running run), then give the space back: VACUUM on SQLite (it rewrites "
+                    "the file: it needs as much free disk, and a moment without a server writing), VACUUM (ANALYZE) "
+                    "on PostgreSQL. Without --older-than or --crashed it only compacts. Deleting asks for --yes "
+                    "(or a y on a terminal); --dry-run lists what would go.",
+    )
+    _db_option(gc)
+    gc.add_argument("--older-than", metavar="DAYS", type=_days,
+                    help="delete the runs created more than DAYS days ago (a decimal, e.g. 0.5)")
+    gc.add_argument("--crashed", action="store_true", help="delete crashed runs (with --older-than: the older ones)")
+    gc.add_argument("--project", help="only runs of this project (with --older-than or --crashed)")
+    confirm = gc.add_mutually_exclusive_group()
+    confirm.add_argument("--dry-run", action="store_true", help="list what would be deleted; change nothing")
+    confirm.add_argument("-y", "--yes", action="store_true", help="delete without asking")
+    gc.add_argument("--no-vacuum", action="store_true", help="delete only; do not compact")
     return parser
+
+
+def _days(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number of days: {text!r}") from None
+    if not value >= 0:  # also refuses nan
+        raise argparse.ArgumentTypeError(f"must be 0 or more days, not {text}")
+    return value
 
 
 def _store(args: argparse.Namespace, env: Mapping[str, str]) -> Store:
@@ -100,22 +141,31 @@ def _find_run(store: Store, ref: str) -> Run:
 def cmd_serve(args: argparse.Namespace, env: Mapping[str, str]) -> int:
     import uvicorn
 
+    from . import workers
     from .app import create_app
 
     settings = Settings.from_env(env, db_url=args.db, host=args.host, port=args.port, token=args.token,
-                                 allowed_hosts=args.allowed_hosts)
+                                 allowed_hosts=args.allowed_hosts, workers=args.workers)
+    problem = workers.refusal(settings)
+    if problem:
+        print(f"gradwatch: error: {problem}", file=sys.stderr)
+        return EXIT_USAGE
     open_store(settings.db_url).close()  # fail here, with a clear message, if the database is unusable
     if settings.host not in ("127.0.0.1", "localhost", "::1") and settings.token is None:
         print(f"gradwatch: warning: listening on {settings.host} without --token: anyone who can reach "
               "this port can write runs", file=sys.stderr)
-    # Our loggers (gradwatch.*) beside uvicorn's: refused hooks and crashed runs show up.
-    logging.basicConfig(format="%(levelname)-9s %(name)s: %(message)s")
-    logging.getLogger("gradwatch").setLevel(args.log_level.upper())
+    workers.configure_logging(args.log_level)
     host = f"[{settings.host}]" if ":" in settings.host else settings.host
-    print(f"gradwatch: dashboard at http://{host}:{settings.port}/  (database {display_url(settings.db_url)})", flush=True)
+    several = f", {settings.workers} workers" if settings.workers > 1 else ""
+    print(f"gradwatch: dashboard at http://{host}:{settings.port}/  (database {display_url(settings.db_url)}{several})",
+          flush=True)
     try:
-        uvicorn.run(create_app(settings), host=settings.host, port=settings.port, log_level=args.log_level,
-                    ws_max_size=settings.max_frame_bytes)
+        if settings.workers > 1:
+            if not workers.serve(settings, args.log_level):
+                raise CommandFailed("the worker processes could not start (see above)")
+        else:
+            uvicorn.run(create_app(settings), host=settings.host, port=settings.port, log_level=args.log_level,
+                        ws_max_size=settings.max_frame_bytes)
     except SystemExit as exc:  # uvicorn exits 3 when it cannot start, e.g. on a port in use
         if exc.code:
             raise CommandFailed(f"the server could not start on {host}:{settings.port} (see above); "
@@ -240,6 +290,59 @@ def cmd_sync(args: argparse.Namespace, env: Mapping[str, str], out: IO[str]) -> 
     return EXIT_OK
 
 
+def _mib(size: int) -> str:
+    return f"{size / 2**20:,.1f} MiB"
+
+
+def cmd_gc(args: argparse.Namespace, env: Mapping[str, str], out: IO[str]) -> int:
+    """Delete the chosen runs (after confirmation), then compact the database."""
+    selecting = args.older_than is not None or args.crashed
+    if args.project is not None and not selecting:
+        print("gradwatch gc: error: --project narrows --older-than or --crashed; give one of them", file=sys.stderr)
+        return EXIT_USAGE
+    url = Settings.from_env(env, db_url=args.db).db_url
+    store = open_store(url)
+    try:
+        chosen: list[Run] = []
+        if selecting:
+            before = None if args.older_than is None else time.time() - args.older_than * 86400
+            chosen = store.runs_to_collect(created_before=before, status="crashed" if args.crashed else None,
+                                           project=args.project)
+            for r in chosen:
+                created = time.strftime("%Y-%m-%d %H:%M", time.localtime(r.created_at))
+                print(f"{r.id}  {r.name}  {r.project}  {r.status}  {r.steps} steps  {created}", file=out)
+            steps = sum(r.steps for r in chosen)
+            verb = "would delete" if args.dry_run else "deleting"
+            print(f"{verb} {len(chosen)} runs ({steps:,} steps)" if chosen else "no run to delete", file=out)
+        size = store.database_bytes()
+        if args.dry_run:
+            what = "" if args.no_vacuum else f"; would compact the database ({_mib(size)} now)"
+            print(f"dry run: nothing changed{what}", file=out)
+            return EXIT_OK
+        if chosen and not args.yes:
+            if not sys.stdin.isatty():
+                print("gradwatch gc: error: deleting runs needs --yes (or a terminal to answer); --dry-run lists them",
+                      file=sys.stderr)
+                return EXIT_USAGE
+            if input(f"Delete these {len(chosen)} runs and all their data? [y/N] ").strip().lower() not in ("y", "yes"):
+                print("nothing deleted", file=out)
+                return EXIT_OK
+        with _progress(len(chosen), enabled=len(chosen) > 1 and sys.stderr.isatty(), unit="run") as advance:
+            for r in chosen:
+                store.delete_run(r.id)
+                if advance is not None:
+                    advance(1)
+        if chosen:
+            print(f"deleted {len(chosen)} runs", file=out)
+        if not args.no_vacuum:
+            print(f"compacting {display_url(url)} ({_mib(size)})...", file=out, flush=True)
+            store.compact()
+            print(f"compacted: {_mib(size)} -> {_mib(store.database_bytes())}", file=out)
+    finally:
+        store.close()
+    return EXIT_OK
+
+
 def main(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     env = os.environ if env is None else env
@@ -253,6 +356,8 @@ def main(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None
             return cmd_export(args, env, out)
         if args.command == "import":
             return cmd_import(args, env, out)
+        if args.command == "gc":
+            return cmd_gc(args, env, out)
         return cmd_sync(args, env, out)
     except (CommandFailed, StoreError) as exc:
         print(f"gradwatch: error: {exc}", file=sys.stderr)

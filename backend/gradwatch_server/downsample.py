@@ -65,6 +65,20 @@ def summarize(values: np.ndarray, starts: np.ndarray, missing: np.ndarray | None
     return Summary(mean=mean, min=low, max=high, empty=empty)
 
 
+def _extreme(op: np.ufunc, x: np.ndarray, starts: np.ndarray) -> np.ndarray:
+    """`op.reduceat(x, starts, axis=0)` for min or max (where repeating a value changes
+    nothing), by gathering each bucket into a row of equal width, a short bucket repeating its
+    last value: numpy's reduceat along the first axis is several times slower, and a heatmap
+    reduces every parameter (2,000 steps x 1,000 parameters into 1,000 buckets: 18 ms -> 3 ms)."""
+    sizes = np.diff(np.append(starts, len(x)))
+    width = int(sizes.max()) if len(sizes) else 0
+    if not len(sizes) or width * len(sizes) > 2 * len(x):  # uneven buckets: the gather would grow
+        return op.reduceat(x, starts, axis=0)
+    rows = starts[:, None] + np.minimum(np.arange(width), sizes[:, None] - 1)
+    reduced: np.ndarray = op.reduce(x[rows], axis=1)
+    return reduced
+
+
 def peak(values: np.ndarray, starts: np.ndarray, missing: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
     """Per bucket the value of largest magnitude, NaN winning over everything.
 
@@ -74,15 +88,15 @@ def peak(values: np.ndarray, starts: np.ndarray, missing: np.ndarray | None = No
     present = _present(v, missing)
     nan = np.isnan(v) & present
     ordered = present & ~nan
-    low = np.minimum.reduceat(np.where(ordered, v, np.inf), starts, axis=0)
-    high = np.maximum.reduceat(np.where(ordered, v, -np.inf), starts, axis=0)
+    low = _extreme(np.minimum, np.where(ordered, v, np.inf), starts)
+    high = _extreme(np.maximum, np.where(ordered, v, -np.inf), starts)
     out = np.where(np.abs(low) > np.abs(high), low, high)
-    has_nan = _count(nan, starts) > 0
+    has_nan = _extreme(np.maximum, nan, starts)
     out = np.where(has_nan, np.nan, out)
-    empty = ~(has_nan | (_count(ordered, starts) > 0))
+    empty = ~(has_nan | _extreme(np.maximum, ordered, starts))
     return out, empty
 
 
 def highest_code(codes: np.ndarray, starts: np.ndarray) -> np.ndarray:
     """Per bucket the highest grad_status code (nonfinite > nonzero > zero > none)."""
-    return np.maximum.reduceat(np.asarray(codes), starts, axis=0)
+    return _extreme(np.maximum, np.asarray(codes), starts)

@@ -31,6 +31,15 @@ FIXED_METRICS = ("grad_norm", GRAD_STATUS, "param_norm", "exp_avg_norm", "exp_av
 Progress = Callable[[int], None]
 """Called with the number of steps just written (for a progress bar)."""
 
+#: (step, parameter) rows read and encoded at once: bounds an export's memory whatever the
+#: model's width (a 1,000-parameter run took 300 MiB at 256 steps a chunk, 256,000 rows).
+CHUNK_ROWS = 65536
+
+
+def chunk_steps(params: int) -> int:
+    """Steps per read of an export: about CHUNK_ROWS rows, 1 to 256 steps."""
+    return max(1, min(256, CHUNK_ROWS // max(1, params)))
+
 
 def csv_columns(metrics: list[str]) -> list[str]:
     """Header of the CSV and Parquet table: step, param, the fixed metrics, then the others sorted."""
@@ -75,7 +84,7 @@ def export_csv(store: Store, run: Run, progress: Progress | None = None) -> Iter
     buffer = io.StringIO()
     writer = csv.writer(buffer, lineterminator="\n")
     writer.writerow(header)
-    for chunk in store.iter_steps(run.id, with_scalars=False):
+    for chunk in store.iter_steps(run.id, with_scalars=False, chunk=chunk_steps(len(params))):
         for record in chunk:
             columns = [np.full(len(params), str(record.step), dtype=object), names]
             columns += [_text_column(record.arrays.get(m), len(params)) for m in header[2:]]
@@ -105,13 +114,15 @@ def _step_line(record: StepRecord) -> dict[str, object]:
 
 def export_jsonl(store: Store, run: Run, progress: Progress | None = None) -> Iterator[bytes]:
     """First a run line (run, params, groups), then one line per step; `gradwatch import` reads it."""
+    params = store.get_params(run.id)
     yield _json_line({
         "type": "run",
-        "run": RunPublic.of(run).model_dump(),
-        "params": [ParamPublic.of(p).model_dump() for p in store.get_params(run.id)],
+        # Not the findings counts: they are derived, and the importing server derives them again.
+        "run": RunPublic.of(run).model_dump(exclude={"findings"}),
+        "params": [ParamPublic.of(p).model_dump() for p in params],
         "groups": [asdict(g) for g in store.get_groups(run.id)],
     })
-    for chunk in store.iter_steps(run.id):
+    for chunk in store.iter_steps(run.id, chunk=chunk_steps(len(params))):
         yield b"".join(_json_line(_step_line(r)) for r in chunk)
         if progress:
             progress(len(chunk))
@@ -155,7 +166,7 @@ def export_parquet(store: Store, run: Run, progress: Progress | None = None) -> 
         writer = pq.ParquetWriter(str(path), schema)
         with open(path, "rb") as landed:
             try:
-                for chunk in store.iter_steps(run.id, with_scalars=False):
+                for chunk in store.iter_steps(run.id, with_scalars=False, chunk=chunk_steps(len(params))):
                     writer.write_table(_arrow_chunk(schema, params, chunk))
                     if progress:
                         progress(len(chunk))

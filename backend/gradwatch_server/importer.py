@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 
 from .jsonvalues import metric_array
+from .models import RunUpdate
 from .protocol import PROTOCOL_VERSION, Hello, ProtocolError, Step, validate_message
 from .store import StepData, Store
 
@@ -67,6 +68,7 @@ def import_jsonl(store: Store, lines: Iterable[str], batch_size: int = 256) -> I
     final: dict[str, Any] = {}
     batch: list[StepData] = []
     stored = skipped = 0
+    tags: list[str] | None = None
 
     def flush() -> None:
         nonlocal stored, skipped
@@ -85,6 +87,8 @@ def import_jsonl(store: Store, lines: Iterable[str], batch_size: int = 256) -> I
                 if not isinstance(line, dict) or line.get("type") != "run":
                     raise ImportFailed("the first line must be the run line ({\"type\": \"run\", ...})")
                 hello, final = _hello(line), line["run"]
+                # Checked like PATCH's; exports made before tags existed have none.
+                tags = RunUpdate.model_validate({"tags": final.get("tags") or []}).tags
                 store.open_run(hello)
                 continue
             step = _step(line, number - 1, len(hello.params))
@@ -102,4 +106,6 @@ def import_jsonl(store: Store, lines: Iterable[str], batch_size: int = 256) -> I
     # No hook will send `close` for an imported run: a run exported while running is unfinished.
     status = "finished" if final.get("status") == "finished" else "crashed"
     store.set_status(hello.run.id, status, final.get("finished_at"))
+    if tags:
+        store.update_run(hello.run.id, tags=tags)
     return Imported(run_id=hello.run.id, stored=stored, skipped=skipped)

@@ -24,7 +24,7 @@ from starlette.websockets import WebSocketDisconnected
 
 from .deps import token_ok
 from .diagnostics import Diagnostics, Finding
-from .live import LiveHub
+from .live import LiveHub, worker_headers
 from .protocol import Close, Hello, ProtocolError, Step, parse_message
 from .sessions import Sessions
 from .settings import Settings
@@ -90,7 +90,7 @@ class IngestConnection:
         self.reported: dict[str, dict[str, object]] = {}  # findings this connection has passed on
 
     async def serve(self) -> None:
-        await self.ws.accept()
+        await self.ws.accept(headers=worker_headers())
         reader: asyncio.Task[None] | None = None
         try:
             if not token_ok(self.settings, self.ws.headers.get("authorization")):
@@ -146,7 +146,7 @@ class IngestConnection:
         await self._send({"type": "welcome", "run_id": self.run_id, "last_seq": opened.run.last_seq})
         if opened.created or opened.resumed_from != "running":
             self.hub.publish_run(opened.run)
-        await self._report(self.diagnostics.open_run)
+        await self._report(lambda run_id: self.diagnostics.open_run(run_id, opened.run.steps))
 
     async def _read(self, pending: asyncio.Queue[Pending]) -> None:
         """Validate frames in arrival order; a refusal or the end of the socket is queued last."""
@@ -182,16 +182,15 @@ class IngestConnection:
         batch = [StepData(seq=s.seq, step=s.step, time=s.time, scalars=s.scalars, arrays=s.arrays())
                  for s in steps]
         try:
-            stored = await asyncio.to_thread(self.store.write_steps, self.run_id, batch)
+            stored = await asyncio.to_thread(self.store.write_steps, self.run_id, batch,
+                                             self.hub.steps_notice(self.run_id))
         except UnknownRun:
             raise _deleted(self.run_id) from None
         new = [data for data, is_new in zip(batch, stored) if is_new]
         if new:
             await self._report(lambda run_id: self.diagnostics.observe(run_id, new))
         await self._send({"type": "ack", "seq": max(s.seq for s in steps)})
-        for step, is_new in zip(steps, stored):
-            if is_new:
-                self.hub.publish_step(self.run_id, step)
+        self.hub.publish_steps(self.run_id, [step for step, is_new in zip(steps, stored) if is_new])
 
     async def _report(self, diagnose: Callable[[str], list[Finding]]) -> None:
         """Run the diagnostics (off the loop); send the hook each new code (again if its severity

@@ -5,12 +5,13 @@ for a value that does not apply (jsonvalues.py makes them).
 """
 from __future__ import annotations
 
-from typing import Any, Literal
+import unicodedata
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StringConstraints, model_validator
 
 from .protocol import Label
-from .store import Param, Run
+from .store import Group, Param, Run
 
 JsonFloat = float | str | None
 RunStatus = Literal["running", "finished", "crashed"]
@@ -19,6 +20,14 @@ RunStatus = Literal["running", "finished", "crashed"]
 class Health(BaseModel):
     status: Literal["ok"] = "ok"
     version: str
+    worker: int | None = Field(None, description="process id of the worker that answered "
+                                                 "(`gradwatch serve --workers N` runs several)")
+
+
+class FindingCounts(BaseModel):
+    error: int = 0
+    warning: int = 0
+    info: int = 0
 
 
 class RunPublic(BaseModel):
@@ -38,6 +47,9 @@ class RunPublic(BaseModel):
     optimizer: str | None
     config: dict[str, Any]
     hook_version: str | None
+    tags: list[str] = Field(default_factory=list, description="set with PATCH; filter with ?tag=")
+    findings: FindingCounts = Field(default_factory=FindingCounts,
+                                    description="stored findings by severity (GET .../diagnostics lists them)")
 
     @classmethod
     def of(cls, run: Run) -> RunPublic:
@@ -49,10 +61,43 @@ class RunsPublic(BaseModel):
     count: int = Field(description="number of runs matching the filters, all pages together")
 
 
+#: Limits of run tags (PATCH /api/runs/{id}).
+MAX_TAGS = 32
+MAX_TAG_LENGTH = 64
+
+
+def _tag(value: str) -> str:
+    # Commas separate tags where people type them (the dashboard); control characters (NUL
+    # above all: PostgreSQL cannot store it) have no business in a label.
+    if any(unicodedata.category(c) == "Cc" for c in value):
+        raise ValueError("must not contain control characters (NUL, tab, newline, ...)")
+    if "," in value:
+        raise ValueError("must not contain a comma (the dashboard separates tags with commas)")
+    return value
+
+
+Tag = Annotated[str, StringConstraints(strip_whitespace=True, min_length=1, max_length=MAX_TAG_LENGTH),
+                AfterValidator(_tag)]
+
+
 class RunUpdate(BaseModel):
+    """PATCH body: a new name, new tags, or both; a field left out is unchanged."""
+
     model_config = ConfigDict(extra="forbid")
 
-    name: Label = Field(description="1 to 256 characters, no NUL (as a run's name in the hello)")
+    name: Label | None = Field(default=None, description="1 to 256 characters, no NUL (as a run's name in the hello)")
+    tags: list[Tag] | None = Field(
+        default=None, max_length=MAX_TAGS,
+        description=f"the run's tags, replacing its old ones: at most {MAX_TAGS}, each 1 to {MAX_TAG_LENGTH} "
+                    "characters (spaces around it removed), no comma, no control character; repeats are dropped")
+
+    @model_validator(mode="after")
+    def _something(self) -> RunUpdate:
+        if self.name is None and self.tags is None:
+            raise ValueError('give "name", "tags" or both')
+        if self.tags is not None:
+            self.tags = list(dict.fromkeys(self.tags))
+        return self
 
 
 class ParamPublic(BaseModel):
@@ -76,9 +121,31 @@ class ParamsPublic(BaseModel):
     count: int
 
 
+class GroupPublic(BaseModel):
+    model_config = ConfigDict(from_attributes=True)
+
+    optimizer: int = Field(description="which optimizer (0 unless the hook watches several)")
+    index: int = Field(description="the param group's index in that optimizer")
+    name: str | None
+    hparams: dict[str, Any] = Field(description="the group's settings at the hello: lr, weight_decay, betas, ...")
+
+    @classmethod
+    def of(cls, group: Group) -> GroupPublic:
+        return cls.model_validate(group)
+
+
+class GroupsPublic(BaseModel):
+    data: list[GroupPublic]
+    count: int
+
+
 class MetricsPublic(BaseModel):
     scalars: list[str] = Field(description="keys for /series")
     params: list[str] = Field(description="metrics for /params/series and /heatmap")
+
+
+_TIME = "only with ?time=true: each point's wall time in Unix seconds (a bucket's first step's)"
+_TIME0 = "only with ?time=true: the wall time of the run's first stored step (x = time - time0 aligns runs)"
 
 
 class Series(BaseModel):
@@ -88,6 +155,8 @@ class Series(BaseModel):
     value: list[JsonFloat] = Field(description="the value, or a bucket's mean of finite values")
     min: list[JsonFloat] | None = Field(description="bucket minimum; null unless downsampled")
     max: list[JsonFloat] | None = Field(description="bucket maximum; null unless downsampled")
+    time: list[JsonFloat] | None = Field(default=None, description=_TIME)
+    time0: float | None = Field(default=None, description=_TIME0)
 
 
 class ParamSeries(BaseModel):
@@ -103,6 +172,8 @@ class ParamSeriesPublic(BaseModel):
     downsampled: bool
     step: list[int]
     series: list[ParamSeries]
+    time: list[JsonFloat] | None = Field(default=None, description=_TIME)
+    time0: float | None = Field(default=None, description=_TIME0)
 
 
 class Heatmap(BaseModel):

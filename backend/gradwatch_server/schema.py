@@ -3,14 +3,16 @@
 Laid out for the dashboard's reads: a scalar's series is one primary-key range
 (run_id, key, step); a parameter metric is one row per (run, metric, step) holding the
 whole per-parameter array as a blob, so "all parameters over a window of steps" is one range
-scan, and "one parameter over many steps" reads a 4-byte slice of each blob (`substr`).
+scan, and "one parameter over many steps" reads a 4-byte slice of each blob (`substr`) over a
+short window, and the blocks of `metric_blocks` (blocks.py) over a long one.
 
 Small-row tables are WITHOUT ROWID on SQLite: the primary key is the table's b-tree, which saves
 a second index and a lookup. `param_metrics` keeps its rowid because its rows are large (SQLite
 advises WITHOUT ROWID only for rows well under a twentieth of a page).
 
 Changing this file needs a new migration under migrations/versions/ (0002 added `findings` and
-`diagnoses`); a test checks that the migrations produce exactly these tables.
+`diagnoses`, 0003 `run_tags`, 0004 `metric_blocks`); a test checks that the migrations produce
+exactly these tables.
 """
 from __future__ import annotations
 
@@ -118,6 +120,27 @@ param_metrics = Table(
     Column("dtype", String(4), nullable=False),
 )
 
+# Summaries of aligned blocks of a series' steps (blocks.py): block `block` of `size` steps,
+# [block * size, (block + 1) * size), of a parameter metric (`kind` "param"; parameters
+# [part * 64, part * 64 + 64)) or of a scalar ("scalar", part 0), written by ingest once the
+# block is closed. `data` is a 20-byte record per parameter, 28 bytes for a scalar (min, max,
+# sum, finite and NaN counts): a long window reads a few thousand small rows, not a row per step.
+# Rows up to 1.3 KB: a rowid table, like param_metrics. Keyed block before part: ingest and the
+# heatmap read every part of a range of blocks.
+metric_blocks = Table(
+    "metric_blocks",
+    metadata,
+    _run_id(),
+    Column("kind", String(8), primary_key=True),  # param | scalar
+    Column("metric", String(128), primary_key=True),
+    Column("size", Integer, primary_key=True),
+    Column("block", BigInteger, primary_key=True),
+    Column("part", Integer, primary_key=True),
+    Column("first_step", BigInteger, nullable=False),
+    Column("step_count", Integer, nullable=False),
+    Column("data", LargeBinary, nullable=False),
+)
+
 # The names of a run's series, so that listing them does not scan every stored value.
 series_names = Table(
     "series_names",
@@ -125,6 +148,19 @@ series_names = Table(
     _run_id(),
     Column("kind", String(8), primary_key=True),  # scalar | param
     Column("name", String(128), primary_key=True),
+    sqlite_with_rowid=False,
+)
+
+# A run's tags, set with PATCH /api/runs/{id}. A table of its own rather than a JSON column of
+# `runs`: `GET /api/runs?tag=x` is then an exact, indexed match on both databases (a substring
+# match on JSON text would find `x` inside another tag that holds `"x"`), and a run's tags go
+# with it by ON DELETE CASCADE. `position` keeps the order the user gave.
+run_tags = Table(
+    "run_tags",
+    metadata,
+    _run_id(),
+    Column("tag", String(64), primary_key=True, index=True),
+    Column("position", Integer, nullable=False),
     sqlite_with_rowid=False,
 )
 

@@ -5,6 +5,13 @@ crashed only after `grace_s` seconds without any connection, and only if it is s
 and nothing was written to it since the timer started (so a hook that reconnects while the
 timer fires is never overruled). Runs found running when the server starts get the same
 grace: their hooks may come back.
+
+With `gradwatch serve --workers N` each worker counts only the hooks it holds, so a timer may run
+out in one worker while the run's hook is connected to another (a worker that starts, or is
+restarted, watches every running run): a `Presence` (relay.py) says whether any worker holds a
+hook of the run, and only a run that no worker holds is marked. The mark itself is one
+conditional UPDATE, so of several workers whose timers run out only one marks the run and
+announces it.
 """
 from __future__ import annotations
 
@@ -13,19 +20,32 @@ import logging
 import time
 from collections import Counter
 from collections.abc import Callable, Iterable
+from typing import Protocol
 
 from .live import LiveHub
 from .store import Store
 
 log = logging.getLogger("gradwatch.sessions")
 
+#: Seconds before asking again when it cannot be told whether another worker holds a hook.
+PRESENCE_RETRY_S = 5.0
+
+
+class Presence(Protocol):
+    """Which runs have a hook connected to some worker (`serve --workers N`; relay.py)."""
+
+    def arrived(self, run_id: str) -> None: ...
+    def left(self, run_id: str) -> None: ...
+    async def held_elsewhere(self, run_id: str) -> bool: ...
+
 
 class Sessions:
     """Counts connections per run and runs one crash timer per run left without any. Loop-only."""
 
     def __init__(self, store: Store, hub: LiveHub, grace_s: float,
-                 clock: Callable[[], float] = time.time) -> None:
+                 clock: Callable[[], float] = time.time, presence: Presence | None = None) -> None:
         self._store = store
+        self._presence = presence
         self._clock = clock
         self._hub = hub
         self._grace_s = grace_s
@@ -35,6 +55,8 @@ class Sessions:
     def attach(self, run_id: str) -> None:
         """A hook connected for this run: it is alive, whatever timer was counting."""
         self._connections[run_id] += 1
+        if self._presence is not None and self._connections[run_id] == 1:
+            self._presence.arrived(run_id)
         timer = self._timers.pop(run_id, None)
         if timer is not None:
             timer.cancel()
@@ -44,6 +66,8 @@ class Sessions:
         self._connections[run_id] -= 1
         if self._connections[run_id] <= 0:
             del self._connections[run_id]
+            if self._presence is not None:
+                self._presence.left(run_id)
             if not closed:
                 self.watch([run_id])
 
@@ -53,11 +77,23 @@ class Sessions:
             if run_id not in self._connections and run_id not in self._timers:
                 self._timers[run_id] = asyncio.create_task(self._expire(run_id, self._clock()))
 
-    async def _expire(self, run_id: str, idle_since: float) -> None:
-        await asyncio.sleep(self._grace_s)
+    async def _expire(self, run_id: str, idle_since: float, delay: float | None = None) -> None:
+        await asyncio.sleep(self._grace_s if delay is None else delay)
         self._timers.pop(run_id, None)
         if run_id in self._connections:
             return
+        if self._presence is not None:
+            try:
+                elsewhere = await self._presence.held_elsewhere(run_id)
+            except Exception as exc:  # the database is away: never mark a run that may be alive
+                retry = max(self._grace_s, PRESENCE_RETRY_S)
+                log.warning("run %s: cannot tell whether another worker holds its hook (%s); asking "
+                            "again in %.0f s", run_id, exc, retry)
+                if run_id not in self._connections and run_id not in self._timers:
+                    self._timers[run_id] = asyncio.create_task(self._expire(run_id, idle_since, retry))
+                return
+            if elsewhere or run_id in self._connections:
+                return  # that worker (or this one, since the question) watches it from now on
         try:
             if await asyncio.to_thread(self._store.mark_crashed, run_id, idle_since):
                 log.info("run %s marked crashed: no hook for %.0f s", run_id, self._grace_s)

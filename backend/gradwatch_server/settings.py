@@ -23,6 +23,7 @@ ENV_VARS = {
     "crash_grace_s": "GRADWATCH_CRASH_GRACE_S",
     "frontend_dir": "GRADWATCH_FRONTEND_DIR",
     "allowed_hosts": "GRADWATCH_ALLOWED_HOSTS",
+    "workers": "GRADWATCH_WORKERS",
 }
 
 
@@ -56,6 +57,9 @@ class Settings(BaseModel):
     #: Host names the server answers to (DNS rebinding); None: the loopback names when bound to
     #: loopback, any name otherwise. "*" allows any. Comma-separated in the environment.
     allowed_hosts: tuple[str, ...] | None = None
+    #: Worker processes serving one port (`serve --workers N`); more than one needs PostgreSQL,
+    #: which carries live updates between them (relay.py).
+    workers: int = Field(1, ge=1)
 
     @field_validator("db_url")
     @classmethod

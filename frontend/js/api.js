@@ -1,11 +1,14 @@
 // Every route the dashboard calls, and nothing else builds a server URL.
 //
-//   GET  /api/runs?project=&q=&status=&limit=&offset=          run list          (runs)
+//   GET  /api/runs?project=&q=&status=&tag=&limit=&offset=     run list          (runs)
 //   GET  /api/runs/{id}                                         one run           (run)
+//   PATCH /api/runs/{id}  {name?, tags?}                        rename, tag       (updateRun; token)
+//   DELETE /api/runs/{id}                                       delete            (deleteRun; token)
 //   GET  /api/runs/{id}/params                                  parameter list    (params)
+//   GET  /api/runs/{id}/groups                                  param groups      (groups)
 //   GET  /api/runs/{id}/metrics                                 metric names      (metrics)
-//   GET  /api/runs/{id}/series?key=&start=&end=&max_points=     one scalar        (series)
-//   GET  /api/runs/{id}/params/series?metric=&param=&top=&...   per-parameter     (paramSeries)
+//   GET  /api/runs/{id}/series?key=&start=&end=&max_points=&time=  one scalar     (series)
+//   GET  /api/runs/{id}/params/series?metric=&param=&top=&rank_by=&...&time=  per-parameter (paramSeries)
 //   GET  /api/runs/{id}/heatmap?metric=&start=&end=&max_steps=  parameter x step  (heatmap)
 //   GET  /api/runs/{id}/diagnostics                             findings          (diagnostics)
 //   GET  /api/runs/{id}/export?format=csv|json|parquet          download link     (exportUrl)
@@ -14,6 +17,9 @@
 //
 // Pages: /  (run list), /runs/{id} (one run), /compare?runs=ID,ID (runPageUrl, compareUrl).
 // See docs/api.md and the "Live protocol" section of docs/protocol.md.
+//
+// Writes send the server's token (`gradwatch serve --token`) once the user has given it: it is
+// kept in sessionStorage for this tab only (setToken), and a 401 is an ApiError with status 401.
 
 /** An HTTP answer other than 2xx; `status` is the code, `message` the server's detail. */
 export class ApiError extends Error {
@@ -45,10 +51,33 @@ function query(params) {
   return s ? `?${s}` : "";
 }
 
-async function getJSON(path, params = {}, { signal } = {}) {
+const TOKEN_KEY = "gradwatch.token";
+
+/** The write token given in this tab, or "". */
+export function getToken() {
+  try { return sessionStorage.getItem(TOKEN_KEY) || ""; } catch { return ""; }
+}
+
+/** Keep the write token for this tab ("" forgets it). */
+export function setToken(token) {
+  try {
+    if (token) sessionStorage.setItem(TOKEN_KEY, token);
+    else sessionStorage.removeItem(TOKEN_KEY);
+  } catch { /* storage disabled: the token lasts until the page is left */ }
+}
+
+async function getJSON(path, params = {}, opts = {}) {
+  return request("GET", path + query(params), undefined, opts);
+}
+
+async function request(method, url, body, { signal } = {}) {
+  const headers = { Accept: "application/json" };
+  if (body !== undefined) headers["Content-Type"] = "application/json";
+  const token = method !== "GET" ? getToken() : "";
+  if (token) headers.Authorization = `Bearer ${token}`;
   let res;
   try {
-    res = await fetch(path + query(params), { headers: { Accept: "application/json" }, signal });
+    res = await fetch(url, { method, headers, signal, body: body === undefined ? undefined : JSON.stringify(body) });
   } catch (err) {
     if (err && err.name === "AbortError") throw err;
     throw new UnreachableError(err);
@@ -61,23 +90,28 @@ async function getJSON(path, params = {}, { signal } = {}) {
     } catch { /* not JSON: keep the status line */ }
     throw new ApiError(res.status, detail);
   }
-  return res.json();
+  return res.status === 204 ? null : res.json();
 }
 
 const runPath = (id) => `/api/runs/${enc(id)}`;
 
 export const api = {
   health: () => getJSON("/api/health"),
-  runs: ({ project, q, status, limit = 500, offset = 0 } = {}, opts) =>
-    getJSON("/api/runs", { project, q, status, limit, offset }, opts),
+  runs: ({ project, q, status, tag, limit = 500, offset = 0 } = {}, opts) =>
+    getJSON("/api/runs", { project, q, status, tag, limit, offset }, opts),
   run: (id, opts) => getJSON(runPath(id), {}, opts),
+  /** `changes`: {name?: string, tags?: string[]}; resolves to the updated run. */
+  updateRun: (id, changes, opts) => request("PATCH", runPath(id), changes, opts),
+  deleteRun: (id, opts) => request("DELETE", runPath(id), undefined, opts),
   params: (id, opts) => getJSON(`${runPath(id)}/params`, {}, opts),
+  groups: (id, opts) => getJSON(`${runPath(id)}/groups`, {}, opts),
   metrics: (id, opts) => getJSON(`${runPath(id)}/metrics`, {}, opts),
-  series: (id, key, { start, end, maxPoints } = {}, opts) =>
-    getJSON(`${runPath(id)}/series`, { key, start, end, max_points: maxPoints }, opts),
-  paramSeries: (id, metric, { params, top, order, start, end, maxPoints } = {}, opts) =>
+  series: (id, key, { start, end, maxPoints, time } = {}, opts) =>
+    getJSON(`${runPath(id)}/series`, { key, start, end, max_points: maxPoints, time: time ? "true" : undefined }, opts),
+  paramSeries: (id, metric, { params, top, order, rankBy, start, end, maxPoints, time } = {}, opts) =>
     getJSON(`${runPath(id)}/params/series`,
-      { metric, param: params && params.length ? params : undefined, top, order, start, end, max_points: maxPoints }, opts),
+      { metric, param: params && params.length ? params : undefined, top, order, rank_by: rankBy, start, end,
+        max_points: maxPoints, time: time ? "true" : undefined }, opts),
   heatmap: (id, metric, { start, end, maxSteps } = {}, opts) =>
     getJSON(`${runPath(id)}/heatmap`, { metric, start, end, max_steps: maxSteps }, opts),
   diagnostics: (id, opts) => getJSON(`${runPath(id)}/diagnostics`, {}, opts),

@@ -1,6 +1,8 @@
 // View state in the address bar, so that a view can be shared by copying its URL.
-// Run page: ?param=NAME (repeatable: the parameters shown) &from=STEP&to=STEP (the zoom).
-// Run list: ?q=TEXT&project=NAME&status=STATUS.
+// Run page: ?param=NAME (repeatable: the parameters shown) or ?module=PATH (every parameter of a
+// module) or ?top=K&order=asc|desc (the K largest/smallest), &from=STEP&to=STEP (the zoom).
+// Run list: ?q=TEXT&project=NAME&status=STATUS&tag=TAG&sort=COLUMN&dir=asc|desc.
+// Compare: ?runs=ID,ID&x=step|time&layout=overlay|side&scalar=KEY&metric=METRIC&param=NAME (repeatable).
 
 /** The current query as {key: [values]}. */
 export function readQuery() {

@@ -77,8 +77,9 @@ def json_float(x: float) -> float | str:
 
 # -- runs ------------------------------------------------------------------------------------
 
-def test_health(http: httpx.Client) -> None:
-    assert http.get("/api/health").json() == {"status": "ok", "version": "0.1.0"}
+def test_health(http: httpx.Client, srv: ServerProcess) -> None:
+    # `worker`: the process that answered (one process without --workers: the server's own)
+    assert http.get("/api/health").json() == {"status": "ok", "version": "0.1.0", "worker": srv.proc.pid}
 
 
 def test_run_list_filters_and_pages(http: httpx.Client) -> None:
@@ -112,6 +113,70 @@ def test_params_and_metrics(http: httpx.Client) -> None:
         "scalars": ["loss", "lr/0"], "params": ["grad_norm", "grad_status", "momentum_norm", "param_norm"]}
 
 
+def test_groups(http: httpx.Client) -> None:
+    assert http.get("/api/runs/api-run/groups").json() == {"data": [
+        {"optimizer": 0, "index": 0, "name": None, "hparams": {"lr": 0.001, "betas": [0.9, 0.999]}}], "count": 1}
+    assert http.get("/api/runs/nope/groups").status_code == 404
+
+
+def test_run_list_counts_findings_by_severity(http: httpx.Client) -> None:
+    """Each run of the list carries its stored findings' counts, the same as /diagnostics lists."""
+    listed = {r["id"]: r for r in http.get("/api/runs").json()["data"]}
+    for run_id, run in listed.items():
+        found = http.get(f"/api/runs/{run_id}/diagnostics").json()
+        expected = {sev: sum(f["severity"] == sev for f in found) for sev in ("error", "warning", "info")}
+        assert run["findings"] == expected, run_id
+        assert http.get(f"/api/runs/{run_id}").json()["findings"] == expected
+    assert listed["api-run"]["findings"] == {"error": 1, "warning": 0, "info": 0}  # the NaN at step 30
+    assert listed["other-1"]["findings"] == {"error": 0, "warning": 0, "info": 0}
+
+
+def test_tags_set_filter_and_keep_the_name(http: httpx.Client) -> None:
+    try:
+        response = http.patch("/api/runs/other-1", json={"tags": ["sweep", "  lr 3e-4 ", "sweep", "<b>β</b>"]})
+        assert response.status_code == 200
+        assert response.json()["tags"] == ["sweep", "lr 3e-4", "<b>β</b>"]  # trimmed, repeats dropped, order kept
+        assert response.json()["name"] == "o1"
+        assert http.patch("/api/runs/other-2", json={"name": "o2-renamed", "tags": ["sweep"]}).json()["tags"] == ["sweep"]
+        assert http.get("/api/runs/other-1").json()["tags"] == ["sweep", "lr 3e-4", "<b>β</b>"]
+        assert [r["id"] for r in http.get("/api/runs", params={"tag": "sweep"}).json()["data"]] == ["other-1", "other-2"]
+        assert [r["id"] for r in http.get("/api/runs", params={"tag": "<b>β</b>"}).json()["data"]] == ["other-1"]
+        assert http.get("/api/runs", params={"tag": "swe"}).json()["count"] == 0  # exact, not a substring
+        assert http.get("/api/runs", params={"tag": "sweep", "project": "proj-a"}).json()["count"] == 0
+        assert http.get("/api/runs", params={"tag": "sweep\x00"}).json() == {"data": [], "count": 0}
+        assert http.get("/api/runs", params={"tag": "x" * 65}).status_code == 422
+        # A rename leaves the tags; tags: [] clears them.
+        assert http.patch("/api/runs/other-1", json={"name": "o1-renamed"}).json()["tags"] == ["sweep", "lr 3e-4", "<b>β</b>"]
+        assert http.patch("/api/runs/other-1", json={"tags": []}).json()["tags"] == []
+        assert [r["id"] for r in http.get("/api/runs", params={"tag": "sweep"}).json()["data"]] == ["other-2"]
+    finally:
+        http.patch("/api/runs/other-1", json={"name": "o1", "tags": []})
+        http.patch("/api/runs/other-2", json={"name": "o2", "tags": []})
+
+
+@pytest.mark.parametrize(("body", "text"), [
+    ({}, 'give "name", "tags" or both'),
+    ({"tags": ["a,b"]}, "comma"),
+    ({"tags": ["   "]}, "tags.0"),
+    ({"tags": ["x" * 65]}, "at most 64 characters"),
+    ({"tags": ["a\x00b"]}, "control characters"),
+    ({"tags": ["a\nb"]}, "control characters"),
+    ({"tags": [f"t{i}" for i in range(33)]}, "at most 32 items"),
+    ({"tags": "sweep"}, "valid list"),
+    ({"tags": [3]}, "valid string"),
+    ({"name": ""}, "name"),
+    ({"colour": "red"}, "colour"),
+])
+def test_bad_updates_are_422_with_a_message(http: httpx.Client, body: dict[str, object], text: str) -> None:
+    before = http.get("/api/runs/other-1").json()
+    response = http.patch("/api/runs/other-1", json=body)
+    assert response.status_code == 422
+    detail = response.json()["detail"]
+    assert isinstance(detail, str) and text in detail, detail
+    after = http.get("/api/runs/other-1").json()
+    assert (after["name"], after["tags"]) == (before["name"], before["tags"])
+
+
 # -- series ----------------------------------------------------------------------------------
 
 def test_scalar_series_is_exact_without_downsampling(http: httpx.Client) -> None:
@@ -120,6 +185,22 @@ def test_scalar_series_is_exact_without_downsampling(http: httpx.Client) -> None
                     "value": [json_float(loss_at(i)) for i in range(1, N + 1)], "min": None, "max": None}
     window = http.get("/api/runs/api-run/series", params={"key": "loss", "start": 10, "end": 12}).json()
     assert window["step"] == [10, 11, 12]
+
+
+def test_series_wall_time_on_request(http: httpx.Client) -> None:
+    """?time=true adds each point's wall time (the step's `time`) and the run's first step's."""
+    body = http.get("/api/runs/api-run/series", params={"key": "loss", "time": "true"}).json()
+    assert body["time"] == [1_700_000_000.0 + i for i in range(1, N + 1)] and body["time0"] == 1_700_000_001.0
+    window = http.get("/api/runs/api-run/series", params={"key": "loss", "start": 10, "end": 12, "time": True}).json()
+    assert window["time"] == [1_700_000_010.0, 1_700_000_011.0, 1_700_000_012.0]
+    assert window["time0"] == 1_700_000_001.0  # the run's first step, not the window's
+    binned = http.get("/api/runs/api-run/series", params={"key": "loss", "max_points": 6, "time": True}).json()
+    assert binned["time"] == [1_700_000_000.0 + s for s in binned["step"]]  # each bucket's first step
+    params = http.get("/api/runs/api-run/params/series",
+                      params={"metric": "grad_norm", "param": "enc.weight", "end": 3, "time": True}).json()
+    assert params["time"] == [1_700_000_001.0, 1_700_000_002.0, 1_700_000_003.0] and params["time0"] == 1_700_000_001.0
+    plain = http.get("/api/runs/api-run/params/series", params={"metric": "grad_norm", "param": "enc.weight"}).json()
+    assert "time" not in plain and "time0" not in plain
 
 
 def test_scalar_series_downsampled_keeps_spikes_and_non_finite(http: httpx.Client) -> None:
@@ -154,6 +235,28 @@ def test_param_series_by_name_and_top(http: httpx.Client) -> None:
     nan_top = http.get("/api/runs/api-run/params/series",
                        params={"metric": "grad_norm", "top": 1, "end": 30}).json()
     assert [s["index"] for s in nan_top["series"]] == [2] and nan_top["series"][0]["value"][-1] == "NaN"
+
+
+def test_param_series_top_ranked_by_another_metric(http: httpx.Client) -> None:
+    """rank_by: the param_norm series (1, 2, 3 at every step) of the top by grad_norm."""
+    get = lambda **p: http.get("/api/runs/api-run/params/series", params={"metric": "param_norm", **p})  # noqa: E731
+    by_grad = get(top=2, rank_by="grad_norm").json()
+    assert [s["index"] for s in by_grad["series"]] == [1, 0]  # grad_norm at step 40: 0.4, 50.0, 0.025
+    assert [s["value"][-1] for s in by_grad["series"]] == [2.0, 1.0]
+    assert [s["index"] for s in get(top=2).json()["series"]] == [2, 1]  # by param_norm itself
+    assert [s["index"] for s in get(top=2, order="asc", rank_by="grad_norm").json()["series"]] == [2, 0]
+    assert [s["index"] for s in get(top=1, end=30, rank_by="grad_norm").json()["series"]] == [2]  # NaN first
+    # The same choice as asking grad_norm for its top: what the run page relies on.
+    grad_top = http.get("/api/runs/api-run/params/series", params={"metric": "grad_norm", "top": 3}).json()
+    assert [s["param"] for s in get(top=3, rank_by="grad_norm").json()["series"]] == [
+        s["param"] for s in grad_top["series"]]
+    empty = get(top=2, end=0, rank_by="grad_norm")
+    assert empty.status_code == 200 and empty.json()["series"] == [] and empty.json()["step"] == []
+    missing = get(top=2, rank_by="nope")
+    assert missing.status_code == 404 and "no parameter metric 'nope'" in missing.json()["detail"]
+    unknown_metric = http.get("/api/runs/api-run/params/series", params={"metric": "nope", "rank_by": "grad_norm",
+                                                                          "end": 0})
+    assert unknown_metric.status_code == 404
 
 
 def test_param_series_downsampled_ignores_absent(http: httpx.Client) -> None:
@@ -342,6 +445,13 @@ def test_writes_need_the_token(tmp_path: Path) -> None:
             renamed = http.patch("/api/runs/victim", json={"name": "renamed"}, headers=auth)
             assert renamed.status_code == 200 and renamed.json()["name"] == "renamed"
             assert http.patch("/api/runs/victim", json={"name": ""}, headers=auth).status_code == 422
+            # Tags are a write like any other; without the token even a bad body is a 401.
+            assert http.patch("/api/runs/victim", json={"tags": ["x"]}).status_code == 401
+            assert http.patch("/api/runs/victim", json={"tags": ["a,b"]}).status_code == 401
+            assert http.get("/api/runs/victim").json()["tags"] == []
+            tagged = http.patch("/api/runs/victim", json={"tags": ["kept"]}, headers=auth)
+            assert tagged.status_code == 200 and tagged.json()["tags"] == ["kept"]
+            assert http.get("/api/runs", params={"tag": "kept"}).json()["count"] == 1  # reads stay open
             assert http.delete("/api/runs/victim", headers=auth).status_code == 204
             assert http.get("/api/runs/victim").status_code == 404
             assert http.delete("/api/runs/victim", headers=auth).status_code == 404

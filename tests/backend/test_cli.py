@@ -1,10 +1,11 @@
-"""The `gradwatch` command as users run it: help, exit codes, runs, export and import."""
+"""The `gradwatch` command as users run it: help, exit codes, runs, export, import and gc."""
 from __future__ import annotations
 
 import csv
 import io
 import json
 import subprocess
+import time
 from pathlib import Path
 
 import numpy as np
@@ -37,7 +38,7 @@ def db(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return server.db_path
 
 
-@pytest.mark.parametrize("command", [[], ["serve"], ["runs"], ["export"], ["import"], ["sync"]])
+@pytest.mark.parametrize("command", [[], ["serve"], ["runs"], ["export"], ["import"], ["sync"], ["gc"]])
 def test_every_command_has_help(command: list[str]) -> None:
     result = gradwatch(*command, "--help")
     assert result.returncode == 0 and result.stdout.startswith("usage: gradwatch")
@@ -104,6 +105,26 @@ def test_json_export_imports_back_identically(db: Path, tmp_path: Path, db_url: 
     assert comparable(reexported) == comparable(exported)
 
 
+def test_import_keeps_the_tags_and_refuses_bad_ones(db: Path, tmp_path: Path) -> None:
+    lines = gradwatch("export", "cli-run", "--format", "json", "--db", str(db)).stdout.splitlines()
+    head = json.loads(lines[0])
+    assert head["run"]["tags"] == [] and "findings" not in head["run"]  # findings are derived again
+    head["run"]["tags"] = ["imported", "<b>x</b>"]
+    dump = tmp_path / "tagged.jsonl"
+    dump.write_text("\n".join([json.dumps(head), *lines[1:]]) + "\n")
+    copy = tmp_path / "copy.db"
+    imported = gradwatch("import", str(dump), "--db", str(copy))
+    assert imported.returncode == 0, imported.stderr
+    exported = gradwatch("export", "cli-run", "--format", "json", "--db", str(copy))
+    assert exported.returncode == 0, exported.stderr
+    again = json.loads(exported.stdout.splitlines()[0])
+    assert again["run"]["tags"] == ["imported", "<b>x</b>"]
+    head["run"]["tags"] = ["a,b"]
+    dump.write_text("\n".join([json.dumps(head), *lines[1:]]) + "\n")
+    refused = gradwatch("import", str(dump), "--db", str(tmp_path / "other.db"))
+    assert refused.returncode != 0 and "line 1" in refused.stderr and "comma" in refused.stderr
+
+
 def test_an_unreachable_postgres_fails_clearly_without_showing_the_password() -> None:
     result = gradwatch("serve", "--db", "postgresql://me:s3cret@127.0.0.1:1/gradwatch")
     assert result.returncode == 1 and "cannot open database" in result.stderr
@@ -131,3 +152,90 @@ def test_serve_on_a_port_in_use_exits_1(server: ServerProcess, tmp_path: Path) -
     port = server.url.rsplit(":", 1)[1]
     result = gradwatch("serve", "--db", str(tmp_path / "second.db"), "--port", port)
     assert result.returncode == 1 and "pass --port" in result.stderr
+
+
+# -- gc ----------------------------------------------------------------------------------------
+
+GC_RUNS = [("old-done", 100, "finished"), ("old-crash", 100, "crashed"), ("new-crash", 0, "crashed"),
+           ("new-done", 0, "finished"), ("old-live", 100, "running")]
+TABLES = ("runs", "params", "groups", "steps", "scalars", "param_metrics", "metric_blocks", "series_names")
+
+
+def gc_database(db_url: str) -> None:
+    """The runs of GC_RUNS (id, age in days, status), written through the store; old-done is the big one."""
+    from gradwatch_server.protocol import Hello, parse_message
+    from gradwatch_server.store import StepData, open_store
+
+    store = open_store(db_url)
+    now, rng = time.time(), np.random.default_rng(0)
+    for run_id, days, status in GC_RUNS:
+        message = parse_message(json.dumps(hello(run_id, params=tuple(f"p{i}.weight" for i in range(64)),
+                                                 project="gc", started_at=now - days * 86400 - 60)))
+        assert isinstance(message, Hello)
+        store.open_run(message)
+        count = 600 if run_id == "old-done" else 20
+        store.write_steps(run_id, [StepData(i, i, now, {"loss": 1.0 / i},
+                                            {"grad_norm": rng.random(64).astype("<f4").tobytes()})
+                                   for i in range(1, count + 1)])
+        if status != "running":
+            store.set_status(run_id, status, now)
+    store.close()
+
+
+def rows_of(db_url: str) -> dict[str, set[str]]:
+    """Per table, the run ids it has rows of."""
+    from gradwatch_server.store import create_db_engine
+
+    engine = create_db_engine(db_url)
+    with engine.connect() as conn:
+        found = {t: {r[0] for r in conn.exec_driver_sql(f"SELECT DISTINCT {'id' if t == 'runs' else 'run_id'} FROM {t}")}
+                 for t in TABLES}
+    engine.dispose()
+    return found
+
+
+def sqlite_bytes(db_url: str) -> int:
+    path = db_url.removeprefix("sqlite:///")
+    return sum(Path(path + s).stat().st_size for s in ("", "-wal") if Path(path + s).exists())
+
+
+def test_gc_dry_run_lists_what_it_would_delete_and_changes_nothing(db_url: str) -> None:
+    gc_database(db_url)
+    before = rows_of(db_url)
+    result = gradwatch("gc", "--older-than", "30", "--dry-run", "--db", db_url)
+    assert result.returncode == 0, result.stderr
+    listed = [line.split()[0] for line in result.stdout.splitlines() if line.startswith(("old-", "new-"))]
+    assert listed == ["old-done", "old-crash"] or listed == ["old-crash", "old-done"]  # never the running one
+    assert "would delete 2 runs (620 steps)" in result.stdout and "nothing changed" in result.stdout
+    assert rows_of(db_url) == before
+
+
+def test_gc_deletes_the_chosen_runs_with_all_their_data_and_compacts(db_url: str) -> None:
+    gc_database(db_url)
+    refused = gradwatch("gc", "--older-than", "30", "--db", db_url)  # no terminal to ask, no --yes
+    assert refused.returncode == 2 and "--yes" in refused.stderr
+    assert rows_of(db_url)["runs"] == {r for r, _, _ in GC_RUNS}
+    size = sqlite_bytes(db_url) if db_url.startswith("sqlite") else 0
+    done = gradwatch("gc", "--older-than", "30", "--yes", "--db", db_url)
+    assert done.returncode == 0, done.stderr
+    assert "deleted 2 runs" in done.stdout and "compacted:" in done.stdout
+    left = rows_of(db_url)
+    assert left["runs"] == {"new-crash", "new-done", "old-live"}
+    for table in TABLES:  # every row of the deleted runs is gone
+        assert not left[table] & {"old-done", "old-crash"}, table
+    if size:
+        assert sqlite_bytes(db_url) < size * 0.6  # VACUUM gave the big run's pages back
+    crashed = gradwatch("gc", "--crashed", "-y", "--no-vacuum", "--db", db_url)
+    assert crashed.returncode == 0 and "deleted 1 runs" in crashed.stdout and "compact" not in crashed.stdout
+    assert rows_of(db_url)["runs"] == {"new-done", "old-live"}
+    only = gradwatch("gc", "--db", db_url)  # no selection: compacts only
+    assert only.returncode == 0 and "deleted" not in only.stdout and "compacted:" in only.stdout
+    assert rows_of(db_url)["runs"] == {"new-done", "old-live"}
+
+
+def test_gc_usage_errors_exit_2(tmp_path: Path) -> None:
+    db = str(tmp_path / "gc.db")
+    for args, says in [(["--project", "p"], "narrows"), (["--older-than", "-1"], "0 or more"),
+                       (["--older-than", "x"], "not a number"), (["--crashed", "--dry-run", "--yes"], "not allowed")]:
+        result = gradwatch("gc", *args, "--db", db)
+        assert result.returncode == 2 and says in result.stderr, (args, result.stderr)

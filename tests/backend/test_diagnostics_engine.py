@@ -110,3 +110,33 @@ def test_deleting_a_run_deletes_its_findings(store: Store) -> None:
     engine.forget("gone")
     assert store.get_findings("gone") == [] and store.get_diagnosis("gone") is None
     assert engine.current("gone") == []
+
+
+def test_with_several_workers_only_the_hooks_worker_stores_a_running_runs_findings(store: Store) -> None:
+    """`serve --workers N`: another worker's read of a running run may be behind what the hook's
+    worker stores meanwhile (deriving a long run takes a while), so it derives without storing; a
+    hook that comes back to a worker finds that worker's state caught up; the close stores all."""
+    open_run(store, "shared")
+    hooked, other = Diagnostics(store, sole_writer=False), Diagnostics(store, sole_writer=False)
+    assert hooked.open_run("shared", 0) == []
+    hooked.observe("shared", write(store, "shared", range(1, 8)))
+    # The hook's worker stores step 8 and, say, a new finding while the other worker derives the
+    # run from its steps (the mark is behind them): that view must not replace the stored one.
+    batch = write(store, "shared", range(8, 9))
+    newer = StoredFinding("nonfinite_grad", "error", "found by the hook's worker", ["head.bias"], 8, None)
+    store.save_findings("shared", [newer])
+    assert codes(other.findings("shared", steps=8, running=True)) == [("grad_accumulation_unbounded", 5)]
+    assert [f.code for f in store.get_findings("shared")] == ["grad_accumulation_unbounded", "nonfinite_grad"]
+    hooked.observe("shared", batch)
+
+    # The hook moves to the other worker (a NaN at step 9 there), then comes back to the first.
+    other.open_run("shared", 8)
+    nan = StepData(seq=9, step=9, time=9.0, scalars={},
+                   arrays={"grad_norm": f32(np.nan, 1).tobytes(), "grad_status": bytes([3, 2])})
+    assert store.write_steps("shared", [nan]) == [True]
+    other.observe("shared", [nan])
+    assert codes(hooked.open_run("shared", 9)) == [("grad_accumulation_unbounded", 5), ("nonfinite_grad", 9)]
+    hooked.close_run("shared")
+    assert [(f.code, f.first_step) for f in store.get_findings("shared")] == [
+        ("grad_accumulation_unbounded", 5), ("nonfinite_grad", 9)]
+    assert store.get_diagnosis("shared") == DiagnosisMark(steps=9, last_step=9, version=RULES_VERSION)

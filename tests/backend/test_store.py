@@ -27,10 +27,12 @@ from gradwatch_server.store import (
     StepData,
     Store,
     StoreError,
+    StoredFinding,
     UnknownRun,
     create_db_engine,
     open_store,
 )
+from sqlalchemy import event
 from wiremsg import ABSENT_BITS, f32, hello, with_absent
 
 SPECIAL = [math.nan, math.inf, -math.inf, -0.0, 0.0, 5e-324, 1.7976931348623157e308, -1.5, 1e20]
@@ -214,16 +216,116 @@ def test_list_runs_filters_and_orders(store: Store) -> None:
     assert [r.id for r in store.list_runs(limit=1, offset=1)[0]] == ["b"]
 
 
+def test_thousands_of_runs_list_filtered_and_paged_exactly(store: Store) -> None:
+    """2,000 runs in 3 projects with many equal creation times: with a filter, pages of any size
+    add up to the matching runs newest first (ties by id), each once, and `count` is theirs."""
+    rng = np.random.default_rng(4)
+    made = []
+    for i in range(2000):
+        run_id, project = f"r{i:04d}", ("alpha", "beta", "gamma")[i % 3]
+        created = 1_700_000_000.0 + int(rng.integers(0, 300))
+        message = parse_message(json.dumps(hello(run_id, project=project, name=f"run {i}", started_at=created)))
+        assert isinstance(message, Hello)
+        store.open_run(message)
+        status = "crashed" if i % 7 == 0 else "running"
+        if status == "crashed":
+            store.set_status(run_id, status, None)
+        made.append((run_id, project, created, status))
+    for where, keep in [({"project": "beta", "status": "crashed"}, lambda m: m[1] == "beta" and m[3] == "crashed"),
+                        ({"q": "RUN 1"}, lambda m: f"run {int(m[0][1:])}".startswith("run 1")),
+                        ({}, lambda m: True)]:
+        expected = [m[0] for m in sorted((m for m in made if keep(m)), key=lambda m: (-m[2], m[0]))]
+        for size in (1, 7, 250, 1000):
+            if size == 1 and len(expected) > 200:
+                continue
+            seen: list[str] = []
+            while True:
+                page, count = store.list_runs(**where, limit=size, offset=len(seen))  # type: ignore[arg-type]
+                assert count == len(expected)
+                if not page:
+                    break
+                seen += [r.id for r in page]
+            assert seen == expected, (where, size)
+
+
 def test_delete_removes_everything(store: Store) -> None:
     open_hello(store)
     write(store, "r", 1, 1, scalars={"loss": 1.0}, arrays={"g": f32(1, 2).tobytes()})
     assert store.delete_run("r") and not store.delete_run("r")
     with store.engine.connect() as conn:
-        for table in ("runs", "params", "groups", "steps", "scalars", "param_metrics", "series_names"):
+        for table in ("runs", "params", "groups", "steps", "scalars", "param_metrics", "series_names",
+                      "metric_blocks"):
             assert conn.exec_driver_sql(f'SELECT COUNT(*) FROM "{table}"').scalar() == 0, table
     open_hello(store)  # the id can be used again, names cache included
     write(store, "r", 1, 1, scalars={"loss": 1.0}, arrays={})
     assert store.series_names("r", "scalar") == ["loss"]
+
+
+def test_tags_round_trip_filter_and_go_with_the_run(store: Store, clock: Clock) -> None:
+    open_hello(store, "a")
+    open_hello(store, "b")
+    updated = store.get_run("a").updated_at  # type: ignore[union-attr]
+    clock.now += 50
+    assert store.update_run("a", tags=["x", "y", '"x"', "x"])
+    assert store.update_run("b", name="bee", tags=["y"])
+    a, b = store.get_run("a"), store.get_run("b")
+    assert a is not None and b is not None
+    assert a.tags == ["x", "y", '"x"'] and (b.name, b.tags) == ("bee", ["y"])
+    assert a.updated_at == updated  # a label is not data: durations and crash timers stay
+    assert {r.id for r in store.list_runs(tag="y")[0]} == {"a", "b"}
+    assert [r.id for r in store.list_runs(tag="x")[0]] == ["a"]
+    assert [r.id for r in store.list_runs(tag='"x"')[0]] == ["a"]
+    assert store.list_runs(tag="X") == ([], 0) and store.list_runs(tag="x\x00") == ([], 0)
+    assert store.update_run("a", name="renamed") and store.get_run("a").tags == ["x", "y", '"x"']  # type: ignore[union-attr]
+    assert store.update_run("a", tags=["z"]) and store.get_run("a").tags == ["z"]  # type: ignore[union-attr]
+    assert not store.update_run("nope", tags=["z"])
+    assert store.delete_run("a")
+    with store.engine.connect() as conn:
+        assert conn.exec_driver_sql("SELECT COUNT(*) FROM run_tags WHERE run_id = 'a'").scalar() == 0
+    assert [r.tags for r in store.list_runs()[0]] == [["y"]]
+
+
+def test_run_list_counts_findings_in_a_fixed_number_of_queries(store: Store) -> None:
+    """Tags and findings counts of a page of runs cost two queries in all, not two per run."""
+    def finding(code: str, severity: str) -> StoredFinding:
+        return StoredFinding(code=code, severity=severity, message="m", params=[], first_step=1, figure=None)
+
+    for i in range(6):
+        open_hello(store, f"r{i}")
+    store.save_findings("r0", [finding("nonfinite_grad", "error"), finding("step_without_grad", "error"),
+                               finding("exploding_grad", "warning"), finding("grad_accumulation", "info")])
+    store.save_findings("r1", [finding("param_never_gets_grad", "warning")])
+    store.update_run("r1", tags=["t"])
+    statements: list[str] = []
+
+    def count(*args: object) -> None:
+        statements.append(str(args[2]))
+
+    event.listen(store.engine, "before_cursor_execute", count)
+    try:
+        runs, _ = store.list_runs()
+        many = len(statements)
+        statements.clear()
+        store.list_runs(limit=1)
+        one = len(statements)
+    finally:
+        event.remove(store.engine, "before_cursor_execute", count)
+    assert many == one == 4  # count, page, tags, findings
+    by_id = {r.id: r for r in runs}
+    assert by_id["r0"].findings == {"error": 2, "warning": 1, "info": 1}
+    assert by_id["r1"].findings == {"error": 0, "warning": 1, "info": 0} and by_id["r1"].tags == ["t"]
+    assert by_id["r2"].findings == {"error": 0, "warning": 0, "info": 0} and by_id["r2"].tags == []
+    assert store.get_run("r0").findings == by_id["r0"].findings  # type: ignore[union-attr]
+
+
+def test_step_times(store: Store) -> None:
+    open_hello(store)
+    store.write_steps("r", [StepData(i, step, 100.0 + step / 2, {}, {}) for i, step in enumerate((2, 3, 5, 9), 1)])
+    times, first = store.step_times("r", [3, 4, 9])
+    assert first == 101.0 and times[0] == 101.5 and np.isnan(times[1]) and times[2] == 104.5
+    assert store.step_times("r", [])[1] == 101.0
+    open_hello(store, "empty")
+    assert store.step_times("empty", [1])[1] is None
 
 
 def test_sqlite_pragmas(sqlite_store: Store) -> None:

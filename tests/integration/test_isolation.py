@@ -105,3 +105,37 @@ def test_a_server_that_stops_reading_mid_run(spool_dir: Path) -> None:
     assert ratio < 1.5
     records, _ = read_records(spool_dir / f"{w.run_id}.spool")
     assert sum(1 for _ in records) >= 1 + 200  # close() spooled everything it could not send
+
+
+def test_a_sender_thread_that_raises_or_hangs_never_reaches_training(spool_dir: Path, monkeypatch) -> None:
+    """The sender thread itself failing: every pump raises (a bug), or it hangs for good. The
+    training loop completes at the same speed, nothing raises into it, close() stays bounded."""
+    from gradwatch.sender import Sender
+
+    steps = 30
+    ref = reference(steps)
+    figures = []
+    release = threading.Event()
+
+    def raising(self) -> None:
+        raise RuntimeError("injected sender bug")
+
+    def hanging(self) -> None:
+        release.wait()
+
+    for name, fault in (("raises", raising), ("hangs", hanging)):
+        monkeypatch.setattr(Sender, "_pump", fault)
+        model, opt = model_and_optimizer()
+        w = gradwatch.watch(opt, model=model, server="http://127.0.0.1:9", warn=False)
+        times = step_times(model, opt, steps)  # must neither raise nor wait
+        started = time.monotonic()
+        w.close(timeout=0.5)
+        closing = time.monotonic() - started
+        assert w.step == steps
+        assert closing < 3.0, closing
+        ratio = statistics.median(times) / ref
+        figures.append(f"sender {name}: median step x{ratio:.2f}, close() {closing:.1f} s")
+        assert ratio < 1.5, ratio
+        monkeypatch.undo()
+    release.set()
+    print("\n" + "; ".join(figures))

@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+import os
+
 from fastapi import APIRouter
 
 from .. import __version__
@@ -11,4 +13,4 @@ router = APIRouter(tags=["health"])
 @router.get("/health")
 def health() -> Health:
     """200 while the server is up (the tests and `make demo` poll it)."""
-    return Health(version=__version__)
+    return Health(version=__version__, worker=os.getpid())

@@ -7,7 +7,7 @@ from fastapi import APIRouter, Query, WebSocket
 
 from ..deps import DiagnosticsDep, HubDep, SessionsDep, SettingsDep, StoreDep
 from ..ingest import IngestConnection
-from ..live import pump
+from ..live import pump, worker_headers
 
 router = APIRouter(tags=["websockets"])
 
@@ -22,7 +22,7 @@ async def ingest(websocket: WebSocket, store: StoreDep, hub: HubDep, sessions: S
 async def live(websocket: WebSocket, hub: HubDep,
                run: Annotated[str | None, Query(pattern=r"^[A-Za-z0-9_-]{1,64}$")] = None) -> None:
     """Run events for every browser; with `run`, that run's steps too."""
-    await websocket.accept()
+    await websocket.accept(headers=worker_headers())
     sub = hub.subscribe(run)
     try:
         await pump(websocket, sub)

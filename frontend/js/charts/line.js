@@ -3,16 +3,19 @@
 // text naming them, and on a log axis exact zeros are drawn as grey markers along the
 // bottom. Live points are added with Plotly.extendTraces; the series are kept here too so
 // that switching the axis or the theme redraws without asking the server again.
+// A zoomed chart draws its window from `detail` (the window's points fetched at full
+// resolution) and the overview's points around it, so panning never shows a hole.
 
 import { isNonFinite, nonFiniteLabel, plotlyText } from "../format.js";
 import { markerLayout, markMarkers } from "./markers.js";
-import { Chart } from "./base.js";
+import { Chart, noteLive } from "./base.js";
 import { Pacer } from "./pacer.js";
-import { baseConfig, baseLayout, plotly, registerChart, seriesColor, theme } from "./theme.js";
+import { baseConfig, baseLayout, plotly, registerChart, seriesColor, theme, whenPlotly } from "./theme.js";
 
 const TOP = 0.97;    // where non-finite markers sit, in the marker axis (0..1 of the plot)
 const BOTTOM = 0.03; // -Inf, and zeros on a log axis
 const STAGGER = 0.035;
+const MARKERS_UP_TO = 60; // a series with fewer points shows each as a marker
 
 /**
  * @typedef {{name: string, x: number[], y: (number|null)[], min?: (number|null)[]|null,
@@ -24,14 +27,22 @@ export class LineChart extends Chart {
   /**
    * @param {HTMLElement} el  the plot element; gets data-points / data-nonfinite after each draw
    * @param {{name: string, log?: boolean, yTitle?: string, scale?: number, unit?: string,
-   *          legend?: boolean, emptyText?: string, onXRange?: (range: number[]|null) => void}} opts
+   *          legend?: boolean, emptyText?: string, onXRange?: (range: number[]|null) => void,
+   *          xTitle?: string, xHover?: string, xText?: (x: number) => string, yRange?: number[]|null}} opts
    *   scale divides every value (bytes -> MiB); unit is appended in hover text; legend: false
-   *   leaves the series out of the legend (a picker shows their colours instead).
+   *   leaves the series out of the legend (a picker shows their colours instead). The x axis
+   *   is steps unless told otherwise: xTitle names it, xHover is its Plotly hover template
+   *   ("step %{x}"), xText its words in marker text. yRange ([lo, hi] in values, before scale)
+   *   fixes the y axis, so that charts side by side share it.
    */
   constructor(el, opts) {
     super(el);
-    this.opts = { log: false, scale: 1, unit: "", emptyText: "No data yet", ...opts };
-    this.series = [];
+    this.opts = {
+      log: false, scale: 1, unit: "", emptyText: "No data yet",
+      xTitle: "step", xHover: "step %{x}", xText: (x) => `step ${x}`, yRange: null, ...opts,
+    };
+    this.series = [];     // the overview (and live points): what the page fetched for the whole run
+    this.view = [];       // what is drawn: the series, with the detail's window put in
     this.layoutIndex = null;
     this.pending = [];   // live points not drawn yet, per series
     this.markers = [];   // findings drawn as vertical lines (charts/markers.js)
@@ -41,6 +52,7 @@ export class LineChart extends Chart {
 
   /** Replace all series (after a REST fetch). */
   setSeries(series) {
+    this.detail = null;
     this.series = series.map((s) => ({
       name: s.name,
       x: s.x.slice(),
@@ -70,6 +82,37 @@ export class LineChart extends Chart {
   }
 
   /**
+   * The series as drawn: the overview's points outside the detail's window, the detail's inside.
+   * A line chart's detail (setDetail) is {start, end, series}: series[i], {x, y, min?, max?},
+   * stands for this.series[i] within steps [start, end].
+   */
+  merged() {
+    const d = this.detail;
+    if (!d) return this.series;
+    return this.series.map((s, i) => {
+      const w = d.series[i];
+      let a = 0;
+      while (a < s.x.length && s.x[a] < d.start) a++;
+      let b = a;
+      while (b < s.x.length && s.x[b] <= d.end) b++;
+      if (!w) {
+        return { name: s.name, x: s.x.slice(), y: s.y.slice(), min: s.min ? s.min.slice() : null, max: s.max ? s.max.slice() : null };
+      }
+      const band = (key) => {
+        if (!s[key] && !w[key]) return null;
+        return [...(s[key] || s.y).slice(0, a), ...(w[key] || w.y), ...(s[key] || s.y).slice(b)];
+      };
+      return {
+        name: s.name,
+        x: [...s.x.slice(0, a), ...w.x, ...s.x.slice(b)],
+        y: [...s.y.slice(0, a), ...w.y, ...s.y.slice(b)],
+        min: band("min"),
+        max: band("max"),
+      };
+    });
+  }
+
+  /**
    * Append live points: `points[i]` is a list of [x, y] for series i (y as toNumber gives).
    * They are drawn by the pacer: one extendTraces for everything that arrived since the last
    * draw, and a full redraw only when they bring the chart's first points, its first
@@ -79,11 +122,14 @@ export class LineChart extends Chart {
     points.forEach((pts, i) => {
       const s = this.series[i];
       if (!s || !pts || !pts.length) return;
-      for (const [x, y] of pts) {
-        s.x.push(x);
-        s.y.push(y);
-        if (s.min) s.min.push(y);
-        if (s.max) s.max.push(y);
+      // With a detail drawn, the drawn series are copies: they get the live points too.
+      for (const t of this.view !== this.series && this.view[i] ? [s, this.view[i]] : [s]) {
+        for (const [x, y] of pts) {
+          t.x.push(x);
+          t.y.push(y);
+          if (t.min) t.min.push(y);
+          if (t.max) t.max.push(y);
+        }
       }
       (this.pending[i] ||= []).push(...pts);
     });
@@ -92,10 +138,16 @@ export class LineChart extends Chart {
 
   /** Draw the pending points (called by the pacer). */
   flush() {
+    if (this.stale) return this.draw();
     const pending = this.pending;
     this.pending = [];
+    let top = -Infinity;
+    for (const pts of pending) if (pts && pts.length) top = Math.max(top, pts[pts.length - 1][0]);
+    const live = () => { if (top > -Infinity) noteLive(this.opts.name, top); };
     const idx = this.layoutIndex;
-    if (!this.drawn || !idx) return this.draw();
+    if (!this.drawn || !idx) return this.draw().then(live);
+    // Past MARKERS_UP_TO points a line drops its point markers (styling each costs every draw).
+    if (idx.markers && this.view.some((s) => s.x.length >= MARKERS_UP_TO)) return this.draw().then(live);
     const upd = { x: [], y: [], text: [] };
     const traces = [];
     const push = (trace, xs, ys, texts) => {
@@ -119,11 +171,14 @@ export class LineChart extends Chart {
       for (const [x, y] of pts) this.markerPoint(i, x, y, nf, zero);
     });
     // A first marker needs a trace (and a legend entry) that is not there yet.
-    if ((nf.x.length && idx.nonfinite < 0) || (zero.x.length && idx.zero < 0)) return this.draw();
+    if ((nf.x.length && idx.nonfinite < 0) || (zero.x.length && idx.zero < 0)) return this.draw().then(live);
     if (nf.x.length) push(idx.nonfinite, nf.x, nf.y, nf.text);
     if (zero.x.length) push(idx.zero, zero.x, zero.y, zero.text);
     if (!traces.length) return Promise.resolve();
-    return plotly().extendTraces(this.el, upd, traces).then(() => this.mark());
+    return plotly().extendTraces(this.el, upd, traces).then(() => {
+      this.mark();
+      live();
+    });
   }
 
   /** A value as drawn on the line: non-finite values and log-axis zeros become gaps. */
@@ -134,23 +189,23 @@ export class LineChart extends Chart {
   }
 
   markerPoint(i, x, y, nf, zero) {
-    const name = plotlyText(this.series[i].name);
+    const name = plotlyText(this.view[i].name);
     const unit = this.opts.unit ? ` ${this.opts.unit}` : "";
     if (isNonFinite(y)) {
       nf.x.push(x);
       nf.y.push(y === -Infinity ? BOTTOM + i * STAGGER : TOP - i * STAGGER);
-      nf.text.push(`<b>${nonFiniteLabel(y)}</b> · ${name}<br>step ${x}`);
+      nf.text.push(`<b>${nonFiniteLabel(y)}</b> · ${name}<br>${plotlyText(this.opts.xText(x))}`);
     } else if (this.opts.log && y !== null && y <= 0) {
       zero.x.push(x);
       zero.y.push(BOTTOM + i * STAGGER);
-      zero.text.push(`${y}${unit} · ${name}<br>step ${x} (not drawable on a log axis)`);
+      zero.text.push(`${y}${unit} · ${name}<br>${plotlyText(this.opts.xText(x))} (not drawable on a log axis)`);
     }
   }
 
   markerCounts() {
     let nonfinite = 0;
     let zero = 0;
-    for (const s of this.series) {
+    for (const s of this.view) {
       for (let j = 0; j < s.y.length; j++) {
         const vals = [s.y[j], s.min ? s.min[j] : null, s.max ? s.max[j] : null];
         if (vals.some(isNonFinite)) nonfinite++;
@@ -162,17 +217,20 @@ export class LineChart extends Chart {
 
   /** Build every trace from this.series and (re)draw with Plotly.react. */
   draw() {
+    if (!window.Plotly) return whenPlotly().then(() => this.draw());
     this.pending = [];
     this.pacer.clear();
+    this.stale = false;
+    this.view = this.merged();
     const t = theme();
     const traces = [];
-    const idx = { line: [], band: [], nonfinite: -1, zero: -1 };
+    const idx = { line: [], band: [], nonfinite: -1, zero: -1, markers: false };
     const unit = this.opts.unit ? ` ${plotlyText(this.opts.unit)}` : "";
     const nf = { x: [], y: [], text: [] };
     const zero = { x: [], y: [], text: [] };
-    const single = this.series.length === 1;
+    const single = this.view.length === 1;
 
-    this.series.forEach((s, i) => {
+    this.view.forEach((s, i) => {
       const color = seriesColor(i, t);
       idx.band[i] = -1;
       if (s.min && s.max && s.min.some((v, j) => v !== s.y[j]) ) {
@@ -189,14 +247,15 @@ export class LineChart extends Chart {
         this.markerPoint(i, x, worst === undefined ? s.y[j] : worst, nf, zero);
       });
     });
-    this.series.forEach((s, i) => {
+    this.view.forEach((s, i) => {
       idx.line[i] = traces.length;
+      if (s.x.length < MARKERS_UP_TO) idx.markers = true;
       const name = plotlyText(s.name);
       traces.push({
-        type: "scatter", mode: s.x.length < 60 ? "lines+markers" : "lines",
+        type: "scatter", mode: s.x.length < MARKERS_UP_TO ? "lines+markers" : "lines",
         name, x: s.x.slice(), y: s.y.map((v) => this.plotY(v)), text: s.x.map(() => ""),
         line: { width: 1.8, color: seriesColor(i, t) }, marker: { size: 4 }, showlegend: this.opts.legend !== false,
-        hovertemplate: `${single ? "" : `${name}<br>`}step %{x}: <b>%{y:.4~g}${unit}</b><extra></extra>`,
+        hovertemplate: `${single ? "" : `${name}<br>`}${this.opts.xHover}: <b>%{y:.4~g}${unit}</b><extra></extra>`,
       });
     });
     if (nf.x.length) {
@@ -216,15 +275,19 @@ export class LineChart extends Chart {
       });
     }
 
-    const empty = !this.series.some((s) => s.x.length);
+    const empty = !this.view.some((s) => s.x.length);
     const layout = baseLayout({
-      xaxis: { ...(this.xRange ? { range: this.xRange.slice(), autorange: false } : { autorange: true }), visible: !empty },
+      xaxis: {
+        ...(this.xRange ? { range: this.xRange.slice(), autorange: false } : { autorange: true }), visible: !empty,
+        title: { text: plotlyText(this.opts.xTitle), font: { color: t.muted, size: 11 } },
+      },
       yaxis: {
         visible: !empty,
         type: this.opts.log ? "log" : "linear",
         title: this.opts.yTitle ? { text: plotlyText(this.opts.yTitle), font: { color: t.muted, size: 11 } } : undefined,
         exponentformat: "power",
         ...this.yAxisTicks(),
+        ...this.fixedYRange(),
       },
       yaxis2: { overlaying: "y", range: [0, 1], visible: false, fixedrange: true },
       showlegend: traces.filter((tr) => tr.showlegend !== false).length > (this.opts.legend === false ? 0 : 1),
@@ -238,6 +301,7 @@ export class LineChart extends Chart {
     return plotly().react(this.el, traces, layout, baseConfig(this.opts.name)).then(() => {
       if (first) this.listen();
       this.mark();
+      this.markDrawn(!empty);
     });
   }
 
@@ -248,7 +312,7 @@ export class LineChart extends Chart {
   yAxisTicks() {
     let lo = Infinity;
     let hi = -Infinity;
-    for (const s of this.series) {
+    for (const s of this.view) {
       for (const v of s.y) {
         if (v === null || isNonFinite(v) || (this.opts.log && v <= 0)) continue;
         if (v < lo) lo = v;
@@ -256,6 +320,8 @@ export class LineChart extends Chart {
       }
     }
     if (!Number.isFinite(lo)) return {};
+    const fixed = this.opts.yRange;
+    if (fixed && fixed[0] < fixed[1] && (!this.opts.log || fixed[0] > 0)) [lo, hi] = fixed; // ticks for what is shown
     if (this.opts.log) {
       // Plain numbers up to a few decades (ticks at 1-2-5 past one decade, Plotly's own
       // within one); powers of ten beyond.
@@ -268,6 +334,14 @@ export class LineChart extends Chart {
       return { range: [(lo - pad) / this.opts.scale, (hi + pad) / this.opts.scale], autorange: false };
     }
     return {};
+  }
+
+  /** The y axis range of opts.yRange, in Plotly's units (log10 on a log axis). */
+  fixedYRange() {
+    const r = this.opts.yRange;
+    if (!r || !(r[0] < r[1]) || (this.opts.log && !(r[0] > 0))) return {};
+    const [lo, hi] = [r[0] / this.opts.scale, r[1] / this.opts.scale];
+    return { range: this.opts.log ? [Math.log10(lo), Math.log10(hi)] : [lo, hi], autorange: false };
   }
 
   listen() {
@@ -288,11 +362,13 @@ export class LineChart extends Chart {
 
   /** Publish what is drawn for tests and people: data-points, data-nonfinite, data-empty. */
   mark() {
-    const points = this.series.reduce((n, s) => n + s.x.length, 0);
+    const points = this.view.reduce((n, s) => n + s.x.length, 0);
     const { nonfinite } = this.markerCounts();
     this.el.dataset.points = String(points);
     this.el.dataset.nonfinite = String(nonfinite);
-    this.el.dataset.series = String(this.series.length);
+    this.el.dataset.series = String(this.view.length);
+    if (this.detail) this.el.dataset.window = `${this.detail.start}-${this.detail.end}`;
+    else delete this.el.dataset.window;
     markMarkers(this.el, points ? this.markers : []);
     if (points === 0) {
       this.el.dataset.empty = this.opts.emptyText;

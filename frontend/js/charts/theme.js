@@ -3,10 +3,31 @@
 
 const charts = new Set();
 
-/** The Plotly global, loaded by a classic <script> before the modules run. */
+/** The Plotly global, loaded by a classic <script> (deferred, or async on the run page). */
 export function plotly() {
   if (!window.Plotly) throw new Error("Plotly did not load (/static/vendor/plotly.min.js)");
   return window.Plotly;
+}
+
+const PLOTLY_SRC = "/static/vendor/plotly.min.js";
+let plotlyLoad = null;
+
+/**
+ * Resolves once Plotly is there; charts wait here to draw. A page without a <script> for it
+ * gets one now: the run page only preloads Plotly and calls this once its data requests are
+ * out, so that the server works while the browser compiles Plotly.
+ */
+export function whenPlotly() {
+  if (window.Plotly) return Promise.resolve(window.Plotly);
+  if (!plotlyLoad) {
+    let script = document.querySelector('script[src$="/plotly.min.js"]');
+    if (!script) script = document.head.appendChild(Object.assign(document.createElement("script"), { src: PLOTLY_SRC }));
+    plotlyLoad = new Promise((resolve, reject) => {
+      script.addEventListener("load", () => resolve(window.Plotly));
+      script.addEventListener("error", () => reject(new Error(`Plotly did not load (${PLOTLY_SRC})`)));
+    });
+  }
+  return plotlyLoad;
 }
 
 function cssVar(name) {
@@ -56,7 +77,7 @@ export function baseLayout(over = {}, t = theme()) {
     paper_bgcolor: "rgba(0,0,0,0)",
     plot_bgcolor: "rgba(0,0,0,0)",
     font: { family: t.font, size: 12, color: t.fg },
-    margin: { l: 8, r: 12, t: 8, b: 8 },
+    margin: { l: 60, r: 12, t: 8, b: 40 },
     xaxis: axis(t, { title: { text: "step", font: { color: t.muted, size: 11 } } }),
     yaxis: axis(t, { exponentformat: "power" }),
     legend: { orientation: "h", x: 0, y: 1.02, yanchor: "bottom", font: { size: 11 }, bgcolor: "rgba(0,0,0,0)" },

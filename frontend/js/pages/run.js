@@ -6,9 +6,17 @@
 // absorb (a new metric, a chart grown past its budget), everything is fetched again over REST.
 // Findings (views/findings.js) come over REST and then live (`finding` messages); each one with
 // a first step is drawn on every step-axis chart as a dotted line where it began.
+// Zoom is shared by every chart and kept in the URL (?from=&to=); once it settles (ZOOM_DELAY_MS)
+// each chart fetches the window again, at full resolution when it has few enough steps, and
+// drops answers that a newer zoom has overtaken; zooming out draws the overview again.
+// Charts out of view fetch and draw a zoom when they are scrolled to.
+// What the page has drawn is published for tests and tests/bench/dashboard.py: body[data-ready]
+// and the performance mark `gradwatch:ready` once every chart is drawn; body[data-zoom] and the
+// mark `gradwatch:zoomed` once every chart in view shows the zoom's window ("FROM-TO", or "all").
 
 import { api, ApiError, liveUrl, UnreachableError } from "../api.js";
 import { markersOf } from "../charts/markers.js";
+import { whenPlotly } from "../charts/theme.js";
 import { byId, h, notice, setChildren } from "../dom.js";
 import { toNumber } from "../format.js";
 import { LiveSocket, renderLiveStatus } from "../live.js";
@@ -19,6 +27,7 @@ import { createRunViews } from "../views/run-views.js";
 const MAX_POINTS = 4000;      // a live chart past this many points per series is refetched (downsampled)
 const MAX_QUEUE = 20000;      // live steps waiting (hidden tab): past this, drop them and refetch
 const FINDINGS_EVERY_MS = 15000;
+const ZOOM_DELAY_MS = 40;     // a zoom fetches its window once it has settled this long
 
 const q = readQuery();
 const runId = decodeURIComponent(location.pathname.split("/").filter(Boolean)[1] || queryValue(q, "id", ""));
@@ -33,7 +42,10 @@ const state = {
   params: [],
   paramIndex: new Map(),   // name -> index in /params (the order of live arrays)
   metrics: { scalars: [], params: [] },
-  selected: q.param || [], // parameters chosen by name (?param=); empty: the top 5
+  selected: q.param || [], // parameters chosen by name (?param=); empty: the top k
+  module: queryValue(q, "module"), // or every parameter of this module (?module=)
+  top: Math.max(1, Math.round(num(queryValue(q, "top")) || 5)), // the top k (?top=&order=asc|desc)
+  order: queryValue(q, "order") === "asc" ? "asc" : "desc",
   shown: [],               // parameters drawn in the per-parameter charts
   latest: {},              // latest value of each scalar, for the header
   xRange: from !== null && to !== null ? [from, to] : null,
@@ -48,9 +60,25 @@ const onXRange = (range) => {
   state.xRange = range;
   for (const v of Object.values(views)) if (v.setXRange) v.setXRange(range);
   saveUrl();
+  scheduleZoom();
 };
 const select = (names) => {
   state.selected = names;
+  state.module = null;
+  saveUrl();
+  reloadParams();
+};
+const selectModule = (path) => {
+  state.module = path;
+  state.selected = [];
+  saveUrl();
+  reloadParams();
+};
+const selectTop = (k, order) => {
+  state.top = k;
+  state.order = order;
+  state.selected = [];
+  state.module = null;
   saveUrl();
   reloadParams();
 };
@@ -63,10 +91,12 @@ const { views, present: PRESENT, otherSelect, otherScalars } = createRunViews(st
   onXRange,
   onSelect: select,
   onParam: addParam,
+  onModule: selectModule,
+  onTop: selectTop,
   onOtherScalar: (key) => {
     state.otherScalar = key;
     saveUrl();
-    loadViews([views.other]).catch(showError);
+    loadViews([views.other]).then(() => { if (state.xRange) scheduleZoom(); }).catch(showError);
   },
   onFindings: (list) => drawMarkers(list),
 });
@@ -106,6 +136,9 @@ function balanceGrid() {
 function saveUrl() {
   writeQuery({
     param: state.selected,
+    module: state.module,
+    top: state.top !== 5 ? state.top : null,
+    order: state.order === "asc" ? "asc" : null,
     from: state.xRange ? Math.round(state.xRange[0]) : null,
     to: state.xRange ? Math.round(state.xRange[1]) : null,
     scalar: state.otherScalar,
@@ -134,7 +167,9 @@ async function loadAll() {
       for (const [name, present] of Object.entries(PRESENT)) views[name].card.hidden = !present();
       balanceGrid();
       header.render(state);
-      await loadViews(Object.values(views).filter((v) => !v.card.hidden));
+      const drawn = loadViews(Object.values(views).filter((v) => !v.card.hidden));
+      whenPlotly().catch(showError); // the requests are out: compile Plotly while the server answers
+      await drawn;
       if (!state.run.steps) {
         for (const el of grid.querySelectorAll("[data-chart]")) el.dataset.empty = "Waiting for the first step…";
       }
@@ -144,41 +179,80 @@ async function loadAll() {
       loadedOnce = true;
       lastFindings = Date.now();
       if (state.xRange) onXRange(state.xRange);
+      if (document.body.dataset.ready !== "1") performance.mark("gradwatch:ready");
       document.body.dataset.ready = "1";
     } catch (err) {
       showError(err);
     } finally {
       loading = null;
       scheduleFlush();
+      if (document.body.dataset.zoom === "pending" && !zoomTimer) scheduleZoom();
     }
   })();
   return loading;
 }
 
 /**
- * Fetch and draw `list`; the per-parameter followers wait for the chosen parameters. A view
- * that fails shows why in its card and the others still draw; an unreachable server fails all.
+ * Fetch and draw `list`, all at once. The per-parameter followers (optimizer state) ask for
+ * the same choice as the gradient-norm chart (the same names, or the same top k by gradient
+ * norm); one whose parameters came out different (live steps moved the top k between the two
+ * answers) is fetched again by the names the gradient-norm chart shows. A view that fails shows
+ * why in its card and the others still draw; an unreachable server fails all.
  */
 async function loadViews(list) {
   const followers = [views.expAvg, views.expAvgSq, views.momentum, views.updateRatio];
-  const load = (v) => v.load(ctx).catch((err) => {
+  const load = (v, names) => v.load(ctx, names).catch((err) => {
     if (err instanceof UnreachableError) throw err;
     console.warn(`gradwatch: ${v.card.dataset.card}:`, err);
     if (v.fail) v.fail(err);
   });
-  const first = list.filter((v) => !followers.includes(v));
-  const after = list.filter((v) => followers.includes(v));
-  const leader = first.includes(views.paramNorms) ? load(views.paramNorms) : Promise.resolve();
-  await Promise.all([
-    ...first.filter((v) => v !== views.paramNorms).map(load),
-    leader.then(() => Promise.all(after.map(load))),
-  ]);
+  await Promise.all(list.map((v) => load(v)));
+  const same = (a, b) => a.length === b.length && a.every((n, i) => n === b[i]);
+  const again = list.filter((v) => followers.includes(v) && !same(v.params(), state.shown));
+  await Promise.all(again.map((v) => load(v, state.shown.slice())));
 }
 
 function reloadParams() {
   const list = [views.paramNorms, views.expAvg, views.expAvgSq, views.momentum, views.updateRatio]
     .filter((v) => !v.card.hidden);
-  loadViews(list).catch(showError);
+  loadViews(list).then(() => { if (state.xRange) scheduleZoom(); }).catch(showError);
+}
+
+// ---- zoom: the window at full resolution ---------------------------------------------------
+
+let zoomTimer = 0;
+let zoomRound = 0;
+
+/** The steps a zoom shows, [first, last], or null for the whole run. */
+function stepWindow(range) {
+  if (!range) return null;
+  const start = Math.max(0, Math.ceil(Math.min(range[0], range[1])));
+  const end = Math.floor(Math.max(range[0], range[1]));
+  return end >= start ? [start, end] : null;
+}
+
+function scheduleZoom() {
+  clearTimeout(zoomTimer);
+  document.body.dataset.zoom = "pending";
+  zoomTimer = setTimeout(applyZoom, ZOOM_DELAY_MS);
+}
+
+/** Every chart fetches the zoomed window (or goes back to its overview); one round at a time wins. */
+async function applyZoom() {
+  zoomTimer = 0;
+  if (!loadedOnce || loading) return; // loadAll zooms again when it is done
+  const round = ++zoomRound;
+  const win = stepWindow(state.xRange);
+  const list = Object.values(views).filter((v) => !v.card.hidden && v.zoom);
+  const results = await Promise.allSettled(list.map((v) => v.zoom(ctx, win)));
+  for (const [i, r] of results.entries()) {
+    if (r.status === "fulfilled") continue;
+    if (r.reason instanceof UnreachableError) showError(r.reason);
+    else console.warn(`gradwatch: zoom: ${list[i].card.dataset.card}:`, r.reason);
+  }
+  if (round !== zoomRound || zoomTimer) return;
+  document.body.dataset.zoom = win ? `${win[0]}-${win[1]}` : "all";
+  performance.mark("gradwatch:zoomed", { detail: document.body.dataset.zoom });
 }
 
 function requestReload(delayMs = 500) {

@@ -1,7 +1,9 @@
 // The run list (/): every run with its status kept live from /ws/live `run` events, a
-// filter (text, project, status) kept in the URL, and a selection to compare runs.
+// filter (text, project, status, tag) and a sort kept in the URL, each run's findings counts,
+// a selection to compare runs, and per run: edit (name and tags) and delete, each in a modal
+// <dialog> (delete asks first). Writes send the server's token once given (api.js).
 
-import { api, compareUrl, liveUrl, runPageUrl, UnreachableError } from "../api.js";
+import { api, ApiError, compareUrl, getToken, liveUrl, runPageUrl, setToken, UnreachableError } from "../api.js";
 import { byId, h, notice, setChildren, statusBadge } from "../dom.js";
 import { fmtAgo, fmtCount, fmtDuration, fmtTime, runDuration } from "../format.js";
 import { LiveSocket, renderLiveStatus } from "../live.js";
@@ -11,7 +13,19 @@ const PAGE = 500;
 const DEFAULT_SERVER = "http://127.0.0.1:8765"; // where the hook sends unless told otherwise
 const POLL_MS = 5000; // while a run is running: refresh steps and durations
 
+/** Sortable columns: key -> [header, value of a run, first direction]. */
+const SORTS = {
+  name: ["Run", (r) => String(r.name || r.id).toLowerCase(), "asc"],
+  project: ["Project", (r) => String(r.project || "").toLowerCase(), "asc"],
+  status: ["Status", (r) => String(r.status || ""), "asc"],
+  steps: ["Steps", (r) => r.steps ?? 0, "desc"],
+  created: ["Started", (r) => r.created_at ?? 0, "desc"],
+  duration: ["Duration", (r) => runDuration(r) ?? -1, "desc"],
+};
+const DEFAULT_SORT = "created";
+
 const q = readQuery();
+const sortKey = queryValue(q, "sort", DEFAULT_SORT);
 const state = {
   runs: [],          // RunPublic, newest first
   count: 0,          // all runs on the server
@@ -21,8 +35,12 @@ const state = {
   text: queryValue(q, "q", ""),
   project: queryValue(q, "project", ""),
   status: queryValue(q, "status", ""),
+  tag: queryValue(q, "tag", ""),
+  sort: sortKey in SORTS ? sortKey : DEFAULT_SORT,
+  dir: "",           // asc | desc; "" is the column's first direction
   selected: new Set(),
 };
+state.dir = ["asc", "desc"].includes(queryValue(q, "dir")) ? queryValue(q, "dir") : SORTS[state.sort][2];
 
 const listEl = byId("runs");
 const countEl = byId("run-count");
@@ -49,8 +67,26 @@ document.addEventListener("keydown", (e) => {
 });
 
 function changed() {
-  writeQuery({ q: state.text.trim(), project: state.project, status: state.status });
+  const defaultSort = state.sort === DEFAULT_SORT && state.dir === SORTS[DEFAULT_SORT][2];
+  writeQuery({
+    q: state.text.trim(), project: state.project, status: state.status, tag: state.tag,
+    sort: defaultSort ? null : state.sort, dir: defaultSort ? null : state.dir,
+  });
   render();
+}
+
+function sortBy(key) {
+  if (state.sort === key) state.dir = state.dir === "asc" ? "desc" : "asc";
+  else {
+    state.sort = key;
+    state.dir = SORTS[key][2];
+  }
+  changed();
+}
+
+function filterTag(tag) {
+  state.tag = tag;
+  changed();
 }
 
 async function load() {
@@ -72,10 +108,22 @@ async function load() {
 
 function visible() {
   const text = state.text.trim().toLowerCase();
-  return state.runs.filter((r) =>
+  const rows = state.runs.filter((r) =>
     (!state.project || (r.project || "") === state.project)
     && (!state.status || r.status === state.status)
-    && (!text || [r.name, r.project, r.id, r.optimizer].some((v) => String(v || "").toLowerCase().includes(text))));
+    && (!state.tag || (r.tags || []).includes(state.tag))
+    && (!text || [r.name, r.project, r.id, r.optimizer, ...(r.tags || [])]
+      .some((v) => String(v || "").toLowerCase().includes(text))));
+  const value = SORTS[state.sort][1];
+  const sign = state.dir === "asc" ? 1 : -1;
+  const created = SORTS.created[1];
+  // Ties: newest first, then by id, so the order never depends on arrival.
+  return rows.sort((a, b) => sign * compare(value(a), value(b)) || compare(created(b), created(a)) || compare(a.id, b.id));
+}
+
+function compare(a, b) {
+  if (typeof a === "string" || typeof b === "string") return String(a).localeCompare(String(b));
+  return a < b ? -1 : a > b ? 1 : 0;
 }
 
 function render() {
@@ -84,6 +132,7 @@ function render() {
     h("p", {}, "Showing the runs as they were; this page reconnects by itself.")) : null);
   toolbarEl.hidden = state.phase === "ready" && !state.runs.length;
   renderProjects();
+  renderTagFilter();
   compareBtn.disabled = state.selected.size < 2;
   compareBtn.textContent = state.selected.size ? `Compare ${state.selected.size} runs` : "Compare runs";
   if (state.phase === "loading") {
@@ -112,30 +161,52 @@ function render() {
   }
   const more = state.count > state.runs.length
     ? h("p", { class: "muted table-foot" }, `Showing the newest ${fmtCount(state.runs.length)} of ${fmtCount(state.count)} runs.`) : null;
-  const focused = document.activeElement && document.activeElement.closest && document.activeElement.closest("tr[data-run-id]");
-  const refocus = focused ? [focused.dataset.runId, document.activeElement.tagName] : null;
+  // The table is rebuilt on every change: keep the keyboard focus where it was.
+  const active = document.activeElement;
+  const focusKey = active && listEl.contains(active) && active.dataset ? active.dataset.focus : null;
+  const focusRow = focusKey && active.closest("tr[data-run-id]");
+  const header = (key, num) => {
+    const [title] = SORTS[key];
+    const on = state.sort === key;
+    return h("th", { scope: "col", class: num ? "num" : "", "aria-sort": on ? (state.dir === "asc" ? "ascending" : "descending") : "none" },
+      h("button", {
+        type: "button", class: `sort${on ? " sort-on" : ""}`, dataset: { sort: key, focus: `sort:${key}` },
+        title: `Sort by ${title.toLowerCase()}`, onclick: () => sortBy(key),
+      }, title, h("span", { class: "sort-mark", "aria-hidden": "true" }, on ? (state.dir === "asc" ? "▲" : "▼") : "↕")));
+  };
   setChildren(listEl, h("div", { class: "table-wrap" }, h("table", { class: "runs-table" },
     h("thead", {}, h("tr", {},
       h("th", { class: "col-check" }, h("span", { class: "sr-only" }, "Compare")),
-      ["Run", "Project", "Status", "Steps", "Started", "Duration", "Parameters", "Optimizer"].map((t, i) =>
-        h("th", { scope: "col", class: i === 3 || i === 6 ? "num" : "" }, t)))),
+      header("name"), header("project"), header("status"), header("steps", true), header("created"), header("duration"),
+      h("th", { scope: "col", class: "num" }, "Parameters"),
+      h("th", { scope: "col" }, "Optimizer"),
+      h("th", { scope: "col" }, "Findings"),
+      h("th", { scope: "col", class: "col-actions" }, h("span", { class: "sr-only" }, "Actions")))),
     h("tbody", {}, rows.map(row)))), more);
-  if (refocus) {
-    const tr = [...listEl.querySelectorAll("tr[data-run-id]")].find((el) => el.dataset.runId === refocus[0]);
-    const target = tr && tr.querySelector(refocus[1] === "INPUT" ? "input" : "a");
+  if (focusKey) {
+    const scope = focusRow
+      ? [...listEl.querySelectorAll("tr[data-run-id]")].find((el) => el.dataset.runId === focusRow.dataset.runId)
+      : listEl;
+    const target = scope && [...scope.querySelectorAll("[data-focus]")].find((el) => el.dataset.focus === focusKey);
     if (target) target.focus();
   }
 }
 
 function row(r) {
   const name = r.name || r.id;
+  const tags = r.tags || [];
   return h("tr", { dataset: { runId: r.id, status: r.status } },
     h("td", { class: "col-check" }, h("input", {
       type: "checkbox", checked: state.selected.has(r.id), "aria-label": `Select ${name} to compare`,
+      dataset: { focus: "check" },
       onchange: (e) => { if (e.target.checked) state.selected.add(r.id); else state.selected.delete(r.id); render(); },
     })),
-    h("td", { class: "col-name" }, h("a", { href: runPageUrl(r.id), class: "run-link" }, name),
-      name !== r.id ? h("span", { class: "run-id" }, r.id) : null),
+    h("td", { class: "col-name" }, h("a", { href: runPageUrl(r.id), class: "run-link", dataset: { focus: "link" } }, name),
+      name !== r.id ? h("span", { class: "run-id" }, r.id) : null,
+      tags.length ? h("span", { class: "tags" }, tags.map((t) => h("button", {
+        type: "button", class: "tag", dataset: { tag: t, focus: `tag:${t}` }, title: `Show only runs tagged ${t}`,
+        onclick: () => filterTag(t),
+      }, t))) : null),
     h("td", {}, r.project || "—"),
     h("td", {}, statusBadge(r.status)),
     h("td", { class: "num" }, fmtCount(r.steps)),
@@ -144,7 +215,43 @@ function row(r) {
     h("td", { class: "num", title: r.param_numel ? `${fmtCount(r.param_numel)} values` : null },
       r.param_numel ? fmtCount(r.param_numel, true) : "—",
       r.param_count != null ? h("span", { class: "run-id" }, `${fmtCount(r.param_count)} tensors`) : null),
-    h("td", {}, r.optimizer || "—"));
+    h("td", {}, r.optimizer || "—"),
+    findingsCell(r),
+    h("td", { class: "col-actions" },
+      h("button", { type: "button", class: "btn btn-small", dataset: { action: "edit", focus: "edit" },
+        "aria-label": `Edit the name and tags of ${name}`, onclick: (e) => editDialog.open(r, e.currentTarget) }, "Edit"),
+      h("button", { type: "button", class: "btn btn-small btn-danger", dataset: { action: "delete", focus: "delete" },
+        "aria-label": `Delete ${name}`, onclick: (e) => deleteDialog.open(r, e.currentTarget) }, "Delete")));
+}
+
+/** Errors and warnings found in a run (GET /api/runs/{id}/diagnostics lists them). */
+function findingsCell(r) {
+  const f = r.findings || {};
+  const errors = f.error || 0;
+  const warnings = f.warning || 0;
+  const info = f.info || 0;
+  const plural = (n, word) => `${n} ${word}${n === 1 ? "" : "s"}`;
+  return h("td", { class: "col-findings", dataset: { errors, warnings, info },
+    title: `${plural(errors, "error")}, ${plural(warnings, "warning")}, ${info} info` },
+  errors ? h("span", { class: "fcount fcount-error" }, plural(errors, "error")) : null,
+  warnings ? h("span", { class: "fcount fcount-warning" }, plural(warnings, "warning")) : null,
+  !errors && !warnings ? h("span", { class: "muted" }, info ? `${info} info` : "none") : null);
+}
+
+/** The active tag filter, as a chip that clears it. */
+function renderTagFilter() {
+  let el = document.getElementById("filter-tag");
+  if (!state.tag) {
+    if (el) el.remove();
+    return;
+  }
+  if (!el) {
+    el = h("span", { id: "filter-tag", class: "chip" });
+    statusSelect.after(el);
+  }
+  setChildren(el, h("span", { class: "muted" }, "tag"), h("span", { class: "chip-name" }, state.tag),
+    h("button", { type: "button", class: "chip-x", "aria-label": `Stop filtering by tag ${state.tag}`,
+      onclick: () => { filterTag(""); textInput.focus(); } }, "×"));
 }
 
 function renderProjects() {
@@ -160,7 +267,7 @@ function renderProjects() {
 }
 
 function clearFilter() {
-  state.text = state.project = state.status = "";
+  state.text = state.project = state.status = state.tag = "";
   textInput.value = "";
   statusSelect.value = "";
   changed();
@@ -183,6 +290,137 @@ function emptyState() {
       : h("p", { class: "muted" }, "This server is at ", h("code", {}, location.origin), ": pass ",
         h("code", {}, `server="${location.origin}"`), " to watch(), or set ", h("code", {}, `GRADWATCH_SERVER=${location.origin}`), "."));
 }
+
+// ---- edit and delete -------------------------------------------------------------------------
+
+/**
+ * A modal <dialog> (focus trapped, Escape cancels) with a form. `fields` are nodes of the form;
+ * `submit(run)` does the write and throws ApiError on refusal: its message is shown, and a 401
+ * shows a field for the server's token, kept for this tab and sent with the retry.
+ */
+function formDialog({ id, title, fields, submitLabel, danger = false, submit }) {
+  const heading = h("h2", { id: `${id}-title` });
+  const message = h("p", { class: "dialog-error", role: "alert" });
+  const tokenInput = h("input", { class: "input", type: "password", autocomplete: "off", id: `${id}-token` });
+  const tokenRow = h("label", { class: "field", hidden: true }, h("span", {}, "Server token"), tokenInput,
+    h("span", { class: "field-help" }, "This server was started with --token: writes need it. It is kept for this tab only."));
+  const cancel = h("button", { type: "button", class: "btn", value: "cancel", onclick: () => dialog.close("cancel") }, "Cancel");
+  const ok = h("button", { type: "submit", class: `btn ${danger ? "btn-danger" : "btn-primary"}` }, submitLabel);
+  const form = h("form", { method: "dialog" }, heading, fields, tokenRow, message, h("div", { class: "dialog-actions" }, cancel, ok));
+  const dialog = h("dialog", { id, class: "dialog", "aria-labelledby": `${id}-title` }, form);
+  document.body.appendChild(dialog);
+  let run = null;
+  let opener = null;
+  form.addEventListener("submit", async (e) => {
+    e.preventDefault();
+    if (tokenInput.value) setToken(tokenInput.value.trim());
+    ok.disabled = true;
+    message.textContent = "";
+    try {
+      await submit(run);
+      dialog.close("ok");
+    } catch (err) {
+      if (err instanceof ApiError && err.status === 401) {
+        tokenRow.hidden = false;
+        message.textContent = getToken() ? "The server refused this token." : "This server needs its token.";
+        tokenInput.focus();
+      } else {
+        message.textContent = err instanceof UnreachableError ? err.message : String(err.message || err);
+      }
+    } finally {
+      ok.disabled = false;
+    }
+  });
+  dialog.addEventListener("close", () => {
+    dialog.dataset.result = dialog.returnValue || "cancel";
+    // Back to the button that opened the dialog (the row may have been redrawn meanwhile).
+    const row = run && [...listEl.querySelectorAll("tr[data-run-id]")].find((el) => el.dataset.runId === run.id);
+    const target = (row && opener && row.querySelector(`[data-action="${opener.dataset.action}"]`)) || compareBtn;
+    if (target && !target.disabled) target.focus();
+  });
+  return {
+    dialog, heading,
+    open(r, from, setup) {
+      run = r;
+      opener = from;
+      message.textContent = "";
+      tokenRow.hidden = true;
+      tokenInput.value = "";
+      delete dialog.dataset.result;
+      if (setup) setup(r);
+      dialog.showModal();
+    },
+  };
+}
+
+/** Tags as typed: comma-separated, trimmed, empty ones and repeats dropped. */
+function parseTags(text) {
+  return [...new Set(text.split(",").map((t) => t.trim()).filter(Boolean))];
+}
+
+function replaceRun(updated) {
+  const i = state.runs.findIndex((r) => r.id === updated.id);
+  if (i >= 0) state.runs[i] = { ...state.runs[i], ...updated };
+  render();
+}
+
+const editDialog = (() => {
+  const nameInput = h("input", { class: "input", id: "edit-name", required: true, maxlength: 256, autocomplete: "off", spellcheck: "false" });
+  const tagsInput = h("input", { class: "input", id: "edit-tags", autocomplete: "off", spellcheck: "false", placeholder: "baseline, lr-sweep" });
+  const d = formDialog({
+    id: "edit-dialog", submitLabel: "Save",
+    fields: [
+      h("label", { class: "field", for: "edit-name" }, h("span", {}, "Name"), nameInput),
+      h("label", { class: "field", for: "edit-tags" }, h("span", {}, "Tags"), tagsInput,
+        h("span", { class: "field-help" }, "Separated by commas; up to 32, each up to 64 characters.")),
+    ],
+    async submit(run) {
+      const changes = { tags: parseTags(tagsInput.value) };
+      const name = nameInput.value.trim();
+      if (name !== (run.name || run.id)) changes.name = name;
+      replaceRun(await api.updateRun(run.id, changes));
+    },
+  });
+  return {
+    open(run, from) {
+      d.open(run, from, (r) => {
+        d.heading.textContent = "Edit run";
+        nameInput.value = r.name || r.id;
+        tagsInput.value = (r.tags || []).join(", ");
+      });
+      nameInput.select();
+    },
+  };
+})();
+
+const deleteDialog = (() => {
+  const what = h("p", { class: "dialog-text" });
+  const d = formDialog({
+    id: "delete-dialog", submitLabel: "Delete", danger: true,
+    fields: [what],
+    async submit(run) {
+      try {
+        await api.deleteRun(run.id);
+      } catch (err) {
+        if (!(err instanceof ApiError && err.status === 404)) throw err; // gone already: fine
+      }
+      state.runs = state.runs.filter((r) => r.id !== run.id);
+      state.count = Math.max(0, state.count - 1);
+      state.selected.delete(run.id);
+      render();
+    },
+  });
+  return {
+    open(run, from) {
+      d.open(run, from, (r) => {
+        d.heading.textContent = "Delete this run?";
+        setChildren(what, "The run ", h("strong", { class: "dialog-name" }, r.name || r.id), ` (${r.id}) and all its `,
+          `${fmtCount(r.steps)} stored steps will be deleted from the server. This cannot be undone.`);
+      });
+      d.dialog.querySelector(".dialog-actions .btn").focus(); // Cancel first: the safe choice
+    },
+  };
+})();
 
 // ---- live ------------------------------------------------------------------------------------
 

@@ -1,43 +1,82 @@
 // Per-parameter series (GET .../params/series?metric=M): the gradient norms of the chosen
-// parameters (the top 5 by default, or those in ?param=), with a picker to add any parameter
-// by name; the same view, without the picker, draws the optimizer-state norms of the same
-// parameters. Live values come from the `step` message's arrays, in /params order.
+// parameters, with a picker: the top k largest or smallest at the last step (?top=&order=;
+// the 5 largest by default), any parameter by name (?param=, repeatable), or every parameter
+// of a module (?module=PATH, up to MODULE_MAX of them). The same view, without the picker,
+// draws the optimizer-state norms of the same parameters. Live values come from the `step`
+// message's arrays, in /params order. Zoomed to a window of steps, the window is fetched
+// again (at full resolution when it has no more steps than the chart has pixels across).
 
 import { api } from "../api.js";
 import { h, setChildren } from "../dom.js";
 import { toNumber, toNumbers } from "../format.js";
+import { moduleList, moduleParams } from "../modules.js";
 import { LineChart } from "../charts/line.js";
 import { seriesColor } from "../charts/theme.js";
 import { chartCard, toggle } from "./card.js";
+import { pointsFor, windowEnd } from "./scalars.js";
 
 export const TOP = 5;
+export const MAX_TOP = 50;     // the most parameters a top-k shows
+export const MODULE_MAX = 50;  // the most parameters of one module drawn at once
+
+/**
+ * The parameters the picker chooses, from the state: {names, missing, module?}; no names means
+ * the top k. `missing`: names asked for (?param=) that the run does not have.
+ */
+export function chosenParams(state) {
+  if (state.module) {
+    const all = moduleParams(state.params.map((p) => p.name), state.module);
+    return { names: all.slice(0, MODULE_MAX), missing: [], module: { path: state.module, count: all.length } };
+  }
+  const known = state.selected.filter((n) => state.paramIndex.has(n));
+  return { names: known, missing: state.selected.filter((n) => !state.paramIndex.has(n)) };
+}
 
 /**
  * @param {{id: string, title: string, help?: string, metric: string, picker?: boolean,
  *          log?: boolean, wide?: boolean, onXRange: Function,
- *          onSelect?: (names: string[]) => void}} o
- *   With `picker`, this view decides which parameters are shown (state.shown); without,
- *   it follows them.
+ *          onSelect?: (names: string[]) => void, onModule?: (path: string) => void,
+ *          onTop?: (k: number, order: "desc"|"asc") => void, rankBy?: string}} o
+ *   With `picker`, this view decides which parameters are shown (state.shown); without, it
+ *   follows them: it asks for the same choice (the same names, or the same top k ranked by
+ *   the picker's metric, `rankBy`) at the same time, and pages/run.js loads it again by name
+ *   (load(ctx, names)) if the picker's answer came out different.
  */
 export function paramMetricView(o) {
   const tools = [toggle("log", o.log !== false, (on) => chart.setLog(on), "Logarithmic y axis")];
-  const picker = o.picker ? paramPicker(o.onSelect) : null;
+  const picker = o.picker ? paramPicker(o) : null;
   const { card, plot, help } = chartCard({ id: o.id, title: o.title, help: o.help, tools, wide: o.wide, legend: picker && picker.el });
   const chart = new LineChart(plot, {
     name: o.id, log: o.log !== false, emptyText: "No data yet", onXRange: o.onXRange, legend: !o.picker,
   });
   let shown = [];   // [{name, index}]
   let lastStep = 0;
+  let fullRes = true; // the overview has every step: a zoom has nothing to fetch
+  let zoomSeq = 0;    // answers to an older zoom (or one before a reload) are dropped
+  let abort = null;
+  const cancel = () => {
+    zoomSeq += 1;
+    if (abort) abort.abort();
+    abort = null;
+  };
+  let held = false;   // the chart took the zoom without drawing it: zoom() draws it
+  /** Whether zoom(ctx, window of `range`) will draw: it has a window to fetch, or one to drop. */
+  const willFetch = (range) => (range ? Boolean(!fullRes && shown.length) : Boolean(chart.detail));
 
   return {
     card,
     chart,
     metric: o.metric,
 
-    async load(ctx) {
+    /** The parameters drawn, by name. */
+    params: () => shown.map((s) => s.name),
+
+    async load(ctx, names = null) {
+      cancel();
       const { state } = ctx;
-      const byName = o.picker && state.selected.length ? state.selected : (o.picker ? [] : state.shown);
-      if ((!o.picker && !byName.length) || !state.metrics.params.includes(o.metric)) {
+      const chosen = names ? { names, missing: [] } : chosenParams(state);
+      const byName = chosen.names;
+      if (!state.metrics.params.includes(o.metric) || (names && !names.length)) {
         shown = [];
         if (o.picker) {
           state.shown = [];
@@ -46,7 +85,13 @@ export function paramMetricView(o) {
         await chart.setSeries([]);
         return;
       }
-      const res = await api.paramSeries(state.runId, o.metric, byName.length ? { params: byName } : { top: TOP });
+      const top = Math.max(1, Math.min(MAX_TOP, state.top || TOP));
+      const order = state.order === "asc" ? "asc" : "desc";
+      const maxPoints = pointsFor(plot);
+      const rankBy = !o.picker && o.rankBy && state.metrics.params.includes(o.rankBy) ? o.rankBy : undefined;
+      const res = await api.paramSeries(state.runId, o.metric, byName.length
+        ? { params: byName, maxPoints } : { top, order, rankBy, maxPoints });
+      fullRes = !res.downsampled;
       const list = res.series || [];
       shown = list.map((s) => ({ name: s.param, index: s.index ?? state.paramIndex.get(s.param) }));
       const steps = res.step || [];
@@ -60,13 +105,60 @@ export function paramMetricView(o) {
       lastStep = steps.length ? steps[steps.length - 1] : 0;
       if (o.picker) {
         state.shown = shown.map((s) => s.name);
-        const missing = byName.filter((n) => !state.shown.includes(n));
-        picker.render(state, missing);
-        help.textContent = state.selected.length
-          ? `${o.help} · ${shown.length} chosen parameter${shown.length === 1 ? "" : "s"}`
-          : `${o.help} · the ${TOP} largest at the last step`;
+        picker.render(state, chosen.missing, chosen.module && !chosen.module.count ? `No module ${state.module} in this run` : "");
+        const m = chosen.module;
+        help.textContent = m && m.count
+          ? `${o.help} · module ${m.path}: ${m.count} parameter${m.count === 1 ? "" : "s"}${m.count > shown.length ? `, the first ${shown.length} shown` : ""}`
+          : byName.length
+            ? `${o.help} · ${shown.length} chosen parameter${shown.length === 1 ? "" : "s"}`
+            : `${o.help} · the ${top} ${order === "asc" ? "smallest" : "largest"} at the last step`;
       }
       await chart.setSeries(series);
+    },
+
+    /**
+     * Show steps [win[0], win[1]] of the same parameters at the resolution the server gives for
+     * the window alone; null: the overview. Resolves once drawn, or at once when superseded or
+     * out of view (then the window is fetched when the chart comes into view).
+     */
+    async zoom(ctx, win) {
+      cancel();
+      const seq = zoomSeq;
+      if (!win || fullRes || !shown.length) {
+        if (chart.detail) await chart.setDetail(null);
+        else if (held) chart.setXRange(chart.xRange);
+        held = false;
+        return;
+      }
+      if (!chart.pacer.visible) {
+        // Out of view: fetch the window once the chart is scrolled to, unless a newer zoom came.
+        chart.pacer.whenVisible(() => {
+          if (seq === zoomSeq) this.zoom(ctx, win).catch((err) => console.warn("gradwatch: zoom:", err));
+        });
+        return;
+      }
+      abort = new AbortController();
+      let res;
+      try {
+        res = await api.paramSeries(ctx.state.runId, o.metric,
+          { params: shown.map((s) => s.name), start: win[0], end: win[1], maxPoints: pointsFor(plot) }, { signal: abort.signal });
+      } catch (err) {
+        if (err && err.name === "AbortError") return;
+        chart.setXRange(chart.xRange); // the window could not come: the zoom, on the overview
+        throw err;
+      }
+      if (seq !== zoomSeq) return;
+      const byParam = new Map((res.series || []).map((s) => [s.param, s]));
+      const steps = res.step || [];
+      const series = shown.map(({ name }) => {
+        const s = byParam.get(name);
+        return s ? {
+          name, x: steps, y: toNumbers(s.value),
+          min: res.downsampled && s.min ? toNumbers(s.min) : null,
+          max: res.downsampled && s.max ? toNumbers(s.max) : null,
+        } : null;
+      });
+      await chart.setDetail({ start: win[0], end: windowEnd([res], win), series });
     },
 
     append(msgs) {
@@ -81,12 +173,20 @@ export function paramMetricView(o) {
 
     fail: (err) => chart.fail(err),
     pointsPerSeries: () => Math.max(0, ...chart.series.map((s) => s.x.length)),
-    setXRange: (r) => chart.setXRange(r),
+    /** The shared zoom: drawn by zoom() when it will fetch the window (or drop one), else now. */
+    setXRange: (r) => {
+      held = willFetch(r);
+      if (held) chart.holdXRange(r);
+      else chart.setXRange(r);
+    },
   };
 }
 
-/** Chips for the shown parameters, a search box (with a datalist of every name) to add one. */
-function paramPicker(onSelect) {
+/**
+ * Chips for the shown parameters; a search box (with a datalist of every name) to add one; a
+ * list of the run's modules to show one whole; the top k largest or smallest.
+ */
+function paramPicker({ onSelect, onModule, onTop }) {
   const chips = h("div", { class: "chips", role: "list", "aria-label": "Parameters shown" });
   const error = h("span", { class: "picker-error", role: "status", "aria-live": "polite" });
   const input = h("input", {
@@ -114,15 +214,52 @@ function paramPicker(onSelect) {
       if (!state.shown.includes(name)) onSelect([...state.shown, name]);
     },
   }, input, h("button", { type: "submit", class: "btn" }, "Add"));
-  const reset = h("button", { type: "button", class: "btn btn-quiet", onclick: () => onSelect([]) }, `Top ${TOP}`);
-  const el = h("div", { class: "picker" }, chips, form, reset, error);
+
+  const moduleSelect = h("select", {
+    class: "input input-small", "aria-label": "Show every parameter of a module", dataset: { role: "module" },
+    onchange: (e) => { if (e.target.value) onModule(e.target.value); },
+  });
+  let modulesOf = null; // the params list the options were made from
+  const fillModules = (s) => {
+    if (modulesOf === s.params) return;
+    modulesOf = s.params;
+    const names = s.params.map((p) => p.name);
+    setChildren(moduleSelect, h("option", { value: "" }, "Whole module…"),
+      moduleList(names).map((m) => h("option", { value: m.path },
+        `${"\u00a0\u00a0".repeat(m.depth - 1)}${m.path} (${m.count})`)));
+  };
+
+  const topK = h("input", {
+    type: "number", class: "input input-small input-k", min: 1, max: MAX_TOP, value: TOP, "aria-label": "How many parameters",
+  });
+  const topOrder = h("select", { class: "input input-small", "aria-label": "Largest or smallest" },
+    h("option", { value: "desc" }, "largest"), h("option", { value: "asc" }, "smallest"));
+  const topForm = h("form", {
+    class: "picker-form picker-top",
+    onsubmit: (e) => {
+      e.preventDefault();
+      const k = Math.round(Number(topK.value));
+      if (!(k >= 1 && k <= MAX_TOP)) {
+        error.textContent = `Top k: a number from 1 to ${MAX_TOP}`;
+        return;
+      }
+      error.textContent = "";
+      onTop(k, topOrder.value === "asc" ? "asc" : "desc");
+    },
+  }, h("span", { class: "muted" }, "Top"), topK, topOrder, h("button", { type: "submit", class: "btn" }, "Show"));
+  topOrder.addEventListener("change", () => topForm.requestSubmit());
+
+  const el = h("div", { class: "picker" }, chips, form, moduleSelect, topForm, error);
 
   return {
     el,
-    render(s, missing = []) {
+    render(s, missing = [], problem = "") {
       state = s;
-      reset.hidden = !s.selected.length;
-      error.textContent = missing.length ? `Not in this run: ${missing.join(", ")}` : "";
+      fillModules(s);
+      moduleSelect.value = s.module && moduleSelect.querySelector(`option[value="${CSS.escape(s.module)}"]`) ? s.module : "";
+      topK.value = String(s.top || TOP);
+      topOrder.value = s.order === "asc" ? "asc" : "desc";
+      error.textContent = problem || (missing.length ? `Not in this run: ${missing.join(", ")}` : "");
       setChildren(chips, s.shown.map((name, i) => h("span", { class: "chip", role: "listitem" },
         h("span", { class: "swatch", style: `background:${seriesColor(i)}`, "aria-hidden": "true" }),
         h("span", { class: "chip-name" }, name),

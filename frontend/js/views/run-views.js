@@ -19,11 +19,12 @@ const lrGroup = (k) => Number(k.slice(3));
 /**
  * @param {object} state  the run page's state (read only here)
  * @param {{onXRange: Function, onSelect: (names: string[]) => void, onParam: (name: string) => void,
+ *          onModule: (path: string) => void, onTop: (k: number, order: string) => void,
  *          onOtherScalar: (key: string) => void, onFindings: (list: object[]) => void}} on
  * @returns {{views: Object<string, object>, present: Object<string, () => boolean>,
  *            otherSelect: HTMLSelectElement, otherScalars: () => string[]}}
  */
-export function createRunViews(state, { onXRange, onSelect, onParam, onOtherScalar, onFindings }) {
+export function createRunViews(state, { onXRange, onSelect, onParam, onModule, onTop, onOtherScalar, onFindings }) {
   const otherSelect = h("select", {
     class: "input input-small", "aria-label": "Scalar to show",
     onchange: (e) => onOtherScalar(e.target.value),
@@ -43,31 +44,31 @@ export function createRunViews(state, { onXRange, onSelect, onParam, onOtherScal
     }),
     paramNorms: paramMetricView({
       id: "param-grad-norm", title: "Gradient norm per parameter", help: "‖grad‖₂ of each parameter tensor",
-      metric: "grad_norm", picker: true, wide: true, onXRange, onSelect,
+      metric: "grad_norm", picker: true, wide: true, onXRange, onSelect, onModule, onTop,
     }),
     status: heatmapView({
       id: "grad-status", metric: "grad_status", title: "Gradient buffer status",
-      help: "What each parameter's .grad held when the optimizer stepped", onXRange,
+      help: "What each parameter's .grad held when the optimizer stepped; rows grouped by module", onXRange,
     }),
     normMap: heatmapView({
       id: "grad-norm-heatmap", metric: "grad_norm", label: "‖grad‖", title: "Gradient norm heatmap",
-      help: "‖grad‖₂ per parameter and step, log colour scale; red: NaN/Inf, grey: exactly zero", onXRange,
+      help: "‖grad‖₂ per parameter and step, log colour scale, rows grouped by module; red: NaN/Inf, grey: exactly zero", onXRange,
     }),
     expAvg: paramMetricView({
       id: "exp-avg-norm", metric: "exp_avg_norm", title: "Adam first moment ‖m‖",
-      help: "Norm of exp_avg, the running mean of gradients", onXRange,
+      help: "Norm of exp_avg, the running mean of gradients", onXRange, rankBy: "grad_norm",
     }),
     expAvgSq: paramMetricView({
       id: "exp-avg-sq-norm", metric: "exp_avg_sq_norm", title: "Adam second moment ‖v‖",
-      help: "Norm of exp_avg_sq, the running mean of squared gradients", onXRange,
+      help: "Norm of exp_avg_sq, the running mean of squared gradients", onXRange, rankBy: "grad_norm",
     }),
     momentum: paramMetricView({
       id: "momentum-norm", metric: "momentum_norm", title: "Momentum buffer norm",
-      help: "Norm of SGD's momentum_buffer", onXRange,
+      help: "Norm of SGD's momentum_buffer", onXRange, rankBy: "grad_norm",
     }),
     updateRatio: paramMetricView({
       id: "update-ratio", metric: "update_ratio", title: "Update size ÷ parameter size",
-      help: "‖Δθ‖ / ‖θ‖ of each step; around 1e-3 is typical", onXRange,
+      help: "‖Δθ‖ / ‖θ‖ of each step; around 1e-3 is typical", onXRange, rankBy: "grad_norm",
     }),
     lr: scalarView({
       id: "lr", title: "Learning rate", help: "Per parameter group",

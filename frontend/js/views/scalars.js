@@ -1,10 +1,24 @@
 // A chart of one or more per-step scalars (GET .../series?key=K), live from `step` messages.
 // Used for the total gradient norm, the loss, learning rates, memory and other scalars.
+// Zoomed to a window of steps (zoom), the window is fetched again: at full resolution when it
+// has no more steps than the chart has pixels across (pointsFor).
 
 import { api } from "../api.js";
 import { byteUnit, isNonFinite, toNumber, toNumbers } from "../format.js";
 import { LineChart } from "../charts/line.js";
 import { chartCard, toggle } from "./card.js";
+
+export const MAX_POINTS = 2000; // the most points per series asked of the server
+
+/**
+ * Points per series to ask for a chart in `el`: one per device pixel of its width (more
+ * cannot be seen; the server keeps each bucket's min and max, so no spike is lost), at most
+ * MAX_POINTS. A zoomed window with no more steps than this comes at full resolution.
+ */
+export function pointsFor(el) {
+  const px = Math.round((el.clientWidth || 0) * Math.min(2, window.devicePixelRatio || 1));
+  return px > 0 ? Math.max(200, Math.min(MAX_POINTS, px)) : MAX_POINTS;
+}
 
 /**
  * @param {{id: string, title: string, help?: string, keys: (scalars: string[]) => string[],
@@ -21,6 +35,17 @@ export function scalarView(o) {
   });
   let keys = [];
   let lastStep = 0;
+  let fullRes = true; // every series has every step: a zoom has nothing to fetch
+  let zoomSeq = 0;    // answers to an older zoom (or one before a reload) are dropped
+  let abort = null;
+  const cancel = () => {
+    zoomSeq += 1;
+    if (abort) abort.abort();
+    abort = null;
+  };
+  let held = false;   // the chart took the zoom without drawing it: zoom() draws it
+  /** Whether zoom(ctx, window of `range`) will draw: it has a window to fetch, or one to drop. */
+  const willFetch = (range) => (range ? Boolean(!fullRes && keys.length) : Boolean(chart.detail));
 
   return {
     card,
@@ -30,15 +55,12 @@ export function scalarView(o) {
     get keys() { return keys; },
 
     async load(ctx) {
+      cancel();
       keys = o.keys(ctx.state.metrics.scalars || []);
-      const results = await Promise.all(keys.map((k) => api.series(ctx.state.runId, k)));
-      const series = results.map((r, i) => ({
-        name: label(keys[i]),
-        x: r.step || [],
-        y: toNumbers(r.value),
-        min: r.downsampled && r.min ? toNumbers(r.min) : null,
-        max: r.downsampled && r.max ? toNumbers(r.max) : null,
-      }));
+      const maxPoints = pointsFor(plot);
+      const results = await Promise.all(keys.map((k) => api.series(ctx.state.runId, k, { maxPoints })));
+      const series = results.map((r, i) => seriesOf(r, label(keys[i])));
+      fullRes = !results.some((r) => r.downsampled);
       lastStep = Math.max(0, ...series.map((s) => (s.x.length ? s.x[s.x.length - 1] : 0)));
       if (o.bytes) {
         let peak = 0;
@@ -55,6 +77,42 @@ export function scalarView(o) {
       return series;
     },
 
+    /**
+     * Show steps [win[0], win[1]] at the resolution the server gives for the window alone;
+     * null: the overview. Resolves once drawn, or at once when a newer zoom or load took over,
+     * or when the chart is out of view (then the window is fetched when it comes into view).
+     */
+    async zoom(ctx, win) {
+      cancel();
+      const seq = zoomSeq;
+      if (!win || fullRes || !keys.length) {
+        if (chart.detail) await chart.setDetail(null);
+        else if (held) chart.setXRange(chart.xRange);
+        held = false;
+        return;
+      }
+      if (!chart.pacer.visible) {
+        // Out of view: fetch the window once the chart is scrolled to, unless a newer zoom came.
+        chart.pacer.whenVisible(() => {
+          if (seq === zoomSeq) this.zoom(ctx, win).catch((err) => console.warn("gradwatch: zoom:", err));
+        });
+        return;
+      }
+      abort = new AbortController();
+      const opts = { signal: abort.signal };
+      let results;
+      try {
+        results = await Promise.all(keys.map((k) =>
+          api.series(ctx.state.runId, k, { start: win[0], end: win[1], maxPoints: pointsFor(plot) }, opts)));
+      } catch (err) {
+        if (err && err.name === "AbortError") return;
+        chart.setXRange(chart.xRange); // the window could not come: the zoom, on the overview
+        throw err;
+      }
+      if (seq !== zoomSeq) return;
+      await chart.setDetail({ start: win[0], end: windowEnd(results, win), series: results.map((r, i) => seriesOf(r, label(keys[i]))) });
+    },
+
     /** Live: add the steps of `msgs` this chart does not have yet. */
     append(msgs) {
       const fresh = msgs.filter((m) => m.step > lastStep);
@@ -68,6 +126,31 @@ export function scalarView(o) {
 
     fail: (err) => chart.fail(err),
     pointsPerSeries: () => Math.max(0, ...chart.series.map((s) => s.x.length)),
-    setXRange: (r) => chart.setXRange(r),
+    /** The shared zoom: drawn by zoom() when it will fetch the window (or drop one), else now. */
+    setXRange: (r) => {
+      held = willFetch(r);
+      if (held) chart.holdXRange(r);
+      else chart.setXRange(r);
+    },
   };
+}
+
+/** A series answer ({step, value, min, max, downsampled}) as a chart series. */
+export function seriesOf(r, name) {
+  return {
+    name,
+    x: r.step || [],
+    y: toNumbers(r.value),
+    min: r.downsampled && r.min ? toNumbers(r.min) : null,
+    max: r.downsampled && r.max ? toNumbers(r.max) : null,
+  };
+}
+
+/**
+ * Where a fetched window's data ends: its last step when every step came (live steps after it
+ * are the overview's to show), else the window's end as asked (a bucket's x is its first step).
+ */
+export function windowEnd(results, win) {
+  if (results.some((r) => r.downsampled)) return win[1];
+  return Math.max(win[0], ...results.map((r) => (r.step && r.step.length ? r.step[r.step.length - 1] : win[0])));
 }

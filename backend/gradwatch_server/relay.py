@@ -1,0 +1,365 @@
+"""Live updates across the worker processes of `gradwatch serve --workers N` (PostgreSQL LISTEN/NOTIFY).
+
+Every event (a run created or changing status, steps stored, a finding new or changed) is
+NOTIFYed on the channel `gradwatch_live`, and every worker, the one that published it included,
+delivers to its browsers only what its listening connection receives. So each browser gets each
+event exactly once, whichever worker it is connected to, and in the order PostgreSQL delivers
+notifications, which is commit order: the steps' notification is sent in the very transaction that
+stores them (`Store.write_steps(notice=...)`), so a hook that reconnects to another worker can
+never get its later steps shown before its earlier ones (the dashboard drops a step at or below
+the last one it has), and a worker killed after a commit cannot lose the notification. Run events
+and findings are NOTIFYed after their commit, in publication order, by one task per worker; a run's
+`finished` or `crashed` follows its last steps' commit, so it is never shown before them. (A worker
+that delivered its own events at once and skipped them on the channel would save a database read,
+but its local steps could overtake a batch another worker announced a moment before: the order
+across workers is only PostgreSQL's.) Nothing here runs with one process: SQLite, or PostgreSQL
+without --workers, keep LiveHub's direct delivery.
+
+What a notification carries. PostgreSQL refuses payloads of 8000 bytes or more, so:
+- steps: always a reference, `{"k": "steps", "run", "steps": [lo, hi], "seq": [lo, hi]}` (~110
+  bytes). A `step` message takes about 20 bytes per parameter tensor and metric (measured: 6.3 KB
+  for 76 tensors with Adam's 4 metrics, 80 KB for 1,000), so it fits only for models of fewer than
+  about 90 tensors, and a batch holds up to 64 steps. The steps are in the database anyway: a
+  worker reads a batch back (Store.batch_steps, one query per table on the primary keys) only if
+  one of its browsers watches that run. The steps one transaction stored are exactly those with
+  step and seq in these ranges: no other write stores a seq inside the batch's range (a seq is
+  stored only above the run's committed one).
+- run events and findings: the browser message itself when the payload fits (a run is about 450
+  bytes plus its config; a finding about 300 plus its parameter names), so every browser sees the
+  state the event had; otherwise a reference (the run, or the run and finding code) and the worker
+  reads the current state from the database.
+
+Loss. If a connection breaks, what was being notified may be lost: a worker whose listener
+reconnects closes its browsers' sockets with 1013, and a worker whose notify connection reconnects
+tells every worker to do the same (`resync`); 1013 is the signal on which a browser reconnects and
+catches up over REST (docs/protocol.md).
+
+Which worker holds a hook (crash detection, sessions.py). A worker holding a connection of a run
+holds a shared advisory lock on the run on its notify connection; a worker whose crash timer for a
+run runs out asks whether it could take that lock exclusively, i.e. whether no worker holds a hook
+of the run. The lock belongs to the session, so a worker that dies lets go of its runs.
+"""
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import itertools
+import json
+import logging
+import secrets
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import psycopg
+from psycopg.conninfo import make_conninfo
+from sqlalchemy.engine import make_url
+
+from .live import LiveHub, finding_event, run_event
+from .protocol import Step
+from .store import Run, StepData, Store, StoreError, display_url
+
+log = logging.getLogger("gradwatch.relay")
+
+CHANNEL = "gradwatch_live"
+#: PostgreSQL refuses a NOTIFY payload of 8000 bytes or more.
+MAX_PAYLOAD = 7999
+#: Notifications waiting to be sent; beyond this (the database is away) they are dropped and the
+#: other workers are told to resync once it is back.
+MAX_OUTBOX = 10_000
+#: Notifications sent in one pipeline.
+BATCH = 256
+RETRY_MIN_S, RETRY_MAX_S = 0.25, 10.0
+#: At shutdown, how long queued notifications may take to go out.
+FLUSH_S = 2.0
+
+
+def conninfo(db_url: str) -> str:
+    """A libpq connection string for the database of a SQLAlchemy URL (postgresql+psycopg://...)."""
+    url = make_url(db_url)
+    params: dict[str, Any] = {"host": url.host, "port": url.port, "user": url.username,
+                              "password": url.password, "dbname": url.database,
+                              "application_name": "gradwatch relay"}
+    params.update({k: v if isinstance(v, str) else v[-1] for k, v in url.query.items()})
+    return make_conninfo(**{k: v for k, v in params.items() if v is not None})
+
+
+def hook_lock_key(run_id: str) -> int:
+    """The advisory lock key of a run's hooks: 64 bits of a hash of its id, as a signed bigint."""
+    digest = hashlib.blake2b(b"gradwatch.hook\x00" + run_id.encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "big", signed=True)
+
+
+@dataclass(frozen=True)
+class Event:
+    """A notification (of any worker, this one included), checked."""
+
+    kind: str
+    run_id: str
+    text: str | None
+    steps: tuple[int, int] = (0, 0)
+    seq: tuple[int, int] = (0, 0)
+    code: str = ""
+
+    @classmethod
+    def parse(cls, payload: dict[str, Any]) -> Event:
+        kind, text = payload["k"], payload.get("text")
+        if kind not in ("run", "steps", "finding", "resync") or not isinstance(text, (str, type(None))):
+            raise ValueError(f"unknown kind {kind!r}")
+        run_id = "" if kind == "resync" else str(payload["run"])
+        if kind == "steps":
+            lo, hi = (int(v) for v in payload["steps"])
+            first, last = (int(v) for v in payload["seq"])
+            return cls(kind, run_id, None, steps=(lo, hi), seq=(first, last))
+        return cls(kind, run_id, text, code=str(payload.get("code", "")))
+
+
+class RelayedHub(LiveHub):
+    """One worker's hub: announces every event on the channel instead of delivering it; `Relay`
+    hands what the channel brings (this worker's events included) to LiveHub's delivery methods."""
+
+    def __init__(self, queue_size: int, relay: Relay) -> None:
+        super().__init__(queue_size)
+        self._relay = relay
+
+    def publish_run(self, run: Run) -> None:
+        self._relay.announce("run", run.id, run_event(run))
+
+    def publish_step(self, run_id: str, step: Step) -> None:
+        pass  # announced by the transaction that stored it (steps_notice)
+
+    def publish_steps(self, run_id: str, steps: Sequence[Step]) -> None:
+        pass  # announced by the transaction that stored them (steps_notice)
+
+    def steps_notice(self, run_id: str) -> Callable[[Sequence[StepData]], tuple[str, str]]:
+        def notice(new: Sequence[StepData]) -> tuple[str, str]:
+            return CHANNEL, self._relay.payload(
+                "steps", run_id, steps=[min(d.step for d in new), max(d.step for d in new)],
+                seq=[min(d.seq for d in new), max(d.seq for d in new)])
+
+        return notice
+
+    def publish_finding(self, run_id: str, finding: dict[str, Any]) -> None:
+        self._relay.announce("finding", run_id, finding_event(run_id, finding), code=finding["code"])
+
+
+class Relay:
+    """This worker's two PostgreSQL connections: one LISTENs, one NOTIFYs and holds the hooks' locks.
+
+    `start()` connects both before the worker serves (and fails if it cannot); `close()` sends what
+    is queued and closes them. Everything else runs on the event loop and never waits for the
+    database: `announce`, `arrived` and `left` queue work for the sending task.
+    """
+
+    def __init__(self, db_url: str, store: Store, queue_size: int) -> None:
+        if store.engine.dialect.name != "postgresql":
+            raise StoreError(f"live updates across workers need PostgreSQL, not {display_url(db_url)}")
+        self.worker = secrets.token_hex(8)  # unique across machines sharing the database
+        self.store = store
+        self.hub = RelayedHub(queue_size, self)
+        self._conninfo = conninfo(db_url)
+        self._where = display_url(db_url)
+        self._outbox: asyncio.Queue[str | None] = asyncio.Queue()  # payloads; None: sync the locks
+        self._numbers = itertools.count(1)  # thread-safe: steps' payloads are made in writer threads
+        self._lost = False  # notifications were dropped: tell every worker to resync
+        self._wanted: set[str] = set()  # runs whose hook this worker holds
+        self._held: set[str] = set()  # runs locked on the current notify connection
+        self._conn: psycopg.AsyncConnection[Any] | None = None
+        self._conn_lock = asyncio.Lock()
+        self._tasks: list[asyncio.Task[None]] = []
+
+    # -- life --------------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        listening: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._tasks = [asyncio.create_task(self._listen(listening))]
+        try:
+            await listening
+            async with self._conn_lock:
+                await self._notifier()
+        except BaseException:
+            await self.close()
+            raise
+        self._tasks.append(asyncio.create_task(self._send()))
+
+    async def close(self) -> None:
+        if len(self._tasks) > 1:
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(self._outbox.join(), FLUSH_S)
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        self._tasks = []
+        if self._conn is not None:
+            await self._conn.close()  # lets go of the hooks' locks
+            self._conn = None
+
+    # -- sending -------------------------------------------------------------------------------
+
+    def announce(self, kind: str, run_id: str, text: str | None = None, **reference: Any) -> None:
+        """Queue a notification for the sending task."""
+        self._queue(self.payload(kind, run_id, text, **reference))
+
+    def payload(self, kind: str, run_id: str, text: str | None = None, **reference: Any) -> str:
+        """A notification: `text` (the browser message) inline if it fits, else the reference."""
+        event = {"w": self.worker, "n": next(self._numbers), "k": kind, "run": run_id, **reference}
+        if text is not None:
+            inline = json.dumps({**event, "text": text}, separators=(",", ":"))  # ASCII: len is bytes
+            if len(inline) <= MAX_PAYLOAD:
+                return inline
+        return json.dumps(event, separators=(",", ":"))
+
+    def _queue(self, payload: str | None) -> None:
+        if payload is not None and self._outbox.qsize() >= MAX_OUTBOX:
+            self._lost = True
+            return
+        self._outbox.put_nowait(payload)
+
+    async def _send(self) -> None:
+        delay = RETRY_MIN_S
+        while True:
+            batch = [await self._outbox.get()]
+            while not self._outbox.empty() and len(batch) < BATCH:
+                batch.append(self._outbox.get_nowait())
+            payloads = [p for p in batch if p is not None]
+            resync = self._lost
+            try:
+                async with self._conn_lock:
+                    conn = await self._notifier()
+                    await self._sync_locks(conn)
+                    if resync:
+                        payloads.insert(0, json.dumps({"w": self.worker, "k": "resync"}))
+                    if payloads:
+                        async with conn.pipeline():
+                            for payload in payloads:
+                                await conn.execute("SELECT pg_notify(%s, %s)", (CHANNEL, payload))
+                if resync:
+                    self._lost = False
+                delay = RETRY_MIN_S
+            except Exception as exc:  # the database is away (psycopg.Error) or worse: never stop sending
+                if payloads:
+                    self._lost = True
+                log.warning("live relay: cannot notify the workers (%s); %d notifications lost; trying again in "
+                            "%.1f s", exc, len(payloads), delay, exc_info=not isinstance(exc, psycopg.Error))
+                await self._drop_connection()
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, RETRY_MAX_S)
+                self._queue(None)  # come back: take the hooks' locks again, resync the workers
+            finally:
+                for _ in batch:
+                    self._outbox.task_done()
+
+    async def _notifier(self) -> psycopg.AsyncConnection[Any]:
+        """The notify connection (under `_conn_lock`), connected again if it was lost."""
+        if self._conn is not None and not (self._conn.closed or self._conn.broken):
+            return self._conn
+        await self._drop_connection()
+        self._conn = await psycopg.AsyncConnection.connect(self._conninfo, autocommit=True)
+        self._held = set()  # a new session holds no locks
+        if self._wanted:
+            self._queue(None)
+        return self._conn
+
+    async def _drop_connection(self) -> None:
+        conn, self._conn = self._conn, None
+        if conn is not None:
+            with contextlib.suppress(psycopg.Error):
+                await conn.close()
+
+    # -- which worker holds a hook (sessions.Presence) -----------------------------------------
+
+    def arrived(self, run_id: str) -> None:
+        """This worker now holds a hook of the run (its first connection)."""
+        self._wanted.add(run_id)
+        self._queue(None)
+
+    def left(self, run_id: str) -> None:
+        """This worker holds no hook of the run any more."""
+        self._wanted.discard(run_id)
+        self._queue(None)
+
+    async def held_elsewhere(self, run_id: str) -> bool:
+        """Whether a hook of the run is connected to another worker (raises if it cannot tell).
+
+        This session's own locks never conflict with its requests, so only other workers count."""
+        async with self._conn_lock:
+            conn = await self._notifier()
+            cursor = await conn.execute(
+                "SELECT CASE WHEN pg_try_advisory_lock(%(key)s) THEN NOT pg_advisory_unlock(%(key)s) ELSE true END",
+                {"key": hook_lock_key(run_id)})
+            row = await cursor.fetchone()
+        return bool(row and row[0])
+
+    async def _sync_locks(self, conn: psycopg.AsyncConnection[Any]) -> None:
+        for run_id in sorted(self._wanted - self._held):
+            await conn.execute("SELECT pg_advisory_lock_shared(%s)", (hook_lock_key(run_id),))
+            self._held.add(run_id)
+        for run_id in sorted(self._held - self._wanted):
+            await conn.execute("SELECT pg_advisory_unlock_shared(%s)", (hook_lock_key(run_id),))
+            self._held.discard(run_id)
+
+    # -- receiving -----------------------------------------------------------------------------
+
+    async def _listen(self, listening: asyncio.Future[None]) -> None:
+        delay = RETRY_MIN_S
+        while True:
+            try:
+                async with await psycopg.AsyncConnection.connect(self._conninfo, autocommit=True) as conn:
+                    await conn.execute(f"LISTEN {CHANNEL}")
+                    if listening.done():
+                        log.warning("live relay: listening again; browsers reconnect and catch up over REST")
+                        self.hub.drop_all()  # what the others announced meanwhile is lost
+                    else:
+                        listening.set_result(None)
+                    delay = RETRY_MIN_S
+                    async for note in conn.notifies():
+                        await self._receive(note.payload)
+            except Exception as exc:  # the database is away (psycopg.Error) or worse: never stop listening
+                if not listening.done():
+                    listening.set_exception(StoreError(
+                        f"cannot listen for the other workers on {self._where}: {exc}"))
+                    return
+                log.warning("live relay: lost the connection that listens to the other workers (%s); "
+                            "connecting again in %.1f s", exc, delay, exc_info=not isinstance(exc, psycopg.Error))
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, RETRY_MAX_S)
+
+    async def _receive(self, payload: str) -> None:
+        """Hand an event to this worker's browsers (reading it back if referenced)."""
+        try:
+            event = Event.parse(json.loads(payload))
+        except (ValueError, KeyError, TypeError, AttributeError) as exc:
+            log.warning("live relay: ignored a notification on %s that is not gradwatch's (%s): %.200s",
+                        CHANNEL, exc, payload)
+            return
+        try:
+            await self._deliver(event)
+        except Exception:  # a read failed: these browsers miss events; make them catch up
+            log.exception("live relay: could not read what was announced for run %s", event.run_id)
+            self.hub.drop_all()
+
+    async def _deliver(self, event: Event) -> None:
+        hub = self.hub
+        if event.kind == "resync":
+            hub.drop_all()
+        elif event.kind == "run" and hub.listening():
+            text = event.text
+            if text is None:
+                run = await asyncio.to_thread(self.store.get_run, event.run_id)
+                text = None if run is None else run_event(run)
+            if text is not None:
+                hub.send_all(text)
+        elif event.kind == "steps" and hub.watching(event.run_id):
+            records = await asyncio.to_thread(self.store.batch_steps, event.run_id, event.steps, event.seq)
+            for record in records:
+                hub.publish_record(event.run_id, record)
+        elif event.kind == "finding" and hub.watching(event.run_id):
+            text = event.text
+            if text is None:
+                found = await asyncio.to_thread(self.store.get_findings, event.run_id)
+                text = next((finding_event(event.run_id, {
+                    "code": f.code, "severity": f.severity, "message": f.message, "params": f.params,
+                    "first_step": f.first_step, "figure": f.figure}) for f in found if f.code == event.code), None)
+            if text is not None:
+                hub.send_watchers(event.run_id, text)

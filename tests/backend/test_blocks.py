@@ -1,0 +1,258 @@
+"""Step blocks (blocks.py) on real databases: a long window read from blocks gives, bucket by
+bucket, exactly what the raw steps give (min, max, NaN and Inf; the mean to float64 rounding),
+whatever order the steps arrived in; ingest keeps the blocks equal to a recomputation from
+scratch; migration 0004 computes them for runs stored before it.
+
+The store tests run on an SQLite file and on a real PostgreSQL database (tests/conftest.py).
+"""
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Iterator
+from importlib import resources
+
+import numpy as np
+import pytest
+from alembic import command
+from alembic.config import Config
+from gradwatch_server import blocks, charts
+from gradwatch_server.protocol import Hello, parse_message
+from gradwatch_server.store import StepData, Store, backfill_blocks, open_store
+from wiremsg import ABSENT_BITS, hello
+
+P = 70  # two parts of blocks: 64 parameters and 6
+PARAMS = tuple(f"layer{i}.weight" for i in range(P))
+
+
+# -- pure functions --------------------------------------------------------------------------
+
+@pytest.mark.parametrize("seed", range(200))
+def test_cover_is_exact_and_uses_only_closed_blocks_inside(seed: int) -> None:
+    rng = np.random.default_rng(seed)
+    lo = int(rng.integers(0, 5000))
+    hi = lo + int(rng.integers(0, 70000))
+    last = None if seed % 10 == 0 else int(rng.integers(0, hi + 20000))
+    size = int(rng.choice(blocks.SIZES))
+    covered: list[int] = []
+    for kind, a, b in blocks.cover(lo, hi, last, size):
+        if kind == blocks.RAW:
+            covered += range(a, b + 1)
+        else:
+            assert kind <= size and a <= b
+            assert last is not None and (b + 1) * kind <= last  # closed: the run went past its end
+            covered += range(a * kind, (b + 1) * kind)
+    assert covered == list(range(lo, hi + 1))
+
+
+@pytest.mark.parametrize("span,points", [(40_000, 2000), (10**6, 2000), (10**6 + 7, 333), (5000, 2), (16 * 9, 9)])
+def test_bucket_width_respects_the_number_of_points(span: int, points: int) -> None:
+    lo = 12345
+    plan = blocks.bucket_width(lo, lo + span - 1, points)
+    assert plan is not None
+    width, size = plan
+    assert width % size == 0 and size <= span / points
+    assert (lo + span - 1) // width - lo // width + 1 <= points
+    assert blocks.bucket_width(lo, lo + 16 * points - 2, points) is None  # too short: read raw
+
+
+def test_dirty_blocks_are_those_closed_by_or_touched_by_new_steps() -> None:
+    assert blocks.dirty([1, 2, 3], None, 3)[16] == []  # nothing closed yet
+    assert blocks.dirty([17], 15, 17)[16] == [0]  # step 15's block closes
+    found = blocks.dirty([5, 300], 250, 300)  # 5 arrives late; the blocks holding 250 close
+    assert found[16] == [0, 15] and found[64] == [0, 3] and found[256] == [0] and found[1024] == []
+
+
+# -- a run stored out of order ---------------------------------------------------------------
+
+class Run:
+    """What was written: per metric, step -> values (float32 or uint8 codes); `loss`, step -> float."""
+
+    def __init__(self) -> None:
+        self.values: dict[str, dict[int, np.ndarray]] = {"grad_norm": {}, "grad_status": {}, "exp_avg_norm": {}}
+        self.loss: dict[int, float] = {}
+
+
+SCALAR_SPECIALS = (math.nan, math.inf, -math.inf, -0.0, 1e300, -5e-324)
+
+
+def _values(rng: np.random.Generator, step: int) -> np.ndarray:
+    v = rng.lognormal(-2, 1, P).astype("<f4")
+    v[rng.random(P) < 0.01] = np.nan
+    v[rng.random(P) < 0.005] = np.inf
+    v[rng.random(P) < 0.005] = -np.inf
+    v[rng.random(P) < 0.01] = -0.0
+    v[rng.random(P) < 0.002] *= 1e6  # spikes
+    if step < 700:
+        v.view("<u4")[0] = ABSENT_BITS  # no grad at first
+    if 2000 <= step < 2100:
+        v.view("<u4")[65] = ABSENT_BITS  # a stretch without, in the second part
+    return v
+
+
+@pytest.fixture
+def run(db_url: str) -> Iterator[tuple[Store, Run]]:
+    """Steps written in batches, out of order, with gaps, a metric that starts late, and resends."""
+    store = open_store(db_url)
+    message = parse_message(json.dumps(hello("b", params=PARAMS)))
+    assert isinstance(message, Hello)
+    store.open_run(message)
+    rng = np.random.default_rng(5)
+    written = Run()
+    order = (list(range(1, 1000)) + list(range(1500, 2501)) + list(range(1000, 1500, 3))
+             + list(range(2501, 6001)) + list(range(7000, 9000, 7)))
+    seq = 0
+    for lo in range(0, len(order), 97):
+        batch = []
+        for step in order[lo:lo + 97]:
+            seq += 1
+            grad = _values(rng, step)
+            arrays = {"grad_norm": grad.tobytes(), "grad_status": rng.integers(0, 4, P, dtype=np.uint8).tobytes()}
+            if step >= 1500:
+                arrays["exp_avg_norm"] = _values(rng, step).tobytes()
+            for metric, raw in arrays.items():
+                written.values[metric][step] = np.frombuffer(raw, dtype="u1" if metric == "grad_status" else "<f4")
+            loss = float(rng.lognormal(0, 1))
+            if rng.random() < 0.02:
+                loss = float(rng.choice(SCALAR_SPECIALS))
+            written.loss[step] = loss
+            batch.append(StepData(seq, step, float(step), {"loss": loss}, arrays))
+        store.write_steps("b", batch)
+    resent = [StepData(seq + 1, 40, 40.0, {}, {"grad_norm": np.zeros(P, "<f4").tobytes()})]
+    assert store.write_steps("b", resent) == [False]  # a step already stored changes nothing
+    yield store, written
+    store.close()
+
+
+def _naive(values: dict[int, np.ndarray], first: int, last: int, index: int) -> tuple[float, float, float, bool]:
+    """(min, max, mean, empty) of the raw values in [first, last] by downsample.summarize's rules."""
+    column = np.array([v[index] for s, v in sorted(values.items()) if first <= s <= last])
+    if column.dtype == np.float32:
+        column = column[column.view("<u4") != ABSENT_BITS]
+    x = column.astype(np.float64)
+    nan, finite = np.isnan(x), np.isfinite(x)
+    ordered = x[~nan]
+    mean = float(x[finite].mean()) if finite.any() else math.nan
+    low = float(ordered.min()) if ordered.size else math.nan
+    high = math.nan if nan.any() or not ordered.size else float(ordered.max())
+    return low, high, mean, not x.size
+
+
+def _number(value: object) -> float:
+    if value is None:
+        return math.nan
+    if isinstance(value, str):
+        return {"NaN": math.nan, "Infinity": math.inf, "-Infinity": -math.inf}[value]
+    return float(value)  # type: ignore[arg-type]
+
+
+def _same(a: float, b: float, rel: float = 0.0) -> bool:
+    if math.isnan(a) or math.isnan(b):
+        return math.isnan(a) and math.isnan(b)
+    return a == b or abs(a - b) <= rel * max(abs(a), abs(b))
+
+
+def _bucket_ends(step: list[int], end: int) -> list[tuple[int, int]]:
+    return [(a, b - 1) for a, b in zip(step, [*step[1:], end + 1])]
+
+
+@pytest.mark.parametrize("metric", ["grad_norm", "exp_avg_norm", "grad_status"])
+@pytest.mark.parametrize("start,end,points", [(None, None, 50), (None, None, 7), (333, 5555, 40),
+                                              (1017, 2222, 20), (5000, 9999, 30)])
+def test_long_windows_from_blocks_match_the_raw_steps(run: tuple[Store, Run], metric: str, start: int | None,
+                                                      end: int | None, points: int) -> None:
+    store, written = run
+    params = store.get_params("b")
+    names = [PARAMS[0], PARAMS[5], PARAMS[66], PARAMS[64]]
+    body = charts.param_series(store, "b", params, metric, names, 5, "desc", start, end, points, raw_rows=0)
+    values = written.values[metric]
+    stored = sorted(s for s in values if (start is None or s >= start) and (end is None or s <= end))
+    assert body.downsampled and 1 < len(body.step) <= points
+    assert body.step[0] == stored[0] and all(s in values for s in body.step)
+    for series, index in zip(body.series, (0, 5, 66, 64)):
+        for j, (a, b) in enumerate(_bucket_ends(body.step, stored[-1])):
+            low, high, mean, empty = _naive(values, a, b, index)
+            got = (_number(series.min[j]), _number(series.max[j]), _number(series.value[j]))  # type: ignore[index]
+            assert _same(got[0], low) and _same(got[1], high) and _same(got[2], mean, 1e-12), (index, a, b, got)
+            assert (series.value[j] is None) == empty, (index, a, b)
+    heat = charts.heatmap(store, "b", params, metric, start, end, points, raw_rows=0)
+    assert heat.step == body.step and heat.downsampled
+    for index in (0, 5, 64, 69):
+        for j, (a, b) in enumerate(_bucket_ends(heat.step, stored[-1])):
+            column = [v[index] for s, v in values.items() if a <= s <= b]
+            if metric == "grad_status":
+                assert heat.z[index][j] == max(int(c) for c in column)
+                continue
+            present = [float(c) for c in column if np.float32(c).view("<u4") != ABSENT_BITS]
+            if not present:
+                assert heat.z[index][j] is None
+            elif any(math.isnan(c) for c in present):
+                assert heat.z[index][j] == "NaN"
+            else:
+                # the largest magnitude; of +x and -x, +x (as downsample.peak)
+                assert _same(_number(heat.z[index][j]), max(present, key=lambda x: (abs(x), x))), (index, a, b)
+
+
+@pytest.mark.parametrize("start,end,points", [(None, None, 50), (333, 5555, 40), (1017, 2222, 3)])
+def test_long_scalar_windows_from_blocks_match_the_raw_steps(run: tuple[Store, Run], start: int | None,
+                                                             end: int | None, points: int) -> None:
+    store, written = run
+    body = charts.scalar_series(store, "b", "loss", start, end, points, raw_rows=0)
+    stored = sorted(s for s in written.loss if (start is None or s >= start) and (end is None or s <= end))
+    assert body.downsampled and 1 < len(body.step) <= points and body.step[0] == stored[0]
+    as_rows = {s: np.array([v]) for s, v in written.loss.items()}
+    for j, (a, b) in enumerate(_bucket_ends(body.step, stored[-1])):
+        low, high, mean, empty = _naive(as_rows, a, b, 0)
+        got = (_number(body.min[j]), _number(body.max[j]), _number(body.value[j]))  # type: ignore[index]
+        assert _same(got[0], low) and _same(got[1], high) and _same(got[2], mean, 1e-12), (a, b, got)
+        assert math.copysign(1, got[0]) == math.copysign(1, low) or math.isnan(low)  # -0.0 stays -0.0
+
+
+def test_a_short_window_is_still_read_raw(run: tuple[Store, Run]) -> None:
+    store, written = run
+    body = charts.param_series(store, "b", store.get_params("b"), "grad_norm", [PARAMS[3]], 5, "desc", 100, 160, 2000)
+    assert not body.downsampled and body.step == list(range(100, 161))
+    raw = np.array([_number(v) for v in body.series[0].value], dtype=np.float32)
+    want = np.array([written.values["grad_norm"][s][3] for s in range(100, 161)])
+    assert raw.tobytes() == want.tobytes()  # bit for bit, -0.0 included
+
+
+def _blocks(store: Store) -> list[tuple[object, ...]]:
+    with store.engine.connect() as conn:
+        return [tuple(bytes(c) if isinstance(c, (bytes, memoryview)) else c for c in r) for r in conn.exec_driver_sql(
+            "SELECT run_id, kind, metric, size, block, part, first_step, step_count, data FROM metric_blocks "
+            "ORDER BY run_id, kind, metric, size, block, part").all()]
+
+
+def test_ingest_keeps_the_blocks_equal_to_a_recomputation(run: tuple[Store, Run]) -> None:
+    store, _ = run
+    kept = _blocks(store)
+    assert {r[3] for r in kept} == {16, 64, 256, 1024, 4096} and {r[5] for r in kept} == {0, 1}
+    assert {(r[1], r[2]) for r in kept} == {("param", "grad_norm"), ("param", "grad_status"),
+                                            ("param", "exp_avg_norm"), ("scalar", "loss")}
+    with store.engine.begin() as conn:
+        conn.exec_driver_sql("DELETE FROM metric_blocks")
+        backfill_blocks(conn)
+    assert _blocks(store) == kept
+
+
+def test_deleting_a_run_deletes_its_blocks(run: tuple[Store, Run]) -> None:
+    store, _ = run
+    assert store.delete_run("b")
+    assert _blocks(store) == []
+
+
+def test_the_migration_computes_blocks_for_runs_stored_before_it(run: tuple[Store, Run], db_url: str) -> None:
+    store, _ = run
+    kept = _blocks(store)
+    store.close()
+    config = Config()
+    config.set_main_option("script_location", str(resources.files("gradwatch_server.migrations")))
+    reopened = open_store(db_url)
+    with reopened.engine.begin() as conn:
+        config.attributes["connection"] = conn
+        command.downgrade(config, "0003")  # as a database written before blocks existed
+    reopened.close()
+    upgraded = open_store(db_url)  # upgrades to the newest revision, 0004 computing the blocks
+    assert _blocks(upgraded) == kept
+    upgraded.close()

@@ -1,0 +1,292 @@
+"""The run page's heatmaps, zoom and parameter choice, in a real Chromium against a real server.
+
+Same set-up as test_dashboard.py (its fixtures: one `gradwatch serve` for the module, runs fed
+as hand-built protocol v1 messages over /ws/ingest). What is checked:
+- heatmap rows are grouped by module (modules in the order their first parameter appears), with
+  a separator line between modules, and the hover names the parameter, the step and the value;
+- a zoom fetches the window again (the API is called with start/end) and the charts then hold
+  every step of the window; a newer zoom wins over an older one; zooming out goes back;
+- the picker shows a whole module, or the top k smallest, and the optimizer-state charts follow.
+
+Run: .venv/bin/python -m pytest tests/browser/test_run_page.py
+"""
+from __future__ import annotations
+
+import base64
+import math
+
+import numpy as np
+import pytest
+from conftest import ServerProcess
+from playwright import sync_api
+from synthetic import SyntheticRun
+from test_dashboard import Page, browser, dash, page, seed  # noqa: F401  (browser, dash, page: fixtures)
+
+pytestmark = pytest.mark.browser
+
+#: In /params order, modules interleaved: the heatmap must regroup them.
+INTERLEAVED = [
+    ("blocks.1.attn.qkv.weight", [8, 8]),
+    ("head.weight", [8, 8]),
+    ("blocks.0.attn.qkv.weight", [8, 8]),
+    ("blocks.1.attn.qkv.bias", [8]),        # NaN where the run says (synthetic.py)
+    ("blocks.0.mlp.fc1.weight", [8, 8]),
+    ("scale", [1]),
+    ("blocks.1.mlp.fc1.weight", [8, 8]),    # +Inf there
+    ("blocks.0.attn.qkv.bias", [8]),
+]
+#: Grouped: each module's parameters, and its submodules', together, in order of first appearance.
+GROUPED = ["blocks.1.attn.qkv.weight", "blocks.1.attn.qkv.bias", "blocks.1.mlp.fc1.weight",
+           "blocks.0.attn.qkv.weight", "blocks.0.attn.qkv.bias", "blocks.0.mlp.fc1.weight",
+           "head.weight", "scale"]
+
+
+def chart(p: sync_api.Page, name: str) -> sync_api.Locator:
+    return p.locator(f'[data-chart="{name}"]')
+
+
+def test_heatmap_rows_are_grouped_by_module(dash: ServerProcess, page: Page) -> None:
+    run = SyntheticRun("grouped", "grouped-rows", params=INTERLEAVED, nan_steps={12}, total_steps=30)
+    seed(dash, run, 30)
+    p = page.open(dash.url + "/runs/grouped")
+    for name in ("grad-norm-heatmap", "grad-status"):
+        chart(p, name).scroll_into_view_if_needed()
+        page.wait_points(name, len(GROUPED) * 30)
+        rows = p.evaluate("c => document.querySelector(`[data-chart=\"${c}\"]`).data[0].y", name)
+        assert rows == GROUPED, name
+        # Separators between the modules two levels down: blocks.1 | blocks.0 | head | (top level).
+        lines = p.evaluate("""c => document.querySelector(`[data-chart="${c}"]`).layout.shapes
+            .filter((s) => s.name === 'module-separator').map((s) => s.y0)""", name)
+        assert lines == [2.5, 5.5, 6.5], name
+        assert chart(p, name).get_attribute("data-modules") == "4"
+        # Every row is tall enough for its name: the y axis lists them, in the grouped order.
+        ticks = chart(p, name).locator(".ytick text").all_text_contents()
+        assert sorted(ticks) == sorted(GROUPED) and len(ticks) == len(GROUPED)
+    assert page.nonfinite("grad-norm-heatmap") == 2  # NaN and +Inf at step 12, drawn in their own colour
+
+    # Hover names the parameter, the step and the value (the stored float32, 4 significant digits).
+    want = grads_at(INTERLEAVED, 30, 20)["blocks.0.mlp.fc1.weight"]
+    assert hover_text(p, "grad-norm-heatmap", 20, GROUPED.index("blocks.0.mlp.fc1.weight")) == [
+        "blocks.0.mlp.fc1.weight", f"step 20: {significant(want)}"]
+    nan_row = GROUPED.index("blocks.1.attn.qkv.bias")
+    assert hover_text(p, "grad-norm-heatmap", 12, nan_row) == ["blocks.1.attn.qkv.bias", "step 12: NaN"]
+    assert hover_text(p, "grad-status", 12, nan_row) == ["blocks.1.attn.qkv.bias", "step 12: nonfinite"]
+
+
+def significant(v: float) -> str:
+    """What d3's ".4~g" writes for a value around 0.01..1000."""
+    digits = 4 - 1 - math.floor(math.log10(abs(v)))
+    return f"{round(v, digits):.{max(digits, 0)}f}".rstrip("0").rstrip(".")
+
+
+def hover_text(p: sync_api.Page, name: str, step: int, row: int) -> list[str]:
+    """Move the mouse over the cell (step, row) of a heatmap; the hover label's lines."""
+    el = chart(p, name)
+    el.scroll_into_view_if_needed()
+    x, y = p.evaluate("""([c, step, row]) => {
+        const el = document.querySelector(`[data-chart="${c}"]`);
+        const fl = el._fullLayout;
+        const box = el.getBoundingClientRect();
+        const trace = el._fullData.find((t) => t.type === 'heatmap');
+        const j = trace.text[0].indexOf(String(step));
+        return [box.left + fl._size.l + fl.xaxis.l2p(trace.x[j]), box.top + fl._size.t + fl.yaxis.l2p(row)];
+    }""", [name, step, row])
+    p.mouse.move(x, y)
+    label = el.locator(".hoverlayer .hovertext").first
+    sync_api.expect(label).to_be_visible()
+    lines = label.locator("text.nums tspan.line").all_text_contents()
+    p.mouse.move(0, 0)
+    return lines
+
+
+def test_zoom_fetches_the_window_at_full_resolution(dash: ServerProcess, page: Page) -> None:
+    steps = 1500  # more than the loss chart's pixels across: its overview is downsampled
+    run = SyntheticRun("zoomed", "zoom-run", params=INTERLEAVED[:4], total_steps=steps)
+    seed(dash, run, steps)
+    requests: list[str] = []
+    page.page.on("request", lambda r: requests.append(r.url) if "/api/runs/zoomed/" in r.url else None)
+    # An older zoom's answers are made to arrive last: they must not be drawn (start=601: see below).
+    page.page.add_init_script("""{
+        const fetch0 = window.fetch;
+        window.__heldBack = [];
+        window.fetch = (url, opts) => {
+            if (!String(url).includes('start=601&')) return fetch0(url, opts);
+            window.__heldBack.push(String(url));
+            return new Promise((r) => setTimeout(r, 1500)).then(() => fetch0(url, opts));
+        };
+    }""")
+    p = page.open(dash.url + "/runs/zoomed")
+    overview = loss_steps(p)
+    assert len(overview) < steps / 2, "the overview should be downsampled for this test to mean anything"
+
+    # A drag on the loss chart from step ~800 to ~1000, as a person zooms.
+    drag(p, "loss", 800, 1000)
+    a, b = zoom_window(p)
+    assert 780 <= a <= 820 and 980 <= b <= 1020, (a, b)
+    assert any(f"/series?key=loss&start={a}&end={b}&" in u for u in requests), requests
+    assert loss_steps(p, a, b) == list(range(a, b + 1))  # every step of the window
+    assert loss_steps(p, 1, a - 1), "outside the window the overview still shows"
+    shared = dict(kv.split("=") for kv in p.url.split("?", 1)[1].split("&"))  # the zoom, rounded
+    assert abs(int(shared["from"]) - a) <= 1 and abs(int(shared["to"]) - b) <= 1, p.url
+
+    # The heatmap (out of view) fetches the window once scrolled to, and draws each of its steps
+    # as a column.
+    heat = chart(p, "grad-norm-heatmap")
+    heat.scroll_into_view_if_needed()
+    sync_api.expect(heat).to_have_attribute("data-window", f"{a}-{b}")
+    assert any(f"/heatmap?metric=grad_norm&start={a}&end={b}&" in u for u in requests), requests
+    columns = p.evaluate("""() => document.querySelector('[data-chart="grad-norm-heatmap"]').data
+        .filter((t) => t.name === 'log').flatMap((t) => t.text[0].map(Number))""")
+    assert [s for s in columns if a <= s <= b] == list(range(a, b + 1))
+    chart(p, "loss").scroll_into_view_if_needed()
+
+    # A zoom overtaken by a newer one: its late answers are dropped, the newer window stays.
+    set_zoom(p, 600.6, 700.4)        # steps 601-700: answers held back 1.5 s
+    p.wait_for_timeout(300)          # its requests are out
+    set_zoom(p, 1100.6, 1200.4)      # steps 1101-1200
+    p.wait_for_function("document.body.dataset.zoom === '1101-1200'")
+    p.wait_for_timeout(2000)         # the older answers have come (and gone)
+    assert any("/series?key=loss&start=601&end=700&" in u for u in p.evaluate("window.__heldBack"))
+    assert p.evaluate("document.body.dataset.zoom") == "1101-1200"
+    assert chart(p, "loss").get_attribute("data-window") == "1101-1200"
+    assert loss_steps(p, 1101, 1200) == list(range(1101, 1201))
+    assert not loss_steps(p, 601, 700) or len(loss_steps(p, 601, 700)) < 100
+
+    # Double-click: back to the whole run, downsampled as before.
+    box = chart(p, "loss").locator(".nsewdrag").bounding_box()
+    assert box is not None
+    p.mouse.dblclick(box["x"] + box["width"] / 2, box["y"] + box["height"] / 2)
+    p.wait_for_function("document.body.dataset.zoom === 'all'")
+    assert loss_steps(p) == overview
+    assert chart(p, "loss").get_attribute("data-window") is None
+    assert "from=" not in p.url
+
+
+def loss_steps(p: sync_api.Page, a: float = -math.inf, b: float = math.inf) -> list[int]:
+    """The steps the loss chart's line holds in [a, b]."""
+    xs = p.evaluate("""() => document.querySelector('[data-chart="loss"]').data
+        .find((t) => t.mode && t.mode.startsWith('lines') && t.hoverinfo !== 'skip').x""")
+    return [x for x in xs if a <= x <= b]
+
+
+def drag(p: sync_api.Page, name: str, x0: float, x1: float) -> None:
+    """Drag across a chart's plot area from step x0 to step x1 (Plotly's zoom box)."""
+    el = chart(p, name)
+    el.scroll_into_view_if_needed()
+    px = p.evaluate("""([c, x0, x1]) => {
+        const el = document.querySelector(`[data-chart="${c}"]`);
+        const fl = el._fullLayout;
+        const box = el.getBoundingClientRect();
+        const y = box.top + fl._size.t + fl._size.h / 2;
+        return [box.left + fl._size.l + fl.xaxis.l2p(x0), box.left + fl._size.l + fl.xaxis.l2p(x1), y];
+    }""", [name, x0, x1])
+    p.mouse.move(px[0], px[2])
+    p.mouse.down()
+    p.mouse.move((px[0] + px[1]) / 2, px[2], steps=4)
+    p.mouse.move(px[1], px[2], steps=4)
+    p.mouse.up()
+
+
+def set_zoom(p: sync_api.Page, a: float, b: float) -> None:
+    """Zoom as Plotly reports a zoom box: a relayout of the loss chart's x range."""
+    p.evaluate("""([a, b]) => window.Plotly.relayout(document.querySelector('[data-chart="loss"]'),
+        {'xaxis.range[0]': a, 'xaxis.range[1]': b})""", [a, b])
+
+
+def zoom_window(p: sync_api.Page) -> tuple[int, int]:
+    """Wait until every chart shows the zoomed window; its first and last step."""
+    p.wait_for_function("/^\\d+-\\d+$/.test(document.body.dataset.zoom || '')")
+    a, b = p.evaluate("document.body.dataset.zoom").split("-")
+    return int(a), int(b)
+
+
+#: Two modules of four and three parameters, and more.
+MODULES = [
+    ("embed.weight", [16, 8]),
+    ("blocks.0.attn.qkv.weight", [24, 8]),
+    ("blocks.0.attn.qkv.bias", [24]),
+    ("blocks.0.mlp.fc1.weight", [32, 8]),
+    ("blocks.0.mlp.fc2.weight", [8, 32]),
+    ("blocks.1.attn.qkv.weight", [24, 8]),
+    ("blocks.1.mlp.fc1.weight", [32, 8]),
+    ("blocks.1.mlp.fc2.weight", [8, 32]),
+    ("head.weight", [16, 8]),
+]
+
+
+def test_picker_shows_a_whole_module_and_the_top_k_smallest(dash: ServerProcess, page: Page) -> None:
+    run = SyntheticRun("modules", "module-choice", params=MODULES, total_steps=25)
+    seed(dash, run, 25)
+    p = page.open(dash.url + "/runs/modules")
+    modules = p.locator('[data-role="module"] option').evaluate_all("els => els.map((e) => e.value)")
+    assert modules == ["", "embed", "blocks", "blocks.0", "blocks.0.attn", "blocks.0.attn.qkv", "blocks.0.mlp",
+                       "blocks.0.mlp.fc1", "blocks.0.mlp.fc2", "blocks.1", "blocks.1.attn", "blocks.1.attn.qkv",
+                       "blocks.1.mlp", "blocks.1.mlp.fc1", "blocks.1.mlp.fc2", "head"]
+
+    # A whole module: every parameter under the prefix, in the gradient norms and the moments.
+    p.select_option('[data-role="module"]', "blocks.0")
+    want = [n for n, _ in MODULES if n.startswith("blocks.0.")]
+    sync_api.expect(p.locator(".chip-name")).to_have_text(want)
+    p.wait_for_function("""n => +document.querySelector('[data-chart="param-grad-norm"]').dataset.series === n
+        && +document.querySelector('[data-chart="exp-avg-norm"]').dataset.series === n""", arg=len(want))
+    names = p.evaluate("""() => document.querySelector('[data-chart="exp-avg-norm"]').data
+        .filter((t) => t.showlegend !== false && t.mode !== 'markers').map((t) => t.name)""")
+    assert names == want
+    assert page.points("param-grad-norm") == 25 * len(want)
+    assert "module=blocks.0" in p.url
+    help_text = p.locator('[data-card="param-grad-norm"] .card-help')
+    sync_api.expect(help_text).to_contain_text("module blocks.0: 4 parameters")
+
+    # The URL keeps it.
+    p = page.open(p.url)
+    sync_api.expect(p.locator(".chip-name")).to_have_text(want)
+    assert p.locator('[data-role="module"]').input_value() == "blocks.0"
+
+    # The top 3 smallest at the last step.
+    p.fill(".picker-top input", "3")
+    p.select_option(".picker-top select", "asc")
+    last = grads_at(MODULES, 25, 25)
+    smallest = [n for n, _ in sorted(last.items(), key=lambda kv: kv[1])[:3]]
+    sync_api.expect(p.locator(".chip-name")).to_have_text(smallest)
+    assert "order=asc" in p.url and "top=3" in p.url and "module=" not in p.url
+    p.wait_for_function("""() => +document.querySelector('[data-chart="exp-avg-norm"]').dataset.series === 3""")
+
+
+def grads_at(params: list[tuple[str, list[int]]], total: int, step: int) -> dict[str, float]:
+    """Each parameter's gradient norm at `step`, as the synthetic run sends it (float32)."""
+    msg = SyntheticRun("x", "x", params=params, total_steps=total).step(step, step)
+    grads = np.frombuffer(base64.b64decode(msg["params"]["grad_norm"]), dtype="<f4")
+    return {name: float(g) for (name, _), g in zip(params, grads)}
+
+
+def test_module_grouping_rules(dash: ServerProcess, page: Page) -> None:
+    """modules.js, the pure functions behind the grouping and the module choice."""
+    p = page.open(dash.url + "/")
+    got = p.evaluate("""async () => {
+        const m = await import('/static/js/modules.js');
+        const names = ['scale', 'enc.1.w', 'dec.w', 'enc.0.a.w', 'bias', 'enc.1.b', 'enc.0.a.b', 'enc.0.w', 'dec.b'];
+        const order = m.moduleOrder(names).map((i) => names[i]);
+        return {
+            order,
+            kept: m.moduleOrder(['a.x', 'a.y', 'b.x']),  // already grouped: unchanged
+            depth1: m.moduleGroups(order, 1).map((g) => [g.module, g.start, g.end]),
+            coarse: m.coarseGroups(order, 5).depth,
+            fine: m.coarseGroups(order, 100).depth,
+            list: m.moduleList(names).map((x) => `${x.path}:${x.count}`),
+            of: ['a.b.c.weight', 'weight'].map(m.moduleOf),
+            params: m.moduleParams(names, 'enc.0'),
+            prefixOnly: m.moduleParams(['enc.0.w', 'enc.01.w'], 'enc.0'),
+        };
+    }""")
+    assert got == {
+        # Top-level parameters are in no module: they keep their place among the modules.
+        "order": ["scale", "enc.1.w", "enc.1.b", "enc.0.a.w", "enc.0.a.b", "enc.0.w", "dec.w", "dec.b", "bias"],
+        "kept": [0, 1, 2],
+        "depth1": [["", 0, 1], ["enc", 1, 6], ["dec", 6, 8], ["", 8, 9]],
+        "coarse": 2,   # depth 2: 5 groups (enc.1, enc.0 apart); depth 3: 6 (enc.0.a apart from enc.0.w)
+        "fine": 3,
+        "list": ["enc:5", "enc.1:2", "enc.0:3", "enc.0.a:2", "dec:2"],
+        "of": ["a.b.c", ""],
+        "params": ["enc.0.a.w", "enc.0.a.b", "enc.0.w"],
+        "prefixOnly": ["enc.0.w"],
+    }

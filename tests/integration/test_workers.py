@@ -1,0 +1,474 @@
+"""`gradwatch serve --workers 2` on a real PostgreSQL: live updates reach every browser whichever
+worker ingested them, exactly once; crash detection holds across workers; SQLite is refused.
+
+Hooks and dashboards are real websocket clients speaking docs/protocol.md by hand. Each socket's
+handshake names the worker that serves it (`X-Gradwatch-Worker`), so the tests place hooks and
+browsers on both workers (the kernel hands each connection on the shared socket to one of them)
+and know that every path between them is crossed.
+"""
+from __future__ import annotations
+
+import base64
+import collections
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import numpy as np
+import pytest
+from conftest import ServerProcess, new_database, server_command, server_env, start_server
+from websockets.sync.client import ClientConnection, connect
+
+WORKERS = 2
+WORKER_HEADER = "x-gradwatch-worker"
+STEPS = 30
+BURST = 5  # steps sent before waiting for the ack: batches of several steps
+PARAMS = ("fc.weight", "fc.bias", "head.weight")
+DEADLINE_S = 90.0
+
+
+# -- the server ------------------------------------------------------------------------------
+
+@pytest.fixture
+def pg_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
+    with new_database(request, "postgresql", tmp_path) as url:
+        yield url
+
+
+class Workers:
+    """A `gradwatch serve --workers 2` and the worker pids its sockets have named."""
+
+    def __init__(self, server: ServerProcess) -> None:
+        self.server = server
+        self.seen: set[int] = set()
+        self.sockets = contextlib.ExitStack()  # every client socket, closed at the end
+
+    def stop(self) -> int:
+        self.sockets.close()
+        code = self.server.stop()
+        for pid in self.seen:  # a worker that outlived its parent (killed when it hung): this server's only
+            with contextlib.suppress(OSError):
+                environ = Path(f"/proc/{pid}/environ").read_bytes()
+                if b"GRADWATCH_SERVE_WORKER=" in environ and self.server.db_url.encode() in environ:
+                    os.kill(pid, signal.SIGKILL)
+        return code
+
+
+@pytest.fixture
+def serve_workers(tmp_path: Path, pg_url: str) -> Iterator[Callable[..., Workers]]:
+    """Starts the server (crash grace 1 s unless told: a hook that moves between workers on a
+    loaded machine may take longer than 1 s to land on the one it wants); stops it at the end."""
+    started: list[Workers] = []
+
+    def serve(crash_grace_s: float = 1.0) -> Workers:
+        started.append(Workers(start_server(tmp_path, db_url=pg_url, args=("--workers", str(WORKERS)),
+                                            crash_grace_s=crash_grace_s)))
+        return started[-1]
+
+    yield serve
+    for server in started:
+        server.stop()
+
+
+# -- clients -----------------------------------------------------------------------------------
+
+def open_ws(workers: Workers, path: str) -> tuple[ClientConnection, int]:
+    ws = workers.sockets.enter_context(connect(workers.server.ws_url + path, open_timeout=10, close_timeout=2,
+                                               max_size=None))
+    assert ws.response is not None
+    pid = int(ws.response.headers[WORKER_HEADER])
+    workers.seen.add(pid)
+    return ws, pid
+
+
+def spread(open_one: Callable[[], tuple[ClientConnection, int]], per_worker: int,
+           pids: int = WORKERS) -> list[tuple[ClientConnection, int]]:
+    """Open connections until `per_worker` of them are on each of `pids` workers (all are kept)."""
+    opened: list[tuple[ClientConnection, int]] = []
+    counts: collections.Counter[int] = collections.Counter()
+    deadline = time.monotonic() + DEADLINE_S
+    while len(counts) < pids or min(counts.values()) < per_worker:
+        assert time.monotonic() < deadline, f"connections landed on these workers only: {dict(counts)}"
+        ws, pid = open_one()
+        opened.append((ws, pid))
+        counts[pid] += 1
+    return opened
+
+
+class Browser(threading.Thread):
+    """A dashboard on /ws/live (`run`: that run's page): keeps every message it receives."""
+
+    def __init__(self, ws: ClientConnection, pid: int, run: str | None) -> None:
+        super().__init__(daemon=True)
+        self.ws, self.pid, self.run_id = ws, pid, run
+        self.messages: list[dict[str, Any]] = []
+        self.closed_with: int | None = None
+        self.stopping = threading.Event()
+        self.start()
+
+    def run(self) -> None:  # type: ignore[override]
+        try:
+            while not self.stopping.is_set():
+                try:
+                    self.messages.append(json.loads(self.ws.recv(timeout=0.2)))
+                except TimeoutError:
+                    continue
+        except Exception as exc:  # closed by the server: recorded, and the test says so
+            rcvd = getattr(exc, "rcvd", None)
+            self.closed_with = rcvd.code if rcvd is not None else -1
+
+    def steps(self) -> list[dict[str, Any]]:
+        return [m for m in self.messages if m["type"] == "step"]
+
+    def runs(self, run_id: str) -> list[dict[str, Any]]:
+        return [m["run"] for m in self.messages if m["type"] == "run" and m["run"]["id"] == run_id]
+
+    def stop(self) -> None:
+        self.stopping.set()
+        self.join(10)
+        self.ws.close()
+
+
+def browsers(workers: Workers, run: str | None, per_worker: int) -> list[Browser]:
+    path = "/ws/live" + (f"?run={run}" if run else "")
+    return [Browser(ws, pid, run) for ws, pid in spread(lambda: open_ws(workers, path), per_worker)]
+
+
+def b64(values: list[float] | list[int], dtype: str) -> str:
+    return base64.b64encode(np.array(values, dtype=dtype).tobytes()).decode("ascii")
+
+
+def sent_values(run_index: int, step: int) -> dict[str, Any]:
+    """What a hook sends at a step (exact in float32), as /ws/live must show it: every 7th step a
+    NaN gradient, in head.weight, but in fc.weight between steps 11 and 20."""
+    nan_at = None if step % 7 else (0 if 11 <= step <= 20 else 2)
+    grad_norm = [step / 8, -float(run_index), 0.25]
+    status = [2, 2, 2]
+    if nan_at is not None:
+        grad_norm[nan_at], status[nan_at] = float("nan"), 3
+    return {"scalars": {"loss": 1.0 / step, "lr/0": 0.001 * run_index},
+            "params": {"grad_norm": grad_norm, "exp_avg_norm": [step * 0.5, 1.0, 2.0]},
+            "grad_status": status}
+
+
+def expected_step(run_id: str, run_index: int, step: int) -> dict[str, Any]:
+    values = sent_values(run_index, step)
+    params = {m: ["NaN" if v != v else v for v in vs] for m, vs in values["params"].items()}
+    return {"type": "step", "run_id": run_id, "step": step, "time": 1_700_000_000.0 + step,
+            "scalars": values["scalars"], "params": params, "grad_status": values["grad_status"]}
+
+
+class Hook:
+    """A training run's hook on /ws/ingest, on the worker it is told to use."""
+
+    def __init__(self, workers: Workers, run_id: str, run_index: int) -> None:
+        self.workers, self.run_id, self.run_index = workers, run_id, run_index
+        self.ws: ClientConnection | None = None
+        self.pids: list[int] = []  # the worker of each connection
+        self.findings: list[list[dict[str, Any]]] = []  # the findings sent on each connection
+        self.last_seq = 0
+
+    def connect(self, pid: int | None = None) -> None:
+        """Connect (to worker `pid` if given: others are closed before the hello) and say hello."""
+        deadline = time.monotonic() + DEADLINE_S
+        while True:
+            ws, served_by = open_ws(self.workers, "/ws/ingest")
+            if pid is None or served_by == pid:
+                break
+            ws.close()
+            assert time.monotonic() < deadline, f"no connection reached worker {pid}"
+        self.ws = ws
+        self.pids.append(served_by)
+        self.findings.append([])
+        params = [{"name": n, "shape": [4], "numel": 4, "dtype": "float32", "group": 0, "optimizer": 0}
+                  for n in PARAMS]
+        welcome = self.call({
+            "v": 1, "type": "hello",
+            "run": {"id": self.run_id, "name": self.run_id, "project": "workers", "started_at": 1_700_000_000.0,
+                    "hook_version": "0.1.0", "optimizer": "AdamW", "config": {"every": 1}},
+            "params": params,
+            "groups": [{"optimizer": 0, "index": 0, "name": None, "hparams": {"lr": 0.001}}],
+        })
+        assert welcome["type"] == "welcome", welcome
+        self.last_seq = welcome["last_seq"]
+
+    def call(self, message: dict[str, Any]) -> dict[str, Any]:
+        assert self.ws is not None
+        self.ws.send(json.dumps(message))
+        return self.reply()
+
+    def reply(self) -> dict[str, Any]:
+        assert self.ws is not None
+        while True:
+            frame = json.loads(self.ws.recv(timeout=30))
+            if frame["type"] != "finding":
+                return dict(frame)
+            self.findings[-1].append(frame["finding"])
+
+    def send_steps(self, first: int, last: int) -> None:
+        """Steps first..last (seq = step), BURST at a time, each burst acknowledged."""
+        assert self.ws is not None
+        for start in range(first, last + 1, BURST):
+            burst = range(start, min(start + BURST, last + 1))
+            for step in burst:
+                values = sent_values(self.run_index, step)
+                self.ws.send(json.dumps({
+                    "v": 1, "type": "step", "seq": step, "step": step, "time": 1_700_000_000.0 + step,
+                    "scalars": values["scalars"],
+                    "params": {m: b64(vs, "<f4") for m, vs in values["params"].items()},
+                    "grad_status": b64(values["grad_status"], "u1"),
+                }))
+            while self.last_seq < burst[-1]:
+                ack = self.reply()
+                assert ack["type"] == "ack", ack
+                self.last_seq = ack["seq"]
+
+    def finish(self) -> None:
+        assert self.call({"v": 1, "type": "close", "seq": STEPS + 1, "status": "finished"}) == \
+            {"type": "ack", "seq": STEPS + 1}
+        self.drop()
+
+    def drop(self) -> None:
+        """End the connection without a `close` message (the hook vanished, or reconnects)."""
+        assert self.ws is not None
+        self.ws.close()
+        self.ws = None
+
+
+def wait_until(condition: Callable[[], bool], what: str, timeout: float = DEADLINE_S) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.05)
+
+
+def get_run(workers: Workers, run_id: str) -> dict[str, Any]:
+    response = httpx.get(f"{workers.server.url}/api/runs/{run_id}", timeout=30)
+    assert response.status_code == 200, response.text
+    return dict(response.json())
+
+
+# -- tests -------------------------------------------------------------------------------------
+
+def test_postgresql_workers_deliver_every_step_to_every_browser_once(serve_workers: Callable[..., Workers]) -> None:
+    """Three runs: one ingested by each worker, one that moves from the first to the second half
+    way. Browsers on both workers (the ingesting one included: every worker delivers only what
+    PostgreSQL notifies) get every step once, in order, exactly as sent, and each run's events."""
+    workers = serve_workers(crash_grace_s=60)
+    runs = ["wk-first", "wk-second", "wk-moving"]
+    watchers = {run: browsers(workers, run, per_worker=2) for run in runs}
+    listers = browsers(workers, None, per_worker=2)
+    pids = sorted({b.pid for b in listers})
+    assert len(pids) == WORKERS
+    hooks = [Hook(workers, run, index) for index, run in enumerate(runs, 1)]
+
+    def stream(hook: Hook, pid: int, moves_to: int | None) -> None:
+        hook.connect(pid)
+        if moves_to is None:
+            hook.send_steps(1, STEPS)
+        else:  # half the run on one worker, then the hook reconnects and resumes on the other
+            hook.send_steps(1, STEPS // 2)
+            hook.drop()
+            hook.connect(moves_to)
+            assert hook.last_seq == STEPS // 2
+            hook.send_steps(STEPS // 2 + 1, STEPS)
+        hook.finish()
+
+    errors: list[BaseException] = []
+
+    def run_hook(*args: Any) -> None:
+        try:
+            stream(*args)
+        except BaseException as exc:  # reported by the test below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=run_hook, args=args) for args in
+               [(hooks[0], pids[0], None), (hooks[1], pids[1], None), (hooks[2], pids[0], pids[1])]]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(DEADLINE_S)
+    assert not errors, errors
+    assert [h.pids for h in hooks] == [[pids[0]], [pids[1]], [pids[0], pids[1]]]
+
+    every = [b for group in watchers.values() for b in group] + listers
+    wait_until(lambda: all(len(b.steps()) >= STEPS for group in watchers.values() for b in group)
+               and all(len(b.runs(run)) >= 2 for b in every for run in runs), "every browser's messages")
+    time.sleep(1.0)  # anything sent twice would arrive now
+    for b in every:
+        b.stop()
+
+    for index, run in enumerate(runs, 1):
+        expected = [expected_step(run, index, step) for step in range(1, STEPS + 1)]
+        for b in watchers[run]:
+            assert b.closed_with is None, (b.pid, b.closed_with)
+            assert b.steps() == expected, f"a browser on worker {b.pid} watching {run}"
+        for b in every:
+            events = [(r["status"], r["steps"]) for r in b.runs(run)]
+            assert events == [("running", 0), ("finished", STEPS)], (b.pid, run, events)
+        stored = get_run(workers, run)
+        assert (stored["status"], stored["steps"], stored["last_step"]) == ("finished", STEPS, STEPS)
+        export = httpx.get(f"{workers.server.url}/api/runs/{run}/export", params={"format": "json"}, timeout=30)
+        lines = [json.loads(line) for line in export.text.splitlines()]
+        assert [line["step"] for line in lines[1:]] == list(range(1, STEPS + 1))  # each step stored once
+    assert workers.stop() == 0
+    log = workers.server.log()
+    assert "Traceback" not in log and "live relay" not in log, log
+
+
+def test_postgresql_workers_mark_a_vanished_hook_crashed_once_and_never_a_live_one(
+        serve_workers: Callable[..., Workers]) -> None:
+    """A worker that (re)starts watches every running run: it must leave alone a run whose hook
+    is connected to another worker, however long that hook stays quiet."""
+    workers = serve_workers(crash_grace_s=1.0)
+    (first, first_pid), *others = spread(lambda: open_ws(workers, "/ws/live"), per_worker=1)
+    first.close()
+    for ws, _ in others:
+        ws.close()
+    other_pid = next(pid for _, pid in others if pid != first_pid)
+
+    quiet = Hook(workers, "wk-quiet", 1)
+    quiet.connect(first_pid)
+    quiet.send_steps(1, 2)
+    # The other worker dies; uvicorn starts a new one, which watches every running run.
+    os.kill(other_pid, signal.SIGKILL)
+
+    def new_worker() -> bool:
+        with contextlib.suppress(httpx.HTTPError):
+            pid = httpx.get(f"{workers.server.url}/api/health", timeout=5).json()["worker"]
+            workers.seen.add(pid)
+        return len(workers.seen - {first_pid, other_pid}) > 0
+
+    wait_until(new_worker, "a new worker")
+    time.sleep(3.0)  # three crash grace periods (start_server: 1 s)
+    assert get_run(workers, "wk-quiet")["status"] == "running"
+
+    # A run with a connection on each worker, both ending without `close`: both workers' timers run out.
+    listers = browsers(workers, None, per_worker=2)
+    on_first, on_new = Hook(workers, "wk-vanished", 2), Hook(workers, "wk-vanished", 2)
+    on_first.connect(first_pid)
+    on_new.connect(min(workers.seen - {first_pid, other_pid}))
+    on_new.send_steps(1, 3)
+    on_first.drop()
+    on_new.drop()
+    wait_until(lambda: all(len(b.runs("wk-vanished")) >= 2 for b in listers), "the crashed run's event")
+    time.sleep(3.0)  # every worker's timer has run out: one mark, one event per browser
+    for b in listers:
+        b.stop()
+        events = [(r["status"], r["steps"]) for r in b.runs("wk-vanished")]
+        assert events == [("running", 0), ("crashed", 3)], (b.pid, events)
+    assert get_run(workers, "wk-vanished")["status"] == "crashed"
+    assert get_run(workers, "wk-quiet")["status"] == "running"
+    quiet.send_steps(3, STEPS)
+    quiet.finish()
+    assert get_run(workers, "wk-quiet")["status"] == "finished"
+
+
+def test_postgresql_workers_keep_a_moving_runs_findings_whole(serve_workers: Callable[..., Workers]) -> None:
+    """A hook that comes back to a worker after streaming to another: that worker's diagnostics
+    catch up with the steps stored meanwhile (NaN in head.weight at step 7 on the first worker,
+    in fc.weight at step 14 on the second; the first worker reports both when the hook is back)."""
+    workers = serve_workers(crash_grace_s=60)
+    pids = sorted({pid for _, pid in spread(lambda: open_ws(workers, "/ws/live"), per_worker=1)})
+    hook = Hook(workers, "wk-diagnosed", 1)
+    for pid, (first, last) in zip([pids[0], pids[1], pids[0]], [(1, 10), (11, 20), (21, STEPS)]):
+        hook.connect(pid)
+        hook.send_steps(first, last)
+        if last < STEPS:
+            hook.drop()
+    hook.finish()
+    assert hook.pids == [pids[0], pids[1], pids[0]]
+    whole = {"code": "nonfinite_grad", "severity": "error", "params": ["fc.weight", "head.weight"], "first_step": 7}
+
+    def nonfinite(found: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        return [{k: f[k] for k in whole} for f in found if f["code"] == "nonfinite_grad"]
+
+    # A hook is sent a finding when it is new on its connection or graver, not when its parameters grow.
+    first_half = {**whole, "params": ["head.weight"]}
+    assert nonfinite(hook.findings[0]) == nonfinite(hook.findings[1]) == [first_half]
+    assert nonfinite(hook.findings[2]) == [whole]  # not the first worker's view of steps 1-10 alone
+    for _ in range(4):  # whichever worker answers
+        response = httpx.get(f"{workers.server.url}/api/runs/wk-diagnosed/diagnostics", timeout=30)
+        assert nonfinite(response.json()) == [whole]
+
+
+def test_postgresql_workers_recover_when_their_database_connections_drop(
+        serve_workers: Callable[..., Workers], pg_url: str) -> None:
+    """Notifications sent while a relay connection is down are lost: the browsers are closed with
+    1013 (reconnect and catch up over REST), and live updates flow again once reconnected."""
+    import psycopg
+
+    workers = serve_workers(crash_grace_s=60)
+    hook, other = Hook(workers, "wk-recovering", 1), Hook(workers, "wk-announced", 2)
+    watching = browsers(workers, "wk-recovering", per_worker=1)
+    hook.connect(watching[0].pid)
+    other.connect(watching[0].pid)
+    hook.send_steps(1, 5)
+    wait_until(lambda: all(len(b.steps()) == 5 for b in watching), "the first steps")
+    with psycopg.connect(pg_url, autocommit=True) as conn:
+        ended = conn.execute("SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "
+                             "WHERE application_name = 'gradwatch relay'").fetchone()
+    assert ended == (2 * WORKERS,)  # a listening and a notifying connection per worker
+    wait_until(lambda: all(b.closed_with == 1013 for b in watching), "the browsers closed with 1013")
+    wait_until(lambda: workers.server.log().count("live relay: listening again") == WORKERS, "the listeners")
+    # Another run ends on that worker: its `run` event meets the dead notify connection and is
+    # lost, so the worker connects again and tells every worker to resync (browsers closed, 1013).
+    late = browsers(workers, "wk-recovering", per_worker=1)
+    other.finish()
+    wait_until(lambda: all(b.closed_with == 1013 for b in late), "the resync")
+    assert "live relay: cannot notify the workers" in workers.server.log()
+    watching = browsers(workers, "wk-recovering", per_worker=1)
+    hook.send_steps(6, 12)
+    expected = [expected_step("wk-recovering", 1, step) for step in range(6, 13)]
+    wait_until(lambda: all(len(b.steps()) >= len(expected) for b in watching), "the later steps")
+    time.sleep(0.5)
+    for b in watching:
+        b.stop()
+        assert b.closed_with is None and b.steps() == expected, b.pid
+    hook.send_steps(13, STEPS)
+    hook.finish()
+    assert get_run(workers, "wk-recovering")["steps"] == STEPS
+
+
+# -- the command line ---------------------------------------------------------------------------
+
+def gradwatch(*args: str, env: dict[str, str] | None = None, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([*server_command(), *args], capture_output=True, text=True, timeout=60,
+                          env=server_env(env), cwd=cwd)
+
+
+def test_workers_on_sqlite_are_refused_with_what_to_do(tmp_path: Path) -> None:
+    result = gradwatch("serve", "--workers", "2", "--db", f"sqlite:///{tmp_path / 'runs.db'}")
+    assert result.returncode == 2
+    assert "--workers 2 needs PostgreSQL (--db postgresql://...)" in result.stderr
+    assert "SQLite takes one writer at a time" in result.stderr and "leave out --workers" in result.stderr
+    assert not (tmp_path / "runs.db").exists()  # refused before anything was opened
+    result = gradwatch("serve", "--workers", "3", env={"GRADWATCH_DB": str(tmp_path / "runs.db")}, cwd=tmp_path)
+    assert result.returncode == 2 and "--workers 3 needs PostgreSQL" in result.stderr
+
+
+@pytest.mark.parametrize(("value", "message"), [("0", "must be at least 1"), ("-2", "must be at least 1"),
+                                                ("two", "not a whole number: 'two'")])
+def test_bad_worker_counts_are_usage_errors(value: str, message: str, tmp_path: Path) -> None:
+    result = gradwatch("serve", f"--workers={value}", "--db", f"sqlite:///{tmp_path / 'runs.db'}")
+    assert result.returncode == 2
+    assert f"argument --workers: {message}" in result.stderr
+
+
+def test_worker_count_from_the_environment_is_checked(tmp_path: Path) -> None:
+    result = gradwatch("serve", env={"GRADWATCH_WORKERS": "0"}, cwd=tmp_path)
+    assert result.returncode == 2 and "invalid setting: workers" in result.stderr
+
+
+def test_serve_help_documents_workers() -> None:
+    result = gradwatch("serve", "--help")
+    assert result.returncode == 0
+    assert "--workers N" in result.stdout and "PostgreSQL" in result.stdout
