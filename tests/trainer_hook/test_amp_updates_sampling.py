@@ -89,6 +89,17 @@ def test_auto_interval_keeps_cost_within_budget() -> None:
     assert EveryN(3)(1) and not EveryN(3)(2) and EveryN(3)(4)
 
 
+def test_auto_interval_leaves_room_for_what_every_step_costs() -> None:
+    """The cheap facts every step sends count against the budget: the measured steps get what
+    is left of it, and none of it when every step's own cost already takes it all."""
+    auto = AutoInterval(budget=0.01, max_interval=1000)
+    auto.observe(cost_s=0.005, step_time_s=0.1, every_step_s=0.0005)  # half the budget is taken
+    assert auto.interval == 10
+    spent = AutoInterval(budget=0.01, max_interval=1000)
+    spent.observe(cost_s=0.005, step_time_s=0.1, every_step_s=0.002)
+    assert spent.interval == 1000
+
+
 def test_every_auto_samples_less_when_the_hook_is_costly_relative_to_the_step() -> None:
     model = torch.nn.Sequential(*[torch.nn.Linear(4, 4) for _ in range(30)])  # tiny steps, many tensors
     opt = torch.optim.Adam(model.parameters())

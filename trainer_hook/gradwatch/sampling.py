@@ -14,16 +14,18 @@ class EveryN:
     def __call__(self, step: int) -> bool:
         return (step - 1) % self.n == 0
 
-    def observe(self, cost_s: float, step_time_s: float) -> None:
+    def observe(self, cost_s: float, step_time_s: float, every_step_s: float = 0.0) -> None:
         """A fixed interval learns nothing from costs."""
 
 
 class AutoInterval:
     """Measures the hook's own cost and keeps it within `budget` of the step time.
 
-    After each measured step the interval becomes ceil(cost / (budget * step time)), with the
-    cost (training-thread time in the hook plus the sender thread's CPU for that step) and the
-    step time (wall time between optimizer steps) smoothed over recent steps. Step 1 is always
+    After each measured step the interval becomes ceil(cost / (budget * step time - every step)),
+    with the cost (training-thread time in the hook plus the sender thread's CPU for that step),
+    the step time (wall time between optimizer steps) and what every step costs anyway (the cheap
+    facts sent at unmeasured steps, and their sending) smoothed over recent steps. When every
+    step's own cost takes the whole budget, the interval is the longest allowed. Step 1 is always
     measured, so the first interval is known after one step.
     """
 
@@ -34,6 +36,7 @@ class AutoInterval:
         self._last: Optional[int] = None
         self._cost: Optional[float] = None
         self._step_time: Optional[float] = None
+        self._every_step: Optional[float] = None
 
     def __call__(self, step: int) -> bool:
         if self._last is not None and step < self._last + self.interval:
@@ -41,12 +44,14 @@ class AutoInterval:
         self._last = step
         return True
 
-    def observe(self, cost_s: float, step_time_s: float) -> None:
+    def observe(self, cost_s: float, step_time_s: float, every_step_s: float = 0.0) -> None:
         self._cost = cost_s if self._cost is None else 0.7 * self._cost + 0.3 * cost_s
+        self._every_step = every_step_s if self._every_step is None else 0.7 * self._every_step + 0.3 * every_step_s
         if step_time_s > 0:
             self._step_time = step_time_s if self._step_time is None else 0.9 * self._step_time + 0.1 * step_time_s
         if self._step_time:
-            wanted = math.ceil(self._cost / (self.budget * self._step_time))
+            room = self.budget * self._step_time - self._every_step
+            wanted = math.ceil(self._cost / room) if room > 0 else self.max_interval
             self.interval = max(1, min(self.max_interval, wanted))
 
 

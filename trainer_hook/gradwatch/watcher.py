@@ -85,6 +85,7 @@ class Watcher:
         self._passes = np.zeros(len(self.layout.params), dtype=np.float32)
         self._clear = np.full(len(self.layout.params), np.nan, dtype=np.float32)
         self._sender_cpu = 0.0  # sender-thread CPU seconds at the last measured step
+        self._light_s = 0.0  # training-thread seconds of the last unmeasured step's cheap facts
         self._since_measured = 0  # steps since the last measured step
         self._logged: dict[str, Any] = {}
         self._closed = False
@@ -173,12 +174,14 @@ class Watcher:
                 step_time = self._step_time
                 self._sender.submit(lambda seq, s=snapshot: self._render(seq, s, step_time, steps))
             return
+        started = time.perf_counter()
         tensors = {key: v for key, v in logged.items() if isinstance(v, torch.Tensor) and v.device.type != "cpu"}
         for key in tensors:  # a CUDA tensor is read only at measured steps: reading it now would sync
             logged.pop(key)
         scalars = self._probe.cheap_facts(logged)
         step, now = self.step, time.time()
         self._sender.submit(lambda seq: wire.step(seq, step, now, scalars, host, None))
+        self._light_s = time.perf_counter() - started
 
     def _wrap_scaler(self, scaler: Any) -> None:
         """See the steps GradScaler skips: they never call `optimizer.step()`, so no hook fires."""
@@ -256,7 +259,9 @@ class Watcher:
         scalars["hook/train_s"] = snapshot.cost_s
         scalars["hook/sender_cpu_s"] = cpu / max(1, steps)
         message = wire.step(seq, snapshot.step, snapshot.time, scalars, metrics, status)
-        self._sampler.observe(snapshot.cost_s + time.thread_time() - started, step_time)
+        # what every step costs whether measured or not: its cheap facts, and the sender's CPU
+        every_step = self._light_s + (cpu / steps if steps > 1 else 0.0)
+        self._sampler.observe(snapshot.cost_s + time.thread_time() - started, step_time, every_step)
         return message
 
 

@@ -10,6 +10,7 @@ import { GRAD_STATUS, statusCode, toNumber, toNumbers } from "../format.js";
 import { moduleOrder } from "../modules.js";
 import { HeatmapChart } from "../charts/heatmap.js";
 import { chartCard } from "./card.js";
+import { windowZoom } from "./zoom.js";
 
 const MAX_STEPS = 400; // columns asked of the server, for the run and for a zoomed window
 
@@ -36,28 +37,29 @@ export function heatmapView(o) {
   let order = [];     // row -> row of the server's answer (its /params order)
   let lastStep = 0;
   let fullRes = true; // the overview has every step: a zoom has nothing to fetch
-  let zoomSeq = 0;    // answers to an older zoom (or one before a reload) are dropped
-  let abort = null;
 
   /** The server's grid as this chart's columns, rows in module order. */
   const columnsOf = (res) => {
     const z = (res.z || []).map((r) => (isStatus ? r.map(statusCode) : toNumbers(r)));
     return (res.step || []).map((_, j) => order.map((i) => (z[i] ? z[i][j] : null)));
   };
-  const cancel = () => {
-    zoomSeq += 1;
-    if (abort) abort.abort();
-    abort = null;
-  };
-  let held = false;   // the chart took the zoom without drawing it: zoom() draws it
-  /** Whether zoom(ctx, window of `range`) will draw: it has a window to fetch, or one to drop. */
-  const willFetch = (range) => (range ? Boolean(order.length && !(fullRes && !chart.halved)) : Boolean(chart.detail));
+  const zoomer = windowZoom(chart, {
+    overviewEnough: () => !order.length || (fullRes && !chart.halved),
+    fetchDetail: async (ctx, win, signal) => {
+      const res = await api.heatmap(ctx.state.runId, o.metric, { start: win[0], end: win[1], maxSteps: MAX_STEPS }, { signal });
+      if ((res.params || []).length !== order.length) return null;
+      const steps = res.step || [];
+      // The window's end: its last step when every step came, else as asked (a bucket's x is its first step).
+      const end = res.downsampled ? win[1] : (steps.length ? steps[steps.length - 1] : win[0]);
+      return { start: win[0], end, steps, cols: columnsOf(res) };
+    },
+  });
 
   return {
     card,
     chart,
     async load(ctx) {
-      cancel();
+      zoomer.cancel();
       if (!ctx.state.metrics.params.includes(o.metric) && !(isStatus && ctx.state.metrics.params.includes("grad_norm"))) {
         rowIndex = [];
         order = [];
@@ -77,43 +79,8 @@ export function heatmapView(o) {
       await chart.setColumns(rows, steps, columnsOf(res));
     },
 
-    /**
-     * Show steps [win[0], win[1]] at the resolution the server gives for the window alone;
-     * null: the overview. Resolves once drawn, or at once when a newer zoom or load took over,
-     * or when the chart is out of view (then the window is fetched when it comes into view).
-     */
-    async zoom(ctx, win) {
-      cancel();
-      const seq = zoomSeq;
-      if (!win || !order.length || (fullRes && !chart.halved)) {
-        if (chart.detail) await chart.setDetail(null);
-        else if (held) chart.setXRange(chart.xRange);
-        held = false;
-        return;
-      }
-      if (!chart.pacer.visible) {
-        // Out of view: fetch the window once the chart is scrolled to, unless a newer zoom came.
-        chart.pacer.whenVisible(() => {
-          if (seq === zoomSeq) this.zoom(ctx, win).catch((err) => console.warn("gradwatch: zoom:", err));
-        });
-        return;
-      }
-      abort = new AbortController();
-      let res;
-      try {
-        res = await api.heatmap(ctx.state.runId, o.metric, { start: win[0], end: win[1], maxSteps: MAX_STEPS },
-          { signal: abort.signal });
-      } catch (err) {
-        if (err && err.name === "AbortError") return;
-        chart.setXRange(chart.xRange); // the window could not come: the zoom, on the overview
-        throw err;
-      }
-      if (seq !== zoomSeq || (res.params || []).length !== order.length) return;
-      const steps = res.step || [];
-      // The window's end: its last step when every step came, else as asked (a bucket's x is its first step).
-      const end = res.downsampled ? win[1] : (steps.length ? steps[steps.length - 1] : win[0]);
-      await chart.setDetail({ start: win[0], end, steps, cols: columnsOf(res) });
-    },
+    /** Show steps [win[0], win[1]] (zoom.js); null: the overview. */
+    zoom: zoomer.zoom,
 
     append(msgs) {
       const fresh = msgs.filter((m) => m.step > lastStep);
@@ -133,12 +100,7 @@ export function heatmapView(o) {
 
     fail: (err) => chart.fail(err),
     pointsPerSeries: () => 0,
-    /** The shared zoom: drawn by zoom() when it will fetch the window (or drop one), else now. */
-    setXRange: (r) => {
-      held = willFetch(r);
-      if (held) chart.holdXRange(r);
-      else chart.setXRange(r);
-    },
+    setXRange: zoomer.setXRange,
   };
 }
 

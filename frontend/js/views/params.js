@@ -14,6 +14,7 @@ import { LineChart } from "../charts/line.js";
 import { seriesColor } from "../charts/theme.js";
 import { chartCard, toggle } from "./card.js";
 import { pointsFor, windowEnd } from "./scalars.js";
+import { windowZoom } from "./zoom.js";
 
 export const TOP = 5;
 export const MAX_TOP = 50;     // the most parameters a top-k shows
@@ -52,16 +53,24 @@ export function paramMetricView(o) {
   let shown = [];   // [{name, index}]
   let lastStep = 0;
   let fullRes = true; // the overview has every step: a zoom has nothing to fetch
-  let zoomSeq = 0;    // answers to an older zoom (or one before a reload) are dropped
-  let abort = null;
-  const cancel = () => {
-    zoomSeq += 1;
-    if (abort) abort.abort();
-    abort = null;
-  };
-  let held = false;   // the chart took the zoom without drawing it: zoom() draws it
-  /** Whether zoom(ctx, window of `range`) will draw: it has a window to fetch, or one to drop. */
-  const willFetch = (range) => (range ? Boolean(!fullRes && shown.length) : Boolean(chart.detail));
+  const zoomer = windowZoom(chart, {
+    overviewEnough: () => fullRes || !shown.length,
+    fetchDetail: async (ctx, win, signal) => {
+      const res = await api.paramSeries(ctx.state.runId, o.metric,
+        { params: shown.map((s) => s.name), start: win[0], end: win[1], maxPoints: pointsFor(plot) }, { signal });
+      const byParam = new Map((res.series || []).map((s) => [s.param, s]));
+      const steps = res.step || [];
+      const series = shown.map(({ name }) => {
+        const s = byParam.get(name);
+        return s ? {
+          name, x: steps, y: toNumbers(s.value),
+          min: res.downsampled && s.min ? toNumbers(s.min) : null,
+          max: res.downsampled && s.max ? toNumbers(s.max) : null,
+        } : null;
+      });
+      return { start: win[0], end: windowEnd([res], win), series };
+    },
+  });
 
   return {
     card,
@@ -72,7 +81,7 @@ export function paramMetricView(o) {
     params: () => shown.map((s) => s.name),
 
     async load(ctx, names = null) {
-      cancel();
+      zoomer.cancel();
       const { state } = ctx;
       const chosen = names ? { names, missing: [] } : chosenParams(state);
       const byName = chosen.names;
@@ -116,50 +125,8 @@ export function paramMetricView(o) {
       await chart.setSeries(series);
     },
 
-    /**
-     * Show steps [win[0], win[1]] of the same parameters at the resolution the server gives for
-     * the window alone; null: the overview. Resolves once drawn, or at once when superseded or
-     * out of view (then the window is fetched when the chart comes into view).
-     */
-    async zoom(ctx, win) {
-      cancel();
-      const seq = zoomSeq;
-      if (!win || fullRes || !shown.length) {
-        if (chart.detail) await chart.setDetail(null);
-        else if (held) chart.setXRange(chart.xRange);
-        held = false;
-        return;
-      }
-      if (!chart.pacer.visible) {
-        // Out of view: fetch the window once the chart is scrolled to, unless a newer zoom came.
-        chart.pacer.whenVisible(() => {
-          if (seq === zoomSeq) this.zoom(ctx, win).catch((err) => console.warn("gradwatch: zoom:", err));
-        });
-        return;
-      }
-      abort = new AbortController();
-      let res;
-      try {
-        res = await api.paramSeries(ctx.state.runId, o.metric,
-          { params: shown.map((s) => s.name), start: win[0], end: win[1], maxPoints: pointsFor(plot) }, { signal: abort.signal });
-      } catch (err) {
-        if (err && err.name === "AbortError") return;
-        chart.setXRange(chart.xRange); // the window could not come: the zoom, on the overview
-        throw err;
-      }
-      if (seq !== zoomSeq) return;
-      const byParam = new Map((res.series || []).map((s) => [s.param, s]));
-      const steps = res.step || [];
-      const series = shown.map(({ name }) => {
-        const s = byParam.get(name);
-        return s ? {
-          name, x: steps, y: toNumbers(s.value),
-          min: res.downsampled && s.min ? toNumbers(s.min) : null,
-          max: res.downsampled && s.max ? toNumbers(s.max) : null,
-        } : null;
-      });
-      await chart.setDetail({ start: win[0], end: windowEnd([res], win), series });
-    },
+    /** Show steps [win[0], win[1]] of the same parameters (zoom.js); null: the overview. */
+    zoom: zoomer.zoom,
 
     append(msgs) {
       const fresh = msgs.filter((m) => m.step > lastStep);
@@ -173,12 +140,7 @@ export function paramMetricView(o) {
 
     fail: (err) => chart.fail(err),
     pointsPerSeries: () => Math.max(0, ...chart.series.map((s) => s.x.length)),
-    /** The shared zoom: drawn by zoom() when it will fetch the window (or drop one), else now. */
-    setXRange: (r) => {
-      held = willFetch(r);
-      if (held) chart.holdXRange(r);
-      else chart.setXRange(r);
-    },
+    setXRange: zoomer.setXRange,
   };
 }
 

@@ -7,6 +7,7 @@ import { api } from "../api.js";
 import { byteUnit, isNonFinite, toNumber, toNumbers } from "../format.js";
 import { LineChart } from "../charts/line.js";
 import { chartCard, toggle } from "./card.js";
+import { windowZoom } from "./zoom.js";
 
 export const MAX_POINTS = 2000; // the most points per series asked of the server
 
@@ -36,16 +37,14 @@ export function scalarView(o) {
   let keys = [];
   let lastStep = 0;
   let fullRes = true; // every series has every step: a zoom has nothing to fetch
-  let zoomSeq = 0;    // answers to an older zoom (or one before a reload) are dropped
-  let abort = null;
-  const cancel = () => {
-    zoomSeq += 1;
-    if (abort) abort.abort();
-    abort = null;
-  };
-  let held = false;   // the chart took the zoom without drawing it: zoom() draws it
-  /** Whether zoom(ctx, window of `range`) will draw: it has a window to fetch, or one to drop. */
-  const willFetch = (range) => (range ? Boolean(!fullRes && keys.length) : Boolean(chart.detail));
+  const zoomer = windowZoom(chart, {
+    overviewEnough: () => fullRes || !keys.length,
+    fetchDetail: async (ctx, win, signal) => {
+      const results = await Promise.all(keys.map((k) =>
+        api.series(ctx.state.runId, k, { start: win[0], end: win[1], maxPoints: pointsFor(plot) }, { signal })));
+      return { start: win[0], end: windowEnd(results, win), series: results.map((r, i) => seriesOf(r, label(keys[i]))) };
+    },
+  });
 
   return {
     card,
@@ -55,7 +54,7 @@ export function scalarView(o) {
     get keys() { return keys; },
 
     async load(ctx) {
-      cancel();
+      zoomer.cancel();
       keys = o.keys(ctx.state.metrics.scalars || []);
       const maxPoints = pointsFor(plot);
       const results = await Promise.all(keys.map((k) => api.series(ctx.state.runId, k, { maxPoints })));
@@ -77,41 +76,8 @@ export function scalarView(o) {
       return series;
     },
 
-    /**
-     * Show steps [win[0], win[1]] at the resolution the server gives for the window alone;
-     * null: the overview. Resolves once drawn, or at once when a newer zoom or load took over,
-     * or when the chart is out of view (then the window is fetched when it comes into view).
-     */
-    async zoom(ctx, win) {
-      cancel();
-      const seq = zoomSeq;
-      if (!win || fullRes || !keys.length) {
-        if (chart.detail) await chart.setDetail(null);
-        else if (held) chart.setXRange(chart.xRange);
-        held = false;
-        return;
-      }
-      if (!chart.pacer.visible) {
-        // Out of view: fetch the window once the chart is scrolled to, unless a newer zoom came.
-        chart.pacer.whenVisible(() => {
-          if (seq === zoomSeq) this.zoom(ctx, win).catch((err) => console.warn("gradwatch: zoom:", err));
-        });
-        return;
-      }
-      abort = new AbortController();
-      const opts = { signal: abort.signal };
-      let results;
-      try {
-        results = await Promise.all(keys.map((k) =>
-          api.series(ctx.state.runId, k, { start: win[0], end: win[1], maxPoints: pointsFor(plot) }, opts)));
-      } catch (err) {
-        if (err && err.name === "AbortError") return;
-        chart.setXRange(chart.xRange); // the window could not come: the zoom, on the overview
-        throw err;
-      }
-      if (seq !== zoomSeq) return;
-      await chart.setDetail({ start: win[0], end: windowEnd(results, win), series: results.map((r, i) => seriesOf(r, label(keys[i]))) });
-    },
+    /** Show steps [win[0], win[1]] (zoom.js); null: the overview. */
+    zoom: zoomer.zoom,
 
     /** Live: add the steps of `msgs` this chart does not have yet. */
     append(msgs) {
@@ -126,12 +92,7 @@ export function scalarView(o) {
 
     fail: (err) => chart.fail(err),
     pointsPerSeries: () => Math.max(0, ...chart.series.map((s) => s.x.length)),
-    /** The shared zoom: drawn by zoom() when it will fetch the window (or drop one), else now. */
-    setXRange: (r) => {
-      held = willFetch(r);
-      if (held) chart.holdXRange(r);
-      else chart.setXRange(r);
-    },
+    setXRange: zoomer.setXRange,
   };
 }
 
