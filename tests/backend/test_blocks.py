@@ -19,6 +19,7 @@ from alembic.config import Config
 from gradwatch_server import blocks, charts
 from gradwatch_server.protocol import Hello, parse_message
 from gradwatch_server.store import StepData, Store, backfill_blocks, open_store
+from jsonfloats import number, same
 from wiremsg import ABSENT_BITS, hello
 
 P = 70  # two parts of blocks: 64 parameters and 6
@@ -138,20 +139,6 @@ def _naive(values: dict[int, np.ndarray], first: int, last: int, index: int) -> 
     return low, high, mean, not x.size
 
 
-def _number(value: object) -> float:
-    if value is None:
-        return math.nan
-    if isinstance(value, str):
-        return {"NaN": math.nan, "Infinity": math.inf, "-Infinity": -math.inf}[value]
-    return float(value)  # type: ignore[arg-type]
-
-
-def _same(a: float, b: float, rel: float = 0.0) -> bool:
-    if math.isnan(a) or math.isnan(b):
-        return math.isnan(a) and math.isnan(b)
-    return a == b or abs(a - b) <= rel * max(abs(a), abs(b))
-
-
 def _bucket_ends(step: list[int], end: int) -> list[tuple[int, int]]:
     return [(a, b - 1) for a, b in zip(step, [*step[1:], end + 1])]
 
@@ -172,8 +159,8 @@ def test_long_windows_from_blocks_match_the_raw_steps(run: tuple[Store, Run], me
     for series, index in zip(body.series, (0, 5, 66, 64)):
         for j, (a, b) in enumerate(_bucket_ends(body.step, stored[-1])):
             low, high, mean, empty = _naive(values, a, b, index)
-            got = (_number(series.min[j]), _number(series.max[j]), _number(series.value[j]))  # type: ignore[index]
-            assert _same(got[0], low) and _same(got[1], high) and _same(got[2], mean, 1e-12), (index, a, b, got)
+            got = (number(series.min[j]), number(series.max[j]), number(series.value[j]))  # type: ignore[index]
+            assert same(got[0], low) and same(got[1], high) and same(got[2], mean, 1e-12), (index, a, b, got)
             assert (series.value[j] is None) == empty, (index, a, b)
     heat = charts.heatmap(store, "b", params, metric, start, end, points, raw_rows=0)
     assert heat.step == body.step and heat.downsampled
@@ -190,7 +177,7 @@ def test_long_windows_from_blocks_match_the_raw_steps(run: tuple[Store, Run], me
                 assert heat.z[index][j] == "NaN"
             else:
                 # the largest magnitude; of +x and -x, +x (as downsample.peak)
-                assert _same(_number(heat.z[index][j]), max(present, key=lambda x: (abs(x), x))), (index, a, b)
+                assert same(number(heat.z[index][j]), max(present, key=lambda x: (abs(x), x))), (index, a, b)
 
 
 @pytest.mark.parametrize("start,end,points", [(None, None, 50), (333, 5555, 40), (1017, 2222, 3)])
@@ -203,8 +190,8 @@ def test_long_scalar_windows_from_blocks_match_the_raw_steps(run: tuple[Store, R
     as_rows = {s: np.array([v]) for s, v in written.loss.items()}
     for j, (a, b) in enumerate(_bucket_ends(body.step, stored[-1])):
         low, high, mean, empty = _naive(as_rows, a, b, 0)
-        got = (_number(body.min[j]), _number(body.max[j]), _number(body.value[j]))  # type: ignore[index]
-        assert _same(got[0], low) and _same(got[1], high) and _same(got[2], mean, 1e-12), (a, b, got)
+        got = (number(body.min[j]), number(body.max[j]), number(body.value[j]))  # type: ignore[index]
+        assert same(got[0], low) and same(got[1], high) and same(got[2], mean, 1e-12), (a, b, got)
         assert math.copysign(1, got[0]) == math.copysign(1, low) or math.isnan(low)  # -0.0 stays -0.0
 
 
@@ -212,7 +199,7 @@ def test_a_short_window_is_still_read_raw(run: tuple[Store, Run]) -> None:
     store, written = run
     body = charts.param_series(store, "b", store.get_params("b"), "grad_norm", [PARAMS[3]], 5, "desc", 100, 160, 2000)
     assert not body.downsampled and body.step == list(range(100, 161))
-    raw = np.array([_number(v) for v in body.series[0].value], dtype=np.float32)
+    raw = np.array([number(v) for v in body.series[0].value], dtype=np.float32)
     want = np.array([written.values["grad_norm"][s][3] for s in range(100, 161)])
     assert raw.tobytes() == want.tobytes()  # bit for bit, -0.0 included
 

@@ -14,6 +14,7 @@ import numpy as np
 import pyarrow.parquet as pq
 
 from conftest import ServerProcess
+from jsonfloats import number
 from wiremsg import Hook, close, f32, hello, step
 
 SCALARS = {"big": 1e308, "tiny": 5e-324, "nan": "NaN", "inf": "Infinity", "ninf": "-Infinity", "nzero": -0.0}
@@ -27,10 +28,6 @@ def bits64(x: float) -> bytes:
 
 def bits32(x: float) -> bytes:
     return np.float32(x).tobytes()
-
-
-def from_json(v: object) -> float:
-    return {"NaN": math.nan, "Infinity": math.inf, "-Infinity": -math.inf}[v] if isinstance(v, str) else float(v)
 
 
 def same64(got: float, want: float) -> bool:
@@ -47,15 +44,15 @@ def test_special_values_round_trip_everywhere(server: ServerProcess) -> None:
         assert hook.call(step(1, 1, scalars=SCALARS, arrays={"grad_norm": f32(*PARAM)},
                               grad_status=[3, 3, 3, 1, 2, 2]))["type"] == "ack"
         hook.call(close(2))
-    want = {k: from_json(v) for k, v in SCALARS.items()}
+    want = {k: number(v) for k, v in SCALARS.items()}
     with httpx.Client(base_url=server.url, timeout=30) as http:
         for key, value in want.items():  # JSON API, scalars
             got = http.get("/api/runs/special/series", params={"key": key}).json()["value"][0]
-            assert same64(from_json(got), value), (key, got)
+            assert same64(number(got), value), (key, got)
         series = http.get("/api/runs/special/params/series",
                           params={"metric": "grad_norm", "param": NAMES}).json()["series"]
         for s in series:  # JSON API, per-parameter values
-            assert same32(from_json(s["value"][0]), PARAM[NAMES.index(s["param"])]), s
+            assert same32(number(s["value"][0]), PARAM[NAMES.index(s["param"])]), s
 
         rows = list(csv.DictReader(io.StringIO(http.get("/api/runs/special/export", params={"format": "csv"}).text)))
         assert [r["param"] for r in rows] == NAMES
@@ -72,4 +69,4 @@ def test_special_values_round_trip_everywhere(server: ServerProcess) -> None:
         steps = [line for line in lines if line.get("type") == "step"]
         assert len(steps) == 1
         for key, value in want.items():
-            assert same64(from_json(steps[0]["scalars"][key]), value), (key, steps[0]["scalars"][key])
+            assert same64(number(steps[0]["scalars"][key]), value), (key, steps[0]["scalars"][key])

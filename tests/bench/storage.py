@@ -62,6 +62,7 @@ sys.path.insert(0, str(HERE.parent))  # tests/: conftest (start_server), pg (Pos
 
 import pg  # noqa: E402
 from conftest import find_free_port, server_env, start_server  # noqa: E402
+from jsonfloats import number, same  # noqa: E402
 
 ARRAYS = ("grad_norm", "param_norm", "exp_avg_norm", "exp_avg_sq_norm", "backward_passes", "grad_clear")
 VALUES_PER_ROW = len(ARRAYS) + 1  # and grad_status
@@ -539,24 +540,10 @@ def check_series(answer: dict, run: SeriesRun, index: int | None, start: int | N
         want_max = math.nan if np.isnan(values).any() or not ordered.size else float(ordered.max())
         want_min = float(ordered.min()) if ordered.size else math.nan
         want_mean = float(finite.mean()) if finite.size else math.nan
-        got = [_number(series[k][j]) for k in ("min", "max", "value")]
-        assert _same(got[0], want_min) and _same(got[1], want_max), (j, got, want_min, want_max)
-        assert _same(got[2], want_mean, 1e-9), (j, got[2], want_mean)
+        got = [number(series[k][j]) for k in ("min", "max", "value")]
+        assert same(got[0], want_min) and same(got[1], want_max), (j, got, want_min, want_max)
+        assert same(got[2], want_mean, 1e-9), (j, got[2], want_mean)
     assert first[0] >= lo and first[-1] <= hi
-
-
-def _number(value: object) -> float:
-    if value is None:
-        return math.nan
-    if isinstance(value, str):
-        return {"NaN": math.nan, "Infinity": math.inf, "-Infinity": -math.inf}[value]
-    return float(value)  # type: ignore[arg-type]
-
-
-def _same(a: float, b: float, rel: float = 0.0) -> bool:
-    if math.isnan(a) or math.isnan(b):
-        return math.isnan(a) and math.isnan(b)
-    return a == b or abs(a - b) <= rel * max(abs(a), abs(b))
 
 
 def series_ms(url: str, run: SeriesRun, points: int, repeat: int, tmp: Path) -> dict[str, float]:

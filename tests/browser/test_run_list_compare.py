@@ -18,37 +18,12 @@ from websockets.sync.client import connect
 
 from conftest import REPO, ServerProcess, start_server
 from synthetic import Ingest, SyntheticRun, _shapes
-from test_dashboard import XSS_NAME, Page, chromium_path
+from test_dashboard import XSS_NAME, Page, browser, dash, page  # noqa: F401  (browser, dash, page: fixtures)
 
 pytestmark = pytest.mark.browser
 from playwright import sync_api  # noqa: E402  (installed by `make test`)
 
 expect = sync_api.expect
-
-
-@pytest.fixture(scope="module")
-def browser() -> Iterator[sync_api.Browser]:
-    with sync_api.sync_playwright() as pw:
-        b = pw.chromium.launch(executable_path=chromium_path(),
-                               args=["--no-sandbox", "--disable-gpu", "--disable-background-networking"])
-        yield b
-        b.close()
-
-
-@pytest.fixture(scope="module")
-def dash(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
-    server = start_server(tmp_path_factory.mktemp("runlist"), env={"GRADWATCH_FRONTEND_DIR": str(REPO / "frontend")})
-    try:
-        yield server
-    finally:
-        server.stop()
-
-
-@pytest.fixture
-def page(browser: sync_api.Browser) -> Iterator[Page]:
-    p = Page(browser)
-    yield p
-    p.close()
 
 
 @pytest.fixture
