@@ -457,3 +457,15 @@ def test_writes_need_the_token(tmp_path: Path) -> None:
             assert http.delete("/api/runs/victim", headers=auth).status_code == 404
     finally:
         server.stop()
+
+
+def test_bad_new_query_parameters_get_clear_4xx(http: httpx.Client) -> None:
+    """rank_by (unknown or empty metric), time (not a boolean), tag (too long): a 4xx that says what."""
+    unknown = http.get("/api/runs/api-run/params/series", params={"metric": "grad_norm", "rank_by": "no_such_metric"})
+    assert unknown.status_code == 404 and "no_such_metric" in unknown.text
+    empty = http.get("/api/runs/api-run/params/series", params={"metric": "grad_norm", "rank_by": ""})
+    assert empty.status_code == 422 and "rank_by" in empty.text
+    maybe = http.get("/api/runs/api-run/series", params={"key": "loss", "time": "maybe"})
+    assert maybe.status_code == 422 and "time" in maybe.text
+    long_tag = http.get("/api/runs", params={"tag": "x" * 1000})
+    assert 400 <= long_tag.status_code < 500, long_tag.text
