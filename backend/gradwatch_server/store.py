@@ -179,13 +179,15 @@ class StepRecord:
 
 def _set_sqlite_pragmas(dbapi_connection: Any, _record: Any) -> None:
     cursor = dbapi_connection.cursor()
+    # Wait up to 10 s for another process's write (e.g. `gradwatch import`) instead of failing.
+    # First: switching a new file to WAL takes a lock too, which another process starting at the
+    # same moment may hold.
+    cursor.execute("PRAGMA busy_timeout=10000")
     # WAL: readers (dashboard, exports) never block the writer (ingest), nor it them.
     cursor.execute("PRAGMA journal_mode=WAL")
     # NORMAL: in WAL mode a commit survives a crash of the process; only an OS crash or power
     # loss can undo the last commits, and fsync on every step would cost far more.
     cursor.execute("PRAGMA synchronous=NORMAL")
-    # Wait up to 10 s for another process's write (e.g. `gradwatch import`) instead of failing.
-    cursor.execute("PRAGMA busy_timeout=10000")
     # SQLite ignores foreign keys unless asked; deleting a run relies on ON DELETE CASCADE.
     cursor.execute("PRAGMA foreign_keys=ON")
     cursor.close()
