@@ -56,3 +56,18 @@ def test_wire_json_is_strict() -> None:
     text = wire.dumps(wire.step(1, 1, 0.0, {"a": float("nan"), "b": float("-inf")}, {"grad_norm": np.zeros(1, np.float32)},
                                 np.zeros(1, np.uint8)))
     assert json.loads(text)["scalars"] == {"a": "NaN", "b": "-Infinity"}
+
+
+def test_hook_steps_batches_validate_and_stand_for_their_steps() -> None:
+    records = [wire.StepRecord(step=s, time=float(s), scalars={"loss": float(s), "bad": float("nan")},
+                               metrics={"grad_norm": np.array([s, np.inf], np.float32)},
+                               grad_status=np.array([2, 3], np.uint8)) for s in (4, 5, 7)]
+    message = protocol.parse_message(wire.dumps(wire.steps(9, records)), param_count=2)
+    assert isinstance(message, protocol.Steps)
+    for record, step in zip(records, message.expand()):
+        assert (step.seq, step.step, step.time, step.scalars["loss"]) == (9, record.step, record.time, record.step)
+        assert step.arrays()["grad_norm"] == record.metrics["grad_norm"].tobytes()
+        assert protocol.decode_status(step.arrays()["grad_status"]).tolist() == [2, 3]
+    single = protocol.parse_message(wire.dumps(wire.steps(10, records[:1])), param_count=2)
+    assert isinstance(single, protocol.Step) and single.step == 4  # one record: a plain `step`
+

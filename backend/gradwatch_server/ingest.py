@@ -25,7 +25,7 @@ from starlette.websockets import WebSocketDisconnected
 from .deps import token_ok
 from .diagnostics import Diagnostics, Finding
 from .live import LiveHub, worker_headers
-from .protocol import Close, Hello, ProtocolError, Step, parse_message
+from .protocol import Close, Hello, ProtocolError, Step, Steps, parse_message
 from .sessions import Sessions
 from .settings import Settings
 from .store import ParamsMismatch, StepData, Store, UnknownRun
@@ -60,7 +60,9 @@ class _Disconnected:
     """Queued by the reader when the hook has gone: store what came before, then stop."""
 
 
-Pending = Step | Close | Refusal | _Disconnected
+#: The steps of one message (one `step`, or the K of a `steps`: stored in one transaction), or
+#: what ends the batch.
+Pending = tuple[Step, ...] | Close | Refusal | _Disconnected
 
 
 def close_reason(message: str) -> str:
@@ -143,7 +145,8 @@ class IngestConnection:
         except ParamsMismatch as exc:
             raise Refusal(CLOSE_INVALID, str(exc)) from None
         self.param_count = len(hello.params)
-        await self._send({"type": "welcome", "run_id": self.run_id, "last_seq": opened.run.last_seq})
+        await self._send({"type": "welcome", "run_id": self.run_id, "last_seq": opened.run.last_seq,
+                          "linger": self.hub.linger(self.run_id)})
         if opened.created or opened.resumed_from != "running":
             self.hub.publish_run(opened.run)
         await self._report(lambda run_id: self.diagnostics.open_run(run_id, opened.run.steps))
@@ -155,7 +158,8 @@ class IngestConnection:
                 message = self._parse(await self._receive())
                 if isinstance(message, Hello):
                     raise Refusal(CLOSE_INVALID, "hello may only be the first message of a connection")
-                await pending.put(message)
+                await pending.put(tuple(message.expand()) if isinstance(message, Steps)
+                                  else (message,) if isinstance(message, Step) else message)
         except Refusal as refusal:
             await pending.put(refusal)
         except (WebSocketDisconnect, WebSocketDisconnected):
@@ -165,9 +169,9 @@ class IngestConnection:
         """Store queued messages, steps in batches, until the reader's last item."""
         while True:
             items = [await pending.get()]
-            while isinstance(items[-1], Step) and not pending.empty():
+            while isinstance(items[-1], tuple) and not pending.empty():
                 items.append(pending.get_nowait())
-            steps = [item for item in items if isinstance(item, Step)]
+            steps = [step for item in items if isinstance(item, tuple) for step in item]
             if steps:
                 await self._steps(steps)
             last = items[-1]
@@ -189,7 +193,7 @@ class IngestConnection:
         new = [data for data, is_new in zip(batch, stored) if is_new]
         if new:
             await self._report(lambda run_id: self.diagnostics.observe(run_id, new))
-        await self._send({"type": "ack", "seq": max(s.seq for s in steps)})
+        await self._send({"type": "ack", "seq": max(s.seq for s in steps), "linger": self.hub.linger(self.run_id)})
         self.hub.publish_steps(self.run_id, [step for step, is_new in zip(steps, stored) if is_new])
 
     async def _report(self, diagnose: Callable[[str], list[Finding]]) -> None:

@@ -64,6 +64,13 @@ class Subscriber:
         self.queue: asyncio.Queue[str | None] = asyncio.Queue(size)
 
 
+#: How long a hook may hold steps before it sends them (`linger` in `welcome` and `ack`, see
+#: docs/protocol.md): short while a browser watches the run, longer while none does (fewer
+#: frames, commits and acks per second on both sides: what a fast training loop pays).
+LIVE_LINGER_S = 0.25
+IDLE_LINGER_S = 1.0
+
+
 class LiveHub:
     """Who listens, and delivery to them; used from the event loop only."""
 
@@ -139,6 +146,10 @@ class LiveHub:
     def watching(self, run_id: str) -> bool:
         """Whether any browser watches this run's steps."""
         return any(s.run_id == run_id for s in self._subscribers)
+
+    def linger(self, run_id: str) -> float:
+        """The pace to ask of the run's hook (seconds it may hold steps)."""
+        return LIVE_LINGER_S if self.watching(run_id) else IDLE_LINGER_S
 
     def drop_all(self) -> None:
         """Close every browser with 1013 (events were lost): each reconnects and catches up over REST."""

@@ -1,7 +1,7 @@
 """Wire protocol v1 (hook -> server): the one definition both sides are checked against.
 
-See docs/protocol.md. `parse_message` turns one text frame into a validated `Hello`, `Step` or
-`Close`, or raises `ProtocolError` with a message that says what is wrong. Per-parameter arrays
+See docs/protocol.md. `parse_message` turns one text frame into a validated `Hello`, `Step`, `Steps`
+or `Close`, or raises `ProtocolError` with a message that says what is wrong. Per-parameter arrays
 are decoded from base64 during validation, so a `Step` carries the raw little-endian bytes that
 the store keeps as they are.
 """
@@ -235,14 +235,100 @@ class Step(_Message):
         return {**self.params, GRAD_STATUS: self.grad_status}
 
 
+#: Most steps one `steps` message may carry.
+MAX_BATCH_STEPS = 4096
+
+
+def _decode_matrix(value: object) -> bytes:
+    """Base64 -> bytes; the size is checked against steps x parameters once both are known."""
+    if not isinstance(value, str):
+        raise ValueError("must be a base64 string")
+    try:
+        return base64.b64decode(value, validate=True)
+    except (binascii.Error, ValueError):
+        raise ValueError("is not valid base64 (standard alphabet, padded)") from None
+
+
+Float32Matrix = Annotated[
+    bytes,
+    BeforeValidator(_decode_matrix),
+    WithJsonSchema({"type": "string", "contentEncoding": "base64",
+                    "description": "little-endian float32, steps x parameters, step-major"}),
+]
+StatusMatrix = Annotated[
+    bytes,
+    BeforeValidator(_decode_matrix),
+    WithJsonSchema({"type": "string", "contentEncoding": "base64",
+                    "description": "uint8 grad_status codes, steps x parameters, step-major"}),
+]
+
+
+class Steps(_Message):
+    """Consecutive steps with the same keys in one frame, column by column (docs/protocol.md).
+
+    One `seq` covers them all: they are stored in one transaction, or (a resend) not at all.
+    `expand` gives the `Step` messages they stand for, so storage and live updates see steps only.
+    """
+    type: Literal["steps"]
+    seq: int = Field(ge=1, le=MAX_INT64)
+    step: list[Annotated[int, Field(ge=0, le=MAX_INT64)]] = Field(min_length=1, max_length=MAX_BATCH_STEPS)
+    time: list[FiniteFloat]
+    scalars: dict[SeriesName, list[ScalarValue]] = Field(default_factory=dict, max_length=10_000)
+    params: dict[SeriesName, Float32Matrix] = Field(default_factory=dict, max_length=1_000)
+    grad_status: StatusMatrix | None = None
+
+    @model_validator(mode="after")
+    def _columns_fit(self, info: ValidationInfo) -> Steps:
+        k = len(self.step)
+        if any(b <= a for a, b in zip(self.step, self.step[1:])):
+            raise ValueError("step must be strictly increasing")
+        if len(self.time) != k:
+            raise ValueError(f"time has {len(self.time)} values for {k} steps")
+        for key, values in self.scalars.items():
+            if len(values) != k:
+                raise ValueError(f"scalars.{key} has {len(values)} values for {k} steps")
+        if GRAD_STATUS in self.params:
+            raise ValueError(f"{GRAD_STATUS!r} belongs in the top-level grad_status field")
+        count = (info.context or {}).get("param_count")
+        if count is None:
+            raise ValueError("cannot be checked: the parameter count is unknown (send hello first)")
+        arrays = [(f"params.{m}", raw, 4) for m, raw in self.params.items()]
+        if self.grad_status is not None:
+            arrays.append(("grad_status", self.grad_status, 1))
+        for where, raw, itemsize in arrays:
+            if len(raw) != k * count * itemsize:
+                raise ValueError(f"{where} decodes to {len(raw)} bytes, expected {k * count * itemsize} "
+                                 f"({k} steps x {count} parameters x {itemsize} bytes)")
+        if self.grad_status and max(self.grad_status) >= len(GRAD_STATUS_NAMES):
+            raise ValueError(f"grad_status has a code above {len(GRAD_STATUS_NAMES) - 1}")
+        return self
+
+    def expand(self) -> list[Step]:
+        """One `Step` per step, sharing this message's `seq` (already validated: no second pass)."""
+        k = len(self.step)
+
+        def rows(raw: bytes) -> list[bytes]:
+            width = len(raw) // k
+            return [raw[i * width:(i + 1) * width] for i in range(k)]
+
+        params = {m: rows(raw) for m, raw in self.params.items()}
+        status = None if self.grad_status is None else rows(self.grad_status)
+        return [Step.model_construct(
+            v=PROTOCOL_VERSION, type="step", seq=self.seq, step=step, time=time,
+            scalars={key: values[i] for key, values in self.scalars.items()},
+            params={m: r[i] for m, r in params.items()}, grad_status=None if status is None else status[i])
+            for i, (step, time) in enumerate(zip(self.step, self.time))]
+
+
 class Close(_Message):
     type: Literal["close"]
     seq: int = Field(ge=1, le=MAX_INT64)
     status: Literal["finished", "crashed"] = "finished"
 
 
-Message = Hello | Step | Close
-_MODELS: dict[str, type[Hello] | type[Step] | type[Close]] = {"hello": Hello, "step": Step, "close": Close}
+Message = Hello | Step | Steps | Close
+_MODELS: dict[str, type[Hello] | type[Step] | type[Steps] | type[Close]] = {
+    "hello": Hello, "step": Step, "steps": Steps, "close": Close}
 
 
 def _refuse_constant(token: str) -> float:

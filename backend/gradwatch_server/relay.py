@@ -56,7 +56,7 @@ import psycopg
 from psycopg.conninfo import make_conninfo
 from sqlalchemy.engine import make_url
 
-from .live import LiveHub, finding_event, run_event
+from .live import LIVE_LINGER_S, LiveHub, finding_event, run_event
 from .protocol import Step
 from .store import Run, StepData, Store, StoreError, display_url
 
@@ -128,6 +128,9 @@ class RelayedHub(LiveHub):
 
     def publish_step(self, run_id: str, step: Step) -> None:
         pass  # announced by the transaction that stored it (steps_notice)
+
+    def linger(self, run_id: str) -> float:
+        return LIVE_LINGER_S  # browsers on other workers are not known here: keep the live pace
 
     def publish_steps(self, run_id: str, steps: Sequence[Step]) -> None:
         pass  # announced by the transaction that stored them (steps_notice)

@@ -392,6 +392,8 @@ class Store:
                 if data.seq > last_seq:
                     last_seq = data.seq
                     fresh.append(i)
+                elif fresh and data.seq == last_seq == batch[fresh[-1]].seq:
+                    fresh.append(i)  # the steps of one `steps` message share its seq
             if not fresh:
                 return stored
             have = set(conn.execute(select(steps.c.step).where(

@@ -11,6 +11,7 @@ from typing import Any
 import httpx
 from conftest import server_command, server_env, start_server
 from gradwatch_server.store import open_store
+from gradwatch_server.live import LIVE_LINGER_S
 from websockets.sync.client import connect
 from wiremsg import Hook, close, f32, hello, step, with_absent
 
@@ -43,7 +44,7 @@ def test_findings_reach_the_hook_the_browsers_and_the_api(tmp_path: Path, db_url
             welcome = hook.call(hello("diag", params=PARAMS, config={"every": 1, "unoptimized_params": ["extra.bias"]}))
             assert welcome["type"] == "welcome"
             for n in (1, 2, 3):
-                assert hook.call(healthy(n, n)) == {"type": "ack", "seq": n}
+                assert hook.call(healthy(n, n)) == {"type": "ack", "seq": n, "linger": LIVE_LINGER_S}  # a browser watches
             # Known from the hello: sent right after the welcome.
             assert [f["code"] for f in hook.findings] == ["param_not_in_optimizer"]
 

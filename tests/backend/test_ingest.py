@@ -13,8 +13,10 @@ import httpx
 import numpy as np
 import pytest
 from conftest import ServerProcess, start_server
+from gradwatch_server.live import IDLE_LINGER_S, LIVE_LINGER_S
 from websockets.exceptions import ConnectionClosed
-from wiremsg import Hook, close, f32, hello, step, with_absent
+from websockets.sync.client import connect
+from wiremsg import Hook, close, f32, hello, step, steps, with_absent
 
 
 @pytest.fixture(scope="module")
@@ -37,11 +39,11 @@ def run_steps(http: httpx.Client, run_id: str) -> list[int]:
 def good_run(ws_url: str, run_id: str, steps: int = 3) -> None:
     """A well-behaved client: hello, `steps` steps, close, every message acknowledged."""
     with Hook(ws_url) as hook:
-        assert hook.call(hello(run_id)) == {"type": "welcome", "run_id": run_id, "last_seq": 0}
+        assert hook.call(hello(run_id)) == {"type": "welcome", "run_id": run_id, "last_seq": 0, "linger": IDLE_LINGER_S}
         for i in range(1, steps + 1):
             ack = hook.call(step(i, i, scalars={"loss": 1.0 / i}, arrays={"grad_norm": f32(i, i + 0.5)},
                                  grad_status=[2, 2]))
-            assert ack == {"type": "ack", "seq": i}
+            assert ack == {"type": "ack", "seq": i, "linger": IDLE_LINGER_S}
         assert hook.call(close(steps + 1)) == {"type": "ack", "seq": steps + 1}
 
 
@@ -76,15 +78,52 @@ def test_resent_messages_are_acknowledged_and_stored_once(srv: ServerProcess, ht
         hook.call(hello("idem"))
         for seq in (1, 2):
             hook.call(step(seq, seq, scalars={"loss": float(seq)}))
-        assert hook.call(step(2, 2, scalars={"loss": 99.0})) == {"type": "ack", "seq": 2}  # same seq
-        assert hook.call(step(3, 2, scalars={"loss": 98.0})) == {"type": "ack", "seq": 3}  # same step
+        assert hook.call(step(2, 2, scalars={"loss": 99.0})) == {"type": "ack", "seq": 2, "linger": IDLE_LINGER_S}  # same seq
+        assert hook.call(step(3, 2, scalars={"loss": 98.0})) == {"type": "ack", "seq": 3, "linger": IDLE_LINGER_S}  # same step
     with Hook(srv.ws_url) as hook:  # a reconnect learns what is committed
         assert hook.call(hello("idem"))["last_seq"] == 3
-        assert hook.call(step(1, 1, scalars={"loss": 97.0})) == {"type": "ack", "seq": 1}
+        assert hook.call(step(1, 1, scalars={"loss": 97.0})) == {"type": "ack", "seq": 1, "linger": IDLE_LINGER_S}
         hook.call(step(4, 3, scalars={"loss": 3.0}))
     series = http.get("/api/runs/idem/series", params={"key": "loss"}).json()
     assert series["step"] == [1, 2, 3] and series["value"] == [1.0, 2.0, 3.0]
     assert http.get("/api/runs/idem").json()["steps"] == 3
+
+
+def test_a_steps_message_is_stored_whole_once_and_streamed_live(srv: ServerProcess, http: httpx.Client) -> None:
+    grads = np.array([[0.5, 1.5], [np.nan, 2.5], [0.25, np.inf]], dtype="<f4")
+    batch = steps(2, [2, 3, 4], scalars={"loss": [0.2, 0.3, "NaN"]}, arrays={"grad_norm": grads},
+                  grad_status=[[2, 2], [3, 2], [2, 3]])
+    with connect(f"{srv.ws_url}/ws/live?run=batch", origin=srv.url) as live, Hook(srv.ws_url) as hook:
+        hook.call(hello("batch"))
+        assert hook.call(step(1, 1, scalars={"loss": 0.1}))["seq"] == 1
+        ack = hook.call(batch)
+        assert ack == {"type": "ack", "seq": 2, "linger": LIVE_LINGER_S}  # a browser watches: the live pace
+        assert hook.call(batch)["seq"] == 2  # resent: acknowledged, stored once
+        overlap = steps(3, [4, 5], scalars={"loss": [9.0, 0.5]}, arrays={"grad_norm": grads[:2]},
+                        grad_status=[[2, 2], [2, 2]])
+        assert hook.call(overlap)["seq"] == 3  # step 4 is stored already: only step 5 is new
+        hook.call(close(4))
+        events: list[dict] = []
+        while len(events) < 5:
+            event = json.loads(live.recv(timeout=10))
+            events += [event] if event["type"] == "step" else []
+    assert [e["step"] for e in events] == [1, 2, 3, 4, 5]
+    assert events[2]["params"]["grad_norm"] == ["NaN", 2.5] and events[2]["grad_status"] == [3, 2]
+    series = http.get("/api/runs/batch/series", params={"key": "loss"}).json()
+    assert series["step"] == [1, 2, 3, 4, 5] and series["value"] == [0.1, 0.2, 0.3, "NaN", 0.5]
+    norms = http.get("/api/runs/batch/params/series", params={"metric": "grad_norm", "param": ["fc.bias"]}).json()
+    assert norms["step"] == [2, 3, 4, 5] and norms["series"][0]["value"] == [1.5, 2.5, "Infinity", 2.5]
+    assert http.get("/api/runs/batch").json()["steps"] == 5
+
+
+def test_a_bad_steps_message_is_refused_and_nothing_of_it_stored(srv: ServerProcess, http: httpx.Client) -> None:
+    with Hook(srv.ws_url) as hook:
+        hook.call(hello("badbatch"))
+        hook.call(step(1, 1, scalars={"loss": 1.0}))
+        hook.send(steps(2, [2, 3], scalars={"loss": [2.0]}))
+        code, _, error = hook.refused()
+    assert code == 1003 and "scalars.loss has 1 values for 2 steps" in error
+    assert http.get("/api/runs/badbatch/series", params={"key": "loss"}).json()["step"] == [1]
 
 
 def test_resume_with_other_params_is_refused(srv: ServerProcess, http: httpx.Client) -> None:

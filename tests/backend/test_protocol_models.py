@@ -13,11 +13,12 @@ from gradwatch_server.protocol import (
     Hello,
     ProtocolError,
     Step,
+    Steps,
     absent_mask,
     decode_floats,
     parse_message,
 )
-from wiremsg import b64, close, f32, hello, step, with_absent
+from wiremsg import b64, close, f32, hello, step, steps, with_absent
 
 
 def parse(message: dict[str, object], param_count: int | None = 2) -> object:
@@ -58,6 +59,45 @@ def test_valid_messages() -> None:
 def test_invalid_steps_are_refused_with_a_clear_message(change: dict[str, object], text: str) -> None:
     with pytest.raises(ProtocolError) as info:
         parse({**step(1, 1), **change})
+    assert text in str(info.value)
+
+
+def test_a_steps_message_stands_for_its_steps_exactly() -> None:
+    grads = np.array([[1.5, np.nan], [-0.0, np.inf], [3.0, 4.0]], dtype="<f4")
+    grads.view("<u4")[0, 1] = ABSENT_BITS
+    m = parse(steps(7, [4, 5, 9], scalars={"loss": [1.0, "NaN", "-Infinity"]}, arrays={"grad_norm": grads},
+                    grad_status=[[2, 0], [1, 3], [2, 2]], times=[10.0, 11.0, 12.5]))
+    assert isinstance(m, Steps)
+    expanded = m.expand()
+    assert [(s.seq, s.step, s.time) for s in expanded] == [(7, 4, 10.0), (7, 5, 11.0), (7, 9, 12.5)]
+    for i, s in enumerate(expanded):
+        assert isinstance(s, Step)
+        assert s.arrays() == {"grad_norm": grads[i].tobytes(), "grad_status": bytes([[2, 0], [1, 3], [2, 2]][i])}
+    assert expanded[0].scalars == {"loss": 1.0} and math.isnan(expanded[1].scalars["loss"])
+    assert expanded[2].scalars["loss"] == -math.inf
+    one = parse(steps(1, [3]))  # no arrays, no scalars: a step with its time only
+    assert isinstance(one, Steps) and [s.step for s in one.expand()] == [3]
+
+
+@pytest.mark.parametrize(("change", "text"), [
+    ({"step": []}, "step: List should have at least 1 item"),
+    ({"step": [1, 1]}, "step must be strictly increasing"),
+    ({"step": [2, 1]}, "step must be strictly increasing"),
+    ({"step": list(range(4097)), "time": [0.0] * 4097}, "at most 4096 items"),
+    ({"time": [1.0]}, "time has 1 values for 2 steps"),
+    ({"scalars": {"loss": [1.0]}}, "scalars.loss has 1 values for 2 steps"),
+    ({"scalars": {"loss": [1.0, "nan"]}}, "scalars.loss"),
+    ({"params": {"grad_norm": b64(f32(1, 2))}}, "params.grad_norm decodes to 8 bytes, expected 16 (2 steps x 2 parameters x 4 bytes)"),
+    ({"params": {"grad_norm": "AAA"}}, "not valid base64"),
+    ({"params": {"grad_status": b64(f32(1, 2, 3, 4))}}, "top-level grad_status"),
+    ({"grad_status": b64(np.array([0, 1, 2, 4], "u1"))}, "grad_status has a code above 3"),
+    ({"grad_status": b64(np.array([0, 1], "u1"))}, "grad_status decodes to 2 bytes, expected 4"),
+    ({"seq": 0}, "seq"),
+    ({"extra": 1}, "extra: Extra inputs are not permitted"),
+])
+def test_invalid_steps_messages_are_refused_with_a_clear_message(change: dict[str, object], text: str) -> None:
+    with pytest.raises(ProtocolError) as info:
+        parse({**steps(1, [1, 2]), **change})
     assert text in str(info.value)
 
 

@@ -106,3 +106,19 @@ class Hook:
         except ConnectionClosed as closed:
             rcvd = closed.rcvd
             return (rcvd.code if rcvd else None), (rcvd.reason if rcvd else ""), error
+
+
+def steps(seq: int, step_indices: Sequence[int], *, scalars: Mapping[str, Sequence[float | str]] | None = None,
+          arrays: Mapping[str, np.ndarray] | None = None, grad_status: Sequence[Sequence[int]] | None = None,
+          times: Sequence[float] | None = None) -> dict[str, Any]:
+    """A `steps` message; each array in `arrays` is steps x parameters."""
+    message: dict[str, Any] = {
+        "v": 1, "type": "steps", "seq": seq, "step": list(step_indices),
+        "time": list(times) if times is not None else [1700000000.0 + s for s in step_indices],
+        "scalars": {k: list(v) for k, v in (scalars or {}).items()},
+        "params": {k: b64(np.asarray(v, dtype="<f4")) for k, v in (arrays or {}).items()},
+    }
+    if grad_status is not None:
+        message["grad_status"] = b64(np.asarray(grad_status, dtype="u1"))
+    return message
+

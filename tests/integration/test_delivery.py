@@ -18,6 +18,7 @@ import torch
 import gradwatch
 from conftest import ServerProcess, find_free_port, start_server
 from gradwatch.spool import read_records
+from wiresteps import spooled_steps
 
 GRADWATCH = [sys.executable, "-m", "gradwatch_server"]
 
@@ -49,12 +50,17 @@ def test_a_run_with_no_server_arrives_whole_after_sync(tmp_path: Path, spool_dir
     w = gradwatch.watch(opt, model=model, server=url, run="offline")
     train(w, model, opt, 40)
     w.close(timeout=0.5)
-    assert w.pending == 41 and len(list(spool_dir.glob("*.spool"))) == 1
+    spools = list(spool_dir.glob("*.spool"))
+    assert len(spools) == 1
+    records, _ = read_records(spools[0])
+    records = list(records)[1:]  # after the hello: the steps (batched by the sender), then close
+    assert spooled_steps(records) == list(range(1, 41)) and json.loads(records[-1])["type"] == "close"
+    assert w.pending == len(records)
     server = start_server(tmp_path, port=port)
     try:
         out = sync(url, spool_dir)
         assert out.returncode == 0, out.stderr
-        assert f"run {w.run_id}: 41 messages delivered" in out.stdout
+        assert f"run {w.run_id}: {len(records)} messages delivered" in out.stdout
         run = httpx.get(f"{url}/api/runs/{w.run_id}").json()
         assert (run["steps"], run["status"]) == (40, "finished")
         assert stored_steps(url, w.run_id) == list(range(1, 41))
@@ -142,14 +148,14 @@ def test_training_process_sigkilled_replays_every_complete_record(tmp_path: Path
     assert proc.stdout is not None
     run_id = proc.stdout.readline().strip()
     assert proc.stdout.readline().strip() == "40"
-    time.sleep(0.3)  # the sender flushes the spool every few tens of milliseconds
+    time.sleep(0.8)  # the sender spools what was submitted every `linger` (0.25 s with no server)
     proc.send_signal(signal.SIGKILL)
     proc.wait()
     path = spool_dir / f"{run_id}.spool"
     data = path.read_bytes()
     path.write_bytes(data[:-7])  # and a torn tail, as a kill mid-write leaves
     records, report = read_records(path)
-    steps = [json.loads(r)["step"] for r in records if json.loads(r)["type"] == "step"]
+    steps = spooled_steps(records)
     assert report.torn and len(steps) >= 40
     server = start_server(tmp_path, port=port)
     try:

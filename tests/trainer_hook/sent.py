@@ -9,6 +9,7 @@ import numpy as np
 
 from gradwatch import Watcher
 from gradwatch.wire import ABSENT_BITS
+from wiresteps import split
 
 
 def decode(b64: str, dtype: str = "<f4") -> list[float | None]:
@@ -25,16 +26,9 @@ def sent_steps(w: Watcher, timeout: float = 5.0) -> list[dict[str, Any]]:
     names = [p.name for p in w.layout.params]
     out = []
     for _, text in list(w._sender._unacked):
-        msg = json.loads(text)
-        if msg["type"] != "step":
-            continue
-        msg["params"] = {k: dict(zip(names, decode(v))) for k, v in msg["params"].items()}
-        if "grad_status" in msg:
-            msg["grad_status"] = dict(zip(names, decode(msg["grad_status"], "u1")))
-        out.append(msg)
+        for msg in split(json.loads(text)):
+            msg["params"] = {k: dict(zip(names, decode(v))) for k, v in msg["params"].items()}
+            if "grad_status" in msg:
+                msg["grad_status"] = dict(zip(names, decode(msg["grad_status"], "u1")))
+            out.append(msg)
     return out
-
-
-def measured(steps: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """The steps whose tensors were measured (not only their cheap facts)."""
-    return [m for m in steps if "grad_norm" in m["params"]]

@@ -1,12 +1,19 @@
 """The transport: a background thread that serializes messages and streams them to the server.
 
-The training thread only calls `submit`, which never blocks and never raises. The thread writes
-every message ahead to the run's spool file (spool.py), keeps it until the server acknowledges
-it (the server acks after commit), resends what is unacknowledged after reconnecting with
-exponential backoff and jitter, and drops the message the server refuses as invalid (it would be
-refused again) with a warning. Memory stays bounded: past `max_unacked_bytes` the oldest
-messages live only in the spool and are resent from there. What is still unacknowledged when
-`close()` gives up stays in the spool for the next `watch()` or `gradwatch sync`.
+The training thread only calls `submit`/`submit_step`, which never block and never raise (an
+append to a deque: no lock, no wake-up of this thread). The thread writes every message ahead to
+the run's spool file (spool.py), keeps it until the server acknowledges it (the server acks after
+commit), resends what is unacknowledged after reconnecting with exponential backoff and jitter,
+and drops the message the server refuses as invalid (it would be refused again) with a warning.
+Memory stays bounded: past `max_unacked_bytes` the oldest messages live only in the spool and are
+resent from there. What is still unacknowledged when `close()` gives up stays in the spool for
+the next `watch()` or `gradwatch sync`.
+
+Sending is paced: every `linger` seconds the thread takes what was submitted since, and sends
+consecutive steps with the same keys as one `steps` message (docs/protocol.md). A fast training
+loop (tens of steps per second) then costs one frame, one commit, one ack and one diagnostics
+pass per `linger` instead of per step, on both sides; a step reaches the dashboard at most
+`linger` later, and a training process killed outright loses at most its last `linger` of steps.
 """
 from __future__ import annotations
 
@@ -14,28 +21,46 @@ import collections
 import contextlib
 import json
 import logging
-import queue
+import math
 import random
 import socket
 import struct
 import threading
 import time
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Optional, Union
 
 from websockets.exceptions import ConnectionClosed
 from websockets.sync.client import ClientConnection, connect
 
 from . import wire
 from .spool import SpoolWriter
+from .wire import StepRecord
 
 log = logging.getLogger("gradwatch")
 
-#: Builds the message body for a sequence number; runs on the sender thread (it may wait for
-#: the device-to-host copy and does the serialization), so the training thread does neither.
+#: Builds the message body for a sequence number; runs on the sender thread.
 MessageFactory = Callable[[int], dict[str, Any]]
+
+
+class _StepItem:
+    """A submitted step: `make` runs on the sender thread (it may wait for the device-to-host
+    copy and resolves the measurements), so the training thread does neither."""
+    __slots__ = ("make",)
+
+    def __init__(self, make: Callable[[], StepRecord]) -> None:
+        self.make = make
+
+
+_Item = Union[MessageFactory, _StepItem]
 
 _CLOSE_INVALID = 1003
 _CLOSE_POLICY = 1008
+#: Most steps, and about the most bytes, of one `steps` message (the server takes 4,096 steps
+#: and 16 MiB frames).
+MAX_BATCH_STEPS = 1024
+MAX_BATCH_BYTES = 4 << 20
+#: Bounds of the pace the server may ask for (`linger` in its `welcome` and `ack`).
+MIN_LINGER_S, MAX_LINGER_S = 0.01, 5.0
 
 
 class Sender:
@@ -44,8 +69,10 @@ class Sender:
 
     def __init__(self, ws_url: str, hello: dict[str, Any], token: Optional[str] = None,
                  max_queue: int = 4096, max_unacked_bytes: int = 64 << 20,
-                 spool: Optional[SpoolWriter] = None) -> None:
+                 spool: Optional[SpoolWriter] = None, linger: float = 0.25) -> None:
+        """`linger`: seconds between sends until the server says otherwise (`_pace`)."""
         self.ws_url = ws_url
+        self.linger = linger
         self.hello = hello
         self.token = token
         self.max_unacked_bytes = max_unacked_bytes
@@ -54,23 +81,36 @@ class Sender:
         self._evicted_upto = 0  # messages up to this seq are unacknowledged but only in the spool
         self._acked = 0  # highest seq the server acknowledged
         self._deadline = float("inf")
-        self._queue: queue.Queue[Optional[MessageFactory]] = queue.Queue(maxsize=max_queue)
+        self._items: collections.deque[_Item] = collections.deque()
+        self._max_queue = max_queue
+        self._submitted = 0  # items submitted, and items serialized: equal when nothing waits
+        self._serialized = 0
         self._unacked: collections.deque[tuple[int, str]] = collections.deque()
         self._unacked_bytes = 0
+        self._next_drain = 0.0
         self._seq = 0
         self._ws: Optional[ClientConnection] = None
         self._ws_scope = contextlib.ExitStack()  # websockets>=17 wants connect() as a context manager
         self._closing = threading.Event()
+        self._wake = threading.Event()  # set by close(): stop waiting for the next drain
         self._thread = threading.Thread(target=self._run, name="gradwatch-sender", daemon=True)
         self._thread.start()
 
     # -- training thread -------------------------------------------------------------------
     def submit(self, factory: MessageFactory) -> None:
         """Queue a message; never blocks the training step."""
-        try:
-            self._queue.put_nowait(factory)
-        except queue.Full:
+        self._put(factory)
+
+    def submit_step(self, make: Callable[[], StepRecord]) -> None:
+        """Queue a step; `make` builds its record on the sender thread."""
+        self._put(_StepItem(make))
+
+    def _put(self, item: _Item) -> None:
+        if len(self._items) >= self._max_queue:
             self._drop("the send queue is full")
+            return
+        self._submitted += 1
+        self._items.append(item)
 
     def close(self, status: str = "finished", timeout: float = 5.0) -> bool:
         """Send `close`, wait up to `timeout` s for every message to be acknowledged."""
@@ -79,21 +119,22 @@ class Sender:
         self.submit(lambda seq: wire.close(seq, status))
         self._deadline = time.monotonic() + timeout
         self._closing.set()
+        self._wake.set()
         self._thread.join(timeout + 1.5)  # a send in progress gives up within 1 s (SO_SNDTIMEO)
         return not self._thread.is_alive()
 
     def wait_serialized(self, timeout: float) -> bool:
         """Wait until every submitted message is serialized (sent or kept for resending)."""
         deadline = time.monotonic() + timeout
-        while self._queue.unfinished_tasks and time.monotonic() < deadline:
+        while self._serialized < self._submitted and time.monotonic() < deadline:
             time.sleep(0.005)
-        return not self._queue.unfinished_tasks
+        return self._serialized >= self._submitted
 
     @property
     def pending(self) -> int:
         """Messages not yet acknowledged by the server (queued or sent)."""
         evicted = self._evicted_upto - self._acked if self._evicted_upto else 0
-        return self._queue.qsize() + len(self._unacked) + evicted
+        return len(self._items) + len(self._unacked) + evicted
 
     # -- sender thread ---------------------------------------------------------------------
     def _run(self) -> None:
@@ -102,7 +143,7 @@ class Sender:
             try:
                 self._pump()  # spool what is queued before a connection attempt can block
                 if self._closing.is_set():
-                    delivered = self._queue.empty() and not self._unacked and not self._evicted_upto
+                    delivered = not self._items and not self._unacked and not self._evicted_upto
                     if delivered or self._past_deadline():
                         self._finish(delivered)
                         return
@@ -121,37 +162,73 @@ class Sender:
                 time.sleep(0.1)
 
     def _pump(self) -> None:
-        """Serialize queued messages, write them to the spool, send them, and read acks.
+        """Every `linger` (at once when closing): serialize what was submitted, write it to the
+        spool, send it; in between, wait for acks (or for the next drain).
 
         The spool is flushed before anything is sent, so a send that hangs on a stalled server
         leaves every serialized message on disk.
         """
-        wait = 0.0 if self._ws is not None and self._unacked else 0.05
-        try:
-            factory = self._queue.get(timeout=wait) if wait else self._queue.get_nowait()
-        except queue.Empty:
-            factory = None
+        now = time.monotonic()
+        if self._items and (now >= self._next_drain or self._closing.is_set()):
+            self._next_drain = now + self.linger
+            fresh = self._drain()
+            if self.spool is not None:
+                self.spool.flush()
+            for text in fresh:
+                if self._ws is None or self._past_deadline():
+                    break  # `_connect` sends every unacknowledged message
+                try:
+                    self._ws.send(text)
+                except Exception:
+                    self._disconnect()
+        # Block in one place: in `recv` while acks are due (an ack ends the wait), else on the
+        # wake event, until the next drain. Waking every few ms cost more CPU than sending.
+        wait = min(max(self._next_drain - time.monotonic(), 0.001), self.linger) if self._items else self.linger
+        if self._ws is not None and self._unacked:
+            self._read_acks(wait)
+        elif self._ws is None:  # `_run` retries the connection meanwhile
+            time.sleep(0.02) if self._closing.is_set() else self._wake.wait(min(wait, 0.05))
+        elif not self._closing.is_set():
+            self._wake.wait(wait)
+
+    def _drain(self) -> list[str]:
+        """Serialize every submitted item in order; runs of steps with the same keys become one
+        message each. Returns the texts to send."""
         fresh: list[str] = []
-        while factory is not None:
-            text = self._add(factory)
-            if text is not None:
-                fresh.append(text)
-            self._queue.task_done()
+        run: list[StepRecord] = []
+        size = 0
+
+        def flush() -> None:
+            if run:
+                records = list(run)
+                text = self._add(lambda seq: wire.steps(seq, records))
+                if text is not None:
+                    fresh.append(text)
+                run.clear()
+
+        while self._items:
+            item = self._items.popleft()
+            self._serialized += 1
+            if not isinstance(item, _StepItem):
+                flush()
+                text = self._add(item)
+                if text is not None:
+                    fresh.append(text)
+                continue
             try:
-                factory = self._queue.get_nowait()
-            except queue.Empty:
-                factory = None
-        if self.spool is not None:
-            self.spool.flush()
-        for text in fresh:
-            if self._ws is None or self._past_deadline():
-                break
-            try:
-                self._ws.send(text)
+                record = item.make()
             except Exception:
-                self._disconnect()
-        if self._ws is not None:
-            self._read_acks(0.02 if self._unacked else 0.0)
+                log.exception("gradwatch: could not build a step; skipped")
+                continue
+            if run and (record.keys() != run[0].keys() or len(run) >= MAX_BATCH_STEPS
+                        or size + record.nbytes > MAX_BATCH_BYTES):
+                flush()
+            if not run:
+                size = 0
+            run.append(record)
+            size += record.nbytes
+        flush()
+        return fresh
 
     def _past_deadline(self) -> bool:
         return self._closing.is_set() and time.monotonic() > self._deadline
@@ -186,6 +263,7 @@ class Sender:
                 timeout = 0.0
                 if reply.get("type") == "ack":
                     self._acknowledge(int(reply["seq"]))
+                    self._pace(reply)
                 elif reply.get("type") == "error":
                     log.warning("gradwatch: the server refused a message: %s", reply.get("message"))
                 elif reply.get("type") == "finding":  # a diagnostic (findings.py); never raises
@@ -209,6 +287,12 @@ class Sender:
             log.warning("gradwatch: the server refused the connection (%s): check the token "
                         "(watch(token=...) or GRADWATCH_TOKEN)", rcvd.reason)
 
+    def _pace(self, reply: dict[str, Any]) -> None:
+        """Follow the server's `linger` (short while a browser watches the run), within bounds."""
+        linger = reply.get("linger")
+        if isinstance(linger, (int, float)) and not isinstance(linger, bool) and math.isfinite(linger):
+            self.linger = min(max(float(linger), MIN_LINGER_S), MAX_LINGER_S)
+
     def _acknowledge(self, seq: int) -> None:
         self._acked = max(self._acked, seq)
         if seq >= self._evicted_upto:
@@ -231,6 +315,7 @@ class Sender:
             raise ConnectionError(f"server answered hello with {reply!r}")
         last_seq = int(reply.get("last_seq", 0))
         self._acknowledge(last_seq)
+        self._pace(reply)
         if self._evicted_upto and self.spool is not None:
             for text in self.spool.records():  # the hello, then messages in seq order
                 seq = json.loads(text).get("seq", 0)
@@ -257,13 +342,8 @@ class Sender:
     def _finish(self, delivered: bool) -> None:
         """End of the run: drop the spool if the server has everything, else leave it for replay."""
         self._disconnect()
-        while not delivered and self.spool is not None:  # what is still queued goes to disk too
-            try:
-                factory = self._queue.get_nowait()
-            except queue.Empty:
-                break
-            self._add(factory)
-            self._queue.task_done()
+        if not delivered and self.spool is not None:  # what is still queued goes to disk too
+            self._drain()
         if self.spool is not None:
             self.spool.flush()
         if not delivered and self.spool is not None:

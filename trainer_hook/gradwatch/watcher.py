@@ -172,15 +172,15 @@ class Watcher:
             steps, self._since_measured = self._since_measured, 0
             if snapshot is not None:
                 step_time = self._step_time
-                self._sender.submit(lambda seq, s=snapshot: self._render(seq, s, step_time, steps))
+                self._sender.submit_step(lambda s=snapshot: self._render(s, step_time, steps))
             return
         started = time.perf_counter()
         tensors = {key: v for key, v in logged.items() if isinstance(v, torch.Tensor) and v.device.type != "cpu"}
         for key in tensors:  # a CUDA tensor is read only at measured steps: reading it now would sync
             logged.pop(key)
         scalars = self._probe.cheap_facts(logged)
-        step, now = self.step, time.time()
-        self._sender.submit(lambda seq: wire.step(seq, step, now, scalars, host, None))
+        record = wire.StepRecord(self.step, time.time(), scalars, host, None)
+        self._sender.submit_step(lambda: record)
         self._light_s = time.perf_counter() - started
 
     def _wrap_scaler(self, scaler: Any) -> None:
@@ -246,7 +246,7 @@ class Watcher:
         self.close()
 
     # -- sender thread ---------------------------------------------------------------------
-    def _render(self, seq: int, snapshot: Snapshot, step_time: float, steps: int) -> dict[str, Any]:
+    def _render(self, snapshot: Snapshot, step_time: float, steps: int) -> wire.StepRecord:
         started = time.thread_time()
         metrics, status, scalars = snapshot.resolve()
         self._probe.recycle(snapshot)
@@ -258,11 +258,11 @@ class Watcher:
         cpu, self._sender_cpu = started - self._sender_cpu, started
         scalars["hook/train_s"] = snapshot.cost_s
         scalars["hook/sender_cpu_s"] = cpu / max(1, steps)
-        message = wire.step(seq, snapshot.step, snapshot.time, scalars, metrics, status)
+        record = wire.StepRecord(snapshot.step, snapshot.time, scalars, metrics, status)
         # what every step costs whether measured or not: its cheap facts, and the sender's CPU
         every_step = self._light_s + (cpu / steps if steps > 1 else 0.0)
         self._sampler.observe(snapshot.cost_s + time.thread_time() - started, step_time, every_step)
-        return message
+        return record
 
 
 def _open_spool(run_id: str, hello: dict[str, Any]) -> Optional[SpoolWriter]:

@@ -8,7 +8,8 @@ from __future__ import annotations
 import base64
 import json
 import math
-from typing import Any, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Mapping, Optional, Sequence
 from urllib.parse import urlsplit, urlunsplit
 
 import numpy as np
@@ -52,6 +53,44 @@ def step(seq: int, step_index: int, time: float, scalars: Mapping[str, float],
     }
     if grad_status is not None:
         message["grad_status"] = b64_array(grad_status.astype(np.uint8, copy=False))
+    return message
+
+
+@dataclass(frozen=True)
+class StepRecord:
+    """One step's data before it has a `seq`: the sender sends consecutive records with the same
+    keys as one `steps` message."""
+    step: int
+    time: float
+    scalars: Mapping[str, float]
+    metrics: Mapping[str, np.ndarray]
+    grad_status: Optional[np.ndarray]
+
+    def keys(self) -> tuple[frozenset[str], frozenset[str], bool]:
+        return frozenset(self.scalars), frozenset(self.metrics), self.grad_status is not None
+
+    @property
+    def nbytes(self) -> int:
+        """About what it adds to a message (base64 arrays, scalars)."""
+        arrays = sum(v.size * 4 for v in self.metrics.values()) + (0 if self.grad_status is None else self.grad_status.size)
+        return arrays * 4 // 3 + 24 * len(self.scalars) + 32
+
+
+def steps(seq: int, records: Sequence[StepRecord]) -> dict[str, Any]:
+    """One message for `records` (same keys, increasing steps): a `step` for one, else `steps`,
+    column by column: each scalar a list, each per-parameter metric one steps x parameters array."""
+    first = records[0]
+    if len(records) == 1:
+        return step(seq, first.step, first.time, first.scalars, first.metrics, first.grad_status)
+    message = {
+        "v": PROTOCOL_VERSION, "type": "steps", "seq": seq,
+        "step": [r.step for r in records], "time": [r.time for r in records],
+        "scalars": {k: [json_scalar(float(r.scalars[k])) for r in records] for k in first.scalars},
+        "params": {k: b64_array(np.stack([r.metrics[k] for r in records]).astype(np.float32, copy=False))
+                   for k in first.metrics},
+    }
+    if first.grad_status is not None:
+        message["grad_status"] = b64_array(np.stack([r.grad_status for r in records if r.grad_status is not None]).astype(np.uint8, copy=False))
     return message
 
 

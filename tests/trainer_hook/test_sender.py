@@ -1,0 +1,93 @@
+"""The sender's pacing: steps submitted within one `linger` go out as `steps` messages, in order,
+and the server sets the pace (short while a browser watches the run)."""
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import httpx
+import torch
+from websockets.sync.client import connect
+
+import gradwatch
+from conftest import start_server
+from gradwatch.sender import MAX_LINGER_S, MIN_LINGER_S, Sender
+from gradwatch_server.live import IDLE_LINGER_S, LIVE_LINGER_S
+from wiresteps import split
+
+
+def train(w: gradwatch.Watcher, model: torch.nn.Module, opt: torch.optim.Optimizer, steps: int) -> None:
+    for _ in range(steps):
+        opt.zero_grad()
+        loss = model(torch.randn(4, 8)).sum()
+        loss.backward()
+        w.log(loss=loss)  # rides with this step
+        opt.step()
+
+
+def test_fast_steps_go_out_batched_in_order_and_arrive_whole(tmp_path: Path) -> None:
+    server = start_server(tmp_path)
+    try:
+        model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Linear(8, 2))
+        opt = torch.optim.Adam(model.parameters())
+        w = gradwatch.watch(opt, model=model, server=server.url, every=3, warn=False)
+        sent: list[dict] = []
+        add = w._sender._add
+        w._sender._add = lambda factory: _record(add(factory), sent)  # type: ignore[method-assign]
+        train(w, model, opt, 60)
+        w.close(timeout=10)
+        steps = [m["step"] for msg in sent for m in split(msg)]
+        assert steps == list(range(1, 61))
+        batches = [msg for msg in sent if msg["type"] == "steps"]
+        assert batches, "60 steps in well under a second: some must share a message"
+        for msg in batches:  # one kind of step per message: measured ones carry grad_status
+            measured = {(s - 1) % 3 == 0 for s in msg["step"]}
+            assert len(measured) == 1 and ("grad_status" in msg) == measured.pop()
+        stored = httpx.get(f"{server.url}/api/runs/{w.run_id}/series", params={"key": "loss"}).json()
+        assert stored["step"] == list(range(1, 61))
+        norms = httpx.get(f"{server.url}/api/runs/{w.run_id}/params/series",
+                          params={"metric": "grad_norm", "param": ["0.weight"]}).json()
+        assert norms["step"] == list(range(1, 61, 3)) and all(v > 0 for v in norms["series"][0]["value"])
+        assert w._sender.linger == IDLE_LINGER_S  # nobody watched: the server asked for the idle pace
+    finally:
+        server.stop()
+
+
+def _record(text: str | None, sent: list[dict]) -> str | None:
+    if text is not None:
+        sent.append(json.loads(text))
+    return text
+
+
+def test_the_server_sets_the_pace_while_a_browser_watches(tmp_path: Path) -> None:
+    server = start_server(tmp_path)
+    try:
+        model = torch.nn.Linear(8, 2)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        w = gradwatch.watch(opt, model=model, server=server.url, run="paced", warn=False)
+        train(w, model, opt, 2)
+        deadline = time.monotonic() + 10
+        while w._sender.linger != IDLE_LINGER_S and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert w._sender.linger == IDLE_LINGER_S
+        with connect(f"{server.ws_url}/ws/live?run={w.run_id}", origin=server.url):
+            while w._sender.linger != LIVE_LINGER_S and time.monotonic() < deadline:
+                train(w, model, opt, 1)
+                time.sleep(0.05)
+            assert w._sender.linger == LIVE_LINGER_S
+        w.close(timeout=10)
+    finally:
+        server.stop()
+
+
+def test_a_pace_out_of_bounds_or_malformed_is_clamped_or_ignored() -> None:
+    sender = Sender("ws://127.0.0.1:9/ws/ingest", {"type": "hello"}, linger=0.25)
+    try:
+        for reply, linger in (({"linger": 1e9}, MAX_LINGER_S), ({"linger": -1}, MIN_LINGER_S),
+                              ({"linger": "fast"}, MIN_LINGER_S), ({"linger": float("nan")}, MIN_LINGER_S),
+                              ({"linger": True}, MIN_LINGER_S), ({}, MIN_LINGER_S), ({"linger": 0.5}, 0.5)):
+            sender._pace(reply)
+            assert sender.linger == linger, reply
+    finally:
+        sender.close(timeout=0.1)
