@@ -28,11 +28,6 @@ def split(msg: dict[str, Any]) -> list[dict[str, Any]]:
             for i, step in enumerate(msg["step"])]
 
 
-def measured(steps: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """The steps whose tensors were measured (not only their cheap facts)."""
-    return [m for m in steps if "grad_norm" in m["params"]]
-
-
 def spooled_steps(records: Iterable[str]) -> list[int]:
     """The steps of spooled (or sent) message texts, in order."""
     return [m["step"] for text in records for m in split(json.loads(text))]

@@ -32,3 +32,8 @@ def sent_steps(w: Watcher, timeout: float = 5.0) -> list[dict[str, Any]]:
                 msg["grad_status"] = dict(zip(names, decode(msg["grad_status"], "u1")))
             out.append(msg)
     return out
+
+
+def measured(steps: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The steps whose tensors were measured (not only their cheap facts)."""
+    return [m for m in steps if "grad_norm" in m["params"]]

@@ -23,14 +23,32 @@ from .wire import ABSENT_BITS, GRAD_STATUS_NONE, GRAD_STATUS_NONFINITE, GRAD_STA
 _SCALAR_STATE_KEYS = frozenset({"step"})
 
 
+#: On CPU `_foreach_norm` reduces each tensor on one thread. A tensor of at least this many
+#: elements is reduced by rows of `_CPU_ROW` instead (`vector_norm(dim=1)` spreads rows over
+#: torch's threads), then the rows' norms in the one fused call: the GPT-style model of
+#: tests/bench/overhead.py reads its 222 MB per step in 6.5 ms instead of 8.1 ms (a 2-thread
+#: `.sum()` over the same bytes: 5.9 ms), on 2 cores.
+_CPU_ROWS_MIN_NUMEL = 1 << 17
+_CPU_ROW = 4096
+
+
 def fused_norms(tensors: list[torch.Tensor]) -> list[torch.Tensor]:
-    """L2 norm of each tensor as a float32 0-d tensor on its device, in one fused call per device."""
+    """L2 norm of each tensor as a float32 0-d tensor on its device, in one fused call per device
+    (on CPU, plus one row-parallel reduction per large tensor)."""
     if not tensors:
         return []
+    if tensors[0].device.type == "cpu":
+        tensors = [_rows_norms(t) if t.numel() >= _CPU_ROWS_MIN_NUMEL and t.numel() % _CPU_ROW == 0
+                   and t.is_contiguous() and t.dtype == torch.float32 else t for t in tensors]
     try:
         return list(torch._foreach_norm(tensors, 2, dtype=torch.float32))
     except TypeError:  # torch < 2.3 has no dtype argument: norms come in the tensors' dtype
         return [n.float() for n in torch._foreach_norm(tensors, 2)]
+
+
+def _rows_norms(t: torch.Tensor) -> torch.Tensor:
+    """The norms of `t`'s rows of `_CPU_ROW` elements: their norm is the norm of `t`."""
+    return torch.linalg.vector_norm(t.view(-1, _CPU_ROW), dim=1)
 
 
 @dataclass
