@@ -403,17 +403,12 @@ class Store:
                     have.add(batch[i].step)
                     stored[i] = True
             new = [data for data, keep in zip(batch, stored) if keep]
-            if new:
-                conn.execute(insert(steps), [
-                    {"run_id": run_id, "step": d.step, "seq": d.seq, "time": d.time} for d in new])
-                scalar_rows = [{"run_id": run_id, "key": k, "step": d.step, "value": v, "special": sp}
-                               for d in new for k, (v, sp) in ((k, _encode_scalar(x)) for k, x in d.scalars.items())]
-                if scalar_rows:
-                    conn.execute(insert(scalars_table), scalar_rows)
-                array_rows = [{"run_id": run_id, "metric": m, "step": d.step, "data": raw, "dtype": array_dtype(m)}
-                              for d in new for m, raw in d.arrays.items()]
-                if array_rows:
-                    conn.execute(insert(param_metrics), array_rows)
+            if new:  # driver rows (_insert_plain): SQLAlchemy's per-row work cost more than SQLite's
+                _insert_plain(conn, steps, [(run_id, d.step, d.seq, d.time) for d in new])
+                _insert_plain(conn, scalars_table, [(run_id, k, d.step, *_encode_scalar(x))
+                                                    for d in new for k, x in d.scalars.items()])
+                _insert_plain(conn, param_metrics, [(run_id, m, d.step, raw, array_dtype(m))
+                                                    for d in new for m, raw in d.arrays.items()])
                 new_names |= self._add_names(conn, run_id, "scalar", {k for d in new for k in d.scalars})
                 new_names |= self._add_names(conn, run_id, "param", {m for d in new for m in d.arrays})
                 told = None if notice is None else notice(new)

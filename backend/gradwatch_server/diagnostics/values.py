@@ -201,6 +201,8 @@ class VanishingGrad(_NormJump):
     def _far(self, value: np.ndarray, median: np.ndarray, history: NormHistory, streak: np.ndarray) -> np.ndarray:
         with np.errstate(invalid="ignore"):
             low = value < self.RATIO * median
+            if not low.any():  # the usual case: skip the recent medians (a gather and a sort per step)
+                return np.asarray(low)
             sudden = value < self.SUDDEN * history.median(self.RECENT)
         return np.asarray(low & ((streak > 0) | sudden))
 
