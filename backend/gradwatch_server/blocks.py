@@ -130,12 +130,16 @@ def _reduce(op: np.ufunc, x: np.ndarray, starts: np.ndarray, dtype: type | None 
     axis is ~15x slower than a plain reduction (16 x 1000 float32: 51 us against 3 us), and
     ingest reduces one block at a time; a group of one row is the row itself. Float sums always
     take reduceat: a plain reduction may add pairwise, and a block must come out bit for bit the
-    same whichever batch of blocks it was computed in (ingest, or migration 0004's backfill)."""
+    same whichever batch of blocks it was computed in (ingest, or migration 0004's backfill).
+    Many groups of a min or max (a long window's buckets) are gathered into rows instead
+    (downsample.extreme: 640 x 1,000 float32 into 320 groups, 14 ms -> 0.7 ms)."""
     if len(starts) == len(x):
         return x.astype(dtype or x.dtype, copy=False)
     if len(starts) <= 8 and not (op is np.add and np.dtype(dtype or x.dtype).kind == "f"):
         ends = [*starts[1:], len(x)]
         return np.stack([op.reduce(x[a:b], axis=0, dtype=dtype) for a, b in zip(starts, ends)])
+    if dtype is None and op in (np.minimum, np.maximum):
+        return downsample.extreme(op, x, starts)
     return op.reduceat(x, starts, axis=0, dtype=dtype)
 
 
@@ -200,17 +204,22 @@ def summary(pieces: Pieces) -> downsample.Summary:
     )
 
 
-def peak(pieces: Pieces) -> tuple[np.ndarray, np.ndarray]:
-    """What `downsample.peak` gives for the raw values of each piece: (peaks, empty)."""
-    has_nan = pieces.nan > 0
-    out = np.where(np.abs(pieces.low) > np.abs(pieces.high), pieces.low, pieces.high).astype(np.float64)
+def peak(pieces: Pieces, starts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """What `downsample.peak` gives for the raw values of the groups of pieces beginning at the
+    indices `starts`: (peaks, empty). Only the extremes and NaN counts are merged: a heatmap
+    needs no sums (1,000 parameters x 640 pieces: 3 ms; `merge` takes 10)."""
+    low, high = _reduce(np.minimum, pieces.low, starts), _reduce(np.maximum, pieces.high, starts)
+    has_nan = _reduce(np.maximum, pieces.nan > 0, starts)
+    out = np.where(np.abs(low) > np.abs(high), low, high).astype(np.float64)
     out = np.where(has_nan, np.nan, out)
-    return out, ~(has_nan | (pieces.low <= pieces.high))
+    return out, ~(has_nan | (low <= high))
 
 
-def highest_code(pieces: Pieces) -> np.ndarray:
-    """What `downsample.highest_code` gives for grad_status codes (0 for a piece without any)."""
-    return np.where(pieces.low <= pieces.high, pieces.high, 0).astype(np.uint8)
+def highest_code(pieces: Pieces, starts: np.ndarray) -> np.ndarray:
+    """What `downsample.highest_code` gives for grad_status codes, per group of pieces as in
+    `peak` (0 for a group without any)."""
+    low, high = _reduce(np.minimum, pieces.low, starts), _reduce(np.maximum, pieces.high, starts)
+    return np.where(low <= high, high, 0).astype(np.uint8)
 
 
 # -- which blocks ----------------------------------------------------------------------------

@@ -12,13 +12,15 @@ than points is read raw, bit for bit.
 """
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
-from typing import Any, Literal
+import base64
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any, Literal, TypeVar
 
 import numpy as np
 
 from . import blocks, downsample
-from .jsonvalues import JsonFloat, float_list
+from .jsonvalues import JsonFloat, float_list, word
 from .models import Heatmap, ParamSeries, ParamSeriesPublic, Series
 from .protocol import GRAD_STATUS, absent_mask
 from .store import Param, Store
@@ -33,6 +35,15 @@ BLOCK_CHUNK_VALUES = 1 << 20
 #: A window of at most this many stored steps (or 16 x the points asked for, if more) is read raw:
 #: a few thousand rows read fast, and short runs keep buckets of equal step counts.
 RAW_ROWS = 4096
+
+#: How a heatmap's cells are written: JSON lists, or base64 float32 (docs/api.md, Heatmap).
+Encoding = Literal["json", "f32"]
+
+#: The f32 encoding's NaN, and its cell without a value (quiet NaNs, told apart by their bits).
+NAN_BITS = 0x7FC00000
+EMPTY_BITS = 0x7FC00001
+
+R = TypeVar("R")
 
 
 class NotFound(LookupError):
@@ -80,7 +91,8 @@ def _wall_times(store: Store, run_id: str, step: list[int]) -> dict[str, Any]:
 def scalar_series(store: Store, run_id: str, key: str, start: int | None, end: int | None,
                   max_points: int, with_time: bool = False, raw_rows: int = RAW_ROWS) -> Series:
     _require(key, store.series_names(run_id, "scalar"), "scalar", run_id)
-    found = _long_window(store, run_id, key, None, 1, start, end, max_points, raw_rows, kind="scalar")
+    found = _long_window(store, run_id, key, None, 1, start, end, max_points, raw_rows, blocks.group,
+                         kind="scalar")
     if found is not None:
         s = blocks.summary(blocks.concat(found, 1))
         step, downsampled = [int(f) for p in found for f in p.first], True
@@ -118,7 +130,8 @@ def param_series(store: Store, run_id: str, params: list[Param], metric: str, na
     else:
         last = store.last_metric_row(run_id, metric, start, end)
         chosen = [] if last is None else top_indices(last[1], top, order)
-    found = _long_window(store, run_id, metric, chosen, len(chosen), start, end, max_points, raw_rows)
+    found = _long_window(store, run_id, metric, chosen, len(chosen), start, end, max_points, raw_rows,
+                         blocks.group)
     if found is not None:
         s = blocks.summary(blocks.concat(found, len(chosen)))
         step, downsampled = [int(f) for p in found for f in p.first], True
@@ -136,82 +149,133 @@ def param_series(store: Store, run_id: str, params: list[Param], metric: str, na
 
 def heatmap(store: Store, run_id: str, params: list[Param], metric: str, start: int | None,
             end: int | None, max_steps: int, chunk_rows: int = HEATMAP_CHUNK_ROWS,
-            raw_rows: int = RAW_ROWS) -> Heatmap:
-    """Parameters x step buckets: each cell the bucket's peak (highest code for grad_status).
+            raw_rows: int = RAW_ROWS, encoding: Encoding = "json") -> Heatmap:
+    """Parameters x step buckets: each cell the bucket's peak (highest code for grad_status),
+    as JSON lists (`z`) or, with `encoding="f32"`, as base64 float32 (`z_f32`, docs/api.md).
 
-    The metric is read a few thousand steps at a time, whole buckets per read, so memory stays
-    bounded however long the run.
+    The cells are built as arrays and written out once, the f32 form without a list: 1,000
+    parameters x 313 buckets of 10^4 steps (tests/bench/dashboard.py's run) took 75 ms, now 52
+    in JSON and 45 in f32, most of it reading the 10^4 block rows.
     """
     _require(metric, store.series_names(run_id, "param"), "parameter metric", run_id)
-    found = _long_window(store, run_id, metric, None, len(params), start, end, max_steps, raw_rows)
+    grid = _grid(store, run_id, metric, len(params), start, end, max_steps, chunk_rows, raw_rows)
+    fields: dict[str, Any] = {"z": None, "z_f32": _f32_cells(grid)} if encoding == "f32" else {"z": _json_cells(grid)}
+    # model_construct: the cells are ours and already JSON values; validating a million of them
+    # again took 60 ms of a 1,000 x 1,000 heatmap (tests/bench/storage.py).
+    return Heatmap.model_construct(metric=metric, params=[p.name for p in params], step=grid.step.tolist(),
+                                   downsampled=grid.downsampled, **fields)
+
+
+@dataclass(frozen=True)
+class Grid:
+    """A heatmap's cells before they are written out: parameters x step buckets."""
+
+    step: np.ndarray  # int64: each bucket's first stored step
+    cells: np.ndarray  # float64 peaks (each a stored float32), or uint8 grad_status codes
+    empty: np.ndarray | None  # bool: the bucket has no value (ABSENT only); None for codes
+    downsampled: bool
+
+
+#: Buckets x parameters of a stretch of steps: (first steps, cells, empty or None), as in Grid.
+Cells = tuple[np.ndarray, np.ndarray, np.ndarray | None]
+
+
+def _grid(store: Store, run_id: str, metric: str, count: int, start: int | None, end: int | None,
+          max_steps: int, chunk_rows: int, raw_rows: int) -> Grid:
+    """The window's buckets from the step blocks over a long window, else from the raw rows, a
+    few thousand steps at a time (whole buckets per read), so memory stays bounded however long
+    the run."""
+    reduce = _bucket_codes if metric == GRAD_STATUS else _bucket_peaks
+    found = _long_window(store, run_id, metric, None, count, start, end, max_steps, raw_rows, reduce)
     if found is not None:
-        return Heatmap.model_construct(metric=metric, params=[p.name for p in params], downsampled=True,
-                                       step=[int(f) for p in found for f in p.first],
-                                       z=_heatmap_cells(metric, found, len(params)))
+        return _join_cells(found, count, downsampled=True)
     all_steps = store.metric_steps(run_id, metric, start, end)
     starts = downsample.bucket_starts(len(all_steps), max_steps)
     first_steps = all_steps[starts]
-    columns: list[list[int | JsonFloat]] = [[] for _ in params]
+    chunks: list[Cells] = []
     for lo, hi in _bucket_chunks(starts, len(all_steps), chunk_rows):
         last_row = starts[hi] - 1 if hi < len(starts) else len(all_steps) - 1
         steps, rows = store.metric_rows(run_id, metric, int(first_steps[lo]), int(all_steps[last_row]))
         local = np.searchsorted(steps, first_steps[lo:hi])
         if metric == GRAD_STATUS:
-            cells = downsample.highest_code(rows, local)
-            for i in range(rows.shape[1]):
-                columns[i].extend(cells[:, i].tolist())
+            chunks.append((first_steps[lo:hi], downsample.highest_code(rows, local), None))
         else:
-            cells, empty = downsample.peak(rows, local, absent_mask(rows))
-            for i in range(rows.shape[1]):
-                columns[i].extend(float_list(cells[:, i], empty[:, i]))
-    # model_construct: the cells are ours and already JSON values; validating a million of them
-    # again took 60 ms of a 1,000 x 1,000 heatmap (tests/bench/storage.py).
-    return Heatmap.model_construct(metric=metric, params=[p.name for p in params], step=first_steps.tolist(),
-                                   z=columns, downsampled=len(starts) < len(all_steps))
+            chunks.append((first_steps[lo:hi], *downsample.peak(rows, local, absent_mask(rows))))
+    return _join_cells(chunks, count, downsampled=len(starts) < len(all_steps))
 
 
-def _heatmap_cells(metric: str, found: list[blocks.Pieces], count: int) -> list[list[int | JsonFloat]]:
-    columns: list[list[int | JsonFloat]] = [[] for _ in range(count)]
-    for pieces in found:
-        if metric == GRAD_STATUS:
-            codes = blocks.highest_code(pieces)
-            for i in range(count):
-                columns[i].extend(codes[:, i].tolist())
-        else:
-            cells, empty = blocks.peak(pieces)
-            for i in range(count):
-                columns[i].extend(float_list(cells[:, i], empty[:, i]))
-    return columns
+def _bucket_peaks(pieces: blocks.Pieces, width: int) -> Cells:
+    starts = blocks.breaks(pieces.first // width)
+    return (pieces.first[starts], *blocks.peak(pieces, starts))
+
+
+def _bucket_codes(pieces: blocks.Pieces, width: int) -> Cells:
+    starts = blocks.breaks(pieces.first // width)
+    return pieces.first[starts], blocks.highest_code(pieces, starts), None
+
+
+def _join_cells(chunks: list[Cells], count: int, downsampled: bool) -> Grid:
+    """The chunks' buckets side by side, transposed to parameters x buckets."""
+    if not chunks:
+        return Grid(np.empty(0, np.int64), np.empty((count, 0)), np.empty((count, 0), bool), downsampled)
+    masks = [c[2] for c in chunks if c[2] is not None]
+    return Grid(step=np.concatenate([c[0] for c in chunks]), cells=np.concatenate([c[1] for c in chunks]).T,
+                empty=np.concatenate(masks).T if masks else None, downsampled=downsampled)
+
+
+def _json_cells(grid: Grid) -> list[list[int | JsonFloat]]:
+    """The cells as JSON lists: numbers as they are, then the few others (NaN, ±Inf, empty) fixed."""
+    rows: list[list[int | JsonFloat]] = grid.cells.tolist()
+    if grid.empty is None:
+        return rows
+    odd = grid.empty | ~np.isfinite(grid.cells)
+    for i, j in zip(*(a.tolist() for a in np.nonzero(odd))):
+        rows[i][j] = None if grid.empty[i, j] else word(float(grid.cells[i, j]))
+    return rows
+
+
+def _f32_cells(grid: Grid) -> str:
+    """The cells as base64 of little-endian float32, row-major, exactly as `_json_cells` gives
+    them: every peak is a stored float32 and every code a small integer, so the conversion is
+    exact; a NaN becomes NAN_BITS (whatever payload it was stored with), an empty cell EMPTY_BITS."""
+    out = grid.cells.astype("<f4", order="C")
+    bits = out.view("<u4")
+    bits[np.isnan(out)] = NAN_BITS
+    if grid.empty is not None:
+        bits[grid.empty] = EMPTY_BITS
+    return base64.b64encode(out.tobytes()).decode("ascii")
 
 
 def _long_window(store: Store, run_id: str, name: str, indices: Sequence[int] | None, count: int,
                  start: int | None, end: int | None, max_points: int, raw_rows: int,
-                 kind: str = "param") -> list[blocks.Pieces] | None:
+                 reduce: Callable[[blocks.Pieces, int], R], kind: str = "param") -> list[R] | None:
     """The window in at most `max_points` aligned buckets built from the stored step blocks, a
-    chunk of buckets per list item, for the parameters `indices` (all `count` when None) of a
-    parameter metric, or for a scalar (`kind="scalar"`); None when it holds few enough stored
-    steps to be read raw (see the module docstring)."""
+    chunk of buckets per list item (what `reduce` makes of its pieces and the bucket width), for
+    the parameters `indices` (all `count` when None) of a parameter metric, or for a scalar
+    (`kind="scalar"`); None when it holds few enough stored steps to be read raw (see the module
+    docstring)."""
     bounds = store.series_bounds(run_id, name, start, end, kind)
     if bounds is None:
         return None
     limit = max(raw_rows, blocks.SIZES[0] * max_points, max_points)
-    if store.series_count(run_id, name, *bounds, kind) <= limit:
+    # Steps are distinct: a span of no more steps than the limit holds no more (no count needed).
+    if bounds[1] - bounds[0] < limit or store.series_count(run_id, name, *bounds, kind) <= limit:
         return None
     plan = blocks.bucket_width(*bounds, max_points)
     assert plan is not None  # steps are distinct: the span is at least the count
-    return list(_bucketed(store, run_id, name, indices, count, kind, *bounds, *plan))
+    return [reduce(pieces, plan[0]) for pieces in _pieces(store, run_id, name, indices, count, kind, *bounds, *plan)]
 
 
-def _bucketed(store: Store, run_id: str, name: str, indices: Sequence[int] | None, count: int, kind: str,
-              lo: int, hi: int, width: int, size: int) -> Iterator[blocks.Pieces]:
-    """Buckets of `width` steps over [lo, hi] from blocks of at most `size` steps, a chunk of
-    whole buckets per store read (about BLOCK_CHUNK_VALUES summaries)."""
+def _pieces(store: Store, run_id: str, name: str, indices: Sequence[int] | None, count: int, kind: str,
+            lo: int, hi: int, width: int, size: int) -> Iterator[blocks.Pieces]:
+    """Pieces of [lo, hi] from blocks of at most `size` steps, a chunk of whole buckets of
+    `width` steps per store read (about BLOCK_CHUNK_VALUES summaries)."""
     pieces = max(1, BLOCK_CHUNK_VALUES // max(1, count))
     span = width * max(1, pieces * size // width)
     a = lo
     while a <= hi:
         b = min(hi, (a // span + 1) * span - 1)
-        yield blocks.group(store.series_pieces(run_id, name, a, b, size, indices, kind), width)
+        yield store.series_pieces(run_id, name, a, b, size, indices, kind)
         a = b + 1
 
 

@@ -180,8 +180,14 @@ class Heatmap(BaseModel):
     metric: str
     params: list[str]
     step: list[int] = Field(description="each column's first step")
-    z: list[list[int | JsonFloat]] = Field(description="z[i][j]: parameter i over step bucket j")
+    z: list[list[int | JsonFloat]] | None = Field(
+        description="z[i][j]: parameter i over step bucket j; null with encoding=f32 (see z_f32)")
     downsampled: bool
+    z_f32: str | None = Field(default=None, description=(
+        "only with encoding=f32: the cells as base64 (standard alphabet, padded) of little-endian float32, "
+        "row-major, shape [len(params), len(step)]: cell (i, j) is float i*len(step)+j, the value z[i][j] "
+        "would hold; a cell without a value (null in z) is the NaN with bits 0x7FC00001 (EMPTY), a NaN "
+        "0x7FC00000; for grad_status the codes 0-3 as floats"))
 
 
 class FindingFigure(BaseModel):

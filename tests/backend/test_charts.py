@@ -10,6 +10,7 @@ import pytest
 from gradwatch_server import charts
 from gradwatch_server.protocol import Hello, parse_message
 from gradwatch_server.store import StepData, Store, open_store
+from heatcells import assert_same_cells
 from wiremsg import ABSENT_BITS, hello
 
 P, N = 5, 203
@@ -64,6 +65,16 @@ def test_heatmap_matches_a_naive_loop_whatever_the_chunking(store: Store, data: 
             assert grid.z[i][j] == naive_peak(chunk), (i, j)
     codes = charts.heatmap(store, "c", params, "grad_status", None, None, 9, chunk_rows=chunk_rows)
     assert codes.z[0] == [max(k % 4 for k in range(edges[j], edges[j + 1])) for j in range(9)]
+
+
+@pytest.mark.parametrize("chunk_rows", [1, 7, 10**6])
+@pytest.mark.parametrize("metric", ["grad_norm", "grad_status"])
+def test_heatmap_f32_holds_the_json_cells_whatever_the_chunking(store: Store, chunk_rows: int, metric: str) -> None:
+    params = store.get_params("c")
+    for start, end, steps in ((None, None, 9), (None, None, 400), (35, 1500, 13)):
+        grids = [charts.heatmap(store, "c", params, metric, start, end, steps, chunk_rows=chunk_rows, encoding=encoding)
+                 for encoding in ("json", "f32")]
+        assert_same_cells(*(g.model_dump(exclude_unset=True) for g in grids))
 
 
 def test_heatmap_window_without_downsampling(store: Store) -> None:

@@ -5,7 +5,7 @@ import math
 
 import numpy as np
 import pytest
-from gradwatch_server.downsample import bucket_starts, highest_code, peak, summarize
+from gradwatch_server.downsample import bucket_starts, extreme, highest_code, peak, summarize
 
 
 def naive_ranges(n: int, buckets: int) -> list[range]:
@@ -73,3 +73,17 @@ def test_peak_keeps_the_largest_magnitude_and_nan_wins() -> None:
 def test_highest_code() -> None:
     codes = np.array([[0, 2], [1, 3], [2, 1]], dtype=np.uint8)
     assert highest_code(codes, np.array([0, 2])).tolist() == [[1, 3], [2, 1]]
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_extreme_is_reduceat_whatever_the_bucket_sizes(seed: int) -> None:
+    """Even buckets, a long first bucket (a long window's raw steps beside its blocks), one
+    bucket, and buckets of one: the gather gives what numpy's reduceat gives."""
+    rng = np.random.default_rng(seed)
+    n = int(rng.integers(1, 400))
+    starts = [np.arange(0, n, max(1, n // 7)), np.r_[0, np.arange(n // 2, n)], np.array([0]),
+              np.unique(np.r_[0, rng.integers(0, n, int(rng.integers(1, n + 1)))])][seed % 4].astype(np.int64)
+    x = rng.standard_normal((n, 3)).astype(np.float32)
+    for op in (np.minimum, np.maximum):
+        assert np.array_equal(extreme(op, x, starts), op.reduceat(x, starts, axis=0))
+    assert np.array_equal(extreme(np.maximum, x > 1, starts), np.maximum.reduceat(x > 1, starts, axis=0))
