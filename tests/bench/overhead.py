@@ -14,8 +14,9 @@ Variants, interleaved round by round on the same model and optimizer:
 The peers (tensorboard, wandb) are installed for the benchmark only (tests/bench/requirements-peers.txt,
 `make bench`); a peer that is not installed is reported as "n/a".
 
-Per round, each variant's median step time; the figure is the median over rounds of the paired
-ratio variant/baseline - 1. The hook's background (sender thread) CPU per step is measured too
+Per round, each variant's median step time (for every="auto", which measures only some steps,
+the mean over a run 4x as long, against the baseline's mean); the figure is the median over rounds
+of the paired ratio variant/baseline - 1. The hook's background (sender thread) CPU per step is measured too
 and charged: "charged" adds what it takes beyond the baseline's (torch's intra-op threads count
 there too) to the variant's step time, as if it ran on the training core.
 
@@ -37,7 +38,7 @@ import tempfile
 import time
 import urllib.request
 from pathlib import Path
-from typing import Callable
+from typing import Callable, NamedTuple
 
 import torch
 from torch import nn
@@ -111,9 +112,15 @@ def start_server(tmp: Path) -> tuple[subprocess.Popen, str]:
     raise SystemExit("the gradwatch server did not start")
 
 
+class Timing(NamedTuple):
+    median: float  # wall seconds per step
+    mean: float
+    background: float  # CPU seconds per step of threads other than this one
+
+
 def time_steps(model: nn.Module, opt: torch.optim.Optimizer, loss_fn, steps: int,
-               after_backward: Callable[[], None] | None = None) -> tuple[float, float]:
-    """Median wall time per step, and background-thread CPU seconds per step."""
+               after_backward: Callable[[], None] | None = None) -> Timing:
+    """Step times, and background-thread CPU seconds per step."""
     times = []
     cpu0, thread0 = time.process_time(), time.thread_time()
     for _ in range(steps):
@@ -125,7 +132,7 @@ def time_steps(model: nn.Module, opt: torch.optim.Optimizer, loss_fn, steps: int
         opt.step()
         times.append(time.perf_counter() - t0)
     background = (time.process_time() - cpu0) - (time.thread_time() - thread0)
-    return statistics.median(times), max(background, 0.0) / steps
+    return Timing(statistics.median(times), statistics.fmean(times), max(background, 0.0) / steps)
 
 
 def main() -> None:
@@ -199,23 +206,25 @@ def bench(name: str, url: str, rounds: int, steps: int, wanted: list[str], tmp: 
             for t in (p.grad, p, st["exp_avg"], st["exp_avg_sq"]):
                 t.sum()
 
-    def with_hook(every: int | str, server: str = url) -> Callable[[], tuple[float, float]]:
-        def run() -> tuple[float, float]:
+    def with_hook(every: int | str, server: str = url, count: int = steps) -> Callable[[], Timing]:
+        def run() -> Timing:
             w = gradwatch.watch(opt, model=model, run=f"bench-{name}-{every}", project="bench", server=server,
                                 every=every, warn=False)
             try:
-                return time_steps(model, opt, loss_fn, steps)
+                return time_steps(model, opt, loss_fn, count)
             finally:
                 w.close(timeout=30 if server == url else 0.5)
                 if server != url:  # else the next watch() would replay it while others are timed
                     shutil.rmtree(os.environ["GRADWATCH_SPOOL"], ignore_errors=True)
         return run
 
-    variants: dict[str, Callable[[], tuple[float, float]]] = {
+    variants: dict[str, Callable[[], Timing]] = {
         "baseline": lambda: time_steps(model, opt, loss_fn, steps),
         "naive": lambda: time_steps(model, opt, loss_fn, steps, naive),
         "gradwatch": with_hook(1),
-        "gradwatch_auto": with_hook("auto"),
+        # every="auto" measures some steps and not others: its figure is the mean over a run long
+        # enough for several measured steps (the first step, always measured, included), not a median
+        "gradwatch_auto": with_hook("auto", count=4 * steps),
         "gradwatch_spool": with_hook(1, server=f"http://127.0.0.1:{free_port()}"),
         "floor": lambda: time_steps(model, opt, loss_fn, steps, floor),
     }
@@ -229,12 +238,12 @@ def bench(name: str, url: str, rounds: int, steps: int, wanted: list[str], tmp: 
         order = list(variants)
         random.Random(r).shuffle(order)
         got = {k: variants[k]() for k in order}
-        base, base_bg = got["baseline"]
+        base, base_mean, base_bg = got["baseline"]
         base_times.append(base)
         for k in measured:
-            ratios[k].append(got[k][0] / base - 1)
+            ratios[k].append(got[k].mean / base_mean - 1 if k == "gradwatch_auto" else got[k].median / base - 1)
         if "gradwatch" in got:
-            hook_time, hook_bg = got["gradwatch"]
+            hook_time, _, hook_bg = got["gradwatch"]
             # torch's own intra-op threads show up as "background" in every variant: charge the excess
             ratios["gradwatch_charged"].append((hook_time + max(hook_bg - base_bg, 0.0)) / base - 1)
         print(f"{name} round {r + 1}/{rounds}: baseline {base * 1e3:.1f} ms, "
@@ -245,9 +254,9 @@ def bench(name: str, url: str, rounds: int, steps: int, wanted: list[str], tmp: 
 
 
 def peers(name: str, model: nn.Module, opt: torch.optim.Optimizer, loss_fn, named: list[tuple[str, nn.Parameter]],
-          steps: int, tmp: Path) -> dict[str, Callable[[], tuple[float, float]]]:
+          steps: int, tmp: Path) -> dict[str, Callable[[], Timing]]:
     """TensorBoard and wandb variants, for those installed."""
-    out: dict[str, Callable[[], tuple[float, float]]] = {}
+    out: dict[str, Callable[[], Timing]] = {}
     try:
         from torch.utils.tensorboard import SummaryWriter
     except ImportError:
@@ -278,7 +287,7 @@ def peers(name: str, model: nn.Module, opt: torch.optim.Optimizer, loss_fn, name
         run = wandb.init(project="gradwatch-bench", name=name, mode="offline", dir=str(tmp),
                          settings=wandb.Settings(silent=True, console="off"))
 
-        def with_wandb() -> tuple[float, float]:
+        def with_wandb() -> Timing:
             run.watch(model, log="all", log_freq=1)
             last = [0.0]
 

@@ -56,10 +56,16 @@ class GradTracker:
         Called after every optimizer step, and for steps a GradScaler skipped, with the
         parameters of the optimizer that stepped (default: all); the arrays cover those only.
         """
-        chosen = range(len(self._params)) if indices is None else indices
-        passes = np.asarray([self._passes[i] for i in chosen], dtype=np.float32)
-        clear = np.asarray([np.nan if self._clear[i] is None else self._clear[i] for i in chosen], dtype=np.float32)
-        for i in chosen:
+        if indices is None:  # one optimizer: whole lists at once (this runs at every step)
+            passes = np.array(self._passes, dtype=np.float32)
+            clear = np.array([np.nan if c is None else c for c in self._clear], dtype=np.float32)
+            self._ref = [(None, 0) if (g := p.grad) is None else (weakref.ref(g), g._version) for p in self._params]
+            self._passes = [0] * len(self._params)
+            self._clear = [None] * len(self._params)
+            return passes, clear
+        passes = np.asarray([self._passes[i] for i in indices], dtype=np.float32)
+        clear = np.asarray([np.nan if self._clear[i] is None else self._clear[i] for i in indices], dtype=np.float32)
+        for i in indices:
             g = self._params[i].grad
             self._ref[i] = (None, 0) if g is None else (weakref.ref(g), g._version)
             self._passes[i] = 0
