@@ -86,6 +86,8 @@ class Watcher:
         self._clear = np.full(len(self.layout.params), np.nan, dtype=np.float32)
         self._sender_cpu = 0.0  # sender-thread CPU seconds at the last measured step
         self._light_s = 0.0  # training-thread seconds of the last unmeasured step's cheap facts
+        self._render_s = 0.0  # sender-thread CPU seconds to render the last measured step
+        self._sender_step_s = 0.0  # sender-thread CPU seconds per step between the last two measured ones
         self._since_measured = 0  # steps since the last measured step
         self._logged: dict[str, Any] = {}
         self._closed = False
@@ -171,8 +173,12 @@ class Watcher:
             snapshot = self._probe.finish(logged, host)
             steps, self._since_measured = self._since_measured, 0
             if snapshot is not None:
-                step_time = self._step_time
-                self._sender.submit_step(lambda s=snapshot: self._render(s, step_time, steps))
+                # The sampler learns now, not when the sender gets to this step (up to a `linger`
+                # later, when tens of steps could have been measured meanwhile): this step's
+                # training-thread cost, and the sender's costs as last seen.
+                self._sampler.observe(snapshot.cost_s + self._render_s, self._step_time,
+                                      self._light_s + self._sender_step_s)
+                self._sender.submit_step(lambda s=snapshot: self._render(s, steps))
             return
         started = time.perf_counter()
         tensors = {key: v for key, v in logged.items() if isinstance(v, torch.Tensor) and v.device.type != "cpu"}
@@ -246,7 +252,7 @@ class Watcher:
         self.close()
 
     # -- sender thread ---------------------------------------------------------------------
-    def _render(self, snapshot: Snapshot, step_time: float, steps: int) -> wire.StepRecord:
+    def _render(self, snapshot: Snapshot, steps: int) -> wire.StepRecord:
         started = time.thread_time()
         metrics, status, scalars = snapshot.resolve()
         self._probe.recycle(snapshot)
@@ -259,9 +265,8 @@ class Watcher:
         scalars["hook/train_s"] = snapshot.cost_s
         scalars["hook/sender_cpu_s"] = cpu / max(1, steps)
         record = wire.StepRecord(snapshot.step, snapshot.time, scalars, metrics, status)
-        # what every step costs whether measured or not: its cheap facts, and the sender's CPU
-        every_step = self._light_s + (cpu / steps if steps > 1 else 0.0)
-        self._sampler.observe(snapshot.cost_s + time.thread_time() - started, step_time, every_step)
+        self._sender_step_s = cpu / steps if steps > 1 else 0.0  # what every step costs the sender
+        self._render_s = time.thread_time() - started
         return record
 
 
