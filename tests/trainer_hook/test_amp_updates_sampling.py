@@ -115,6 +115,9 @@ def test_every_auto_samples_less_when_the_hook_is_costly_relative_to_the_step() 
     assert msgs[0]["step"] == 1
     assert 1 < len(msgs) < 100, len(msgs)
     assert w._sampler.interval > 1
+    # learnt at the measured step itself, not when the paced sender gets to it (steps 1 and 2
+    # are measured before the step time is known; then the interval holds)
+    assert len([m for m in msgs if m["step"] <= 20]) <= 3
 
 
 @pytest.mark.parametrize("every", [0, -1, 1.5, "sometimes", True, None])
