@@ -42,6 +42,13 @@ export function statusCode(v) {
   return i < 0 ? null : i;
 }
 
+/** `x` to 4 significant digits as Plotly's hover writes it (d3's ".4~g"): "0.1235", "1.5e-7". */
+export function fmtSignificant(x, digits = 4) {
+  const [mantissa, exponent] = x.toPrecision(digits).split("e");
+  const m = mantissa.includes(".") ? mantissa.replace(/\.?0+$/, "") : mantissa;
+  return (exponent ? `${m}e${exponent}` : m).replace(/^-/, "\u2212");
+}
+
 /** A number for people: 4 significant digits, NaN/±Inf named, ABSENT as an em dash. */
 export function fmtNum(x, digits = 4) {
   if (x === null || x === undefined) return "—";
@@ -52,10 +59,14 @@ export function fmtNum(x, digits = 4) {
   return String(Number(x.toPrecision(digits)));
 }
 
-/** A count with thousands grouped, or compact (1.2M) when `compact`. */
+/**
+ * A count with thousands grouped by commas, or compact (1.2M) when `compact`. Grouped by hand:
+ * the first toLocaleString() loads the browser's locale data, ~100 ms before the run page's
+ * first chart on a slow machine.
+ */
 export function fmtCount(n, compact = false) {
   if (n === null || n === undefined || Number.isNaN(n)) return "—";
-  if (!compact || Math.abs(n) < 10000) return Math.round(n).toLocaleString("en-US");
+  if (!compact || Math.abs(n) < 10000) return String(Math.round(n)).replace(/\B(?=(\d{3})+$)/g, ",");
   const units = [["B", 1e9], ["M", 1e6], ["k", 1e3]];
   for (const [u, s] of units) if (Math.abs(n) >= s) return `${Number((n / s).toPrecision(3))}${u}`;
   return String(n);

@@ -79,18 +79,25 @@ def significant(v: float) -> str:
     return f"{round(v, digits):.{max(digits, 0)}f}".rstrip("0").rstrip(".")
 
 
+#: The columns a heatmap draws (charts/heatmap.js, segments): [[step, x of its centre], ...].
+COLUMNS = """(c) => {
+    const el = document.querySelector(`[data-chart="${c}"]`);
+    const chart = Object.values(window.gradwatch.views).find((v) => v.chart && v.chart.el === el).chart;
+    return chart.shown.flatMap((seg) => seg.steps.map((s, j) => [s, (seg.edges[j] + seg.edges[j + 1]) / 2]));
+}"""
+
+
 def hover_text(p: sync_api.Page, name: str, step: int, row: int) -> list[str]:
     """Move the mouse over the cell (step, row) of a heatmap; the hover label's lines."""
     el = chart(p, name)
     el.scroll_into_view_if_needed()
-    x, y = p.evaluate("""([c, step, row]) => {
-        const el = document.querySelector(`[data-chart="${c}"]`);
+    x, y = p.evaluate(f"""([c, step, row]) => {{
+        const el = document.querySelector(`[data-chart="${{c}}"]`);
         const fl = el._fullLayout;
         const box = el.getBoundingClientRect();
-        const trace = el._fullData.find((t) => t.type === 'heatmap');
-        const j = trace.text[0].indexOf(String(step));
-        return [box.left + fl._size.l + fl.xaxis.l2p(trace.x[j]), box.top + fl._size.t + fl.yaxis.l2p(row)];
-    }""", [name, step, row])
+        const [, x] = ({COLUMNS})(c).find(([s]) => s === step);
+        return [box.left + fl._size.l + fl.xaxis.l2p(x), box.top + fl._size.t + fl.yaxis.l2p(row)];
+    }}""", [name, step, row])
     p.mouse.move(x, y)
     label = el.locator(".hoverlayer .hovertext").first
     sync_api.expect(label).to_be_visible()
@@ -135,8 +142,7 @@ def test_zoom_fetches_the_window_at_full_resolution(dash: ServerProcess, page: P
     heat.scroll_into_view_if_needed()
     sync_api.expect(heat).to_have_attribute("data-window", f"{a}-{b}")
     assert any(f"/heatmap?metric=grad_norm&start={a}&end={b}&" in u for u in requests), requests
-    columns = p.evaluate("""() => document.querySelector('[data-chart="grad-norm-heatmap"]').data
-        .filter((t) => t.name === 'log').flatMap((t) => t.text[0].map(Number))""")
+    columns = [s for s, _ in p.evaluate(COLUMNS, "grad-norm-heatmap")]
     assert [s for s in columns if a <= s <= b] == list(range(a, b + 1))
     chart(p, "loss").scroll_into_view_if_needed()
 

@@ -2,12 +2,15 @@
 // switches, teardown, and what the page publishes about its drawing (performance marks
 // `gradwatch:drawn:<name>` on a chart's first draw with data; window.__gradwatchLive, the
 // time each live step was drawn, for tests and tests/bench/dashboard.py).
-// Subclasses set `this.pacer`, draw with `draw()` and set `this.drawn` once Plotly has a plot.
+// Subclasses set `this.pacer`, implement `render()` (one full Plotly draw) and set `this.drawn`
+// once Plotly has a plot; everyone else calls `draw()`, which renders when the chart's turn
+// comes (turns.js).
 // A zoom or a zoomed window's detail reaches a chart scrolled out of view as `stale`: it is
 // drawn by the chart's pacer when the chart comes into view, so a zoom costs only the charts
 // that can be seen.
 
 import { plotly } from "./theme.js";
+import { drawTurn } from "./turns.js";
 
 const LIVE_LOG = 5000; // entries kept in window.__gradwatchLive
 
@@ -28,6 +31,17 @@ export class Chart {
     this.detail = null;     // the zoomed window at full resolution (subclasses define its shape)
     this.markedDrawn = false;
     this.stale = false;     // drawn with another zoom than this.xRange / this.detail: redraw in view
+    this.drawing = null;    // the draw waiting for its turn
+    this.destroyed = false;
+  }
+
+  /** Draw the chart as it stands when its turn comes (turns.js); draws asked for meanwhile are that one. */
+  draw() {
+    this.drawing ||= drawTurn(this.el).then(() => {
+      this.drawing = null;
+      return this.destroyed ? undefined : this.render();
+    });
+    return this.drawing;
   }
 
   /**
@@ -84,6 +98,7 @@ export class Chart {
   }
 
   destroy() {
+    this.destroyed = true; // a draw waiting for its turn is dropped
     this.pacer.destroy();
     this.unregister();
     if (this.drawn) plotly().purge(this.el);

@@ -1,33 +1,46 @@
 // Parameter x step heatmaps. Two kinds:
 //   "status": gradient buffer status, four discrete colours (none / zero / nonzero / nonfinite);
-//   "log":    a magnitude on a log colour scale; NaN/Inf cells and exact zeros are drawn by an
-//             overlay in their own colours (red / grey) rather than vanishing from the scale.
-// Live columns are kept here, each live step merged into the last column until that column
-// spans as many steps as the others (by the server's rule: the bucket's worst status, or its
-// largest magnitude with non-finite winning), and columns are merged pairwise when there are
-// too many, so the grid stays bounded and evenly spaced; the chart is redrawn from them (at
-// most once a second, only while in view: see pacer.js), never by asking the server again.
-// Evenly spaced columns and no gaps between cells let Plotly paint one pixel per cell and
-// scale the image (its "fast" heatmap path) instead of one rectangle per cell: so each run of
-// evenly spaced columns (the overview either side of a zoomed window, the window) is its own
-// trace, and the hover takes the step from `text` (the trace's x is the even spacing).
+//   "log":    a magnitude on a log colour scale (Viridis); NaN/Inf cells and exact zeros in
+//             their own colours (red / grey) rather than vanishing from the scale.
+// Cells are float32 columns (grid.js: a Float32Array per step bucket, one cell per row), as
+// the server sends them. Live columns are kept here, each live step merged into the last column
+// until that column spans as many steps as the others (by the server's rule: the bucket's worst
+// status, or its largest magnitude with non-finite winning), and columns are merged pairwise
+// when there are too many, so the grid stays bounded and evenly spaced; the chart is redrawn
+// from them (at most once a second, only while in view: see pacer.js), never by asking the
+// server again.
+// The cells are painted here into an image, a pixel per cell (raster.js), that Plotly shows
+// stretched over their steps and rows, one image per run of columns (the overview either side
+// of a zoomed window, the window); the hover is found here too (cell-hover.js). Plotly draws a
+// heatmap trace of no cells that lays out the axes (a category axis of the rows, the columns'
+// steps) and the colour bar.
 // Rows come ordered by module (modules.js, moduleOrder); lines separate the modules and, when
 // the rows are too thin for a label each, the y axis names the modules instead of parameters.
 // Hover always names the parameter, the step and the value. A zoomed heatmap draws its window
 // from `detail` (columns fetched at full resolution) and the overview's columns around it.
 
-import { GRAD_STATUS, isNonFinite, nonFiniteLabel, plotlyText } from "../format.js";
+import { fmtSignificant, GRAD_STATUS, nonFiniteLabel, plotlyText } from "../format.js";
+import { bitsOf, EMPTY_BITS, mergeColumns } from "../grid.js";
 import { coarseGroups } from "../modules.js";
-import { markerLayout, markMarkers } from "./markers.js";
+import { markerLayout, markMarkers, sameMarkers } from "./markers.js";
 import { Chart, noteLive } from "./base.js";
+import { cellHover } from "./cell-hover.js";
 import { Pacer } from "./pacer.js";
-import { baseConfig, baseLayout, plotly, registerChart, theme, whenPlotly } from "./theme.js";
+import { cellsImage, pixel, rgbaOf, scalePixels, VIRIDIS } from "./raster.js";
+import { baseConfig, baseLayout, MARGIN, plotly, registerChart, textWidth, theme, Y_LABEL_PAD } from "./theme.js";
 
 const REDRAW_MS = 1000;
 const LABEL_PX = 13;      // the least height per y label
 const SEPARATOR_PX = 7;   // the least height between two module separators
 const GAP_CELLS = 20000;  // up to this many cells, rows tall enough get a 1 px gap between them
+const MAX_IMAGE_PX = 4096; // the widest image of unevenly spaced columns
 const MAX_ROWS_PX = 4000; // rows get 1 px at least up to this many (taller than the usual 760 px)
+const LABEL_FONT_PX = 11;
+// Room that Plotly's automargin asks for (measured, padding included; theme.js, MARGIN): half
+// a y label above the first row; half the last x label, or the colour bar, on the right.
+const MARGIN_TOP = 18;
+const MARGIN_RIGHT = { status: 24, log: 96 };
+let viridis = null; // its pixels (raster.js), made once
 
 export class HeatmapChart extends Chart {
   /**
@@ -40,22 +53,18 @@ export class HeatmapChart extends Chart {
     this.opts = { maxSteps: 400, label: "value", emptyText: "No data yet", ...opts };
     this.rows = [];   // parameter names, top to bottom
     this.steps = [];  // x of each column (its first step)
-    this.cols = [];   // column j: values per row (codes for "status", numbers for "log")
+    this.cols = [];   // column j: a Float32Array, a cell per row (codes for "status", values for "log")
     this.markers = []; // findings drawn as vertical lines (charts/markers.js), without labels
     this.separators = []; // lines between modules (shapes), as last drawn
     this.halved = false;  // live columns were merged: the overview is no longer at full resolution
     this.width = 1;       // steps per column (the overview's spacing), which live columns keep to
     this.liveTop = null;  // the last live step not drawn yet
-    this.pacer = new Pacer(el, () => this.draw(), { minMs: REDRAW_MS, factor: 10 });
+    // Live columns: paced here, so they need no turn (turns.js), unless one is pending anyway.
+    this.pacer = new Pacer(el, () => this.drawing || this.render(), { minMs: REDRAW_MS, factor: 10 });
     this.unregister = registerChart(this);
   }
 
-  /** Replace the grid (REST): rows = names, z[i][j] = row i at column j (already decoded). */
-  setData(rows, steps, z) {
-    return this.setColumns(rows, steps, steps.map((_, j) => rows.map((_, i) => (z[i] ? z[i][j] : null))));
-  }
-
-  /** Replace the grid, given as columns: cols[j][i] = row i at column j. */
+  /** Replace the grid, given as columns: cols[j][i] = row i at column j (grid.js). */
   setColumns(rows, steps, cols) {
     this.detail = null;
     this.halved = false;
@@ -69,6 +78,7 @@ export class HeatmapChart extends Chart {
 
   /** Show where findings began (markers.js); redraws only the shapes. */
   setMarkers(markers) {
+    if (sameMarkers(markers, this.markers)) return Promise.resolve();
     this.markers = markers.slice();
     if (!this.drawn) return Promise.resolve();
     const cells = this.rows.length * this.cols.length;
@@ -78,35 +88,34 @@ export class HeatmapChart extends Chart {
   }
 
   /**
-   * The columns drawn, as runs of evenly spaced ones: [{steps, cols}]. A heatmap's detail
+   * The columns drawn, in runs (segment(), below; none without columns). A heatmap's detail
    * (setDetail) is {start, end, steps, cols}: columns like this.cols (one value per row) that
    * stand for the overview's within steps [start, end]; then the overview's columns before it,
    * the detail's and the overview's after it are three segments.
    */
   segments() {
     const d = this.detail;
-    if (!d) return [{ steps: this.steps, cols: this.cols }];
+    if (!d) return this.steps.length ? [segment(this.steps, this.cols, this.width)] : [];
     let a = 0;
     while (a < this.steps.length && this.steps[a] < d.start) a++;
     let b = a;
     while (b < this.steps.length && this.steps[b] <= d.end) b++;
     return [
-      { steps: this.steps.slice(0, a), cols: this.cols.slice(0, a) },
-      { steps: d.steps, cols: d.cols },
-      { steps: this.steps.slice(b), cols: this.cols.slice(b) },
-    ].filter((seg) => seg.steps.length);
+      [this.steps.slice(0, a), this.cols.slice(0, a), this.width],
+      [d.steps, d.cols, Math.max(1, d.end - d.start + 1)],
+      [this.steps.slice(b), this.cols.slice(b), this.width],
+    ].filter(([steps]) => steps.length).map(([steps, cols, width]) => segment(steps, cols, width));
   }
 
   /**
-   * Add live columns: each {step, values} with one value per row. A step within the last
-   * column's span (this.width steps) is merged into it, so the columns stay evenly spaced.
+   * Add live columns: each {step, values} with a cell per row (grid.liveColumn). A step within
+   * the last column's span (this.width steps) is merged into it, so the columns stay evenly spaced.
    */
   appendColumns(columns) {
     for (const c of columns) {
       const last = this.steps.length - 1;
       if (last >= 0 && this.width > 1 && c.step < this.steps[last] + this.width) {
-        const prev = this.cols[last];
-        this.cols[last] = c.values.map((v, i) => this.merge(prev[i], v));
+        this.cols[last] = mergeColumns(this.cols[last], c.values, this.opts.kind === "status");
         this.halved = true;
       } else {
         this.steps.push(c.step);
@@ -127,23 +136,13 @@ export class HeatmapChart extends Chart {
     for (let j = 0; j < this.cols.length; j += 2) {
       steps.push(this.steps[j]);
       const b = this.cols[j + 1];
-      cols.push(b ? this.cols[j].map((v, i) => this.merge(v, b[i])) : this.cols[j]);
+      cols.push(b ? mergeColumns(this.cols[j], b, this.opts.kind === "status") : this.cols[j]);
     }
     this.steps = steps;
     this.cols = cols;
   }
 
-  merge(a, b) {
-    if (a === null || a === undefined) return b ?? null;
-    if (b === null || b === undefined) return a;
-    if (this.opts.kind === "status") return Math.max(a, b);
-    if (isNonFinite(a)) return a;
-    if (isNonFinite(b)) return b;
-    return Math.abs(b) > Math.abs(a) ? b : a;
-  }
-
-  draw() {
-    if (!window.Plotly) return whenPlotly().then(() => this.draw());
+  render() {
     this.pacer.clear();
     this.stale = false;
     const t = theme();
@@ -151,31 +150,33 @@ export class HeatmapChart extends Chart {
     const names = this.rows.map(plotlyText);
     const nRows = this.rows.length;
     const nCols = this.shown.reduce((n, seg) => n + seg.cols.length, 0);
+    const hasCells = nRows > 0 && nCols > 0;
     // 18 px a row up to 760 px; past that at least 1 px a row (up to MAX_ROWS_PX rows), so
     // that no row, and no NaN in it, is lost between two pixels.
     const height = Math.max(180, Math.min(Math.max(760, Math.min(nRows, MAX_ROWS_PX) + 50), nRows * 18 + 70));
     this.el.style.height = `${height}px`;
     const rowPx = (height - 50) / Math.max(1, nRows);  // the plot area, less the x axis
-    const ygap = rowPx >= 6 && nRows * nCols <= GAP_CELLS ? 1 : 0;
-    const traces = [];
-    for (const seg of this.shown) {
-      traces.push(...(this.opts.kind === "status" ? this.statusTraces(t, names, ygap, seg) : this.logTraces(t, names, ygap, seg)));
-    }
-    if (this.opts.kind !== "status") this.colourScale(traces, t);
+    const gap = rowPx >= 6 && nRows * nCols <= GAP_CELLS;
+    const { colour, range } = this.palette(t);
+    const images = this.shown.map((seg) => ({
+      source: cellsImage(seg, nRows, colour, { columnAt: seg.columnAt, rowPx: gap ? Math.round(rowPx) : 1, gap }),
+      xref: "x", yref: "y", x: seg.edges[0], y: -0.5, sizex: seg.edges[seg.edges.length - 1] - seg.edges[0], sizey: nRows,
+      xanchor: "left", yanchor: "top", sizing: "stretch", layer: "below",
+    }));
     const rowAxis = this.rowAxis(t, names, height - 50);
     const markers = markerLayout(nRows && nCols ? this.markers : [], t, { labels: false });
-    // Margins that already fit the labels and the colour bar (11 px monospace: ~6.7 px a
-    // character): Plotly's automargin then has nothing to grow, which would cost a second draw.
-    const longest = Math.max(0, ...(rowAxis.axis.ticktext || []).map((s) => s.length));
+    const font = `${LABEL_FONT_PX}px ${t.mono}`;
+    const labelPx = Math.max(0, ...rowAxis.labels.map((s) => textWidth(s, font)));
     const layout = baseLayout({
       height,
-      margin: { l: Math.min(420, Math.round(longest * 6.7) + 16), r: this.opts.kind === "status" ? 12 : 96, t: 8, b: 40 },
-      xaxis: this.xRange ? { range: this.xRange.slice(), autorange: false, showgrid: false, visible: nRows > 0 }
-        : { autorange: true, showgrid: false, visible: nRows > 0 && nCols > 0 },
-      yaxis: { autorange: "reversed", type: "category", showgrid: false, tickfont: { family: t.mono, size: 11 },
-        visible: nRows > 0 && nCols > 0, ...rowAxis.axis },
+      margin: { l: Math.min(420, Math.ceil(labelPx) + Y_LABEL_PAD), r: MARGIN_RIGHT[this.opts.kind], t: MARGIN_TOP, b: MARGIN.b },
+      xaxis: this.xRange ? { range: this.xRange.slice(), autorange: false, showgrid: false, zeroline: false, visible: nRows > 0 }
+        : { autorange: true, showgrid: false, zeroline: false, visible: hasCells },
+      yaxis: { autorange: "reversed", type: "category", showgrid: false, tickfont: { family: t.mono, size: LABEL_FONT_PX },
+        visible: hasCells, ...rowAxis.axis },
       showlegend: false,
       uirevision: this.opts.name,
+      images,
       ...markers,
       shapes: [...markers.shapes, ...this.separators],
     }, t);
@@ -183,24 +184,116 @@ export class HeatmapChart extends Chart {
     this.drawn = true;
     const live = this.liveTop;
     this.liveTop = null;
-    return plotly().react(this.el, traces, layout, baseConfig(this.opts.name)).then(() => {
+    return plotly().react(this.el, [this.frameTrace(t, names, range)], layout, baseConfig(this.opts.name)).then(() => {
       if (first) this.listen();
       this.mark();
-      this.markDrawn(nRows > 0 && nCols > 0);
+      this.markDrawn(hasCells);
       if (live !== null) noteLive(this.opts.name, live);
     });
+  }
+
+  /**
+   * The pixel of each cell (raster.js) and, for "log", the colour range [lo, hi] in log10:
+   * statuses in their four colours; magnitudes along Viridis from the smallest positive value
+   * to the largest, exact zeros and NaN/±Inf in their own colours; no value: transparent.
+   */
+  palette(t) {
+    if (this.opts.kind === "status") {
+      const status = t.status.map((c) => pixel(rgbaOf(c)));
+      return { colour: (v, bits) => (bits === EMPTY_BITS ? 0 : status[v] || 0), range: null };
+    }
+    let lo = Infinity;
+    let hi = -Infinity;
+    for (const seg of this.shown) {
+      for (const col of seg.cols) {
+        for (let i = 0; i < col.length; i++) {
+          const v = col[i];
+          if (v > 0 && v !== Infinity) {
+            if (v < lo) lo = v;
+            if (v > hi) hi = v;
+          }
+        }
+      }
+    }
+    [lo, hi] = Number.isFinite(lo) ? [Math.log10(lo), Math.log10(hi)] : [0, 1];
+    if (hi - lo < 1) hi = lo + 1;
+    viridis ||= scalePixels(VIRIDIS);
+    const scale = viridis;
+    const top = scale.length - 1;
+    const zero = pixel(rgbaOf(t.zero));
+    const nonfinite = pixel(rgbaOf(t.nonfinite));
+    const colour = (v, bits) => {
+      if (v > 0 && v !== Infinity) return scale[Math.max(0, Math.min(top, Math.round((Math.log10(v) - lo) / (hi - lo) * top)))];
+      if (v === 0) return zero;
+      return Number.isNaN(v) ? (bits === EMPTY_BITS ? 0 : nonfinite) : v === -Infinity || v === Infinity ? nonfinite : 0;
+    };
+    return { colour, range: [lo, hi] };
+  }
+
+  /**
+   * The one trace: a heatmap of one transparent column (Plotly ignores a heatmap without a
+   * number) spanning every row (a category axis, rows in order) and the columns' steps (x: its
+   * two edges), so that the axes fit the images; for "log" it carries the colour bar of `range`.
+   */
+  frameTrace(t, names, range) {
+    const segs = this.shown;
+    const edges = segs.length ? [segs[0].edges[0], segs[segs.length - 1].edges.at(-1)] : [0, 1];
+    const trace = {
+      type: "heatmap", name: "rows", x: edges, y: names, z: names.map(() => [0]), opacity: 0, hoverinfo: "skip",
+      showscale: false, xgap: 0, ygap: 0,
+    };
+    if (!range) return trace;
+    const [lo, hi] = range;
+    const ticks = [];
+    const step = Math.max(1, Math.ceil((Math.ceil(hi) - Math.floor(lo)) / 8));
+    for (let k = Math.ceil(lo); k <= Math.floor(hi); k += step) ticks.push(k);
+    return {
+      ...trace, zmin: lo, zmax: hi, colorscale: VIRIDIS, showscale: this.rows.length > 0,
+      colorbar: {
+        thickness: 12, outlinewidth: 0, tickvals: ticks, ticktext: ticks.map(pow10),
+        tickfont: { color: t.fg, size: 11 },
+        title: { text: plotlyText(this.opts.label), side: "right", font: { color: t.muted, size: 11 } },
+      },
+    };
+  }
+
+  /** The hover of the cell at step position `x` in row `row` (cell-hover.js), or null. */
+  cellAt(x, row) {
+    if (!(row >= 0 && row < this.rows.length)) return null;
+    const seg = (this.shown || []).find((s) => x >= s.edges[0] && x < s.edges.at(-1));
+    if (!seg) return null;
+    let j = 0;
+    let k = seg.cols.length;
+    while (k - j > 1) {
+      const mid = (j + k) >> 1;
+      if (seg.edges[mid] <= x) j = mid;
+      else k = mid;
+    }
+    const v = seg.cols[j][row];
+    const empty = seg.bits[j][row] === EMPTY_BITS;
+    let value;
+    if (this.opts.kind === "status") value = empty ? null : GRAD_STATUS[v];
+    else if (v > 0 && v !== Infinity) value = fmtSignificant(v);
+    else if (v === 0) value = "0";
+    else if (!Number.isFinite(v) && !empty) value = nonFiniteLabel(v);
+    if (!value) return null;
+    return {
+      x0: seg.edges[j], x1: seg.edges[j + 1], name: this.opts.kind === "status" ? undefined : plotlyText(this.opts.label),
+      text: `${plotlyText(this.rows[row])}<br>step ${seg.steps[j]}: <b>${value}</b>`,
+    };
   }
 
   /**
    * The y axis of rows grouped by module: a line between modules (at the deepest level that
    * leaves room between lines), and as labels every parameter's name when each row has room
    * for one, else the modules' names (each once, at its middle, as room allows).
+   * {axis, labels}: labels are the tick labels as shown (not escaped for Plotly).
    */
   rowAxis(t, names, plotPx) {
     const n = names.length;
     if (!n) {
       this.separators = [];
-      return { axis: {} };
+      return { axis: {}, labels: [] };
     }
     const { groups } = coarseGroups(this.rows, Math.max(1, Math.min(n / 2, plotPx / SEPARATOR_PX)));
     this.separators = groups.slice(1).map((g) => ({
@@ -209,9 +302,9 @@ export class HeatmapChart extends Chart {
     }));
     this.el.dataset.modules = String(groups.length);
     const rowPx = plotPx / n;
-    if (rowPx >= LABEL_PX) return { axis: { tickmode: "array", tickvals: names, ticktext: names } };
+    if (rowPx >= LABEL_PX) return { axis: { tickmode: "array", tickvals: names, ticktext: names }, labels: this.rows };
     const vals = [];
-    const text = [];
+    const labels = [];
     let lastPx = -Infinity;
     for (const g of groups) {
       const mid = Math.floor((g.start + g.end - 1) / 2);
@@ -219,125 +312,16 @@ export class HeatmapChart extends Chart {
       lastPx = mid * rowPx;
       vals.push(names[mid]);
       const count = g.end - g.start;
-      text.push(count === 1 ? names[g.start] : plotlyText(`${g.module || "(top level)"} (${count})`));
+      labels.push(count === 1 ? this.rows[g.start] : `${g.module || "(top level)"} (${count})`);
     }
-    return { axis: { tickmode: "array", tickvals: vals, ticktext: text } };
-  }
-
-  /** Row `i` across the columns of `seg`, each value through `cell`. */
-  row(seg, i, cell) {
-    const cols = seg.cols;
-    const out = new Array(cols.length);
-    for (let j = 0; j < cols.length; j++) out[j] = cell(cols[j][i]);
-    return out;
-  }
-
-  /**
-   * x for a segment's heatmap, and the step of each column as hover text: evenly spaced
-   * positions when the columns are evenly spaced within half a column (then Plotly can paint
-   * the fast way), else the steps themselves. `text` has one row shared by every row.
-   */
-  columnsX(seg) {
-    const s = seg.steps;
-    const n = s.length;
-    const labels = s.map(String);
-    const text = this.rows.map(() => labels);
-    if (n < 3) return { x: s.slice(), text };
-    const dx = (s[n - 1] - s[0]) / (n - 1);
-    const x = s.map((_, j) => s[0] + j * dx);
-    const even = x.every((v, j) => Math.abs(v - s[j]) <= dx / 2);
-    return { x: even ? x : s.slice(), text };
-  }
-
-  statusTraces(t, names, ygap, seg) {
-    const scale = [];
-    t.status.forEach((c, k) => { scale.push([k / 4, c], [(k + 1) / 4, c]); });
-    const word = (v) => (v === null || v === undefined ? "" : GRAD_STATUS[v]);
-    const z = this.rows.map((_, i) => this.row(seg, i, (v) => v ?? null));
-    const customdata = z.map((r) => r.map(word));
-    return [{
-      type: "heatmap", ...this.columnsX(seg), y: names, z, customdata,
-      zmin: -0.5, zmax: 3.5, colorscale: scale, showscale: false, hoverongaps: false, xgap: 0, ygap,
-      hovertemplate: "%{y}<br>step %{text}: <b>%{customdata}</b><extra></extra>",
-    }];
-  }
-
-  /** Give every log trace one colour range and one colour bar (the first). */
-  colourScale(traces, t) {
-    let lo = Infinity;
-    let hi = -Infinity;
-    for (const tr of traces) {
-      if (tr.zmin === undefined || tr.name !== "log") continue;
-      lo = Math.min(lo, tr.zmin);
-      hi = Math.max(hi, tr.zmax);
-    }
-    if (!Number.isFinite(lo)) { lo = 0; hi = 1; }
-    if (hi - lo < 1) { hi = lo + 1; }
-    const ticks = [];
-    const step = Math.max(1, Math.ceil((Math.ceil(hi) - Math.floor(lo)) / 8));
-    for (let k = Math.ceil(lo); k <= Math.floor(hi); k += step) ticks.push(k);
-    const label = plotlyText(this.opts.label);
-    let first = true;
-    for (const tr of traces) {
-      if (tr.name !== "log") continue;
-      tr.zmin = lo;
-      tr.zmax = hi;
-      tr.showscale = first;
-      if (first) {
-        tr.colorbar = {
-          thickness: 12, outlinewidth: 0, tickvals: ticks, ticktext: ticks.map(pow10),
-          tickfont: { color: t.fg, size: 11 },
-          title: { text: label, side: "right", font: { color: t.muted, size: 11 } },
-        };
-      }
-      first = false;
-    }
-  }
-
-  logTraces(t, names, ygap, seg) {
-    let lo = Infinity;
-    let hi = -Infinity;
-    const label = plotlyText(this.opts.label);
-    // z is log10 of the value; the value itself rides in customdata for the hover (formatted
-    // by Plotly when hovered, not as a string per cell up front).
-    const value = (v) => (v === null || v === undefined || isNonFinite(v) || v <= 0 ? null : v);
-    const values = this.rows.map((_, i) => this.row(seg, i, value));
-    const z = values.map((r) => r.map((v) => {
-      if (v === null) return null;
-      const l = Math.log10(v);
-      if (l < lo) lo = l;
-      if (l > hi) hi = l;
-      return l;
-    }));
-    // NaN/Inf and exact zeros: an overlay in their own colours. Plotly wants every row of a
-    // category axis in each heatmap, so the rows without any share one empty row.
-    const blank = new Array(seg.cols.length).fill(null);
-    const special = { z: [], labels: [], any: false };
-    this.rows.forEach((_, i) => {
-      const r = this.row(seg, i, (v) => (isNonFinite(v) ? v : v === 0 ? 0 : null));
-      const any = r.some((v) => v !== null);
-      special.any ||= any;
-      special.z.push(any ? r.map((v) => (v === null ? null : v === 0 ? 0 : 1)) : blank);
-      special.labels.push(any ? r.map((v) => (v === null ? "" : v === 0 ? "0" : nonFiniteLabel(v))) : blank);
-    });
-    const cx = this.columnsX(seg);
-    const traces = [{
-      type: "heatmap", name: "log", ...cx, y: names, z, customdata: values,
-      zmin: lo, zmax: hi, colorscale: "Viridis", hoverongaps: false, ygap,
-      hovertemplate: `%{y}<br>step %{text}: <b>%{customdata:.4~g}</b><extra>${label}</extra>`,
-    }];
-    if (special.any) {
-      traces.push({
-        type: "heatmap", name: "special", ...cx, y: names, z: special.z, customdata: special.labels,
-        zmin: 0, zmax: 1, showscale: false, hoverongaps: false, ygap,
-        colorscale: [[0, t.zero], [0.5, t.zero], [0.5, t.nonfinite], [1, t.nonfinite]],
-        hovertemplate: `%{y}<br>step %{text}: <b>%{customdata}</b><extra>${label}</extra>`,
-      });
-    }
-    return traces;
+    return { axis: { tickmode: "array", tickvals: vals, ticktext: labels.map(plotlyText) }, labels };
   }
 
   listen() {
+    cellHover(this.el, (x, row) => this.cellAt(x, row), () => {
+      const t = theme();
+      return { color: t.card, borderColor: t.border, fontColor: t.fg, fontFamily: t.font };
+    });
     this.el.on("plotly_relayout", (ev) => {
       if (this.syncing || !this.opts.onXRange) return;
       if (ev["xaxis.autorange"]) this.opts.onXRange((this.xRange = null));
@@ -350,11 +334,16 @@ export class HeatmapChart extends Chart {
 
   mark() {
     let nonfinite = 0;
-    const cols = (this.shown || this.segments()).flatMap((seg) => seg.cols);
-    for (const c of cols) {
-      for (const v of c) {
-        if (this.opts.kind === "status" ? v === 3 : isNonFinite(v)) nonfinite++;
-      }
+    const segs = this.shown || this.segments();
+    const cols = segs.flatMap((seg) => seg.cols);
+    for (const seg of segs) {
+      seg.cols.forEach((c, j) => {
+        const bits = seg.bits[j];
+        for (let i = 0; i < c.length; i++) {
+          const v = c[i];
+          if (this.opts.kind === "status" ? v === 3 : !Number.isFinite(v) && bits[i] !== EMPTY_BITS) nonfinite++;
+        }
+      });
     }
     const cells = this.rows.length * cols.length;
     this.el.dataset.points = String(cells);
@@ -367,6 +356,40 @@ export class HeatmapChart extends Chart {
     if (cells === 0) this.el.dataset.empty = this.opts.emptyText;
     else delete this.el.dataset.empty;
   }
+}
+
+/**
+ * A run of columns to draw: with the bits of each (grid.js), their edges on the step axis
+ * (each column spans from the midpoints to its neighbours, a lone one `width` steps), and which
+ * column each pixel column of its image shows (columnAt): one pixel a column when they are
+ * evenly spaced within half a column, else as many pixels as the narrowest needs (at most
+ * MAX_IMAGE_PX), so that each column covers its own span.
+ */
+function segment(steps, cols, width) {
+  const n = steps.length;
+  const edges = new Float64Array(n + 1);
+  const dx = n > 1 ? (steps[n - 1] - steps[0]) / (n - 1) : width;
+  const even = steps.every((s, j) => Math.abs(steps[0] + j * dx - s) <= dx / 2);
+  let columnAt;
+  if (even) {
+    for (let j = 0; j <= n; j++) edges[j] = steps[0] + (j - 0.5) * dx;
+    columnAt = Int32Array.from(steps, (_, j) => j);
+  } else {
+    edges[0] = steps[0] - (steps[1] - steps[0]) / 2;
+    for (let j = 1; j < n; j++) edges[j] = (steps[j - 1] + steps[j]) / 2;
+    edges[n] = steps[n - 1] + (steps[n - 1] - steps[n - 2]) / 2;
+    let narrowest = Infinity;
+    for (let j = 0; j < n; j++) narrowest = Math.min(narrowest, edges[j + 1] - edges[j]);
+    const span = edges[n] - edges[0];
+    const px = Math.min(MAX_IMAGE_PX, Math.ceil(span / narrowest));
+    columnAt = new Int32Array(px);
+    for (let p = 0, j = 0; p < px; p++) {
+      const at = edges[0] + ((p + 0.5) * span) / px;
+      while (j < n - 1 && edges[j + 1] <= at) j++;
+      columnAt[p] = j;
+    }
+  }
+  return { steps, cols, bits: cols.map(bitsOf), edges, columnAt };
 }
 
 const SUP = { "-": "⁻", 0: "⁰", 1: "¹", 2: "²", 3: "³", 4: "⁴", 5: "⁵", 6: "⁶", 7: "⁷", 8: "⁸", 9: "⁹" };

@@ -5,17 +5,22 @@
 // that switching the axis or the theme redraws without asking the server again.
 // A zoomed chart draws its window from `detail` (the window's points fetched at full
 // resolution) and the overview's points around it, so panning never shows a hole.
+// The legend is HTML over the top of the chart (legend.js), so that each draw is one pass.
 
 import { isNonFinite, nonFiniteLabel, plotlyText } from "../format.js";
-import { markerLayout, markMarkers } from "./markers.js";
+import { markerLayout, markMarkers, sameMarkers } from "./markers.js";
 import { Chart, noteLive } from "./base.js";
+import { Legend } from "./legend.js";
 import { Pacer } from "./pacer.js";
-import { baseConfig, baseLayout, plotly, registerChart, seriesColor, theme, whenPlotly } from "./theme.js";
+import { baseConfig, baseLayout, MARGIN, plotly, registerChart, seriesColor, theme } from "./theme.js";
 
 const TOP = 0.97;    // where non-finite markers sit, in the marker axis (0..1 of the plot)
 const BOTTOM = 0.03; // -Inf, and zeros on a log axis
 const STAGGER = 0.035;
 const MARKERS_UP_TO = 60; // a series with fewer points shows each as a marker
+const NONFINITE_KEY = "nonfinite"; // legend keys of the marker traces; a series' key is "s:" + its name
+const ZERO_KEY = "zero";
+const seriesKey = (name) => `s:${name}`;
 
 /**
  * @typedef {{name: string, x: number[], y: (number|null)[], min?: (number|null)[]|null,
@@ -47,6 +52,13 @@ export class LineChart extends Chart {
     this.pending = [];   // live points not drawn yet, per series
     this.markers = [];   // findings drawn as vertical lines (charts/markers.js)
     this.pacer = new Pacer(el, () => this.flush());
+    this.legend = new Legend(el, () => this.showHidden());
+    this.legend.el.style.paddingLeft = `${MARGIN.l}px`; // entries start where the plot does
+    // A resize can wrap the legend onto more or fewer rows: move the plot's top to fit it again.
+    new ResizeObserver(() => {
+      const top = this.legendTop();
+      if (this.drawn && this.el.layout && Math.abs(this.el.layout.margin.t - top) > 1) plotly().relayout(this.el, { "margin.t": top });
+    }).observe(this.legend.el);
     this.unregister = registerChart(this);
   }
 
@@ -65,6 +77,7 @@ export class LineChart extends Chart {
 
   /** Show where findings began (markers.js); redraws only the shapes. */
   setMarkers(markers) {
+    if (sameMarkers(markers, this.markers)) return Promise.resolve();
     this.markers = markers.slice();
     if (!this.drawn) return Promise.resolve();
     const empty = !this.series.some((s) => s.x.length);
@@ -216,8 +229,7 @@ export class LineChart extends Chart {
   }
 
   /** Build every trace from this.series and (re)draw with Plotly.react. */
-  draw() {
-    if (!window.Plotly) return whenPlotly().then(() => this.draw());
+  render() {
     this.pending = [];
     this.pacer.clear();
     this.stale = false;
@@ -230,6 +242,7 @@ export class LineChart extends Chart {
     const zero = { x: [], y: [], text: [] };
     const single = this.view.length === 1;
 
+    const hidden = this.legend.hidden;
     this.view.forEach((s, i) => {
       const color = seriesColor(i, t);
       idx.band[i] = -1;
@@ -238,7 +251,7 @@ export class LineChart extends Chart {
         const band = (vals, fill) => ({
           type: "scatter", mode: "lines", x: s.x.slice(), y: vals.map((v) => this.plotY(v)),
           line: { width: 0, color }, fill, fillcolor: withAlpha(color, 0.16), hoverinfo: "skip",
-          showlegend: false, connectgaps: false, text: s.x.map(() => ""),
+          showlegend: false, connectgaps: false, text: s.x.map(() => ""), visible: !hidden.has(seriesKey(s.name)),
         });
         traces.push(band(s.min, "none"), band(s.max, "tonexty"));
       }
@@ -256,6 +269,7 @@ export class LineChart extends Chart {
         name, x: s.x.slice(), y: s.y.map((v) => this.plotY(v)), text: s.x.map(() => ""),
         line: { width: 1.8, color: seriesColor(i, t) }, marker: { size: 4 }, showlegend: this.opts.legend !== false,
         hovertemplate: `${single ? "" : `${name}<br>`}${this.opts.xHover}: <b>%{y:.4~g}${unit}</b><extra></extra>`,
+        visible: !hidden.has(seriesKey(s.name)),
       });
     });
     if (nf.x.length) {
@@ -263,7 +277,7 @@ export class LineChart extends Chart {
       traces.push({
         type: "scatter", mode: "markers", name: "NaN / Inf", yaxis: "y2", ...nf,
         marker: { color: t.nonfinite, size: 10, symbol: "x", line: { width: 1, color: t.nonfinite } },
-        hovertemplate: "%{text}<extra></extra>", cliponaxis: false,
+        hovertemplate: "%{text}<extra></extra>", cliponaxis: false, visible: !hidden.has(NONFINITE_KEY),
       });
     }
     if (zero.x.length) {
@@ -271,9 +285,10 @@ export class LineChart extends Chart {
       traces.push({
         type: "scatter", mode: "markers", name: "zero", yaxis: "y2", ...zero,
         marker: { color: t.zero, size: 7, symbol: "line-ew-open", line: { width: 2, color: t.zero } },
-        hovertemplate: "%{text}<extra></extra>", cliponaxis: false,
+        hovertemplate: "%{text}<extra></extra>", cliponaxis: false, visible: !hidden.has(ZERO_KEY),
       });
     }
+    this.legend.render(this.legendEntries(idx, t));
 
     const empty = !this.view.some((s) => s.x.length);
     const layout = baseLayout({
@@ -290,7 +305,8 @@ export class LineChart extends Chart {
         ...this.fixedYRange(),
       },
       yaxis2: { overlaying: "y", range: [0, 1], visible: false, fixedrange: true },
-      showlegend: traces.filter((tr) => tr.showlegend !== false).length > (this.opts.legend === false ? 0 : 1),
+      showlegend: false,
+      margin: { ...MARGIN, t: this.legendTop() },
       uirevision: this.opts.name,
       ...markerLayout(empty ? [] : this.markers, t),
     }, t);
@@ -303,6 +319,46 @@ export class LineChart extends Chart {
       this.mark();
       this.markDrawn(!empty);
     });
+  }
+
+  /**
+   * The legend's entries for the traces of `idx`: each series (unless opts.legend is false),
+   * then the NaN/Inf and zero markers; none when that is a single series.
+   */
+  legendEntries(idx, t) {
+    const entries = this.opts.legend === false ? [] : this.view.map((s, i) => ({ key: seriesKey(s.name), name: s.name, color: seriesColor(i, t) }));
+    if (idx.nonfinite >= 0) entries.push({ key: NONFINITE_KEY, name: "NaN / Inf", color: t.nonfinite, kind: "nonfinite" });
+    if (idx.zero >= 0) entries.push({ key: ZERO_KEY, name: "zero", color: t.zero, kind: "zero" });
+    return entries.length > (this.opts.legend === false ? 0 : 1) ? entries : [];
+  }
+
+  /** The plot's top margin: room for the legend above it. */
+  legendTop() {
+    return Math.max(MARGIN.t, this.legend.height() + 4);
+  }
+
+  /** Hide or show traces as the legend says (a click on it), without drawing anything else. */
+  showHidden() {
+    const idx = this.layoutIndex;
+    if (!this.drawn || !idx) return;
+    const hidden = this.legend.hidden;
+    const traces = [];
+    const visible = [];
+    const set = (trace, key) => {
+      if (trace < 0) return;
+      traces.push(trace);
+      visible.push(!hidden.has(key));
+    };
+    this.view.forEach((s, i) => {
+      set(idx.line[i], seriesKey(s.name));
+      if (idx.band[i] >= 0) {
+        set(idx.band[i], seriesKey(s.name));
+        set(idx.band[i] + 1, seriesKey(s.name));
+      }
+    });
+    set(idx.nonfinite, NONFINITE_KEY);
+    set(idx.zero, ZERO_KEY);
+    plotly().restyle(this.el, { visible }, traces);
   }
 
   /**

@@ -17,6 +17,12 @@ export function markersOf(findings) {
     .sort((a, b) => a.step - b.step || a.code.localeCompare(b.code));
 }
 
+/** Whether two lists of markers draw the same (the findings are fetched again every few seconds). */
+export function sameMarkers(a, b) {
+  return a.length === b.length && a.every((m, i) => m.step === b[i].step && m.code === b[i].code
+    && m.severity === b[i].severity && m.message === b[i].message);
+}
+
 /** Plotly shapes (and, with labels, annotations) for `markers` in theme `t`. */
 export function markerLayout(markers, t, { labels = true } = {}) {
   const color = (m) => t.severity[m.severity] || t.severity.info;

@@ -1,25 +1,34 @@
 // When a live chart redraws. Plotly redraws a whole chart for every extendTraces, so a
 // chart's cost grows with its points, and a page has a dozen charts. A Pacer runs a chart's
-// draw in an animation frame, no more often than `factor` times what its draws cost (the
-// median of the last few, so that one full redraw among quick appends does not hold the next
-// ones back: a chart that takes 20 ms draws at most every 160 ms), and not at all while it is
-// scrolled out of view: it catches up, in one draw, when it comes back into view.
+// draw no more often than `factor` times what its draws cost (the median of the last few, so
+// that one full redraw among quick appends does not hold the next ones back: a line chart
+// that takes 25 ms draws at most every 100 ms, so that two in view take half the main thread
+// and show a step about 100 ms after it came at worst), and not at all while no part of it is
+// in view: it catches up, in one draw, when it comes into view.
 // whenVisible(fn) runs other work (a zoomed window's fetch) once the chart is in view.
-// The charts due in one animation frame share it up to FRAME_BUDGET_MS; the others wait for
-// the next frame, so that several charts drawing at once never make one long main-thread task.
+// Draws run in tasks of their own (not in animation frames, whose callbacks all make one
+// task): the charts due together share a task up to TASK_BUDGET_MS and the rest go on in the
+// next one, so that several charts drawing at once never make one long main-thread task.
 
-const FRAME_BUDGET_MS = 30;
-const due = [];  // pacers waiting for a frame, in the order they asked
-let frame = 0;
+const TASK_BUDGET_MS = 30;
+const due = [];  // pacers waiting to draw, in the order they asked
+let planned = false; // a task to run them is asked for
+const channel = new MessageChannel(); // a task at once (setTimeout(0) may wait 4 ms)
+channel.port1.onmessage = runDue;
 
 function runDue() {
-  frame = 0;
+  planned = false;
   const t0 = performance.now();
   while (due.length) {
     due.shift().fire();
-    if (performance.now() - t0 > FRAME_BUDGET_MS) break;
+    if (performance.now() - t0 > TASK_BUDGET_MS) break;
   }
-  if (due.length) frame = requestAnimationFrame(runDue);
+  if (due.length) plan();
+}
+
+function plan() {
+  if (!planned) channel.port2.postMessage(null);
+  planned = true;
 }
 
 export class Pacer {
@@ -28,7 +37,7 @@ export class Pacer {
    * @param {() => unknown} draw  does the work (synchronous part is what is measured)
    * @param {{minMs?: number, maxMs?: number, factor?: number}} opts
    */
-  constructor(el, draw, { minMs = 100, maxMs = 3000, factor = 8 } = {}) {
+  constructor(el, draw, { minMs = 100, maxMs = 3000, factor = 4 } = {}) {
     this.draw = draw;
     this.minMs = minMs;
     this.maxMs = maxMs;
@@ -49,7 +58,7 @@ export class Pacer {
           fn();
         }
         if (this.visible && this.wanted) this.request();
-      }, { rootMargin: "200px 0px" });
+      });
       this.observer.observe(el);
     }
   }
@@ -58,11 +67,16 @@ export class Pacer {
   request() {
     this.wanted = true;
     if (!this.visible || this.timer || due.includes(this)) return;
-    const wait = Math.max(0, this.last + this.interval - performance.now());
+    const wait = this.last + this.interval - performance.now();
+    if (wait <= 0) {
+      due.push(this);
+      plan();
+      return;
+    }
     this.timer = setTimeout(() => {
       this.timer = 0;
       due.push(this);
-      if (!frame) frame = requestAnimationFrame(runDue);
+      plan();
     }, wait);
   }
 
@@ -86,7 +100,7 @@ export class Pacer {
     if (this.costs.length > 5) this.costs.shift();
     const cost = this.costs.slice().sort((a, b) => a - b)[Math.floor(this.costs.length / 2)];
     this.interval = Math.min(this.maxMs, Math.max(this.minMs, cost * this.factor));
-    this.last = performance.now();
+    this.last = t0; // the next draw may start `interval` after this one started
   }
 
   destroy() {

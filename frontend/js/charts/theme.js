@@ -15,7 +15,8 @@ let plotlyLoad = null;
 /**
  * Resolves once Plotly is there; charts wait here to draw. A page without a <script> for it
  * gets one now: the run page only preloads Plotly and calls this once its data requests are
- * out, so that the server works while the browser compiles Plotly.
+ * out, so that the server works while the browser compiles Plotly. The performance mark
+ * `gradwatch:plotly` says when it was ready (tests/bench/dashboard.py reports it).
  */
 export function whenPlotly() {
   if (window.Plotly) return Promise.resolve(window.Plotly);
@@ -23,7 +24,10 @@ export function whenPlotly() {
     let script = document.querySelector('script[src$="/plotly.min.js"]');
     if (!script) script = document.head.appendChild(Object.assign(document.createElement("script"), { src: PLOTLY_SRC }));
     plotlyLoad = new Promise((resolve, reject) => {
-      script.addEventListener("load", () => resolve(window.Plotly));
+      script.addEventListener("load", () => {
+        performance.mark("gradwatch:plotly");
+        resolve(window.Plotly);
+      });
       script.addEventListener("error", () => reject(new Error(`Plotly did not load (${PLOTLY_SRC})`)));
     });
   }
@@ -60,6 +64,28 @@ export function seriesColor(i, t = theme()) {
   return t.palette[i % t.palette.length];
 }
 
+/**
+ * Margins that already hold what Plotly's automargin makes room for at these font sizes: the
+ * x axis's labels and title (b), y labels up to about 51 px (l), half a label past either end
+ * of an axis (t, r), each plus the 12 px of padding automargin adds (the smallest margin, up to
+ * 12: so none is below 12). When a label needs more, automargin grows the margin, which costs a
+ * second full draw of the chart; a margin at least as large as needed costs nothing
+ * (tests/browser/test_run_page_loading.py checks that none grows).
+ */
+export const MARGIN = { l: 72, r: 20, t: 19, b: 47 };
+
+/** What automargin adds to a y axis's widest label: the tick, its gap, the padding. */
+export const Y_LABEL_PAD = 21;
+
+let measurer = null;
+
+/** The width in pixels of `text` drawn in `font` (a CSS font, e.g. "11px monospace"). */
+export function textWidth(text, font) {
+  measurer ||= document.createElement("canvas").getContext("2d");
+  measurer.font = font;
+  return measurer.measureText(text).width;
+}
+
 function axis(t, extra = {}) {
   return {
     gridcolor: t.grid,
@@ -67,6 +93,9 @@ function axis(t, extra = {}) {
     linecolor: t.axis,
     tickcolor: t.axis,
     automargin: true,
+    // The margins make room for the labels: Plotly need not measure every label after each
+    // draw to hide those past the chart's edge (a fifth of a live redraw's cost).
+    ticklabeloverflow: "allow",
     ...extra,
   };
 }
@@ -77,7 +106,7 @@ export function baseLayout(over = {}, t = theme()) {
     paper_bgcolor: "rgba(0,0,0,0)",
     plot_bgcolor: "rgba(0,0,0,0)",
     font: { family: t.font, size: 12, color: t.fg },
-    margin: { l: 60, r: 12, t: 8, b: 40 },
+    margin: { ...MARGIN },
     xaxis: axis(t, { title: { text: "step", font: { color: t.muted, size: 11 } } }),
     yaxis: axis(t, { exponentformat: "power" }),
     legend: { orientation: "h", x: 0, y: 1.02, yanchor: "bottom", font: { size: 11 }, bgcolor: "rgba(0,0,0,0)" },

@@ -1,5 +1,9 @@
 // The run page (/runs/{id}): fetches the run over REST, draws one view per card (see
 // views/run-views.js), then follows /ws/live?run=ID and appends each step to the charts.
+// Loading: the run, its parameters and metric names are asked for first (pages/run-first.js,
+// before this module has loaded); then the views in view ask for their data and Plotly is
+// compiled while the server answers; the views below the fold ask for theirs once Plotly is
+// there; each chart draws in its own turn, those in view first (charts/turns.js).
 // Live steps are queued and handed to the views once per animation frame; each chart then
 // draws them with one extendTraces when its pacer lets it (charts/pacer.js), so 20 steps/s
 // costs a few draws per second. After a dropped connection, or a change the charts cannot
@@ -17,12 +21,14 @@
 import { api, ApiError, liveUrl, UnreachableError } from "../api.js";
 import { markersOf } from "../charts/markers.js";
 import { whenPlotly } from "../charts/theme.js";
+import { nearView } from "../charts/turns.js";
 import { byId, h, notice, setChildren } from "../dom.js";
 import { toNumber } from "../format.js";
 import { LiveSocket, renderLiveStatus } from "../live.js";
 import { queryValue, readQuery, writeQuery } from "../url.js";
 import { headerView } from "../views/header.js";
 import { createRunViews } from "../views/run-views.js";
+import { runId, takeFirst } from "./run-first.js";
 
 const MAX_POINTS = 4000;      // a live chart past this many points per series is refetched (downsampled)
 const MAX_QUEUE = 20000;      // live steps waiting (hidden tab): past this, drop them and refetch
@@ -30,7 +36,6 @@ const FINDINGS_EVERY_MS = 15000;
 const ZOOM_DELAY_MS = 40;     // a zoom fetches its window once it has settled this long
 
 const q = readQuery();
-const runId = decodeURIComponent(location.pathname.split("/").filter(Boolean)[1] || queryValue(q, "id", ""));
 const num = (v) => (v === null || v === "" || Number.isNaN(Number(v)) ? null : Number(v));
 const from = num(queryValue(q, "from"));
 const to = num(queryValue(q, "to"));
@@ -150,13 +155,15 @@ function saveUrl() {
 let loading = null;      // the load in progress
 let loadedOnce = false;
 let reloadTimer = null;
-const ctx = { state };
+// What views load with: the state, and `ask(request)`, through which a view asks for the data
+// it loads (at once here; one at a time for the views below the fold, see loadViews).
+const ctx = { state, ask: (request) => request() };
 
 async function loadAll() {
   if (loading) return loading;
   loading = (async () => {
     try {
-      const [run, params, metrics] = await Promise.all([api.run(runId), api.params(runId), api.metrics(runId)]);
+      const [run, params, metrics] = await (takeFirst() || Promise.all([api.run(runId), api.params(runId), api.metrics(runId)]));
       state.run = run;
       state.params = params.data || [];
       state.paramIndex = new Map(state.params.map((p, i) => [p.name, p.index ?? i]));
@@ -193,23 +200,41 @@ async function loadAll() {
 }
 
 /**
- * Fetch and draw `list`, all at once. The per-parameter followers (optimizer state) ask for
- * the same choice as the gradient-norm chart (the same names, or the same top k by gradient
- * norm); one whose parameters came out different (live steps moved the top k between the two
- * answers) is fetched again by the names the gradient-norm chart shows. A view that fails shows
- * why in its card and the others still draw; an unreachable server fails all.
+ * Fetch and draw `list`: the views in view (or near it) at once; the others once Plotly is
+ * there (their answers then come while the charts in view draw, and the server's work for them
+ * does not slow the compiling of Plotly down: on two cores that put off every chart), one
+ * request at a time in page order, so that the first (a heatmap) is answered as fast as the
+ * server can rather than sharing it with the rest. The per-parameter followers (optimizer
+ * state) ask for the same choice as the gradient-norm chart (the same names, or the same top k
+ * by gradient norm); one whose parameters came out different (live steps moved the top k
+ * between the two answers) is fetched again by the names the gradient-norm chart shows. A view
+ * that fails shows why in its card and the others still draw; an unreachable server fails all.
  */
 async function loadViews(list) {
   const followers = [views.expAvg, views.expAvgSq, views.momentum, views.updateRatio];
-  const load = (v, names) => v.load(ctx, names).catch((err) => {
+  const load = (v, c = ctx, names = undefined) => v.load(c, names).catch((err) => {
     if (err instanceof UnreachableError) throw err;
     console.warn(`gradwatch: ${v.card.dataset.card}:`, err);
     if (v.fail) v.fail(err);
   });
-  await Promise.all(list.map((v) => load(v)));
+  const near = list.filter((v) => nearView(v.card));
+  const nearDrawn = Promise.all(near.map((v) => load(v)));
+  await whenPlotly();
+  const far = { ...ctx, ask: oneAtATime() };
+  await Promise.all([nearDrawn, ...list.filter((v) => !near.includes(v)).map((v) => load(v, far))]);
   const same = (a, b) => a.length === b.length && a.every((n, i) => n === b[i]);
   const again = list.filter((v) => followers.includes(v) && !same(v.params(), state.shown));
-  await Promise.all(again.map((v) => load(v, state.shown.slice())));
+  await Promise.all(again.map((v) => load(v, ctx, state.shown.slice())));
+}
+
+/** An `ask` (see ctx) that sends one request at a time, in the order they were asked for. */
+function oneAtATime() {
+  let last = Promise.resolve();
+  return (request) => {
+    const answer = last.then(request);
+    last = answer.catch(() => {});
+    return answer;
+  };
 }
 
 function reloadParams() {

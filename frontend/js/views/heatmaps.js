@@ -1,18 +1,30 @@
 // Parameter x step heatmaps (GET .../heatmap?metric=M): the gradient buffer status with a
 // four-colour legend, and the gradient norm on a log colour scale. Rows are grouped by module
-// (modules.js). Live columns come from the `step` message (grad_status, params[metric]) in
-// /params order. Zoomed to a window of steps (zoom), the window is fetched again, at full
-// resolution when it has at most MAX_STEPS steps.
+// (modules.js). Cells come as float32 (grid.js). Live columns come from the `step` message
+// (grad_status, params[metric]) in /params order. Zoomed to a window of steps (zoom), the window
+// is fetched again, at full resolution when it has no more steps than columns are asked for.
 
 import { api } from "../api.js";
 import { h } from "../dom.js";
-import { GRAD_STATUS, statusCode, toNumber, toNumbers } from "../format.js";
+import { GRAD_STATUS } from "../format.js";
+import { gridCells, gridColumns, liveColumn } from "../grid.js";
 import { moduleOrder } from "../modules.js";
 import { HeatmapChart } from "../charts/heatmap.js";
 import { chartCard } from "./card.js";
 import { windowZoom } from "./zoom.js";
 
-const MAX_STEPS = 400; // columns asked of the server, for the run and for a zoomed window
+// The most columns asked of the server, for the run and for a zoomed window. Fewer when the
+// chart has fewer pixels across: a column narrower than a pixel cannot be seen. More would
+// not pay: over a long run the server answers up to about this many from its per-block
+// summaries, and reads every stored step beyond (docs/api.md, "Long windows").
+const MAX_STEPS = 400;
+const PLOT_MARGINS_PX = 130; // the y labels and the colour bar, roughly: what is left is the plot
+
+/** Columns to ask for a heatmap in `el`: one per pixel of its plot across, at most MAX_STEPS. */
+function stepsFor(el) {
+  const px = (el.clientWidth || 0) - PLOT_MARGINS_PX;
+  return px > 0 ? Math.max(50, Math.min(MAX_STEPS, px)) : MAX_STEPS;
+}
 
 const STATUS_HELP = {
   none: ".grad is None",
@@ -39,14 +51,11 @@ export function heatmapView(o) {
   let fullRes = true; // the overview has every step: a zoom has nothing to fetch
 
   /** The server's grid as this chart's columns, rows in module order. */
-  const columnsOf = (res) => {
-    const z = (res.z || []).map((r) => (isStatus ? r.map(statusCode) : toNumbers(r)));
-    return (res.step || []).map((_, j) => order.map((i) => (z[i] ? z[i][j] : null)));
-  };
+  const columnsOf = (res) => gridColumns(gridCells(res, isStatus), (res.step || []).length, order);
   const zoomer = windowZoom(chart, {
     overviewEnough: () => !order.length || (fullRes && !chart.halved),
     fetchDetail: async (ctx, win, signal) => {
-      const res = await api.heatmap(ctx.state.runId, o.metric, { start: win[0], end: win[1], maxSteps: MAX_STEPS }, { signal });
+      const res = await api.heatmap(ctx.state.runId, o.metric, { start: win[0], end: win[1], maxSteps: stepsFor(plot) }, { signal });
       if ((res.params || []).length !== order.length) return null;
       const steps = res.step || [];
       // The window's end: its last step when every step came, else as asked (a bucket's x is its first step).
@@ -63,10 +72,10 @@ export function heatmapView(o) {
       if (!ctx.state.metrics.params.includes(o.metric) && !(isStatus && ctx.state.metrics.params.includes("grad_norm"))) {
         rowIndex = [];
         order = [];
-        await chart.setData([], [], []);
+        await chart.setColumns([], [], []);
         return;
       }
-      const res = await api.heatmap(ctx.state.runId, o.metric, { maxSteps: MAX_STEPS });
+      const res = await ctx.ask(() => api.heatmap(ctx.state.runId, o.metric, { maxSteps: stepsFor(plot) }));
       const names = res.params || [];
       order = moduleOrder(names);
       const rows = order.map((i) => names[i]);
@@ -89,11 +98,7 @@ export function heatmapView(o) {
       const cols = [];
       for (const m of fresh) {
         const arr = isStatus ? m.grad_status : m.params && m.params[o.metric];
-        if (!Array.isArray(arr)) continue;
-        cols.push({
-          step: m.step,
-          values: rowIndex.map((i) => (i === undefined ? null : isStatus ? statusCode(arr[i]) : toNumber(arr[i]))),
-        });
+        if (Array.isArray(arr)) cols.push({ step: m.step, values: liveColumn(arr, rowIndex, isStatus) });
       }
       if (cols.length) chart.appendColumns(cols);
     },
