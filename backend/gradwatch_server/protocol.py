@@ -167,14 +167,18 @@ class Hello(_Message):
         return groups
 
 
-def _decode_array(value: object, info: ValidationInfo, itemsize: int) -> bytes:
-    """Base64 -> bytes, checked against the parameter count given in the validation context."""
+def _decode_base64(value: object) -> bytes:
     if not isinstance(value, str):
         raise ValueError("must be a base64 string")
     try:
-        raw = base64.b64decode(value, validate=True)
+        return base64.b64decode(value, validate=True)
     except (binascii.Error, ValueError):
         raise ValueError("is not valid base64 (standard alphabet, padded)") from None
+
+
+def _decode_array(value: object, info: ValidationInfo, itemsize: int) -> bytes:
+    """Base64 -> bytes, checked against the parameter count given in the validation context."""
+    raw = _decode_base64(value)
     count = (info.context or {}).get("param_count")
     if count is None:
         raise ValueError("cannot be checked: the parameter count is unknown (send hello first)")
@@ -239,25 +243,17 @@ class Step(_Message):
 MAX_BATCH_STEPS = 4096
 
 
-def _decode_matrix(value: object) -> bytes:
-    """Base64 -> bytes; the size is checked against steps x parameters once both are known."""
-    if not isinstance(value, str):
-        raise ValueError("must be a base64 string")
-    try:
-        return base64.b64decode(value, validate=True)
-    except (binascii.Error, ValueError):
-        raise ValueError("is not valid base64 (standard alphabet, padded)") from None
-
-
+#: A `steps` message's arrays: decoded here, their size checked against steps x parameters once
+#: both are known (`Steps._columns_fit`).
 Float32Matrix = Annotated[
     bytes,
-    BeforeValidator(_decode_matrix),
+    BeforeValidator(_decode_base64),
     WithJsonSchema({"type": "string", "contentEncoding": "base64",
                     "description": "little-endian float32, steps x parameters, step-major"}),
 ]
 StatusMatrix = Annotated[
     bytes,
-    BeforeValidator(_decode_matrix),
+    BeforeValidator(_decode_base64),
     WithJsonSchema({"type": "string", "contentEncoding": "base64",
                     "description": "uint8 grad_status codes, steps x parameters, step-major"}),
 ]
