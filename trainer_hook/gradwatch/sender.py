@@ -184,6 +184,8 @@ class Sender:
         # Block in one place: in `recv` while acks are due (an ack ends the wait), else on the
         # wake event, until the next drain. Waking every few ms cost more CPU than sending.
         wait = min(max(self._next_drain - time.monotonic(), 0.001), self.linger) if self._items else self.linger
+        if self._closing.is_set():  # close() waits `timeout` at most, whatever pace the server set
+            wait = min(wait, max(self._deadline - time.monotonic(), 0.001))
         if self._ws is not None and self._unacked:
             self._read_acks(wait)
         elif self._ws is None:  # `_run` retries the connection meanwhile
