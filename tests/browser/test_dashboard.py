@@ -15,9 +15,11 @@ import re
 import shutil
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import httpx
 import pytest
 
 from conftest import REPO, ServerProcess, start_server
@@ -253,6 +255,11 @@ def test_real_training_streams_live_and_draws_the_readme_screenshot(dash: Server
         first = train.stdout.readline()
         assert first.startswith("gradwatch run id: "), first
         run_id = first.split(": ", 1)[1].strip()
+        # The id is printed by watch(), which never waits for the server: open the page once the
+        # hook's hello has reached it (a page opened before gets a 404 for the run).
+        deadline = time.monotonic() + 30
+        while httpx.get(f"{dash.url}/api/runs/{run_id}").status_code == 404 and time.monotonic() < deadline:
+            time.sleep(0.05)
         p = shot.open(f"{dash.url}/runs/{run_id}")
         p.evaluate("window.__sameDocument = true")
         shot.wait_points("grad-norm-total", 5)
