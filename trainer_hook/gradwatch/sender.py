@@ -198,24 +198,27 @@ class Sender:
         message each. Returns the texts to send."""
         fresh: list[str] = []
         run: list[StepRecord] = []
-        size = 0
+        size = taken = 0
+
+        def add(factory: MessageFactory) -> None:
+            text = self._add(factory)
+            if text is not None:
+                fresh.append(text)
 
         def flush() -> None:
+            nonlocal size
             if run:
-                records = list(run)
-                text = self._add(lambda seq: wire.steps(seq, records))
-                if text is not None:
-                    fresh.append(text)
+                records = run.copy()
+                add(lambda seq: wire.steps(seq, records))
                 run.clear()
+                size = 0
 
         while self._items:
             item = self._items.popleft()
-            self._serialized += 1
+            taken += 1
             if not isinstance(item, _StepItem):
                 flush()
-                text = self._add(item)
-                if text is not None:
-                    fresh.append(text)
+                add(item)
                 continue
             try:
                 record = item.make()
@@ -225,11 +228,10 @@ class Sender:
             if run and (record.keys() != run[0].keys() or len(run) >= MAX_BATCH_STEPS
                         or size + record.nbytes > MAX_BATCH_BYTES):
                 flush()
-            if not run:
-                size = 0
             run.append(record)
             size += record.nbytes
         flush()
+        self._serialized += taken  # only now: every item taken is in `_unacked` (or skipped)
         return fresh
 
     def _past_deadline(self) -> bool:
