@@ -25,9 +25,15 @@ $(VENV)/.stamp-test-deps: $(VENV)/.stamp-deps requirements-test.txt
 	$(PIP) install -c constraints.txt -r requirements-test.txt
 	touch $@
 
+# The dashboard's browser code from the npm registry (vendor/package-lock.json pins it): Plotly's
+# cartesian bundle, copied into frontend/ so that the server and the wheel serve it.
+PLOTLY_JS := frontend/vendor/plotly.min.js
+$(PLOTLY_JS): vendor/package.json vendor/package-lock.json scripts/install-vendor-js.sh
+	./scripts/install-vendor-js.sh
+
 # Our own code is reinstalled every time (non-editable, as users get it: the wheel must carry
 # the dashboard), without touching the dependencies.
-setup: $(VENV)/.stamp-deps
+setup: $(VENV)/.stamp-deps $(PLOTLY_JS)
 	$(PIP) install --no-deps --force-reinstall $(PKGS)
 
 setup-test: setup $(VENV)/.stamp-test-deps system-deps
@@ -67,4 +73,4 @@ bench-dashboard: setup-test
 	$(BIN)/python tests/bench/dashboard.py
 
 clean:
-	rm -rf $(VENV) $(BENCH_VENV) build dist */build */*.egg-info
+	rm -rf $(VENV) $(BENCH_VENV) build dist */build */*.egg-info vendor/node_modules frontend/vendor

@@ -1,7 +1,10 @@
-"""The dashboard's pages and files: HTML routes, /static, and Plotly from the plotly package.
+"""The dashboard's pages and files: HTML routes, /static, and Plotly.
 
 The frontend ships inside the wheel (gradwatch_server/frontend, see pyproject.toml); running
-from a source checkout, the repository's frontend/ folder is used instead.
+from a source checkout, the repository's frontend/ folder is used instead. Plotly is the
+cartesian bundle that `make setup` puts in frontend/vendor/ (vendor/package.json): a third of
+the full bundle, and the run page is drawn that much sooner. A frontend without it (a server
+installed from a checkout where npm was not run) gets the full bundle of the plotly package.
 """
 from __future__ import annotations
 
@@ -23,8 +26,11 @@ def find_frontend(override: Path | None = None) -> Path:
     return Path(__file__).resolve().parents[2] / "frontend"
 
 
-def plotly_js() -> Path:
-    """plotly.min.js as the installed plotly package ships it: the dashboard works offline."""
+def plotly_js(folder: Path) -> Path:
+    """The dashboard's own Plotly bundle in `folder`, else the plotly package's full one (offline either way)."""
+    own = folder / "vendor" / "plotly.min.js"
+    if own.is_file():
+        return own
     return Path(str(resources.files("plotly") / "package_data" / "plotly.min.js"))
 
 
@@ -55,10 +61,10 @@ def mount_dashboard(app: FastAPI, folder: Path) -> None:
     def compare_page() -> Response:
         return _page(folder, "compare.html")
 
-    # Before the /static mount, which would otherwise answer this path from `folder`.
+    # Before the /static mount, which would answer this path only when `folder` has the file.
     @router.get("/static/vendor/plotly.min.js")
     def plotly() -> FileResponse:
-        return FileResponse(plotly_js(), media_type="text/javascript")
+        return FileResponse(plotly_js(folder), media_type="text/javascript")
 
     app.include_router(router)
     app.mount("/static", StaticFiles(directory=folder, check_dir=False), name="static")

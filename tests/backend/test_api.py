@@ -469,9 +469,16 @@ def test_pages_and_static_files(tmp_path: Path) -> None:
             missing = http.get("/compare")
             assert missing.status_code == 404 and "compare.html" in missing.text
             assert http.get("/static/js/app.js").text == "export {};"
+            # No vendor/plotly.min.js in this frontend (npm never ran): the plotly package's full bundle.
             plotly = http.get("/static/vendor/plotly.min.js")
             assert plotly.status_code == 200 and "plotly" in plotly.text[:200].lower()
             assert "javascript" in plotly.headers["content-type"]
+            assert len(plotly.content) > 3_000_000
+            # With the dashboard's own bundle (make setup puts it there), that one.
+            (frontend / "vendor").mkdir()
+            (frontend / "vendor" / "plotly.min.js").write_text("/* plotly.js cartesian */")
+            own = http.get("/static/vendor/plotly.min.js")
+            assert own.text == "/* plotly.js cartesian */" and "javascript" in own.headers["content-type"]
             assert http.get("/static/nope.js").status_code == 404
     finally:
         server.stop()

@@ -1,0 +1,16 @@
+#!/usr/bin/env bash
+# The dashboard's browser code from the npm registry, as vendor/package-lock.json pins it:
+# Plotly's cartesian bundle, copied to frontend/vendor/plotly.min.js where the server (and the
+# wheel, which carries frontend/) serves it. Needs npm: Debian's is installed when there is none.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+if ! command -v npm >/dev/null 2>&1; then
+  sudo=""
+  [ "$(id -u)" -eq 0 ] || sudo="sudo"
+  echo "installing Debian's npm (for the dashboard's Plotly)"
+  $sudo apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends npm >/dev/null
+fi
+npm ci --prefix vendor --no-audit --no-fund --loglevel=error
+mkdir -p frontend/vendor
+cp vendor/node_modules/plotly.js-cartesian-dist-min/plotly-cartesian.min.js frontend/vendor/plotly.min.js
