@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The dashboard's browser code from the npm registry, as vendor/package-lock.json pins it:
-# Plotly's cartesian bundle, copied to frontend/vendor/plotly.min.js where the server (and the
+# Plotly's basic bundle, copied to frontend/vendor/plotly.min.js where the server (and the
 # wheel, which carries frontend/) serves it. Needs npm: Debian's is installed when there is none.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -13,4 +13,4 @@ if ! command -v npm >/dev/null 2>&1; then
 fi
 npm ci --prefix vendor --no-audit --no-fund --loglevel=error
 mkdir -p frontend/vendor
-cp vendor/node_modules/plotly.js-cartesian-dist-min/plotly-cartesian.min.js frontend/vendor/plotly.min.js
+cp vendor/node_modules/plotly.js-basic-dist-min/plotly-basic.min.js frontend/vendor/plotly.min.js

@@ -11,9 +11,9 @@
 // server again.
 // The cells are painted here into an image, a pixel per cell (raster.js), that Plotly shows
 // stretched over their steps and rows, one image per run of columns (the overview either side
-// of a zoomed window, the window); the hover is found here too (cell-hover.js). Plotly draws a
-// heatmap trace of no cells that lays out the axes (a category axis of the rows, the columns'
-// steps) and the colour bar.
+// of a zoomed window, the window); the hover is found here too (cell-hover.js). Plotly draws
+// only the axes (a category axis of the rows, the columns' steps) and the colour bar, from
+// invisible scatter traces (frameTraces).
 // Rows come ordered by module (modules.js, moduleOrder); lines separate the modules and, when
 // the rows are too thin for a label each, the y axis names the modules instead of parameters.
 // Hover always names the parameter, the step and the value. A zoomed heatmap draws its window
@@ -172,8 +172,11 @@ export class HeatmapChart extends Chart {
       margin: { l: Math.min(420, Math.ceil(labelPx) + Y_LABEL_PAD), r: MARGIN_RIGHT[this.opts.kind], t: MARGIN_TOP, b: MARGIN.b },
       xaxis: this.xRange ? { range: this.xRange.slice(), autorange: false, showgrid: false, zeroline: false, visible: nRows > 0 }
         : { autorange: true, showgrid: false, zeroline: false, visible: hasCells },
-      yaxis: { autorange: "reversed", type: "category", showgrid: false, tickfont: { family: t.mono, size: LABEL_FONT_PX },
-        visible: hasCells, ...rowAxis.axis },
+      // Rows top to bottom, each a unit of the category axis: the range a heatmap trace would take.
+      yaxis: { range: [Math.max(1, nRows) - 0.5, -0.5], autorange: false, type: "category", showgrid: false,
+        tickfont: { family: t.mono, size: LABEL_FONT_PX }, visible: hasCells, ...rowAxis.axis },
+      xaxis2: { overlaying: "x", anchor: "y2", visible: false, fixedrange: true },
+      yaxis2: { overlaying: "y", anchor: "x2", visible: false, fixedrange: true },
       showlegend: false,
       uirevision: this.opts.name,
       images,
@@ -184,7 +187,7 @@ export class HeatmapChart extends Chart {
     this.drawn = true;
     const live = this.liveTop;
     this.liveTop = null;
-    return plotly().react(this.el, [this.frameTrace(t, names, range)], layout, baseConfig(this.opts.name)).then(() => {
+    return plotly().react(this.el, this.frameTraces(t, names, range), layout, baseConfig(this.opts.name)).then(() => {
       if (first) this.listen();
       this.mark();
       this.markDrawn(hasCells);
@@ -231,30 +234,38 @@ export class HeatmapChart extends Chart {
   }
 
   /**
-   * The one trace: a heatmap of one transparent column (Plotly ignores a heatmap without a
-   * number) spanning every row (a category axis, rows in order) and the columns' steps (x: its
-   * two edges), so that the axes fit the images; for "log" it carries the colour bar of `range`.
+   * The traces, none of Plotly's heatmap type (the page loads Plotly's basic bundle, which has
+   * none and starts in a third of the cartesian one's time): an invisible line through every
+   * row (the category axis of the rows, in order) from the columns' first edge to their last,
+   * so that the x axis fits the images (Plotly pads the x range of markers, not of lines); for
+   * "log", a point on hidden axes whose markers carry the colour bar of `range`.
    */
-  frameTrace(t, names, range) {
+  frameTraces(t, names, range) {
     const segs = this.shown;
     const edges = segs.length ? [segs[0].edges[0], segs[segs.length - 1].edges.at(-1)] : [0, 1];
-    const trace = {
-      type: "heatmap", name: "rows", x: edges, y: names, z: names.map(() => [0]), opacity: 0, hoverinfo: "skip",
-      showscale: false, xgap: 0, ygap: 0,
+    const ys = names.length === 1 ? [names[0], names[0]] : names;
+    const rows = {
+      type: "scatter", mode: "lines", name: "rows", x: ys.map((_, i) => edges[i === ys.length - 1 ? 1 : 0]), y: ys,
+      line: { width: 0 }, opacity: 0, hoverinfo: "skip", showlegend: false,
     };
-    if (!range) return trace;
+    if (!range || !names.length) return [rows];
     const [lo, hi] = range;
     const ticks = [];
     const step = Math.max(1, Math.ceil((Math.ceil(hi) - Math.floor(lo)) / 8));
     for (let k = Math.ceil(lo); k <= Math.floor(hi); k += step) ticks.push(k);
-    return {
-      ...trace, zmin: lo, zmax: hi, colorscale: VIRIDIS, showscale: this.rows.length > 0,
-      colorbar: {
-        thickness: 12, outlinewidth: 0, tickvals: ticks, ticktext: ticks.map(pow10),
-        tickfont: { color: t.fg, size: 11 },
-        title: { text: plotlyText(this.opts.label), side: "right", font: { color: t.muted, size: 11 } },
+    const scale = {
+      type: "scatter", mode: "markers", name: "scale", x: [0], y: [0], xaxis: "x2", yaxis: "y2", hoverinfo: "skip",
+      showlegend: false,
+      marker: {
+        size: 1, opacity: 0, color: [lo], cmin: lo, cmax: hi, colorscale: VIRIDIS, showscale: true,
+        colorbar: {
+          thickness: 12, outlinewidth: 0, tickvals: ticks, ticktext: ticks.map(pow10),
+          tickfont: { color: t.fg, size: 11 },
+          title: { text: plotlyText(this.opts.label), side: "right", font: { color: t.muted, size: 11 } },
+        },
       },
     };
+    return [rows, scale];
   }
 
   /** The hover of the cell at step position `x` in row `row` (cell-hover.js), or null. */

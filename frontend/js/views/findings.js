@@ -71,7 +71,7 @@ export function findingsView(o) {
     get findings() { return list; },
     async load(ctx) {
       try {
-        list = await ctx.ask(() => api.diagnostics(ctx.state.runId));
+        list = await api.diagnostics(ctx.state.runId);
         render();
       } catch (err) {
         setChildren(body, h("p", { class: "muted" }, `Findings unavailable: ${err.message}`));

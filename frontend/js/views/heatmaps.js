@@ -75,7 +75,7 @@ export function heatmapView(o) {
         await chart.setColumns([], [], []);
         return;
       }
-      const res = await ctx.ask(() => api.heatmap(ctx.state.runId, o.metric, { maxSteps: stepsFor(plot) }));
+      const res = await api.heatmap(ctx.state.runId, o.metric, { maxSteps: stepsFor(plot) });
       const names = res.params || [];
       order = moduleOrder(names);
       const rows = order.map((i) => names[i]);

@@ -98,8 +98,8 @@ export function paramMetricView(o) {
       const order = state.order === "asc" ? "asc" : "desc";
       const maxPoints = pointsFor(plot);
       const rankBy = !o.picker && o.rankBy && state.metrics.params.includes(o.rankBy) ? o.rankBy : undefined;
-      const res = await ctx.ask(() => api.paramSeries(state.runId, o.metric, byName.length
-        ? { params: byName, maxPoints } : { top, order, rankBy, maxPoints }));
+      const res = await api.paramSeries(state.runId, o.metric, byName.length
+        ? { params: byName, maxPoints } : { top, order, rankBy, maxPoints });
       fullRes = !res.downsampled;
       const list = res.series || [];
       shown = list.map((s) => ({ name: s.param, index: s.index ?? state.paramIndex.get(s.param) }));

@@ -57,7 +57,7 @@ export function scalarView(o) {
       zoomer.cancel();
       keys = o.keys(ctx.state.metrics.scalars || []);
       const maxPoints = pointsFor(plot);
-      const results = await ctx.ask(() => Promise.all(keys.map((k) => api.series(ctx.state.runId, k, { maxPoints }))));
+      const results = await Promise.all(keys.map((k) => api.series(ctx.state.runId, k, { maxPoints })));
       const series = results.map((r, i) => seriesOf(r, label(keys[i])));
       fullRes = !results.some((r) => r.downsampled);
       lastStep = Math.max(0, ...series.map((s) => (s.x.length ? s.x[s.x.length - 1] : 0)));
