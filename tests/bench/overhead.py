@@ -16,9 +16,13 @@ The peers (tensorboard, wandb) are installed for the benchmark only (tests/bench
 
 Per round, each variant's median step time (for every="auto", which measures only some steps,
 the mean over a run 4x as long, each step capped at twice the median, against the baseline's); the figure is the median over rounds
-of the paired ratio variant/baseline - 1. The hook's background (sender thread) CPU per step is measured too
-and charged: "charged" adds what it takes beyond the baseline's (torch's intra-op threads count
-there too) to the variant's step time, as if it ran on the training core.
+of the paired ratio variant/baseline - 1. Each timed run starts after WARMUP untimed steps of its
+own (a fresh watch() allocates its buffers at its first measured step: a one-time cost, not the
+steady state a long run pays). The CPU of the hook's own threads (gradwatch-sender, ...), read
+per thread, is charged: "charged" adds it to the step time, as if it ran on the training core.
+(Not the process's CPU beyond the training thread: torch's intra-op worker spins for as long as
+the training thread works, measured equal to it per step with and without the hook, so that
+figure would count the hook's training-thread time twice.)
 
     python tests/bench/overhead.py [--rounds 7] [--steps 15] [--models gpt,mlp] [--variants ...]
 """
@@ -35,6 +39,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import urllib.request
 from pathlib import Path
@@ -112,26 +117,63 @@ def start_server(tmp: Path) -> tuple[subprocess.Popen, str]:
     raise SystemExit("the gradwatch server did not start")
 
 
+WARMUP = 3  # untimed steps before each timed run
+
+
 class Timing(NamedTuple):
     median: float  # wall seconds per step
     mean: float  # capped at twice the median per step (see time_steps)
-    background: float  # CPU seconds per step of threads other than this one
+    background: float  # CPU seconds per step of the hook's own threads (hook_threads_cpu)
+
+
+def hook_threads_cpu() -> float:
+    """CPU seconds so far of this process's gradwatch threads (sender, replay), each read on its own clock."""
+    total = 0.0
+    for t in threading.enumerate():
+        if t.name.startswith("gradwatch") and t.ident is not None:
+            try:
+                total += time.clock_gettime(time.pthread_getcpuclockid(t.ident))
+            except (OSError, ProcessLookupError):  # it ended meanwhile
+                pass
+    return total
+
+
+def acked(w: gradwatch.Watcher, timeout: float = 10.0) -> None:
+    """Wait until the server has acknowledged everything `w` sent (at most `timeout` s)."""
+    deadline = time.monotonic() + timeout
+    while w.pending and time.monotonic() < deadline:
+        time.sleep(0.01)
 
 
 def time_steps(model: nn.Module, opt: torch.optim.Optimizer, loss_fn, steps: int,
-               after_backward: Callable[[], None] | None = None) -> Timing:
-    """Step times, and background-thread CPU seconds per step."""
-    times = []
-    cpu0, thread0 = time.process_time(), time.thread_time()
-    for _ in range(steps):
-        t0 = time.perf_counter()
+               after_backward: Callable[[], None] | None = None,
+               settle: Callable[[], None] | None = None) -> Timing:
+    """Step times after WARMUP untimed steps, and the hook's threads' CPU seconds per step.
+
+    `settle` (untimed) waits until the hook has sent what it has: called after the warm-up and
+    after the timed steps, so that its threads' CPU in between is the timed steps' own work
+    (the sender works once per `linger`, up to a second after the steps it sends).
+    """
+    def step() -> None:
         opt.zero_grad(set_to_none=True)
         loss_fn(model).backward()
         if after_backward is not None:
             after_backward()
         opt.step()
+
+    for _ in range(WARMUP):
+        step()
+    if settle is not None:
+        settle()
+    times = []
+    cpu0 = hook_threads_cpu()
+    for _ in range(steps):
+        t0 = time.perf_counter()
+        step()
         times.append(time.perf_counter() - t0)
-    background = (time.process_time() - cpu0) - (time.thread_time() - thread0)
+    if settle is not None:
+        settle()
+    background = hook_threads_cpu() - cpu0
     median = statistics.median(times)
     # The mean with each step capped at twice the median: a step the hook measures costs ~10-30%
     # more and counts whole; a step this shared machine stalled for 10x does not swamp the mean.
@@ -215,7 +257,7 @@ def bench(name: str, url: str, rounds: int, steps: int, wanted: list[str], tmp: 
             w = gradwatch.watch(opt, model=model, run=f"bench-{name}-{every}", project="bench", server=server,
                                 every=every, warn=False)
             try:
-                return time_steps(model, opt, loss_fn, count)
+                return time_steps(model, opt, loss_fn, count, settle=(lambda: acked(w)) if server == url else None)
             finally:
                 w.close(timeout=30 if server == url else 0.5)
                 if server != url:  # else the next watch() would replay it while others are timed
@@ -242,14 +284,13 @@ def bench(name: str, url: str, rounds: int, steps: int, wanted: list[str], tmp: 
         order = list(variants)
         random.Random(r).shuffle(order)
         got = {k: variants[k]() for k in order}
-        base, base_mean, base_bg = got["baseline"]
+        base, base_mean, _ = got["baseline"]
         base_times.append(base)
         for k in measured:
             ratios[k].append(got[k].mean / base_mean - 1 if k == "gradwatch_auto" else got[k].median / base - 1)
         if "gradwatch" in got:
             hook_time, _, hook_bg = got["gradwatch"]
-            # torch's own intra-op threads show up as "background" in every variant: charge the excess
-            ratios["gradwatch_charged"].append((hook_time + max(hook_bg - base_bg, 0.0)) / base - 1)
+            ratios["gradwatch_charged"].append((hook_time + hook_bg) / base - 1)
         print(f"{name} round {r + 1}/{rounds}: baseline {base * 1e3:.1f} ms, "
               + ", ".join(f"{k} {v[-1]:+.1%}" for k, v in ratios.items()), flush=True)
     out: dict[str, float | None] = {"model": name, "baseline": statistics.median(base_times)}  # type: ignore[dict-item]

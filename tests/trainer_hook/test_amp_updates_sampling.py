@@ -5,7 +5,7 @@ import pytest
 import torch
 
 import gradwatch
-from gradwatch.sampling import AutoInterval, EveryN, make_sampler
+from gradwatch.sampling import AutoInterval, EveryN, StepTimes, make_sampler
 from sent import measured, sent_steps
 
 NOWHERE = "http://127.0.0.1:9"
@@ -98,6 +98,24 @@ def test_auto_interval_leaves_room_for_what_every_step_costs() -> None:
     spent = AutoInterval(budget=0.01, max_interval=1000)
     spent.observe(cost_s=0.005, step_time_s=0.1, every_step_s=0.002)
     assert spent.interval == 1000
+
+
+def test_step_time_is_the_typical_step_not_the_slow_ones() -> None:
+    """The first step (one-time setup) and the measured ones (the hook's cost) are slower: the
+    budget is a share of the typical step, which they do not move."""
+    clock = StepTimes(window=15)
+    assert clock.typical() == 0.0
+    now = 0.0
+    clock.tick(now)
+    for k in range(1, 31):
+        slow = k == 1 or k % 8 == 0  # after step 1, and every 8th step measured
+        now += 0.080 if slow else 0.040
+        clock.tick(now)
+    assert clock.typical() == pytest.approx(0.040)
+    for _ in range(15):  # the training itself slows down: followed within a window
+        now += 0.100
+        clock.tick(now)
+    assert clock.typical() == pytest.approx(0.100)
 
 
 def test_every_auto_samples_less_when_the_hook_is_costly_relative_to_the_step() -> None:

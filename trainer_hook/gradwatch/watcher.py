@@ -22,7 +22,7 @@ from .accumulation import GradTracker
 from .findings import FindingWarner, run_page
 from .layout import Layout, build_layout
 from .measure import Probe, Snapshot
-from .sampling import make_sampler
+from .sampling import StepTimes, make_sampler
 from .sender import Sender
 from .spool import SpoolWriter, pending_spools, replay, spool_dir
 
@@ -92,8 +92,7 @@ class Watcher:
         self._logged: dict[str, Any] = {}
         self._closed = False
         self._sampled = False
-        self._last_step_start: Optional[float] = None
-        self._step_time = 0.0
+        self._step_times = StepTimes()
         self._scaler = scaler
         self._skipped = 0  # optimizer steps a GradScaler skipped (they never reach our hooks)
         self._stepped = False
@@ -126,10 +125,7 @@ class Watcher:
         self._stepped = True
         if not self._round:
             self.step += 1
-            now = time.perf_counter()
-            if self._last_step_start is not None:
-                self._step_time = now - self._last_step_start
-            self._last_step_start = now
+            self._step_times.tick(time.perf_counter())
             self._sampled = self._sampler(self.step)
             if self._sampled:
                 self._probe.begin(self.step)
@@ -176,7 +172,7 @@ class Watcher:
                 # The sampler learns now, not when the sender gets to this step (up to a `linger`
                 # later, when tens of steps could have been measured meanwhile): this step's
                 # training-thread cost, and the sender's costs as last seen.
-                self._sampler.observe(snapshot.cost_s + self._render_s, self._step_time,
+                self._sampler.observe(snapshot.cost_s + self._render_s, self._step_times.typical(),
                                       self._light_s + self._sender_step_s)
                 self._sender.submit_step(lambda s=snapshot: self._render(s, steps))
             return
