@@ -6,10 +6,10 @@
     what ingest calls), then a real `gradwatch serve` serves it to Chromium (Playwright):
       interactive   navigation start -> every chart drawn (the page's `gradwatch:ready` mark,
                     set with body[data-ready]); also when Plotly was compiled (`gradwatch:plotly`)
-      heatmap       the gradient-norm heatmap's request issued -> the heatmap drawn
-                    (`gradwatch:drawn:grad-norm-heatmap`, once Plotly's draw has completed); also
-                    given from navigation start (the page asks for a chart below the fold once
-                    Plotly is there, so both figures matter)
+      heatmap       the gradient-norm heatmap fetched and drawn on the loaded page, nothing else
+                    drawing (its view's load(): request -> Plotly's draw completed); on the first
+                    load its data is asked for with every chart's at the start and it draws in its
+                    turn, so that figure is given from navigation (`gradwatch:drawn:grad-norm-heatmap`)
       zoom          a zoom of the loss chart to a window of steps -> every chart in view drawn with
                     that window fetched at full resolution (the page's `gradwatch:zoomed` mark;
                     charts out of view fetch it when scrolled to)
@@ -226,17 +226,28 @@ def open_run(context: Any, url: str, timeout_ms: int) -> tuple[Any, dict[str, fl
     page.wait_for_function("document.body.dataset.ready === '1'", timeout=timeout_ms)
     got = page.evaluate(f"""() => {{
         const mark = {MARK};
-        const heat = performance.getEntriesByType('resource').find((e) => e.name.includes('/heatmap?metric=grad_norm'));
         return {{
             interactive: mark('gradwatch:ready'),
             plotly: mark('gradwatch:plotly'),
             heatmap_drawn: mark('gradwatch:drawn:grad-norm-heatmap'),
-            heatmap_request: heat ? heat.startTime : null,
-            heatmap_response: heat ? heat.responseEnd : null,
             longest_task: Math.max(0, ...window.__longtasks.map((t) => t.duration)),
         }};
     }}""")
     return page, got
+
+
+def heatmap_reload(page: Any) -> tuple[float, float]:
+    """The gradient-norm heatmap fetched and drawn again on the loaded page: ms from its request
+    to drawn (its view's load() resolves once Plotly's draw has completed), and the server's part."""
+    return page.evaluate("""async () => {
+        const g = window.gradwatch;
+        const before = performance.getEntriesByType('resource').length;
+        const t0 = performance.now();
+        await g.views.normMap.load({ state: g.state });
+        const took = performance.now() - t0;
+        const e = performance.getEntriesByType('resource').slice(before).find((x) => x.name.includes('/heatmap?metric=grad_norm'));
+        return [took, e.responseEnd - e.startTime];
+    }""")
 
 
 def zoom_round_trip(page: Any, window: tuple[int, int], timeout_ms: int) -> tuple[float, float, int, int]:
@@ -288,8 +299,9 @@ def finished_run(browser: Any, url: str, run_id: str, steps: int, rounds: int) -
         if got["plotly"] is not None:  # a dashboard older than the mark has none
             out["plotly"].append(got["plotly"])
         out["heatmap_nav"].append(got["heatmap_drawn"])
-        out["heatmap"].append(got["heatmap_drawn"] - got["heatmap_request"])
-        out["heatmap_server"].append(got["heatmap_response"] - got["heatmap_request"])
+        took, server = heatmap_reload(page)
+        out["heatmap"].append(took)
+        out["heatmap_server"].append(server)
         out["load_task"].append(got["longest_task"])
         for k in range(3):
             a = 1 + (steps - width) * (r * 3 + k + 1) // (rounds * 3 + 1)
@@ -499,9 +511,9 @@ def report(args: argparse.Namespace, fin: dict[str, list[float]], live: dict[str
               + (f" ({med['plotly']:.0f} ms from navigation)" if "plotly" in med else "")))
     print(row("run page interactive, revisit", "< 1500 ms", med["interactive_revisit"],
               med["interactive_revisit"] < TARGETS_MS["interactive"], "Plotly from the browser's caches"))
-    print(row("gradient-norm heatmap drawn", "< 500 ms", med["heatmap"], med["heatmap"] < TARGETS_MS["heatmap"],
-              f"its request -> drawn; server {med['heatmap_server']:.0f} ms; "
-              f"{med['heatmap_nav']:.0f} ms from navigation"))
+    print(row("gradient-norm heatmap fetched and drawn", "< 500 ms", med["heatmap"], med["heatmap"] < TARGETS_MS["heatmap"],
+              f"on the loaded page, request -> drawn; server {med['heatmap_server']:.0f} ms; "
+              f"first load: drawn {med['heatmap_nav']:.0f} ms from navigation"))
     print(row("zoom round trip (window of 300 steps at full resolution)", "< 300 ms", med["zoom"],
               med["zoom"] < TARGETS_MS["zoom"], f"the charts in view; back to the overview {med['zoom_out']:.0f} ms"))
     print(row(f"live: send -> drawn, p95 ({args.rate:g} steps/s, line charts in view)", "< 250 ms", p95_line,
