@@ -14,9 +14,10 @@ Variants, interleaved round by round on the same model and optimizer:
 The peers (tensorboard, wandb) are installed for the benchmark only (tests/bench/requirements-peers.txt,
 `make bench`); a peer that is not installed is reported as "n/a".
 
-Per round, each variant's median step time (for every="auto", which measures only some steps,
-the mean over a run 4x as long, each step capped at twice the median, against the baseline's); the figure is the median over rounds
-of the paired ratio variant/baseline - 1. Each timed run starts after WARMUP untimed steps of its
+Per round, the variants in a shuffled order, each timed between two baseline runs: its median
+step time (for every="auto", which measures only some steps, the mean over a run 4x as long,
+each step capped at twice the median) against the mean of theirs; the figure is the median over
+rounds of that paired ratio variant/baseline - 1. Each timed run starts after WARMUP untimed steps of its
 own (a fresh watch() allocates its buffers at its first measured step: a one-time cost, not the
 steady state a long run pays). The CPU of the hook's own threads (gradwatch-sender, ...), read
 per thread, is charged: "charged" adds it to the step time, as if it ran on the training core.
@@ -281,17 +282,25 @@ def bench(name: str, url: str, rounds: int, steps: int, wanted: list[str], tmp: 
     ratios: dict[str, list[float]] = {k: [] for k in measured + ["gradwatch_charged"] * ("gradwatch" in variants)}
     base_times = []
     for r in range(rounds):
-        order = list(variants)
+        # Each variant is timed between two baseline runs and set against their mean: this shared
+        # machine's load drifts over seconds, and a baseline timed next to the variant cancels it
+        # better than one baseline per round.
+        order = list(measured)
         random.Random(r).shuffle(order)
-        got = {k: variants[k]() for k in order}
-        base, base_mean, _ = got["baseline"]
-        base_times.append(base)
-        for k in measured:
-            ratios[k].append(got[k].mean / base_mean - 1 if k == "gradwatch_auto" else got[k].median / base - 1)
-        if "gradwatch" in got:
-            hook_time, _, hook_bg = got["gradwatch"]
-            ratios["gradwatch_charged"].append((hook_time + hook_bg) / base - 1)
-        print(f"{name} round {r + 1}/{rounds}: baseline {base * 1e3:.1f} ms, "
+        before = variants["baseline"]()
+        for k in order:
+            got = variants[k]()
+            after = variants["baseline"]()
+            base = (before.median + after.median) / 2
+            base_times.append(base)
+            if k == "gradwatch_auto":
+                ratios[k].append(got.mean / ((before.mean + after.mean) / 2) - 1)
+            else:
+                ratios[k].append(got.median / base - 1)
+            if k == "gradwatch":
+                ratios["gradwatch_charged"].append((got.median + got.background) / base - 1)
+            before = after
+        print(f"{name} round {r + 1}/{rounds}: baseline {statistics.median(base_times[-len(order):]) * 1e3:.1f} ms, "
               + ", ".join(f"{k} {v[-1]:+.1%}" for k, v in ratios.items()), flush=True)
     out: dict[str, float | None] = {"model": name, "baseline": statistics.median(base_times)}  # type: ignore[dict-item]
     out.update({k: statistics.median(v) for k, v in ratios.items()})
