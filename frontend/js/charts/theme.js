@@ -38,8 +38,19 @@ function cssVar(name) {
   return getComputedStyle(document.documentElement).getPropertyValue(name).trim();
 }
 
-/** The current theme's colours. */
+let current = null; // the theme's colours, read once per colour scheme
+
+/**
+ * The current theme's colours. Read from the CSS once and kept until the colour scheme
+ * changes: each read of ~25 custom properties can force a style recalculation, and every chart
+ * asks on every draw.
+ */
 export function theme() {
+  current ||= readTheme();
+  return current;
+}
+
+function readTheme() {
   const palette = [];
   for (let i = 1; i <= 10; i++) palette.push(cssVar(`--series-${i}`) || "#888");
   return {
@@ -143,5 +154,6 @@ export function registerChart(chart) {
 
 const scheme = window.matchMedia("(prefers-color-scheme: dark)");
 scheme.addEventListener("change", () => {
+  current = null;
   for (const c of charts) c.retheme();
 });

@@ -272,8 +272,17 @@ function requestReload(delayMs = 500) {
   reloadTimer = setTimeout(() => { reloadTimer = null; loadAll(); }, delayMs);
 }
 
+let namesFill = 0;
+
+/**
+ * The name picker's suggestions, one <option> per parameter, once the browser is idle (or
+ * within a second): a thousand of them cost tens of milliseconds that the charts need first.
+ */
 function fillNames() {
-  setChildren(byId("param-names"), state.params.map((p) => h("option", { value: p.name })));
+  cancelIdleCallback(namesFill);
+  namesFill = requestIdleCallback(() => {
+    setChildren(byId("param-names"), state.params.map((p) => h("option", { value: p.name })));
+  }, { timeout: 1000 });
 }
 
 function fillOtherSelect() {
