@@ -15,11 +15,9 @@ import re
 import shutil
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
-import httpx
 import pytest
 
 from conftest import REPO, ServerProcess, start_server
@@ -232,6 +230,31 @@ def test_new_steps_appear_without_reload(dash: ServerProcess, page: Page) -> Non
     assert xs == list(range(1, 31))  # each step once, in order
 
 
+def test_a_run_page_opened_before_its_run_waits_for_it(dash: ServerProcess, page: Page) -> None:
+    """watch() prints the run's address before its hello reaches the server (and a spooled run
+    arrives with `gradwatch sync`): the page says it waits, then shows the run, without a reload."""
+    p = page.page
+    p.goto(dash.url + "/runs/early-bird")
+    sync_api.expect(p.locator("#page-notice .notice-title")).to_have_text("Waiting for this run")
+    sync_api.expect(p.locator("#page-notice")).to_contain_text("early-bird")
+    assert p.evaluate("document.body.dataset.state") == "waiting"
+    assert p.locator("#charts").is_hidden()
+    p.evaluate("window.__sameDocument = true")
+    run = SyntheticRun("early-bird", "early bird", total_steps=20)
+    with Ingest(dash.ws_url, run) as hook:
+        hook.steps(20)
+        p.wait_for_function("document.body.dataset.ready === '1'")
+        page.wait_points("grad-norm-total", 20)
+        hook.close("finished")
+    sync_api.expect(p.locator(".run-name")).to_contain_text("early bird")
+    assert p.locator("#page-notice").inner_text() == ""
+    assert p.locator("#charts").is_visible()
+    assert p.evaluate("window.__sameDocument") is True
+    # The only console errors: the browser's own line for each 404 while it waited.
+    assert all("status of 404" in e for e in page.errors), page.errors
+    page.errors.clear()
+
+
 def test_compare_page(dash: ServerProcess, page: Page) -> None:
     seed(dash, SyntheticRun("cmp-a", "cmp-a", seed=1, total_steps=50), 50)
     seed(dash, SyntheticRun("cmp-b", "cmp-b", seed=2, total_steps=50), 40)
@@ -255,11 +278,8 @@ def test_real_training_streams_live_and_draws_the_readme_screenshot(dash: Server
         first = train.stdout.readline()
         assert first.startswith("gradwatch run id: "), first
         run_id = first.split(": ", 1)[1].strip()
-        # The id is printed by watch(), which never waits for the server: open the page once the
-        # hook's hello has reached it (a page opened before gets a 404 for the run).
-        deadline = time.monotonic() + 30
-        while httpx.get(f"{dash.url}/api/runs/{run_id}").status_code == 404 and time.monotonic() < deadline:
-            time.sleep(0.05)
+        # The id is printed by watch(), which never waits for the server: the page may open
+        # before the hook's hello has reached it, and then waits for the run.
         p = shot.open(f"{dash.url}/runs/{run_id}")
         p.evaluate("window.__sameDocument = true")
         shot.wait_points("grad-norm-total", 5)
@@ -283,6 +303,9 @@ def test_real_training_streams_live_and_draws_the_readme_screenshot(dash: Server
     finally:
         if train.poll() is None:
             train.kill()
+        # A page opened before the run reached the server waited for it: the browser's console
+        # has a line for each 404 it got meanwhile, and nothing else.
+        shot.errors = [e for e in shot.errors if "status of 404" not in e]
         shot.close()
     assert re.match(rb"\x89PNG", SCREENSHOT.read_bytes()[:4])
 

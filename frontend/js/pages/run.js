@@ -34,6 +34,7 @@ const MAX_POINTS = 4000;      // a live chart past this many points per series i
 const MAX_QUEUE = 20000;      // live steps waiting (hidden tab): past this, drop them and refetch
 const FINDINGS_EVERY_MS = 15000;
 const ZOOM_DELAY_MS = 40;     // a zoom fetches its window once it has settled this long
+const WAIT_FOR_RUN_MS = 2000; // a run not on the server yet is asked for again this often (and when it is announced)
 
 const q = readQuery();
 const num = (v) => (v === null || v === "" || Number.isNaN(Number(v)) ? null : Number(v));
@@ -153,6 +154,7 @@ function saveUrl() {
 // ---- loading over REST -------------------------------------------------------------------
 
 let loading = null;      // the load in progress
+let waitTimer = 0;       // the next ask for a run not on the server yet
 let loadedOnce = false;
 let reloadTimer = null;
 // What views load with.
@@ -164,6 +166,7 @@ async function loadAll() {
     try {
       const [run, params, metrics] = await (takeFirst() || Promise.all([api.run(runId), api.params(runId), api.metrics(runId)]));
       state.run = run;
+      grid.hidden = false;
       state.params = params.data || [];
       state.paramIndex = new Map(state.params.map((p, i) => [p.name, p.index ?? i]));
       state.metrics = { scalars: metrics.scalars || [], params: metrics.params || [] };
@@ -292,14 +295,27 @@ function fillOtherSelect() {
 }
 
 function showError(err) {
-  console.error(err);
+  const waiting = err instanceof ApiError && err.status === 404 && runId;
+  if (!waiting) console.error(err);
   document.body.dataset.state = "error";
-  if (err instanceof ApiError && err.status === 404) {
+  if (err instanceof ApiError && err.status === 404 && !runId) {
     setChildren(pageNotice, notice("error", "Run not found",
-      h("p", {}, "There is no run with the id ", h("code", {}, runId), " on this server. ", h("a", { href: "/" }, "See all runs"), ".")));
+      h("p", {}, "This address names no run. ", h("a", { href: "/" }, "See all runs"), ".")));
     grid.hidden = true;
     socket.stop();
     renderLiveStatus(header.liveEl, "offline");
+  } else if (waiting) {
+    // watch() prints the run's address before its hello reaches the server, and a run trained
+    // while the server was away arrives with `gradwatch sync`: wait for it rather than give up.
+    setChildren(pageNotice, notice("loading", "Waiting for this run",
+      h("p", {}, "No run with the id ", h("code", {}, runId), " has reached this server yet. A training script that has just called ",
+        h("code", {}, "gradwatch.watch()"), " appears within seconds; one that trained while the server was away, once ",
+        h("code", {}, "gradwatch sync"), " delivers it. This page shows the run as soon as it arrives. ",
+        h("a", { href: "/" }, "See all runs"), ".")));
+    document.body.dataset.state = "waiting";
+    grid.hidden = true;
+    clearTimeout(waitTimer);
+    waitTimer = setTimeout(loadAll, WAIT_FOR_RUN_MS);
   } else if (err instanceof UnreachableError) {
     setChildren(pageNotice, notice("error", "The gradwatch server is unreachable",
       h("p", {}, "Start it with ", h("code", {}, "gradwatch serve"), "; this page reconnects by itself and shows what it missed.")));
@@ -326,6 +342,8 @@ function onMessage(msg) {
     scheduleFlush();
   } else if (msg.type === "finding" && msg.run_id === runId) {
     views.findings.upsert(msg.finding);
+  } else if (msg.type === "run" && msg.run && msg.run.id === runId && !state.run) {
+    loadAll(); // the run this page waits for has reached the server
   } else if (msg.type === "run" && msg.run && msg.run.id === runId && state.run) {
     const before = state.run.status;
     state.run = { ...msg.run, steps: Math.max(msg.run.steps || 0, state.run.steps || 0),
