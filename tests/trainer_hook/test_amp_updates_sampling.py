@@ -100,6 +100,23 @@ def test_auto_interval_leaves_room_for_what_every_step_costs() -> None:
     assert spent.interval == 1000
 
 
+def test_auto_interval_counts_what_a_measured_step_costs_all_told() -> None:
+    """A measured step that takes longer than the hook's own clock says (the training's data
+    evicted from the caches) is budgeted by its wall time; a quicker one by the hook's time."""
+    auto = AutoInterval(budget=0.01)
+    auto.observe(cost_s=0.001, step_time_s=0.1)  # the hook's own time: 1% of a step
+    assert auto.interval == 1
+    auto.observe_step(measured_s=0.105, step_time_s=0.1)  # the step took 5 ms longer
+    assert auto.interval == 5
+    cheap = AutoInterval(budget=0.01)
+    cheap.observe(cost_s=0.003, step_time_s=0.1)
+    cheap.observe_step(measured_s=0.099, step_time_s=0.1)  # noise: quicker than a typical step
+    assert cheap.interval == 3
+    fixed = EveryN(4)
+    fixed.observe_step(measured_s=1.0, step_time_s=0.1)  # a fixed interval stays fixed
+    assert fixed.n == 4
+
+
 def test_step_time_is_the_typical_step_not_the_slow_ones() -> None:
     """The first step (one-time setup) and the measured ones (the hook's cost) are slower: the
     budget is a share of the typical step, which they do not move."""

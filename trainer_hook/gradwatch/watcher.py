@@ -126,6 +126,8 @@ class Watcher:
         if not self._round:
             self.step += 1
             self._step_times.tick(time.perf_counter())
+            if self._sampled:  # the step before was measured: what did that cost, all told?
+                self._sampler.observe_step(self._step_times.last(), self._step_times.typical())
             self._sampled = self._sampler(self.step)
             if self._sampled:
                 self._probe.begin(self.step)
