@@ -15,6 +15,7 @@ import functools
 import json
 import math
 import re
+import sqlite3
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
@@ -186,13 +187,29 @@ def _set_sqlite_pragmas(dbapi_connection: Any, _record: Any) -> None:
     # same moment may hold.
     cursor.execute("PRAGMA busy_timeout=10000")
     # WAL: readers (dashboard, exports) never block the writer (ingest), nor it them.
-    cursor.execute("PRAGMA journal_mode=WAL")
+    _enable_wal(cursor)
     # NORMAL: in WAL mode a commit survives a crash of the process; only an OS crash or power
     # loss can undo the last commits, and fsync on every step would cost far more.
     cursor.execute("PRAGMA synchronous=NORMAL")
     # SQLite ignores foreign keys unless asked; deleting a run relies on ON DELETE CASCADE.
     cursor.execute("PRAGMA foreign_keys=ON")
     cursor.close()
+
+
+def _enable_wal(cursor: Any, wait_s: float = 10.0) -> None:
+    """PRAGMA journal_mode=WAL, tried again while the file is locked (for up to `wait_s`): when
+    processes start together on a new file, the busy timeout does not cover every moment of
+    another one switching it (1 process of 100, four at a time, failed at once with "database
+    is locked" before this; tests/backend/test_store.py)."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        try:
+            cursor.execute("PRAGMA journal_mode=WAL")
+            return
+        except sqlite3.OperationalError as exc:
+            if "locked" not in str(exc) or time.monotonic() > deadline:
+                raise
+            time.sleep(0.02)
 
 
 def _engine_url(url: str) -> str:
