@@ -4,8 +4,9 @@
 // (in view: distance 0), so the charts that can be seen come first and a chart scrolled to
 // jumps the queue. Each turn is a task at once, not an idle callback: while a page loads the
 // browser is seldom idle, and waiting for it put off the last charts by about 300 ms
-// (tests/bench/dashboard.py). Turns start once Plotly has loaded. A chart waiting for its turn
-// draws once, however many draws it was asked for.
+// (tests/bench/dashboard.py). Turns start once Plotly has loaded; while a page loads, the charts
+// in view draw before any other, whichever answer comes first (inViewFirst). A chart waiting
+// for its turn draws once, however many draws it was asked for.
 
 import { whenPlotly } from "./theme.js";
 
@@ -13,6 +14,20 @@ const VIEW_MARGIN_PX = 200;   // this close to the view counts as in view
 
 const waiting = new Map(); // chart element -> {promise, resolve}
 let planned = false;
+let inViewGate = null;     // while set, only charts in view get a turn (inViewFirst)
+
+/**
+ * Charts out of view get no turn until `drawn` (the charts in view drawing) settles: every
+ * chart's data is asked for at once, and one below the fold whose answer comes first must not
+ * draw before those the reader sees.
+ */
+export function inViewFirst(drawn) {
+  const gate = Promise.resolve(drawn).catch(() => {}).then(() => {
+    if (inViewGate === gate) inViewGate = null;
+    plan();
+  });
+  inViewGate = gate;
+}
 
 /** Resolves when it is the turn of the chart in `el` to draw (at once if Plotly is there and nothing waits). */
 export function drawTurn(el) {
@@ -55,7 +70,7 @@ function give() {
     const d = distance(el);
     if (!best || d < bestDistance) [best, bestDistance] = [el, d];
   }
-  if (!best) return;
+  if (!best || (inViewGate && bestDistance > 0)) return; // the gate plans again when it opens
   const entry = waiting.get(best);
   waiting.delete(best);
   entry.resolve();

@@ -21,7 +21,7 @@
 import { api, ApiError, liveUrl, UnreachableError } from "../api.js";
 import { markersOf } from "../charts/markers.js";
 import { whenPlotly } from "../charts/theme.js";
-import { nearView } from "../charts/turns.js";
+import { inViewFirst, nearView } from "../charts/turns.js";
 import { byId, h, notice, setChildren } from "../dom.js";
 import { toNumber } from "../format.js";
 import { LiveSocket, renderLiveStatus } from "../live.js";
@@ -206,8 +206,8 @@ async function loadAll() {
  * first; the browser sends the requests in that order, six at a time, and the server answers
  * them while the browser compiles Plotly (asking for the views below the fold only once Plotly
  * was there left the page waiting on their answers after it: 1.85 s against 1.6 s to draw every
- * chart, tests/bench/dashboard.py). Each chart then draws in its turn, those in view first
- * (charts/turns.js). The per-parameter followers (optimizer state) ask for the same choice as
+ * chart, tests/bench/dashboard.py). Each chart then draws in its turn, those in view first,
+ * before any other, whatever order the answers come in (charts/turns.js). The per-parameter followers (optimizer state) ask for the same choice as
  * the gradient-norm chart (the same names, or the same top k by gradient norm); one whose
  * parameters came out different (live steps moved the top k between the two answers) is
  * fetched again by the names the gradient-norm chart shows. A view that fails shows why in its
@@ -221,7 +221,9 @@ async function loadViews(list) {
     if (v.fail) v.fail(err);
   });
   const near = list.filter((v) => nearView(v.card));
-  await Promise.all([...near, ...list.filter((v) => !near.includes(v))].map((v) => load(v)));
+  const nearDrawn = Promise.all(near.map((v) => load(v)));
+  inViewFirst(nearDrawn);
+  await Promise.all([nearDrawn, ...list.filter((v) => !near.includes(v)).map((v) => load(v))]);
   const same = (a, b) => a.length === b.length && a.every((n, i) => n === b[i]);
   const again = list.filter((v) => followers.includes(v) && !same(v.params(), state.shown));
   await Promise.all(again.map((v) => load(v, state.shown.slice())));
