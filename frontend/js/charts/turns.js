@@ -14,19 +14,20 @@ const VIEW_MARGIN_PX = 200;   // this close to the view counts as in view
 
 const waiting = new Map(); // chart element -> {promise, resolve}
 let planned = false;
-let inViewGate = null;     // while set, only charts in view get a turn (inViewFirst)
+let gate = null;            // while set: {cards}, the only cards whose charts get a turn (inViewFirst)
 
 /**
- * Charts out of view get no turn until `drawn` (the charts in view drawing) settles: every
- * chart's data is asked for at once, and one below the fold whose answer comes first must not
- * draw before those the reader sees.
+ * Only the charts in `cards` (those in view) get a turn until `drawn` (their drawing) settles:
+ * every chart's data is asked for at once, and one below the fold whose answer comes first
+ * must not draw before those the reader sees.
  */
-export function inViewFirst(drawn) {
-  const gate = Promise.resolve(drawn).catch(() => {}).then(() => {
-    if (inViewGate === gate) inViewGate = null;
+export function inViewFirst(drawn, cards) {
+  const mine = { cards };
+  gate = mine;
+  Promise.resolve(drawn).catch(() => {}).then(() => {
+    if (gate === mine) gate = null;
     plan();
   });
-  inViewGate = gate;
 }
 
 /** Resolves when it is the turn of the chart in `el` to draw (at once if Plotly is there and nothing waits). */
@@ -67,10 +68,11 @@ function give() {
   let best = null;
   let bestDistance = Infinity;
   for (const el of waiting.keys()) {
+    if (gate && !gate.cards.some((card) => card.contains(el))) continue;
     const d = distance(el);
     if (!best || d < bestDistance) [best, bestDistance] = [el, d];
   }
-  if (!best || (inViewGate && bestDistance > 0)) return; // the gate plans again when it opens
+  if (!best) return; // a gate plans again when it opens
   const entry = waiting.get(best);
   waiting.delete(best);
   entry.resolve();

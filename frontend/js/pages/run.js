@@ -222,7 +222,7 @@ async function loadViews(list) {
   });
   const near = list.filter((v) => nearView(v.card));
   const nearDrawn = Promise.all(near.map((v) => load(v)));
-  inViewFirst(nearDrawn);
+  inViewFirst(nearDrawn, near.map((v) => v.card));
   await Promise.all([nearDrawn, ...list.filter((v) => !near.includes(v)).map((v) => load(v))]);
   const same = (a, b) => a.length === b.length && a.every((n, i) => n === b[i]);
   const again = list.filter((v) => followers.includes(v) && !same(v.params(), state.shown));
