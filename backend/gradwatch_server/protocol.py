@@ -201,18 +201,21 @@ def _decode_codes(value: object, info: ValidationInfo) -> bytes:
     return raw
 
 
+def _base64_schema(description: str) -> WithJsonSchema:
+    """The JSON schema of an array sent as a base64 string."""
+    return WithJsonSchema({"type": "string", "contentEncoding": "base64", "description": description})
+
+
 #: On the wire a base64 string; after validation the raw little-endian bytes it encodes.
 Float32Array = Annotated[
     bytes,
     BeforeValidator(_decode_floats),
-    WithJsonSchema({"type": "string", "contentEncoding": "base64",
-                    "description": "little-endian float32, one per parameter"}),
+    _base64_schema("little-endian float32, one per parameter"),
 ]
 StatusArray = Annotated[
     bytes,
     BeforeValidator(_decode_codes),
-    WithJsonSchema({"type": "string", "contentEncoding": "base64",
-                    "description": "uint8 grad_status codes, one per parameter"}),
+    _base64_schema("uint8 grad_status codes, one per parameter"),
 ]
 
 
@@ -248,14 +251,12 @@ MAX_BATCH_STEPS = 4096
 Float32Matrix = Annotated[
     bytes,
     BeforeValidator(_decode_base64),
-    WithJsonSchema({"type": "string", "contentEncoding": "base64",
-                    "description": "little-endian float32, steps x parameters, step-major"}),
+    _base64_schema("little-endian float32, steps x parameters, step-major"),
 ]
 StatusMatrix = Annotated[
     bytes,
     BeforeValidator(_decode_base64),
-    WithJsonSchema({"type": "string", "contentEncoding": "base64",
-                    "description": "uint8 grad_status codes, steps x parameters, step-major"}),
+    _base64_schema("uint8 grad_status codes, steps x parameters, step-major"),
 ]
 
 
