@@ -34,8 +34,8 @@ SQLite: 8,000 rows of 20 KB took 230-350 ms, of 1.3 KB 36 ms).
 
 When. A block is written once it is closed: when the run has a stored step at or after its end
 (`closed`). Ingest recomputes, in the transaction that stores the steps, the blocks that the
-new steps close or land in (`dirty`): the smallest size from the raw rows, each larger one from
-the four blocks below it. Reads take closed blocks, and raw rows for the rest (the open blocks
+new steps close or land in (`dirty`): the smallest size from the raw rows (those earlier batches
+stored are kept in memory, tails.py), each larger one from the four blocks below it. Reads take closed blocks, and raw rows for the rest (the open blocks
 at the end of a running run, and window edges that cut a block).
 """
 from __future__ import annotations

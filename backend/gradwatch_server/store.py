@@ -42,7 +42,7 @@ from sqlalchemy import (
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import ArgumentError, IntegrityError, NoSuchModuleError, OperationalError
 
-from . import blocks, migrations
+from . import blocks, migrations, tails
 from .protocol import Hello, absent_mask, array_dtype
 from .schema import (
     diagnoses,
@@ -323,6 +323,7 @@ class Store:
         self._serial = engine.dialect.name == "sqlite"
         self._write_lock = threading.Lock()
         self._known_names: set[tuple[str, str, str]] = set()
+        self._tails = tails.Tails()
 
     def close(self) -> None:
         self.engine.dispose()
@@ -336,7 +337,8 @@ class Store:
 
     def _lock_run(self, conn: Connection, run_id: str) -> Any:
         row = conn.execute(
-            select(runs.c.last_seq, runs.c.status, runs.c.last_step).where(runs.c.id == run_id).with_for_update()
+            select(runs.c.last_seq, runs.c.status, runs.c.last_step, runs.c.steps)
+            .where(runs.c.id == run_id).with_for_update()
         ).one_or_none()
         if row is None:
             raise UnknownRun(f"no run {run_id!r}")
@@ -440,15 +442,20 @@ class Store:
                 if told is not None:
                     conn.execute(select(func.pg_notify(*told)))
             top = max((d.step for d in new), default=None)
+            after = last_step_before if top is None else top if last_step_before is None else max(top, last_step_before)
+            tail = self._tails.get(run_id, (locked.steps, last_step_before))
+            tail = tail if tails.covers(tail, new) else None
             if top is not None:
-                after = top if last_step_before is None else max(top, last_step_before)
-                _update_blocks(conn, run_id, [d.step for d in new], last_step_before, after)
+                _update_blocks(conn, run_id, [d.step for d in new], last_step_before, after,
+                               None if tail is None else (*tail.steps, *new))
             last_step = runs.c.last_step if top is None else case(
                 (or_(runs.c.last_step.is_(None), runs.c.last_step < top), top), else_=runs.c.last_step)
             conn.execute(update(runs).where(runs.c.id == run_id).values(
                 last_seq=last_seq, steps=runs.c.steps + len(new), last_step=last_step, updated_at=now,
             ))
-        self._known_names |= new_names  # only once committed
+        # only once committed
+        self._known_names |= new_names
+        self._tails.keep(run_id, tails.next_tail(tail, new, last_step_before, after, (locked.steps + len(new), after)))
         return stored
 
     def _add_names(self, conn: Connection, run_id: str, kind: str, names: Iterable[str]) -> set[tuple[str, str, str]]:
@@ -948,11 +955,16 @@ def _ranges(numbers: Sequence[int]) -> list[tuple[int, int]]:
     return out
 
 
-def _update_blocks(conn: Connection, run_id: str, new_steps: list[int], before: int | None, after: int) -> None:
+def _update_blocks(conn: Connection, run_id: str, new_steps: list[int], before: int | None, after: int,
+                   stored: Sequence[StepData] | None = None) -> None:
     """Recompute the closed blocks that storing `new_steps` changed or closed (blocks.dirty),
     of every series of the run, in the caller's transaction: per kind and size, one query reads
     what they are made of (raw rows for the smallest size, blocks of the size below for the
-    others), one deletes them and one inserts them, whatever the number of series."""
+    others), one deletes them and one inserts them, whatever the number of series.
+
+    `stored`: every stored step of the smallest blocks to recompute, when the store has them in
+    memory (tails.py); then the raw rows are not read back. Blocks never closed before (numbered
+    from `closed(size, before)` on) were never written, so they need no delete."""
     todo = blocks.dirty(new_steps, before, after)
     if not todo[blocks.SIZES[0]]:
         return
@@ -965,21 +977,27 @@ def _update_blocks(conn: Connection, run_id: str, new_steps: list[int], before: 
                 ranges = _ranges(numbers[lo:lo + _BLOCK_BATCH])
                 if i == 0:
                     spans = [(a * size, (b + 1) * size - 1) for a, b in ranges]
-                    found = (_raw_pieces_of if kind == "param" else _raw_scalar_pieces_of)(conn, run_id, mine, spans, size)
+                    if stored is not None:
+                        found = _memory_pieces_of(stored, kind, spans, size)
+                    else:
+                        found = (_raw_pieces_of if kind == "param" else _raw_scalar_pieces_of)(conn, run_id, mine, spans, size)
                 else:
                     ratio = size // blocks.SIZES[i - 1]
                     found = _block_pieces_of(conn, run_id, kind, mine, blocks.SIZES[i - 1],
                                              [(a * ratio, (b + 1) * ratio - 1) for a, b in ranges])
-                _put_blocks(conn, run_id, kind, mine, size, ranges, {m: blocks.group(p, size) for m, p in found.items()})
+                _put_blocks(conn, run_id, kind, mine, size, ranges, {m: blocks.group(p, size) for m, p in found.items()},
+                            blocks.closed(size, before))
 
 
 def _put_blocks(conn: Connection, run_id: str, kind: str, names: list[str], size: int, ranges: list[tuple[int, int]],
-                found: Mapping[str, blocks.Pieces]) -> None:
+                found: Mapping[str, blocks.Pieces], fresh: int = 0) -> None:
     """Replace the stored blocks of a size numbered in `ranges` by `found` (per series, one
-    piece per block holding data)."""
-    conn.execute(delete(metric_blocks).where(
-        metric_blocks.c.run_id == run_id, metric_blocks.c.kind == kind, metric_blocks.c.metric.in_(names),
-        metric_blocks.c.size == size, or_(*[metric_blocks.c.block.between(a, b) for a, b in ranges])))
+    piece per block holding data); those numbered from `fresh` on are known not to be stored."""
+    stale = [(a, b) for a, b in ranges if a < fresh]
+    if stale:
+        conn.execute(delete(metric_blocks).where(
+            metric_blocks.c.run_id == run_id, metric_blocks.c.kind == kind, metric_blocks.c.metric.in_(names),
+            metric_blocks.c.size == size, or_(*[metric_blocks.c.block.between(a, b) for a, b in stale])))
     rows = []
     for name, pieces in found.items():
         if not len(pieces):
@@ -1077,6 +1095,35 @@ def _raw_scalar_pieces_of(conn: Connection, run_id: str, keys: list[str], spans:
     return out
 
 
+def _memory_pieces_of(stored: Sequence[StepData], kind: str, spans: list[tuple[int, int]],
+                      size: int) -> dict[str, blocks.Pieces]:
+    """What `_raw_pieces_of` / `_raw_scalar_pieces_of` read for the steps in `spans`, from step
+    messages in memory instead (every stored step of those spans)."""
+    inside = sorted((d for d in stored if any(a <= d.step <= b for a, b in spans)), key=lambda d: d.step)
+    found: dict[str, blocks.Pieces] = {}
+    if kind == "param":
+        rows: dict[str, tuple[list[int], list[bytes]]] = {}
+        for d in inside:
+            for metric, raw in d.arrays.items():
+                steps_, raws = rows.setdefault(metric, ([], []))
+                steps_.append(d.step)
+                raws.append(raw)
+        for metric, (steps_, raws) in rows.items():
+            width = len(raws[0]) // np.dtype(array_dtype(metric)).itemsize
+            found[metric] = _pieces_of_values(metric, steps_, b"".join(raws), width, size)
+        return found
+    values: dict[str, tuple[list[int], list[float]]] = {}
+    for d in inside:
+        for key, x in d.scalars.items():
+            steps_, xs = values.setdefault(key, ([], []))
+            steps_.append(d.step)
+            xs.append(x)
+    for key, (steps_, xs) in values.items():
+        found[key] = blocks.from_values(np.array(steps_, dtype=np.int64), np.array(xs, dtype=np.float64).reshape(-1, 1),
+                                        None, size, dtype=np.float64)
+    return found
+
+
 def _block_pieces_of(conn: Connection, run_id: str, kind: str, names: list[str], size: int,
                      ranges: list[tuple[int, int]]) -> dict[str, blocks.Pieces]:
     """Per series, its stored blocks of a size numbered in `ranges`, all parameters (each
@@ -1149,7 +1196,7 @@ def _stored_pieces(conn: Connection, run_id: str, kind: str, name: str, size: in
 
 def backfill_blocks(conn: Connection) -> None:
     """Compute the closed blocks of every stored run (migration 0004), a range of the largest
-    block size at a time."""
+    block size at a time (into the table the migration just made: none is stored yet)."""
     top = blocks.SIZES[-1]
     for run_id, last_step in conn.execute(select(runs.c.id, runs.c.last_step).where(runs.c.last_step.is_not(None))).all():
         ranges = conn.execute(select((steps.c.step // top).label("r")).where(steps.c.run_id == run_id)
