@@ -284,20 +284,15 @@ class Probe:
             scalars.setdefault(f"lr/{g}", self.layout.optimizers[o].param_groups[gi].get("lr"))
         return scalars
 
-    def cheap_facts(self, scalars: dict[str, Any]) -> dict[str, float]:
+    def cheap_facts(self, scalars: dict[str, Any], grad_nbytes: Sequence[int]) -> dict[str, float]:
         """What a step not measured still records, from host-side metadata only (no device work):
-        learning rates, bytes and count of `.grad` buffers that exist, CUDA allocator counters."""
-        grad_bytes, none = 0, 0
-        for p in self.params:
-            g = p.grad
-            if g is None:
-                none += 1
-            else:
-                grad_bytes += g.numel() * g.element_size()
+        learning rates, bytes and count of `.grad` buffers that exist (`grad_nbytes` per
+        parameter, -1 for None, as GradTracker noted them at the step), CUDA allocator counters."""
         out = {k: float(v) for k, v in self.group_lrs(scalars).items()
                if (isinstance(v, (int, float)) and not isinstance(v, bool))
                or (isinstance(v, torch.Tensor) and v.device.type == "cpu" and v.numel() == 1)}
-        out.update({"mem/params_bytes": self.params_bytes, "mem/grads_bytes": float(grad_bytes),
+        none = sum(1 for b in grad_nbytes if b < 0)
+        out.update({"mem/params_bytes": self.params_bytes, "mem/grads_bytes": float(sum(grad_nbytes) + none),  # -1 each
                     "grads/none": float(none)})
         out.update(cuda_memory(self._devices))
         return out

@@ -82,10 +82,11 @@ class Watcher:
             [None] if len(optimizers) == 1 else [np.flatnonzero(owner == k) for k in range(len(optimizers))])
         self._round: dict[int, int] = {}  # optimizer -> its steps in the open round
         self._opt_steps = [0] * len(optimizers)
-        self._passes = np.zeros(len(self.layout.params), dtype=np.float32)
-        self._clear = np.full(len(self.layout.params), np.nan, dtype=np.float32)
+        n = len(self.layout.params)
+        self._passes: list[int] = [0] * n  # per parameter, as its optimizer's last step left them
+        self._clear: list[Optional[float]] = [None] * n
         self._sender_cpu = 0.0  # sender-thread CPU seconds at the last measured step
-        self._light_s = 0.0  # training-thread seconds of the last unmeasured step's cheap facts
+        self._light_s = 0.0  # training-thread seconds of the last unmeasured step's post-step hook
         self._render_s = 0.0  # sender-thread CPU seconds to render the last measured step
         self._sender_step_s = 0.0  # sender-thread CPU seconds per step between the last two measured ones
         self._since_measured = 0  # steps since the last measured step
@@ -135,6 +136,7 @@ class Watcher:
             self._probe.read_grads(self._members[k], k if len(self._members) > 1 else None)
 
     def _after_step(self, k: int, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
+        started = time.perf_counter()
         first = k not in self._round
         self._round[k] = self._round.get(k, 0) + 1
         self._opt_steps[k] += 1
@@ -143,13 +145,19 @@ class Watcher:
             self._probe.read_state(self._members[k])
         if len(self._round) == len(self._members):
             self._emit()
+            if not self._sampled:  # what this hook costs every step, for every="auto"
+                self._light_s = time.perf_counter() - started
 
     def _end_passes(self, k: int, keep: bool) -> None:
         members = self._members[k]
         passes, clear = self._tracker.end_step(members)
-        if keep:
-            self._passes[slice(None) if members is None else members] = passes
-            self._clear[slice(None) if members is None else members] = clear
+        if not keep:
+            return
+        if members is None:
+            self._passes, self._clear = passes, clear
+        else:
+            for j, i in enumerate(members.tolist()):
+                self._passes[i], self._clear[i] = passes[j], clear[j]
 
     def _emit(self) -> None:
         """The round is complete: send the measured step, or the cheap facts of an unmeasured one."""
@@ -163,12 +171,11 @@ class Watcher:
         if len(self._members) > 1:
             for k, n in enumerate(self._opt_steps):
                 logged[f"opt/{k}/steps"] = n
-        passes, clear = self._passes.copy(), self._clear.copy()
-        self._clear.fill(np.nan)
-        logged["backward_passes"] = float(passes.max()) if passes.size else 0.0
-        host = {"backward_passes": passes, "grad_clear": clear}
+        passes, clear = list(self._passes), self._clear
+        self._clear = [None] * len(clear)
+        logged["backward_passes"] = float(max(passes, default=0))
         if self._sampled:
-            snapshot = self._probe.finish(logged, host)
+            snapshot = self._probe.finish(logged, _host_arrays(passes, clear))
             steps, self._since_measured = self._since_measured, 0
             if snapshot is not None:
                 # The sampler learns now, not when the sender gets to this step (up to a `linger`
@@ -178,14 +185,12 @@ class Watcher:
                                       self._light_s + self._sender_step_s)
                 self._sender.submit_step(lambda s=snapshot: self._render(s, steps))
             return
-        started = time.perf_counter()
-        tensors = {key: v for key, v in logged.items() if isinstance(v, torch.Tensor) and v.device.type != "cpu"}
-        for key in tensors:  # a CUDA tensor is read only at measured steps: reading it now would sync
-            logged.pop(key)
-        scalars = self._probe.cheap_facts(logged)
-        record = wire.StepRecord(self.step, time.time(), scalars, host, None)
-        self._sender.submit_step(lambda: record)
-        self._light_s = time.perf_counter() - started
+        for key in [key for key, v in logged.items() if isinstance(v, torch.Tensor) and v.device.type != "cpu"]:
+            logged.pop(key)  # a CUDA tensor is read only at measured steps: reading it now would sync
+        scalars = self._probe.cheap_facts(logged, self._tracker.grad_nbytes)
+        step, now = self.step, time.time()
+        # the arrays are made on the sender thread: the training thread only hands over lists
+        self._sender.submit_step(lambda: wire.StepRecord(step, now, scalars, _host_arrays(passes, clear), None))
 
     def _wrap_scaler(self, scaler: Any) -> None:
         """See the steps GradScaler skips: they never call `optimizer.step()`, so no hook fires."""
@@ -266,6 +271,12 @@ class Watcher:
         self._sender_step_s = cpu / steps if steps > 1 else 0.0  # what every step costs the sender
         self._render_s = time.thread_time() - started
         return record
+
+
+def _host_arrays(passes: list[int], clear: list[Optional[float]]) -> dict[str, np.ndarray]:
+    """`backward_passes` and `grad_clear` per parameter (NaN where nothing accumulated)."""
+    return {"backward_passes": np.array(passes, dtype=np.float32),
+            "grad_clear": np.array([np.nan if c is None else c for c in clear], dtype=np.float32)}
 
 
 def _open_spool(run_id: str, hello: dict[str, Any]) -> Optional[SpoolWriter]:
