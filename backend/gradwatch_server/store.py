@@ -1100,28 +1100,19 @@ def _memory_pieces_of(stored: Sequence[StepData], kind: str, spans: list[tuple[i
     """What `_raw_pieces_of` / `_raw_scalar_pieces_of` read for the steps in `spans`, from step
     messages in memory instead (every stored step of those spans)."""
     inside = sorted((d for d in stored if any(a <= d.step <= b for a, b in spans)), key=lambda d: d.step)
-    found: dict[str, blocks.Pieces] = {}
-    if kind == "param":
-        rows: dict[str, tuple[list[int], list[bytes]]] = {}
-        for d in inside:
-            for metric, raw in d.arrays.items():
-                steps_, raws = rows.setdefault(metric, ([], []))
-                steps_.append(d.step)
-                raws.append(raw)
-        for metric, (steps_, raws) in rows.items():
-            width = len(raws[0]) // np.dtype(array_dtype(metric)).itemsize
-            found[metric] = _pieces_of_values(metric, steps_, b"".join(raws), width, size)
-        return found
-    values: dict[str, tuple[list[int], list[float]]] = {}
+    series: dict[str, tuple[list[int], list[Any]]] = {}
     for d in inside:
-        for key, x in d.scalars.items():
-            steps_, xs = values.setdefault(key, ([], []))
+        for name, value in (d.arrays if kind == "param" else d.scalars).items():
+            steps_, values = series.setdefault(name, ([], []))
             steps_.append(d.step)
-            xs.append(x)
-    for key, (steps_, xs) in values.items():
-        found[key] = blocks.from_values(np.array(steps_, dtype=np.int64), np.array(xs, dtype=np.float64).reshape(-1, 1),
-                                        None, size, dtype=np.float64)
-    return found
+            values.append(value)
+    if kind == "param":
+        return {metric: _pieces_of_values(metric, steps_, b"".join(raws),
+                                          len(raws[0]) // np.dtype(array_dtype(metric)).itemsize, size)
+                for metric, (steps_, raws) in series.items()}
+    return {key: blocks.from_values(np.array(steps_, dtype=np.int64), np.array(xs, dtype=np.float64).reshape(-1, 1),
+                                    None, size, dtype=np.float64)
+            for key, (steps_, xs) in series.items()}
 
 
 def _block_pieces_of(conn: Connection, run_id: str, kind: str, names: list[str], size: int,

@@ -19,7 +19,9 @@ step time (for every="auto", which measures only some steps, the mean over a run
 each step capped at twice the median) against the mean of theirs; the figure is the median over
 rounds of that paired ratio variant/baseline - 1. Each timed run starts after WARMUP untimed steps of its
 own (a fresh watch() allocates its buffers at its first measured step: a one-time cost, not the
-steady state a long run pays). The CPU of the hook's own threads (gradwatch-sender, ...), read
+steady state a long run pays); every="auto" after AUTO_WARMUP, once it has learnt its interval.
+The server's CPU per step is printed beside the table: it runs on the same 2 cores, so it is
+in the step times already, as much as it competes with the training threads. The CPU of the hook's own threads (gradwatch-sender, ...), read
 per thread, is charged: "charged" adds it to the step time, as if it ran on the training core.
 (Not the process's CPU beyond the training thread: torch's intra-op worker spins for as long as
 the training thread works, measured equal to it per step with and without the hook, so that
@@ -119,12 +121,17 @@ def start_server(tmp: Path) -> tuple[subprocess.Popen, str]:
 
 
 WARMUP = 3  # untimed steps before each timed run
+#: every="auto" is timed after this many steps of its own: while it learns its interval it
+#: measures steps 1, 2 and about 14 (a one-time cost of about two measured steps), and a long
+#: run pays its steady state, not that
+AUTO_WARMUP = 40
 
 
 class Timing(NamedTuple):
     median: float  # wall seconds per step
     mean: float  # capped at twice the median per step (see time_steps)
     background: float  # CPU seconds per step of the hook's own threads (hook_threads_cpu)
+    server: float = 0.0  # CPU seconds per step of the gradwatch server process (process_cpu)
 
 
 def hook_threads_cpu() -> float:
@@ -139,6 +146,12 @@ def hook_threads_cpu() -> float:
     return total
 
 
+def process_cpu(pid: int) -> float:
+    """CPU seconds so far (user + system) of process `pid`, from /proc (Linux)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def acked(w: gradwatch.Watcher, timeout: float = 10.0) -> None:
     """Wait until the server has acknowledged everything `w` sent (at most `timeout` s)."""
     deadline = time.monotonic() + timeout
@@ -148,8 +161,10 @@ def acked(w: gradwatch.Watcher, timeout: float = 10.0) -> None:
 
 def time_steps(model: nn.Module, opt: torch.optim.Optimizer, loss_fn, steps: int,
                after_backward: Callable[[], None] | None = None,
-               settle: Callable[[], None] | None = None) -> Timing:
-    """Step times after WARMUP untimed steps, and the hook's threads' CPU seconds per step.
+               settle: Callable[[], None] | None = None, warmup: int = WARMUP,
+               server_pid: int | None = None) -> Timing:
+    """Step times after `warmup` untimed steps, and the hook's threads' CPU seconds per step
+    (and the server's, given its pid).
 
     `settle` (untimed) waits until the hook has sent what it has: called after the warm-up and
     after the timed steps, so that its threads' CPU in between is the timed steps' own work
@@ -162,12 +177,13 @@ def time_steps(model: nn.Module, opt: torch.optim.Optimizer, loss_fn, steps: int
             after_backward()
         opt.step()
 
-    for _ in range(WARMUP):
+    for _ in range(warmup):
         step()
     if settle is not None:
         settle()
     times = []
     cpu0 = hook_threads_cpu()
+    server0 = process_cpu(server_pid) if server_pid is not None else 0.0
     for _ in range(steps):
         t0 = time.perf_counter()
         step()
@@ -175,11 +191,12 @@ def time_steps(model: nn.Module, opt: torch.optim.Optimizer, loss_fn, steps: int
     if settle is not None:
         settle()
     background = hook_threads_cpu() - cpu0
+    server = process_cpu(server_pid) - server0 if server_pid is not None else 0.0
     median = statistics.median(times)
     # The mean with each step capped at twice the median: a step the hook measures costs ~10-30%
     # more and counts whole; a step this shared machine stalled for 10x does not swamp the mean.
     capped = statistics.fmean(min(t, 2 * median) for t in times)
-    return Timing(median, capped, max(background, 0.0) / steps)
+    return Timing(median, capped, max(background, 0.0) / steps, server / steps)
 
 
 def main() -> None:
@@ -199,7 +216,8 @@ def main() -> None:
         os.environ["GRADWATCH_SPOOL"] = str(Path(tmp) / "spool")
         server, url = start_server(Path(tmp))
         try:
-            rows = [bench(name, url, args.rounds, args.steps, variants, Path(tmp)) for name in args.models.split(",")]
+            rows = [bench(name, url, server.pid, args.rounds, args.steps, variants, Path(tmp))
+                    for name in args.models.split(",")]
         finally:
             server.send_signal(signal.SIGINT)
             server.wait(timeout=10)
@@ -217,6 +235,11 @@ def main() -> None:
         for r in rows:
             print(f"{r['model']}: step time with the server down vs up: "
                   f"{(1 + r['gradwatch_spool']) / (1 + r['gradwatch']) - 1:+.1%}")
+    for r in rows:
+        cpu = {k.removeprefix("server_cpu/"): v for k, v in r.items() if k.startswith("server_cpu/")}
+        if cpu:
+            print(f"{r['model']}: the server's CPU per step (same machine, not in the figures above): "
+                  + ", ".join(f"{LABELS[k]} {v * 1e3:.2f} ms ({v / r['baseline']:.1%} of the step)" for k, v in cpu.items()))
     if "wandb" in shown and "gradwatch" in shown:
         for r in rows:
             if r.get("wandb") is not None and r["gradwatch_charged"] > 0:
@@ -236,7 +259,8 @@ def _pct(value: float | None) -> str:
     return "n/a" if value is None else f"{value:+.1%}"
 
 
-def bench(name: str, url: str, rounds: int, steps: int, wanted: list[str], tmp: Path) -> dict[str, float | None]:
+def bench(name: str, url: str, server_pid: int, rounds: int, steps: int, wanted: list[str],
+          tmp: Path) -> dict[str, float | None]:
     model, loss_fn = {"gpt": gpt_task, "mlp": mlp_task}[name]()
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
     named = list(model.named_parameters())
@@ -253,12 +277,14 @@ def bench(name: str, url: str, rounds: int, steps: int, wanted: list[str], tmp: 
             for t in (p.grad, p, st["exp_avg"], st["exp_avg_sq"]):
                 t.sum()
 
-    def with_hook(every: int | str, server: str = url, count: int = steps) -> Callable[[], Timing]:
+    def with_hook(every: int | str, server: str = url, count: int = steps, warmup: int = WARMUP) -> Callable[[], Timing]:
         def run() -> Timing:
             w = gradwatch.watch(opt, model=model, run=f"bench-{name}-{every}", project="bench", server=server,
                                 every=every, warn=False)
             try:
-                return time_steps(model, opt, loss_fn, count, settle=(lambda: acked(w)) if server == url else None)
+                up = server == url
+                return time_steps(model, opt, loss_fn, count, settle=(lambda: acked(w)) if up else None, warmup=warmup,
+                                  server_pid=server_pid if up else None)
             finally:
                 w.close(timeout=30 if server == url else 0.5)
                 if server != url:  # else the next watch() would replay it while others are timed
@@ -271,7 +297,7 @@ def bench(name: str, url: str, rounds: int, steps: int, wanted: list[str], tmp: 
         "gradwatch": with_hook(1),
         # every="auto" measures some steps and not others: its figure is the mean over a run long
         # enough for several measured steps (the first step, always measured, included), not a median
-        "gradwatch_auto": with_hook("auto", count=4 * steps),
+        "gradwatch_auto": with_hook("auto", count=4 * steps, warmup=AUTO_WARMUP),
         "gradwatch_spool": with_hook(1, server=f"http://127.0.0.1:{free_port()}"),
         "floor": lambda: time_steps(model, opt, loss_fn, steps, floor),
     }
@@ -281,6 +307,7 @@ def bench(name: str, url: str, rounds: int, steps: int, wanted: list[str], tmp: 
     measured = [k for k in variants if k != "baseline"]
     ratios: dict[str, list[float]] = {k: [] for k in measured + ["gradwatch_charged"] * ("gradwatch" in variants)}
     base_times = []
+    server_cpu: dict[str, list[float]] = {k: [] for k in ("gradwatch", "gradwatch_auto") if k in variants}
     for r in range(rounds):
         # Each variant is timed between two baseline runs and set against their mean: this shared
         # machine's load drifts over seconds, and a baseline timed next to the variant cancels it
@@ -299,11 +326,15 @@ def bench(name: str, url: str, rounds: int, steps: int, wanted: list[str], tmp: 
                 ratios[k].append(got.median / base - 1)
             if k == "gradwatch":
                 ratios["gradwatch_charged"].append((got.median + got.background) / base - 1)
+            if k in server_cpu:
+                server_cpu[k].append(got.server)
             before = after
         print(f"{name} round {r + 1}/{rounds}: baseline {statistics.median(base_times[-len(order):]) * 1e3:.1f} ms, "
               + ", ".join(f"{k} {v[-1]:+.1%}" for k, v in ratios.items()), flush=True)
     out: dict[str, float | None] = {"model": name, "baseline": statistics.median(base_times)}  # type: ignore[dict-item]
     out.update({k: statistics.median(v) for k, v in ratios.items()})
+    # the mean over rounds, not the median: /proc counts CPU in 10 ms ticks, about one per timed run
+    out.update({f"server_cpu/{k}": statistics.fmean(v) for k, v in server_cpu.items()})
     return out
 
 
