@@ -162,3 +162,28 @@ def test_state_read_again_when_an_optimizer_replaces_or_adds_state_tensors() -> 
         buf = opt.state.get(p, {}).get("momentum_buffer")
         if buf is not None:
             assert metrics["momentum_buffer_norm"][j] == pytest.approx(float(torch.linalg.vector_norm(buf)), rel=1e-5)
+
+
+def test_state_read_once_a_parameter_without_state_gets_some() -> None:
+    """A parameter that has no optimizer state yet (no gradient reached it, so Adam skipped it)
+    is read as soon as it has: the kept plan notices the new state dict."""
+    torch.manual_seed(0)
+    model = Net()
+    opt = torch.optim.Adam(model.parameters(), lr=0.1)
+    probe = Probe(build_layout([opt], model))
+    params = [w.param for w in probe.layout.params]
+    fc2 = model.fc2.weight
+    i = next(j for j, p in enumerate(params) if p is fc2)
+
+    def step(n: int, reach_fc2: bool):
+        opt.zero_grad(set_to_none=True)
+        model(torch.randn(5, 6)).sum().backward()
+        if not reach_fc2:
+            fc2.grad = None
+        return measured_step(model, opt, probe, n)
+
+    metrics, *_ = step(1, reach_fc2=False)
+    assert not opt.state.get(fc2) and is_absent(metrics["exp_avg_norm"][i:i + 1]).all()
+    metrics, *_ = step(2, reach_fc2=True)
+    assert metrics["exp_avg_norm"][i] == pytest.approx(float(torch.linalg.vector_norm(opt.state[fc2]["exp_avg"])),
+                                                       rel=1e-5)

@@ -9,9 +9,10 @@ into per-parameter arrays.
 """
 from __future__ import annotations
 
+import operator
 import time
 from dataclasses import dataclass, field
-from typing import Any, Optional, Sequence
+from typing import Any, Iterable, Optional, Sequence
 
 import numpy as np
 import torch
@@ -32,18 +33,26 @@ _CPU_ROWS_MIN_NUMEL = 1 << 17
 _CPU_ROW = 4096
 
 
-def fused_norms(tensors: list[torch.Tensor]) -> list[torch.Tensor]:
+def fused_norms(tensors: list[torch.Tensor], split: Optional[list[bool]] = None) -> list[torch.Tensor]:
     """L2 norm of each tensor as a float32 0-d tensor on its device, in one fused call per device
-    (on CPU, plus one row-parallel reduction per large tensor)."""
+    (on CPU, plus one row-parallel reduction per large tensor: `split`, from `row_split`, says
+    which; worked out here when not given)."""
     if not tensors:
         return []
-    if tensors[0].device.type == "cpu":
-        tensors = [_rows_norms(t) if t.numel() >= _CPU_ROWS_MIN_NUMEL and t.numel() % _CPU_ROW == 0
-                   and t.is_contiguous() and t.dtype == torch.float32 else t for t in tensors]
+    if split is None:
+        split = row_split(tensors)
+    if any(split):
+        tensors = [_rows_norms(t) if s else t for t, s in zip(tensors, split)]
     try:
         return list(torch._foreach_norm(tensors, 2, dtype=torch.float32))
     except TypeError:  # torch < 2.3 has no dtype argument: norms come in the tensors' dtype
         return [n.float() for n in torch._foreach_norm(tensors, 2)]
+
+
+def row_split(tensors: list[torch.Tensor]) -> list[bool]:
+    """Which tensors `fused_norms` reduces by rows: large contiguous float32 ones on CPU."""
+    return [t.device.type == "cpu" and t.numel() >= _CPU_ROWS_MIN_NUMEL and t.numel() % _CPU_ROW == 0
+            and t.dtype == torch.float32 and t.is_contiguous() for t in tensors]
 
 
 def _rows_norms(t: torch.Tensor) -> torch.Tensor:
@@ -52,22 +61,29 @@ def _rows_norms(t: torch.Tensor) -> torch.Tensor:
 
 
 @dataclass
-class _StateEntry:
-    """What `read_state` reads of one parameter's optimizer state, kept between steps.
+class _StatePlan:
+    """What `read_state` reads for a set of parameters, kept between steps.
 
     torch optimizers update their state tensors in place, so the same tensors are read every
-    step; rebuilding these lists from the state dicts cost more than the norms on models of many
-    small tensors. An entry is used only while its dict, its keys and every listed tensor are
-    still the ones it was built from (a few identity checks), else it is rebuilt.
+    step; rebuilding the lists from the state dicts cost more than the norms on models of many
+    small tensors. A plan is used only while every parameter's state dict, its size and every
+    listed tensor are still the ones it was built from (identity checks), else it is rebuilt.
     """
-    state: dict
-    size: int  # len(state) when built
-    tensors: list[tuple[str, str, torch.Tensor, torch.device]]  # (key, metric, tensor, device)
-    nbytes: int  # every tensor in the state, the scalar ones (`step`) included
+    checks: list[tuple[dict, torch.Tensor, Optional[dict], int, tuple[str, ...], tuple[torch.Tensor, ...]]]
+    #: per device: the tensors in reading order, which of them `fused_norms` splits by rows, and
+    #: the segments they make: (metric, parameter indices, count)
+    reads: list[tuple[list[torch.Tensor], list[bool], list[tuple[str, np.ndarray, int]]]]
+    optimizer_bytes: int  # every tensor in the states, the scalar ones (`step`) included
 
-    def valid(self, state: dict) -> bool:
-        return state is self.state and len(state) == self.size and \
-            all(state.get(key) is t for key, _, t, _ in self.tensors)
+    def valid(self) -> bool:
+        for states, p, state, size, keys, tensors in self.checks:
+            now = states.get(p)
+            if state is None:
+                if now:
+                    return False
+            elif now is not state or len(now) != size or not all(map(operator.is_, map(now.get, keys), tensors)):
+                return False
+        return True
 
 
 @dataclass
@@ -162,7 +178,7 @@ class Probe:
         self.params = [w.param for w in layout.params]
         self.params_bytes = float(sum(p.numel() * p.element_size() for p in self.params))
         self._devices = {p.device for p in self.params}
-        self._state_cache: list[Optional[_StateEntry]] = [None] * len(self.params)
+        self._plans: dict[Optional[tuple[int, ...]], _StatePlan] = {}  # by the indices read_state is given
         self._pending: Optional[_Pending] = None
         self._pinned: dict[int, list[torch.Tensor]] = {}  # free pinned host buffers by length
 
@@ -224,32 +240,17 @@ class Probe:
         if pending.before:
             before, pending.before = pending.before, {}
             pending.segments.extend(self._updates(before))
-        by_device: dict[torch.device, dict[str, tuple[list[int], list[torch.Tensor]]]] = {}
-        layout, cache = self.layout, self._state_cache
-        for i in range(len(self.params)) if indices is None else indices:
-            w = layout.params[i]
-            p = w.param
-            idx, ts = by_device.setdefault(p.device, {}).setdefault("param_norm", ([], []))
-            idx.append(i)
-            ts.append(p)
-            state = layout.optimizers[w.optimizer].state.get(p)
-            if not state:
-                continue
-            entry = cache[i]
-            if entry is None or not entry.valid(state):
-                entry = cache[i] = _state_entry(p, state)
-            pending.optimizer_bytes += entry.nbytes
-            for _, metric, value, device in entry.tensors:
-                idx, ts = by_device.setdefault(device, {}).setdefault(metric, ([], []))
-                idx.append(i)
-                ts.append(value)
-        for device_metrics in by_device.values():  # one pass per device over every metric's tensors
-            everything = [t for _, ts in device_metrics.values() for t in ts]
-            norms = torch.stack(fused_norms(everything))
+        key = None if indices is None else tuple(indices)
+        plan = self._plans.get(key)
+        if plan is None or not plan.valid():
+            plan = self._plans[key] = self._state_plan(range(len(self.params)) if indices is None else indices)
+        pending.optimizer_bytes += plan.optimizer_bytes
+        for tensors, split, segments in plan.reads:  # one pass per device over every metric's tensors
+            norms = torch.stack(fused_norms(tensors, split))
             offset = 0
-            for metric, (idx, ts) in device_metrics.items():
-                pending.segments.append(_Segment(metric, np.asarray(idx), norms[offset:offset + len(ts)]))
-                offset += len(ts)
+            for metric, idx, count in segments:
+                pending.segments.append(_Segment(metric, idx, norms[offset:offset + count]))
+                offset += count
         pending.cost_s += time.perf_counter() - started
 
     @torch.no_grad()
@@ -304,6 +305,35 @@ class Probe:
                 self._pinned.setdefault(buf.host.numel(), []).append(buf.host)
 
     # -- helpers ---------------------------------------------------------------------------
+    def _state_plan(self, indices: Iterable[int]) -> _StatePlan:
+        """Parameter norms of `indices`, then each state key's (named `<key>_norm`), grouped by device."""
+        by_device: dict[torch.device, dict[str, tuple[list[int], list[torch.Tensor]]]] = {}
+        checks: list[tuple[dict, torch.Tensor, Optional[dict], int, tuple[str, ...], tuple[torch.Tensor, ...]]] = []
+        nbytes = 0
+        for i in indices:
+            w = self.layout.params[i]
+            p = w.param
+            idx, ts = by_device.setdefault(p.device, {}).setdefault("param_norm", ([], []))
+            idx.append(i)
+            ts.append(p)
+            states = self.layout.optimizers[w.optimizer].state
+            state = states.get(p)
+            if not state:
+                checks.append((states, p, None, 0, (), ()))
+                continue
+            tensors, size = _state_tensors(p, state)
+            nbytes += size
+            checks.append((states, p, state, len(state), tuple(k for k, _ in tensors), tuple(t for _, t in tensors)))
+            for k, t in tensors:
+                idx, ts = by_device.setdefault(t.device, {}).setdefault(f"{k}_norm", ([], []))
+                idx.append(i)
+                ts.append(t)
+        reads = []
+        for metrics in by_device.values():
+            tensors = [t for _, ts in metrics.values() for t in ts]
+            reads.append((tensors, row_split(tensors), [(m, np.asarray(idx), len(ts)) for m, (idx, ts) in metrics.items()]))
+        return _StatePlan(checks, reads, nbytes)
+
     def _updates(self, before: dict[int, torch.Tensor]) -> list[_Segment]:
         """`update_norm` = ‖p_after − p_before‖ and `update_ratio` = update_norm / ‖p_before‖."""
         segments = []
@@ -354,16 +384,16 @@ class Probe:
         return buffers
 
 
-def _state_entry(p: torch.Tensor, state: dict) -> _StateEntry:
-    """The state tensors shaped like `p` (named `<key>_norm`) and the bytes of all of them."""
+def _state_tensors(p: torch.Tensor, state: dict) -> tuple[list[tuple[str, torch.Tensor]], int]:
+    """The state tensors shaped like `p` (by key) and the bytes of all of them."""
     tensors, nbytes = [], 0
     for key, value in state.items():
         if not isinstance(value, torch.Tensor):
             continue
         nbytes += value.numel() * value.element_size()
         if key not in _SCALAR_STATE_KEYS and value.shape == p.shape:
-            tensors.append((key, f"{key}_norm", value, value.device))
-    return _StateEntry(state, len(state), tensors, nbytes)
+            tensors.append((key, value))
+    return tensors, nbytes
 
 
 def cuda_memory(devices: set[torch.device]) -> dict[str, float]:
