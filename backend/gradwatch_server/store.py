@@ -1098,7 +1098,11 @@ def _raw_scalar_pieces_of(conn: Connection, run_id: str, keys: list[str], spans:
 def _memory_pieces_of(stored: Sequence[StepData], kind: str, spans: list[tuple[int, int]],
                       size: int) -> dict[str, blocks.Pieces]:
     """What `_raw_pieces_of` / `_raw_scalar_pieces_of` read for the steps in `spans`, from step
-    messages in memory instead (every stored step of those spans)."""
+    messages in memory instead (every stored step of those spans).
+
+    Series stored at the same steps are reduced together, a column each: reductions run down the
+    columns, so each series gets the summaries it would alone, and one call for all of them costs
+    about what one per series did (the 14 scalars of a measured step: 14 calls -> 1)."""
     inside = sorted((d for d in stored if any(a <= d.step <= b for a, b in spans)), key=lambda d: d.step)
     series: dict[str, tuple[list[int], list[Any]]] = {}
     for d in inside:
@@ -1106,13 +1110,27 @@ def _memory_pieces_of(stored: Sequence[StepData], kind: str, spans: list[tuple[i
             steps_, values = series.setdefault(name, ([], []))
             steps_.append(d.step)
             values.append(value)
-    if kind == "param":
-        return {metric: _pieces_of_values(metric, steps_, b"".join(raws),
-                                          len(raws[0]) // np.dtype(array_dtype(metric)).itemsize, size)
-                for metric, (steps_, raws) in series.items()}
-    return {key: blocks.from_values(np.array(steps_, dtype=np.int64), np.array(xs, dtype=np.float64).reshape(-1, 1),
-                                    None, size, dtype=np.float64)
-            for key, (steps_, xs) in series.items()}
+    together: dict[tuple[tuple[int, ...], str, int], list[str]] = {}
+    for name, (steps_, values) in series.items():
+        dtype = np.dtype("<f8") if kind == "scalar" else np.dtype("<" + array_dtype(name))
+        width = 1 if kind == "scalar" else len(values[0]) // dtype.itemsize
+        together.setdefault((tuple(steps_), dtype.str, width), []).append(name)
+    found: dict[str, blocks.Pieces] = {}
+    for (steps_, code, width), names in together.items():
+        dtype = np.dtype(code)
+        if kind == "scalar":
+            values = np.array([series[n][1] for n in names], dtype=np.float64).T
+            pieces = blocks.from_values(np.array(steps_, dtype=np.int64), values, None, size, dtype=np.float64)
+        else:
+            values = np.concatenate([np.frombuffer(b"".join(series[n][1]), dtype=dtype).reshape(len(steps_), width)
+                                     for n in names], axis=1)
+            missing = absent_mask(values) if dtype.kind == "f" else None
+            pieces = blocks.from_values(np.array(steps_, dtype=np.int64), values, missing, size)
+        for j, name in enumerate(names):
+            cols = slice(j * width, (j + 1) * width)
+            found[name] = blocks.Pieces(pieces.first, pieces.rows, pieces.low[:, cols], pieces.high[:, cols],
+                                        pieces.total[:, cols], pieces.finite[:, cols], pieces.nan[:, cols])
+    return found
 
 
 def _block_pieces_of(conn: Connection, run_id: str, kind: str, names: list[str], size: int,

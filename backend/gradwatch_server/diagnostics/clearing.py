@@ -33,9 +33,9 @@ class UnclearedGradients(Check):
         self.prev_step: int | None = None
 
     def observe(self, run: RunContext, step: StepView) -> None:
-        if step.passes is None or step.clear is None:
+        if step.passes_known is None or step.clear is None:
             return
-        passes = np.nan_to_num(step.passes)
+        passes = step.passes_known
         consecutive = self.prev_step is not None and step.step == self.prev_step + 1
         if self.held is None:  # first step: nothing earlier to add to
             held = passes.copy() if step.step == 1 else np.full(len(passes), np.nan)
@@ -89,9 +89,10 @@ class GradAccumulation(Check):
         self.k_max: int | None = None
 
     def observe(self, run: RunContext, step: StepView) -> None:
-        if step.passes is None or step.clear is None:
+        if step.passes_known is None or step.clear is None:
             return
-        cleared = np.isin(step.clear, (SET_TO_NONE, ZERO_FILLED)) & (np.nan_to_num(step.passes) > 1)
+        passes = step.passes_known
+        cleared = ((step.clear == SET_TO_NONE) | (step.clear == ZERO_FILLED)) & (passes > 1)
         if not cleared.any():
             return
         k = int(np.nanmax(step.passes[cleared]))

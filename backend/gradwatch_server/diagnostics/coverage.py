@@ -90,8 +90,8 @@ class StepWithoutGrad(Check):
             return
         if (step.status == NONE).all():
             held = "every .grad was None"
-        elif step.passes is not None and not (np.nan_to_num(step.passes) > 0).any() \
-                and np.isin(step.status, (NONE, ZERO)).all():
+        elif step.passes_known is not None and not (step.passes_known > 0).any() \
+                and ((step.status == NONE) | (step.status == ZERO)).all():
             held = "no backward pass since the previous step, every .grad was zero"
         else:
             return

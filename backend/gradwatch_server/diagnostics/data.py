@@ -83,6 +83,8 @@ class StepView:
     status: np.ndarray  # uint8 codes
     passes: np.ndarray | None = None  # float64, NaN where ABSENT
     clear: np.ndarray | None = None  # int64 codes, NOT_SEEN where ABSENT
+    #: `np.nan_to_num(passes)`, made once: three checks read it (a NaN count is not above 0)
+    passes_known: np.ndarray | None = None
 
     @classmethod
     def of(cls, step: int, scalars: Mapping[str, float], arrays: Mapping[str, bytes | np.ndarray],
@@ -105,8 +107,9 @@ class StepView:
         clear = None
         if "grad_clear" in arrays:
             values, absent = _floats(arrays["grad_clear"])
-            clear = np.where(absent | ~np.isfinite(values), NOT_SEEN, np.nan_to_num(values)).astype(np.int64)
-        return cls(step=step, scalars=scalars, grad_norm=norm, status=status, passes=passes, clear=clear)
+            clear = np.where(absent | ~np.isfinite(values), NOT_SEEN, values).astype(np.int64)
+        return cls(step=step, scalars=scalars, grad_norm=norm, status=status, passes=passes, clear=clear,
+                   passes_known=None if passes is None else np.nan_to_num(passes))
 
     def scalar(self, key: str) -> float | None:
         value = self.scalars.get(key)
