@@ -81,7 +81,7 @@ class NormHistory:
         if part.any() and depth == window:  # not wrapped yet: a row's values are its first `count`
             for n in np.unique(self.count[part]):
                 rows = part & (self.count == n)
-                out[rows] = np.median(self.values[rows, :n], axis=1)
+                out[rows] = _row_medians(self.values[rows, :n])
         elif part.any():
             out[part] = np.nanmedian(recent[part], axis=1)
         return out
@@ -128,7 +128,9 @@ class _NormJump(Check):
         value = np.where(step.status == ZERO, 0.0, step.grad_norm)
         # Non-finite norms are nonfinite_grad's: they neither extend nor break a streak here.
         judged = reached & ((step.status == ZERO) | (step.status == NONZERO)) & (history.count >= self.WARMUP)
-        median = history.median()
+        # Only judged parameters need their median: none until WARMUP sampled steps have passed
+        # (with every="auto", hundreds of steps), and the medians of the rest are not read.
+        median = history.median() if judged.any() else np.full(n, np.nan)
         far = judged & self._far(value, median, history, streak)
         with np.errstate(divide="ignore", invalid="ignore"):
             ratio = np.where(far, value / median, 0.0)
