@@ -28,6 +28,9 @@ the training thread works, measured equal to it per step with and without the ho
 figure would count the hook's training-thread time twice.)
 
     python tests/bench/overhead.py [--rounds 7] [--steps 15] [--models gpt,mlp] [--variants ...]
+
+On the MLP prefer --steps 25 (a timed run of about a second): the hook sends once per second
+while no browser watches, and a shorter run holds the server's work on that batch or not.
 """
 from __future__ import annotations
 
