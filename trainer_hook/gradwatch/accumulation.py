@@ -66,25 +66,18 @@ class GradTracker:
         params, refs, nbytes = self._params, self._ref, self.grad_nbytes
         if indices is None:  # one optimizer: whole lists at once
             passes, clear = self._passes, self._clear
-            for i, p in enumerate(params):
-                g = p.grad
-                if g is None:
-                    refs[i], nbytes[i] = _NO_GRAD, -1
-                else:
-                    refs[i], nbytes[i] = (weakref.ref(g), g._version), g.nbytes
-            self._passes = [0] * len(params)
-            self._clear = [None] * len(params)
-            return passes, clear
-        passes = [self._passes[i] for i in indices]
-        clear = [self._clear[i] for i in indices]
+            self._passes, self._clear = [0] * len(params), [None] * len(params)
+            indices = range(len(params))
+        else:
+            passes, clear = [self._passes[i] for i in indices], [self._clear[i] for i in indices]
+            for i in indices:
+                self._passes[i], self._clear[i] = 0, None
         for i in indices:
             g = params[i].grad
             if g is None:
                 refs[i], nbytes[i] = _NO_GRAD, -1
             else:
                 refs[i], nbytes[i] = (weakref.ref(g), g._version), g.nbytes
-            self._passes[i] = 0
-            self._clear[i] = None
         return passes, clear
 
     def remove(self) -> None:

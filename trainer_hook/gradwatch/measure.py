@@ -15,7 +15,7 @@ from __future__ import annotations
 import operator
 import time
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Optional, Sequence, Union
+from typing import Any, Iterable, Optional, Sequence
 
 import numpy as np
 import torch
@@ -91,26 +91,11 @@ class _StatePlan:
 
 @dataclass
 class _Segment:
-    """`values[k]` is metric `metric` of parameter `index[k]` (a scalar when `index` is None):
-    a float32 vector, or the 0-d float32 tensors `fused_norms` gave, not yet stacked."""
+    """`values[k]` (a float32 0-d tensor, not yet stacked) is metric `metric` of parameter
+    `index[k]` (a scalar when `index` is None)."""
     metric: str
     index: Optional[np.ndarray]
-    values: Union[torch.Tensor, list[torch.Tensor]]
-
-    def __len__(self) -> int:
-        return len(self.values) if isinstance(self.values, list) else self.values.numel()
-
-    @property
-    def device(self) -> torch.device:
-        return self.values[0].device if isinstance(self.values, list) else self.values.device
-
-
-def _flat(segments: list[_Segment]) -> torch.Tensor:
-    """The segments' values end to end, as one float32 vector on their device."""
-    if all(isinstance(s.values, list) for s in segments):
-        return torch.stack([t for s in segments for t in s.values])
-    return torch.cat([torch.stack(s.values) if isinstance(s.values, list) else s.values.reshape(-1).float()
-                      for s in segments])
+    values: list[torch.Tensor]
 
 
 @dataclass
@@ -241,10 +226,10 @@ class Probe:
                 idx.append(i)
                 ts.append(g)
         for device, (idx, ts) in by_device.items():
-            norms: Union[torch.Tensor, list[torch.Tensor]] = fused_norms(ts)
+            norms = fused_norms(ts)
             inv_scale = self._inverse_scale(device, optimizer)
             if inv_scale is not None:
-                norms = torch.stack(norms) * inv_scale
+                norms = list((torch.stack(norms) * inv_scale).unbind())
             pending.segments.append(_Segment("grad_norm", np.asarray(idx), norms))
         if self.updates:
             for i in range(len(self.params)) if indices is None else indices:
@@ -289,11 +274,11 @@ class Probe:
             if isinstance(value, torch.Tensor):
                 if value.device.type == "cpu":
                     scalars[key] = float(value.detach().reshape(-1)[0]) if value.numel() else float("nan")
-                else:  # rides along with the one device-to-host copy instead of syncing now
-                    segments.append(_Segment(key, None, value.detach().reshape(-1)[:1].float()))
+                elif value.numel():  # rides along with the one device-to-host copy instead of syncing now
+                    segments.append(_Segment(key, None, [value.detach().reshape(-1)[0].float()]))
             elif isinstance(value, (int, float)) and not isinstance(value, bool):
                 scalars[key] = float(value)
-        scalars.update(cuda_memory({s.device for s in segments}))
+        scalars.update(cuda_memory({s.values[0].device for s in segments if s.values}))
         buffers = self._to_host(segments)
         return Snapshot(step=pending.step, time=pending.time, num_params=len(self.params),
                         buffers=buffers, scalars=scalars,
@@ -313,9 +298,8 @@ class Probe:
         out = {k: float(v) for k, v in self.group_lrs(scalars).items()
                if (isinstance(v, (int, float)) and not isinstance(v, bool))
                or (isinstance(v, torch.Tensor) and v.device.type == "cpu" and v.numel() == 1)}
-        none = sum(1 for b in grad_nbytes if b < 0)
-        out.update({"mem/params_bytes": self.params_bytes, "mem/grads_bytes": float(sum(grad_nbytes) + none),  # -1 each
-                    "grads/none": float(none)})
+        out.update({"mem/params_bytes": self.params_bytes, "mem/grads_bytes": float(sum(b for b in grad_nbytes if b > 0)),
+                    "grads/none": float(sum(1 for b in grad_nbytes if b < 0))})
         out.update(cuda_memory(self._devices))
         return out
 
@@ -367,8 +351,8 @@ class Probe:
             torch._foreach_sub_(old, [self.params[i].detach() for i in idx])  # old := p_before - p_after
             update = torch.stack(fused_norms(old))
             index = np.asarray(idx)
-            segments.append(_Segment("update_norm", index, update))
-            segments.append(_Segment("update_ratio", index, update / old_norms))
+            segments.append(_Segment("update_norm", index, list(update.unbind())))
+            segments.append(_Segment("update_ratio", index, list((update / old_norms).unbind())))
         return segments
 
     def _inverse_scale(self, device: torch.device, optimizer: Optional[int] = None) -> Optional[torch.Tensor]:
@@ -388,12 +372,12 @@ class Probe:
     def _to_host(self, segments: list[_Segment]) -> list[_DeviceBuffer]:
         by_device: dict[torch.device, list[_Segment]] = {}
         for seg in segments:
-            if len(seg):
-                by_device.setdefault(seg.device, []).append(seg)
+            if seg.values:
+                by_device.setdefault(seg.values[0].device, []).append(seg)
         buffers = []
         for device, segs in by_device.items():
-            flat = _flat(segs)
-            placed = [(s.metric, s.index, len(s)) for s in segs]
+            flat = torch.stack([t for s in segs for t in s.values])
+            placed = [(s.metric, s.index, len(s.values)) for s in segs]
             if device.type == "cpu":
                 buffers.append(_DeviceBuffer(placed, flat))
                 continue
