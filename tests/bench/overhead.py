@@ -1,6 +1,6 @@
 """What the hook costs a training step, measured side by side in one run (`make bench`).
 
-Variants, interleaved round by round on the same model and optimizer:
+Variants, each training its own copy of the model (same weights, same batch, its own AdamW):
   baseline            the plain training step
   naive .item()       per-tensor torch.linalg.vector_norm(...).item() of grads (what most loggers do)
   tb scalar           TensorBoard: add_scalar of each grad's norm (.item() per tensor), every step
@@ -14,31 +14,38 @@ Variants, interleaved round by round on the same model and optimizer:
 The peers (tensorboard, wandb) are installed for the benchmark only (tests/bench/requirements-peers.txt,
 `make bench`); a peer that is not installed is reported as "n/a".
 
-Per round, the variants in a shuffled order, each timed between two baseline runs: its median
-step time (for every="auto", which measures only some steps, the mean over a run 4x as long,
-each step capped at twice the median) against the mean of theirs; the figure is the median over
-rounds of that paired ratio variant/baseline - 1. Each timed run starts after WARMUP untimed steps of its
-own (a fresh watch() allocates its buffers at its first measured step: a one-time cost, not the
-steady state a long run pays); every="auto" after AUTO_WARMUP, once it has learnt its interval.
-The server's CPU per step is printed beside the table: it runs on the same 2 cores, so it is
-in the step times already, as much as it competes with the training threads. The CPU of the hook's own threads (gradwatch-sender, ...), read
-per thread, is charged: "charged" adds it to the step time, as if it ran on the training core.
-(Not the process's CPU beyond the training thread: torch's intra-op worker spins for as long as
-the training thread works, measured equal to it per step with and without the hook, so that
-figure would count the hook's training-thread time twice.)
+The steps are interleaved one by one. A cycle steps every variant once, in a shuffled order,
+with a baseline step between any two of them, so each variant step lies between two baseline
+steps taken within a second of it; its ratio to their mean, minus 1, is that cycle's overhead.
+This shared machine's speed changes from one second to the next (whole runs of 12 steps timed
+round by round spread by +-15% on the GPT), and a step's neighbours share its conditions.
+A variant's figure is the median over cycles, with a 90% bootstrap interval. Before the cycles
+each variant takes WARMUP untimed steps (a fresh watch() allocates its buffers at its first
+measured step), every="auto" AUTO_WARMUP: while it learns its interval it measures steps 1, 2
+and about 14, a one-time cost of about two measured steps; a long run pays its steady state.
 
-    python tests/bench/overhead.py [--rounds 7] [--steps 15] [--models gpt,mlp] [--variants ...]
+What interleaving cannot see is measured on each gradwatch variant alone, in a run of SEGMENT
+consecutive steps at the training's own pace (4x as many for every="auto") after its warm-up:
+- Background work: the hook's sender thread, and its server (one per variant, so that each
+  one's CPU is its own). It runs while every variant steps, so the paired ratio does not see
+  it; and its cost per step depends on the pace (the sender batches what a second brings).
+  A gradwatch figure is charged the CPU seconds of its watcher's threads and of its server per
+  step of that run, as if they ran on the training's cores one after the other (an upper bound:
+  on 2 cores they also run beside it). The peers' background (wandb's service process) is not
+  charged, which favours them.
+- How often every="auto" measures: it budgets 1% of the time between its steps, which the
+  cycles stretch. Its figure is the median of its measured steps and that of its unmeasured
+  steps in the cycles, weighted by how often it measured in that run (Watcher.measured_steps).
 
-On the MLP prefer --steps 25 (a timed run of about a second): the hook sends once per second
-while no browser watches, and a shorter run holds the server's work on that batch or not.
+    python tests/bench/overhead.py [--models gpt,mlp] [--cycles N] [--variants baseline,...]
 """
 from __future__ import annotations
 
 import argparse
 import atexit
+import copy
 import os
 import random
-import shutil
 import signal
 import socket
 import statistics
@@ -49,7 +56,7 @@ import threading
 import time
 import urllib.request
 from pathlib import Path
-from typing import Callable, NamedTuple
+from typing import Callable, Optional
 
 import torch
 from torch import nn
@@ -101,6 +108,8 @@ def mlp_task() -> tuple[nn.Module, Callable[[nn.Module], torch.Tensor]]:
     return model, lambda m: m(x).pow(2).mean()
 
 
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -108,6 +117,7 @@ def free_port() -> int:
 
 
 def start_server(tmp: Path) -> tuple[subprocess.Popen, str]:
+    """A `gradwatch serve` of its own, on SQLite in `tmp`, on a free port."""
     port = free_port()
     exe = Path(sys.executable).with_name("gradwatch")
     proc = subprocess.Popen([str(exe), "serve", "--db", f"sqlite:///{tmp / 'bench.db'}", "--port", str(port)],
@@ -123,25 +133,28 @@ def start_server(tmp: Path) -> tuple[subprocess.Popen, str]:
     raise SystemExit("the gradwatch server did not start")
 
 
-WARMUP = 3  # untimed steps before each timed run
-#: every="auto" is timed after this many steps of its own: while it learns its interval it
-#: measures steps 1, 2 and about 14 (a one-time cost of about two measured steps), and a long
-#: run pays its steady state, not that
+def stop_server(proc: subprocess.Popen) -> None:
+    proc.send_signal(signal.SIGINT)
+    try:
+        proc.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+
+
+WARMUP = 3  # untimed steps of each variant before the timed cycles
+#: every="auto" takes this many untimed steps: while it learns its interval it measures steps
+#: 1, 2 and about 14 (a one-time cost of about two measured steps), and a long run pays its
+#: steady state, not that
 AUTO_WARMUP = 40
+CYCLES = {"mlp": 200, "gpt": 30}  # default timed cycles per model: a few minutes each
+SEGMENT = {"mlp": 100, "gpt": 12}  # consecutive steps of a gradwatch variant alone: about 4 s, 7 s
 
 
-class Timing(NamedTuple):
-    median: float  # wall seconds per step
-    mean: float  # capped at twice the median per step (see time_steps)
-    background: float  # CPU seconds per step of the hook's own threads (hook_threads_cpu)
-    server: float = 0.0  # CPU seconds per step of the gradwatch server process (process_cpu)
-
-
-def hook_threads_cpu() -> float:
-    """CPU seconds so far of this process's gradwatch threads (sender, replay), each read on its own clock."""
+def thread_cpu(threads: list[threading.Thread]) -> float:
+    """CPU seconds so far of `threads`, each read on its own clock (0 for one that ended)."""
     total = 0.0
-    for t in threading.enumerate():
-        if t.name.startswith("gradwatch") and t.ident is not None:
+    for t in threads:
+        if t.ident is not None and t.is_alive():
             try:
                 total += time.clock_gettime(time.pthread_getcpuclockid(t.ident))
             except (OSError, ProcessLookupError):  # it ended meanwhile
@@ -155,99 +168,78 @@ def process_cpu(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def acked(w: gradwatch.Watcher, timeout: float = 10.0) -> None:
+def acked(w: gradwatch.Watcher, timeout: float = 30.0) -> None:
     """Wait until the server has acknowledged everything `w` sent (at most `timeout` s)."""
     deadline = time.monotonic() + timeout
     while w.pending and time.monotonic() < deadline:
         time.sleep(0.01)
 
 
-def time_steps(model: nn.Module, opt: torch.optim.Optimizer, loss_fn, steps: int,
-               after_backward: Callable[[], None] | None = None,
-               settle: Callable[[], None] | None = None, warmup: int = WARMUP,
-               server_pid: int | None = None) -> Timing:
-    """Step times after `warmup` untimed steps, and the hook's threads' CPU seconds per step
-    (and the server's, given its pid).
+class Lane:
+    """One variant: its own copy of the model and optimizer, and what it adds to a step."""
 
-    `settle` (untimed) waits until the hook has sent what it has: called after the warm-up and
-    after the timed steps, so that its threads' CPU in between is the timed steps' own work
-    (the sender works once per `linger`, up to a second after the steps it sends).
-    """
-    def step() -> None:
-        opt.zero_grad(set_to_none=True)
-        loss_fn(model).backward()
-        if after_backward is not None:
-            after_backward()
-        opt.step()
+    def __init__(self, name: str, model: nn.Module, loss_fn: Callable[[nn.Module], torch.Tensor]) -> None:
+        self.name = name
+        self.model = copy.deepcopy(model)
+        self.opt = torch.optim.AdamW(self.model.parameters(), lr=1e-4)
+        self.loss_fn = loss_fn
+        self.after_backward: Optional[Callable[[], None]] = None
+        self.watcher: Optional[gradwatch.Watcher] = None
+        self.server: Optional[subprocess.Popen] = None
+        self.threads: list[threading.Thread] = []  # the watcher's own threads
+        self.warmup = WARMUP
 
-    for _ in range(warmup):
-        step()
-    if settle is not None:
-        settle()
-    times = []
-    cpu0 = hook_threads_cpu()
-    server0 = process_cpu(server_pid) if server_pid is not None else 0.0
-    for _ in range(steps):
+    def step(self) -> tuple[float, bool]:
+        """Seconds of one training step, and whether the hook measured it in full."""
+        measured = self.watcher.measured_steps if self.watcher is not None else 0
         t0 = time.perf_counter()
-        step()
-        times.append(time.perf_counter() - t0)
-    if settle is not None:
-        settle()
-    background = hook_threads_cpu() - cpu0
-    server = process_cpu(server_pid) - server0 if server_pid is not None else 0.0
-    median = statistics.median(times)
-    # The mean with each step capped at twice the median: a step the hook measures costs ~10-30%
-    # more and counts whole; a step this shared machine stalled for 10x does not swamp the mean.
-    capped = statistics.fmean(min(t, 2 * median) for t in times)
-    return Timing(median, capped, max(background, 0.0) / steps, server / steps)
+        self.opt.zero_grad(set_to_none=True)
+        self.loss_fn(self.model).backward()
+        if self.after_backward is not None:
+            self.after_backward()
+        self.opt.step()
+        took = time.perf_counter() - t0
+        return took, self.watcher is not None and self.watcher.measured_steps > measured
 
+    def watch(self, every: int | str, server: str, spool: Path) -> None:
+        """Attach gradwatch, spooling to `spool`; its threads are noted for their CPU."""
+        before = set(threading.enumerate())
+        os.environ["GRADWATCH_SPOOL"] = str(spool)
+        self.watcher = gradwatch.watch(self.opt, model=self.model, run=f"bench-{self.name}", project="bench",
+                                       server=server, every=every, warn=False)
+        # the replay of earlier spools reads GRADWATCH_SPOOL on its own thread: let it finish
+        while any(t.name == "gradwatch-replay" and t.is_alive() for t in threading.enumerate()):
+            time.sleep(0.01)
+        self.threads = [t for t in threading.enumerate() if t not in before and t.name.startswith("gradwatch")]
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--rounds", type=int, default=7)
-    ap.add_argument("--steps", type=int, default=15)
-    ap.add_argument("--models", default="gpt,mlp")
-    ap.add_argument("--variants", default=",".join(VARIANTS), help="comma-separated subset of: " + ",".join(VARIANTS))
-    args = ap.parse_args()
-    variants = [v for v in args.variants.split(",") if v]
-    if "baseline" not in variants or set(variants) - set(VARIANTS):
-        ap.error(f"--variants must include baseline and name only: {','.join(VARIANTS)}")
-    torch.set_flush_denormal(True)  # decayed Adam state turns denormal and slows every variant alike
-    torch.manual_seed(0)
+    def alone(self, steps: int) -> tuple[float, float]:
+        """CPU seconds a step of this variant's threads and server, and the share of steps its
+        hook measured, over `steps` consecutive steps at the training's own pace."""
+        self.settle()
+        cpu, measured = self.background_cpu(), self.watcher.measured_steps if self.watcher is not None else 0
+        for _ in range(steps):
+            self.step()
+        self.settle()
+        done = self.watcher.measured_steps if self.watcher is not None else 0
+        return (self.background_cpu() - cpu) / steps, (done - measured) / steps
 
-    with tempfile.TemporaryDirectory() as tmp:
-        os.environ["GRADWATCH_SPOOL"] = str(Path(tmp) / "spool")
-        server, url = start_server(Path(tmp))
-        try:
-            rows = [bench(name, url, server.pid, args.rounds, args.steps, variants, Path(tmp))
-                    for name in args.models.split(",")]
-        finally:
-            server.send_signal(signal.SIGINT)
-            server.wait(timeout=10)
-    print()
-    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, {os.cpu_count()} cores; "
-          f"{args.rounds} interleaved rounds x {args.steps} steps; paired median overhead vs baseline")
-    shown = [v for v in variants if v != "baseline"]
-    cols = [LABELS[v] for v in shown] + ["gradwatch every=1, background CPU charged"] * ("gradwatch" in shown)
-    print("| model | baseline step | " + " | ".join(cols) + " |")
-    print("|---" * (len(cols) + 2) + "|")
-    for r in rows:
-        cells = [_pct(r.get(v)) for v in shown] + [_pct(r.get("gradwatch_charged"))] * ("gradwatch" in shown)
-        print(f"| {r['model']} | {r['baseline'] * 1e3:.1f} ms | " + " | ".join(cells) + " |")
-    if "gradwatch_spool" in shown and "gradwatch" in shown:
-        for r in rows:
-            print(f"{r['model']}: step time with the server down vs up: "
-                  f"{(1 + r['gradwatch_spool']) / (1 + r['gradwatch']) - 1:+.1%}")
-    for r in rows:
-        cpu = {k.removeprefix("server_cpu/"): v for k, v in r.items() if k.startswith("server_cpu/")}
-        if cpu:
-            print(f"{r['model']}: the server's CPU per step (same machine, not in the figures above): "
-                  + ", ".join(f"{LABELS[k]} {v * 1e3:.2f} ms ({v / r['baseline']:.1%} of the step)" for k, v in cpu.items()))
-    if "wandb" in shown and "gradwatch" in shown:
-        for r in rows:
-            if r.get("wandb") is not None and r["gradwatch_charged"] > 0:
-                print(f"{r['model']}: wandb.watch costs {r['wandb'] / r['gradwatch_charged']:.0f}x what gradwatch every=1 "
-                      "costs (charged)")
+    def settle(self) -> None:
+        """Wait until the watcher's threads have done their work on the steps so far: the server
+        has them, or (no server) the spool, which the sender writes every `linger` (0.25 s)."""
+        if self.watcher is not None and self.server is not None:
+            acked(self.watcher)
+        elif self.watcher is not None:
+            time.sleep(1.0)
+
+    def background_cpu(self) -> float:
+        """CPU seconds so far of this variant's own threads and server (0 for a peer)."""
+        return thread_cpu(self.threads) + (process_cpu(self.server.pid) if self.server is not None else 0.0)
+
+    def close(self) -> None:
+        if self.watcher is not None:
+            self.watcher.close(timeout=30 if self.server is not None else 0.5)
+        if self.server is not None:
+            stop_server(self.server)
 
 
 VARIANTS = ("baseline", "naive", "tb_scalar", "tb_hist", "wandb", "gradwatch", "gradwatch_auto", "gradwatch_spool",
@@ -256,140 +248,198 @@ LABELS = {"naive": "naive `.item()`", "tb_scalar": "TensorBoard `add_scalar`", "
           "wandb": '`wandb.watch(log="all", log_freq=1)`', "gradwatch": "gradwatch every=1",
           "gradwatch_auto": 'gradwatch every="auto"', "gradwatch_spool": "gradwatch every=1, server down (spooling)",
           "floor": "floor"}
+GRADWATCH = ("gradwatch", "gradwatch_auto", "gradwatch_spool")
 
 
-def _pct(value: float | None) -> str:
-    return "n/a" if value is None else f"{value:+.1%}"
-
-
-def bench(name: str, url: str, server_pid: int, rounds: int, steps: int, wanted: list[str],
-          tmp: Path) -> dict[str, float | None]:
-    model, loss_fn = {"gpt": gpt_task, "mlp": mlp_task}[name]()
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
-    named = list(model.named_parameters())
-    params = [p for _, p in named]
-    time_steps(model, opt, loss_fn, 3)  # warm up: allocate Adam state
-
-    def naive() -> None:
-        for p in params:
-            torch.linalg.vector_norm(p.grad).item()
-
-    def floor() -> None:  # one multi-threaded pass over what the hook reads
-        for p in params:
-            st = opt.state[p]
-            for t in (p.grad, p, st["exp_avg"], st["exp_avg_sq"]):
-                t.sum()
-
-    def with_hook(every: int | str, server: str = url, count: int = steps, warmup: int = WARMUP) -> Callable[[], Timing]:
-        def run() -> Timing:
-            w = gradwatch.watch(opt, model=model, run=f"bench-{name}-{every}", project="bench", server=server,
-                                every=every, warn=False)
-            try:
-                up = server == url
-                return time_steps(model, opt, loss_fn, count, settle=(lambda: acked(w)) if up else None, warmup=warmup,
-                                  server_pid=server_pid if up else None)
-            finally:
-                w.close(timeout=30 if server == url else 0.5)
-                if server != url:  # else the next watch() would replay it while others are timed
-                    shutil.rmtree(os.environ["GRADWATCH_SPOOL"], ignore_errors=True)
-        return run
-
-    variants: dict[str, Callable[[], Timing]] = {
-        "baseline": lambda: time_steps(model, opt, loss_fn, steps),
-        "naive": lambda: time_steps(model, opt, loss_fn, steps, naive),
-        "gradwatch": with_hook(1),
-        # every="auto" measures some steps and not others: its figure is the mean over a run long
-        # enough for several measured steps (the first step, always measured, included), not a median
-        "gradwatch_auto": with_hook("auto", count=4 * steps, warmup=AUTO_WARMUP),
-        "gradwatch_spool": with_hook(1, server=f"http://127.0.0.1:{free_port()}"),
-        "floor": lambda: time_steps(model, opt, loss_fn, steps, floor),
-    }
-    if any(k in wanted for k in ("tb_scalar", "tb_hist", "wandb")):
-        variants.update(peers(name, model, opt, loss_fn, named, steps, tmp))
-    variants = {k: v for k, v in variants.items() if k in wanted}
-    measured = [k for k in variants if k != "baseline"]
-    ratios: dict[str, list[float]] = {k: [] for k in measured + ["gradwatch_charged"] * ("gradwatch" in variants)}
-    base_times = []
-    server_cpu: dict[str, list[float]] = {k: [] for k in ("gradwatch", "gradwatch_auto") if k in variants}
-    for r in range(rounds):
-        # Each variant is timed between two baseline runs and set against their mean: this shared
-        # machine's load drifts over seconds, and a baseline timed next to the variant cancels it
-        # better than one baseline per round.
-        order = list(measured)
-        random.Random(r).shuffle(order)
-        before = variants["baseline"]()
-        for k in order:
-            got = variants[k]()
-            after = variants["baseline"]()
-            base = (before.median + after.median) / 2
-            base_times.append(base)
-            if k == "gradwatch_auto":
-                ratios[k].append(got.mean / ((before.mean + after.mean) / 2) - 1)
-            else:
-                ratios[k].append(got.median / base - 1)
-            if k == "gradwatch":
-                ratios["gradwatch_charged"].append((got.median + got.background) / base - 1)
-            if k in server_cpu:
-                server_cpu[k].append(got.server)
-            before = after
-        print(f"{name} round {r + 1}/{rounds}: baseline {statistics.median(base_times[-len(order):]) * 1e3:.1f} ms, "
-              + ", ".join(f"{k} {v[-1]:+.1%}" for k, v in ratios.items()), flush=True)
-    out: dict[str, float | None] = {"model": name, "baseline": statistics.median(base_times)}  # type: ignore[dict-item]
-    out.update({k: statistics.median(v) for k, v in ratios.items()})
-    # the mean over rounds, not the median: /proc counts CPU in 10 ms ticks, about one per timed run
-    out.update({f"server_cpu/{k}": statistics.fmean(v) for k, v in server_cpu.items()})
-    return out
-
-
-def peers(name: str, model: nn.Module, opt: torch.optim.Optimizer, loss_fn, named: list[tuple[str, nn.Parameter]],
-          steps: int, tmp: Path) -> dict[str, Callable[[], Timing]]:
-    """TensorBoard and wandb variants, for those installed."""
-    out: dict[str, Callable[[], Timing]] = {}
-    try:
-        from torch.utils.tensorboard import SummaryWriter
-    except ImportError:
-        print("tensorboard is not installed: its variants are n/a (pip install -r tests/bench/requirements-peers.txt)")
-    else:
-        writer = SummaryWriter(log_dir=str(tmp / f"tb-{name}"))
+def make_lane(kind: str, model: nn.Module, loss_fn: Callable[[nn.Module], torch.Tensor],
+              tmp: Path) -> Optional[Lane]:
+    """The variant `kind` on its own copy of `model`; None for a peer that is not installed."""
+    lane = Lane(kind, model, loss_fn)
+    named = list(lane.model.named_parameters())
+    if kind == "naive":
+        def naive() -> None:
+            for _, p in named:
+                torch.linalg.vector_norm(p.grad).item()
+        lane.after_backward = naive
+    elif kind == "floor":
+        def floor() -> None:  # one multi-threaded pass over what the hook reads
+            for _, p in named:
+                state = lane.opt.state[p]
+                for t in (p.grad, p, state.get("exp_avg"), state.get("exp_avg_sq")):
+                    if t is not None:
+                        t.sum()
+        lane.after_backward = floor
+    elif kind in ("tb_scalar", "tb_hist"):
+        try:
+            from torch.utils.tensorboard import SummaryWriter
+        except ImportError:
+            print("tensorboard is not installed: its variants are n/a (pip install -r tests/bench/requirements-peers.txt)")
+            return None
+        writer = SummaryWriter(log_dir=str(tmp / kind))
         count = [0]
 
-        def tb_scalar() -> None:
+        def tensorboard() -> None:
             count[0] += 1
             for n, p in named:
-                writer.add_scalar(f"grad_norm/{n}", torch.linalg.vector_norm(p.grad).item(), count[0])
-
-        def tb_hist() -> None:
-            count[0] += 1
-            for n, p in named:
-                writer.add_histogram(f"grad/{n}", p.grad, count[0])
-
-        out["tb_scalar"] = lambda: time_steps(model, opt, loss_fn, steps, tb_scalar)
-        out["tb_hist"] = lambda: time_steps(model, opt, loss_fn, steps, tb_hist)
-    try:
-        import wandb
-    except ImportError:
-        print("wandb is not installed: its variant is n/a (pip install -r tests/bench/requirements-peers.txt)")
-    else:
+                if kind == "tb_scalar":
+                    writer.add_scalar(f"grad_norm/{n}", torch.linalg.vector_norm(p.grad).item(), count[0])
+                else:
+                    writer.add_histogram(f"grad/{n}", p.grad, count[0])
+        lane.after_backward = tensorboard
+        atexit.register(writer.close)
+    elif kind == "wandb":
+        try:
+            import wandb
+        except ImportError:
+            print("wandb is not installed: its variant is n/a (pip install -r tests/bench/requirements-peers.txt)")
+            return None
         if wandb.run is not None:
             wandb.run.finish()
-        run = wandb.init(project="gradwatch-bench", name=name, mode="offline", dir=str(tmp),
+        run = wandb.init(project="gradwatch-bench", mode="offline", dir=str(tmp),
                          settings=wandb.Settings(silent=True, console="off"))
-
-        def with_wandb() -> Timing:
-            run.watch(model, log="all", log_freq=1)
-            last = [0.0]
-
-            def log_step() -> None:  # wandb commits the hooks' histograms with the step's log
-                run.log({"step_time": last[0]})
-            try:
-                return time_steps(model, opt, loss_fn, steps, log_step)
-            finally:
-                run.unwatch(model)
-
-        out["wandb"] = with_wandb
+        run.watch(lane.model, log="all", log_freq=1)
+        lane.after_backward = lambda: run.log({"step": 0})  # wandb commits the hooks' histograms with a log
         atexit.register(run.finish)
-    return out
+    elif kind in GRADWATCH:
+        if kind == "gradwatch_spool":
+            url = f"http://127.0.0.1:{free_port()}"  # nobody listens
+        else:
+            (tmp / kind).mkdir()
+            lane.server, url = start_server(tmp / kind)
+        lane.watch("auto" if kind == "gradwatch_auto" else 1, url, tmp / f"spool-{kind}")
+        if kind == "gradwatch_auto":
+            lane.warmup = AUTO_WARMUP
+    return lane
 
+
+class Figure:
+    """A variant's per-cycle overheads, and which of its steps were measured."""
+
+    def __init__(self) -> None:
+        self.ratios: list[float] = []
+        self.measured: list[bool] = []
+        self.share: Optional[float] = None  # every="auto": the share of steps it measures alone
+        self.charge = 0.0  # background CPU a step, as a fraction of the baseline step
+
+    def estimate(self, ratios: Optional[list[float]] = None, measured: Optional[list[bool]] = None) -> float:
+        """The median overhead plus the charge; with a share, the medians of measured and
+        unmeasured steps weighted by it (when the cycles hold steps of both kinds)."""
+        ratios = self.ratios if ratios is None else ratios
+        measured = self.measured if measured is None else measured
+        kinds = [[r for r, m in zip(ratios, measured) if m is flag] for flag in (True, False)]
+        if self.share is None or not all(kinds):
+            return statistics.median(ratios) + self.charge
+        return self.share * statistics.median(kinds[0]) + (1 - self.share) * statistics.median(kinds[1]) + self.charge
+
+    def interval(self, resamples: int = 1000, seed: int = 0) -> tuple[float, float]:
+        """90% bootstrap interval of `estimate` (the cycles resampled with replacement)."""
+        rng = random.Random(seed)
+        n = len(self.ratios)
+        got = []
+        for _ in range(resamples):
+            picks = [rng.randrange(n) for _ in range(n)]
+            got.append(self.estimate([self.ratios[i] for i in picks], [self.measured[i] for i in picks]))
+        got.sort()
+        return got[int(0.05 * resamples)], got[int(0.95 * resamples) - 1]
+
+
+def bench(name: str, cycles: int, wanted: list[str], tmp: Path) -> dict[str, object]:
+    model, loss_fn = {"gpt": gpt_task, "mlp": mlp_task}[name]()
+    lanes: dict[str, Lane] = {}
+    try:
+        for kind in wanted:
+            lane = make_lane(kind, model, loss_fn, tmp / name)
+            if lane is not None:
+                lanes[kind] = lane
+        for lane in lanes.values():
+            for _ in range(lane.warmup):
+                lane.step()
+        base = lanes["baseline"]
+        others = [k for k in lanes if k != "baseline"]
+        figures = {k: Figure() for k in others}
+        alone = {k: lanes[k].alone(SEGMENT[name] * (4 if k == "gradwatch_auto" else 1)) for k in others if k in GRADWATCH}
+        if "gradwatch_auto" in alone:
+            figures["gradwatch_auto"].share = alone["gradwatch_auto"][1]
+        base_times: list[float] = []
+        before = base.step()[0]
+        report = max(1, cycles // 10)
+        for c in range(cycles):
+            order = list(others)
+            random.Random(c).shuffle(order)
+            for k in order:
+                took, measured = lanes[k].step()
+                after = base.step()[0]
+                figures[k].ratios.append(took / ((before + after) / 2) - 1)
+                figures[k].measured.append(measured)
+                base_times.append(after)
+                before = after
+            if (c + 1) % report == 0 or c + 1 == cycles:
+                print(f"{name} cycle {c + 1}/{cycles} (background not charged yet): baseline "
+                      f"{statistics.median(base_times) * 1e3:.1f} ms, "
+                      + ", ".join(f"{k} {f.estimate():+.1%}" for k, f in figures.items()), flush=True)
+    finally:
+        for lane in lanes.values():
+            lane.close()
+    step = statistics.median(base_times)
+    for k, (cpu, _) in alone.items():
+        figures[k].charge = cpu / step
+    return {"model": name, "baseline": step, "figures": figures, "background": {k: cpu for k, (cpu, _) in alone.items()},
+            "share": {k: share for k, (_, share) in alone.items()}}
+
+
+def _cell(figure: Optional[Figure]) -> str:
+    if figure is None:
+        return "n/a"
+    low, high = figure.interval()
+    return f"{figure.estimate():+.1%} ({low:+.1%} to {high:+.1%})"
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--cycles", type=int, default=None,
+                    help="timed cycles per model (default: " + ", ".join(f"{k} {v}" for k, v in CYCLES.items()) + ")")
+    ap.add_argument("--models", default="gpt,mlp")
+    ap.add_argument("--variants", default=",".join(VARIANTS), help="comma-separated subset of: " + ",".join(VARIANTS))
+    args = ap.parse_args()
+    variants = [v for v in args.variants.split(",") if v]
+    models = [m for m in args.models.split(",") if m]
+    if "baseline" not in variants or len(variants) < 2 or set(variants) - set(VARIANTS):
+        ap.error(f"--variants must include baseline and another, and name only: {','.join(VARIANTS)}")
+    if not models or set(models) - set(CYCLES):
+        ap.error(f"--models must name some of: {','.join(CYCLES)}")
+    if args.cycles is not None and args.cycles < 2:
+        ap.error("--cycles must be 2 or more")
+    torch.set_flush_denormal(True)  # decayed Adam state turns denormal and slows every variant alike
+    torch.manual_seed(0)
+
+    with tempfile.TemporaryDirectory() as tmp:
+        rows = []
+        for name in models:
+            (Path(tmp) / name).mkdir()
+            rows.append(bench(name, args.cycles or CYCLES[name], variants, Path(tmp)))
+    print()
+    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, {os.cpu_count()} cores; steps interleaved "
+          "one by one; median overhead vs the neighbouring baseline steps (90% bootstrap interval); gradwatch "
+          "with its sender's and its server's CPU charged")
+    shown = [v for v in variants if v != "baseline" and any(v in r["figures"] for r in rows)]
+    print("| model | baseline step | cycles | " + " | ".join(LABELS[v] for v in shown) + " |")
+    print("|---" * (len(shown) + 3) + "|")
+    for r in rows:
+        figures = r["figures"]
+        print(f"| {r['model']} | {r['baseline'] * 1e3:.1f} ms | {len(next(iter(figures.values())).ratios)} | "
+              + " | ".join(_cell(figures.get(v)) for v in shown) + " |")
+    for r in rows:
+        figures, step = r["figures"], r["baseline"]
+        for v in (v for v in GRADWATCH if v in figures):
+            f = figures[v]
+            share = f"; it measured {r['share'][v]:.1%} of its steps alone" if v == "gradwatch_auto" else ""
+            print(f"{r['model']} {LABELS[v]}: on the training thread {f.estimate() - f.charge:+.1%}, its threads and "
+                  f"server {r['background'][v] * 1e3:.2f} ms a step (+{f.charge:.1%}){share}")
+        total = {v: f.estimate() for v, f in figures.items()}
+        if "wandb" in total and total.get("gradwatch", 0) > 0:
+            print(f"{r['model']}: wandb.watch costs {total['wandb'] / total['gradwatch']:.0f}x what gradwatch every=1 costs")
+        if total.get("floor", 0) > 0 and "gradwatch" in total:
+            print(f"{r['model']}: gradwatch every=1 costs {total['gradwatch'] / total['floor']:.2f}x the floor")
 
 if __name__ == "__main__":
     main()

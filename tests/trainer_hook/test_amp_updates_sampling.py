@@ -149,6 +149,7 @@ def test_every_auto_samples_less_when_the_hook_is_costly_relative_to_the_step() 
     msgs = measured(msgs)
     assert msgs[0]["step"] == 1
     assert 1 < len(msgs) < 100, len(msgs)
+    assert w.measured_steps == len(msgs) and w.step == 200
     assert w._sampler.interval > 1
     # learnt at the measured step itself, not when the paced sender gets to it (steps 1 and 2
     # are measured before the step time is known; then the interval holds)

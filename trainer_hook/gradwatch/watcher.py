@@ -70,6 +70,7 @@ class Watcher:
         self.server = server
         self.every = every
         self.step = 0  # optimizer.step() calls so far (rounds, with several optimizers: see `watch`)
+        self.measured_steps = 0  # of those, the ones measured in full (every="auto": how often it measures)
         self.layout: Layout = build_layout(optimizers, model)
         if not self.layout.params:
             raise ValueError("the optimizer has no parameters to watch")
@@ -131,6 +132,7 @@ class Watcher:
                 self._sampler.observe_step(self._step_times.last(), self._step_times.typical())
             self._sampled = self._sampler(self.step)
             if self._sampled:
+                self.measured_steps += 1
                 self._probe.begin(self.step)
         if self._sampled and k not in self._round:
             self._probe.read_grads(self._members[k], k if len(self._members) > 1 else None)
