@@ -66,9 +66,10 @@ class Subscriber:
 
 #: How long a hook may hold steps before it sends them (`linger` in `welcome` and `ack`, see
 #: docs/protocol.md): short while a browser watches the run, longer while none does (fewer
-#: frames, commits and acks per second on both sides: what a fast training loop pays).
+#: frames, commits and acks per second on both sides: what a fast training loop pays). 2 s
+#: rather than 1 s: a co-located server's CPU per unmeasured MLP step 0.48 -> 0.31 ms.
 LIVE_LINGER_S = 0.25
-IDLE_LINGER_S = 1.0
+IDLE_LINGER_S = 2.0
 
 
 class LiveHub:
