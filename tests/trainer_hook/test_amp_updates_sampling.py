@@ -112,6 +112,15 @@ def test_auto_interval_counts_what_a_measured_step_costs_all_told() -> None:
     cheap.observe(cost_s=0.003, step_time_s=0.1)
     cheap.observe_step(measured_s=0.099, step_time_s=0.1)  # noise: quicker than a typical step
     assert cheap.interval == 3
+    stalled = AutoInterval(budget=0.01)
+    stalled.observe(cost_s=0.001, step_time_s=0.1)
+    for _ in range(3):
+        stalled.observe_step(measured_s=0.105, step_time_s=0.1)
+    stalled.observe_step(measured_s=2.0, step_time_s=0.1)  # the machine stalled during one measured step
+    assert stalled.interval == 5  # a running average would have made it 58
+    for _ in range(3):  # measured steps really are slower now: followed
+        stalled.observe_step(measured_s=0.12, step_time_s=0.1)
+    assert stalled.interval == 20
     fixed = EveryN(4)
     fixed.observe_step(measured_s=1.0, step_time_s=0.1)  # a fixed interval stays fixed
     assert fixed.n == 4
