@@ -56,7 +56,7 @@ import threading
 import time
 import urllib.request
 from pathlib import Path
-from typing import Callable, Optional
+from typing import Any, Callable, Optional
 
 import torch
 from torch import nn
@@ -343,7 +343,9 @@ class Figure:
         return got[int(0.05 * resamples)], got[int(0.95 * resamples) - 1]
 
 
-def bench(name: str, cycles: int, wanted: list[str], tmp: Path) -> dict[str, object]:
+def bench(name: str, cycles: int, wanted: list[str], tmp: Path) -> dict[str, Any]:
+    """Model `name` with the variants `wanted`: its baseline step (median seconds) and a Figure
+    per variant."""
     model, loss_fn = {"gpt": gpt_task, "mlp": mlp_task}[name]()
     lanes: dict[str, Lane] = {}
     try:
@@ -383,8 +385,7 @@ def bench(name: str, cycles: int, wanted: list[str], tmp: Path) -> dict[str, obj
     step = statistics.median(base_times)
     for k, (cpu, _) in alone.items():
         figures[k].charge = cpu / step
-    return {"model": name, "baseline": step, "figures": figures, "background": {k: cpu for k, (cpu, _) in alone.items()},
-            "share": {k: share for k, (_, share) in alone.items()}}
+    return {"model": name, "baseline": step, "figures": figures}
 
 
 def _cell(figure: Optional[Figure]) -> str:
@@ -432,14 +433,15 @@ def main() -> None:
         figures, step = r["figures"], r["baseline"]
         for v in (v for v in GRADWATCH if v in figures):
             f = figures[v]
-            share = f"; it measured {r['share'][v]:.1%} of its steps alone" if v == "gradwatch_auto" else ""
+            share = f"; it measured {f.share:.1%} of its steps alone" if f.share is not None else ""
             print(f"{r['model']} {LABELS[v]}: on the training thread {f.estimate() - f.charge:+.1%}, its threads and "
-                  f"server {r['background'][v] * 1e3:.2f} ms a step (+{f.charge:.1%}){share}")
+                  f"server {f.charge * step * 1e3:.2f} ms a step (+{f.charge:.1%}){share}")
         total = {v: f.estimate() for v, f in figures.items()}
         if "wandb" in total and total.get("gradwatch", 0) > 0:
             print(f"{r['model']}: wandb.watch costs {total['wandb'] / total['gradwatch']:.0f}x what gradwatch every=1 costs")
         if total.get("floor", 0) > 0 and "gradwatch" in total:
             print(f"{r['model']}: gradwatch every=1 costs {total['gradwatch'] / total['floor']:.2f}x the floor")
+
 
 if __name__ == "__main__":
     main()
