@@ -36,11 +36,11 @@ class AutoInterval:
     The cost is also taken from the outside (observe_step): how much longer a measured step
     took than the typical one, the median of the last EXCESS_WINDOW, whenever that is more than
     the hook's own time. A median, not a running average: a pause after a measured step (an
-    evaluation, a checkpoint, a stall of a shared machine) reads as that step's cost, and one of
-    1.4 s made a running average stretch the interval to about 75 steps, for hundreds of steps
-    (it moves only at measured steps, which it made rare): on the GPT of
-    tests/bench/overhead.py, whose warm-up pauses each variant, "auto" then measured none of 48
-    steps where it measures one in 2 or 3. The
+    evaluation, a checkpoint, a stall of a shared machine) reads as that step's cost, and a
+    running average (weight 0.3) of one 10 s pause on a 0.6 s step stretches the interval to
+    hundreds of steps, and keeps it long (it moves only at measured steps, which it made rare):
+    on the GPT of tests/bench/overhead.py, whose variant "auto" waits about 10 s for the others'
+    warm-up, it measured none of 48 steps where it measures one in 2 or 3. The
     hook's clock sees neither what its reads do to the rest of the step (the training's data
     evicted from the CPU caches) nor, on a GPU, its kernels, which run after it has returned.
     (On the CPU MLP of tests/bench/overhead.py the two agree: about 3 ms a measured step.)
