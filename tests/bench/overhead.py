@@ -28,7 +28,10 @@ What interleaving cannot see is measured on each gradwatch variant alone, in a r
 consecutive steps at the training's own pace (4x as many for every="auto") after its warm-up:
 - Background work: the hook's sender thread, and its server (one per variant, so that each
   one's CPU is its own). It runs while every variant steps, so the paired ratio does not see
-  it; and its cost per step depends on the pace (the sender batches what a second brings).
+  it; and its cost per step depends on the pace (the sender batches what a `linger`, 2 s
+  while no browser watches, brings). It is seen in part, and by every hooked variant alike:
+  a sender that serializes holds the GIL, which any variant whose hooks run Python (gradwatch,
+  the peers) may wait for, and the baseline does not.
   A gradwatch figure is charged the CPU seconds of its watcher's threads and of its server per
   step of that run, as if they ran on the training's cores one after the other (an upper bound:
   on 2 cores they also run beside it). The peers' background (wandb's service process) is not
