@@ -217,14 +217,14 @@ class Lane:
 
     def alone(self, steps: int) -> tuple[float, float]:
         """CPU seconds a step of this variant's threads and server, and the share of steps its
-        hook measured, over `steps` consecutive steps at the training's own pace."""
+        hook measured, over `steps` consecutive steps at the training's own pace (a gradwatch variant)."""
+        assert self.watcher is not None
         self.settle()
-        cpu, measured = self.background_cpu(), self.watcher.measured_steps if self.watcher is not None else 0
+        cpu, measured = self.background_cpu(), self.watcher.measured_steps
         for _ in range(steps):
             self.step()
         self.settle()
-        done = self.watcher.measured_steps if self.watcher is not None else 0
-        return (self.background_cpu() - cpu) / steps, (done - measured) / steps
+        return (self.background_cpu() - cpu) / steps, (self.watcher.measured_steps - measured) / steps
 
     def settle(self) -> None:
         """Wait until the watcher's threads have done their work on the steps so far: the server

@@ -1,0 +1,47 @@
+"""The overhead benchmark's own logic: its estimator and its refusal of bad flags (the timing
+itself runs in `make bench`, not here)."""
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).parent))
+from overhead import Figure  # noqa: E402
+
+SCRIPT = Path(__file__).with_name("overhead.py")
+
+
+def test_a_figure_is_the_median_plus_the_charge() -> None:
+    f = Figure()
+    f.ratios, f.measured = [0.01, 0.03, 0.02, 0.50, 0.02], [True] * 5
+    f.charge = 0.005
+    assert f.estimate() == pytest.approx(0.025)  # the outlier does not move it
+    low, high = f.interval()
+    assert low <= f.estimate() <= high
+
+
+def test_auto_weighs_measured_and_unmeasured_steps_by_its_share() -> None:
+    """The cycles hold measured steps far more often than a run alone: their share comes from
+    the run alone, not from how many the cycles happen to hold."""
+    f = Figure()
+    f.ratios = [0.10, 0.12, 0.11, 0.01, 0.00, 0.02, 0.01]
+    f.measured = [True, True, True, False, False, False, False]
+    f.share = 0.1
+    assert f.estimate() == pytest.approx(0.1 * 0.11 + 0.9 * 0.01)
+    f.share = None  # every=1: a plain median
+    assert f.estimate() == pytest.approx(0.02)
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--cycles", "1"], "--cycles must be 2 or more"),
+    (["--models", "cnn"], "--models must name some of: mlp,gpt"),
+    (["--variants", "gradwatch"], "--variants must include baseline and another"),
+    (["--variants", "baseline,nope"], "--variants must include baseline and another"),
+])
+def test_bad_flags_are_refused_with_what_to_do(args: list[str], message: str) -> None:
+    done = subprocess.run([sys.executable, str(SCRIPT), *args], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2
+    assert message in done.stderr
