@@ -90,3 +90,35 @@ def test_every_n_samples_but_counts_per_step() -> None:
     fc_bytes = (4 * 3 + 3) * 4  # `unused` never gets a .grad
     assert all(m["scalars"]["grads/none"] == 2 and m["scalars"]["mem/grads_bytes"] == fc_bytes for m in light)
     assert all(m["params"]["grad_clear"]["fc.weight"] == 1.0 for m in msgs[1:])  # zero_grad() sets None
+
+
+@pytest.mark.parametrize("make", [lambda p: torch.optim.SparseAdam(p, lr=0.01), lambda p: torch.optim.SGD(p, lr=0.1)],
+                         ids=["SparseAdam", "SGD"])
+def test_sparse_gradients_are_measured_not_fatal(make) -> None:
+    """nn.Embedding(sparse=True) gives a sparse `.grad`, whose `nbytes` raises and which fused
+    norms refuse: the hook must measure it (its norm, the bytes of its indices and values) at
+    measured and unmeasured steps alike, and never raise into the training step."""
+    torch.manual_seed(0)
+    model = torch.nn.Embedding(50, 8, sparse=True)
+    opt = make(model.parameters())
+    w = gradwatch.watch(opt, model=model, server=NOWHERE, every=2)
+    norms, sizes, states = [], [], []
+    for _ in range(4):
+        opt.zero_grad()
+        model(torch.tensor([[1, 2, 2, 7]])).pow(2).sum().backward()  # index 2 twice: an uncoalesced grad
+        g = model.weight.grad
+        assert g.is_sparse and not g.is_coalesced()
+        norms.append(float(g.to_dense().norm()))
+        sizes.append(g._indices().nbytes + g._values().nbytes)
+        opt.step()
+        states.append(float(opt.state[model.weight]["exp_avg"].norm()) if "exp_avg" in opt.state[model.weight] else None)
+    msgs = sent_steps(w)
+    w.close(timeout=0.1)
+    assert [m["step"] for m in msgs] == [1, 2, 3, 4]
+    assert [m["scalars"]["mem/grads_bytes"] for m in msgs] == sizes
+    assert [m["params"]["backward_passes"]["weight"] for m in msgs] == [1.0] * 4
+    got = [m["params"]["grad_norm"]["weight"] for m in measured(msgs)]
+    assert got == pytest.approx([norms[0], norms[2]], rel=1e-6)
+    if isinstance(opt, torch.optim.SparseAdam):  # its state is dense
+        got = [m["params"]["exp_avg_norm"]["weight"] for m in measured(msgs)]
+        assert got == pytest.approx([states[0], states[2]], rel=1e-6)

@@ -72,3 +72,49 @@ def test_every_state_tensor_is_measured_exactly(make) -> None:
                 continue
             norm = float(torch.linalg.vector_norm(want.float()))
             assert float(got[i]) == pytest.approx(norm, rel=1e-5, abs=1e-30) or (math.isnan(norm) and math.isnan(got[i]))
+
+
+class Counting(torch.optim.Optimizer):
+    """A user-written optimizer with per-element integer and bool state (counts, masks)."""
+
+    def __init__(self, params, lr: float = 0.01) -> None:
+        super().__init__(params, {"lr": lr})
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        for group in self.param_groups:
+            for p in group["params"]:
+                st = self.state[p]
+                moved = p.grad.abs() > 0.1
+                st["moves"] = st.get("moves", torch.zeros(p.shape, dtype=torch.int64)) + moved
+                st["moved"] = moved
+                p.sub_(p.grad * moved, alpha=group["lr"])
+
+
+@pytest.mark.parametrize("dtype, make", [
+    (torch.float64, lambda p: O.Adam(p, lr=0.01, foreach=True)),
+    (torch.float64, lambda p: O.AdamW(p, lr=0.01, fused=True)),
+    (torch.complex64, lambda p: O.Adam(p, lr=0.01, foreach=False)),
+    (torch.complex128, lambda p: O.SGD(p, lr=0.01, momentum=0.9)),
+    (torch.float32, Counting),
+], ids=["float64-adam-foreach", "float64-adamw-fused", "complex64-adam-forloop", "complex128-sgd", "int-and-bool-state"])
+def test_tensors_of_every_dtype_get_their_norms(dtype, make) -> None:
+    """The fused float32 norm refuses float64 and complex tensors (it would narrow them) and
+    integer or bool ones: those get their own norm, exact to float32 rounding."""
+    torch.manual_seed(0)
+    p = torch.nn.Parameter(torch.randn(5, 3, dtype=dtype))
+    opt = make([p])
+    probe = Probe(build_layout([opt], None))
+    for step in (1, 2):
+        opt.zero_grad()
+        (p * torch.randn(5, 3, dtype=dtype)).abs().pow(2).sum().backward()
+        grad = p.grad.clone()
+        probe.before_step(step)
+        opt.step()
+        metrics, *_ = probe.after_step({}).resolve()
+    want = {"grad_norm": grad, "param_norm": p.detach(),
+            **{f"{k}_norm": v for k, v in opt.state[p].items() if isinstance(v, torch.Tensor) and v.shape == p.shape}}
+    assert len(want) > 2
+    for key, tensor in want.items():
+        exact = torch.linalg.vector_norm(tensor.to(torch.complex128 if tensor.is_complex() else torch.float64))
+        assert float(metrics[key][0]) == pytest.approx(float(exact), rel=1e-6), key

@@ -8,6 +8,7 @@ import torch
 
 import gradwatch
 from gradwatch.watcher import ingest_url
+from sent import sent_steps
 
 
 def make() -> tuple[torch.nn.Module, torch.optim.Optimizer]:
@@ -89,3 +90,38 @@ def test_training_with_no_server_never_blocks_and_close_is_bounded() -> None:
     model(torch.randn(3, 4)).sum().backward()
     opt.step()  # hooks are detached after close: no error, not counted
     assert w.step == 20
+
+
+def test_an_error_inside_the_hook_stops_watching_not_training(monkeypatch: pytest.MonkeyPatch,
+                                                              caplog: pytest.LogCaptureFixture) -> None:
+    """If gradwatch's own work fails mid-run (here torch runs out of memory for its norms at the
+    third step), the error is logged with its traceback, watching stops, and the training goes on
+    exactly as it would have without gradwatch."""
+    torch.manual_seed(0)
+    model, opt = make()
+    twin = torch.nn.Linear(4, 2)
+    twin.load_state_dict(model.state_dict())
+    twin_opt = torch.optim.SGD(twin.parameters(), lr=0.1)
+    w = gradwatch.watch(opt, model=model, server="http://127.0.0.1:9", warn=False)
+    real_norm = torch._foreach_norm
+
+    def norm_until_step_3(*args, **kwargs):
+        if w.step == 3:
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 20.00 MiB")
+        return real_norm(*args, **kwargs)
+
+    monkeypatch.setattr(torch, "_foreach_norm", norm_until_step_3)
+    for _ in range(5):
+        x = torch.randn(3, 4)
+        for m, o in ((model, opt), (twin, twin_opt)):
+            o.zero_grad()
+            m(x).pow(2).sum().backward()
+            o.step()
+    assert torch.equal(model.weight, twin.weight) and torch.equal(model.bias, twin.bias)
+    assert [m["step"] for m in sent_steps(w)] == [1, 2]
+    assert w.step == 3  # not counting any more
+    assert model.weight._post_accumulate_grad_hooks == {} and opt._optimizer_step_pre_hooks == {}
+    errors = [r for r in caplog.records if r.levelname == "ERROR"]
+    assert len(errors) == 1 and "stopped watching" in errors[0].getMessage() and "step 3" in errors[0].getMessage()
+    assert errors[0].exc_info[0] is torch.OutOfMemoryError
+    w.close(timeout=0.1)

@@ -23,9 +23,19 @@ CLEAR_NOT, CLEAR_NONE, CLEAR_ZERO = 0.0, 1.0, 2.0
 _NO_GRAD = (None, 0)
 
 
+def grad_nbytes(grad: torch.Tensor) -> int:
+    """Bytes a `.grad` holds: a sparse one (`nn.Embedding(sparse=True)`), its indices and values
+    (its `nbytes` raises: asked first, it costs dense grads nothing more)."""
+    try:
+        return grad.nbytes
+    except RuntimeError:
+        return grad._indices().nbytes + grad._values().nbytes
+
+
 class GradTracker:
     def __init__(self, params: list[torch.Tensor]) -> None:
         n = len(params)
+        # Changed in place, never replaced: each hook holds these lists.
         self._passes = [0] * n
         self._clear: list[Optional[float]] = [None] * n
         # per parameter, as the last step left it: (weakref to .grad, its version), or None before
@@ -38,20 +48,25 @@ class GradTracker:
         self._params = params
 
     def _counter(self, i: int) -> Any:
-        def on_accumulate(p: torch.Tensor) -> None:
-            if self._passes[i] == 0:
-                self._clear[i] = self._how_cleared(i, p.grad)
-            self._passes[i] += 1
-        return on_accumulate
+        """The hook of parameter `i`. It runs in every backward pass for every parameter, so its
+        body keeps to locals (no attribute lookups, no calls but the look at `.grad`, which only
+        the first pass after a step takes)."""
+        passes, clear, refs = self._passes, self._clear, self._ref
 
-    def _how_cleared(self, i: int, grad: Optional[torch.Tensor]) -> Optional[float]:
-        ref = self._ref[i]
-        if ref is None or grad is None:
-            return None
-        old, version = ref
-        if old is None or old() is not grad:
-            return CLEAR_NONE
-        return CLEAR_NOT if grad._version - version <= 1 else CLEAR_ZERO
+        def on_accumulate(p: torch.Tensor) -> None:
+            if passes[i]:
+                passes[i] += 1
+                return
+            passes[i] = 1
+            ref, grad = refs[i], p.grad
+            if ref is None or grad is None:
+                return
+            old, version = ref
+            if old is None or old() is not grad:
+                clear[i] = CLEAR_NONE
+            else:
+                clear[i] = CLEAR_NOT if grad._version - version <= 1 else CLEAR_ZERO
+        return on_accumulate
 
     def end_step(self, indices: Optional[Sequence[int]] = None) -> tuple[list[int], list[Optional[float]]]:
         """Passes and clear codes (None = nothing to say) since the last step; starts a new step.
@@ -65,8 +80,9 @@ class GradTracker:
         """
         params, refs, nbytes = self._params, self._ref, self.grad_nbytes
         if indices is None:  # one optimizer: whole lists at once
-            passes, clear = self._passes, self._clear
-            self._passes, self._clear = [0] * len(params), [None] * len(params)
+            passes, clear = self._passes[:], self._clear[:]
+            self._passes[:] = [0] * len(params)
+            self._clear[:] = [None] * len(params)
             indices = range(len(params))
         else:
             passes, clear = [self._passes[i] for i in indices], [self._clear[i] for i in indices]
@@ -77,7 +93,7 @@ class GradTracker:
             if g is None:
                 refs[i], nbytes[i] = _NO_GRAD, -1
             else:
-                refs[i], nbytes[i] = (weakref.ref(g), g._version), g.nbytes
+                refs[i], nbytes[i] = (weakref.ref(g), g._version), grad_nbytes(g)
         return passes, clear
 
     def remove(self) -> None:

@@ -15,11 +15,12 @@ from __future__ import annotations
 import operator
 import time
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Optional, Sequence
+from typing import Any, Callable, Iterable, Optional, Sequence
 
 import numpy as np
 import torch
 
+from .accumulation import grad_nbytes
 from .layout import Layout
 from .wire import ABSENT_BITS, GRAD_STATUS_NONE, GRAD_STATUS_NONFINITE, GRAD_STATUS_NONZERO, GRAD_STATUS_ZERO
 
@@ -36,26 +37,46 @@ _CPU_ROWS_MIN_NUMEL = 1 << 17
 _CPU_ROW = 4096
 
 
-def fused_norms(tensors: list[torch.Tensor], split: Optional[list[bool]] = None) -> list[torch.Tensor]:
+def fused_norms(tensors: list[torch.Tensor], prep: Optional[list[Optional[Prep]]] = None) -> list[torch.Tensor]:
     """L2 norm of each tensor as a float32 0-d tensor on its device, in one fused call per device
-    (on CPU, plus one row-parallel reduction per large tensor: `split`, from `row_split`, says
-    which; worked out here when not given)."""
+    (on CPU, plus one row-parallel reduction per large tensor). `prep`, from `norm_preps`, says
+    what to do to each tensor first; worked out here when not given."""
     if not tensors:
         return []
-    if split is None:
-        split = row_split(tensors)
-    if any(split):
-        tensors = [_rows_norms(t) if s else t for t, s in zip(tensors, split)]
+    if prep is None:
+        prep = norm_preps(tensors)
+    if any(prep):
+        tensors = [f(t) if f else t for t, f in zip(tensors, prep)]
     try:
         return list(torch._foreach_norm(tensors, 2, dtype=torch.float32))
     except TypeError:  # torch < 2.3 has no dtype argument: norms come in the tensors' dtype
         return [n.float() for n in torch._foreach_norm(tensors, 2)]
 
 
-def row_split(tensors: list[torch.Tensor]) -> list[bool]:
-    """Which tensors `fused_norms` reduces by rows: large contiguous float32 ones on CPU."""
-    return [t.numel() >= _CPU_ROWS_MIN_NUMEL and t.numel() % _CPU_ROW == 0 and t.device.type == "cpu"
-            and t.dtype == torch.float32 and t.is_contiguous() for t in tensors]
+#: What `fused_norms` does to a tensor before the fused call: a tensor with the same norm.
+Prep = Callable[[torch.Tensor], torch.Tensor]
+
+
+def norm_preps(tensors: list[torch.Tensor]) -> list[Optional[Prep]]:
+    """Per tensor, what `fused_norms` does to it first, or None: a large contiguous float32 one
+    on CPU is reduced by rows; one the fused float32 norm refuses (float64 and complex, which it
+    would have to narrow; integers and bools, a custom optimizer's per-element counts or masks)
+    gets its own norm, in its own precision."""
+    return [_norm_apart if t.dtype not in _FUSED_DTYPES
+            else _rows_norms if (t.numel() >= _CPU_ROWS_MIN_NUMEL and t.numel() % _CPU_ROW == 0
+                                 and t.device.type == "cpu" and t.dtype == torch.float32 and t.is_contiguous())
+            else None for t in tensors]
+
+
+#: The dtypes whose norms `_foreach_norm` computes as float32.
+_FUSED_DTYPES = frozenset({torch.float32, torch.float16, torch.bfloat16})
+
+
+def _norm_apart(t: torch.Tensor) -> torch.Tensor:
+    """`t`'s norm as a float32 0-d tensor, whose own norm it is: float64 and complex in their
+    precision, anything else (integers, bools) as float32."""
+    exact = t.is_complex() or t.dtype == torch.float64
+    return torch.linalg.vector_norm(t if exact else t.float()).float()
 
 
 def _rows_norms(t: torch.Tensor) -> torch.Tensor:
@@ -73,9 +94,9 @@ class _StatePlan:
     listed tensor are still the ones it was built from (identity checks), else it is rebuilt.
     """
     checks: list[tuple[dict, torch.Tensor, Optional[dict], int, tuple[str, ...], tuple[torch.Tensor, ...]]]
-    #: per device: the tensors in reading order, which of them `fused_norms` splits by rows, and
-    #: the segments they make: (metric, parameter indices, count)
-    reads: list[tuple[list[torch.Tensor], list[bool], list[tuple[str, np.ndarray, int]]]]
+    #: per device: the tensors in reading order, what `fused_norms` does to each first
+    #: (`norm_preps`), and the segments they make: (metric, parameter indices, count)
+    reads: list[tuple[list[torch.Tensor], list[Optional[Prep]], list[tuple[str, np.ndarray, int]]]]
     optimizer_bytes: int  # every tensor in the states, the scalar ones (`step`) included
 
     def valid(self) -> bool:
@@ -221,7 +242,9 @@ class Probe:
         for i in range(len(self.params)) if indices is None else indices:
             g = self.params[i].grad
             if g is not None:
-                pending.grad_bytes[i] = g.nbytes
+                pending.grad_bytes[i] = grad_nbytes(g)
+                if g.is_sparse:  # nn.Embedding(sparse=True): fused norms take dense tensors only
+                    g = g.coalesce().values()
                 idx, ts = by_device.setdefault(g.device, ([], []))
                 idx.append(i)
                 ts.append(g)
@@ -251,8 +274,8 @@ class Probe:
         if plan is None or not plan.valid():
             plan = self._plans[key] = self._state_plan(range(len(self.params)) if indices is None else indices)
         pending.optimizer_bytes += plan.optimizer_bytes
-        for tensors, split, segments in plan.reads:  # one pass per device over every metric's tensors
-            norms = fused_norms(tensors, split)
+        for tensors, prep, segments in plan.reads:  # one pass per device over every metric's tensors
+            norms = fused_norms(tensors, prep)
             offset = 0
             for metric, idx, count in segments:
                 pending.segments.append(_Segment(metric, idx, norms[offset:offset + count]))
@@ -336,7 +359,7 @@ class Probe:
         reads = []
         for metrics in by_device.values():
             tensors = [t for _, ts in metrics.values() for t in ts]
-            reads.append((tensors, row_split(tensors), [(m, np.asarray(idx), len(ts)) for m, (idx, ts) in metrics.items()]))
+            reads.append((tensors, norm_preps(tensors), [(m, np.asarray(idx), len(ts)) for m, (idx, ts) in metrics.items()]))
         return _StatePlan(checks, reads, nbytes)
 
     def _updates(self, before: dict[int, torch.Tensor]) -> list[_Segment]:

@@ -124,31 +124,44 @@ class Watcher:
     # D then G step; a critic stepped 5 times per generator step). Each optimizer is measured at
     # its first step of a sampled round: its gradients just before, its state just after.
     def _before_step(self, k: int, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
-        self._stepped = True
-        if not self._round:
-            self.step += 1
-            self._step_times.tick(time.perf_counter())
-            if self._sampled:  # the step before was measured: what did that cost, all told?
-                self._sampler.observe_step(self._step_times.last(), self._step_times.typical())
-            self._sampled = self._sampler(self.step)
-            if self._sampled:
-                self.measured_steps += 1
-                self._probe.begin(self.step)
-        if self._sampled and k not in self._round:
-            self._probe.read_grads(self._members[k], k if len(self._members) > 1 else None)
+        try:
+            self._stepped = True
+            if not self._round:
+                self.step += 1
+                self._step_times.tick(time.perf_counter())
+                if self._sampled:  # the step before was measured: what did that cost, all told?
+                    self._sampler.observe_step(self._step_times.last(), self._step_times.typical())
+                self._sampled = self._sampler(self.step)
+                if self._sampled:
+                    self.measured_steps += 1
+                    self._probe.begin(self.step)
+            if self._sampled and k not in self._round:
+                self._probe.read_grads(self._members[k], k if len(self._members) > 1 else None)
+        except Exception as exc:
+            self._give_up(exc)
 
     def _after_step(self, k: int, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
-        started = time.perf_counter()
-        first = k not in self._round
-        self._round[k] = self._round.get(k, 0) + 1
-        self._opt_steps[k] += 1
-        self._end_passes(k, keep=first)  # every step: it marks where the next one starts
-        if self._sampled and first:
-            self._probe.read_state(self._members[k])
-        if len(self._round) == len(self._members):
-            self._emit()
-            if not self._sampled:  # what this hook costs every step, for every="auto"
-                self._light_s = time.perf_counter() - started
+        try:
+            started = time.perf_counter()
+            first = k not in self._round
+            self._round[k] = self._round.get(k, 0) + 1
+            self._opt_steps[k] += 1
+            self._end_passes(k, keep=first)  # every step: it marks where the next one starts
+            if self._sampled and first:
+                self._probe.read_state(self._members[k])
+            if len(self._round) == len(self._members):
+                self._emit()
+                if not self._sampled:  # what this hook costs every step, for every="auto"
+                    self._light_s = time.perf_counter() - started
+        except Exception as exc:
+            self._give_up(exc)
+
+    def _give_up(self, exc: Exception) -> None:
+        """A failure inside gradwatch must not end the training: say so, with the traceback, and
+        stop watching (the steps sent so far stay; `close()` still finishes the run)."""
+        log.error("gradwatch: stopped watching run %s at step %d after an error of its own; the training goes "
+                  "on. Please report it with this traceback.", self.run_id, self.step, exc_info=exc)
+        self._detach()
 
     def _end_passes(self, k: int, keep: bool) -> None:
         members = self._members[k]
@@ -236,14 +249,18 @@ class Watcher:
         if self._closed:
             return
         self._closed = True
-        if self._round:  # an optimizer never stepped in the last round: send what there is
+        if self._round and self._handles:  # an optimizer never stepped in the last round: send what there is
             self._emit()
+        self._detach()
+        self._sender.close("finished", timeout=timeout)
+
+    def _detach(self) -> None:
         for handle in self._handles:
             handle.remove()
+        self._handles = []
         self._tracker.remove()
         if self._scaler is not None:
             self._unwrap()
-        self._sender.close("finished", timeout=timeout)
 
     @property
     def pending(self) -> int:
