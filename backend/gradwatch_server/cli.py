@@ -139,9 +139,7 @@ def _find_run(store: Store, ref: str) -> Run:
 
 
 def cmd_serve(args: argparse.Namespace, env: Mapping[str, str]) -> int:
-    import uvicorn
-
-    from . import workers
+    from . import serving, workers
     from .app import create_app
 
     settings = Settings.from_env(env, db_url=args.db, host=args.host, port=args.port, token=args.token,
@@ -164,7 +162,7 @@ def cmd_serve(args: argparse.Namespace, env: Mapping[str, str]) -> int:
             if not workers.serve(settings, args.log_level):
                 raise CommandFailed("the worker processes could not start (see above)")
         else:
-            uvicorn.run(create_app(settings), host=settings.host, port=settings.port, log_level=args.log_level,
+            serving.run(create_app(settings), host=settings.host, port=settings.port, log_level=args.log_level,
                         ws_max_size=settings.max_frame_bytes)
     except SystemExit as exc:  # uvicorn exits 3 when it cannot start, e.g. on a port in use
         if exc.code:

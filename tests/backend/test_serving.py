@@ -1,0 +1,35 @@
+"""QuietServer: uvicorn with a main loop that ticks once a second, and stops at once when told."""
+from __future__ import annotations
+
+import signal
+import threading
+import time
+import urllib.request
+
+import pytest
+from fastapi import FastAPI
+
+from gradwatch_server import serving
+
+
+def test_a_stop_signal_ends_the_wait_at_once(monkeypatch: pytest.MonkeyPatch, free_port: int) -> None:
+    """With a tick of a minute, the server still stops within seconds of SIGTERM (handled as
+    uvicorn's signal handler would), and serves requests with a Date header meanwhile."""
+    monkeypatch.setattr(serving, "TICK_S", 60.0)
+    app = FastAPI()
+    app.get("/ping")(lambda: {"ok": True})
+    server = serving.QuietServer(serving.uvicorn.Config(app, host="127.0.0.1", port=free_port, log_level="warning"))
+    thread = threading.Thread(target=server.run)  # not the main thread: uvicorn installs no signal handlers
+    thread.start()
+    deadline = time.monotonic() + 20
+    while not server.started and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert server.started
+    with urllib.request.urlopen(f"http://127.0.0.1:{free_port}/ping", timeout=5) as reply:
+        assert reply.status == 200 and reply.headers["date"]
+    time.sleep(0.3)  # the main loop is now waiting out its tick
+    asked = time.monotonic()
+    server.handle_exit(signal.SIGTERM, None)
+    thread.join(timeout=20)
+    assert not thread.is_alive()
+    assert time.monotonic() - asked < 10  # a minute's tick, had the signal not woken it
