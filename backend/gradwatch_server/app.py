@@ -12,6 +12,7 @@ from fastapi.responses import JSONResponse
 from . import __version__
 from .api import router
 from .charts import NotFound
+from .cost import StepCost
 from .diagnostics import Diagnostics
 from .live import LiveHub
 from .security import HostGuard, default_allowed_hosts
@@ -57,6 +58,7 @@ def create_app(settings: Settings) -> FastAPI:
         sessions = Sessions(store, hub, settings.crash_grace_s, presence=relay)
         app.state.store, app.state.hub, app.state.sessions = store, hub, sessions
         app.state.diagnostics = Diagnostics(store, sole_writer=relay is None)
+        app.state.step_cost = StepCost()
         sessions.watch(await asyncio.to_thread(store.running_run_ids))
         try:
             yield

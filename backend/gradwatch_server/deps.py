@@ -11,6 +11,7 @@ from typing import Annotated
 from fastapi import Depends, HTTPException, Path
 from starlette.requests import HTTPConnection
 
+from .cost import StepCost
 from .diagnostics import Diagnostics
 from .live import LiveHub
 from .sessions import Sessions
@@ -43,11 +44,17 @@ def get_diagnostics(conn: HTTPConnection) -> Diagnostics:
     return diagnostics
 
 
+def get_step_cost(conn: HTTPConnection) -> StepCost:
+    step_cost: StepCost = conn.app.state.step_cost
+    return step_cost
+
+
 SettingsDep = Annotated[Settings, Depends(get_settings)]
 StoreDep = Annotated[Store, Depends(get_store)]
 HubDep = Annotated[LiveHub, Depends(get_hub)]
 SessionsDep = Annotated[Sessions, Depends(get_sessions)]
 DiagnosticsDep = Annotated[Diagnostics, Depends(get_diagnostics)]
+StepCostDep = Annotated[StepCost, Depends(get_step_cost)]
 
 RunIdPath = Annotated[str, Path(description="the run's id, chosen by the hook")]
 

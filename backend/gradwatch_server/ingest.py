@@ -22,6 +22,7 @@ from collections.abc import Callable
 from fastapi import WebSocket, WebSocketDisconnect
 from starlette.websockets import WebSocketDisconnected
 
+from .cost import StepCost
 from .deps import token_ok
 from .diagnostics import Diagnostics, Finding
 from .live import LiveHub, worker_headers
@@ -79,13 +80,14 @@ def _deleted(run_id: str) -> Refusal:
 
 class IngestConnection:
     def __init__(self, websocket: WebSocket, store: Store, hub: LiveHub, sessions: Sessions,
-                 settings: Settings, diagnostics: Diagnostics) -> None:
+                 settings: Settings, diagnostics: Diagnostics, step_cost: StepCost) -> None:
         self.ws = websocket
         self.store = store
         self.hub = hub
         self.sessions = sessions
         self.settings = settings
         self.diagnostics = diagnostics
+        self.step_cost = step_cost
         self.state = State.AWAIT_HELLO
         self.run_id = ""
         self.param_count = 0
@@ -193,7 +195,11 @@ class IngestConnection:
         new = [data for data, is_new in zip(batch, stored) if is_new]
         if new:
             await self._report(lambda run_id: self.diagnostics.observe(run_id, new))
-        await self._send({"type": "ack", "seq": max(s.seq for s in steps), "linger": self.hub.linger(self.run_id)})
+        ack: dict[str, object] = {"type": "ack", "seq": max(s.seq for s in steps), "linger": self.hub.linger(self.run_id)}
+        cpu_per_step = self.step_cost.stored(len(new))
+        if cpu_per_step is not None:
+            ack["cpu_per_step"] = cpu_per_step
+        await self._send(ack)
         self.hub.publish_steps(self.run_id, [step for step, is_new in zip(steps, stored) if is_new])
 
     async def _report(self, diagnose: Callable[[str], list[Finding]]) -> None:

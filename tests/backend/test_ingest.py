@@ -13,6 +13,7 @@ import httpx
 import numpy as np
 import pytest
 from conftest import ServerProcess, start_server
+from gradwatch_server.cost import WINDOW_S, StepCost
 from gradwatch_server.live import IDLE_LINGER_S, LIVE_LINGER_S
 from websockets.exceptions import ConnectionClosed
 from websockets.sync.client import connect
@@ -297,3 +298,29 @@ def test_pipelined_messages_are_batched_and_all_acknowledged(srv: ServerProcess,
     assert run_steps(http, "burst") == list(range(1, 301))
     grad = http.get("/api/runs/burst/params/series", params={"metric": "grad_norm", "param": "fc.bias"}).json()
     assert grad["series"][0]["value"] == [float(-i) for i in range(1, 301)]
+
+
+def test_step_acks_tell_the_servers_cpu_per_stored_step(srv: ServerProcess) -> None:
+    """Once the server has stored for WINDOW_S seconds, its step acks say what a stored step
+    costs its process in CPU (cost.py): what a hook with every="auto" budgets."""
+    with Hook(srv.ws_url) as hook:
+        hook.call(hello("costly"))
+        deadline, seq = time.monotonic() + WINDOW_S + 30, 0
+        while not hook.costs and time.monotonic() < deadline:
+            seq += 1
+            assert hook.call(step(seq, seq, scalars={"loss": 1.0}, arrays={"grad_norm": f32(1, 2)}))["type"] == "ack"
+            time.sleep(0.05)
+    assert hook.costs and all(0.0 < c < 0.5 for c in hook.costs)
+
+
+def test_step_cost_is_process_cpu_over_steps_stored_in_windows() -> None:
+    now, cpu = [0.0], [10.0]
+    cost = StepCost(clock=lambda: now[0], cpu=lambda: cpu[0])
+    assert cost.stored(100) is None  # no window yet
+    now[0], cpu[0] = WINDOW_S - 0.1, 10.5
+    assert cost.stored(100) is None
+    now[0], cpu[0] = WINDOW_S, 11.0
+    assert cost.stored(50) == pytest.approx(1.0 / 250)  # every step since the window opened
+    now[0], cpu[0] = 3 * WINDOW_S, 11.5
+    assert cost.stored(0) == pytest.approx(1.0 / 250)  # no step stored: the window stays open
+    assert cost.stored(100) == pytest.approx(0.5 / 100)

@@ -72,6 +72,7 @@ class Hook:
                                 open_timeout=10, close_timeout=5, max_size=None)
         self.ws: ClientConnection
         self.findings: list[dict[str, Any]] = []
+        self.costs: list[float] = []
 
     def __enter__(self) -> Hook:
         self.ws = self._connect.__enter__()
@@ -84,9 +85,13 @@ class Hook:
         self.ws.send(message if isinstance(message, str) else json.dumps(message, allow_nan=False))
 
     def recv(self, timeout: float = 10) -> dict[str, Any]:
-        """The next reply; `finding` frames (diagnostics, sent ahead of acks) go to `self.findings`."""
+        """The next reply; `finding` frames (diagnostics, sent ahead of acks) go to `self.findings`,
+        and an ack's `cpu_per_step` (the server's cost, which comes once the server has stored for
+        a few seconds: cost.py) to `self.costs`, so that replies compare equal whatever the timing."""
         while True:
             frame = json.loads(self.ws.recv(timeout))
+            if "cpu_per_step" in frame:
+                self.costs.append(frame.pop("cpu_per_step"))
             if frame.get("type") != "finding":
                 return frame
             self.findings.append(frame["finding"])

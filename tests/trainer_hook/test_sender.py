@@ -91,3 +91,19 @@ def test_a_pace_out_of_bounds_or_malformed_is_clamped_or_ignored() -> None:
             assert sender.linger == linger, reply
     finally:
         sender.close(timeout=0.1)
+
+
+def test_the_servers_cost_is_kept_only_when_sane() -> None:
+    """An ack's `cpu_per_step` (server CPU per stored step, for every="auto") comes from the
+    network: anything but a number in [0, 10) s leaves the last good one."""
+    sender = Sender("ws://127.0.0.1:9/ws/ingest", {"type": "hello"}, linger=0.25)
+    try:
+        assert sender.server_cpu_per_step == 0.0
+        for reply, kept in (({"cpu_per_step": 0.0002}, 0.0002), ({"cpu_per_step": -1}, 0.0002),
+                            ({"cpu_per_step": float("nan")}, 0.0002), ({"cpu_per_step": float("inf")}, 0.0002),
+                            ({"cpu_per_step": "1e-4"}, 0.0002), ({"cpu_per_step": True}, 0.0002), ({}, 0.0002),
+                            ({"cpu_per_step": 1e9}, 0.0002), ({"cpu_per_step": 0}, 0.0)):
+            sender._note_cost(reply)
+            assert sender.server_cpu_per_step == kept, reply
+    finally:
+        sender.close(timeout=0.1)

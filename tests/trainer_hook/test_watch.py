@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import gradwatch
-from gradwatch.watcher import ingest_url
+from gradwatch.watcher import _on_this_machine, ingest_url
 from sent import sent_steps
 
 
@@ -125,3 +125,13 @@ def test_an_error_inside_the_hook_stops_watching_not_training(monkeypatch: pytes
     assert len(errors) == 1 and "stopped watching" in errors[0].getMessage() and "step 3" in errors[0].getMessage()
     assert errors[0].exc_info[0] is torch.OutOfMemoryError
     w.close(timeout=0.1)
+
+
+@pytest.mark.parametrize("url, here", [
+    ("ws://127.0.0.1:8765/ws/ingest", True), ("ws://localhost:8765/ws/ingest", True), ("ws://[::1]:8765/ws/ingest", True),
+    ("ws://0.0.0.0:8765/ws/ingest", True), ("ws://10.0.0.7:8765/ws/ingest", False), ("wss://gw.example.com/ws/ingest", False),
+])
+def test_a_server_on_this_machine_is_told_apart(url: str, here: bool) -> None:
+    """every="auto" counts a server's CPU per step as part of what watching costs only when the
+    server is on the training's machine (reached over loopback)."""
+    assert _on_this_machine(url) is here

@@ -28,9 +28,10 @@ class AutoInterval:
 
     After each measured step the interval becomes ceil(cost / (budget * step time - every step)),
     with the cost (training-thread time in the hook plus the sender thread's CPU for that step)
-    and what every step costs anyway (the cheap facts sent at unmeasured steps, and their
-    sending) smoothed over recent steps, and the step time as StepTimes gives it. When every
-    step's own cost takes the whole budget, the interval is the longest allowed. Step 1 is always
+    and what every step costs anyway (the cheap facts sent at unmeasured steps, their sending,
+    and the CPU a server on the training's machine spends per stored step, which its acks say)
+    smoothed over recent steps, and the step time as StepTimes gives it. When every step's own
+    cost takes the whole budget, the interval is the longest allowed. Step 1 is always
     measured, so the first interval is known after one step.
 
     The cost is also taken from the outside (observe_step): how much longer a measured step

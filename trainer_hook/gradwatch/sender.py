@@ -78,6 +78,8 @@ class Sender:
         self.max_unacked_bytes = max_unacked_bytes
         self.spool = spool
         self.dropped = 0  # messages lost: the queue was full, or memory was and there is no spool
+        #: server CPU seconds per stored step, as its acks say (`cpu_per_step`); 0 until one does
+        self.server_cpu_per_step = 0.0
         self._evicted_upto = 0  # messages up to this seq are unacknowledged but only in the spool
         self._acked = 0  # highest seq the server acknowledged
         self._deadline = float("inf")
@@ -268,6 +270,7 @@ class Sender:
                 if reply.get("type") == "ack":
                     self._acknowledge(int(reply["seq"]))
                     self._pace(reply)
+                    self._note_cost(reply)
                 elif reply.get("type") == "error":
                     log.warning("gradwatch: the server refused a message: %s", reply.get("message"))
                 elif reply.get("type") == "finding":  # a diagnostic (findings.py); never raises
@@ -296,6 +299,12 @@ class Sender:
         linger = reply.get("linger")
         if isinstance(linger, (int, float)) and not isinstance(linger, bool) and math.isfinite(linger):
             self.linger = min(max(float(linger), MIN_LINGER_S), MAX_LINGER_S)
+
+    def _note_cost(self, reply: dict[str, Any]) -> None:
+        """Keep the server's CPU per stored step (for every="auto"), if the ack says a sane one."""
+        cost = reply.get("cpu_per_step")
+        if isinstance(cost, (int, float)) and not isinstance(cost, bool) and 0.0 <= cost < 10.0:
+            self.server_cpu_per_step = float(cost)
 
     def _acknowledge(self, seq: int) -> None:
         self._acked = max(self._acked, seq)

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import atexit
 import functools
+import ipaddress
 import logging
 import os
 import re
@@ -11,6 +12,7 @@ import threading
 import time
 import weakref
 from typing import Any, Iterable, Mapping, Optional, Sequence, Union
+from urllib.parse import urlsplit
 
 import numpy as np
 
@@ -107,6 +109,7 @@ class Watcher:
                             "unoptimized_params": self.layout.unoptimized, "frozen_params": self.layout.frozen}},
             params=self.layout.hello_params(), groups=self.layout.hello_groups())
         self._sender = Sender(url, hello, token=token, spool=_open_spool(self.run_id, hello))
+        self._server_here = _on_this_machine(url)  # then its CPU per step is part of what watching costs
         _replay_in_background(url, token)
         self._sender.on_finding = FindingWarner(warn, run_page(server, self.run_id))
         self._handles = []
@@ -195,9 +198,11 @@ class Watcher:
             if snapshot is not None:
                 # The sampler learns now, not when the sender gets to this step (up to a `linger`
                 # later, when tens of steps could have been measured meanwhile): this step's
-                # training-thread cost, and the sender's costs as last seen.
+                # training-thread cost, and what every step costs as last seen: this hook's
+                # unmeasured steps, the sender, and a server on this machine (its acks say).
+                server = self._sender.server_cpu_per_step if self._server_here else 0.0
                 self._sampler.observe(snapshot.cost_s + self._render_s, self._step_times.typical(),
-                                      self._light_s + self._sender_step_s)
+                                      self._light_s + self._sender_step_s + server)
                 self._sender.submit_step(lambda s=snapshot: self._render(s, steps))
             return
         for key in [key for key, v in logged.items() if isinstance(v, torch.Tensor) and v.device.type != "cpu"]:
@@ -331,6 +336,18 @@ def _replay_in_background(ws_url: str, token: Optional[str]) -> None:
     threading.Thread(target=replay_all, name="gradwatch-replay", daemon=True).start()
 
 
+def _on_this_machine(url: str) -> bool:
+    """Whether the server is reached over loopback (`gradwatch serve` beside the training)."""
+    host = urlsplit(url).hostname or ""
+    if host == "localhost":
+        return True
+    try:
+        address = ipaddress.ip_address(host)
+    except ValueError:
+        return False
+    return address.is_loopback or address.is_unspecified
+
+
 def _rss_bytes() -> Optional[float]:
     try:
         with open("/proc/self/statm", "rb") as f:
@@ -365,8 +382,8 @@ def watch(optimizer: Union[torch.optim.Optimizer, Sequence[torch.optim.Optimizer
     Steps that are not sampled still send their cheap facts (learning rates, backward passes,
     how grads were cleared, `.grad` bytes, AMP scale, CUDA memory counters): no device work.
 
-    every: measure every N-th `optimizer.step()`, or "auto" to keep the hook's cost within 1% of
-        the step time. updates: also measure `update_norm`/`update_ratio` (holds one copy of the
+    every: measure every N-th `optimizer.step()`, or "auto" to keep what watching costs within 1%
+        of the step time (the hook's threads, and a server on this machine: its acks say its CPU). updates: also measure `update_norm`/`update_ratio` (holds one copy of the
         parameters during sampled steps). warn: show each diagnostic once as a Python warning.
     """
     return Watcher(optimizer, model=model, run=run, project=project, server=server, every=every,
