@@ -8,7 +8,8 @@ on the training thread. The hook adds it to its budget when the server is on its
 
 What. This process's CPU time (every thread: storing, diagnostics, websockets, the event loop,
 answering browsers) over the steps that every connection stored meanwhile, in windows of at
-least WINDOW_S seconds. On a server that stores several runs at once, each hears the cost of an
+least WINDOW_S seconds, the first opening at the first stored steps (not at the server's start,
+whose CPU is no step's). On a server that stores several runs at once, each hears the cost of an
 average step: at most a run's own, never less than what its own steps cost on average.
 """
 from __future__ import annotations
@@ -27,13 +28,15 @@ class StepCost:
                  cpu: Callable[[], float] = time.process_time) -> None:
         self._clock, self._cpu = clock, cpu
         self._steps = 0
-        self._mark = (clock(), cpu(), 0)  # (time, process CPU, steps) where the window opened
+        self._mark: tuple[float, float, int] | None = None  # (time, process CPU, steps) where the window opened
         self.cpu_per_step: float | None = None  # the last full window's figure; None before one
 
     def stored(self, steps: int) -> float | None:
         """Count `steps` newly stored steps; returns the current figure (None before a window)."""
-        self._steps += steps
         now = self._clock()
+        if self._mark is None:  # these steps' CPU was spent before the window: they open it
+            self._mark = (now, self._cpu(), steps)
+        self._steps += steps
         started, cpu, counted = self._mark
         if now - started >= WINDOW_S and self._steps > counted:
             spent = self._cpu()

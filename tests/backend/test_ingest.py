@@ -314,13 +314,14 @@ def test_step_acks_tell_the_servers_cpu_per_stored_step(srv: ServerProcess) -> N
 
 
 def test_step_cost_is_process_cpu_over_steps_stored_in_windows() -> None:
-    now, cpu = [0.0], [10.0]
+    now, cpu = [100.0], [10.0]
     cost = StepCost(clock=lambda: now[0], cpu=lambda: cpu[0])
-    assert cost.stored(100) is None  # no window yet
-    now[0], cpu[0] = WINDOW_S - 0.1, 10.5
+    now[0], cpu[0] = 200.0, 30.0  # the server's start and idle time are no step's
+    assert cost.stored(100) is None  # the first steps open the window
+    now[0], cpu[0] = 200.0 + WINDOW_S - 0.1, 30.5
     assert cost.stored(100) is None
-    now[0], cpu[0] = WINDOW_S, 11.0
-    assert cost.stored(50) == pytest.approx(1.0 / 250)  # every step since the window opened
-    now[0], cpu[0] = 3 * WINDOW_S, 11.5
+    now[0], cpu[0] = 200.0 + WINDOW_S, 31.0
+    assert cost.stored(150) == pytest.approx(1.0 / 250)  # the steps stored since it opened
+    now[0], cpu[0] = 200.0 + 3 * WINDOW_S, 31.5
     assert cost.stored(0) == pytest.approx(1.0 / 250)  # no step stored: the window stays open
     assert cost.stored(100) == pytest.approx(0.5 / 100)

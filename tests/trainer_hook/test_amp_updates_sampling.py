@@ -100,6 +100,21 @@ def test_auto_interval_leaves_room_for_what_every_step_costs() -> None:
     assert spent.interval == 1000
 
 
+def test_auto_interval_hears_what_every_step_costs_between_measured_steps() -> None:
+    """A co-located server's figure (its acks) arrives between measured steps: the interval
+    follows it at once, and one figure far too high (a server that just started) neither locks
+    the interval at its longest, where nothing would be measured for `max_interval` steps, nor
+    moves it at all among lower ones (the median of the last figures)."""
+    auto = AutoInterval(budget=0.01, max_interval=1000)
+    auto.observe(cost_s=0.005, step_time_s=0.1, every_step_s=0.05)  # an early figure: 50 ms a step
+    assert auto.interval == 1000
+    for _ in range(3):  # the server's next figures, no measured step in between
+        auto.observe_every_step(0.0005)
+    assert auto.interval == 10
+    auto.observe_every_step(0.05)  # one spike among them
+    assert auto.interval == 10
+
+
 def test_auto_interval_counts_what_a_measured_step_costs_all_told() -> None:
     """A measured step that takes longer than the hook's own clock says (the training's data
     evicted from the caches) is budgeted by its wall time; a quicker one by the hook's time."""

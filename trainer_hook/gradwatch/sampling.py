@@ -22,6 +22,9 @@ class EveryN:
     def observe_step(self, measured_s: float, step_time_s: float) -> None:
         """Nor from step times."""
 
+    def observe_every_step(self, every_step_s: float) -> None:
+        """Nor from what every step costs."""
+
 
 class AutoInterval:
     """Measures the hook's own cost and keeps it within `budget` of the step time.
@@ -29,7 +32,10 @@ class AutoInterval:
     After each measured step the interval becomes ceil(cost / (budget * step time - every step)),
     with the cost (training-thread time in the hook plus the sender thread's CPU for that step)
     and what every step costs anyway (the cheap facts sent at unmeasured steps, their sending,
-    and the CPU a server on the training's machine spends per stored step, which its acks say)
+    and the CPU a server on the training's machine spends per stored step, which its acks say;
+    the median of the last EXCESS_WINDOW figures, learnt at measured steps and whenever the
+    server says a new one: learnt at measured steps only, one early figure too high would keep
+    the interval at its longest, and nothing measured, for `max_interval` steps), the cost
     smoothed over recent steps, and the step time as StepTimes gives it. When every step's own
     cost takes the whole budget, the interval is the longest allowed. Step 1 is always
     measured, so the first interval is known after one step.
@@ -56,7 +62,7 @@ class AutoInterval:
         self._last: Optional[int] = None
         self._cost: Optional[float] = None
         self._step_time: Optional[float] = None
-        self._every_step: Optional[float] = None
+        self._every_step: deque[float] = deque(maxlen=self.EXCESS_WINDOW)
         self._excesses: deque[float] = deque(maxlen=self.EXCESS_WINDOW)
 
     def __call__(self, step: int) -> bool:
@@ -67,9 +73,14 @@ class AutoInterval:
 
     def observe(self, cost_s: float, step_time_s: float, every_step_s: float = 0.0) -> None:
         self._cost = cost_s if self._cost is None else 0.7 * self._cost + 0.3 * cost_s
-        self._every_step = every_step_s if self._every_step is None else 0.7 * self._every_step + 0.3 * every_step_s
+        self._every_step.append(every_step_s)
         if step_time_s > 0:
             self._step_time = step_time_s
+        self._update()
+
+    def observe_every_step(self, every_step_s: float) -> None:
+        """What every step costs, learnt between measured steps (a server's new figure)."""
+        self._every_step.append(every_step_s)
         self._update()
 
     def observe_step(self, measured_s: float, step_time_s: float) -> None:
@@ -78,10 +89,10 @@ class AutoInterval:
         self._update()
 
     def _update(self) -> None:
-        if not self._step_time or self._cost is None or self._every_step is None:
+        if not self._step_time or self._cost is None or not self._every_step:
             return
         cost = max(self._cost, statistics.median(self._excesses) if self._excesses else 0.0)
-        room = self.budget * self._step_time - self._every_step
+        room = self.budget * self._step_time - statistics.median(self._every_step)
         wanted = math.ceil(cost / room) if room > 0 else self.max_interval
         self.interval = max(1, min(self.max_interval, wanted))
 

@@ -110,6 +110,7 @@ class Watcher:
             params=self.layout.hello_params(), groups=self.layout.hello_groups())
         self._sender = Sender(url, hello, token=token, spool=_open_spool(self.run_id, hello))
         self._server_here = _on_this_machine(url)  # then its CPU per step is part of what watching costs
+        self._server_seen = 0.0  # the server's figure the sampler last learnt
         _replay_in_background(url, token)
         self._sender.on_finding = FindingWarner(warn, run_page(server, self.run_id))
         self._handles = []
@@ -200,17 +201,25 @@ class Watcher:
                 # later, when tens of steps could have been measured meanwhile): this step's
                 # training-thread cost, and what every step costs as last seen: this hook's
                 # unmeasured steps, the sender, and a server on this machine (its acks say).
-                server = self._sender.server_cpu_per_step if self._server_here else 0.0
                 self._sampler.observe(snapshot.cost_s + self._render_s, self._step_times.typical(),
-                                      self._light_s + self._sender_step_s + server)
+                                      self._every_step_s())
                 self._sender.submit_step(lambda s=snapshot: self._render(s, steps))
             return
+        if self._server_here and self._sender.server_cpu_per_step != self._server_seen:  # a new figure in an ack
+            self._server_seen = self._sender.server_cpu_per_step
+            self._sampler.observe_every_step(self._every_step_s())
         for key in [key for key, v in logged.items() if isinstance(v, torch.Tensor) and v.device.type != "cpu"]:
             logged.pop(key)  # a CUDA tensor is read only at measured steps: reading it now would sync
         scalars = self._probe.cheap_facts(logged, self._tracker.grad_nbytes)
         step, now = self.step, time.time()
         # the arrays are made on the sender thread: the training thread only hands over lists
         self._sender.submit_step(lambda: wire.StepRecord(step, now, scalars, _host_arrays(passes, clear), None))
+
+    def _every_step_s(self) -> float:
+        """What every step costs, measured or not: this hook at an unmeasured step, the sender,
+        and a server on this machine (its acks say its CPU per stored step)."""
+        server = self._sender.server_cpu_per_step if self._server_here else 0.0
+        return self._light_s + self._sender_step_s + server
 
     def _wrap_scaler(self, scaler: Any) -> None:
         """See the steps GradScaler skips: they never call `optimizer.step()`, so no hook fires."""
