@@ -7,12 +7,13 @@ import time
 from pathlib import Path
 
 import httpx
+import pytest
 import torch
 from websockets.sync.client import connect
 
 import gradwatch
 from conftest import start_server
-from gradwatch.sender import MAX_LINGER_S, MIN_LINGER_S, Sender
+from gradwatch.sender import MAX_LINGER_S, MIN_LINGER_S, SPOOL_EVERY_S, Sender
 from gradwatch_server.live import IDLE_LINGER_S, LIVE_LINGER_S
 from wiresteps import split
 
@@ -72,6 +73,7 @@ def test_the_server_sets_the_pace_while_a_browser_watches(tmp_path: Path) -> Non
             time.sleep(0.05)
         assert w._sender.linger == IDLE_LINGER_S
         with connect(f"{server.ws_url}/ws/live?run={w.run_id}", origin=server.url):
+            deadline = time.monotonic() + IDLE_LINGER_S + 10  # the next ack, up to a linger away, brings the pace
             while w._sender.linger != LIVE_LINGER_S and time.monotonic() < deadline:
                 train(w, model, opt, 1)
                 time.sleep(0.05)
@@ -107,3 +109,33 @@ def test_the_servers_cost_is_kept_only_when_sane() -> None:
             assert sender.server_cpu_per_step == kept, reply
     finally:
         sender.close(timeout=0.1)
+
+
+def test_a_step_is_spooled_within_a_second_whatever_the_servers_pace(tmp_path: Path,
+                                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    """The server asks a run nobody watches for one send every IDLE_LINGER_S, but a training
+    process killed outright must lose at most SPOOL_EVERY_S of steps: the hook serializes and
+    spools that often, and sends at the server's pace."""
+    assert IDLE_LINGER_S > 1 + 2 * SPOOL_EVERY_S
+    monkeypatch.setenv("GRADWATCH_SPOOL", str(tmp_path / "spool"))
+    server = start_server(tmp_path)
+    try:
+        model = torch.nn.Linear(8, 2)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        w = gradwatch.watch(opt, model=model, server=server.url, warn=False)
+        train(w, model, opt, 2)
+        deadline = time.monotonic() + 10
+        while (w.pending or w._sender.linger != IDLE_LINGER_S) and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert w._sender.linger == IDLE_LINGER_S and not w.pending  # steps 1-2 sent: the next send is a linger away
+        sent = w._sender._sent_upto
+        train(w, model, opt, 3)
+        time.sleep(SPOOL_EVERY_S + 0.3)
+        spooled = [m["step"] for text in list(w._sender.spool.records())[1:] for m in split(json.loads(text))]
+        assert spooled == [1, 2, 3, 4, 5]
+        assert w._sender._sent_upto == sent and w.pending  # held for the server's pace meanwhile
+        w.close(timeout=10)
+        stored = httpx.get(f"{server.url}/api/runs/{w.run_id}/series", params={"key": "loss"}).json()
+        assert stored["step"] == [1, 2, 3, 4, 5]
+    finally:
+        server.stop()
