@@ -139,3 +139,23 @@ def test_a_step_is_spooled_within_a_second_whatever_the_servers_pace(tmp_path: P
         assert stored["step"] == [1, 2, 3, 4, 5]
     finally:
         server.stop()
+
+
+def test_a_sender_with_no_server_waits_rather_than_spins(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Serialized messages wait for a connection: with none, the thread sleeps between its
+    spool writes and connection attempts (a version that counted them as due to send woke every
+    millisecond: 1.2 ms of CPU per MLP step in tests/bench/overhead.py)."""
+    monkeypatch.setenv("GRADWATCH_SPOOL", str(tmp_path / "spool"))
+    model = torch.nn.Linear(8, 2)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    w = gradwatch.watch(opt, model=model, server="http://127.0.0.1:9", warn=False)
+    try:
+        train(w, model, opt, 3)
+        assert w._sender.wait_serialized(5)
+        thread = w._sender._thread
+        clock = time.pthread_getcpuclockid(thread.ident)
+        cpu = time.clock_gettime(clock)
+        time.sleep(2.0)
+        assert time.clock_gettime(clock) - cpu < 0.03  # spinning: 60-100 ms; waiting: a few ms
+    finally:
+        w.close(timeout=0.1)

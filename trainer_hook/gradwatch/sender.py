@@ -191,8 +191,8 @@ class Sender:
             self._send_unsent()
         # Block in one place: in `recv` while acks are due (an ack ends the wait), else on the
         # wake event, until the next drain or send. Waking every few ms cost more CPU than sending.
-        due = [t for t, pending in ((self._next_drain, self._items), (self._next_send, self._seq > self._sent_upto))
-               if pending]
+        unsent = self._ws is not None and self._seq > self._sent_upto  # unconnected, `_connect` sends them
+        due = [t for t, pending in ((self._next_drain, self._items), (self._next_send, unsent)) if pending]
         wait = min(max(min(due) - time.monotonic(), 0.001), SPOOL_EVERY_S) if due else SPOOL_EVERY_S
         if self._closing.is_set():  # close() waits `timeout` at most, whatever pace the server set
             wait = min(wait, max(self._deadline - time.monotonic(), 0.001))
