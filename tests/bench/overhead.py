@@ -1,7 +1,8 @@
 """What the hook costs a training step, measured side by side in one run (`make bench`).
 
-Variants, each training its own copy of the model (same weights, same batch, its own AdamW):
-  baseline            the plain training step
+Variants, each training its own copy of the model (same weights, same batch, its own AdamW) in a
+process of its own, as a training script would, beside a baseline twin (see Remote):
+  baseline            the plain training step (each variant's process has its own)
   naive .item()       per-tensor torch.linalg.vector_norm(...).item() of grads (what most loggers do)
   tb scalar           TensorBoard: add_scalar of each grad's norm (.item() per tensor), every step
   tb histogram        TensorBoard: add_histogram of each grad, every step
@@ -14,11 +15,13 @@ Variants, each training its own copy of the model (same weights, same batch, its
 The peers (tensorboard, wandb) are installed for the benchmark only (tests/bench/requirements-peers.txt,
 `make bench`); a peer that is not installed is reported as "n/a".
 
-The steps are interleaved one by one. A cycle steps every variant once, in a shuffled order,
-with a baseline step between any two of them, so each variant step lies between two baseline
-steps taken within a second of it; its ratio to their mean, minus 1, is that cycle's overhead.
-This shared machine's speed changes from one second to the next (whole runs of 12 steps timed
-round by round spread by +-15% on the GPT), and a step's neighbours share its conditions.
+The steps are interleaved one by one. A cycle visits every variant's process once, in a
+shuffled order; there the twin steps once untimed (the first step after the switch to a process
+is slower), then the twin, the variant and the twin again, so each variant step lies between
+two baseline steps of the same process taken within a second of it; its ratio to their mean,
+minus 1, is that cycle's overhead. This shared machine's speed changes from one second to the
+next (whole runs of 12 steps timed round by round spread by +-15% on the GPT), and a step's
+neighbours share its conditions.
 A variant's figure is the median over cycles, with a 90% bootstrap interval. Before the cycles
 each variant takes WARMUP untimed steps (a fresh watch() allocates its buffers at its first
 measured step), every="auto" AUTO_WARMUP: while it learns its interval it measures steps 1, 2
@@ -28,10 +31,9 @@ What interleaving cannot see is measured on each gradwatch variant alone, in a r
 consecutive steps at the training's own pace (4x as many for every="auto") after its warm-up:
 - Background work: the hook's sender thread, and its server (one per variant, so that each
   one's CPU is its own). It runs while every variant steps, so the paired ratio does not see
-  it; and its cost per step depends on the pace (the sender batches what a `linger`, 2 s
-  while no browser watches, brings). It is seen in part, and by every hooked variant alike:
-  a sender that serializes holds the GIL, which any variant whose hooks run Python (gradwatch,
-  the peers) may wait for, and the baseline does not.
+  it; and its cost per step depends on the pace (the sender batches what a `linger`, 5 s
+  while no browser watches, brings). Its own variant's steps see a part of it (its hooks may
+  wait for the GIL while its sender serializes).
   A gradwatch figure is charged the CPU seconds of its watcher's threads and of its server per
   step of that run, as if they ran on the training's cores one after the other (an upper bound:
   on 2 cores they also run beside it). The peers' background (wandb's service process) is not
@@ -47,6 +49,7 @@ from __future__ import annotations
 import argparse
 import atexit
 import copy
+import multiprocessing
 import os
 import random
 import signal
@@ -346,38 +349,124 @@ class Figure:
         return got[int(0.05 * resamples)], got[int(0.95 * resamples) - 1]
 
 
+TASKS = {"gpt": gpt_task, "mlp": mlp_task}
+
+
+class Remote:
+    """A variant in a process of its own, as a training script has it, with a baseline twin
+    (the same model, untouched) beside it: a cycle there steps the twin, the variant, the twin.
+
+    Why a process: in one process for all variants, their threads met at the GIL. A hook's
+    Python (gradwatch's post-accumulate-grad hooks, the peers' hooks) waited on the other
+    variants' sender, writer and logging threads, which a training with one watcher does not
+    have, while the baseline's C++ backward did not wait: gradwatch every="auto" measured
+    +2.5% (+1.6% to +3.4%) among all the variants, and +1.2% (+1.0% to +1.7%) with only every=1
+    beside it, the same day with the same code. Why a twin in that process: with one baseline
+    process for all, a variant step came right after a switch from another process, and its
+    neighbouring baseline steps after another: every=1 read +12.6% on the training thread
+    against +9.9% in one process; the twin's steps and the variant's now come back to back.
+    """
+
+    def __init__(self, kind: str, name: str, tmp: Path) -> None:
+        context = multiprocessing.get_context("spawn")
+        self.kind = kind
+        self._conn, child = context.Pipe()
+        self._proc = context.Process(target=_serve_lane, args=(child, kind, name, str(tmp)), name=f"bench-{kind}")
+        self._proc.start()
+        child.close()
+        self.available: bool = self._conn.recv()  # False: a peer that is not installed
+
+    def _call(self, *command: Any) -> Any:
+        self._conn.send(command)
+        return self._conn.recv()
+
+    def cycle(self) -> tuple[float, bool, float]:
+        """The variant's step against its twin's steps on either side: its overhead, whether the
+        hook measured it in full, and the twin's second step (seconds)."""
+        return self._call("cycle")
+
+    def warm_up(self) -> None:
+        self._call("warm_up")
+
+    def alone(self, steps: int) -> tuple[float, float]:
+        """See `Lane.alone`."""
+        return self._call("alone", steps)
+
+    def close(self) -> None:
+        try:
+            if self.available:
+                self._call("close")
+        except (EOFError, OSError):  # it died: nothing more to close
+            pass
+        self._proc.join(timeout=60)
+        if self._proc.is_alive():
+            self._proc.kill()
+
+
+def _serve_lane(conn: Any, kind: str, name: str, tmp: str) -> None:
+    """A variant's process: make its lane and its baseline twin (the model from the same seed as
+    every other process's), then answer `Remote`'s commands until "close"."""
+    torch.set_flush_denormal(True)  # decayed Adam state turns denormal and slows every variant alike
+    torch.manual_seed(0)
+    model, loss_fn = TASKS[name]()
+    lane = make_lane(kind, model, loss_fn, Path(tmp))
+    conn.send(lane is not None)
+    if lane is None:
+        return
+    twin = Lane("baseline", model, loss_fn)
+    try:
+        while True:
+            command, *args = conn.recv()
+            if command == "cycle":
+                twin.step()  # the first step after the switch to this process is slower: untimed
+                before = twin.step()[0]
+                took, measured = lane.step()
+                after = twin.step()[0]
+                conn.send((took / ((before + after) / 2) - 1, measured, after))
+            elif command == "warm_up":
+                for _ in range(lane.warmup):
+                    lane.step()
+                for _ in range(twin.warmup):
+                    twin.step()
+                conn.send(None)
+            elif command == "alone":
+                conn.send(lane.alone(*args))
+            else:
+                break
+    finally:
+        lane.close()
+        conn.send(None)
+
+
 def bench(name: str, cycles: int, wanted: list[str], tmp: Path) -> dict[str, Any]:
-    """Model `name` with the variants `wanted`: its baseline step (median seconds) and a Figure
-    per variant."""
-    model, loss_fn = {"gpt": gpt_task, "mlp": mlp_task}[name]()
-    lanes: dict[str, Lane] = {}
+    """Model `name` with the variants `wanted` (each in its process, with its twin): the
+    baseline step (median seconds of the twins') and a Figure per variant."""
+    lanes: dict[str, Remote] = {}
     try:
         for kind in wanted:
-            lane = make_lane(kind, model, loss_fn, tmp / name)
-            if lane is not None:
+            if kind == "baseline":  # each variant's process has its own
+                continue
+            lane = Remote(kind, name, tmp / name)
+            if lane.available:
                 lanes[kind] = lane
+            else:
+                lane.close()
         for lane in lanes.values():
-            for _ in range(lane.warmup):
-                lane.step()
-        base = lanes["baseline"]
-        others = [k for k in lanes if k != "baseline"]
-        figures = {k: Figure() for k in others}
-        alone = {k: lanes[k].alone(SEGMENT[name] * (4 if k == "gradwatch_auto" else 1)) for k in others if k in GRADWATCH}
+            lane.warm_up()
+        figures = {k: Figure() for k in lanes}
+        alone = {k: lanes[k].alone(SEGMENT[name] * (4 if k == "gradwatch_auto" else 1)) for k in lanes if k in GRADWATCH}
         if "gradwatch_auto" in alone:
             figures["gradwatch_auto"].share = alone["gradwatch_auto"][1]
         base_times: list[float] = []
-        before = base.step()[0]
         report = max(1, cycles // 10)
         for c in range(cycles):
-            order = list(others)
+            order = list(lanes)
             random.Random(c).shuffle(order)
             for k in order:
-                took, measured = lanes[k].step()
-                after = base.step()[0]
-                figures[k].ratios.append(took / ((before + after) / 2) - 1)
+                ratio, measured, base = lanes[k].cycle()
+                figures[k].ratios.append(ratio)
                 figures[k].measured.append(measured)
-                base_times.append(after)
-                before = after
+                base_times.append(base)
             if (c + 1) % report == 0 or c + 1 == cycles:
                 print(f"{name} cycle {c + 1}/{cycles} (background not charged yet): baseline "
                       f"{statistics.median(base_times) * 1e3:.1f} ms, "
@@ -413,9 +502,6 @@ def main() -> None:
         ap.error(f"--models must name some of: {','.join(CYCLES)}")
     if args.cycles is not None and args.cycles < 2:
         ap.error("--cycles must be 2 or more")
-    torch.set_flush_denormal(True)  # decayed Adam state turns denormal and slows every variant alike
-    torch.manual_seed(0)
-
     with tempfile.TemporaryDirectory() as tmp:
         rows = []
         for name in models:

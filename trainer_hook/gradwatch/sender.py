@@ -241,9 +241,9 @@ class Sender:
         """Send the messages serialized since the last send, in order (those still in memory:
         evicted ones go from the spool when `_connect` resends)."""
         assert self._ws is not None
-        unsent = [(seq, text) for seq, text in reversed(self._unacked) if seq > self._sent_upto][::-1]
+        unsent = [text for seq, text in self._unacked if seq > self._sent_upto]
         self._sent_upto = self._seq
-        for _, text in unsent:
+        for text in unsent:
             if self._past_deadline():
                 return
             try:
