@@ -74,11 +74,8 @@ def test_every_state_tensor_is_measured_exactly(make) -> None:
             assert float(got[i]) == pytest.approx(norm, rel=1e-5, abs=1e-30) or (math.isnan(norm) and math.isnan(got[i]))
 
 
-class Counting(torch.optim.Optimizer):
+class Counting(Custom):
     """A user-written optimizer with per-element integer and bool state (counts, masks)."""
-
-    def __init__(self, params, lr: float = 0.01) -> None:
-        super().__init__(params, {"lr": lr})
 
     @torch.no_grad()
     def step(self, closure=None):
