@@ -17,7 +17,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
-#: Shortest window a figure is taken over: several of a hook's batches (every `linger`, 2 s).
+#: Shortest window a figure is taken over: a batch or more of each hook (one every `linger`: 5 s unwatched).
 WINDOW_S = 5.0
 
 
