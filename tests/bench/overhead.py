@@ -3,6 +3,7 @@
 Variants, each training its own copy of the model (same weights, same batch, its own AdamW) in a
 process of its own, as a training script would, beside a baseline twin (see Remote):
   baseline            the plain training step (each variant's process has its own)
+  aa                  a plain copy too, against its twin: the design's own bias, which should read 0
   naive .item()       per-tensor torch.linalg.vector_norm(...).item() of grads (what most loggers do)
   tb scalar           TensorBoard: add_scalar of each grad's norm (.item() per tensor), every step
   tb histogram        TensorBoard: add_histogram of each grad, every step
@@ -248,9 +249,10 @@ class Lane:
             stop_server(self.server)
 
 
-VARIANTS = ("baseline", "naive", "tb_scalar", "tb_hist", "wandb", "gradwatch", "gradwatch_auto", "gradwatch_spool",
+VARIANTS = ("baseline", "aa", "naive", "tb_scalar", "tb_hist", "wandb", "gradwatch", "gradwatch_auto", "gradwatch_spool",
             "floor")
-LABELS = {"naive": "naive `.item()`", "tb_scalar": "TensorBoard `add_scalar`", "tb_hist": "TensorBoard `add_histogram`",
+LABELS = {"aa": "A/A (a plain copy)", "naive": "naive `.item()`", "tb_scalar": "TensorBoard `add_scalar`",
+          "tb_hist": "TensorBoard `add_histogram`",
           "wandb": '`wandb.watch(log="all", log_freq=1)`', "gradwatch": "gradwatch every=1",
           "gradwatch_auto": 'gradwatch every="auto"', "gradwatch_spool": "gradwatch every=1, server down (spooling)",
           "floor": "floor"}
