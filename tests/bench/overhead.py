@@ -371,7 +371,6 @@ class Remote:
 
     def __init__(self, kind: str, name: str, tmp: Path) -> None:
         context = multiprocessing.get_context("spawn")
-        self.kind = kind
         self._conn, child = context.Pipe()
         self._proc = context.Process(target=_serve_lane, args=(child, kind, name, str(tmp)), name=f"bench-{kind}")
         self._proc.start()

@@ -186,13 +186,12 @@ class Sender:
             self._drain()
             if self.spool is not None:
                 self.spool.flush()
-        if self._ws is not None and self._seq > self._sent_upto and (now >= self._next_send or closing):
+        if self._unsent() and (now >= self._next_send or closing):
             self._next_send = now + self.linger
             self._send_unsent()
         # Block in one place: in `recv` while acks are due (an ack ends the wait), else on the
         # wake event, until the next drain or send. Waking every few ms cost more CPU than sending.
-        unsent = self._ws is not None and self._seq > self._sent_upto  # unconnected, `_connect` sends them
-        due = [t for t, pending in ((self._next_drain, self._items), (self._next_send, unsent)) if pending]
+        due = [t for t, pending in ((self._next_drain, self._items), (self._next_send, self._unsent())) if pending]
         wait = min(max(min(due) - time.monotonic(), 0.001), SPOOL_EVERY_S) if due else SPOOL_EVERY_S
         if self._closing.is_set():  # close() waits `timeout` at most, whatever pace the server set
             wait = min(wait, max(self._deadline - time.monotonic(), 0.001))
@@ -236,6 +235,10 @@ class Sender:
             size += record.nbytes
         flush()
         self._serialized += taken  # only now: every item taken is in `_unacked` (or skipped)
+
+    def _unsent(self) -> bool:
+        """Whether the connection has messages to be sent (unconnected, `_connect` sends them all)."""
+        return self._ws is not None and self._seq > self._sent_upto
 
     def _send_unsent(self) -> None:
         """Send the messages serialized since the last send, in order (those still in memory:
