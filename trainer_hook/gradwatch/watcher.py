@@ -22,6 +22,7 @@ from . import __version__, wire
 from .wire import DEFAULT_SERVER, ingest_url
 from .accumulation import GradTracker
 from .amp import AmpScaler, check_scaler
+from .closures import CountedClosure, step_closure, with_closure
 from .findings import FindingWarner, run_page
 from .layout import Layout, build_layout
 from .measure import Probe, Snapshot
@@ -90,6 +91,9 @@ class Watcher:
         n = len(self.layout.params)
         self._passes: list[int] = [0] * n  # per parameter, as its optimizer's last step left them
         self._clear: list[Optional[float]] = [None] * n
+        self._closures: dict[int, CountedClosure] = {}  # optimizer -> the closure of its step in flight
+        self._taken: dict[int, tuple[list[int], list[Optional[float]]]] = {}  # passes up to its first evaluation
+        self._closure_calls: Optional[int] = None  # closure evaluations in the open round; None: no closure
         self._logged: dict[str, Any] = {}
         self._closed = False
         self._sampled = False
@@ -120,7 +124,7 @@ class Watcher:
     # after the previous round and closes when every optimizer has stepped at least once (a GAN's
     # D then G step; a critic stepped 5 times per generator step). Each optimizer is measured at
     # its first step of a sampled round: its gradients just before, its state just after.
-    def _before_step(self, k: int, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
+    def _before_step(self, k: int, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> Any:
         try:
             if self._amp is not None:
                 self._amp.stepped()
@@ -131,10 +135,32 @@ class Watcher:
                 if self._sampled:
                     self.measured_steps += 1
                     self._probe.begin(self.step)
-            if self._sampled and k not in self._round:
-                self._probe.read_grads(self._members[k], k if len(self._members) > 1 else None)
+            first = k not in self._round
+            self._taken.pop(k, None)
+            closure = step_closure(args, kwargs)
+            if closure is not None:  # this step's gradients come from its closure: read them there
+                counted = self._closures[k] = CountedClosure(functools.partial(self._closure_returned, k, first))
+                return with_closure(args, kwargs, counted.wrap(closure))
+            if self._sampled and first:
+                self._read_grads(k)
         except Exception as exc:
             self._give_up(exc)
+        return None
+
+    def _closure_returned(self, k: int, first: bool) -> None:
+        """The first evaluation of optimizer `k`'s closure returned: its gradients are the step's
+        (see closures.py); the backward passes so far are the step's, those after it no step's."""
+        try:
+            if not self._handles:  # stopped watching meanwhile
+                return
+            if self._sampled and first:
+                self._read_grads(k)
+            self._taken[k] = self._tracker.end_step(self._members[k])
+        except Exception as exc:
+            self._give_up(exc)
+
+    def _read_grads(self, k: int) -> None:
+        self._probe.read_grads(self._members[k], k if len(self._members) > 1 else None)
 
     def _after_step(self, k: int, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
         try:
@@ -142,7 +168,12 @@ class Watcher:
             first = k not in self._round
             self._round[k] = self._round.get(k, 0) + 1
             self._opt_steps[k] += 1
-            self._end_passes(k, keep=first)  # every step: it marks where the next one starts
+            counted = self._closures.pop(k, None)
+            if counted is not None:
+                self._closure_calls = (self._closure_calls or 0) + counted.calls
+                if counted.calls == 0 and self._sampled and first:  # the optimizer ignored its closure
+                    self._read_grads(k)
+            self._end_passes(k, keep=first, taken=self._taken.pop(k, None))  # every step: it marks where the next one starts
             if self._sampled and first:
                 self._probe.read_state(self._members[k])
             if len(self._round) == len(self._members):
@@ -159,9 +190,13 @@ class Watcher:
                   "on. Please report it with this traceback.", self.run_id, self.step, exc_info=exc)
         self._detach()
 
-    def _end_passes(self, k: int, keep: bool) -> None:
+    def _end_passes(self, k: int, keep: bool, taken: Optional[tuple[list[int], list[Optional[float]]]] = None) -> None:
+        """End optimizer `k`'s backward passes; keep them as the round's when `keep`. `taken`: the
+        passes of a closure step up to its first evaluation, which are the step's in their place."""
         members = self._members[k]
         passes, clear = self._tracker.end_step(members)
+        if taken is not None:
+            passes, clear = taken
         if not keep:
             return
         if members is None:
@@ -176,6 +211,9 @@ class Watcher:
         logged, self._logged = self._logged, {}
         if self._amp is not None:
             self._amp.scalars(logged)
+        if self._closure_calls is not None:
+            logged.setdefault("closure_calls", self._closure_calls)
+            self._closure_calls = None
         if len(self._members) > 1:
             for k, n in enumerate(self._opt_steps):
                 logged[f"opt/{k}/steps"] = n
