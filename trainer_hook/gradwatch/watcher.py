@@ -29,6 +29,7 @@ from .measure import Probe, Snapshot
 from .sampling import CostMeter, make_sampler
 from .sender import Sender
 from .spool import SpoolWriter, pending_spools, replay, spool_dir
+from .unwrap import find_scaler, qualified_name, unwrap
 
 log = logging.getLogger("gradwatch")
 _NAME_RE = re.compile(r"^[^\x00-\x1f\x7f]{1,200}$")
@@ -56,7 +57,9 @@ class Watcher:
                  run: Optional[str] = None, project: Optional[str] = None, server: Optional[str] = None,
                  every: Union[int, str] = 1, scaler: Any = None, token: Optional[str] = None,
                  updates: bool = False, warn: bool = True) -> None:
-        optimizers = _optimizers(optimizer)
+        optimizers, wrappers = _optimizers(optimizer)
+        if scaler is None:  # accelerate's AcceleratedOptimizer steps with its own GradScaler
+            scaler = next((s for s in map(find_scaler, wrappers) if s is not None), None)
         self._sampler = make_sampler(every)
         if not isinstance(updates, bool) or not isinstance(warn, bool):
             raise TypeError("updates and warn must be True or False")
@@ -103,7 +106,8 @@ class Watcher:
                  "optimizer": "+".join(type(o).__name__ for o in optimizers),
                  "config": {"every": every, "amp": scaler is not None, "updates": updates,
                             "optimizers": [type(o).__name__ for o in optimizers],
-                            "unoptimized_params": self.layout.unoptimized, "frozen_params": self.layout.frozen}},
+                            "unoptimized_params": self.layout.unoptimized, "frozen_params": self.layout.frozen,
+                            **_wrapper_config(wrappers)}},
             params=self.layout.hello_params(), groups=self.layout.hello_groups())
         self._sender = Sender(url, hello, token=token, spool=_open_spool(self.run_id, hello))
         # a server on this machine: its CPU per step is part of what watching costs
@@ -365,18 +369,25 @@ def _rss_bytes() -> Optional[float]:
         return None
 
 
-def _optimizers(optimizer: Any) -> list[torch.optim.Optimizer]:
-    """One optimizer or a non-empty list/tuple of distinct ones; TypeError/ValueError otherwise."""
+def _optimizers(optimizer: Any) -> tuple[list[torch.optim.Optimizer], list[list[Any]]]:
+    """One optimizer or a non-empty list/tuple of distinct ones, each unwrapped to the torch
+    optimizer that steps (unwrap.py), with the wrappers around each; TypeError/ValueError otherwise."""
     many = list(optimizer) if isinstance(optimizer, (list, tuple)) else [optimizer]
-    for opt in many:
-        if not isinstance(opt, torch.optim.Optimizer):
-            raise TypeError("watch() needs a torch.optim.Optimizer (or a list of them) as its first argument, "
-                            f"not {type(opt).__name__}")
     if not many:
         raise ValueError("watch() got an empty list of optimizers")
-    if len({id(o) for o in many}) != len(many):
+    unwrapped = [unwrap(opt) for opt in many]
+    optimizers = [inner for inner, _ in unwrapped]
+    if len({id(o) for o in optimizers}) != len(optimizers):
         raise ValueError("watch() got the same optimizer twice")
-    return many
+    return optimizers, [wrappers for _, wrappers in unwrapped]
+
+
+def _wrapper_config(wrappers: list[list[Any]]) -> dict[str, Any]:
+    """`wrappers` for the run's config: per optimizer, the classes unwrapped (outermost first);
+    nothing when no optimizer was wrapped."""
+    if not any(wrappers):
+        return {}
+    return {"wrappers": [[qualified_name(w) for w in ws] for ws in wrappers]}
 
 
 def watch(optimizer: Union[torch.optim.Optimizer, Sequence[torch.optim.Optimizer]], *,
