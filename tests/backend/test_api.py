@@ -15,9 +15,9 @@ import httpx
 import numpy as np
 import pyarrow.parquet as pq
 import pytest
-from conftest import ServerProcess, start_server
-from heatcells import EMPTY_BITS, NAN_BITS, assert_same_cells, f32_bits
-from wiremsg import Hook, close, f32, hello, step, with_absent
+from support.server import ServerProcess, start_server
+from support.heatcells import EMPTY_BITS, NAN_BITS, assert_same_cells, f32_bits
+from support.wiremsg import Hook, close, f32, hello, step, with_absent
 
 PARAMS = ("enc.weight", "=cmd|' /C calc'!A0", "dec.bias")
 N = 40
