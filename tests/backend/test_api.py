@@ -476,9 +476,9 @@ def test_pages_and_static_files(tmp_path: Path) -> None:
             assert len(plotly.content) > 3_000_000
             # With the dashboard's own bundle (make setup puts it there), that one.
             (frontend / "vendor").mkdir()
-            (frontend / "vendor" / "plotly.min.js").write_text("/* plotly.js cartesian */")
+            (frontend / "vendor" / "plotly.min.js").write_text("/* plotly.js basic */")
             own = http.get("/static/vendor/plotly.min.js")
-            assert own.text == "/* plotly.js cartesian */" and "javascript" in own.headers["content-type"]
+            assert own.text == "/* plotly.js basic */" and "javascript" in own.headers["content-type"]
             assert http.get("/static/nope.js").status_code == 404
     finally:
         server.stop()
