@@ -5,8 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from conftest import start_server
-from examples_run import findings, run_example, series
+from support.examples import findings, run_example, series
+from support.server import start_server
 
 pytest.importorskip("accelerate", reason="accelerate is installed by requirements-test.txt")
 
