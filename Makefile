@@ -28,7 +28,7 @@ $(VENV)/.stamp-test-deps: $(VENV)/.stamp-deps requirements-test.txt
 	touch $@
 
 # The dashboard's browser code from the npm registry (vendor/package-lock.json pins it): Plotly's
-# cartesian bundle, copied into frontend/ so that the server and the wheel serve it.
+# basic bundle, copied into frontend/ so that the server and the wheel serve it.
 PLOTLY_JS := frontend/vendor/plotly.min.js
 $(PLOTLY_JS): vendor/package.json vendor/package-lock.json scripts/install-vendor-js.sh
 	./scripts/install-vendor-js.sh
