@@ -8,7 +8,7 @@ import zipfile
 from pathlib import Path
 
 import pytest
-from conftest import REPO
+from support.server import REPO
 
 
 @pytest.mark.slow

@@ -12,10 +12,10 @@ import torch
 from websockets.sync.client import connect
 
 import gradwatch
-from conftest import start_server
+from support.server import start_server
 from gradwatch.sender import MAX_LINGER_S, MIN_LINGER_S, SPOOL_EVERY_S, Sender
 from gradwatch_server.live import IDLE_LINGER_S, LIVE_LINGER_S
-from wiresteps import split
+from support.wiresteps import split
 
 
 def train(w: gradwatch.Watcher, model: torch.nn.Module, opt: torch.optim.Optimizer, steps: int) -> None:

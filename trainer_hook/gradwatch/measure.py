@@ -20,6 +20,7 @@ import numpy as np
 import torch
 
 from .accumulation import grad_nbytes
+from .amp import AmpScaler
 from .layout import Layout
 from .wire import ABSENT_BITS, GRAD_STATUS_NONE, GRAD_STATUS_NONFINITE, GRAD_STATUS_NONZERO, GRAD_STATUS_ZERO
 
@@ -196,9 +197,9 @@ class _Pending:
 class Probe:
     """Measures one step of the optimizers of a `Layout`."""
 
-    def __init__(self, layout: Layout, scaler: Any = None, updates: bool = False) -> None:
+    def __init__(self, layout: Layout, amp: Optional[AmpScaler] = None, updates: bool = False) -> None:
         self.layout = layout
-        self.scaler = scaler
+        self.amp = amp
         self.updates = updates
         self.params = [w.param for w in layout.params]
         self.params_bytes = float(sum(p.numel() * p.element_size() for p in self.params))
@@ -377,18 +378,12 @@ class Probe:
         return segments
 
     def _inverse_scale(self, device: torch.device, optimizer: Optional[int] = None) -> Optional[torch.Tensor]:
-        """1/scale of the GradScaler unless the user already unscaled these gradients
-        (those of `optimizer`, or of every optimizer when None)."""
-        scaler = self.scaler
-        if scaler is None or not scaler.is_enabled() or getattr(scaler, "_scale", None) is None:
+        """1/scale of the GradScaler unless the gradients of `optimizer` (of every optimizer when
+        None) are not scaled."""
+        if self.amp is None:
             return None
-        from torch.amp.grad_scaler import OptState
-
         optimizers = self.layout.optimizers if optimizer is None else [self.layout.optimizers[optimizer]]
-        for opt in optimizers:
-            if scaler._per_optimizer_states[id(opt)]["stage"] is OptState.UNSCALED:
-                return None
-        return scaler._scale.to(device=device, non_blocking=True).double().reciprocal().float()
+        return self.amp.inverse_scale(device, optimizers)
 
     def _to_host(self, segments: list[_Segment]) -> list[_DeviceBuffer]:
         by_device: dict[torch.device, list[_Segment]] = {}
