@@ -146,14 +146,20 @@ export function baseConfig(name) {
   };
 }
 
-/** Charts register here to be redrawn when the colour scheme changes. */
+let listening = false;
+
+/**
+ * Charts register here to be redrawn when the colour scheme changes. The page listens for
+ * the change from the first registration on, so that importing this module touches no DOM.
+ */
 export function registerChart(chart) {
+  if (!listening) {
+    listening = true;
+    window.matchMedia("(prefers-color-scheme: dark)").addEventListener("change", () => {
+      current = null;
+      for (const c of charts) c.retheme();
+    });
+  }
   charts.add(chart);
   return () => charts.delete(chart);
 }
-
-const scheme = window.matchMedia("(prefers-color-scheme: dark)");
-scheme.addEventListener("change", () => {
-  current = null;
-  for (const c of charts) c.retheme();
-});
