@@ -78,3 +78,12 @@ test("compare: x by step or by seconds since the first step; shared ranges pad a
   assert.ok(lo < 1 && lo > 0.5 && hi > 100 && hi < 200, `${lo} ${hi}`);
   assert.equal(sharedYRange([{ y: [null] }], false), null);
 });
+
+test("matchParams: substring, case-insensitive; the exact name, then prefixes, then the rest in the run's order", async () => {
+  const { matchParams } = await import("../../frontend/js/views/params.js");
+  const names = ["blocks.0.head.weight", "head.bias", "head", "lm_head.weight", "tok.weight"];
+  assert.deepEqual(matchParams(names, "HEAD"), ["head", "head.bias", "blocks.0.head.weight", "lm_head.weight"]);
+  assert.deepEqual(matchParams(names, " tok "), ["tok.weight"]);
+  assert.deepEqual(matchParams(names, "nope"), []);
+  assert.deepEqual(matchParams(names, "  "), []);
+});

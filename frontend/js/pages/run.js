@@ -199,7 +199,6 @@ async function loadAll() {
       state.metrics = { scalars: metrics.scalars || [], params: metrics.params || [] };
       state.latest = {};
       for (const v of addStateViews(state.metrics.params)) grid.insertBefore(v.card, views.updateRatio.card);
-      fillNames();
       fillOtherSelect();
       for (const [name, present] of Object.entries(PRESENT)) views[name].card.hidden = !present();
       balanceGrid();
@@ -301,19 +300,6 @@ async function applyZoom() {
 function requestReload(delayMs = 500) {
   clearTimeout(reloadTimer);
   reloadTimer = setTimeout(() => { reloadTimer = null; loadAll(); }, delayMs);
-}
-
-let namesFill = 0;
-
-/**
- * The name picker's suggestions, one <option> per parameter, once the browser is idle (or
- * within a second): a thousand of them cost tens of milliseconds that the charts need first.
- */
-function fillNames() {
-  cancelIdleCallback(namesFill);
-  namesFill = requestIdleCallback(() => {
-    setChildren(byId("param-names"), state.params.map((p) => h("option", { value: p.name })));
-  }, { timeout: 1000 });
 }
 
 function fillOtherSelect() {
