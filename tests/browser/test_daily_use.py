@@ -61,3 +61,42 @@ def test_parameter_box_matches_as_the_user_types(dash: ServerProcess, page: Page
     p.get_by_role("button", name="Add", exact=True).click()
     expect(p.locator(".picker-error")).to_have_text("No parameter matches “nope.weight”")
     assert box.input_value() == "nope.weight"
+
+
+def window_values(http: httpx.Client, run_id: str, key: str, start: int, end: int) -> list[float]:
+    got = http.get(f"/api/runs/{run_id}/series", params={"key": key, "start": start, "end": end}).json()
+    assert not got["downsampled"]
+    return [float(v) for v in got["value"] if isinstance(v, (int, float)) and math.isfinite(v)]
+
+
+def y_range(p: sync_api.Page, chart: str) -> list[float]:
+    return p.evaluate("c => document.querySelector(`[data-chart=\"${c}\"]`)._fullLayout.yaxis.range.slice()", chart)
+
+
+def test_zoom_normalises_a_reversed_window_and_fits_y_to_it(dash: ServerProcess, page: Page, http: httpx.Client) -> None:
+    seed(dash, SyntheticRun("zoom-y", "zoom-y", total_steps=300), 300)
+    p = page.open(dash.url + "/runs/zoom-y?from=280&to=240")  # written backwards
+    p.wait_for_function("document.body.dataset.zoom === '240-280'")
+    p.wait_for_function("() => new URL(location.href).search.includes('from=240&to=280')")
+    assert p.evaluate("""document.querySelector('[data-chart="loss"]')._fullLayout.xaxis.range.slice()""") == [240, 280]
+
+    # Linear (loss) and log (total gradient norm): y spans what the window holds, not the run.
+    loss = window_values(http, "zoom-y", "loss", 240, 280)
+    lo, hi = y_range(p, "loss")
+    assert lo <= min(loss) and hi >= max(loss)
+    assert hi - lo <= 1.2 * (max(loss) - min(loss)), (lo, hi, min(loss), max(loss))
+    whole = window_values(http, "zoom-y", "loss", 1, 300)
+    assert max(whole) > 2 * max(loss), "the run's early loss is far above the window's"
+
+    total = window_values(http, "zoom-y", "grad_norm_total", 240, 280)
+    lo, hi = y_range(p, "grad-norm-total")
+    span = math.log10(max(total)) - math.log10(min(total))
+    assert lo <= math.log10(min(total)) and hi >= math.log10(max(total))
+    assert hi - lo <= 1.2 * span + 1e-9, (lo, hi, span)
+
+    # Zooming out gives the whole run back, on x and y.
+    p.locator('[data-chart="loss"] .nsewdrag').dblclick()
+    p.wait_for_function("document.body.dataset.zoom === 'all'")
+    lo, hi = y_range(p, "loss")
+    assert lo <= min(whole) and hi >= max(whole)
+    assert "from=" not in p.url

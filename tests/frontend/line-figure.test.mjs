@@ -3,7 +3,7 @@ import assert from "node:assert/strict";
 import { test } from "node:test";
 
 import {
-  fixedYRange, legendEntries, lineLayout, lineTraces, markerCounts, mergeDetail, plotValue, valueRange, withAlpha, yAxisTicks,
+  fixedYRange, legendEntries, lineLayout, lineTraces, markerCounts, mergeDetail, plotValue, valueRange, withAlpha, yAxisRange, yAxisTicks,
 } from "../../frontend/js/charts/line-figure.js";
 
 const THEME = {
@@ -90,7 +90,7 @@ test("valueRange: the drawable values, within an x window when given (bands incl
 test("yAxisTicks and fixedYRange: plain numbers on a log axis of a few decades; a fixed range in Plotly's units", () => {
   const view = [{ name: "a", x: [1, 2], y: [1, 100] }];
   assert.deepEqual(yAxisTicks(view, { ...OPTS, log: true }), { tickformat: "~g", dtick: "D2" });
-  assert.deepEqual(yAxisTicks([{ name: "a", x: [1, 2], y: [5, 5] }], OPTS), { range: [4.75, 5.25], autorange: false });
+  assert.deepEqual(yAxisTicks([{ name: "a", x: [1, 2], y: [5, 5] }], OPTS), {});
   assert.deepEqual(fixedYRange({ ...OPTS, log: true, yRange: [1, 1000] }), { range: [0, 3], autorange: false });
   assert.deepEqual(fixedYRange({ ...OPTS, log: true, yRange: [0, 1000] }), {});
 });
@@ -113,4 +113,20 @@ test("lineLayout: the shared zoom on x, log or linear y, finding markers, the le
 test("withAlpha: hex and rgb colours", () => {
   assert.equal(withAlpha("#102030", 0.5), "rgba(16, 32, 48, 0.5)");
   assert.equal(withAlpha("rgb(1, 2, 3)", 0.1), "rgba(1, 2, 3, 0.1)");
+});
+
+test("yAxisRange: zoomed, y spans the window's values (log or linear); else autorange, a flat line excepted", () => {
+  const view = [{ name: "loss", x: [1, 2, 3, 4, 5], y: [100, 50, 2, 1.5, 1], min: null, max: null }];
+  assert.deepEqual(yAxisRange(view, OPTS), { autorange: true });
+  const lin = yAxisRange(view, OPTS, [3, 5]);
+  assert.equal(lin.autorange, false);
+  assert.ok(Math.abs(lin.range[0] - 0.95) < 1e-9 && Math.abs(lin.range[1] - 2.05) < 1e-9, String(lin.range));
+  const log = yAxisRange(view, { ...OPTS, log: true }, [5, 3]);
+  const [a, b] = [Math.log10(1), Math.log10(2)];
+  assert.ok(Math.abs(log.range[0] - (a - 0.05 * (b - a))) < 1e-9 && Math.abs(log.range[1] - (b + 0.05 * (b - a))) < 1e-9, String(log.range));
+  assert.deepEqual(yAxisRange(view, OPTS, [10, 20]), { autorange: true }, "nothing in the window");
+  assert.deepEqual(yAxisRange([{ name: "a", x: [1, 2], y: [5, 5] }], OPTS), { range: [4.75, 5.25], autorange: false });
+  assert.deepEqual(yAxisRange(view, { ...OPTS, yRange: [0, 10] }, [3, 5]), { range: [0, 10], autorange: false }, "a fixed range wins");
+  const scaled = yAxisRange(view, { ...OPTS, scale: 2 }, [4, 5]);
+  assert.ok(Math.abs(scaled.range[0] - 0.4875) < 1e-9 && Math.abs(scaled.range[1] - 0.7625) < 1e-9, String(scaled.range));
 });

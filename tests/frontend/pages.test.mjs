@@ -87,3 +87,12 @@ test("matchParams: substring, case-insensitive; the exact name, then prefixes, t
   assert.deepEqual(matchParams(names, "nope"), []);
   assert.deepEqual(matchParams(names, "  "), []);
 });
+
+test("urlRange: ?from=&to= in either order; nothing when one is missing or not a number", async () => {
+  const { urlRange } = await import("../../frontend/js/views/zoom.js");
+  assert.deepEqual(urlRange("100", "50"), [50, 100]);
+  assert.deepEqual(urlRange("5", "7.5"), [5, 7.5]);
+  assert.equal(urlRange("5", null), null);
+  assert.equal(urlRange("x", "7"), null);
+  assert.equal(urlRange("", "7"), null);
+});

@@ -191,26 +191,41 @@ export function valueRange(view, log, xRange = null) {
 
 /**
  * Ticks that stay readable: on a log axis spanning a few decades, plain numbers rather than
- * Plotly's small digits; on a linear axis, a flat series gets a range around its value.
+ * Plotly's small digits (Plotly's own within one decade, powers of ten past three).
  */
 export function yAxisTicks(view, opts) {
-  const found = valueRange(view.map((s) => ({ ...s, min: null, max: null })), opts.log);
+  if (!opts.log) return {};
+  const found = valueRange(view.map((s) => ({ ...s, min: null, max: null })), true);
   if (!found) return {};
   let [lo, hi] = found;
   const fixed = opts.yRange;
-  if (fixed && fixed[0] < fixed[1] && (!opts.log || fixed[0] > 0)) [lo, hi] = fixed; // ticks for what is shown
+  if (fixed && fixed[0] > 0 && fixed[0] < fixed[1]) [lo, hi] = fixed; // ticks for what is shown
+  const decades = Math.log10(hi / lo);
+  if (decades < 0.8) return { tickformat: "~g" };
+  return decades <= 3 ? { tickformat: "~g", dtick: "D2" } : {};
+}
+
+/**
+ * The y axis's range, in Plotly's units (log10 on a log axis): opts.yRange when fixed (panels
+ * side by side share it); else, zoomed to `xRange`, what the window's values span (lines and
+ * bands), padded, so that a zoom shows the values it holds and not the whole run's; else
+ * Plotly's autorange, but for a flat series on a linear axis, which gets a range around its value.
+ */
+export function yAxisRange(view, opts, xRange = null) {
+  const fixed = fixedYRange(opts);
+  if (fixed.range) return fixed;
+  const found = xRange ? valueRange(view, opts.log, xRange) : valueRange(view.map((s) => ({ ...s, min: null, max: null })), opts.log);
+  if (!found) return { autorange: true };
+  const [lo, hi] = [found[0] / opts.scale, found[1] / opts.scale];
   if (opts.log) {
-    // Plain numbers up to a few decades (ticks at 1-2-5 past one decade, Plotly's own
-    // within one); powers of ten beyond.
-    const decades = Math.log10(hi / lo);
-    if (decades < 0.8) return { tickformat: "~g" };
-    return decades <= 3 ? { tickformat: "~g", dtick: "D2" } : {};
+    if (!xRange) return { autorange: true };
+    const [a, b] = [Math.log10(lo), Math.log10(hi)];
+    const pad = b > a ? (b - a) * 0.05 : 0.1;
+    return { range: [a - pad, b + pad], autorange: false };
   }
-  if (hi === lo) {
-    const pad = Math.abs(lo) * 0.05 || 1;
-    return { range: [(lo - pad) / opts.scale, (hi + pad) / opts.scale], autorange: false };
-  }
-  return {};
+  if (!xRange && hi !== lo) return { autorange: true };
+  const pad = hi > lo ? (hi - lo) * 0.05 : Math.abs(lo) * 0.05 || 1 / opts.scale;
+  return { range: [lo - pad, hi + pad], autorange: false };
 }
 
 /** The y axis range of opts.yRange, in Plotly's units (log10 on a log axis); {} when none. */
@@ -239,7 +254,7 @@ export function lineLayout(view, { opts, xRange, markers, top, margin }, t) {
       title: opts.yTitle ? { text: plotlyText(opts.yTitle), font: { color: t.muted, size: 11 } } : undefined,
       exponentformat: "power",
       ...yAxisTicks(view, opts),
-      ...fixedYRange(opts),
+      ...yAxisRange(view, opts, xRange),
     },
     yaxis2: { overlaying: "y", range: [0, 1], visible: false, fixedrange: true },
     showlegend: false,

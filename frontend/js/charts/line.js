@@ -12,7 +12,7 @@ import { Chart, noteLive } from "./base.js";
 import { Legend } from "./legend.js";
 import {
   legendEntries, lineLayout, lineTraces, markerCounts, markerPoint, MARKERS_UP_TO, mergeDetail, NONFINITE_KEY,
-  plotValue, seriesKey, ZERO_KEY,
+  plotValue, seriesKey, yAxisRange, ZERO_KEY,
 } from "./line-figure.js";
 import { Pacer } from "./pacer.js";
 import { baseConfig, baseLayout, MARGIN, plotly, registerChart, theme } from "./theme.js";
@@ -78,6 +78,25 @@ export class LineChart extends Chart {
   setLog(log) {
     this.opts.log = log;
     return this.draw();
+  }
+
+  /**
+   * The shared zoom: x restricted to `range` (null: everything), and y to what that window's
+   * values span (yAxisRange). Out of view, drawn when the chart comes into view.
+   */
+  setXRange(range) {
+    this.xRange = range;
+    if (!this.drawn) return;
+    if (!this.pacer.visible) {
+      this.stale = true;
+      this.pacer.request();
+      return;
+    }
+    this.syncing = true;
+    const x = range ? { "xaxis.range": range.slice(), "xaxis.autorange": false } : { "xaxis.autorange": true };
+    const y = yAxisRange(this.view, this.opts, range);
+    const upd = { ...x, ...(y.range ? { "yaxis.range": y.range, "yaxis.autorange": false } : { "yaxis.autorange": true }) };
+    plotly().relayout(this.el, upd).finally(() => { this.syncing = false; });
   }
 
   setScale(scale, unit) {

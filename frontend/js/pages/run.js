@@ -28,6 +28,7 @@ import { LiveSocket, renderLiveStatus } from "../live.js";
 import { queryValue, readQuery, writeQuery } from "../url.js";
 import { headerView } from "../views/header.js";
 import { createRunViews } from "../views/run-views.js";
+import { urlRange } from "../views/zoom.js";
 import { runId, takeFirst } from "./run-first.js";
 
 const MAX_POINTS = 4000;      // a live chart past this many points per series is refetched (downsampled)
@@ -52,8 +53,6 @@ let ctx;        // what views load with
 export function init() {
   const q = readQuery();
   const num = (v) => (v === null || v === "" || Number.isNaN(Number(v)) ? null : Number(v));
-  const from = num(queryValue(q, "from"));
-  const to = num(queryValue(q, "to"));
   state = {
     runId,
     run: null,
@@ -66,7 +65,7 @@ export function init() {
     order: queryValue(q, "order") === "asc" ? "asc" : "desc",
     shown: [],               // parameters drawn in the per-parameter charts
     latest: {},              // latest value of each scalar, for the header
-    xRange: from !== null && to !== null ? [from, to] : null,
+    xRange: urlRange(queryValue(q, "from"), queryValue(q, "to")),
     otherScalar: queryValue(q, "scalar"),
   };
   ctx = { state };
