@@ -12,7 +12,7 @@ import httpx
 import pytest
 from conftest import ServerProcess
 from playwright import sync_api
-from synthetic import SyntheticRun
+from synthetic import Ingest, SyntheticRun
 from test_dashboard import Page, browser, dash, page, seed  # noqa: F401  (browser, dash, page: fixtures)
 
 pytestmark = pytest.mark.browser
@@ -100,3 +100,42 @@ def test_zoom_normalises_a_reversed_window_and_fits_y_to_it(dash: ServerProcess,
     lo, hi = y_range(p, "loss")
     assert lo <= min(whole) and hi >= max(whole)
     assert "from=" not in p.url
+
+
+def box(p: sync_api.Page, selector: str) -> dict[str, float]:
+    b = p.locator(selector).first.bounding_box()
+    assert b is not None, f"{selector} is not drawn"
+    return b
+
+
+def overlap(a: dict[str, float], b: dict[str, float]) -> bool:
+    return a["x"] < b["x"] + b["width"] and b["x"] < a["x"] + a["width"] \
+        and a["y"] < b["y"] + b["height"] and b["y"] < a["y"] + a["height"]
+
+
+def test_the_zoom_hint_covers_nothing(dash: ServerProcess, page: Page) -> None:
+    """A drag-zoom says how to zoom out in the top bar, not in a toast over the live indicator."""
+    with Ingest(dash.ws_url, SyntheticRun("zoom-hint", "zoom-hint", total_steps=100)) as hook:
+        hook.steps(100)
+        p = page.open(dash.url + "/runs/zoom-hint")
+        expect(p.locator(".run-header .live")).to_have_text("Live")
+        area = box(p, '[data-chart="loss"] .nsewdrag')
+        y = area["y"] + area["height"] / 2
+        p.mouse.move(area["x"] + area["width"] * 0.3, y)
+        p.mouse.down()
+        p.mouse.move(area["x"] + area["width"] * 0.5, y, steps=5)
+        p.mouse.move(area["x"] + area["width"] * 0.6, y, steps=5)
+        p.mouse.up()
+        p.wait_for_function("!['all', 'pending', undefined].includes(document.body.dataset.zoom)")
+        note = p.locator(".topbar .zoom-note")
+        expect(note).to_be_visible()
+        expect(note).to_contain_text("Zoomed to steps")
+        live = box(p, ".run-header .live")
+        assert not overlap(box(p, ".topbar .zoom-note"), live)
+        toasts = p.locator(".plotly-notifier .notifier-note")
+        for i in range(toasts.count()):
+            assert not overlap(toasts.nth(i).bounding_box() or {}, live), "a toast covers the live indicator"
+        note.get_by_role("button").click()
+        p.wait_for_function("document.body.dataset.zoom === 'all'")
+        expect(note).to_be_hidden()
+        hook.close("finished")

@@ -141,6 +141,9 @@ export function baseConfig(name) {
     // "sendChartToCloud" would upload the chart to Plotly's servers: never, from this tool.
     modeBarButtonsToRemove: ["select2d", "lasso2d", "autoScale2d", "toggleSpikelines", "sendChartToCloud"],
     showSendToCloud: false,
+    // Plotly's zoom hint is a toast over the page's top right corner (the live indicator's
+    // place): views/zoom-note.js says it in the top bar instead.
+    showTips: false,
     showEditInChartStudio: false,
     toImageButtonOptions: { filename: `gradwatch-${name}`, scale: 2 },
   };

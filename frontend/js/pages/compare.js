@@ -16,6 +16,7 @@ import { queryValue, readQuery, writeQuery } from "../url.js";
 import { compareCard, swatch } from "../views/compare-card.js";
 import { compareParamPicker } from "../views/compare-params.js";
 import { countFindings, settingsTable } from "../views/compare-settings.js";
+import { zoomNote } from "../views/zoom-note.js";
 
 const MAX_PARAMS = 6;
 const X_MODES = { step: "step", time: "wall time" };
@@ -45,6 +46,7 @@ let page;              // what the cards read: compare-card.js
 let extraCard;
 let picker;
 let extraSelect;
+let note;              // the zoom, said in the top bar
 
 /** Read the URL, lay out the cards, load the runs and follow /ws/live. */
 export function init() {
@@ -68,6 +70,7 @@ export function init() {
     settingsBody: byId("settings-body"), grid: byId("charts"), notice: byId("page-notice"),
   };
   page = { state, cards, label, onXRange };
+  note = zoomNote(() => onXRange(null));
 
   extraSelect = h("select", {
     class: "input input-small", "aria-label": "Scalar to compare",
@@ -111,6 +114,7 @@ export function init() {
 
 function onXRange(range) {
   state.xRange = range;
+  note.render(range, state.x === "time" ? "seconds" : "steps");
   for (const c of cards) c.setXRange(range);
 }
 
@@ -218,6 +222,7 @@ async function switchView(change) {
   if ((change.x ?? state.x) === state.x && (change.layout ?? state.layout) === state.layout) return;
   Object.assign(state, change);
   state.xRange = null;
+  note.render(null);
   delete document.body.dataset.drawn;
   save();
   renderControls();

@@ -29,6 +29,7 @@ import { queryValue, readQuery, writeQuery } from "../url.js";
 import { headerView } from "../views/header.js";
 import { createRunViews } from "../views/run-views.js";
 import { urlRange } from "../views/zoom.js";
+import { zoomNote } from "../views/zoom-note.js";
 import { runId, takeFirst } from "./run-first.js";
 
 const MAX_POINTS = 4000;      // a live chart past this many points per series is refetched (downsampled)
@@ -48,6 +49,7 @@ let otherScalars;
 let addStateViews;
 let socket;
 let ctx;        // what views load with
+let note;       // the zoom, said in the top bar
 
 /** Read the URL, lay out the cards, load the run and follow /ws/live. */
 export function init() {
@@ -72,6 +74,7 @@ export function init() {
   header = headerView(byId("run-header"));
   grid = byId("charts");
   pageNotice = byId("page-notice");
+  note = zoomNote(() => onXRange(null));
 
   ({ views, present: PRESENT, otherSelect, otherScalars, addStateViews } = createRunViews(state, {
     onXRange,
@@ -108,6 +111,7 @@ export function init() {
 
 const onXRange = (range) => {
   state.xRange = range;
+  note.render(range);
   for (const v of Object.values(views)) if (v.setXRange) v.setXRange(range);
   saveUrl();
   scheduleZoom();
