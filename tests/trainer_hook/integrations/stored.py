@@ -18,7 +18,7 @@ import httpx
 import pytest
 import torch
 
-from conftest import ServerProcess, start_server
+from support.server import ServerProcess, start_server
 
 #: (optimizer step, parameter name) -> gradient norm
 Norms = dict[tuple[int, str], float]

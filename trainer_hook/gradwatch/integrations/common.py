@@ -45,10 +45,11 @@ class WatchOptions:
             raise TypeError("updates and warn must be True or False")
 
     def watch(self, optimizers: Sequence[Any], *, model: Optional[torch.nn.Module], run: Optional[str],
-              scaler: Any, config: Mapping[str, Any]) -> Watcher:
-        """Watch the framework's optimizers; `run` is the framework's name for the run, used
-        when the user gave none."""
-        opts = [_unwrap(o) for o in optimizers]
+              config: Mapping[str, Any], scaler: Any = None) -> Watcher:
+        """Watch the framework's optimizers (`watch()` unwraps the framework's wrappers and finds
+        the GradScaler accelerate's wrapper steps with); `run` is the framework's name for the
+        run, used when the user gave none."""
+        opts = list(optimizers)
         return watch(opts if len(opts) > 1 else opts[0], model=model, run=self.run or run_name(run),
                      project=self.project, server=self.server, every=self.every, scaler=scaler,
                      token=self.token, updates=self.updates, warn=self.warn, config=config)
@@ -98,19 +99,3 @@ def scalars(logs: Mapping[str, Any]) -> dict[str, Union[float, torch.Tensor]]:
         elif isinstance(value, (int, float)) and not isinstance(value, bool):
             out[key] = float(value)
     return out
-
-
-def _unwrap(optimizer: Any) -> Any:
-    """The torch optimizer inside a framework's wrapper (accelerate's AcceleratedOptimizer,
-    Lightning's LightningOptimizer), for a `watch()` that does not unwrap yet."""
-    seen = 0
-    while not _hookable(optimizer) and seen < 8:
-        inner = getattr(optimizer, "optimizer", None) or getattr(optimizer, "_optimizer", None)
-        if inner is None:
-            break
-        optimizer, seen = inner, seen + 1
-    return optimizer
-
-
-def _hookable(optimizer: Any) -> bool:
-    return isinstance(optimizer, torch.optim.Optimizer) and hasattr(optimizer, "_optimizer_step_pre_hooks")

@@ -6,7 +6,7 @@
 At train begin it watches the optimizer the Trainer hands to its callbacks (accelerate's wrapper
 around the torch optimizer) with the Trainer's model, under `args.run_name` unless given a run
 name, and records the TrainingArguments and the model's config with the run. The GradScaler of
-fp16 training is the one accelerate's optimizer wrapper steps with: it is found there. Gradient
+fp16 training is the one accelerate's optimizer wrapper steps with: `watch()` finds it there. Gradient
 accumulation needs nothing: the hook counts the backward passes of each step and sees the Trainer
 clear `.grad` after it, which the server reports as `grad_accumulation` (info), never an error.
 """
@@ -49,7 +49,6 @@ class GradwatchCallback(TrainerCallback):  # type: ignore[misc]  # transformers 
         config = getattr(model, "config", None)
         self.watcher = self.options.watch(
             [optimizer], model=model, run=getattr(args, "run_name", None),
-            scaler=getattr(optimizer, "scaler", None),  # accelerate's AcceleratedOptimizer steps with it
             config={"framework": "transformers", "transformers_version": transformers.__version__,
                     "gradient_accumulation_steps": args.gradient_accumulation_steps,
                     "training_args": json_safe(args.to_dict()),
