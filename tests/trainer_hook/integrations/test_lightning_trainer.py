@@ -115,6 +115,25 @@ def test_hparams_settings_and_logged_scalars_are_recorded(tmp_path: Path, sqlite
     assert series["value"] == pytest.approx([losses[s] for s in series["step"]], rel=1e-6)
 
 
+def test_precision_plugin_scaler_is_found(tmp_path: Path, sqlite_server) -> None:
+    """precision="16-mixed": the plugin's GradScaler scales the loss and unscales the gradients
+    before clipping; stored norms equal the unscaled, clipped gradients the step uses. (Lightning
+    runs 16-mixed on a GPU; the same plugin with a CPU GradScaler runs here.)"""
+    from lightning.pytorch.plugins import MixedPrecision
+
+    torch.manual_seed(0)
+    scaler = torch.amp.GradScaler("cpu", init_scale=2.0 ** 12)
+    module, watching = Regressor(), GradwatchCallback(server=sqlite_server.url, warn=False)
+    trainer = fit(module, tmp_path, [watching], accumulate_grad_batches=ACCUMULATE, gradient_clip_val=CLIP,
+                  plugins=[MixedPrecision("16-mixed", "cpu", scaler=scaler)])
+    w = watching.watcher
+    assert w is not None and w.pending == 0 and trainer.precision_plugin.scaler is scaler
+    run = run_info(sqlite_server.url, w.run_id)
+    assert run["config"]["amp"] is True and run["config"]["user"]["precision"] == "16-mixed"
+    assert_equal_norms(stored_norms(sqlite_server.url, w.run_id), module.oracle)
+    assert_no_problem(findings(sqlite_server.url, w.run_id))
+
+
 class GAN(L.LightningModule):
     """Manual optimization, two optimizers: D then G every batch. G's loss backpropagates through
     D and fills D's `.grad` after D's step; D's `zero_grad()` clears it before D's next backward.
@@ -189,3 +208,47 @@ def test_example_runs_against_a_real_server(sqlite_server, tmp_path: Path) -> No
     run = run_info(sqlite_server.url, run_id)
     assert run["status"] == "finished" and run["steps"] == 6
     assert_no_problem(findings(sqlite_server.url, run_id))
+
+
+def test_each_package_gets_a_callback_of_its_own_base(tmp_path: Path, sqlite_server) -> None:
+    """`pytorch_lightning` (the older package) has its own Callback base: its Trainer gets a
+    callback subclassing it, which measures the same values."""
+    pl = pytest.importorskip("pytorch_lightning", reason="needs pytorch-lightning (the older package name)")
+    from gradwatch.integrations import lightning as for_lightning
+    from gradwatch.integrations import pytorch_lightning as for_pl
+
+    assert issubclass(for_lightning.GradwatchCallback, L.Callback)
+    assert not issubclass(for_lightning.GradwatchCallback, pl.Callback)
+    assert issubclass(for_pl.GradwatchCallback, pl.Callback) and not issubclass(for_pl.GradwatchCallback, L.Callback)
+    assert for_pl.GradwatchCallback is for_pl.GradwatchCallback  # built once
+    with pytest.raises(ValueError, match="package must be one of"):
+        for_lightning.callback_class("lightning.pytorch")
+
+    class Module(pl.LightningModule):  # Regressor's oracle, on the older package's base
+        def __init__(self) -> None:
+            super().__init__()
+            self.net = nn.Linear(8, 1)
+            self.oracle: Norms = {}
+
+        def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+            return nn.functional.mse_loss(self.net(batch[0]), batch[1])
+
+        def configure_gradient_clipping(self, optimizer: Any, gradient_clip_val: Any = None,
+                                        gradient_clip_algorithm: Any = None) -> None:
+            super().configure_gradient_clipping(optimizer, gradient_clip_val, gradient_clip_algorithm)
+            self.oracle.update(grad_norms(dict(self.named_parameters()), self.trainer.global_step + 1))
+
+        def configure_optimizers(self) -> torch.optim.Optimizer:
+            return torch.optim.SGD(self.parameters(), lr=0.1)
+
+    torch.manual_seed(0)
+    module, watching = Module(), for_pl.GradwatchCallback(server=sqlite_server.url, warn=False)
+    trainer = pl.Trainer(accelerator="cpu", max_steps=STEPS, logger=False, enable_checkpointing=False,
+                         enable_progress_bar=False, enable_model_summary=False, gradient_clip_val=CLIP,
+                         callbacks=[watching])
+    trainer.fit(module, train_dataloaders=batches(32))
+    w = watching.watcher
+    assert w is not None and w.pending == 0
+    run = run_info(sqlite_server.url, w.run_id)
+    assert run["config"]["user"]["framework"] == "pytorch_lightning" and run["steps"] == STEPS
+    assert_equal_norms(stored_norms(sqlite_server.url, w.run_id), module.oracle)
