@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import atexit
 import functools
+import html
 import ipaddress
 import json
 import logging
@@ -76,6 +77,8 @@ class Watcher:
         token = token or os.environ.get("GRADWATCH_TOKEN") or None
 
         self.run_id: str = secrets.token_hex(6)
+        self.name: str = run or time.strftime("run-%Y%m%d-%H%M%S")
+        self.project: str = project or "default"
         self.server = server
         self.every = every
         self.step = 0  # optimizer.step() calls so far (rounds, with several optimizers: see `watch`)
@@ -103,7 +106,7 @@ class Watcher:
         self._closed = False
         self._sampled = False
         hello = wire.hello(
-            run={"id": self.run_id, "name": run or time.strftime("run-%Y%m%d-%H%M%S"), "project": project or "default",
+            run={"id": self.run_id, "name": self.name, "project": self.project,
                  "started_at": time.time(), "hook_version": __version__,
                  "optimizer": "+".join(type(o).__name__ for o in optimizers),
                  "config": {"every": every, "amp": scaler is not None, "updates": updates,
@@ -116,7 +119,7 @@ class Watcher:
         # a server on this machine: its CPU per step is part of what watching costs
         self._cost = CostMeter(self._sampler, _on_this_machine(url), lambda: self._sender.server_cpu_per_step)
         _replay_in_background(url, token)
-        self._sender.on_finding = FindingWarner(warn, run_page(server, self.run_id))
+        self._sender.on_finding = FindingWarner(warn, self.url)
         self._handles = []
         for k, opt in enumerate(optimizers):
             self._handles += [opt.register_step_pre_hook(functools.partial(self._before_step, k)),
@@ -284,6 +287,29 @@ class Watcher:
         self._tracker.remove()
         if self._amp is not None:
             self._amp.remove()
+
+    @property
+    def url(self) -> str:
+        """The run's page on the dashboard."""
+        return run_page(self.server, self.run_id)
+
+    def _repr_html_(self) -> str:
+        """In Jupyter, a watcher shows as a link to its run's page."""
+        url = html.escape(self.url, quote=True)
+        return (f'<a href="{url}" target="_blank" rel="noopener">gradwatch run {html.escape(self.name)}</a> '
+                f'<span>({html.escape(self.project)}, id {self.run_id}, step {self.step})</span>')
+
+    def show(self, height: int = 800) -> Any:
+        """The live run page, embedded in a notebook: an `IPython.display.IFrame` (display it, or
+        let it be a cell's last value). `height` in pixels."""
+        if isinstance(height, bool) or not isinstance(height, int) or not 100 <= height <= 10000:
+            raise ValueError(f"height must be a whole number of pixels from 100 to 10000; got {height!r}")
+        try:
+            from IPython.display import IFrame
+        except ImportError as exc:
+            raise ImportError("Watcher.show() embeds the run page in a Jupyter notebook and needs IPython "
+                              f"(pip install ipython); outside a notebook open {self.url}") from exc
+        return IFrame(self.url, width="100%", height=height)
 
     @property
     def pending(self) -> int:
