@@ -13,10 +13,10 @@ import os
 import sys
 from typing import Any
 
-# Run as a script, this file's folder comes first on sys.path and its name would shadow the
-# `lightning` package: leave the folder out (a copy under another name needs none of this).
-if sys.path and os.path.abspath(sys.path[0] or ".") == os.path.dirname(os.path.abspath(__file__)):
-    sys.path.pop(0)
+# This file has the name of the package it shows: run as a script, its folder comes first on
+# sys.path and `import lightning` would import this file again. Look for packages elsewhere.
+_here = os.path.dirname(os.path.abspath(__file__))
+sys.path[:] = [p for p in sys.path if os.path.abspath(p or os.curdir) != _here]
 
 import lightning.pytorch as L  # noqa: E402
 import torch  # noqa: E402

@@ -408,8 +408,8 @@ def _check_config(config: Optional[Mapping[str, Any]]) -> Optional[dict[str, Any
     try:
         return json.loads(json.dumps(dict(config), allow_nan=False))
     except (TypeError, ValueError) as exc:
-        raise ValueError(f"config must hold only JSON values (str keys; numbers, strings, booleans, None, "
-                         f"lists and dicts of them; no NaN or infinity): {exc}") from exc
+        raise ValueError(f"config must hold only JSON values (numbers, strings, booleans, None, lists and "
+                         f"dicts of them, keyed by strings; no NaN or infinity): {exc}") from exc
 
 
 def _optimizers(optimizer: Any) -> tuple[list[torch.optim.Optimizer], list[list[Any]]]:

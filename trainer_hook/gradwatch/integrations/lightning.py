@@ -26,7 +26,7 @@ from typing import Any, Optional, Union
 from ..watcher import Watcher
 from .common import WatchOptions, json_safe, run_name, scalars
 
-__all__ = ["GradwatchCallback", "callback_class"]
+__all__ = ["LightningWatching", "callback_class", "installed_package"]  # and GradwatchCallback, made on first access
 
 #: the package a user names -> the module that holds its Callback and Trainer
 PACKAGES = {"lightning": "lightning.pytorch", "pytorch_lightning": "pytorch_lightning"}

@@ -23,7 +23,7 @@ from .common import WatchOptions, json_safe, scalars
 __all__ = ["GradwatchCallback"]
 
 
-class GradwatchCallback(TrainerCallback):  # type: ignore[misc]  # transformers is untyped
+class GradwatchCallback(TrainerCallback):
     """Watches the Trainer's optimizer from train begin to train end.
 
     The numbers the Trainer logs (`loss`, `learning_rate`, `grad_norm`, ...) are recorded as the
@@ -46,13 +46,13 @@ class GradwatchCallback(TrainerCallback):  # type: ignore[misc]  # transformers 
             self.watcher.close()
         if optimizer is None:
             raise TypeError("GradwatchCallback got no optimizer at train begin: use it with transformers.Trainer")
-        config = getattr(model, "config", None)
+        model_config = getattr(getattr(model, "config", None), "to_dict", None)
         self.watcher = self.options.watch(
             [optimizer], model=model, run=getattr(args, "run_name", None),
             config={"framework": "transformers", "transformers_version": transformers.__version__,
                     "gradient_accumulation_steps": args.gradient_accumulation_steps,
                     "training_args": json_safe(args.to_dict()),
-                    "model_config": json_safe(config.to_dict()) if hasattr(config, "to_dict") else None})
+                    "model_config": json_safe(model_config()) if callable(model_config) else None})
 
     def on_log(self, args: Any, state: Any, control: Any, logs: Optional[dict[str, Any]] = None,
                **kwargs: Any) -> None:
