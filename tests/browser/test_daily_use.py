@@ -139,3 +139,22 @@ def test_the_zoom_hint_covers_nothing(dash: ServerProcess, page: Page) -> None:
         p.wait_for_function("document.body.dataset.zoom === 'all'")
         expect(note).to_be_hidden()
         hook.close("finished")
+
+
+def test_run_list_at_800_px_never_scrolls_the_page_sideways(dash: ServerProcess, browser: sync_api.Browser) -> None:
+    seed(dash, SyntheticRun("narrow-1", "a-rather-long-run-name-for-a-narrow-window", project="narrow"), 3)
+    seed(dash, SyntheticRun("narrow-2", "another", project="narrow"), 3)
+    narrow = Page(browser, width=800)
+    try:
+        p = narrow.open(dash.url + "/?project=narrow")
+        expect(p.locator("#runs tbody tr")).to_have_count(2)
+        widths = p.evaluate("() => [document.documentElement.scrollWidth, document.documentElement.clientWidth]")
+        assert widths[0] <= widths[1], f"the page is {widths[0]} px wide in an {widths[1]} px window"
+        # Every run is still reachable: its link is in view, and the table scrolls inside its card.
+        link = box(p, 'tr[data-run-id="narrow-1"] .run-link')
+        assert link["x"] >= 0 and link["x"] + 10 <= widths[1]
+        wrap = p.evaluate("""() => { const w = document.querySelector('#runs .table-wrap');
+            return [w.scrollWidth, w.clientWidth, getComputedStyle(w).overflowX]; }""")
+        assert wrap[0] <= wrap[1] or wrap[2] in ("auto", "scroll")
+    finally:
+        narrow.close()
