@@ -158,3 +158,31 @@ def test_run_list_at_800_px_never_scrolls_the_page_sideways(dash: ServerProcess,
         assert wrap[0] <= wrap[1] or wrap[2] in ("auto", "scroll")
     finally:
         narrow.close()
+
+
+def test_tags_filter_the_run_list_and_the_filter_is_shown(dash: ServerProcess, page: Page, http: httpx.Client) -> None:
+    for run_id, tags in (("tagged-a", ["sweep", "baseline"]), ("tagged-b", ["sweep"]), ("tagged-c", [])):
+        seed(dash, SyntheticRun(run_id, run_id, project="tags"), 2)
+        assert http.patch(f"/api/runs/{run_id}", json={"tags": tags}).status_code == 200
+    p = page.open(dash.url + "/?project=tags")
+    rows = p.locator("#runs tbody tr")
+    expect(rows).to_have_count(3)
+    # A visible tag control in the toolbar, with every tag of the runs.
+    select = p.locator("#filter-tag-select")
+    expect(select).to_be_visible()
+    assert select.locator("option").all_text_contents() == ["Any tag", "tag: baseline", "tag: sweep"]
+    select.select_option("sweep")
+    expect(rows).to_have_count(2)
+    expect(p.locator("#filter-tag")).to_contain_text("only runs tagged")
+    expect(p.locator("#filter-tag .chip-name")).to_have_text("sweep")
+    assert "tag=sweep" in p.url
+    expect(p.locator('tr[data-run-id="tagged-a"] .tag[data-tag="sweep"]')).to_have_attribute("aria-pressed", "true")
+    # A tag chip in a row is a filter too, and the toolbar follows it.
+    p.locator('tr[data-run-id="tagged-a"] .tag[data-tag="baseline"]').click()
+    expect(rows).to_have_count(1)
+    expect(select).to_have_value("baseline")
+    expect(p.locator("#filter-tag .chip-name")).to_have_text("baseline")
+    p.get_by_role("button", name="Stop filtering by tag baseline").click()
+    expect(rows).to_have_count(3)
+    expect(select).to_have_value("")
+    expect(p.locator("#filter-tag")).to_have_count(0)
