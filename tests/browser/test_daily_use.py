@@ -186,3 +186,34 @@ def test_tags_filter_the_run_list_and_the_filter_is_shown(dash: ServerProcess, p
     expect(rows).to_have_count(3)
     expect(select).to_have_value("")
     expect(p.locator("#filter-tag")).to_have_count(0)
+
+
+class NamedGroupsRun(SyntheticRun):
+    """A synthetic run whose two param groups are both named, as a user's optimizer can name them."""
+
+    def hello(self) -> dict[str, object]:
+        message = super().hello()
+        message["groups"][0]["name"] = "decay"  # type: ignore[index]
+        return message
+
+
+def test_param_groups_are_called_by_their_names_everywhere(dash: ServerProcess, page: Page) -> None:
+    seed(dash, NamedGroupsRun("groups-a", "groups-a", project="groups", total_steps=30), 30)
+    seed(dash, SyntheticRun("groups-b", "groups-b", project="groups", total_steps=30), 20)  # group 0 unnamed
+    p = page.open(dash.url + "/runs/groups-a")
+    p.locator('[data-chart="lr"]').scroll_into_view_if_needed()
+    page.wait_points("lr", 60)
+    names = p.evaluate("""() => document.querySelector('[data-chart="lr"]').data
+        .filter(t => t.hoverinfo !== 'skip').map(t => t.name)""")
+    assert names == ["decay", "no_decay"]
+
+    # Compare: every group's learning rate, matched by name; a group one run lacks says so by being empty.
+    p = page.open(dash.url + "/compare?runs=groups-a,groups-b")
+    p.wait_for_function("document.body.dataset.drawn === 'step:overlay'")
+    cards = p.locator('[data-card^="compare-lr"]')
+    expect(cards.locator("h2")).to_have_text(["Learning rate · decay", "Learning rate · no_decay", "Learning rate · group 0"])
+    assert page.points("compare-lr") == 30        # decay: run a only
+    assert page.points("compare-lr-1") == 50      # no_decay: both runs
+    assert page.points("compare-lr-2") == 20      # run b's unnamed group 0
+    expect(p.locator('#settings tr[data-run-id="groups-a"] [data-field="lr"] .lr')).to_have_text(
+        ["decay 3.00e-4", "no_decay 3.00e-4"])
