@@ -201,7 +201,7 @@ def test_bad_arguments_fail_when_the_callback_is_made(kwargs: dict[str, Any], er
 
 
 def test_example_runs_against_a_real_server(sqlite_server, tmp_path: Path) -> None:
-    out = subprocess.run([sys.executable, str(REPO / "examples" / "lightning.py"), "--server", sqlite_server.url,
+    out = subprocess.run([sys.executable, str(REPO / "examples" / "lightning_trainer.py"), "--server", sqlite_server.url,
                           "--steps", "6"], capture_output=True, text=True, timeout=120, cwd=tmp_path)
     assert out.returncode == 0, out.stderr[-3000:]
     run_id = out.stdout.strip().splitlines()[-1].split()[-1]
