@@ -96,3 +96,17 @@ test("urlRange: ?from=&to= in either order; nothing when one is missing or not a
   assert.equal(urlRange("x", "7"), null);
   assert.equal(urlRange("", "7"), null);
 });
+
+test("groups: lr/G named by its group, across optimizers; runs' groups matched by name", async () => {
+  const { lrLabel, sharedGroups } = await import("../../frontend/js/groups.js");
+  const one = [{ optimizer: 0, index: 1, name: "no_decay" }, { optimizer: 0, index: 0, name: null }];
+  assert.equal(lrLabel(one, "lr/0"), "group 0");
+  assert.equal(lrLabel(one, "lr/1"), "no_decay");
+  assert.equal(lrLabel(one, "lr/2"), "group 2");
+  const two = [{ optimizer: 0, index: 0, name: "g" }, { optimizer: 1, index: 0, name: null }];
+  assert.equal(lrLabel(two, "lr/1"), "optimizer 1 · group 0");
+  assert.deepEqual(sharedGroups([one, [{ optimizer: 0, index: 0, name: "no_decay" }], null]), [
+    { label: "group 0", at: [0, -1, 0] },
+    { label: "no_decay", at: [1, 0, -1] },
+  ]);
+});

@@ -11,6 +11,7 @@
 import { api, ApiError, liveUrl, runPageUrl, UnreachableError } from "../api.js";
 import { byId, h, notice, setChildren, statusBadge } from "../dom.js";
 import { fmtCount, fmtDuration, runDuration } from "../format.js";
+import { sharedGroups } from "../groups.js";
 import { LiveSocket, renderLiveStatus } from "../live.js";
 import { queryValue, readQuery, writeQuery } from "../url.js";
 import { compareCard, swatch } from "../views/compare-card.js";
@@ -21,7 +22,8 @@ import { zoomNote } from "../views/zoom-note.js";
 const MAX_PARAMS = 6;
 const X_MODES = { step: "step", time: "wall time" };
 const LAYOUTS = { overlay: "overlaid", side: "side by side" };
-export const FIXED_SCALARS = ["grad_norm_total", "loss", "lr/0"];
+export const FIXED_SCALARS = ["grad_norm_total", "loss"];
+const isLr = (k) => /^lr\/\d+$/.test(k);
 
 /** The parameter names every run of `lists` has (null entries: runs not found, left out), in the first run's order. */
 export function commonNames(lists) {
@@ -42,6 +44,7 @@ let state;
 let el;
 const cards = [];      // every compare card, fixed and per parameter
 const paramCards = [];
+const lrCards = [];    // one per param group, matched by name across the runs
 let page;              // what the cards read: compare-card.js
 let extraCard;
 let picker;
@@ -79,7 +82,6 @@ export function init() {
   const card = (id, title, help, fetchOne, opts = {}) => compareCard(page, id, title, help, fetchOne, { parent: el.grid, ...opts });
   card("compare-grad-norm-total", "Total gradient norm", "‖grad‖₂ over all parameters", seriesIf("grad_norm_total"), { log: true });
   card("compare-loss", "Loss", "As each training script reported it", seriesIf("loss"));
-  card("compare-lr", "Learning rate", "Parameter group 0", seriesIf("lr/0"));
   extraCard = card("compare-scalar", "Another scalar", "Pick any scalar the runs report",
     (r) => (state.extra ? seriesIf(state.extra)(r) : Promise.resolve(null)), { tools: [extraSelect] });
 
@@ -110,6 +112,24 @@ export function init() {
   }).start();
 
   load();
+}
+
+/**
+ * A learning-rate card per param group (groups.js matches them across the runs by name), placed
+ * before `before`; the first keeps the id compare-lr.
+ */
+function rebuildLrCards(before) {
+  for (const c of lrCards.splice(0)) c.destroy();
+  const shared = sharedGroups(state.runs.map((r, i) => (r ? state.groups[i] : [])));
+  shared.forEach(({ label: name, at }, k) => {
+    const entry = compareCard(page, k ? `compare-lr-${k}` : "compare-lr", shared.length > 1 ? `Learning rate · ${name}` : "Learning rate",
+      `Param group ${name}`, (r) => {
+        const i = state.runs.indexOf(r);
+        return at[i] >= 0 ? seriesIf(`lr/${at[i]}`)(r) : Promise.resolve(null);
+      }, { parent: el.grid, before });
+    entry.card.dataset.group = name;
+    lrCards.push(entry);
+  });
 }
 
 function onXRange(range) {
@@ -255,7 +275,7 @@ function renderSettings() {
 
 function fillSelects() {
   const scalars = [...new Set(state.metrics.flatMap((m) => (m ? m.scalars || [] : [])))]
-    .filter((k) => !FIXED_SCALARS.includes(k)).sort();
+    .filter((k) => !FIXED_SCALARS.includes(k) && !isLr(k)).sort();
   if (!scalars.includes(state.extra)) state.extra = scalars[0] || null;
   setChildren(extraSelect, scalars.map((k) => h("option", { value: k, selected: k === state.extra }, k)));
   extraCard.card.hidden = !scalars.length;
@@ -298,6 +318,7 @@ async function load() {
     renderRuns();
     renderControls();
     renderSettings();
+    rebuildLrCards(extraCard.card);
     fillSelects();
     save();
     await Promise.all([...cards.filter((c) => !c.card.hidden && !paramCards.includes(c)).map((c) => c.load()), rebuildParamCards()]);

@@ -61,6 +61,7 @@ export function init() {
     params: [],
     paramIndex: new Map(),   // name -> index in /params (the order of live arrays)
     metrics: { scalars: [], params: [] },
+    groups: [],              // param groups (/groups), for their names
     selected: q.param || [], // parameters chosen by name (?param=); empty: the top k
     module: queryValue(q, "module"), // or every parameter of this module (?module=)
     top: Math.max(1, Math.round(num(queryValue(q, "top")) || 5)), // the top k (?top=&order=asc|desc)
@@ -194,8 +195,11 @@ async function loadAll() {
   if (loading) return loading;
   loading = (async () => {
     try {
-      const [run, params, metrics] = await (takeFirst() || Promise.all([api.run(runId), api.params(runId), api.metrics(runId)]));
+      const first = takeFirst() || Promise.all([api.run(runId), api.params(runId), api.metrics(runId)]);
+      const groups = api.groups(runId).then((g) => g.data || []).catch(() => []); // names only: a failure leaves "group G"
+      const [run, params, metrics] = await first;
       state.run = run;
+      state.groups = await groups;
       grid.hidden = false;
       state.params = params.data || [];
       state.paramIndex = new Map(state.params.map((p, i) => [p.name, p.index ?? i]));
