@@ -24,7 +24,7 @@ import importlib.util
 from typing import Any, Optional, Union
 
 from ..watcher import Watcher
-from .common import WatchOptions, json_safe, run_name, scalars
+from .common import WatchOptions, forward, json_safe, run_name
 
 __all__ = ["LightningWatching", "callback_class", "installed_package"]  # and GradwatchCallback, made on first access
 
@@ -46,6 +46,7 @@ class LightningWatching:
         self.options = WatchOptions(project=project, run=run, server=server, every=every, token=token,
                                     updates=updates, warn=warn)
         self.watcher: Optional[Watcher] = None
+        self._forwarding = True
 
     def on_fit_start(self, trainer: Any, pl_module: Any) -> None:
         if self.watcher is not None:  # a second `fit()` is a run of its own
@@ -68,8 +69,8 @@ class LightningWatching:
                     "hparams": json_safe(dict(getattr(pl_module, "hparams", {}) or {}))})
 
     def on_before_optimizer_step(self, trainer: Any, pl_module: Any, optimizer: Any) -> None:
-        if self.watcher is not None:
-            self.watcher.log(scalars(trainer.callback_metrics))
+        if self.watcher is not None and self._forwarding:
+            self._forwarding = forward(self.watcher, lambda: trainer.callback_metrics)
 
     def on_fit_end(self, trainer: Any, pl_module: Any) -> None:
         if self.watcher is not None:
