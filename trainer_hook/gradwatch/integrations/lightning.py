@@ -21,6 +21,7 @@ from __future__ import annotations
 import functools
 import importlib
 import importlib.util
+import sys
 from typing import Any, Optional, Union
 
 from ..watcher import Watcher
@@ -55,12 +56,12 @@ class LightningWatching:
         if not optimizers:
             raise ValueError("GradwatchCallback: the Trainer has no optimizer to watch (configure_optimizers returned none)")
         precision = getattr(trainer, "precision_plugin", None)
+        package = type(trainer).__module__.split(".")[0]  # "lightning" or "pytorch_lightning"
+        self._forwarding = True
         self.watcher = self.options.watch(
             optimizers, model=pl_module, run=_logger_run_name(trainer),
             scaler=getattr(precision, "scaler", None),
-            config={"framework": type(trainer).__module__.split(".")[0],
-                    "lightning_version": getattr(importlib.import_module(type(trainer).__module__.split(".")[0]),
-                                                 "__version__", None),
+            config={"framework": package, "lightning_version": getattr(sys.modules.get(package), "__version__", None),
                     "accumulate_grad_batches": trainer.accumulate_grad_batches,
                     "gradient_clip_val": json_safe(trainer.gradient_clip_val),
                     "gradient_clip_algorithm": json_safe(trainer.gradient_clip_algorithm),
@@ -69,6 +70,8 @@ class LightningWatching:
                     "hparams": json_safe(dict(getattr(pl_module, "hparams", {}) or {}))})
 
     def on_before_optimizer_step(self, trainer: Any, pl_module: Any, optimizer: Any) -> None:
+        # Inside a training batch, callback_metrics are the step values Lightning already holds:
+        # reading them computes and synchronises nothing (epoch aggregates are computed at epoch end).
         if self.watcher is not None and self._forwarding:
             self._forwarding = forward(self.watcher, lambda: trainer.callback_metrics)
 

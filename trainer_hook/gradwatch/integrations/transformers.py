@@ -48,6 +48,7 @@ class GradwatchCallback(TrainerCallback):
         if optimizer is None:
             raise TypeError("GradwatchCallback got no optimizer at train begin: use it with transformers.Trainer")
         model_config = getattr(getattr(model, "config", None), "to_dict", None)
+        self._forwarding = True
         self.watcher = self.options.watch(
             [optimizer], model=model, run=getattr(args, "run_name", None),
             config={"framework": "transformers", "transformers_version": transformers.__version__,
