@@ -137,3 +137,9 @@ def test_scaler_is_found_on_accelerates_optimizer(tmp_path: Path, sqlite_server)
 def test_bad_arguments_fail_when_the_callback_is_made(kwargs: dict[str, Any], error: type) -> None:
     with pytest.raises(error):
         GradwatchCallback(**kwargs)
+
+
+def test_train_begin_without_an_optimizer_says_so(tmp_path: Path) -> None:
+    args = TrainingArguments(output_dir=str(tmp_path / "out"), report_to=[], use_cpu=True)
+    with pytest.raises(TypeError, match="got no optimizer at train begin"):
+        GradwatchCallback(server="http://127.0.0.1:9").on_train_begin(args, None, None, model=tiny_gpt2())

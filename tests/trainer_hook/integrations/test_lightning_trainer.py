@@ -240,3 +240,20 @@ def test_each_package_gets_a_callback_of_its_own_base(tmp_path: Path, sqlite_ser
     run = run_info(sqlite_server.url, w.run_id)
     assert run["config"]["user"]["framework"] == "pytorch_lightning" and run["steps"] == STEPS
     assert_equal_norms(stored_norms(sqlite_server.url, w.run_id), module.oracle)
+
+
+def test_an_exception_in_fit_closes_the_run(tmp_path: Path, sqlite_server) -> None:
+    class Failing(Regressor):
+        def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+            if self.trainer.global_step == 2:
+                raise RuntimeError("the user's bug")
+            return super().training_step(batch, batch_idx)
+
+    torch.manual_seed(0)
+    watching = GradwatchCallback(server=sqlite_server.url, warn=False)
+    with pytest.raises(RuntimeError, match="the user's bug"):
+        fit(Failing(), tmp_path, [watching], max_steps=5)
+    w = watching.watcher
+    assert w is not None and w.pending == 0
+    run = run_info(sqlite_server.url, w.run_id)
+    assert (run["status"], run["steps"]) == ("finished", 2)  # closed at the exception, not left running
