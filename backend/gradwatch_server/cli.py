@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import importlib.util
 import os
+import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -16,7 +18,7 @@ from typing import IO
 from pydantic import ValidationError
 
 from . import __version__
-from .settings import DEFAULT_HOST, DEFAULT_PORT, ENV_VARS, Settings
+from .settings import DEFAULT_HOST, DEFAULT_PORT, DEFAULT_SERVER, ENV_VARS, Settings
 from .store import Run, Store, StoreError, display_url, open_store
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
@@ -85,9 +87,10 @@ def build_parser() -> argparse.ArgumentParser:
     _db_option(imp)
 
     sync = commands.add_parser("sync", help="send spooled hook data to a server",
-                               description="Replay telemetry the hook spooled while no server was reachable.")
-    sync.add_argument("--server", metavar="URL",
-                      help="server URL (default: $GRADWATCH_SERVER, then http://127.0.0.1:8765)")
+                               description="Replay telemetry the hook spooled while no server was reachable: runs "
+                                           "the hook's `python -m gradwatch sync` (needs the hook, pip install "
+                                           "gradwatch) and exits with its status.")
+    sync.add_argument("--server", metavar="URL", help=f"server URL (default: $GRADWATCH_SERVER, then {DEFAULT_SERVER})")
     sync.add_argument("--spool", metavar="DIR", help="spool folder (default: $GRADWATCH_SPOOL, then ~/.gradwatch/spool)")
     sync.add_argument("--token", metavar="T", help="the server's token (default: $GRADWATCH_TOKEN)")
 
@@ -253,39 +256,17 @@ def cmd_import(args: argparse.Namespace, env: Mapping[str, str], out: IO[str]) -
 
 
 def cmd_sync(args: argparse.Namespace, env: Mapping[str, str], out: IO[str]) -> int:
-    """Replay the hook's spool files (runs whose server was away) to a server, then delete them."""
-    try:  # the spool format belongs to the hook; its spool module needs no torch
-        from gradwatch import spool, wire
-    except ImportError:
+    """Run the hook's `python -m gradwatch sync`: the spool and its replay belong to the hook, and
+    this package never imports it (a training machine needs the hook alone to sync)."""
+    if importlib.util.find_spec("gradwatch") is None:
         raise CommandFailed("sync replays the hook's spool: run it where the hook is installed "
-                            "(pip install gradwatch)") from None
-    server = args.server or env.get("GRADWATCH_SERVER") or wire.DEFAULT_SERVER
-    try:
-        ws_url = wire.ingest_url(server)
-    except (TypeError, ValueError) as exc:
-        raise CommandFailed(str(exc)) from None
-    directory = Path(args.spool) if args.spool else spool.spool_dir(env)
-    files = spool.pending_spools(directory)
-    if not files:
-        print(f"nothing to sync: no spooled runs in {directory}", file=out)
-        return EXIT_OK
-    failed = 0
-    with _progress(len(files), enabled=True, unit="run") as advance:
-        for path in files:
-            try:
-                sent, torn = spool.replay(path, ws_url, args.token or env.get("GRADWATCH_TOKEN"))
-            except (OSError, ConnectionError, TimeoutError) as exc:
-                failed += 1
-                print(f"run {path.stem}: not delivered ({exc}); the spool file stays", file=sys.stderr)
-            else:
-                note = f"; dropped {torn} at its end" if torn else ""
-                print(f"run {path.stem}: {sent} messages delivered{note}", file=out)
-            if advance is not None:
-                advance(1)
-    if failed:
-        raise CommandFailed(f"{failed} of {len(files)} spooled runs could not be delivered to {server}: "
-                            "is the server up (gradwatch serve)?")
-    return EXIT_OK
+                            "(pip install gradwatch), as `gradwatch-sync` or `python -m gradwatch sync`")
+    command = [sys.executable, "-m", "gradwatch", "sync"]
+    for option, value in (("--server", args.server), ("--spool", args.spool), ("--token", args.token)):
+        if value is not None:
+            command += [option, value]
+    out.flush()
+    return subprocess.run(command, env=dict(env), check=False).returncode
 
 
 def _mib(size: int) -> str:

@@ -26,7 +26,8 @@ from .layout import Layout, build_layout
 from .measure import Probe, Snapshot
 from .sampling import StepTimes, make_sampler
 from .sender import Sender
-from .spool import SpoolWriter, pending_spools, replay, spool_dir
+from .replay import replay
+from .spool import SpoolWriter, pending_spools, spool_dir
 
 log = logging.getLogger("gradwatch")
 _NAME_RE = re.compile(r"^[^\x00-\x1f\x7f]{1,200}$")
@@ -337,8 +338,9 @@ def _replay_in_background(ws_url: str, token: Optional[str]) -> None:
             return
         for path in files:
             try:
-                sent, _ = replay(path, ws_url, token)
-                log.info("gradwatch: replayed %d spooled messages of run %s", sent, path.stem)
+                done = replay(path, ws_url, token)
+                if done.claimed:
+                    log.info("gradwatch: replayed %d spooled messages of run %s", done.sent, path.stem)
             except Exception as exc:  # server still away: the file waits for the next chance
                 log.debug("gradwatch: could not replay %s: %s", path, exc)
 
