@@ -7,7 +7,7 @@ commit), resends what is unacknowledged after reconnecting with exponential back
 and drops the message the server refuses as invalid (it would be refused again) with a warning.
 Memory stays bounded: past `max_unacked_bytes` the oldest messages live only in the spool and are
 resent from there. What is still unacknowledged when `close()` gives up stays in the spool for
-the next `watch()` or `gradwatch sync`.
+the next `watch()` or `gradwatch-sync`.
 
 Sending is paced: every `linger` seconds (as the server asks: 0.25 s while a browser watches the
 run, 5 s otherwise) the thread sends what it serialized since. A fast training loop (tens of
@@ -366,7 +366,7 @@ class Sender:
         if self.spool is not None:
             self.spool.flush()
         if not delivered and self.spool is not None:
-            log.warning("gradwatch: %d messages not acknowledged yet; kept in %s: run `gradwatch sync` "
+            log.warning("gradwatch: %d messages not acknowledged yet; kept in %s: run `gradwatch-sync` "
                         "or the next watch() to deliver them", self.pending, self.spool.path)
         self._close_spool(delete=delivered)
 
