@@ -1,5 +1,5 @@
 """Step blocks: per-parameter summaries of aligned runs of steps, so that long windows read fast
-(pure numpy, no I/O; store.py keeps them, charts.py reads them).
+(pure numpy, no I/O; store/blocks_sql.py keeps them, charts.py reads them).
 
 Why. A parameter metric is stored as one row per step holding every parameter's value, so one
 parameter over 10^6 steps meant reading 10^6 rows: 4.2 s on SQLite for a run of 8 parameters

@@ -5,7 +5,7 @@ NOTIFYed on the channel `gradwatch_live`, and every worker, the one that publish
 delivers to its browsers only what its listening connection receives. So each browser gets each
 event exactly once, whichever worker it is connected to, and in the order PostgreSQL delivers
 notifications, which is commit order: the steps' notification is sent in the very transaction that
-stores them (`Store.write_steps(notice=...)`), so a hook that reconnects to another worker can
+stores them (`Store.write_steps(notify=...)`), so a hook that reconnects to another worker can
 never get its later steps shown before its earlier ones (the dashboard drops a step at or below
 the last one it has), and a worker killed after a commit cannot lose the notification. Run events
 and findings are NOTIFYed after their commit, in publication order, by one task per worker; a run's
