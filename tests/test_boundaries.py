@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import REPO
+from support.server import REPO
 
 PACKAGES = {"gradwatch_server": REPO / "backend" / "gradwatch_server", "gradwatch": REPO / "trainer_hook" / "gradwatch"}
 

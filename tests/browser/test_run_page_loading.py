@@ -24,9 +24,9 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from conftest import REPO, ServerProcess
+from support.server import REPO, ServerProcess
 from playwright import sync_api
-from synthetic import SyntheticRun
+from support.synthetic import SyntheticRun
 from test_dashboard import CHARTS, Page, browser, dash, page, seed  # noqa: F401  (browser, dash, page: fixtures)
 from test_run_page import GROUPED, INTERLEAVED, chart, hover_text
 
@@ -77,6 +77,7 @@ def test_run_html_preloads_every_module_of_the_page() -> None:
     html = (FRONTEND / "run.html").read_text()
     preloaded = re.findall(r'<link rel="modulepreload" href="([^"]+)">', html)
     scripts = re.findall(r'<script type="module"[^>]* src="([^"]+)">', html)
+    scripts += re.findall(r'<script type="module">import \{ init \} from "([^"]+)"; init\(\);</script>', html)
     assert scripts == ["/static/js/pages/run-first.js", "/static/js/pages/run.js"]
     wanted = set().union(*(imports_of(FRONTEND / s.removeprefix("/static/")) for s in scripts))
     assert len(preloaded) == len(set(preloaded)), "a module is preloaded twice"
@@ -221,7 +222,7 @@ def test_legend_hides_and_shows_a_series(dash: ServerProcess, page: Page) -> Non
     seed(dash, SyntheticRun("legend", "legend", total_steps=30), 30)
     p = page.open(dash.url + "/runs/legend")
     legend = chart(p, "lr").locator(".chart-legend .legend-item")
-    sync_api.expect(legend).to_have_text(["group 0", "group 1"])
+    sync_api.expect(legend).to_have_text(["group 0", "no_decay"])
     visible = "() => document.querySelector('[data-chart=\"lr\"]').data.filter((t) => t.hoverinfo !== 'skip').map((t) => t.visible)"
     assert p.evaluate(visible) == [True, True]
     legend.nth(1).click()

@@ -20,9 +20,9 @@ import pytest
 import torch
 
 import gradwatch
-from conftest import REPO, find_free_port, start_server
+from support.server import REPO, find_free_port, start_server
 from gradwatch.spool import read_records
-from wiresteps import spooled_steps
+from support.wiresteps import spooled_steps
 
 HOOK = [sys.executable, "-m", "gradwatch"]
 #: What the server distribution needs and the hook must not: importing any of them fails.
