@@ -29,8 +29,9 @@ from .findings import FindingWarner, run_page
 from .layout import Layout, build_layout
 from .measure import Probe, Snapshot
 from .sampling import CostMeter, make_sampler
+from .replay import replay
 from .sender import Sender
-from .spool import SpoolWriter, pending_spools, replay, spool_dir
+from .spool import SpoolWriter, pending_spools, spool_dir
 from .unwrap import find_scaler, qualified_name, unwrap
 
 log = logging.getLogger("gradwatch")
@@ -372,8 +373,9 @@ def _replay_in_background(ws_url: str, token: Optional[str]) -> None:
             return
         for path in files:
             try:
-                sent, _ = replay(path, ws_url, token)
-                log.info("gradwatch: replayed %d spooled messages of run %s", sent, path.stem)
+                done = replay(path, ws_url, token)
+                if done.claimed:
+                    log.info("gradwatch: replayed %d spooled messages of run %s", done.sent, path.stem)
             except Exception as exc:  # server still away: the file waits for the next chance
                 log.debug("gradwatch: could not replay %s: %s", path, exc)
 
