@@ -8,8 +8,10 @@ from __future__ import annotations
 import math
 from collections.abc import Iterator
 
+import gradwatch
 import httpx
 import pytest
+import torch
 from conftest import ServerProcess
 from playwright import sync_api
 from synthetic import Ingest, SyntheticRun
@@ -217,3 +219,22 @@ def test_param_groups_are_called_by_their_names_everywhere(dash: ServerProcess, 
     assert page.points("compare-lr-2") == 20      # run b's unnamed group 0
     expect(p.locator('#settings tr[data-run-id="groups-a"] [data-field="lr"] .lr')).to_have_text(
         ["decay 3.00e-4", "no_decay 3.00e-4"])
+
+
+def test_a_findings_figure_says_at_which_step_it_holds(dash: ServerProcess, page: Page) -> None:
+    """A loop that never calls zero_grad(): the finding's figure (backward passes summed) is the
+    count at the step where it was found, and says so, while the run goes on summing."""
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    w = gradwatch.watch(opt, model=model, run="no-zero-grad", project="findings", server=dash.url, warn=False)
+    for _ in range(12):
+        model(torch.randn(8, 4)).pow(2).mean().backward()  # no zero_grad(): .grad piles up
+        opt.step()
+    w.close(timeout=30)
+    p = page.open(f"{dash.url}/runs/{w.run_id}")
+    row = p.locator('.findings .finding[data-code="grad_accumulation_unbounded"]')
+    expect(row.locator(".finding-step")).to_have_text(" · from step 2")
+    expect(row.locator(".finding-figure-value")).to_have_text("2")
+    expect(row.locator(".finding-figure-step")).to_have_text("at step 2")
+    expect(p.locator('[data-field="steps"]')).to_have_text("12")  # the run went on past it
