@@ -238,3 +238,43 @@ def test_a_findings_figure_says_at_which_step_it_holds(dash: ServerProcess, page
     expect(row.locator(".finding-figure-value")).to_have_text("2")
     expect(row.locator(".finding-figure-step")).to_have_text("at step 2")
     expect(p.locator('[data-field="steps"]')).to_have_text("12")  # the run went on past it
+
+
+class ScalarsRun(SyntheticRun):
+    """A synthetic run that also logs `extra` scalars (a step's value: the step number)."""
+
+    extra: tuple[str, ...] = ()
+
+    def step(self, seq: int, step: int) -> dict[str, object]:
+        message = super().step(seq, step)
+        message["scalars"].update({k: float(step) for k in self.extra})  # type: ignore[attr-defined]
+        return message
+
+
+def scalars_run(run_id: str, params: list[str], extra: tuple[str, ...]) -> ScalarsRun:
+    run = ScalarsRun(run_id, run_id, project="defaults", total_steps=10, params=[(n, [4, 4]) for n in params])
+    run.extra = extra
+    return run
+
+
+def test_compare_defaults_to_what_every_run_has(dash: ServerProcess, page: Page) -> None:
+    seed(dash, scalars_run("def-x", ["x.weight", "s.weight"], ("aaa_only", "acc", "backward_passes")), 10)
+    seed(dash, scalars_run("def-y", ["s.weight", "y.weight"], ("acc", "backward_passes")), 10)
+    seed(dash, scalars_run("def-z", ["z.weight", "z.bias"], ("acc", "backward_passes")), 10)
+    p = page.open(dash.url + "/compare?runs=def-x,def-y,def-z")
+    p.wait_for_function("document.body.dataset.drawn === 'step:overlay'")
+    # No parameter is in all three runs: the one in most of them.
+    expect(p.locator('[data-card="compare-param-0"]')).to_have_attribute("data-param", "s.weight")
+    # A scalar every run has, the user's before the hook's.
+    expect(p.locator('[data-card="compare-scalar"] select')).to_have_value("acc")
+    assert page.points("compare-scalar") == 30
+    assert "scalar=acc" in p.url and "param=s.weight" in p.url
+
+
+def test_other_scalars_default_to_one_the_user_logged(dash: ServerProcess, page: Page) -> None:
+    seed(dash, scalars_run("other-user", ["w", "b"], ("backward_passes", "val_acc")), 10)
+    p = page.open(dash.url + "/runs/other-user")
+    expect(p.locator('[data-card="other-scalars"] select')).to_have_value("val_acc")
+    p.locator('[data-chart="other-scalars"]').scroll_into_view_if_needed()
+    page.wait_points("other-scalars", 10)
+    assert p.evaluate("""() => document.querySelector('[data-chart="other-scalars"]').data.map(t => t.name)""") == ["val_acc"]
