@@ -1,4 +1,6 @@
 # The two commands of the README: `make demo` and `make test`. Everything they need is set up here.
+# Also: `make test-fast` (the tests that need no browser, PostgreSQL, server process, corpus or
+# whole timed run), `make check` (lint, format and types), `make format`, `make screenshot`.
 PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
@@ -9,7 +11,7 @@ TORCH  := torch==2.13.0
 # pointed at PostgreSQL and the tests run on it too.
 PKGS   := ./trainer_hook './backend[postgres]'
 
-.PHONY: demo test bench bench-dashboard bench-storage setup setup-test system-deps clean
+.PHONY: demo test test-fast check format screenshot bench bench-dashboard bench-storage setup setup-test system-deps clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -26,7 +28,7 @@ $(VENV)/.stamp-test-deps: $(VENV)/.stamp-deps requirements-test.txt
 	touch $@
 
 # The dashboard's browser code from the npm registry (vendor/package-lock.json pins it): Plotly's
-# cartesian bundle, copied into frontend/ so that the server and the wheel serve it.
+# basic bundle, copied into frontend/ so that the server and the wheel serve it.
 PLOTLY_JS := frontend/vendor/plotly.min.js
 $(PLOTLY_JS): vendor/package.json vendor/package-lock.json scripts/install-vendor-js.sh
 	./scripts/install-vendor-js.sh
@@ -47,30 +49,55 @@ demo: setup
 test: setup-test
 	$(BIN)/python -m pytest
 
+# The tiers are markers that tests/conftest.py gives each test (pytest.ini declares them).
+FAST := not (browser or postgres or server or corpus or integration)
+test-fast: setup $(VENV)/.stamp-test-deps
+	$(BIN)/python -m pytest -m "$(FAST)"
+
+# Lint, format and types (ruff.toml; mypy's strict setting in each package's pyproject.toml).
+# The tools are pinned in requirements-test.txt.
+LINTED := backend trainer_hook tests benchmarks examples
+check: $(VENV)/.stamp-test-deps
+	$(BIN)/ruff check $(LINTED)
+	$(BIN)/ruff format --check $(LINTED)
+	cd backend && ../$(BIN)/mypy
+	cd trainer_hook && ../$(BIN)/mypy
+
+# What `check` asks of the layout, applied: imports sorted, then the formatter.
+format: $(VENV)/.stamp-test-deps
+	$(BIN)/ruff check --select I --fix $(LINTED)
+	$(BIN)/ruff format $(LINTED)
+
+# The README's screenshot, docs/screenshot.png, redrawn from a real training run in Chromium
+# (the test that draws it writes it under its temporary folder otherwise).
+screenshot: setup-test
+	GRADWATCH_SCREENSHOT=$(CURDIR)/docs/screenshot.png $(BIN)/python -m pytest -q \
+		tests/browser/test_dashboard.py -k test_real_training_streams_live_and_draws_the_readme_screenshot
+
 # The peers the overhead benchmark compares with (TensorBoard, wandb) go into .venv for it only.
-$(VENV)/.stamp-bench-peers: $(VENV)/.stamp-test-deps tests/bench/requirements-peers.txt
-	$(PIP) install -c constraints.txt -r tests/bench/requirements-peers.txt
+$(VENV)/.stamp-bench-peers: $(VENV)/.stamp-test-deps benchmarks/requirements-peers.txt
+	$(PIP) install -c constraints.txt -r benchmarks/requirements-peers.txt
 	touch $@
 
 # MLflow, the peer of the storage benchmark, gets a venv of its own (see the requirements file).
 BENCH_VENV := .venv-bench
-$(BENCH_VENV)/.stamp: tests/bench/requirements-mlflow.txt
+$(BENCH_VENV)/.stamp: benchmarks/requirements-mlflow.txt
 	$(PYTHON) -m venv $(BENCH_VENV)
-	$(BENCH_VENV)/bin/python -m pip --disable-pip-version-check -q install -r tests/bench/requirements-mlflow.txt
+	$(BENCH_VENV)/bin/python -m pip --disable-pip-version-check -q install -r benchmarks/requirements-mlflow.txt
 	touch $@
 
 bench: setup-test $(VENV)/.stamp-bench-peers $(BENCH_VENV)/.stamp
-	$(BIN)/python tests/bench/overhead.py
-	$(BIN)/python tests/bench/dashboard.py
-	$(BIN)/python tests/bench/storage.py
+	$(BIN)/python benchmarks/overhead.py
+	$(BIN)/python benchmarks/dashboard.py
+	$(BIN)/python benchmarks/storage.py
 
 # Storage at scale alone: ingest (SQLite, PostgreSQL, MLflow), reads, export, disk, run management.
 bench-storage: setup-test $(BENCH_VENV)/.stamp
-	$(BIN)/python tests/bench/storage.py
+	$(BIN)/python benchmarks/storage.py
 
 # The dashboard's speed alone, in real Chromium: a 1,000-tensor x 10,000-step run and a live one.
 bench-dashboard: setup-test
-	$(BIN)/python tests/bench/dashboard.py
+	$(BIN)/python benchmarks/dashboard.py
 
 clean:
 	rm -rf $(VENV) $(BENCH_VENV) build dist */build */*.egg-info vendor/node_modules frontend/vendor

@@ -1,45 +1,92 @@
 """Shared fixtures: a free port, real databases, and a real `gradwatch serve` process.
 
-`start_server(tmp_path, db_url=...)` starts one (on a temporary SQLite file unless given a
-database URL) and waits until /api/health answers. Other test folders (integration, browser) use
-it too: ``from conftest import start_server``.
+The helpers live in tests/support/ (a package; tests import them as ``from support.server import
+start_server``); this file keeps the fixtures.
 
 The storage-facing tests run on both databases the server supports. `db_url` (per test) and
 `module_db_url` (per module, for a server shared by a module's tests) are parametrized over
 `DATABASES`: an SQLite file under the test's temporary folder, or a fresh, empty database on a
 real PostgreSQL server. That server is the `postgres` session fixture: a throwaway cluster that
-tests/pg.py starts in a temporary directory (Debian's `postgresql`, which `make test` installs),
+tests/support/pg.py starts in a temporary directory (Debian's `postgresql`, which `make test` installs),
 or the server at GRADWATCH_TEST_POSTGRES_URL when that is set. Without PostgreSQL these tests
-fail and say how to install it; `-k "not postgresql"` leaves them out. The `server` fixture is
-a `gradwatch serve` on `db_url`.
+skip and say how to install it, except in CI (CI=true), where they fail; `-m "not postgres"`
+leaves them out. The `server` fixture is a `gradwatch serve` on `db_url`.
 """
 from __future__ import annotations
 
-import contextlib
-import importlib.util
 import os
-import socket
-import subprocess
-import sys
-import time
-import urllib.error
-import urllib.request
-from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+import types
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
-import pg
 import pytest
 
-REPO = Path(__file__).resolve().parents[1]
-READY_TIMEOUT_S = 30.0
+from support import pg
+from support.databases import DATABASES, new_database
+from support.server import ServerProcess, find_free_port, start_server
 
 
-def find_free_port() -> int:
-    """A TCP port that nothing listens on right now (the OS picks it)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+# -- tiers ------------------------------------------------------------------------------------
+# `make test-fast` runs what needs none of the slow parts: `-m "not (browser or postgres or server
+# or corpus or integration)"`. Each test gets those markers here, from what it uses and where it
+# lives, so that no test has to remember to declare them (and a new test that starts a server is
+# never taken for a fast one).
+
+TESTS = Path(__file__).resolve().parent
+#: The tier markers (declared in pytest.ini) that keep a test out of `make test-fast`.
+SLOW_TIERS = ("browser", "postgres", "server", "corpus", "integration")
+#: Folders whose every test is of a tier: real Chromium; the corpus (real training scripts, one
+#: process each); whole runs against servers that fail on purpose, timed (seconds each, and their
+#: timing bounds need a machine that is not loaded).
+FOLDER_TIERS = {"browser": "browser", "diagnostics": "corpus", "integration": "integration"}
+
+
+def _code_names(func: Callable[..., object], seen: set[object]) -> set[str]:
+    """The global names `func` reads, with those of the module-level functions and classes of the
+    test modules it calls, transitively: enough to see a `start_server` behind a helper."""
+    func = getattr(func, "__wrapped__", func)
+    code = getattr(func, "__code__", None)
+    if code is None or func in seen:
+        return set()
+    seen.add(func)
+    names: set[str] = set()
+    stack = [code]
+    while stack:
+        current = stack.pop()
+        names.update(current.co_names)
+        stack.extend(c for c in current.co_consts if isinstance(c, types.CodeType))
+    module_globals = getattr(func, "__globals__", {})
+    for name in list(names):
+        target = module_globals.get(name)
+        if isinstance(target, type):
+            for member in vars(target).values():
+                if callable(member) and getattr(member, "__module__", None) == target.__module__:
+                    names |= _code_names(member, seen)
+        elif callable(target) and str(getattr(target, "__module__", "")).startswith("test_"):
+            names |= _code_names(target, seen)
+    return names
+
+
+def _tiers(item: pytest.Function) -> set[str]:
+    """The slow tiers `item` belongs to: what it runs in, the fixtures it uses, what it calls."""
+    path = Path(str(item.path)).resolve()
+    tiers = {tier for folder, tier in FOLDER_TIERS.items() if TESTS / folder in path.parents}
+    fixtures = item._fixtureinfo.name2fixturedefs
+    params = getattr(getattr(item, "callspec", None), "params", {})
+    if "postgres" in item.fixturenames or "postgresql" in (params.get("db_url"), params.get("module_db_url")):
+        tiers.add("postgres")
+    funcs = [item.function] + [d.func for defs in fixtures.values() for d in defs]
+    seen: set[object] = set()
+    if any("start_server" in _code_names(f, seen) for f in funcs):
+        tiers.add("server")
+    return tiers
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        if isinstance(item, pytest.Function):
+            for tier in sorted(_tiers(item)):
+                item.add_marker(tier)
 
 
 @pytest.fixture
@@ -47,118 +94,26 @@ def free_port() -> int:
     return find_free_port()
 
 
-@dataclass
-class ServerProcess:
-    """A running `gradwatch serve`: its URLs, database (`db_path` is None on PostgreSQL), process and log."""
-
-    url: str
-    ws_url: str
-    db_url: str
-    db_path: Path | None
-    proc: subprocess.Popen[bytes]
-    log_path: Path
-    env: dict[str, str] = field(repr=False, default_factory=dict)
-
-    def log(self) -> str:
-        return self.log_path.read_text(errors="replace")
-
-    def stop(self, timeout: float = 15.0) -> int:
-        """SIGTERM (a graceful uvicorn shutdown), SIGKILL if it hangs; returns the exit code."""
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(timeout)
-        return self.proc.returncode
-
-
-def server_command() -> list[str]:
-    """`python -m gradwatch_server`, from the installed package (pip install ./backend)."""
-    return [sys.executable, "-m", "gradwatch_server"]
-
-
-def server_env(extra: Mapping[str, str] | None = None) -> dict[str, str]:
-    """This environment without GRADWATCH_* settings, plus `extra`; runs from source if not installed."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("GRADWATCH_")}
-    if importlib.util.find_spec("gradwatch_server") is None:
-        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO / "backend"), env.get("PYTHONPATH")]))
-    env.update(extra or {})
-    return env
-
-
-def start_server(tmp_path: Path, *, db_url: str | None = None, db_path: Path | None = None,
-                 token: str | None = None, crash_grace_s: float = 1.0, env: Mapping[str, str] | None = None,
-                 port: int | None = None, args: Sequence[str] = ()) -> ServerProcess:
-    """Start `gradwatch serve` on a free port and wait for health.
-
-    The database is `db_url`, else the SQLite file `db_path`, else `tmp_path/gradwatch.db`;
-    `args` are more options of `serve` (e.g. ``("--workers", "2")``).
-    """
-    port = port or find_free_port()
-    if db_url is None:
-        db_url = f"sqlite:///{db_path or tmp_path / 'gradwatch.db'}"
-    db_path = Path(db_url.removeprefix("sqlite:///")) if db_url.startswith("sqlite:///") else None
-    log_path = tmp_path / f"server-{port}.log"
-    args = [*server_command(), "serve", "--db", db_url, "--port", str(port), *args]
-    if token is not None:
-        args += ["--token", token]
-    full_env = server_env({"GRADWATCH_CRASH_GRACE_S": str(crash_grace_s), **(env or {})})
-    with open(log_path, "wb") as log:
-        proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, env=full_env, cwd=tmp_path)
-    server = ServerProcess(url=f"http://127.0.0.1:{port}", ws_url=f"ws://127.0.0.1:{port}",
-                           db_url=db_url, db_path=db_path, proc=proc, log_path=log_path, env=full_env)
-    deadline = time.monotonic() + READY_TIMEOUT_S
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"gradwatch serve exited with {proc.returncode}:\n{server.log()}")
-        try:
-            with urllib.request.urlopen(f"{server.url}/api/health", timeout=1) as response:
-                if response.status == 200:
-                    return server
-        except (urllib.error.URLError, ConnectionError, TimeoutError):
-            time.sleep(0.05)
-    server.stop()
-    raise RuntimeError(f"gradwatch serve did not answer /api/health in {READY_TIMEOUT_S} s:\n{server.log()}")
-
-
-# -- databases -------------------------------------------------------------------------------
-
-#: The databases the server supports; `db_url` and `module_db_url` are parametrized over them.
-DATABASES = ("sqlite", "postgresql")
-
-
 @pytest.fixture(scope="session")
 def postgres() -> Iterator[pg.Server]:
-    """A real PostgreSQL server for the session (its `url` names the `gradwatch_test` database)."""
+    """A real PostgreSQL server for the session (its `url` names the `gradwatch_test` database).
+
+    Where none can be started, its tests skip and say why; with CI=true they fail instead
+    (`pg.required`)."""
     try:
         server = pg.start_server(os.environ.get("GRADWATCH_TEST_POSTGRES_URL"))
     except pg.PostgresUnavailable as exc:
         problem = str(exc)  # failed outside the except block: the message alone, no traceback chain
     else:
         problem = ""
+    if problem and pg.required(os.environ):
+        pytest.fail(f"PostgreSQL is required in CI (CI=true): {problem}", pytrace=False)
     if problem:
-        pytest.fail(problem, pytrace=False)
+        pytest.skip(f"no PostgreSQL: {problem}")
     try:
         yield server
     finally:
         server.stop()
-
-
-@contextlib.contextmanager
-def new_database(request: pytest.FixtureRequest, kind: str, folder: Path) -> Iterator[str]:
-    """The URL of an empty database of `kind`: an SQLite file in `folder`, or a PostgreSQL
-    database of its own, dropped afterwards (the cluster starts only when a test needs it)."""
-    if kind == "sqlite":
-        yield f"sqlite:///{folder / 'gradwatch.db'}"
-        return
-    server: pg.Server = request.getfixturevalue("postgres")
-    url = server.create_database()
-    try:
-        yield url
-    finally:
-        server.drop_database(url)
 
 
 @pytest.fixture(params=DATABASES)

@@ -15,9 +15,9 @@ import httpx
 import numpy as np
 import pyarrow.parquet as pq
 import pytest
-from conftest import ServerProcess, start_server
-from heatcells import EMPTY_BITS, NAN_BITS, assert_same_cells, f32_bits
-from wiremsg import Hook, close, f32, hello, step, with_absent
+from support.server import ServerProcess, start_server
+from support.heatcells import EMPTY_BITS, NAN_BITS, assert_same_cells, f32_bits
+from support.wiremsg import Hook, close, f32, hello, step, with_absent
 
 PARAMS = ("enc.weight", "=cmd|' /C calc'!A0", "dec.bias")
 N = 40
@@ -476,9 +476,9 @@ def test_pages_and_static_files(tmp_path: Path) -> None:
             assert len(plotly.content) > 3_000_000
             # With the dashboard's own bundle (make setup puts it there), that one.
             (frontend / "vendor").mkdir()
-            (frontend / "vendor" / "plotly.min.js").write_text("/* plotly.js cartesian */")
+            (frontend / "vendor" / "plotly.min.js").write_text("/* plotly.js basic */")
             own = http.get("/static/vendor/plotly.min.js")
-            assert own.text == "/* plotly.js cartesian */" and "javascript" in own.headers["content-type"]
+            assert own.text == "/* plotly.js basic */" and "javascript" in own.headers["content-type"]
             assert http.get("/static/nope.js").status_code == 404
     finally:
         server.stop()

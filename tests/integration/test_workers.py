@@ -24,7 +24,8 @@ from typing import Any
 import httpx
 import numpy as np
 import pytest
-from conftest import ServerProcess, new_database, server_command, server_env, start_server
+from support.databases import new_database
+from support.server import ServerProcess, server_command, server_env, start_server
 from websockets.sync.client import ClientConnection, connect
 
 WORKERS = 2
@@ -38,7 +39,7 @@ DEADLINE_S = 90.0
 # -- the server ------------------------------------------------------------------------------
 
 @pytest.fixture
-def pg_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
+def pg_url(request: pytest.FixtureRequest, postgres: object, tmp_path: Path) -> Iterator[str]:
     with new_database(request, "postgresql", tmp_path) as url:
         yield url
 

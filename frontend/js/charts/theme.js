@@ -16,7 +16,7 @@ let plotlyLoad = null;
  * Resolves once Plotly is there; charts wait here to draw. A page without a <script> for it
  * gets one now: the run page only preloads Plotly and calls this once its data requests are
  * out, so that the server works while the browser compiles Plotly. The performance mark
- * `gradwatch:plotly` says when it was ready (tests/bench/dashboard.py reports it).
+ * `gradwatch:plotly` says when it was ready (benchmarks/dashboard.py reports it).
  */
 export function whenPlotly() {
   if (window.Plotly) return Promise.resolve(window.Plotly);

@@ -14,7 +14,7 @@
 // each chart fetches the window again, at full resolution when it has few enough steps, and
 // drops answers that a newer zoom has overtaken; zooming out draws the overview again.
 // Charts out of view fetch and draw a zoom when they are scrolled to.
-// What the page has drawn is published for tests and tests/bench/dashboard.py: body[data-ready]
+// What the page has drawn is published for tests and benchmarks/dashboard.py: body[data-ready]
 // and the performance mark `gradwatch:ready` once every chart is drawn; body[data-zoom] and the
 // mark `gradwatch:zoomed` once every chart in view shows the zoom's window ("FROM-TO", or "all").
 
@@ -241,7 +241,7 @@ async function loadAll() {
  * first; the browser sends the requests in that order, six at a time, and the server answers
  * them while the browser compiles Plotly (asking for the views below the fold only once Plotly
  * was there left the page waiting on their answers after it: 1.85 s against 1.6 s to draw every
- * chart, tests/bench/dashboard.py). Each chart then draws in its turn, those in view first,
+ * chart, benchmarks/dashboard.py). Each chart then draws in its turn, those in view first,
  * before any other, whatever order the answers come in (charts/turns.js). The per-parameter followers (optimizer state) ask for the same choice as
  * the gradient-norm chart (the same names, or the same top k by gradient norm); one whose
  * parameters came out different (live steps moved the top k between the two answers) is
