@@ -12,9 +12,9 @@ import gradwatch
 import httpx
 import pytest
 import torch
-from conftest import ServerProcess
+from support.server import ServerProcess
 from playwright import sync_api
-from synthetic import Ingest, SyntheticRun
+from support.synthetic import Ingest, SyntheticRun
 from test_dashboard import Page, browser, dash, page, seed  # noqa: F401  (browser, dash, page: fixtures)
 
 pytestmark = pytest.mark.browser
