@@ -91,10 +91,10 @@ class Watcher:
         self._amp = None if scaler is None else AmpScaler(scaler)
         self._probe = Probe(self.layout, amp=self._amp, updates=updates)
         self._tracker = GradTracker(self._probe.params)
-        owner = np.array([w.optimizer for w in self.layout.params])
         #: parameter indices of each optimizer; None stands for all (one optimizer)
-        self._members: list[Optional[np.ndarray]] = (
-            [None] if len(optimizers) == 1 else [np.flatnonzero(owner == k) for k in range(len(optimizers))])
+        self._members: list[Optional[list[int]]] = (
+            [None] if len(optimizers) == 1 else
+            [[i for i, w in enumerate(self.layout.params) if w.optimizer == k] for k in range(len(optimizers))])
         self._round: dict[int, int] = {}  # optimizer -> its steps in the open round
         self._opt_steps = [0] * len(optimizers)
         n = len(self.layout.params)
@@ -128,7 +128,13 @@ class Watcher:
         if self._amp is not None:
             self._amp.watch_steps(optimizers, self._skipped_step)
         self_ref = weakref.ref(self)
-        atexit.register(lambda: (w := self_ref()) is not None and w.close())
+
+        def close_at_exit() -> None:
+            w = self_ref()
+            if w is not None:
+                w.close()
+
+        atexit.register(close_at_exit)
 
     # -- hooks (training thread) -----------------------------------------------------------
     # With several optimizers a step is a round: it opens with the first `optimizer.step()`
@@ -215,7 +221,7 @@ class Watcher:
         if members is None:
             self._passes, self._clear = passes, clear
         else:
-            for j, i in enumerate(members.tolist()):
+            for j, i in enumerate(members):
                 self._passes[i], self._clear[i] = passes[j], clear[j]
 
     def _emit(self) -> None:
@@ -237,7 +243,7 @@ class Watcher:
             snapshot = self._probe.finish(logged, _host_arrays(passes, clear))
             steps = self._cost.measured(None if snapshot is None else snapshot.cost_s)
             if snapshot is not None:
-                self._sender.submit_step(lambda s=snapshot: self._render(s, steps))
+                self._sender.submit_step(functools.partial(self._render, snapshot, steps))
             return
         self._cost.unmeasured()
         for key in [key for key, v in logged.items() if isinstance(v, torch.Tensor) and v.device.type != "cpu"]:
