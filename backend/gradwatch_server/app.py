@@ -13,6 +13,7 @@ from . import __version__
 from .api import router
 from .charts import NotFound
 from .cost import StepCost
+from .deps import RunNotFound
 from .diagnostics import Diagnostics
 from .live import LiveHub
 from .security import HostGuard, default_allowed_hosts
@@ -38,6 +39,11 @@ async def _invalid_request(_request: Request, exc: Exception) -> JSONResponse:
 
 async def _not_found(_request: Request, exc: Exception) -> JSONResponse:
     return JSONResponse({"detail": str(exc)}, status_code=404)
+
+
+async def _run_not_found(_request: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, RunNotFound)
+    return JSONResponse(exc.body(), status_code=404)
 
 
 def create_app(settings: Settings) -> FastAPI:
@@ -77,6 +83,7 @@ def create_app(settings: Settings) -> FastAPI:
     app.state.settings = settings
     app.add_exception_handler(RequestValidationError, _invalid_request)
     app.add_exception_handler(NotFound, _not_found)
+    app.add_exception_handler(RunNotFound, _run_not_found)
     app.include_router(router)
     if settings.allowed_hosts is None:
         allowed = default_allowed_hosts(settings.host)

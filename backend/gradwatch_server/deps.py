@@ -74,10 +74,27 @@ def require_token(conn: HTTPConnection, settings: SettingsDep) -> None:
                             headers={"WWW-Authenticate": "Bearer"})
 
 
+class RunNotFound(LookupError):
+    """No run of that id: a 404 whose body says whether it was deleted (app.py answers it)."""
+
+    def __init__(self, run_id: str, deleted_at: float | None) -> None:
+        self.run_id, self.deleted_at = run_id, deleted_at
+        super().__init__(f"run {run_id!r} was deleted; GET /api/runs lists the runs there are" if deleted_at is not None
+                         else f"no run with id {run_id!r}; GET /api/runs lists them")
+
+    def body(self) -> dict[str, object]:
+        """{detail, run: "deleted" | "unknown", deleted_at (Unix seconds, when deleted)}: a page can
+        say the run is gone rather than wait for it to arrive."""
+        found: dict[str, object] = {"detail": str(self), "run": "deleted" if self.deleted_at is not None else "unknown"}
+        if self.deleted_at is not None:
+            found["deleted_at"] = self.deleted_at
+        return found
+
+
 def get_run(run_id: RunIdPath, store: StoreDep) -> Run:
     run = store.get_run(run_id)
     if run is None:
-        raise HTTPException(404, f"no run with id {run_id!r}; GET /api/runs lists them")
+        raise RunNotFound(run_id, store.deleted_at(run_id))
     return run
 
 

@@ -45,6 +45,7 @@ from sqlalchemy.exc import ArgumentError, IntegrityError, NoSuchModuleError, Ope
 from . import blocks, migrations, tails
 from .protocol import Hello, absent_mask, array_dtype
 from .schema import (
+    deleted_runs,
     diagnoses,
     findings,
     groups,
@@ -373,6 +374,7 @@ class Store:
                     .values(status="running", finished_at=None, updated_at=now)
                 )
             else:
+                conn.execute(delete(deleted_runs).where(deleted_runs.c.id == info.id))  # here again
                 conn.execute(insert(runs).values(
                     id=info.id, name=info.name or info.id, project=info.project or "default",
                     status="running", created_at=info.started_at, updated_at=now, finished_at=None,
@@ -523,11 +525,23 @@ class Store:
 
     def delete_run(self, run_id: str) -> bool:
         """Delete a run and everything stored for it, in one transaction: every table's rows
-        reference the run with ON DELETE CASCADE, on an index that starts with run_id."""
+        reference the run with ON DELETE CASCADE, on an index that starts with run_id. The id
+        is kept in `deleted_runs` (deleted_at), so that it can be told from one never stored."""
         with self._write() as conn:
             result = conn.execute(delete(runs).where(runs.c.id == run_id))
+            if result.rowcount > 0:
+                conn.execute(delete(deleted_runs).where(deleted_runs.c.id == run_id))
+                conn.execute(insert(deleted_runs).values(id=run_id, deleted_at=self._clock()))
         self._known_names = {k for k in self._known_names if k[0] != run_id}
         return result.rowcount > 0
+
+    def deleted_at(self, run_id: str) -> float | None:
+        """When the run `run_id` was deleted (Unix seconds), or None: never stored, or stored now."""
+        if not _storable(run_id):
+            return None
+        with self.engine.connect() as conn:
+            found = conn.execute(select(deleted_runs.c.deleted_at).where(deleted_runs.c.id == run_id)).scalar()
+        return None if found is None else float(found)
 
     # -- maintenance (gradwatch gc) -----------------------------------------------------------
 

@@ -21,12 +21,16 @@
 // Writes send the server's token (`gradwatch serve --token`) once the user has given it: it is
 // kept in sessionStorage for this tab only (setToken), and a 401 is an ApiError with status 401.
 
-/** An HTTP answer other than 2xx; `status` is the code, `message` the server's detail. */
+/**
+ * An HTTP answer other than 2xx; `status` is the code, `message` the server's detail, `body`
+ * the answer's JSON (a run's 404 says `run`: "deleted" or "unknown"), or null.
+ */
 export class ApiError extends Error {
-  constructor(status, message) {
+  constructor(status, message, body = null) {
     super(message);
     this.name = "ApiError";
     this.status = status;
+    this.body = body;
   }
 }
 
@@ -84,11 +88,12 @@ async function request(method, url, body, { signal } = {}) {
   }
   if (!res.ok) {
     let detail = `${res.status} ${res.statusText}`;
+    let answer = null;
     try {
-      const body = await res.json();
-      if (body && body.detail) detail = typeof body.detail === "string" ? body.detail : JSON.stringify(body.detail);
+      answer = await res.json();
+      if (answer && answer.detail) detail = typeof answer.detail === "string" ? answer.detail : JSON.stringify(answer.detail);
     } catch { /* not JSON: keep the status line */ }
-    throw new ApiError(res.status, detail);
+    throw new ApiError(res.status, detail, answer);
   }
   return res.status === 204 ? null : res.json();
 }

@@ -278,3 +278,27 @@ def test_other_scalars_default_to_one_the_user_logged(dash: ServerProcess, page:
     p.locator('[data-chart="other-scalars"]').scroll_into_view_if_needed()
     page.wait_points("other-scalars", 10)
     assert p.evaluate("""() => document.querySelector('[data-chart="other-scalars"]').data.map(t => t.name)""") == ["val_acc"]
+
+
+def test_a_deleted_runs_page_says_it_was_deleted(dash: ServerProcess, page: Page, http: httpx.Client) -> None:
+    seed(dash, SyntheticRun("doomed", "doomed", total_steps=5), 5)
+    seed(dash, SyntheticRun("kept", "kept", total_steps=5), 5)
+    assert http.delete("/api/runs/doomed").status_code == 204
+    p = page.page
+    p.goto(dash.url + "/runs/doomed")
+    expect(p.locator("#page-notice .notice-title")).to_have_text("This run was deleted")
+    expect(p.locator("#page-notice")).to_contain_text("doomed")
+    assert p.evaluate("document.body.dataset.state") == "deleted"
+    assert p.locator("#charts").is_hidden()
+
+    # An id the server never had: it may yet arrive (watch() prints it first), or never existed.
+    p.goto(dash.url + "/runs/never-was")
+    expect(p.locator("#page-notice .notice-title")).to_have_text("Waiting for this run")
+    expect(p.locator("#page-notice")).to_contain_text("or it never existed")
+
+    p.goto(dash.url + "/compare?runs=kept,doomed")
+    p.wait_for_function("document.body.dataset.ready === '1'")
+    expect(p.locator(".compare-run").nth(1)).to_contain_text("doomed was deleted")
+    # The browser's own console line for each 404 answer, and nothing else.
+    assert all("status of 404" in e for e in page.errors), page.errors
+    page.errors.clear()

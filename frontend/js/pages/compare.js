@@ -56,6 +56,7 @@ export function init() {
     params: [],          // parameter names per id
     groups: [],          // param groups per id (null when unknown)
     findings: [],        // {error, warning, info} per id, from /diagnostics (null when unknown)
+    deleted: [],         // per id: true when the server says the run was deleted
     extra: queryValue(q, "scalar"),
     metric: queryValue(q, "metric", "grad_norm"),
     chosen: q.param ? [...new Set(q.param)].slice(0, MAX_PARAMS) : null, // null: the first shared parameter
@@ -259,7 +260,7 @@ function renderRuns() {
       swatch(i),
       r ? [h("a", { href: runPageUrl(r.id) }, r.name || r.id), " ", statusBadge(r.status),
         h("span", { class: "muted" }, ` ${r.project || "default"} · ${fmtCount(r.steps)} steps · ${fmtDuration(runDuration(r))}`)]
-        : [h("code", {}, id), h("span", { class: "muted" }, " not found")]);
+        : [h("code", {}, id), h("span", { class: "muted" }, state.deleted[i] ? " was deleted" : " not found")]);
   })));
 }
 
@@ -308,11 +309,11 @@ async function load() {
         ]);
         return [run, metrics, (params.data || []).map((p) => p.name), groups, countFindings(found)];
       } catch (err) {
-        if (err instanceof ApiError && err.status === 404) return [null, null, null, null, null];
+        if (err instanceof ApiError && err.status === 404) return [null, null, null, null, null, err.body && err.body.run === "deleted"];
         throw err;
       }
     }));
-    [state.runs, state.metrics, state.params, state.groups, state.findings] = [0, 1, 2, 3, 4].map((k) => got.map((g) => g[k]));
+    [state.runs, state.metrics, state.params, state.groups, state.findings, state.deleted] = [0, 1, 2, 3, 4, 5].map((k) => got.map((g) => g[k]));
     document.title = `Compare ${state.runs.filter(Boolean).map((r) => r.name || r.id).join(", ")} · gradwatch`;
     delete document.body.dataset.drawn;
     renderRuns();

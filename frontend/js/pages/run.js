@@ -23,7 +23,7 @@ import { markersOf } from "../charts/markers.js";
 import { whenPlotly } from "../charts/theme.js";
 import { inViewFirst, nearView } from "../charts/turns.js";
 import { byId, h, notice, setChildren } from "../dom.js";
-import { toNumber } from "../format.js";
+import { fmtTime, toNumber } from "../format.js";
 import { LiveSocket, renderLiveStatus } from "../live.js";
 import { firstScalar } from "../names.js";
 import { queryValue, readQuery, writeQuery } from "../url.js";
@@ -317,8 +317,9 @@ function fillOtherSelect() {
 }
 
 function showError(err) {
-  const waiting = err instanceof ApiError && err.status === 404 && runId;
-  if (!waiting) console.error(err);
+  const deleted = err instanceof ApiError && err.status === 404 && err.body && err.body.run === "deleted";
+  const waiting = err instanceof ApiError && err.status === 404 && runId && !deleted;
+  if (!waiting && !deleted) console.error(err);
   document.body.dataset.state = "error";
   if (err instanceof ApiError && err.status === 404 && !runId) {
     setChildren(pageNotice, notice("error", "Run not found",
@@ -326,11 +327,21 @@ function showError(err) {
     grid.hidden = true;
     socket.stop();
     renderLiveStatus(header.liveEl, "offline");
+  } else if (deleted) {
+    // The server remembers the ids of the runs deleted from it: this one will not arrive.
+    const when = Number(err.body.deleted_at);
+    setChildren(pageNotice, notice("error", "This run was deleted",
+      h("p", {}, "The run ", h("code", {}, runId), " was deleted from this server",
+        Number.isFinite(when) ? ` on ${fmtTime(when)}` : "", ". ", h("a", { href: "/" }, "See all runs"), ".")));
+    document.body.dataset.state = "deleted";
+    grid.hidden = true;
+    clearTimeout(waitTimer);
   } else if (waiting) {
     // watch() prints the run's address before its hello reaches the server, and a run trained
     // while the server was away arrives with `gradwatch sync`: wait for it rather than give up.
     setChildren(pageNotice, notice("loading", "Waiting for this run",
-      h("p", {}, "No run with the id ", h("code", {}, runId), " has reached this server yet. A training script that has just called ",
+      h("p", {}, "No run with the id ", h("code", {}, runId), " has reached this server yet, and none by that id was ",
+        "deleted from it: either it has not arrived, or it never existed. A training script that has just called ",
         h("code", {}, "gradwatch.watch()"), " appears within seconds; one that trained while the server was away, once ",
         h("code", {}, "gradwatch sync"), " delivers it. This page shows the run as soon as it arrives. ",
         h("a", { href: "/" }, "See all runs"), ".")));
