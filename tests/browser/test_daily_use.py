@@ -302,3 +302,29 @@ def test_a_deleted_runs_page_says_it_was_deleted(dash: ServerProcess, page: Page
     # The browser's own console line for each 404 answer, and nothing else.
     assert all("status of 404" in e for e in page.errors), page.errors
     page.errors.clear()
+
+
+def test_memory_starts_on_a_log_axis_when_rss_dwarfs_the_model(dash: ServerProcess, page: Page) -> None:
+    """A small model's parameters, gradients and optimizer state beside the process RSS: on a
+    linear axis they sit at 0; the memory chart starts on a log axis, which the toggle can leave."""
+    torch.manual_seed(0)
+    model = torch.nn.Linear(8, 2)
+    opt = torch.optim.Adam(model.parameters(), lr=0.01)
+    w = gradwatch.watch(opt, model=model, run="memory-log", project="memory", server=dash.url, warn=False)
+    for _ in range(6):
+        opt.zero_grad()
+        model(torch.randn(4, 8)).pow(2).mean().backward()
+        opt.step()
+    w.close(timeout=30)
+    p = page.open(f"{dash.url}/runs/{w.run_id}")
+    chart = p.locator('[data-chart="memory"]')
+    chart.scroll_into_view_if_needed()
+    page.wait_points("memory", 6)
+    traces = chart.evaluate("el => el.data.filter(t => t.hoverinfo !== 'skip').map(t => [t.name, Math.max(...t.y)])")
+    peaks = dict(traces)
+    assert peaks["process RSS"] > 100 * peaks["parameters"], peaks
+    assert chart.evaluate("el => el._fullLayout.yaxis.type") == "log"
+    box = p.locator('[data-card="memory"] .toggle input')
+    expect(box).to_be_checked()
+    box.uncheck()
+    p.wait_for_function("""() => document.querySelector('[data-chart="memory"]')._fullLayout.yaxis.type === 'linear'""")

@@ -70,6 +70,7 @@ export function createRunViews(state, { onXRange, onSelect, onParam, onModule, o
       id: "memory", title: "Memory", help: "Parameters, gradients and optimizer state; CUDA when used",
       keys: (s) => s.filter((k) => k.startsWith("mem/")).sort((a, b) => memRank(a) - memRank(b) || a.localeCompare(b)),
       label: (k) => MEM_LABEL[k] || k.slice(4).replace("/", " "), bytes: true, emptyText: "No memory figures in this run", onXRange,
+      logWhenSpread: 100, // process RSS beside a small model's parameters: both readable
     }),
     other: scalarView({
       id: "other-scalars", title: "Other scalars", help: "Any other value the run reports",

@@ -24,12 +24,16 @@ export function pointsFor(el) {
 /**
  * @param {{id: string, title: string, help?: string, keys: (scalars: string[]) => string[],
  *          label?: (key: string) => string, log?: boolean, bytes?: boolean, emptyText?: string,
- *          wide?: boolean, onXRange: Function, extraTools?: Node[]}} o
+ *          wide?: boolean, onXRange: Function, extraTools?: Node[], logWhenSpread?: number}} o
+ *   logWhenSpread: draw on a log axis when the largest value is this many times the smallest
+ *   (memory: process RSS beside a small model's parameters), until the user sets the toggle.
  */
 export function scalarView(o) {
   const label = o.label || ((k) => k);
   const tools = [...(o.extraTools || [])];
-  tools.push(toggle("log", Boolean(o.log), (on) => chart.setLog(on), "Logarithmic y axis"));
+  let logChosen = false; // the user set the toggle: it stays as they left it
+  const logToggle = toggle("log", Boolean(o.log), (on) => { logChosen = true; chart.setLog(on); }, "Logarithmic y axis");
+  tools.push(logToggle);
   const { card, plot } = chartCard({ id: o.id, title: o.title, help: o.help, tools, wide: o.wide });
   const chart = new LineChart(plot, {
     name: o.id, log: Boolean(o.log), emptyText: o.emptyText || "No data yet", onXRange: o.onXRange,
@@ -68,6 +72,11 @@ export function scalarView(o) {
         chart.setScale(size, unit);
         chart.opts.yTitle = unit;
       }
+      if (o.logWhenSpread && !logChosen) {
+        const log = spread(series) >= o.logWhenSpread;
+        chart.opts.log = log;
+        logToggle.querySelector("input").checked = log;
+      }
       for (const [i, k] of keys.entries()) {
         const ys = series[i].y;
         if (ys.length) ctx.state.latest[k] = ys[ys.length - 1];
@@ -94,6 +103,20 @@ export function scalarView(o) {
     pointsPerSeries: () => Math.max(0, ...chart.series.map((s) => s.x.length)),
     setXRange: zoomer.setXRange,
   };
+}
+
+/** How many times the largest positive finite value of `series` is the smallest (1 when none). */
+export function spread(series) {
+  let lo = Infinity;
+  let hi = 0;
+  for (const s of series) {
+    for (const v of s.y) {
+      if (v === null || !Number.isFinite(v) || v <= 0) continue;
+      if (v < lo) lo = v;
+      if (v > hi) hi = v;
+    }
+  }
+  return hi > 0 ? hi / lo : 1;
 }
 
 /** A series answer ({step, value, min, max, downsampled}) as a chart series. */
