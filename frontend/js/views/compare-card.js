@@ -5,6 +5,7 @@
 import { h, setChildren } from "../dom.js";
 import { fmtNum, toNumbers } from "../format.js";
 import { LineChart } from "../charts/line.js";
+import { valueRange } from "../charts/line-figure.js";
 import { seriesColor } from "../charts/theme.js";
 import { chartCard, toggle } from "./card.js";
 
@@ -24,18 +25,9 @@ export function xValues(d, x) {
 
 /** [lo, hi] of every drawable value of `series` (lines and downsampling bands), padded, or null. */
 export function sharedYRange(series, log) {
-  let lo = Infinity;
-  let hi = -Infinity;
-  for (const s of series) {
-    for (const arr of [s.y, s.min, s.max]) {
-      for (const v of arr || []) {
-        if (v === null || !Number.isFinite(v) || (log && v <= 0)) continue;
-        if (v < lo) lo = v;
-        if (v > hi) hi = v;
-      }
-    }
-  }
-  if (!Number.isFinite(lo)) return null;
+  const found = valueRange(series.map((s) => ({ x: s.x || [], y: s.y, min: s.min, max: s.max })), log);
+  if (!found) return null;
+  const [lo, hi] = found;
   if (log) {
     const f = lo === hi ? 1.5 : (hi / lo) ** 0.05;
     return [lo / f, hi * f];
