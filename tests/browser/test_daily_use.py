@@ -75,7 +75,8 @@ def y_range(p: sync_api.Page, chart: str) -> list[float]:
     return p.evaluate("c => document.querySelector(`[data-chart=\"${c}\"]`)._fullLayout.yaxis.range.slice()", chart)
 
 
-def test_zoom_normalises_a_reversed_window_and_fits_y_to_it(dash: ServerProcess, page: Page, http: httpx.Client) -> None:
+def test_zoom_normalises_a_reversed_window_and_fits_y_to_it(dash: ServerProcess, page: Page,
+                                                           http: httpx.Client) -> None:
     seed(dash, SyntheticRun("zoom-y", "zoom-y", total_steps=300), 300)
     p = page.open(dash.url + "/runs/zoom-y?from=280&to=240")  # written backwards
     p.wait_for_function("document.body.dataset.zoom === '240-280'")
@@ -213,7 +214,8 @@ def test_param_groups_are_called_by_their_names_everywhere(dash: ServerProcess, 
     p = page.open(dash.url + "/compare?runs=groups-a,groups-b")
     p.wait_for_function("document.body.dataset.drawn === 'step:overlay'")
     cards = p.locator('[data-card^="compare-lr"]')
-    expect(cards.locator("h2")).to_have_text(["Learning rate · decay", "Learning rate · no_decay", "Learning rate · group 0"])
+    expect(cards.locator("h2")).to_have_text(
+        ["Learning rate · decay", "Learning rate · no_decay", "Learning rate · group 0"])
     assert page.points("compare-lr") == 30        # decay: run a only
     assert page.points("compare-lr-1") == 50      # no_decay: both runs
     assert page.points("compare-lr-2") == 20      # run b's unnamed group 0
@@ -277,7 +279,8 @@ def test_other_scalars_default_to_one_the_user_logged(dash: ServerProcess, page:
     expect(p.locator('[data-card="other-scalars"] select')).to_have_value("val_acc")
     p.locator('[data-chart="other-scalars"]').scroll_into_view_if_needed()
     page.wait_points("other-scalars", 10)
-    assert p.evaluate("""() => document.querySelector('[data-chart="other-scalars"]').data.map(t => t.name)""") == ["val_acc"]
+    names = p.evaluate("""() => document.querySelector('[data-chart="other-scalars"]').data.map(t => t.name)""")
+    assert names == ["val_acc"]
 
 
 def test_a_deleted_runs_page_says_it_was_deleted(dash: ServerProcess, page: Page, http: httpx.Client) -> None:
