@@ -11,7 +11,7 @@ import secrets
 import threading
 import time
 import weakref
-from typing import Any, Iterable, Mapping, Optional, Sequence, Union
+from typing import Any, Callable, Iterable, Mapping, Optional, Sequence, Union
 from urllib.parse import urlsplit
 
 import numpy as np
@@ -21,6 +21,7 @@ import torch
 from . import __version__, wire
 from .wire import DEFAULT_SERVER, ingest_url
 from .accumulation import GradTracker
+from .context import context_config, user_config
 from .findings import FindingWarner, run_page
 from .layout import Layout, build_layout
 from .measure import Probe, Snapshot
@@ -53,8 +54,12 @@ class Watcher:
                  model: Union[torch.nn.Module, Iterable[tuple[str, torch.Tensor]], None] = None,
                  run: Optional[str] = None, project: Optional[str] = None, server: Optional[str] = None,
                  every: Union[int, str] = 1, scaler: Any = None, token: Optional[str] = None,
-                 updates: bool = False, warn: bool = True) -> None:
+                 updates: bool = False, warn: bool = True, config: Optional[Mapping[str, Any]] = None,
+                 on_finding: Optional[Callable[[dict[str, Any]], Any]] = None) -> None:
         optimizers = _optimizers(optimizer)
+        user = user_config(config)
+        if on_finding is not None and not callable(on_finding):
+            raise TypeError(f"on_finding must be a function taking a finding (a dict), not {type(on_finding).__name__}")
         self._sampler = make_sampler(every)
         if not isinstance(updates, bool) or not isinstance(warn, bool):
             raise TypeError("updates and warn must be True or False")
@@ -106,13 +111,14 @@ class Watcher:
                  "optimizer": "+".join(type(o).__name__ for o in optimizers),
                  "config": {"every": every, "amp": scaler is not None, "updates": updates,
                             "optimizers": [type(o).__name__ for o in optimizers],
-                            "unoptimized_params": self.layout.unoptimized, "frozen_params": self.layout.frozen}},
+                            "unoptimized_params": self.layout.unoptimized, "frozen_params": self.layout.frozen,
+                            **context_config(self.layout, model, user)}},
             params=self.layout.hello_params(), groups=self.layout.hello_groups())
         self._sender = Sender(url, hello, token=token, spool=_open_spool(self.run_id, hello))
         self._server_here = _on_this_machine(url)  # then its CPU per step is part of what watching costs
         self._server_seen = 0.0  # the server's figure the sampler last learnt
         _replay_in_background(url, token)
-        self._sender.on_finding = FindingWarner(warn, run_page(server, self.run_id))
+        self._sender.on_finding = FindingWarner(warn, run_page(server, self.run_id), callback=on_finding)
         self._handles = []
         for k, opt in enumerate(optimizers):
             self._handles += [opt.register_step_pre_hook(functools.partial(self._before_step, k)),
@@ -383,7 +389,8 @@ def watch(optimizer: Union[torch.optim.Optimizer, Sequence[torch.optim.Optimizer
           model: Union[torch.nn.Module, Iterable[tuple[str, torch.Tensor]], None] = None,
           run: Optional[str] = None, project: Optional[str] = None, server: Optional[str] = None,
           every: Union[int, str] = 1, scaler: Any = None, token: Optional[str] = None,
-          updates: bool = False, warn: bool = True) -> Watcher:
+          updates: bool = False, warn: bool = True, config: Optional[Mapping[str, Any]] = None,
+          on_finding: Optional[Callable[[dict[str, Any]], Any]] = None) -> Watcher:
     """Watch `optimizer` (or a list of optimizers); see `Watcher`. Raises TypeError/ValueError on bad arguments.
 
     Several optimizers (`watch([opt_d, opt_g], ...)`) make one run: a step is a round in which
@@ -394,7 +401,11 @@ def watch(optimizer: Union[torch.optim.Optimizer, Sequence[torch.optim.Optimizer
     every: measure every N-th `optimizer.step()`, or "auto" to keep what watching costs within 1%
         of the step time (the hook's threads, and a server on this machine: its acks say its CPU). updates: also measure `update_norm`/`update_ratio` (holds one copy of the
         parameters during sampled steps). warn: show each diagnostic once as a Python warning.
+    config: your settings (a dict of JSON values), stored with the run beside the context the hook
+        records (optimizer, versions, host, command line, git commit: gradwatch/context.py).
+    on_finding: called with each new diagnostic (a dict: code, severity, message, params,
+        first_step), on gradwatch's sender thread, never inside a step; what it raises is logged.
     """
     return Watcher(optimizer, model=model, run=run, project=project, server=server, every=every,
-                   scaler=scaler, token=token, updates=updates, warn=warn)
+                   scaler=scaler, token=token, updates=updates, warn=warn, config=config, on_finding=on_finding)
 
