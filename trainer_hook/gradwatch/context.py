@@ -15,9 +15,9 @@ import platform
 import socket
 import subprocess
 import sys
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any, Optional, Sequence
+from typing import Any
 
 import torch
 
@@ -32,7 +32,7 @@ GIT_TIMEOUT_S = 2.0
 MAX_CONFIG_BYTES = 1 << 20
 
 
-def user_config(config: Any) -> Optional[dict[str, Any]]:
+def user_config(config: Any) -> dict[str, Any] | None:
     """The user's `config=` as a plain dict, or None; TypeError unless it is a mapping with string
     keys that JSON can hold exactly (no NaN or infinities, no objects), ValueError past 1 MiB."""
     if config is None:
@@ -62,7 +62,7 @@ def run_context(layout: Layout, model: Any) -> dict[str, Any]:
                       ("cwd", os.getcwd), ("git", lambda: git_state(_script_dir()))):
         try:
             out[key] = read()
-        except Exception as exc:  # one missing fact must not cost the others, nor watch()
+        except Exception as exc:  # noqa: BLE001  (one missing fact must not cost the others, nor watch())
             log.debug("gradwatch: run context: no %s (%s)", key, exc)
     return out
 
@@ -93,7 +93,7 @@ def _parameters(layout: Layout, model: Any) -> dict[str, int]:
     return counts
 
 
-def _versions() -> dict[str, Optional[str]]:
+def _versions() -> dict[str, str | None]:
     return {"gradwatch": __version__, "torch": torch.__version__, "python": platform.python_version(),
             "cuda": torch.version.cuda}
 
@@ -119,12 +119,12 @@ def _script_dir() -> Path:
     return Path.cwd()
 
 
-def git_state(directory: Path, timeout: float = GIT_TIMEOUT_S) -> Optional[dict[str, Any]]:
+def git_state(directory: Path, timeout: float = GIT_TIMEOUT_S) -> dict[str, Any] | None:
     """`{"commit": sha, "dirty": bool}` of the git checkout holding `directory`, None outside one
     (or without git, or past `timeout`). Dirty: tracked files differ from the commit."""
-    def git(*args: str) -> Optional[str]:
+    def git(*args: str) -> str | None:
         try:
-            done = subprocess.run(["git", *args], cwd=directory, capture_output=True, text=True, timeout=timeout,
+            done = subprocess.run(["git", *args], cwd=directory, capture_output=True, text=True, timeout=timeout, check=False,
                                   stdin=subprocess.DEVNULL, env={**os.environ, "GIT_OPTIONAL_LOCKS": "0"})
         except (OSError, subprocess.SubprocessError) as exc:
             log.debug("gradwatch: git %s: %s", args[0], exc)
@@ -138,7 +138,7 @@ def git_state(directory: Path, timeout: float = GIT_TIMEOUT_S) -> Optional[dict[
     return {"commit": commit, "dirty": None if status is None else bool(status)}
 
 
-def context_config(layout: Layout, model: Any, config: Optional[dict[str, Any]]) -> dict[str, Any]:
+def context_config(layout: Layout, model: Any, config: dict[str, Any] | None) -> dict[str, Any]:
     """The keys `watch()` adds to the hello's run config: `context`, and `user` when given."""
     out: dict[str, Any] = {"context": run_context(layout, model)}
     if config is not None:
