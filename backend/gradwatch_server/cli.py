@@ -76,6 +76,9 @@ def build_parser() -> argparse.ArgumentParser:
     export.add_argument("run", metavar="RUN", help="run id (or a name only one run has)")
     export.add_argument("--format", choices=["csv", "json", "parquet"], default="csv",
                         help="csv (one row per step and parameter), json (JSON lines, re-importable), parquet")
+    export.add_argument("--table", choices=["params", "steps"], default="params",
+                        help="params (one row per step and parameter) or steps (one row per step, one column "
+                             "per scalar: loss, learning rates, grad_norm_total, memory, your scalars)")
     export.add_argument("-o", "--output", metavar="FILE", help="write here (default: standard output)")
     _db_option(export)
 
@@ -207,13 +210,14 @@ def _progress(total: int, enabled: bool, unit: str = "step") -> Iterator[Callabl
 
 def cmd_export(args: argparse.Namespace, env: Mapping[str, str], out: IO[str]) -> int:
     from .exporters import FORMATS
+    from .step_table import STEP_FORMATS
 
     if args.output is None and args.format == "parquet" and out.isatty():
         raise CommandFailed("refusing to write Parquet to a terminal; pass -o FILE")
     store = _store(args, env)
     try:
         run = _find_run(store, args.run)
-        fmt = FORMATS[args.format]
+        fmt = (STEP_FORMATS if args.table == "steps" else FORMATS)[args.format]
         with _progress(run.steps, args.output is not None) as progress:
             chunks = fmt.write(store, run, progress)
             if args.output is None:

@@ -112,16 +112,33 @@ def _step_line(record: StepRecord) -> dict[str, object]:
     }
 
 
-def export_jsonl(store: Store, run: Run, progress: Progress | None = None) -> Iterator[bytes]:
-    """First a run line (run, params, groups), then one line per step; `gradwatch import` reads it."""
-    params = store.get_params(run.id)
-    yield _json_line({
+def _run_line(store: Store, run: Run, params: list[Param]) -> dict[str, object]:
+    return {
         "type": "run",
         # Not the findings counts: they are derived, and the importing server derives them again.
         "run": RunPublic.of(run).model_dump(exclude={"findings"}),
         "params": [ParamPublic.of(p).model_dump() for p in params],
         "groups": [asdict(g) for g in store.get_groups(run.id)],
-    })
+    }
+
+
+#: Key of the run's description in an exported Parquet file's metadata.
+PARQUET_RUN_KEY = b"gradwatch.run"
+
+
+def parquet_metadata(store: Store, run: Run) -> dict[bytes, bytes]:
+    """The run as the JSON export's first line describes it (its config with the context the hook
+    recorded, its param groups; not the parameter list, which the table's rows name), as
+    Parquet key-value metadata: a Parquet file alone says which run, code and settings it holds."""
+    line = _run_line(store, run, [])
+    del line["params"]
+    return {PARQUET_RUN_KEY: json.dumps(line, allow_nan=False, separators=(",", ":")).encode()}
+
+
+def export_jsonl(store: Store, run: Run, progress: Progress | None = None) -> Iterator[bytes]:
+    """First a run line (run, params, groups), then one line per step; `gradwatch import` reads it."""
+    params = store.get_params(run.id)
+    yield _json_line(_run_line(store, run, params))
     for chunk in store.iter_steps(run.id, chunk=chunk_steps(len(params))):
         yield b"".join(_json_line(_step_line(r)) for r in chunk)
         if progress:
@@ -154,13 +171,14 @@ def _arrow_chunk(schema: pa.Schema, params: list[Param], chunk: list[StepRecord]
 
 
 def export_parquet(store: Store, run: Run, progress: Progress | None = None) -> Iterator[bytes]:
-    """The CSV's table as Parquet, one row group per chunk of steps.
+    """The CSV's table as Parquet, one row group per chunk of steps, the run's description in the
+    file's metadata (`parquet_metadata`).
 
     pyarrow writes to a temporary file, and the bytes are passed on as they land there:
     Parquet needs its footer last, and a native file keeps pyarrow off Python file objects.
     """
     params = store.get_params(run.id)
-    schema = _arrow_schema(csv_columns(store.series_names(run.id, "param")))
+    schema = _arrow_schema(csv_columns(store.series_names(run.id, "param"))).with_metadata(parquet_metadata(store, run))
     with tempfile.TemporaryDirectory(prefix="gradwatch-export-") as tmp:
         path = Path(tmp) / "run.parquet"
         writer = pq.ParquetWriter(str(path), schema)
