@@ -64,6 +64,13 @@ def build_parser() -> argparse.ArgumentParser:
                        help=f"worker processes serving the port (default: ${ENV_VARS['workers']}, then 1); more "
                             "than 1 needs PostgreSQL (--db postgresql://...), which passes live updates between "
                             "them; SQLite stays one process")
+    serve.add_argument("--notify", metavar="URL", action="append",
+                       help="POST each new error or warning finding to this webhook (Slack, Discord, ntfy "
+                            "with the topic as #fragment, or any receiver of JSON); repeat for several "
+                            f"(default: ${ENV_VARS['notify']}, comma-separated)")
+    serve.add_argument("--public-url", metavar="URL",
+                       help="the dashboard's address as people reach it, for the links in notifications "
+                            f"(default: ${ENV_VARS['public_url']}, then the address served)")
     serve.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
 
     runs = commands.add_parser("runs", help="list stored runs", description="List the runs in a database.")
@@ -146,7 +153,8 @@ def cmd_serve(args: argparse.Namespace, env: Mapping[str, str]) -> int:
     from .app import create_app
 
     settings = Settings.from_env(env, db_url=args.db, host=args.host, port=args.port, token=args.token,
-                                 allowed_hosts=args.allowed_hosts, workers=args.workers)
+                                 allowed_hosts=args.allowed_hosts, workers=args.workers, notify=args.notify,
+                                 public_url=args.public_url)
     problem = workers.refusal(settings)
     if problem:
         print(f"gradwatch: error: {problem}", file=sys.stderr)
