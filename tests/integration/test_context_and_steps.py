@@ -37,8 +37,9 @@ def trained(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[ServerPr
     oracle: dict[int, dict[str, float]] = {}
 
     def before(o: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:  # registered first: sees the same grads
-        total = math.sqrt(sum(float(torch.linalg.vector_norm(p.grad)) ** 2 for p in model.parameters()))
-        oracle[len(oracle) + 1] = {"grad_norm_total": total, "lr/0": o.param_groups[0]["lr"]}
+        norms = [float(torch.linalg.vector_norm(p.grad)) for p in model.parameters()]
+        oracle[len(oracle) + 1] = {"grad_norm_total": math.sqrt(sum(n * n for n in norms)),
+                                   "lr/0": o.param_groups[0]["lr"], "norms": norms}  # type: ignore[dict-item]
 
     opt.register_step_pre_hook(before)
     w = gradwatch.watch(opt, model=model, run="ctx", project="tests", server=server.url, warn=False, config=CONFIG)
@@ -210,3 +211,26 @@ def test_parameter_series_are_smoothed_per_parameter(trained: Any) -> None:
     for r, s in zip(raw["series"], smooth["series"]):
         assert r["param"] == s["param"]
         np.testing.assert_allclose(values_of(s), reference_ema(values_of(r), 0.6)[10:], rtol=1e-6)
+
+
+def test_the_spread_across_parameters_matches_numpy_on_the_oracle_norms(trained: Any) -> None:
+    server, run_id, _, oracle = trained
+    norms = np.array([oracle[s]["norms"] for s in range(1, STEPS + 1)])  # steps x parameters
+    with httpx.Client(base_url=server.url, timeout=30) as http:
+        full = http.get(f"/api/runs/{run_id}/params/spread", params={"metric": "grad_norm"}).json()
+        small = http.get(f"/api/runs/{run_id}/params/spread", params={"max_points": 6, "start": 5}).json()
+        missing = http.get(f"/api/runs/{run_id}/params/spread", params={"metric": "nope"})
+        status = http.get(f"/api/runs/{run_id}/params/spread", params={"metric": "grad_status"})
+    assert full["step"] == list(range(1, STEPS + 1)) and not full["downsampled"]
+    assert full["params"] == [4] * STEPS and full["nonfinite"] == [0] * STEPS
+    for key, q in (("min", 0), ("q25", 0.25), ("median", 0.5), ("q75", 0.75), ("max", 1)):
+        np.testing.assert_allclose(full[key], np.quantile(norms, q, axis=1), rtol=1e-6)
+    # downsampled: each parameter counts with its mean over the bucket's steps
+    assert small["downsampled"] and len(small["step"]) == 6 and small["step"][0] == 5
+    bounds = small["step"] + [STEPS + 1]
+    for j in range(6):
+        means = norms[bounds[j] - 1:bounds[j + 1] - 1].mean(axis=0)
+        assert small["median"][j] == pytest.approx(float(np.median(means)), rel=1e-6)
+        assert small["max"][j] == pytest.approx(float(means.max()), rel=1e-6)
+    assert missing.status_code == status.status_code == 404
+    assert "has no float parameter metric 'nope'" in missing.json()["detail"]

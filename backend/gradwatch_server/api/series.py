@@ -6,9 +6,9 @@ from typing import Annotated, Literal
 import pydantic_core
 from fastapi import APIRouter, Query, Response
 
-from .. import charts
+from .. import charts, spread
 from ..deps import RunDep, StoreDep
-from ..models import Heatmap, ParamSeriesPublic, Series
+from ..models import Heatmap, ParamSeriesPublic, Series, Spread
 from ..protocol import MAX_INT64
 from ..store import Param, Store
 
@@ -62,6 +62,14 @@ def param_series(
             return ParamSeriesPublic(metric=metric, downsampled=False, step=[], series=[])
     return charts.param_series(store, run.id, params, metric, names, top, order,
                                start, end, max_points, with_time=time, smooth=smooth)
+
+
+@router.get("/params/spread")
+def param_spread(run: RunDep, store: StoreDep, metric: Name = "grad_norm", start: Start = None, end: End = None,
+                 max_points: MaxPoints = 500) -> Spread:
+    """Min, quartiles, median and max of a metric across the parameters at each step (a bucket's
+    parameter means when downsampled): docs/api.md, Spread."""
+    return spread.spread(store, run.id, run.param_count, metric, start, end, max_points)
 
 
 def _known(store: Store, run_id: str, metric: str) -> None:
