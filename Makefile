@@ -26,7 +26,7 @@ $(VENV)/.stamp-test-deps: $(VENV)/.stamp-deps requirements-test.txt
 	touch $@
 
 # The dashboard's browser code from the npm registry (vendor/package-lock.json pins it): Plotly's
-# cartesian bundle, copied into frontend/ so that the server and the wheel serve it.
+# basic bundle, copied into frontend/ so that the server and the wheel serve it.
 PLOTLY_JS := frontend/vendor/plotly.min.js
 $(PLOTLY_JS): vendor/package.json vendor/package-lock.json scripts/install-vendor-js.sh
 	./scripts/install-vendor-js.sh
@@ -48,29 +48,29 @@ test: setup-test
 	$(BIN)/python -m pytest
 
 # The peers the overhead benchmark compares with (TensorBoard, wandb) go into .venv for it only.
-$(VENV)/.stamp-bench-peers: $(VENV)/.stamp-test-deps tests/bench/requirements-peers.txt
-	$(PIP) install -c constraints.txt -r tests/bench/requirements-peers.txt
+$(VENV)/.stamp-bench-peers: $(VENV)/.stamp-test-deps benchmarks/requirements-peers.txt
+	$(PIP) install -c constraints.txt -r benchmarks/requirements-peers.txt
 	touch $@
 
 # MLflow, the peer of the storage benchmark, gets a venv of its own (see the requirements file).
 BENCH_VENV := .venv-bench
-$(BENCH_VENV)/.stamp: tests/bench/requirements-mlflow.txt
+$(BENCH_VENV)/.stamp: benchmarks/requirements-mlflow.txt
 	$(PYTHON) -m venv $(BENCH_VENV)
-	$(BENCH_VENV)/bin/python -m pip --disable-pip-version-check -q install -r tests/bench/requirements-mlflow.txt
+	$(BENCH_VENV)/bin/python -m pip --disable-pip-version-check -q install -r benchmarks/requirements-mlflow.txt
 	touch $@
 
 bench: setup-test $(VENV)/.stamp-bench-peers $(BENCH_VENV)/.stamp
-	$(BIN)/python tests/bench/overhead.py
-	$(BIN)/python tests/bench/dashboard.py
-	$(BIN)/python tests/bench/storage.py
+	$(BIN)/python benchmarks/overhead.py
+	$(BIN)/python benchmarks/dashboard.py
+	$(BIN)/python benchmarks/storage.py
 
 # Storage at scale alone: ingest (SQLite, PostgreSQL, MLflow), reads, export, disk, run management.
 bench-storage: setup-test $(BENCH_VENV)/.stamp
-	$(BIN)/python tests/bench/storage.py
+	$(BIN)/python benchmarks/storage.py
 
 # The dashboard's speed alone, in real Chromium: a 1,000-tensor x 10,000-step run and a live one.
 bench-dashboard: setup-test
-	$(BIN)/python tests/bench/dashboard.py
+	$(BIN)/python benchmarks/dashboard.py
 
 clean:
 	rm -rf $(VENV) $(BENCH_VENV) build dist */build */*.egg-info vendor/node_modules frontend/vendor

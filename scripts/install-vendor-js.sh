@@ -15,7 +15,6 @@ npm ci --prefix vendor --no-audit --no-fund --loglevel=error
 mkdir -p frontend/vendor
 # With this first line (V8's explicit compile hints), Chromium compiles the whole file on a
 # background thread while it loads, rather than function by function on the main thread as
-# Plotly first runs: the run page drew every chart in 1.39 s instead of 1.58 s (medians of 10
-# interleaved loads of tests/bench/dashboard.py's run). Other browsers read a comment.
+# Plotly first runs, so the run page draws sooner (docs/benchmarks.md). Other browsers read a comment.
 { echo '//# allFunctionsCalledOnLoad'; cat vendor/node_modules/plotly.js-basic-dist-min/plotly-basic.min.js; } \
   > frontend/vendor/plotly.min.js

@@ -1,42 +1,16 @@
 """Step blocks: per-parameter summaries of aligned runs of steps, so that long windows read fast
-(pure numpy, no I/O; store.py keeps them, charts.py reads them).
+(pure numpy, no I/O; the store keeps them, charts.py reads them).
 
-Why. A parameter metric is stored as one row per step holding every parameter's value, so one
-parameter over 10^6 steps meant reading 10^6 rows: 4.2 s on SQLite for a run of 8 parameters
-(tests/bench/storage.py, before this module), and more for a large model, since SQLite loads a
-whole blob to take a 4-byte slice of it; a scalar (the loss) over 10^6 steps took 2.1 s.
-Downsampled to 2,000 points, such a series needs 2,000 buckets of summaries, not 10^6 values.
-
-What. Block `k` of size `S` summarizes the stored steps in [k*S, (k+1)*S) of one series (a
-parameter metric, for every parameter; or a scalar): the minimum and maximum of the values that compare (finite and ±Inf), the sum
-and count of the finite ones, and the count of NaNs (ABSENT, "does not apply", is not counted).
-That is exactly what `downsample.summarize` and `downsample.peak` need, and it merges exactly:
-a bucket made of blocks has the min, max, NaN flag and finite count of its raw values, and their
-mean to float64 rounding (the sum is float64; scalars keep float64 extremes). Sizes are `SIZES` (16, 64, ...,
-16384: each divides the next by 4), so a bucket of W steps (a multiple of the size used) is read
-as at most W/S + 2 pieces per level, and a series of N steps as at most about 4 x max_points
-block rows. Values at full resolution never come from blocks: charts.py reads a window of up to
-16 x max_points stored steps (4,096 at least) raw.
-
-Cost, measured with tests/bench/storage.py. Disk: 20 bytes per parameter per 16 steps, and a
-quarter of that again for each larger size, about 1.7 bytes per value beside the 4 of the value
-itself (SQLite, 1,000 parameters x 2,000 steps: 4.2 -> 6.0 bytes per stored value). Ingest: a
-block is computed from at most 16 rows, or 4 blocks, and only once closed: the store's write of
-a step of 1,000 parameters, 7 metrics and 8 scalars goes from 0.3-0.4 to 0.7 ms (end to end, the
-server spends 1.2-1.6 ms per step). Reads: one parameter over 10^6 steps in 2,000 points, 16-28
-ms (4.2 s from the rows), the loss 31 ms (2.1 s); the smallest size bounds the raw reads to 16 x max_points rows (32,000 rows of
-one parameter of a 1,000-parameter run: 70 ms); a smaller one would cost more disk (8 steps:
-2.5 bytes per value).
-
-Each stored block row holds `PART` parameters (`RECORD` per parameter, 20 bytes), so reading
-one parameter of a 1,000-parameter run loads 1.3 KB per block rather than 20 KB (measured on
-SQLite: 8,000 rows of 20 KB took 230-350 ms, of 1.3 KB 36 ms).
-
-When. A block is written once it is closed: when the run has a stored step at or after its end
-(`closed`). Ingest recomputes, in the transaction that stores the steps, the blocks that the
-new steps close or land in (`dirty`): the smallest size from the raw rows (those earlier batches
-stored are kept in memory, tails.py), each larger one from the four blocks below it. Reads take closed blocks, and raw rows for the rest (the open blocks
-at the end of a running run, and window edges that cut a block).
+Block `k` of size `S` summarizes the stored steps in [k*S, (k+1)*S) of one series (a parameter
+metric, for every parameter; or a scalar): the min and max of the values that compare (finite and
+±Inf), the sum and count of the finite ones, and the count of NaNs (ABSENT is not counted). That
+is what `downsample.summarize` and `downsample.peak` need, and it merges exactly: a bucket made of
+blocks has the min, max, NaN flag and finite count of its raw values, and their mean to float64
+rounding. Sizes are `SIZES` (16 to 16384, each 4x the last). Values at full resolution never come
+from blocks: charts.py reads short windows raw. A block is written once closed (the run has a
+stored step at or after its end), in the transaction that stores the steps that close it; each
+row holds `PART` parameters so that reading one parameter loads little.
+Why, and what it costs: docs/design.md, Step blocks; docs/benchmarks.md.
 """
 from __future__ import annotations
 
@@ -127,12 +101,12 @@ def breaks(labels: np.ndarray) -> np.ndarray:
 
 def _reduce(op: np.ufunc, x: np.ndarray, starts: np.ndarray, dtype: type | None = None) -> np.ndarray:
     """`op.reduceat(x, starts, axis=0)`, faster where it matters: numpy's reduceat along the first
-    axis is ~15x slower than a plain reduction (16 x 1000 float32: 51 us against 3 us), and
-    ingest reduces one block at a time; a group of one row is the row itself. Float sums always
+    axis is an order of magnitude slower than a plain reduction, and ingest reduces one block at
+    a time; a group of one row is the row itself. Float sums always
     take reduceat: a plain reduction may add pairwise, and a block must come out bit for bit the
     same whichever batch of blocks it was computed in (ingest, or migration 0004's backfill).
     Many groups of a min or max (a long window's buckets) are gathered into rows instead
-    (downsample.extreme: 640 x 1,000 float32 into 320 groups, 14 ms -> 0.7 ms)."""
+    (downsample.extreme). Figures: docs/benchmarks.md."""
     if len(starts) == len(x):
         return x.astype(dtype or x.dtype, copy=False)
     if len(starts) <= 8 and not (op is np.add and np.dtype(dtype or x.dtype).kind == "f"):
@@ -207,7 +181,7 @@ def summary(pieces: Pieces) -> downsample.Summary:
 def peak(pieces: Pieces, starts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """What `downsample.peak` gives for the raw values of the groups of pieces beginning at the
     indices `starts`: (peaks, empty). Only the extremes and NaN counts are merged: a heatmap
-    needs no sums (1,000 parameters x 640 pieces: 3 ms; `merge` takes 10)."""
+    needs no sums, and merging them would triple the cost."""
     low, high = _reduce(np.minimum, pieces.low, starts), _reduce(np.maximum, pieces.high, starts)
     has_nan = _reduce(np.maximum, pieces.nan > 0, starts)
     out = np.where(np.abs(low) > np.abs(high), low, high).astype(np.float64)

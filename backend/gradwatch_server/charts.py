@@ -5,8 +5,8 @@ Each function is what one chart asks for; the routes only parse parameters and c
 A series (a parameter metric, or a scalar) over a window of at most `RAW_ROWS` (or 16 x
 max_points) stored steps is read raw and cut into buckets of equal counts of stored steps. Over a longer window the buckets
 are aligned runs of steps (a multiple of a block size, blocks.bucket_width) read from the stored
-step blocks, so the cost follows the number of points, not of steps (tests/bench/storage.py: one
-parameter over 10^6 steps went from 4.2 s to a few tens of ms). Both keep each bucket's min,
+step blocks, so the cost follows the number of points, not of steps (docs/design.md, Step
+blocks). Both keep each bucket's min,
 max, NaN and Inf exactly and its mean to float64 rounding; a window with no more stored steps
 than points is read raw, bit for bit.
 """
@@ -179,15 +179,14 @@ def heatmap(store: Store, run_id: str, params: list[Param], metric: str, start: 
     """Parameters x step buckets: each cell the bucket's peak (highest code for grad_status),
     as JSON lists (`z`) or, with `encoding="f32"`, as base64 float32 (`z_f32`, docs/api.md).
 
-    The cells are built as arrays and written out once, the f32 form without a list: 1,000
-    parameters x 313 buckets of 10^4 steps (tests/bench/dashboard.py's run) took 75 ms, now 52
-    in JSON and 45 in f32, most of it reading the 10^4 block rows.
+    The cells are built as arrays and written out once, the f32 form without a list; most of
+    the time goes to reading the block rows.
     """
     _require(metric, store.series_names(run_id, "param"), "parameter metric", run_id)
     grid = _grid(store, run_id, metric, len(params), start, end, max_steps, chunk_rows, raw_rows)
     fields: dict[str, Any] = {"z": None, "z_f32": _f32_cells(grid)} if encoding == "f32" else {"z": _json_cells(grid)}
     # model_construct: the cells are ours and already JSON values; validating a million of them
-    # again took 60 ms of a 1,000 x 1,000 heatmap (tests/bench/storage.py).
+    # again would cost more than building them.
     return Heatmap.model_construct(metric=metric, params=[p.name for p in params], step=grid.step.tolist(),
                                    downsampled=grid.downsampled, **fields)
 

@@ -2,9 +2,8 @@
 
 Why. A hook with every="auto" keeps what watching costs the training within a budget, and a
 server on the training's own machine (the usual `gradwatch serve` beside it) is part of that
-cost, which the hook cannot see: on the MLP of tests/bench/overhead.py the server's CPU per step
-(0.17 ms storing the facts of unmeasured steps) was larger than the hook's own every-step cost
-on the training thread. The hook adds it to its budget when the server is on its machine.
+cost, which the hook cannot see and which can exceed the hook's own every-step cost on a fast
+loop (docs/benchmarks.md). The hook adds it to its budget when the server is on its machine.
 
 What. This process's CPU time (every thread: storing, diagnostics, websockets, the event loop,
 answering browsers) over the steps that every connection stored meanwhile, in windows of at

@@ -32,7 +32,7 @@ Progress = Callable[[int], None]
 """Called with the number of steps just written (for a progress bar)."""
 
 #: (step, parameter) rows read and encoded at once: bounds an export's memory whatever the
-#: model's width (a 1,000-parameter run took 300 MiB at 256 steps a chunk, 256,000 rows).
+#: model's width (a chunk of steps would grow with the number of parameters).
 CHUNK_ROWS = 65536
 
 

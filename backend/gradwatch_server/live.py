@@ -68,8 +68,7 @@ class Subscriber:
 #: docs/protocol.md): short while a browser watches the run, longer while none does (fewer
 #: commits, acks and diagnostics passes on both sides: what a fast training loop pays). What a
 #: killed training process loses does not depend on it: the hook writes its spool every second
-#: whatever the pace (gradwatch.sender.SPOOL_EVERY_S). A co-located server's CPU per unmeasured
-#: MLP step: 1 s 0.48 ms, 2 s 0.31 ms (0.17 with a quieter main loop, serving.py), 5 s 0.12 ms.
+#: whatever the pace (gradwatch.sender.SPOOL_EVERY_S). Docs: design.md (the pace), benchmarks.md.
 LIVE_LINGER_S = 0.25
 IDLE_LINGER_S = 5.0
 

@@ -211,7 +211,7 @@ class FindingFigure(BaseModel):
 
 
 class Finding(BaseModel):
-    code: str = Field(description="one of the codes of DESIGN.md's Diagnostics table")
+    code: str = Field(description="one of the codes of docs/diagnostics.md")
     severity: Literal["info", "warning", "error"]
     message: str = Field(description="one sentence: what happened, and the fix")
     params: list[str] = Field(description="the parameters concerned (none for run-wide findings)")

@@ -1,43 +1,17 @@
 """Live updates across the worker processes of `gradwatch serve --workers N` (PostgreSQL LISTEN/NOTIFY).
 
-Every event (a run created or changing status, steps stored, a finding new or changed) is
-NOTIFYed on the channel `gradwatch_live`, and every worker, the one that published it included,
-delivers to its browsers only what its listening connection receives. So each browser gets each
-event exactly once, whichever worker it is connected to, and in the order PostgreSQL delivers
-notifications, which is commit order: the steps' notification is sent in the very transaction that
-stores them (`Store.write_steps(notice=...)`), so a hook that reconnects to another worker can
-never get its later steps shown before its earlier ones (the dashboard drops a step at or below
-the last one it has), and a worker killed after a commit cannot lose the notification. Run events
-and findings are NOTIFYed after their commit, in publication order, by one task per worker; a run's
-`finished` or `crashed` follows its last steps' commit, so it is never shown before them. (A worker
-that delivered its own events at once and skipped them on the channel would save a database read,
-but its local steps could overtake a batch another worker announced a moment before: the order
-across workers is only PostgreSQL's.) Nothing here runs with one process: SQLite, or PostgreSQL
-without --workers, keep LiveHub's direct delivery.
-
-What a notification carries. PostgreSQL refuses payloads of 8000 bytes or more, so:
-- steps: always a reference, `{"k": "steps", "run", "steps": [lo, hi], "seq": [lo, hi]}` (~110
-  bytes). A `step` message takes about 20 bytes per parameter tensor and metric (measured: 6.3 KB
-  for 76 tensors with Adam's 4 metrics, 80 KB for 1,000), so it fits only for models of fewer than
-  about 90 tensors, and a batch holds up to 64 steps. The steps are in the database anyway: a
-  worker reads a batch back (Store.batch_steps, one query per table on the primary keys) only if
-  one of its browsers watches that run. The steps one transaction stored are exactly those with
-  step and seq in these ranges: no other write stores a seq inside the batch's range (a seq is
-  stored only above the run's committed one).
-- run events and findings: the browser message itself when the payload fits (a run is about 450
-  bytes plus its config; a finding about 300 plus its parameter names), so every browser sees the
-  state the event had; otherwise a reference (the run, or the run and finding code) and the worker
-  reads the current state from the database.
-
-Loss. If a connection breaks, what was being notified may be lost: a worker whose listener
-reconnects closes its browsers' sockets with 1013, and a worker whose notify connection reconnects
-tells every worker to do the same (`resync`); 1013 is the signal on which a browser reconnects and
-catches up over REST (docs/protocol.md).
-
-Which worker holds a hook (crash detection, sessions.py). A worker holding a connection of a run
-holds a shared advisory lock on the run on its notify connection; a worker whose crash timer for a
-run runs out asks whether it could take that lock exclusively, i.e. whether no worker holds a hook
-of the run. The lock belongs to the session, so a worker that dies lets go of its runs.
+Every event (a run created or changing status, steps stored, a finding) is NOTIFYed on the
+channel `gradwatch_live`, and every worker, the publisher included, delivers to its browsers only
+what its listener receives: each browser gets each event once, in commit order, whichever worker
+it is connected to. The steps' notification is sent in the transaction that stores them, so a
+hook that moves to another worker never has its later steps shown first and a worker killed
+after a commit cannot lose it. Payloads must stay under PostgreSQL's 8000 bytes, so steps always
+travel as a reference (`{"k": "steps", "run", "steps": [lo, hi], "seq": [lo, hi]}`) read back
+only by a worker whose browsers watch the run; run events and findings travel whole when they fit.
+A broken connection makes browsers reconnect and catch up over REST (close code 1013). A worker
+holding a run's hook holds a shared advisory lock on it, which crash detection asks about.
+With one process (SQLite, or no --workers) LiveHub delivers directly and nothing here runs.
+The reasoning, case by case: docs/design.md, Live updates across workers.
 """
 from __future__ import annotations
 

@@ -1,12 +1,9 @@
 """Run the app under uvicorn with a quieter main loop.
 
-Why. uvicorn's main loop wakes ten times a second to see whether it should stop and to renew its
-`Date` header (once a second). On an idle server that was most of its CPU: 2.5 ms a second,
-20 epoll wake-ups (strace). gradwatch usually runs beside the training it watches, and on a
-training of 35 ms steps that is 0.09 ms a step, a third of what storing an unmeasured step's
-facts costs it (tests/bench/overhead.py charges a server's CPU to the hook). `QuietServer` ticks
-once a second, which is all the `Date` header needs, and a SIGINT or SIGTERM wakes it at once,
-so it stops as promptly as before.
+uvicorn's main loop wakes ten times a second to see whether it should stop; gradwatch usually runs
+beside the training it watches, on the same cores. `QuietServer` ticks once a second, which is
+all the `Date` header needs, and a SIGINT or SIGTERM wakes it at once, so it stops as promptly.
+Why: docs/design.md, The server's main loop.
 """
 from __future__ import annotations
 

@@ -1,20 +1,11 @@
 """The steps in the open smallest block of each run the store wrote lately, kept in memory.
 
-Why. Storing a batch closes the blocks it completes (blocks.py), and the smallest of them
-summarize raw steps, most of which earlier batches stored: reading those back was half of
-`Store.write_steps`' CPU for the steps a hook sends between measured ones (batches of 30 such
-steps of an 80-parameter run on SQLite: 0.20 ms a step before, 0.11 ms with tails; the server's
-CPU per step, end to end, is printed by tests/bench/overhead.py). The store keeps, per run, the
-steps it stored in the block still open after its last write, and computes the next closed
-blocks from them and the new batch.
-
-When a tail can be trusted. It is what the database held at one (stored steps, last step) of
-the run, which every write changes (`runs.steps`, `runs.last_step`, read under the run's lock):
-a write by another process or worker, a transaction that failed after the tail was taken, or a
-deleted run leave a tail that matches nothing, and the store reads the database as before. It
-covers only steps from its start on (a spooled step landing in an older block is read back).
-After a write without a usable tail, the next one starts at the next block: every step stored
-there is new.
+Storing a batch closes the blocks it completes, and the smallest summarize raw steps that earlier
+batches mostly stored: computing them from these tails saves reading those steps back. A tail is
+trusted only while the run's (stored steps, last step) in the database still match it (read
+under the run's lock); any other write, a failed transaction or a deleted run makes it match
+nothing, and the store reads the database instead. It covers only steps from its start on.
+Why: docs/design.md, Tails.
 """
 from __future__ import annotations
 

@@ -1,10 +1,11 @@
 """The dashboard's pages and files: HTML routes, /static, and Plotly.
 
 The frontend ships inside the wheel (gradwatch_server/frontend, see pyproject.toml); running
-from a source checkout, the repository's frontend/ folder is used instead. Plotly is the
-cartesian bundle that `make setup` puts in frontend/vendor/ (vendor/package.json): a third of
-the full bundle, and the run page is drawn that much sooner. A frontend without it (a server
-installed from a checkout where npm was not run) gets the full bundle of the plotly package.
+from a source checkout, the repository's frontend/ folder is used instead. Plotly is the basic
+bundle that `make setup` puts in frontend/vendor/ (vendor/package.json): the dashboard draws
+scatter traces only, and the smaller bundle starts sooner (docs/design.md, The dashboard). A
+frontend without it (a server installed from a checkout where npm was not run) gets the full
+bundle of the plotly package, so the dashboard still works offline.
 """
 from __future__ import annotations
 

@@ -15,9 +15,9 @@ import httpx
 import numpy as np
 import pyarrow.parquet as pq
 import pytest
-from conftest import ServerProcess, start_server
-from heatcells import EMPTY_BITS, NAN_BITS, assert_same_cells, f32_bits
-from wiremsg import Hook, close, f32, hello, step, with_absent
+from support.server import ServerProcess, start_server
+from support.heatcells import EMPTY_BITS, NAN_BITS, assert_same_cells, f32_bits
+from support.wiremsg import Hook, close, f32, hello, step, with_absent
 
 PARAMS = ("enc.weight", "=cmd|' /C calc'!A0", "dec.bias")
 N = 40
@@ -46,7 +46,7 @@ def srv(tmp_path_factory: pytest.TempPathFactory, module_db_url: str) -> Iterato
                                           ("NaN" if math.isnan(loss_at(i)) else "-Infinity"),
                                           "lr/0": 0.001},
                            arrays={"grad_norm": grad_at(i), "param_norm": f32(1.0, 2.0, 3.0),
-                                   "momentum_norm": f32(0.5, -0.0, 1e-45)},
+                                   "momentum_buffer_norm": f32(0.5, -0.0, 1e-45)},
                            grad_status=status_at(i)))
         hook.call(close(N + 1))
     for run_id, project, name in (("other-1", "proj-b", "o1"), ("other-2", "proj-b", "o2"),
@@ -111,7 +111,7 @@ def test_params_and_metrics(http: httpx.Client) -> None:
                                  "dtype": "float32", "group": 0, "optimizer": 0}
     assert [p["name"] for p in params["data"]] == list(PARAMS)
     assert http.get("/api/runs/api-run/metrics").json() == {
-        "scalars": ["loss", "lr/0"], "params": ["grad_norm", "grad_status", "momentum_norm", "param_norm"]}
+        "scalars": ["loss", "lr/0"], "params": ["grad_norm", "grad_status", "momentum_buffer_norm", "param_norm"]}
 
 
 def test_groups(http: httpx.Client) -> None:
@@ -272,7 +272,7 @@ def test_param_series_downsampled_ignores_absent(http: httpx.Client) -> None:
 
 def test_momentum_keeps_negative_zero_and_subnormals(http: httpx.Client) -> None:
     body = http.get("/api/runs/api-run/params/series",
-                    params={"metric": "momentum_norm", "param": [PARAMS[1], "dec.bias"], "end": 1}).json()
+                    params={"metric": "momentum_buffer_norm", "param": [PARAMS[1], "dec.bias"], "end": 1}).json()
     neg_zero, tiny = body["series"][0]["value"][0], body["series"][1]["value"][0]
     assert neg_zero == 0.0 and math.copysign(1.0, neg_zero) == -1.0
     assert tiny == float(np.float32(1e-45)) and tiny > 0
@@ -294,7 +294,7 @@ def test_heatmap(http: httpx.Client) -> None:
     {"metric": "grad_norm"},  # raw: ABSENT cells (steps 1-3 of the second parameter), a NaN
     {"metric": "grad_norm", "max_steps": 4},  # downsampled
     {"metric": "grad_norm", "start": 2, "end": 31, "max_steps": 7},  # a window in uneven buckets
-    {"metric": "momentum_norm", "max_steps": 3},  # -0.0 and the smallest subnormal
+    {"metric": "momentum_buffer_norm", "max_steps": 3},  # -0.0 and the smallest subnormal
     {"metric": "grad_status"},
     {"metric": "grad_status", "max_steps": 4},
     {"metric": "grad_norm", "start": 1000},  # no step in the window: no cells
@@ -314,7 +314,7 @@ def test_heatmap_f32_cells(http: httpx.Client) -> None:
     assert grad.shape == (3, N) and (grad[1, :3] == EMPTY_BITS).all()  # no grad yet: EMPTY
     assert grad[1, 3] == np.float32(14.0).view("<u4") and grad[2, 29] == NAN_BITS  # step 30's NaN
     assert grad.view("<f4")[0].tolist() == [float(np.float32(0.01 * i)) for i in range(1, N + 1)]
-    momentum = cells(metric="momentum_norm", max_steps=3)
+    momentum = cells(metric="momentum_buffer_norm", max_steps=3)
     assert (momentum[1] == 0x80000000).all() and (momentum[2] == 1).all()  # -0.0; 1e-45 as float32
     status = cells(metric="grad_status", max_steps=4)
     assert status.view("<f4").tolist() == [[2, 2, 2, 2], [2, 2, 2, 2], [2, 2, 3, 2]]
@@ -328,12 +328,12 @@ def test_export_csv(http: httpx.Client) -> None:
     assert response.headers["content-disposition"] == 'attachment; filename="My_run_v1.csv"'
     rows = list(csv.DictReader(io.StringIO(response.text)))
     assert list(rows[0]) == ["step", "param", "grad_norm", "grad_status", "param_norm", "exp_avg_norm",
-                             "exp_avg_sq_norm", "momentum_norm"]
+                             "exp_avg_sq_norm", "momentum_buffer_norm"]
     assert len(rows) == N * 3
     by_key = {(int(r["step"]), r["param"]): r for r in rows}
     assert by_key[(1, "'" + PARAMS[1])]["grad_norm"] == ""  # ABSENT; the name is defused
     assert by_key[(1, "'" + PARAMS[1])]["grad_status"] == "none"
-    assert by_key[(1, "'" + PARAMS[1])]["momentum_norm"] == "-0.0"
+    assert by_key[(1, "'" + PARAMS[1])]["momentum_buffer_norm"] == "-0.0"
     assert by_key[(30, "dec.bias")]["grad_norm"] == "nan" and by_key[(30, "dec.bias")]["grad_status"] == "nonfinite"
     assert by_key[(1, "enc.weight")]["exp_avg_norm"] == ""
     for i in range(1, N + 1):
@@ -476,9 +476,9 @@ def test_pages_and_static_files(tmp_path: Path) -> None:
             assert len(plotly.content) > 3_000_000
             # With the dashboard's own bundle (make setup puts it there), that one.
             (frontend / "vendor").mkdir()
-            (frontend / "vendor" / "plotly.min.js").write_text("/* plotly.js cartesian */")
+            (frontend / "vendor" / "plotly.min.js").write_text("/* plotly.js basic */")
             own = http.get("/static/vendor/plotly.min.js")
-            assert own.text == "/* plotly.js cartesian */" and "javascript" in own.headers["content-type"]
+            assert own.text == "/* plotly.js basic */" and "javascript" in own.headers["content-type"]
             assert http.get("/static/nope.js").status_code == 404
     finally:
         server.stop()

@@ -19,9 +19,9 @@ from alembic.config import Config
 from gradwatch_server import blocks, charts
 from gradwatch_server.protocol import Hello, parse_message
 from gradwatch_server.store import StepData, Store, backfill_blocks, open_store
-from heatcells import assert_same_cells
-from jsonfloats import number, same
-from wiremsg import ABSENT_BITS, hello
+from support.heatcells import assert_same_cells
+from support.jsonfloats import number, same
+from support.wiremsg import ABSENT_BITS, hello
 
 P = 70  # two parts of blocks: 64 parameters and 6
 PARAMS = tuple(f"layer{i}.weight" for i in range(P))

@@ -10,8 +10,8 @@ import pytest
 from gradwatch_server import charts, spread
 from gradwatch_server.protocol import Hello, parse_message
 from gradwatch_server.store import StepData, Store, open_store
-from heatcells import assert_same_cells
-from wiremsg import ABSENT_BITS, hello
+from support.heatcells import assert_same_cells
+from support.wiremsg import ABSENT_BITS, hello
 
 P, N = 5, 203
 

@@ -11,9 +11,9 @@ from pathlib import Path
 import numpy as np
 import pyarrow.parquet as pq
 import pytest
-from conftest import ServerProcess, server_command, server_env, start_server
+from support.server import ServerProcess, server_command, server_env, start_server
 from gradwatch_server.settings import Settings
-from wiremsg import Hook, close, f32, hello, step, with_absent
+from support.wiremsg import Hook, close, f32, hello, step, with_absent
 
 
 def gradwatch(*args: str, cwd: Path | None = None, stdin: str | None = None) -> subprocess.CompletedProcess[str]:

@@ -10,7 +10,7 @@ import pytest
 from gradwatch_server.diagnostics import RULES_VERSION, Diagnostics
 from gradwatch_server.protocol import Hello, parse_message
 from gradwatch_server.store import DiagnosisMark, StepData, Store, StoredFinding, open_store
-from wiremsg import f32, hello, with_absent
+from support.wiremsg import f32, hello, with_absent
 
 PARAMS = ("enc.weight", "head.bias")
 

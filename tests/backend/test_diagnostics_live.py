@@ -9,11 +9,11 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-from conftest import server_command, server_env, start_server
+from support.server import server_command, server_env, start_server
 from gradwatch_server.store import open_store
 from gradwatch_server.live import LIVE_LINGER_S
 from websockets.sync.client import connect
-from wiremsg import Hook, close, f32, hello, step, with_absent
+from support.wiremsg import Hook, close, f32, hello, step, with_absent
 
 PARAMS = ("enc.weight", "enc.bias", "head.weight")
 

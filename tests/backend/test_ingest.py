@@ -12,12 +12,12 @@ from pathlib import Path
 import httpx
 import numpy as np
 import pytest
-from conftest import ServerProcess, start_server
+from support.server import ServerProcess, start_server
 from gradwatch_server.cost import WINDOW_S, StepCost
 from gradwatch_server.live import IDLE_LINGER_S, LIVE_LINGER_S
 from websockets.exceptions import ConnectionClosed
 from websockets.sync.client import connect
-from wiremsg import Hook, close, f32, hello, step, steps, with_absent
+from support.wiremsg import Hook, close, f32, hello, step, steps, with_absent
 
 
 @pytest.fixture(scope="module")

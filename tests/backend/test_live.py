@@ -4,11 +4,11 @@ from __future__ import annotations
 import asyncio
 import json
 
-from conftest import ServerProcess
+from support.server import ServerProcess
 from gradwatch_server.live import LiveHub
 from gradwatch_server.store import Run
 from websockets.sync.client import connect
-from wiremsg import Hook, close, f32, hello, step, with_absent
+from support.wiremsg import Hook, close, f32, hello, step, with_absent
 
 RUN = Run(id="r", name="r", project="p", status="running", created_at=0.0, updated_at=0.0, finished_at=None,
           last_seq=0, steps=0, last_step=None, param_count=0, param_numel=0, optimizer=None, config={},

@@ -12,8 +12,8 @@ import numpy as np
 from websockets.exceptions import ConnectionClosed
 from websockets.sync.client import connect
 
-from conftest import start_server
-from wiremsg import Hook, close, hello, step
+from support.server import start_server
+from support.wiremsg import Hook, close, hello, step
 
 PARAMS = 2000  # ~20 KB per live message: a stalled reader's socket buffers fill fast
 BASELINE_STEPS, LOADED_STEPS = 150, 600

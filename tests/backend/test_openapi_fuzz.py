@@ -10,8 +10,8 @@ import schemathesis
 from hypothesis import HealthCheck, settings
 from schemathesis.checks import not_a_server_error
 
-from conftest import ServerProcess, start_server
-from wiremsg import Hook, close, f32, hello, step
+from support.server import ServerProcess, start_server
+from support.wiremsg import Hook, close, f32, hello, step
 
 
 @pytest.fixture(scope="module")

@@ -8,7 +8,7 @@ import zipfile
 from pathlib import Path
 
 import pytest
-from conftest import REPO
+from support.server import REPO
 
 
 @pytest.mark.slow
@@ -22,7 +22,7 @@ def test_wheel_serves_the_packaged_dashboard(tmp_path: Path) -> None:
     frontend = REPO / "frontend"
     frontend_files = [p.relative_to(frontend).as_posix() for p in frontend.rglob("*") if p.is_file()]
     assert frontend_files, "the repository's frontend/ is empty"
-    # Plotly's cartesian bundle, installed by `make setup` (scripts/install-vendor-js.sh).
+    # Plotly's basic bundle, installed by `make setup` (scripts/install-vendor-js.sh).
     plotly = frontend / "vendor" / "plotly.min.js"
     assert plotly.is_file(), "frontend/vendor/plotly.min.js is missing: run make setup"
     assert "plotly.js" in plotly.read_text()[:200] and plotly.stat().st_size < 2_500_000

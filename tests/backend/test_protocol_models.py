@@ -18,7 +18,7 @@ from gradwatch_server.protocol import (
     decode_floats,
     parse_message,
 )
-from wiremsg import b64, close, f32, hello, step, steps, with_absent
+from support.wiremsg import b64, close, f32, hello, step, steps, with_absent
 
 
 def parse(message: dict[str, object], param_count: int | None = 2) -> object:

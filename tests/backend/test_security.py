@@ -8,7 +8,7 @@ import pytest
 from websockets.exceptions import InvalidStatus
 from websockets.sync.client import connect
 
-from conftest import start_server
+from support.server import start_server
 from gradwatch_server.security import hostname
 
 

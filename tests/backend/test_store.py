@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
-from conftest import server_env
+from support.server import server_env
 from gradwatch_server.protocol import Hello, parse_message
 from gradwatch_server.schema import metadata
 from gradwatch_server.store import (
@@ -33,7 +33,7 @@ from gradwatch_server.store import (
     open_store,
 )
 from sqlalchemy import event
-from wiremsg import ABSENT_BITS, f32, hello, with_absent
+from support.wiremsg import ABSENT_BITS, f32, hello, with_absent
 
 SPECIAL = [math.nan, math.inf, -math.inf, -0.0, 0.0, 5e-324, 1.7976931348623157e308, -1.5, 1e20]
 

@@ -17,7 +17,7 @@ from gradwatch_server.protocol import Hello, parse_message
 from gradwatch_server.store import StepData, Store, backfill_blocks, open_store
 from sqlalchemy import event
 from sqlalchemy.engine import Engine
-from wiremsg import hello
+from support.wiremsg import hello
 
 P = 70
 PARAMS = tuple(f"p{i}" for i in range(P))

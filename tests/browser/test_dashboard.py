@@ -20,8 +20,8 @@ from pathlib import Path
 
 import pytest
 
-from conftest import REPO, ServerProcess, start_server
-from synthetic import Ingest, SyntheticRun
+from support.server import REPO, ServerProcess, start_server
+from support.synthetic import Ingest, SyntheticRun
 
 pytestmark = pytest.mark.browser
 from playwright import sync_api  # noqa: E402  (installed by `make test`)

@@ -16,8 +16,8 @@ import httpx
 import pytest
 from websockets.sync.client import connect
 
-from conftest import REPO, ServerProcess, start_server
-from synthetic import Ingest, SyntheticRun, _shapes
+from support.server import REPO, ServerProcess, start_server
+from support.synthetic import Ingest, SyntheticRun, _shapes
 from test_dashboard import XSS_NAME, Page, browser, dash, page  # noqa: F401  (browser, dash, page: fixtures)
 
 pytestmark = pytest.mark.browser

@@ -17,9 +17,9 @@ import math
 
 import numpy as np
 import pytest
-from conftest import ServerProcess
+from support.server import ServerProcess
 from playwright import sync_api
-from synthetic import SyntheticRun
+from support.synthetic import SyntheticRun
 from test_dashboard import Page, browser, dash, page, seed  # noqa: F401  (browser, dash, page: fixtures)
 
 pytestmark = pytest.mark.browser

@@ -24,9 +24,9 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from conftest import REPO, ServerProcess
+from support.server import REPO, ServerProcess
 from playwright import sync_api
-from synthetic import SyntheticRun
+from support.synthetic import SyntheticRun
 from test_dashboard import CHARTS, Page, browser, dash, page, seed  # noqa: F401  (browser, dash, page: fixtures)
 from test_run_page import GROUPED, INTERLEAVED, chart, hover_text
 

@@ -24,7 +24,7 @@ from typing import Any
 
 import httpx
 import pytest
-from conftest import ServerProcess, server_env, start_server
+from support.server import ServerProcess, server_env, start_server
 from gradwatch_server.diagnostics import CODES
 
 CORPUS = Path(__file__).parent / "corpus"

@@ -12,7 +12,7 @@ import torch
 from websockets.sync.client import connect
 
 import gradwatch
-from conftest import start_server
+from support.server import start_server
 
 RUNS, STEPS, DASHBOARDS = 16, 40, 4
 

@@ -16,9 +16,9 @@ import httpx
 import torch
 
 import gradwatch
-from conftest import ServerProcess, find_free_port, start_server
+from support.server import ServerProcess, find_free_port, start_server
 from gradwatch.spool import read_records
-from wiresteps import spooled_steps
+from support.wiresteps import spooled_steps
 
 GRADWATCH = [sys.executable, "-m", "gradwatch_server"]
 

@@ -17,7 +17,7 @@ from websockets.sync.server import serve
 
 import gradwatch
 from gradwatch.spool import read_records
-from wiresteps import spooled_steps
+from support.wiresteps import spooled_steps
 
 
 def step_times(model: torch.nn.Module, opt: torch.optim.Optimizer, steps: int) -> list[float]:

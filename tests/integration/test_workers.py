@@ -24,7 +24,8 @@ from typing import Any
 import httpx
 import numpy as np
 import pytest
-from conftest import ServerProcess, new_database, server_command, server_env, start_server
+from support.databases import new_database
+from support.server import ServerProcess, server_command, server_env, start_server
 from websockets.sync.client import ClientConnection, connect
 
 WORKERS = 2

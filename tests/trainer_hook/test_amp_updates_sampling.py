@@ -6,7 +6,7 @@ import torch
 
 import gradwatch
 from gradwatch.sampling import AutoInterval, EveryN, StepTimes, make_sampler
-from sent import measured, sent_steps
+from support.sent import measured, sent_steps
 
 NOWHERE = "http://127.0.0.1:9"
 

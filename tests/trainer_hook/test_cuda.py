@@ -6,7 +6,7 @@ import pytest
 import torch
 
 import gradwatch
-from sent import sent_steps
+from support.sent import sent_steps
 
 pytestmark = [pytest.mark.cuda,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (none on this machine)")]

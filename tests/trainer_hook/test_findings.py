@@ -9,7 +9,7 @@ from collections.abc import Iterator
 import httpx
 import pytest
 import torch
-from conftest import ServerProcess, start_server
+from support.server import ServerProcess, start_server
 
 import gradwatch
 from gradwatch.findings import FindingWarner, GradwatchWarning, describe, run_page

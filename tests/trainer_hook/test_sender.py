@@ -12,10 +12,10 @@ import torch
 from websockets.sync.client import connect
 
 import gradwatch
-from conftest import start_server
+from support.server import start_server
 from gradwatch.sender import MAX_LINGER_S, MIN_LINGER_S, SPOOL_EVERY_S, Sender
 from gradwatch_server.live import IDLE_LINGER_S, LIVE_LINGER_S
-from wiresteps import split
+from support.wiresteps import split
 
 
 def train(w: gradwatch.Watcher, model: torch.nn.Module, opt: torch.optim.Optimizer, steps: int) -> None:
@@ -143,8 +143,8 @@ def test_a_step_is_spooled_within_a_second_whatever_the_servers_pace(tmp_path: P
 
 def test_a_sender_with_no_server_waits_rather_than_spins(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Serialized messages wait for a connection: with none, the thread sleeps between its
-    spool writes and connection attempts (a version that counted them as due to send woke every
-    millisecond: 1.2 ms of CPU per MLP step in tests/bench/overhead.py)."""
+    spool writes and connection attempts, rather than waking every millisecond to find nothing
+    it may send."""
     monkeypatch.setenv("GRADWATCH_SPOOL", str(tmp_path / "spool"))
     model = torch.nn.Linear(8, 2)
     opt = torch.optim.SGD(model.parameters(), lr=0.1)

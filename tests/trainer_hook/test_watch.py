@@ -8,7 +8,7 @@ import torch
 
 import gradwatch
 from gradwatch.watcher import _on_this_machine, ingest_url
-from sent import sent_steps
+from support.sent import sent_steps
 
 
 def make() -> tuple[torch.nn.Module, torch.optim.Optimizer]:

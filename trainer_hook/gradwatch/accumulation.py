@@ -75,7 +75,7 @@ class GradTracker:
         parameters of the optimizer that stepped (default: all); the lists cover those only.
         Also notes the bytes of each `.grad` (`grad_nbytes`), in the same pass over them: right
         after a step the grads' objects are out of the CPU caches, and each pass over them costs
-        (80 parameters: about 35 us for reading `p.grad` alone, 85 us for what is read here).
+        (docs/benchmarks.md).
         Plain lists, no numpy: this runs on the training thread at every step.
         """
         params, refs, nbytes = self._params, self._ref, self.grad_nbytes

@@ -5,10 +5,9 @@ parameters and optimizer state as the step left them; both only enqueue device w
 of one step are concatenated into one vector per device and copied to the host once: on CUDA into
 pinned memory with ``non_blocking=True`` and an event, so the training thread never waits for the
 GPU. `Snapshot.resolve` (on the sender thread) waits for that copy and scatters the vector back
-into per-parameter arrays. The norms stay a list of 0-d tensors until then: one stack per device
-instead of one per read and a concatenation (on the MLP of tests/bench/overhead.py, 0.15 ms of a
-measured step). The stack stays on the training thread: on the sender thread it cost that thread
-more than it saved this one.
+into per-parameter arrays. The norms stay a list of 0-d tensors until one stack per device, on
+the training thread (on the sender thread the stack costs that thread more than it saves this
+one). Why: docs/design.md, The hook; figures: docs/benchmarks.md.
 """
 from __future__ import annotations
 
@@ -21,6 +20,7 @@ import numpy as np
 import torch
 
 from .accumulation import grad_nbytes
+from .amp import AmpScaler
 from .layout import Layout
 from .wire import ABSENT_BITS, GRAD_STATUS_NONE, GRAD_STATUS_NONFINITE, GRAD_STATUS_NONZERO, GRAD_STATUS_ZERO
 
@@ -30,9 +30,8 @@ _SCALAR_STATE_KEYS = frozenset({"step"})
 
 #: On CPU `_foreach_norm` reduces each tensor on one thread. A tensor of at least this many
 #: elements is reduced by rows of `_CPU_ROW` instead (`vector_norm(dim=1)` spreads rows over
-#: torch's threads), then the rows' norms in the one fused call: the GPT-style model of
-#: tests/bench/overhead.py reads its 222 MB per step in 6.5 ms instead of 8.1 ms (a 2-thread
-#: `.sum()` over the same bytes: 5.9 ms), on 2 cores.
+#: torch's threads), then the rows' norms in the one fused call: large tensors then read at close
+#: to the speed of a multi-threaded `.sum()` over the same bytes (docs/benchmarks.md).
 _CPU_ROWS_MIN_NUMEL = 1 << 17
 _CPU_ROW = 4096
 
@@ -198,9 +197,9 @@ class _Pending:
 class Probe:
     """Measures one step of the optimizers of a `Layout`."""
 
-    def __init__(self, layout: Layout, scaler: Any = None, updates: bool = False) -> None:
+    def __init__(self, layout: Layout, amp: Optional[AmpScaler] = None, updates: bool = False) -> None:
         self.layout = layout
-        self.scaler = scaler
+        self.amp = amp
         self.updates = updates
         self.params = [w.param for w in layout.params]
         self.params_bytes = float(sum(p.numel() * p.element_size() for p in self.params))
@@ -379,18 +378,12 @@ class Probe:
         return segments
 
     def _inverse_scale(self, device: torch.device, optimizer: Optional[int] = None) -> Optional[torch.Tensor]:
-        """1/scale of the GradScaler unless the user already unscaled these gradients
-        (those of `optimizer`, or of every optimizer when None)."""
-        scaler = self.scaler
-        if scaler is None or not scaler.is_enabled() or getattr(scaler, "_scale", None) is None:
+        """1/scale of the GradScaler unless the gradients of `optimizer` (of every optimizer when
+        None) are not scaled."""
+        if self.amp is None:
             return None
-        from torch.amp.grad_scaler import OptState
-
         optimizers = self.layout.optimizers if optimizer is None else [self.layout.optimizers[optimizer]]
-        for opt in optimizers:
-            if scaler._per_optimizer_states[id(opt)]["stage"] is OptState.UNSCALED:
-                return None
-        return scaler._scale.to(device=device, non_blocking=True).double().reciprocal().float()
+        return self.amp.inverse_scale(device, optimizers)
 
     def _to_host(self, segments: list[_Segment]) -> list[_DeviceBuffer]:
         by_device: dict[torch.device, list[_Segment]] = {}

@@ -3,8 +3,9 @@ from __future__ import annotations
 
 import math
 import statistics
+import time
 from collections import deque
-from typing import Optional, Union
+from typing import Callable, Optional, Union
 
 
 class EveryN:
@@ -29,28 +30,22 @@ class EveryN:
 class AutoInterval:
     """Measures the hook's own cost and keeps it within `budget` of the step time.
 
-    After each measured step the interval becomes ceil(cost / (budget * step time - every step)),
-    with the cost (training-thread time in the hook plus the sender thread's CPU for that step)
-    and what every step costs anyway (the cheap facts sent at unmeasured steps, their sending,
-    and the CPU a server on the training's machine spends per stored step, which its acks say;
-    the median of the last EXCESS_WINDOW figures, learnt at measured steps and whenever the
-    server says a new one: learnt at measured steps only, one early figure too high would keep
-    the interval at its longest, and nothing measured, for `max_interval` steps), the cost
-    smoothed over recent steps, and the step time as StepTimes gives it. When every step's own
-    cost takes the whole budget, the interval is the longest allowed. Step 1 is always
+    After each measured step the interval becomes ceil(cost / (budget * step time - every step)):
+    - cost: the hook's training-thread time at a measured step plus the sender thread's CPU for
+      it, smoothed over recent measured steps; or, when larger, how much longer a measured step
+      took than the typical one (`observe_step`), because the hook's clock sees neither its GPU
+      kernels, which run after it has returned, nor what its reads do to the rest of the step
+      (the training's data evicted from the CPU caches);
+    - every step: what each step costs measured or not (the cheap facts of unmeasured steps,
+      their sending, and the CPU a server on the training's machine spends per stored step);
+    - step time: as `StepTimes` gives it.
+    The excess wall time and the every-step cost are medians of the last EXCESS_WINDOW figures,
+    not running averages: one pause after a measured step (an evaluation, a checkpoint, a stalled
+    machine) must not stretch the interval for hundreds of steps, as the interval only moves at
+    measured steps, which a long interval makes rare. For the same reason the every-step cost is
+    also learnt between measured steps, whenever the server says a new figure. When the
+    every-step cost takes the whole budget the interval is the longest allowed. Step 1 is always
     measured, so the first interval is known after one step.
-
-    The cost is also taken from the outside (observe_step): how much longer a measured step
-    took than the typical one, the median of the last EXCESS_WINDOW, whenever that is more than
-    the hook's own time. A median, not a running average: a pause after a measured step (an
-    evaluation, a checkpoint, a stall of a shared machine) reads as that step's cost, and a
-    running average (weight 0.3) of one 10 s pause on a 0.6 s step stretches the interval to
-    hundreds of steps, and keeps it long (it moves only at measured steps, which it made rare):
-    on the GPT of tests/bench/overhead.py, whose variant "auto" waits about 10 s for the others'
-    warm-up, it measured none of 48 steps where it measures one in 2 or 3. The
-    hook's clock sees neither what its reads do to the rest of the step (the training's data
-    evicted from the CPU caches) nor, on a GPU, its kernels, which run after it has returned.
-    (On the CPU MLP of tests/bench/overhead.py the two agree: about 3 ms a measured step.)
     """
 
     EXCESS_WINDOW = 5
@@ -98,10 +93,9 @@ class AutoInterval:
 
 
 class StepTimes:
-    """The wall time between optimizer steps, as the median of the last `window`: the measured
-    steps (slower by the hook's cost) and the first (one-time setup) do not move it. A running
-    average did: on a 40 ms step it started at the 81 ms after step 1 and took 80 steps to come
-    back below 55 ms, and meanwhile "auto" measured twice as often as its budget allowed."""
+    """The wall time between optimizer steps, as the median of the last `window`: neither the
+    measured steps (slower by the hook's cost) nor the first (one-time setup) may move it, or
+    every="auto" would measure more often than its budget allows while it recovers."""
 
     def __init__(self, window: int = 15) -> None:
         self._times: deque[float] = deque(maxlen=window)
@@ -132,3 +126,76 @@ def make_sampler(every: object) -> Sampler:
     if isinstance(every, bool) or not isinstance(every, int) or every < 1:
         raise ValueError(f'every must be a whole number >= 1 (sample every N-th optimizer step) or "auto"; got {every!r}')
     return EveryN(every)
+
+
+class CostMeter:
+    """What watching costs, told to the sampler (only `every="auto"` learns from it).
+
+    A measured step costs the hook's training-thread time plus the sender thread's CPU to render
+    it; every step, measured or not, costs the post-step hook of an unmeasured step, the sender's
+    CPU per step (sending included), and, for a server on this machine, the CPU its acks say it
+    spends per stored step (`server_cpu`, read only when `server_here`).
+    Training thread: `begin_step`, `measured`, `unmeasured`. Sender thread: `render_began`,
+    `render_done`.
+    """
+
+    def __init__(self, sampler: Sampler, server_here: bool, server_cpu: Callable[[], float]) -> None:
+        self.sampler = sampler
+        self.step_times = StepTimes()
+        self._server_here = server_here
+        self._server_cpu = server_cpu
+        self._server_seen = 0.0  # the server's figure the sampler last learnt
+        self._light_s = 0.0  # training-thread seconds of the last unmeasured step's post-step hook
+        self._since_measured = 0  # steps since the last measured step
+        self._sender_cpu = 0.0  # sender-thread CPU seconds when the last measured step's rendering began
+        self._sender_step_s = 0.0  # sender-thread CPU seconds per step between the last two measured steps
+        self._render_began = 0.0
+        self._render_s = 0.0  # sender-thread CPU seconds to render the last measured step
+
+    # -- training thread -------------------------------------------------------------------
+    def begin_step(self, previous_measured: bool) -> None:
+        """A step begins; after a measured one, the sampler learns what it cost all told (wall time)."""
+        self.step_times.tick(time.perf_counter())
+        if previous_measured:
+            self.sampler.observe_step(self.step_times.last(), self.step_times.typical())
+
+    def measured(self, cost_s: Optional[float]) -> int:
+        """A measured step ended, having cost `cost_s` on the training thread (None: nothing was
+        measured after all). Returns the steps since the previous measured one, this one included.
+
+        The sampler learns now, not when the sender renders this step (up to a `linger` later,
+        when many steps could have been measured meanwhile)."""
+        self._since_measured += 1
+        steps, self._since_measured = self._since_measured, 0
+        if cost_s is not None:
+            self.sampler.observe(cost_s + self._render_s, self.step_times.typical(), self.every_step_s())
+        return steps
+
+    def unmeasured(self) -> None:
+        """An unmeasured step ended; when the server said a new figure, the sampler learns it."""
+        self._since_measured += 1
+        if self._server_here and self._server_cpu() != self._server_seen:
+            self._server_seen = self._server_cpu()
+            self.sampler.observe_every_step(self.every_step_s())
+
+    def light_hook(self, seconds: float) -> None:
+        """The post-step hook of an unmeasured step took `seconds`."""
+        self._light_s = seconds
+
+    def every_step_s(self) -> float:
+        """What every step costs, measured or not."""
+        server = self._server_cpu() if self._server_here else 0.0
+        return self._light_s + self._sender_step_s + server
+
+    # -- sender thread ---------------------------------------------------------------------
+    def render_began(self, steps: int) -> float:
+        """The sender starts rendering a measured step, `steps` after the previous one; returns
+        the sender's CPU seconds per step since then."""
+        began = time.thread_time()
+        cpu, self._sender_cpu = began - self._sender_cpu, began
+        self._render_began = began
+        self._sender_step_s = cpu / steps if steps > 1 else 0.0
+        return cpu / max(1, steps)
+
+    def render_done(self) -> None:
+        self._render_s = time.thread_time() - self._render_began

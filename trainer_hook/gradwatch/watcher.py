@@ -21,13 +21,16 @@ import torch
 from . import __version__, wire
 from .wire import DEFAULT_SERVER, ingest_url
 from .accumulation import GradTracker
+from .amp import AmpScaler, check_scaler
+from .closures import CountedClosure, step_closure, with_closure
 from .context import context_config, user_config
 from .findings import FindingWarner, run_page
 from .layout import Layout, build_layout
 from .measure import Probe, Snapshot
-from .sampling import StepTimes, make_sampler
+from .sampling import CostMeter, make_sampler
 from .sender import Sender
 from .spool import SpoolWriter, pending_spools, replay, spool_dir
+from .unwrap import find_scaler, qualified_name, unwrap
 
 log = logging.getLogger("gradwatch")
 _NAME_RE = re.compile(r"^[^\x00-\x1f\x7f]{1,200}$")
@@ -56,15 +59,17 @@ class Watcher:
                  every: Union[int, str] = 1, scaler: Any = None, token: Optional[str] = None,
                  updates: bool = False, warn: bool = True, config: Optional[Mapping[str, Any]] = None,
                  on_finding: Optional[Callable[[dict[str, Any]], Any]] = None) -> None:
-        optimizers = _optimizers(optimizer)
+        optimizers, wrappers = _optimizers(optimizer)
+        if scaler is None:  # accelerate's AcceleratedOptimizer steps with its own GradScaler
+            scaler = next((s for s in map(find_scaler, wrappers) if s is not None), None)
         user = user_config(config)
         if on_finding is not None and not callable(on_finding):
             raise TypeError(f"on_finding must be a function taking a finding (a dict), not {type(on_finding).__name__}")
         self._sampler = make_sampler(every)
         if not isinstance(updates, bool) or not isinstance(warn, bool):
             raise TypeError("updates and warn must be True or False")
-        if scaler is not None and not (hasattr(scaler, "_per_optimizer_states") and hasattr(scaler, "is_enabled")):
-            raise TypeError(f"scaler must be a torch.amp.GradScaler, not {type(scaler).__name__}")
+        if scaler is not None:
+            check_scaler(scaler)  # before anything else is made
         _check_name("run", run)
         _check_name("project", project)
         server = server or os.environ.get("GRADWATCH_SERVER") or DEFAULT_SERVER
@@ -82,7 +87,8 @@ class Watcher:
         if not self.layout.params:
             raise ValueError("the optimizer has no parameters to watch")
         self.warn = warn
-        self._probe = Probe(self.layout, scaler=scaler, updates=updates)
+        self._amp = None if scaler is None else AmpScaler(scaler)
+        self._probe = Probe(self.layout, amp=self._amp, updates=updates)
         self._tracker = GradTracker(self._probe.params)
         owner = np.array([w.optimizer for w in self.layout.params])
         #: parameter indices of each optimizer; None stands for all (one optimizer)
@@ -93,18 +99,12 @@ class Watcher:
         n = len(self.layout.params)
         self._passes: list[int] = [0] * n  # per parameter, as its optimizer's last step left them
         self._clear: list[Optional[float]] = [None] * n
-        self._sender_cpu = 0.0  # sender-thread CPU seconds at the last measured step
-        self._light_s = 0.0  # training-thread seconds of the last unmeasured step's post-step hook
-        self._render_s = 0.0  # sender-thread CPU seconds to render the last measured step
-        self._sender_step_s = 0.0  # sender-thread CPU seconds per step between the last two measured ones
-        self._since_measured = 0  # steps since the last measured step
+        self._closures: dict[int, CountedClosure] = {}  # optimizer -> the closure of its step in flight
+        self._taken: dict[int, tuple[list[int], list[Optional[float]]]] = {}  # passes up to its first evaluation
+        self._closure_calls: Optional[int] = None  # closure evaluations in the open round; None: no closure
         self._logged: dict[str, Any] = {}
         self._closed = False
         self._sampled = False
-        self._step_times = StepTimes()
-        self._scaler = scaler
-        self._skipped = 0  # optimizer steps a GradScaler skipped (they never reach our hooks)
-        self._stepped = False
         hello = wire.hello(
             run={"id": self.run_id, "name": run or time.strftime("run-%Y%m%d-%H%M%S"), "project": project or "default",
                  "started_at": time.time(), "hook_version": __version__,
@@ -112,19 +112,19 @@ class Watcher:
                  "config": {"every": every, "amp": scaler is not None, "updates": updates,
                             "optimizers": [type(o).__name__ for o in optimizers],
                             "unoptimized_params": self.layout.unoptimized, "frozen_params": self.layout.frozen,
-                            **context_config(self.layout, model, user)}},
+                            **_wrapper_config(wrappers), **context_config(self.layout, model, user)}},
             params=self.layout.hello_params(), groups=self.layout.hello_groups())
         self._sender = Sender(url, hello, token=token, spool=_open_spool(self.run_id, hello))
-        self._server_here = _on_this_machine(url)  # then its CPU per step is part of what watching costs
-        self._server_seen = 0.0  # the server's figure the sampler last learnt
+        # a server on this machine: its CPU per step is part of what watching costs
+        self._cost = CostMeter(self._sampler, _on_this_machine(url), lambda: self._sender.server_cpu_per_step)
         _replay_in_background(url, token)
         self._sender.on_finding = FindingWarner(warn, run_page(server, self.run_id), callback=on_finding)
         self._handles = []
         for k, opt in enumerate(optimizers):
             self._handles += [opt.register_step_pre_hook(functools.partial(self._before_step, k)),
                               opt.register_step_post_hook(functools.partial(self._after_step, k))]
-        if scaler is not None:
-            self._wrap_scaler(scaler)
+        if self._amp is not None:
+            self._amp.watch_steps(optimizers, self._skipped_step)
         self_ref = weakref.ref(self)
         atexit.register(lambda: (w := self_ref()) is not None and w.close())
 
@@ -133,22 +133,43 @@ class Watcher:
     # after the previous round and closes when every optimizer has stepped at least once (a GAN's
     # D then G step; a critic stepped 5 times per generator step). Each optimizer is measured at
     # its first step of a sampled round: its gradients just before, its state just after.
-    def _before_step(self, k: int, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
+    def _before_step(self, k: int, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> Any:
         try:
-            self._stepped = True
+            if self._amp is not None:
+                self._amp.stepped()
             if not self._round:
                 self.step += 1
-                self._step_times.tick(time.perf_counter())
-                if self._sampled:  # the step before was measured: what did that cost, all told?
-                    self._sampler.observe_step(self._step_times.last(), self._step_times.typical())
+                self._cost.begin_step(previous_measured=self._sampled)
                 self._sampled = self._sampler(self.step)
                 if self._sampled:
                     self.measured_steps += 1
                     self._probe.begin(self.step)
-            if self._sampled and k not in self._round:
-                self._probe.read_grads(self._members[k], k if len(self._members) > 1 else None)
+            first = k not in self._round
+            self._taken.pop(k, None)
+            closure = step_closure(args, kwargs)
+            if closure is not None:  # this step's gradients come from its closure: read them there
+                counted = self._closures[k] = CountedClosure(functools.partial(self._closure_returned, k, first))
+                return with_closure(args, kwargs, counted.wrap(closure))
+            if self._sampled and first:
+                self._read_grads(k)
         except Exception as exc:
             self._give_up(exc)
+        return None
+
+    def _closure_returned(self, k: int, first: bool) -> None:
+        """The first evaluation of optimizer `k`'s closure returned: its gradients are the step's
+        (see closures.py); the backward passes so far are the step's, those after it no step's."""
+        try:
+            if not self._handles:  # stopped watching meanwhile
+                return
+            if self._sampled and first:
+                self._read_grads(k)
+            self._taken[k] = self._tracker.end_step(self._members[k])
+        except Exception as exc:
+            self._give_up(exc)
+
+    def _read_grads(self, k: int) -> None:
+        self._probe.read_grads(self._members[k], k if len(self._members) > 1 else None)
 
     def _after_step(self, k: int, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
         try:
@@ -156,13 +177,18 @@ class Watcher:
             first = k not in self._round
             self._round[k] = self._round.get(k, 0) + 1
             self._opt_steps[k] += 1
-            self._end_passes(k, keep=first)  # every step: it marks where the next one starts
+            counted = self._closures.pop(k, None)
+            if counted is not None:
+                self._closure_calls = (self._closure_calls or 0) + counted.calls
+                if counted.calls == 0 and self._sampled and first:  # the optimizer ignored its closure
+                    self._read_grads(k)
+            self._end_passes(k, keep=first, taken=self._taken.pop(k, None))  # every step: it marks where the next one starts
             if self._sampled and first:
                 self._probe.read_state(self._members[k])
             if len(self._round) == len(self._members):
                 self._emit()
                 if not self._sampled:  # what this hook costs every step, for every="auto"
-                    self._light_s = time.perf_counter() - started
+                    self._cost.light_hook(time.perf_counter() - started)
         except Exception as exc:
             self._give_up(exc)
 
@@ -173,9 +199,13 @@ class Watcher:
                   "on. Please report it with this traceback.", self.run_id, self.step, exc_info=exc)
         self._detach()
 
-    def _end_passes(self, k: int, keep: bool) -> None:
+    def _end_passes(self, k: int, keep: bool, taken: Optional[tuple[list[int], list[Optional[float]]]] = None) -> None:
+        """End optimizer `k`'s backward passes; keep them as the round's when `keep`. `taken`: the
+        passes of a closure step up to its first evaluation, which are the step's in their place."""
         members = self._members[k]
         passes, clear = self._tracker.end_step(members)
+        if taken is not None:
+            passes, clear = taken
         if not keep:
             return
         if members is None:
@@ -187,12 +217,12 @@ class Watcher:
     def _emit(self) -> None:
         """The round is complete: send the measured step, or the cheap facts of an unmeasured one."""
         self._round.clear()
-        self._since_measured += 1
         logged, self._logged = self._logged, {}
-        if self._scaler is not None:
-            logged.setdefault("amp/skipped_steps", self._skipped)
-            if getattr(self._scaler, "_scale", None) is not None:
-                logged.setdefault("amp/scale", self._scaler._scale)
+        if self._amp is not None:
+            self._amp.scalars(logged)
+        if self._closure_calls is not None:
+            logged.setdefault("closure_calls", self._closure_calls)
+            self._closure_calls = None
         if len(self._members) > 1:
             for k, n in enumerate(self._opt_steps):
                 logged[f"opt/{k}/steps"] = n
@@ -201,19 +231,11 @@ class Watcher:
         logged["backward_passes"] = float(max(passes, default=0))
         if self._sampled:
             snapshot = self._probe.finish(logged, _host_arrays(passes, clear))
-            steps, self._since_measured = self._since_measured, 0
+            steps = self._cost.measured(None if snapshot is None else snapshot.cost_s)
             if snapshot is not None:
-                # The sampler learns now, not when the sender gets to this step (up to a `linger`
-                # later, when tens of steps could have been measured meanwhile): this step's
-                # training-thread cost, and what every step costs as last seen: this hook's
-                # unmeasured steps, the sender, and a server on this machine (its acks say).
-                self._sampler.observe(snapshot.cost_s + self._render_s, self._step_times.typical(),
-                                      self._every_step_s())
                 self._sender.submit_step(lambda s=snapshot: self._render(s, steps))
             return
-        if self._server_here and self._sender.server_cpu_per_step != self._server_seen:  # a new figure in an ack
-            self._server_seen = self._sender.server_cpu_per_step
-            self._sampler.observe_every_step(self._every_step_s())
+        self._cost.unmeasured()
         for key in [key for key, v in logged.items() if isinstance(v, torch.Tensor) and v.device.type != "cpu"]:
             logged.pop(key)  # a CUDA tensor is read only at measured steps: reading it now would sync
         scalars = self._probe.cheap_facts(logged, self._tracker.grad_nbytes)
@@ -221,29 +243,12 @@ class Watcher:
         # the arrays are made on the sender thread: the training thread only hands over lists
         self._sender.submit_step(lambda: wire.StepRecord(step, now, scalars, _host_arrays(passes, clear), None))
 
-    def _every_step_s(self) -> float:
-        """What every step costs, measured or not: this hook at an unmeasured step, the sender,
-        and a server on this machine (its acks say its CPU per stored step)."""
-        server = self._sender.server_cpu_per_step if self._server_here else 0.0
-        return self._light_s + self._sender_step_s + server
-
-    def _wrap_scaler(self, scaler: Any) -> None:
-        """See the steps GradScaler skips: they never call `optimizer.step()`, so no hook fires."""
-        original = scaler.step
-        optimizers = self.layout.optimizers
-
-        def step(opt: Any, *args: Any, **kwargs: Any) -> Any:
-            if self._closed or not any(opt is o for o in optimizers):
-                return original(opt, *args, **kwargs)
-            self._stepped = False
-            out = original(opt, *args, **kwargs)
-            if not self._stepped:
-                self._skipped += 1
-                self._tracker.end_step(self._members[[i for i, o in enumerate(optimizers) if o is opt][0]])
-            return out
-
-        scaler.step = step
-        self._unwrap = lambda: scaler.__dict__.pop("step", None) if scaler.__dict__.get("step") is step else None
+    def _skipped_step(self, optimizer: torch.optim.Optimizer) -> None:
+        """A GradScaler skipped `optimizer`'s step: its backward passes end there all the same."""
+        if self._closed:
+            return
+        k = next(k for k, o in enumerate(self.layout.optimizers) if o is optimizer)
+        self._tracker.end_step(self._members[k])
 
     # -- public ----------------------------------------------------------------------------
     def log(self, metrics: Optional[Mapping[str, Any]] = None, **kwargs: Any) -> None:
@@ -279,8 +284,8 @@ class Watcher:
             handle.remove()
         self._handles = []
         self._tracker.remove()
-        if self._scaler is not None:
-            self._unwrap()
+        if self._amp is not None:
+            self._amp.remove()
 
     @property
     def pending(self) -> int:
@@ -295,7 +300,7 @@ class Watcher:
 
     # -- sender thread ---------------------------------------------------------------------
     def _render(self, snapshot: Snapshot, steps: int) -> wire.StepRecord:
-        started = time.thread_time()
+        sender_cpu_s = self._cost.render_began(steps)
         metrics, status, scalars = snapshot.resolve()
         self._probe.recycle(snapshot)
         rss = _rss_bytes()
@@ -303,12 +308,10 @@ class Watcher:
             scalars["mem/rss_bytes"] = rss
         # The hook's own cost, so that users can see it: training-thread seconds of this step,
         # and sender-thread CPU per step since the previous measured step (sending included).
-        cpu, self._sender_cpu = started - self._sender_cpu, started
         scalars["hook/train_s"] = snapshot.cost_s
-        scalars["hook/sender_cpu_s"] = cpu / max(1, steps)
+        scalars["hook/sender_cpu_s"] = sender_cpu_s
         record = wire.StepRecord(snapshot.step, snapshot.time, scalars, metrics, status)
-        self._sender_step_s = cpu / steps if steps > 1 else 0.0  # what every step costs the sender
-        self._render_s = time.thread_time() - started
+        self._cost.render_done()
         return record
 
 
@@ -371,18 +374,25 @@ def _rss_bytes() -> Optional[float]:
         return None
 
 
-def _optimizers(optimizer: Any) -> list[torch.optim.Optimizer]:
-    """One optimizer or a non-empty list/tuple of distinct ones; TypeError/ValueError otherwise."""
+def _optimizers(optimizer: Any) -> tuple[list[torch.optim.Optimizer], list[list[Any]]]:
+    """One optimizer or a non-empty list/tuple of distinct ones, each unwrapped to the torch
+    optimizer that steps (unwrap.py), with the wrappers around each; TypeError/ValueError otherwise."""
     many = list(optimizer) if isinstance(optimizer, (list, tuple)) else [optimizer]
-    for opt in many:
-        if not isinstance(opt, torch.optim.Optimizer):
-            raise TypeError("watch() needs a torch.optim.Optimizer (or a list of them) as its first argument, "
-                            f"not {type(opt).__name__}")
     if not many:
         raise ValueError("watch() got an empty list of optimizers")
-    if len({id(o) for o in many}) != len(many):
+    unwrapped = [unwrap(opt) for opt in many]
+    optimizers = [inner for inner, _ in unwrapped]
+    if len({id(o) for o in optimizers}) != len(optimizers):
         raise ValueError("watch() got the same optimizer twice")
-    return many
+    return optimizers, [wrappers for _, wrappers in unwrapped]
+
+
+def _wrapper_config(wrappers: list[list[Any]]) -> dict[str, Any]:
+    """`wrappers` for the run's config: per optimizer, the classes unwrapped (outermost first);
+    nothing when no optimizer was wrapped."""
+    if not any(wrappers):
+        return {}
+    return {"wrappers": [[qualified_name(w) for w in ws] for ws in wrappers]}
 
 
 def watch(optimizer: Union[torch.optim.Optimizer, Sequence[torch.optim.Optimizer]], *,

@@ -1,4 +1,4 @@
-"""Diagnostics: findings about a run (see DESIGN.md, Diagnostics, for the codes)."""
+"""Diagnostics: findings about a run (the codes: docs/diagnostics.md)."""
 from __future__ import annotations
 
 from fastapi import APIRouter

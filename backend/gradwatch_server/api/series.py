@@ -90,9 +90,9 @@ def _top_by(store: Store, run_id: str, params: list[Param], metric: str, top: in
 @router.get("/heatmap", response_model=Heatmap)
 def heatmap(run: RunDep, store: StoreDep, metric: Name, start: Start = None, end: End = None,
             max_steps: Annotated[int, Query(ge=1, le=5000)] = 400, encoding: CellEncoding = "json") -> Response:
-    # Up to millions of cells, already JSON values: pydantic-core writes them as they are faster
-    # than through the model's union type (1,000 x 1,000 cells: 140 ms -> 56 ms). Fields left
-    # unset (z_f32 in JSON) stay out, so the JSON answer is what it was before f32 existed.
+    # Up to millions of cells, already JSON values: pydantic-core writes them as they are, much
+    # faster than through the model's union type (docs/benchmarks.md). Fields left unset (z_f32
+    # in a JSON answer) stay out of the body.
     grid = charts.heatmap(store, run.id, store.get_params(run.id), metric, start, end, max_steps, encoding=encoding)
     body = {k: v for k, v in dict(grid).items() if k in grid.model_fields_set}
     return Response(pydantic_core.to_json(body), media_type="application/json")

@@ -1,6 +1,6 @@
 """Diagnostics: the classic gradient and optimizer mistakes, found in a run's telemetry.
 
-One small check per finding code (DESIGN.md, Diagnostics), each documenting its evidence and
+One small check per finding code (docs/diagnostics.md), each documenting its evidence and
 thresholds:
 
     clearing.py   grad_accumulation_unbounded, grad_accumulation, zero_filled_grad_buffers

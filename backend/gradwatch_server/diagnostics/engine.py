@@ -7,9 +7,8 @@ mark saying how many steps they cover. A run the server holds no state for (afte
 or an imported run) is diagnosed again from its stored steps when it is resumed or its findings
 are asked for; a finished run whose stored findings are current is answered from the store.
 
-Cost: the checks are vectorised over parameters; judging one step takes about 0.5 ms for 100
-parameter tensors and 2 ms per 1,000 (mostly the medians of exploding/vanishing), in a worker
-thread, once per stored step.
+Cost: the checks are vectorised over parameters and run in a worker thread, once per stored
+step; the medians of exploding/vanishing dominate (docs/benchmarks.md).
 """
 from __future__ import annotations
 
@@ -32,7 +31,7 @@ log = logging.getLogger("gradwatch.diagnostics")
 #: Bump when a check changes what it finds: stored findings of an older version are derived again.
 RULES_VERSION = 1
 
-#: Every check, one per finding code (DESIGN.md, Diagnostics).
+#: Every check, one per finding code (docs/diagnostics.md).
 CHECKS: tuple[type[Check], ...] = (
     UnclearedGradients, GradAccumulation, ZeroFilledGradBuffers,
     ParamNotInOptimizer, ParamNeverGetsGrad, StepWithoutGrad,

@@ -31,7 +31,7 @@ class Figure:
 
 @dataclass(frozen=True)
 class Finding:
-    """One diagnosis of a run. Its `code` is one of DESIGN.md's Diagnostics table."""
+    """One diagnosis of a run. Its `code` is one of those in docs/diagnostics.md."""
 
     code: str
     severity: Severity

@@ -93,7 +93,7 @@ const addParam = (name) => {
   views.paramNorms.card.scrollIntoView({ behavior: "smooth", block: "start" });
 };
 
-const { views, present: PRESENT, otherSelect, otherScalars } = createRunViews(state, {
+const { views, present: PRESENT, otherSelect, otherScalars, addStateViews } = createRunViews(state, {
   onXRange,
   onSelect: select,
   onParam: addParam,
@@ -171,6 +171,7 @@ async function loadAll() {
       state.paramIndex = new Map(state.params.map((p, i) => [p.name, p.index ?? i]));
       state.metrics = { scalars: metrics.scalars || [], params: metrics.params || [] };
       state.latest = {};
+      for (const v of addStateViews(state.metrics.params)) grid.insertBefore(v.card, views.updateRatio.card);
       fillNames();
       fillOtherSelect();
       for (const [name, present] of Object.entries(PRESENT)) views[name].card.hidden = !present();
@@ -214,7 +215,6 @@ async function loadAll() {
  * card and the others still draw; an unreachable server fails all.
  */
 async function loadViews(list) {
-  const followers = [views.expAvg, views.expAvgSq, views.momentum, views.updateRatio];
   const load = (v, names = undefined) => v.load(ctx, names).catch((err) => {
     if (err instanceof UnreachableError) throw err;
     console.warn(`gradwatch: ${v.card.dataset.card}:`, err);
@@ -225,13 +225,12 @@ async function loadViews(list) {
   inViewFirst(nearDrawn, near.map((v) => v.card));
   await Promise.all([nearDrawn, ...list.filter((v) => !near.includes(v)).map((v) => load(v))]);
   const same = (a, b) => a.length === b.length && a.every((n, i) => n === b[i]);
-  const again = list.filter((v) => followers.includes(v) && !same(v.params(), state.shown));
+  const again = list.filter((v) => v.follows && !same(v.params(), state.shown));
   await Promise.all(again.map((v) => load(v, state.shown.slice())));
 }
 
 function reloadParams() {
-  const list = [views.paramNorms, views.expAvg, views.expAvgSq, views.momentum, views.updateRatio]
-    .filter((v) => !v.card.hidden);
+  const list = Object.values(views).filter((v) => (v === views.paramNorms || v.follows) && !v.card.hidden);
   loadViews(list).then(() => { if (state.xRange) scheduleZoom(); }).catch(showError);
 }
 

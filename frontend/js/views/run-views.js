@@ -22,7 +22,9 @@ const lrGroup = (k) => Number(k.slice(3));
  *          onModule: (path: string) => void, onTop: (k: number, order: string) => void,
  *          onOtherScalar: (key: string) => void, onFindings: (list: object[]) => void}} on
  * @returns {{views: Object<string, object>, present: Object<string, () => boolean>,
- *            otherSelect: HTMLSelectElement, otherScalars: () => string[]}}
+ *            otherSelect: HTMLSelectElement, otherScalars: () => string[],
+ *            addStateViews: (params: string[]) => object[]}}
+ *   The optimizer-state cards are made by addStateViews once the run's metric names are known.
  */
 export function createRunViews(state, { onXRange, onSelect, onParam, onModule, onTop, onOtherScalar, onFindings }) {
   const otherSelect = h("select", {
@@ -54,18 +56,6 @@ export function createRunViews(state, { onXRange, onSelect, onParam, onModule, o
       id: "grad-norm-heatmap", metric: "grad_norm", label: "‖grad‖", title: "Gradient norm heatmap",
       help: "‖grad‖₂ per parameter and step, log colour scale, rows grouped by module; red: NaN/Inf, grey: exactly zero", onXRange,
     }),
-    expAvg: paramMetricView({
-      id: "exp-avg-norm", metric: "exp_avg_norm", title: "Adam first moment ‖m‖",
-      help: "Norm of exp_avg, the running mean of gradients", onXRange, rankBy: "grad_norm",
-    }),
-    expAvgSq: paramMetricView({
-      id: "exp-avg-sq-norm", metric: "exp_avg_sq_norm", title: "Adam second moment ‖v‖",
-      help: "Norm of exp_avg_sq, the running mean of squared gradients", onXRange, rankBy: "grad_norm",
-    }),
-    momentum: paramMetricView({
-      id: "momentum-norm", metric: "momentum_norm", title: "Momentum buffer norm",
-      help: "Norm of SGD's momentum_buffer", onXRange, rankBy: "grad_norm",
-    }),
     updateRatio: paramMetricView({
       id: "update-ratio", metric: "update_ratio", title: "Update size ÷ parameter size",
       help: "‖Δθ‖ / ‖θ‖ of each step; around 1e-3 is typical", onXRange, rankBy: "grad_norm",
@@ -87,11 +77,10 @@ export function createRunViews(state, { onXRange, onSelect, onParam, onModule, o
     }),
   };
 
+  views.updateRatio.follows = true; // it shows the parameters the gradient-norm chart shows
+
   /** Which cards this run has data for. */
   const present = {
-    expAvg: () => state.metrics.params.includes("exp_avg_norm"),
-    expAvgSq: () => state.metrics.params.includes("exp_avg_sq_norm"),
-    momentum: () => state.metrics.params.includes("momentum_norm"),
     updateRatio: () => state.metrics.params.includes("update_ratio"),
     lr: () => views.lr.keysFor(state.metrics.scalars).length > 0,
     memory: () => views.memory.keysFor(state.metrics.scalars).length > 0,
@@ -99,5 +88,57 @@ export function createRunViews(state, { onXRange, onSelect, onParam, onModule, o
   };
   const otherScalars = () => state.metrics.scalars.filter((k) => !KNOWN_SCALAR.test(k)).sort();
 
-  return { views, present, otherSelect, otherScalars };
+  /**
+   * A card for each optimizer-state norm of `params` that has none yet (in stateNormMetrics'
+   * order), added to `views` and `present`; returns the new views, for the page to place.
+   */
+  const addStateViews = (params) => stateNormMetrics(params).filter((m) => !views[stateKey(m)]).map((metric) => {
+    const { id, title, help } = stateCard(metric);
+    const view = paramMetricView({ id, metric, title, help, onXRange, rankBy: "grad_norm" });
+    view.follows = true;
+    views[stateKey(metric)] = view;
+    present[stateKey(metric)] = () => state.metrics.params.includes(metric);
+    return view;
+  });
+
+  return { views, present, otherSelect, otherScalars, addStateViews };
+}
+
+const stateKey = (metric) => `state:${metric}`;
+
+/** Per-parameter metrics named `*_norm` that are not optimizer state. */
+const NOT_STATE = new Set(["grad_norm", "param_norm", "update_norm"]);
+
+/**
+ * Display words for the state keys of torch's optimizers; any other key gets stateCard's
+ * default, so a new optimizer's state is drawn too.
+ */
+export const STATE_TITLES = {
+  exp_avg: ["Adam first moment ‖m‖", "Norm of exp_avg, the running mean of gradients"],
+  exp_avg_sq: ["Adam second moment ‖v‖", "Norm of exp_avg_sq, the running mean of squared gradients"],
+  max_exp_avg_sq: ["AMSGrad max second moment", "Norm of max_exp_avg_sq, the largest exp_avg_sq so far"],
+  exp_inf: ["Adamax infinity norm ‖u‖", "Norm of exp_inf, Adamax's running max of |gradient|"],
+  momentum_buffer: ["Momentum buffer norm", "Norm of SGD's momentum_buffer"],
+  square_avg: ["RMSprop square average", "Norm of square_avg, the running mean of squared gradients"],
+  grad_avg: ["RMSprop gradient average", "Norm of grad_avg, centered RMSprop's running mean of gradients"],
+  sum: ["Adagrad sum of squares", "Norm of sum, the accumulated squared gradients"],
+  acc_delta: ["Adadelta accumulated update", "Norm of acc_delta, the running mean of squared updates"],
+};
+const STATE_ORDER = Object.keys(STATE_TITLES);
+
+/** The optimizer-state norms among a run's per-parameter metrics: known keys first, in STATE_TITLES' order, then the rest by name. */
+export function stateNormMetrics(params) {
+  const rank = (m) => {
+    const i = STATE_ORDER.indexOf(m.slice(0, -"_norm".length));
+    return i < 0 ? STATE_ORDER.length : i;
+  };
+  return params.filter((m) => m.endsWith("_norm") && m.length > "_norm".length && !NOT_STATE.has(m))
+    .sort((a, b) => rank(a) - rank(b) || a.localeCompare(b));
+}
+
+/** A state norm's card: {id, title, help}; the id is the metric with dashes (exp_avg_norm: exp-avg-norm). */
+export function stateCard(metric) {
+  const key = metric.slice(0, -"_norm".length);
+  const [title, help] = STATE_TITLES[key] || [`Optimizer state ${key.replace(/_/g, " ")}`, `Norm of the optimizer's ${key} state`];
+  return { id: metric.replace(/[^A-Za-z0-9]+/g, "-"), title, help };
 }

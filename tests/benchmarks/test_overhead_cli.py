@@ -8,10 +8,11 @@ from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).parent))
+BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
+sys.path.insert(0, str(BENCHMARKS))
 from overhead import Figure  # noqa: E402
 
-SCRIPT = Path(__file__).with_name("overhead.py")
+SCRIPT = BENCHMARKS / "overhead.py"
 
 
 def test_a_figure_is_the_median_plus_the_charge() -> None:

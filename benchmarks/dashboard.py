@@ -19,7 +19,7 @@
       live p95      send -> the step drawn on the line charts in view
       longest task  the longest main-thread task while the run streams
 
-    python tests/bench/dashboard.py [--params 1000] [--steps 10000] [--rounds 3] [--live-seconds 20]
+    python benchmarks/dashboard.py [--params 1000] [--steps 10000] [--rounds 3] [--live-seconds 20]
                                     [--db FILE [--reuse-db]] [--frontend DIR]
 
 --db FILE --reuse-db keeps the finished run between invocations (it takes a while to build).
@@ -446,7 +446,7 @@ def main() -> None:
     args = ap.parse_args()
     from playwright.sync_api import sync_playwright  # requirements-test.txt
 
-    repo = Path(__file__).resolve().parents[2]
+    repo = Path(__file__).resolve().parents[1]
     with tempfile.TemporaryDirectory() as tmp:
         db = args.db or Path(tmp) / "dashboard.db"
         run_id = f"bench-finished-{args.params}x{args.steps}"

@@ -9,7 +9,7 @@ from typing import Any
 
 import numpy as np
 
-from jsonfloats import number
+from support.jsonfloats import number
 
 #: The f32 encoding's cell without a value (null in `z`), and its NaN.
 EMPTY_BITS = 0x7FC00001

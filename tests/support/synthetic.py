@@ -6,7 +6,7 @@ documented protocol. The run looks like a small transformer trained with AdamW: 
 that shrink with noise, a parameter that never gets a gradient, one whose buffer is zero-filled,
 a warmup-then-cosine learning rate, memory figures, and NaN/Inf where `nan_steps` says.
 
-    python tests/browser/synthetic.py ws://127.0.0.1:8765   # seed a running server by hand
+    python tests/support/synthetic.py ws://127.0.0.1:8765   # seed a running server by hand
 """
 from __future__ import annotations
 

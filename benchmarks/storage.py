@@ -1,18 +1,18 @@
 """Storage at scale, measured in one run and printed as one table (`make bench`; issue #7).
 
-    python tests/bench/storage.py [--params 1000] [--steps 2000] [--databases sqlite,postgresql]
+    python benchmarks/storage.py [--params 1000] [--steps 2000] [--databases sqlite,postgresql]
                                   [--series-steps 1000000] [--mlflow-steps 40] [--parts ...]
 
 Parts (`--parts`, all by default):
   ingest   hook -> stored: a real `gradwatch serve` subprocess on SQLite and on PostgreSQL (a
-           throwaway cluster from tests/pg.py), fed the hook's own wire messages (gradwatch.wire:
+           throwaway cluster from tests/support/pg.py), fed the hook's own wire messages (gradwatch.wire:
            AdamW's six per-parameter metrics, grad_status and 8 scalars per step), built before
            the clock starts and sent as fast as the server takes them (the server stops reading
            when its queue is full; TCP does the rest). Rate: parameter-rows/s = params x steps /
            seconds from the first send to the ack of the last step. Each repetition is a new
            database; the databases alternate, so both see the same machine load.
   mlflow   the peer: MLflow's tracking server on SQLite (`mlflow server`, from .venv-bench, which
-           `make bench` fills from tests/bench/requirements-mlflow.txt), `MlflowClient().log_batch`
+           `make bench` fills from benchmarks/requirements-mlflow.txt), `MlflowClient().log_batch`
            of the same grad_norm values, one metric per parameter, one call per step (MLflow
            takes at most 1000 metrics per call), on the first --mlflow-steps steps. gradwatch
            stores 7 values per parameter-row (6 metrics and grad_status), MLflow 1: the ratio
@@ -57,12 +57,12 @@ from pathlib import Path
 import numpy as np
 
 HERE = Path(__file__).resolve().parent
-REPO = HERE.parents[1]
-sys.path.insert(0, str(HERE.parent))  # tests/: conftest (start_server), pg (PostgreSQL cluster)
+REPO = HERE.parent
+sys.path.insert(0, str(REPO / "tests"))  # tests/support: start_server, the PostgreSQL cluster
 
-import pg  # noqa: E402
-from conftest import find_free_port, server_env, start_server  # noqa: E402
-from jsonfloats import number, same  # noqa: E402
+from support import pg  # noqa: E402
+from support.server import find_free_port, server_env, start_server  # noqa: E402
+from support.jsonfloats import number, same  # noqa: E402
 
 ARRAYS = ("grad_norm", "param_norm", "exp_avg_norm", "exp_avg_sq_norm", "backward_passes", "grad_clear")
 VALUES_PER_ROW = len(ARRAYS) + 1  # and grad_status
@@ -231,14 +231,14 @@ class IngestResult:
 
 
 class Postgres:
-    """The throwaway cluster of tests/pg.py, started when first needed."""
+    """The throwaway cluster of tests/support/pg.py, started when first needed."""
 
     def __init__(self) -> None:
         self.server: pg.Server | None = None
 
     def new_database(self) -> str:
         if self.server is None:
-            log("starting a throwaway PostgreSQL cluster (tests/pg.py)")
+            log("starting a throwaway PostgreSQL cluster (tests/support/pg.py)")
             self.server = pg.start_server(os.environ.get("GRADWATCH_TEST_POSTGRES_URL"))
         return self.server.create_database()
 

@@ -13,7 +13,7 @@ process of its own, as a training script would, beside a baseline twin (see Remo
   gradwatch no server every=1 with no server listening: everything goes to the spool on disk
   floor               one 2-thread .sum() over the bytes the hook reads (grad, param, Adam moments)
 
-The peers (tensorboard, wandb) are installed for the benchmark only (tests/bench/requirements-peers.txt,
+The peers (tensorboard, wandb) are installed for the benchmark only (benchmarks/requirements-peers.txt,
 `make bench`); a peer that is not installed is reported as "n/a".
 
 The steps are interleaved one by one. A cycle visits every variant's process once, in a
@@ -43,7 +43,7 @@ consecutive steps at the training's own pace (4x as many for every="auto") after
   cycles stretch. Its figure is the median of its measured steps and that of its unmeasured
   steps in the cycles, weighted by how often it measured in that run (Watcher.measured_steps).
 
-    python tests/bench/overhead.py [--models gpt,mlp] [--cycles N] [--variants baseline,...]
+    python benchmarks/overhead.py [--models gpt,mlp] [--cycles N] [--variants baseline,...]
 """
 from __future__ import annotations
 
@@ -281,7 +281,7 @@ def make_lane(kind: str, model: nn.Module, loss_fn: Callable[[nn.Module], torch.
         try:
             from torch.utils.tensorboard import SummaryWriter
         except ImportError:
-            print("tensorboard is not installed: its variants are n/a (pip install -r tests/bench/requirements-peers.txt)")
+            print("tensorboard is not installed: its variants are n/a (pip install -r benchmarks/requirements-peers.txt)")
             return None
         writer = SummaryWriter(log_dir=str(tmp / kind))
         count = [0]
@@ -299,7 +299,7 @@ def make_lane(kind: str, model: nn.Module, loss_fn: Callable[[nn.Module], torch.
         try:
             import wandb
         except ImportError:
-            print("wandb is not installed: its variant is n/a (pip install -r tests/bench/requirements-peers.txt)")
+            print("wandb is not installed: its variant is n/a (pip install -r benchmarks/requirements-peers.txt)")
             return None
         if wandb.run is not None:
             wandb.run.finish()

@@ -9,7 +9,7 @@ import numpy as np
 
 from gradwatch import Watcher
 from gradwatch.wire import ABSENT_BITS
-from wiresteps import split
+from support.wiresteps import split
 
 
 def decode(b64: str, dtype: str = "<f4") -> list[float | None]:

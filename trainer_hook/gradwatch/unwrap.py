@@ -1,0 +1,78 @@
+"""The torch optimizer inside a framework's wrapper: `watch()` hooks the one that really steps.
+
+accelerate's `AcceleratedOptimizer` (and its DeepSpeed wrapper) and DeepSpeed's own optimizers
+keep it in `.optimizer`, Lightning's `LightningOptimizer` in `._optimizer`. Such wrappers often
+pass `isinstance(w, torch.optim.Optimizer)` without running `Optimizer.__init__`, so they have no
+step hooks, and their `step()` is not the hooked one: only the inner optimizer's step runs the
+hooks, and only when it really steps (accelerate's accumulation, a skipped AMP step).
+"""
+from __future__ import annotations
+
+from typing import Any, Optional
+
+import torch
+
+from .amp import is_grad_scaler
+
+#: attributes in which known wrappers keep the optimizer they wrap, in the order tried
+INNER_ATTRIBUTES = ("optimizer", "_optimizer")
+MAX_DEPTH = 8  # wrappers of wrappers; a cycle of references must not loop forever
+
+
+def qualified_name(obj: object) -> str:
+    cls = type(obj)
+    return f"{cls.__module__}.{cls.__qualname__}"
+
+
+def _inner(obj: object) -> Optional[object]:
+    for name in INNER_ATTRIBUTES:
+        try:
+            inner = getattr(obj, name, None)
+        except Exception:  # a property of the wrapper that cannot answer now
+            inner = None
+        if inner is not None and inner is not obj and hasattr(inner, "param_groups"):
+            return inner
+    return None
+
+
+def _hookable(obj: object) -> bool:
+    """A torch optimizer whose `Optimizer.__init__` ran: it has step hooks of its own."""
+    return isinstance(obj, torch.optim.Optimizer) and "_optimizer_step_pre_hooks" in vars(obj)
+
+
+def unwrap(optimizer: Any) -> tuple[torch.optim.Optimizer, list[Any]]:
+    """The innermost torch optimizer of `optimizer` and the wrappers around it, outermost first.
+
+    TypeError, naming the type and what to pass instead, for anything else.
+    """
+    wrappers: list[Any] = []
+    obj = optimizer
+    while True:
+        inner = _inner(obj)
+        if inner is None or len(wrappers) >= MAX_DEPTH:
+            break
+        wrappers.append(obj)
+        obj = inner
+    if _hookable(obj):
+        assert isinstance(obj, torch.optim.Optimizer)
+        return obj, wrappers
+    what = type(optimizer).__name__
+    if wrappers:
+        raise TypeError(f"watch() unwrapped {what} down to {type(obj).__name__}, which is not a torch.optim.Optimizer "
+                        "it can hook; pass the torch.optim.Optimizer that steps the parameters")
+    if isinstance(optimizer, torch.optim.Optimizer):
+        raise TypeError(f"watch() cannot hook {what}: it is a torch.optim.Optimizer whose Optimizer.__init__ never "
+                        "ran (a wrapper?) and it keeps no optimizer in .optimizer or ._optimizer; pass the "
+                        "torch.optim.Optimizer it wraps")
+    raise TypeError(f"watch() needs a torch.optim.Optimizer (or a list of them) as its first argument, not {what}; "
+                    "a framework's wrapper works when it keeps the torch optimizer in .optimizer or ._optimizer, "
+                    "otherwise pass the torch.optim.Optimizer itself")
+
+
+def find_scaler(wrappers: list[Any]) -> Optional[Any]:
+    """The GradScaler a wrapper steps with (accelerate's `AcceleratedOptimizer.scaler`), if any."""
+    for wrapper in wrappers:
+        scaler = getattr(wrapper, "scaler", None)
+        if scaler is not None and is_grad_scaler(scaler):
+            return scaler
+    return None
