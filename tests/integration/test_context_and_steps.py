@@ -18,7 +18,7 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 import torch
-from conftest import ServerProcess, server_command, start_server
+from support.server import ServerProcess, server_command, start_server
 
 STEPS = 40
 NAN_STEP = 17  # the logged loss is NaN here

@@ -17,7 +17,7 @@ import gradwatch
 import httpx
 import pytest
 import torch
-from conftest import find_free_port, server_command, server_env, start_server
+from support.server import find_free_port, server_command, server_env, start_server
 
 SLOW_S = 6.0
 
