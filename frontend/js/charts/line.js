@@ -10,6 +10,7 @@
 import { isNonFinite, nonFiniteLabel, plotlyText } from "../format.js";
 import { markerLayout, markMarkers, sameMarkers } from "./markers.js";
 import { Chart, noteLive } from "./base.js";
+import { attachCrosshair } from "./crosshair.js";
 import { Legend } from "./legend.js";
 import { Pacer } from "./pacer.js";
 import { baseConfig, baseLayout, MARGIN, plotly, registerChart, seriesColor, theme } from "./theme.js";
@@ -401,6 +402,8 @@ export class LineChart extends Chart {
   }
 
   listen() {
+    const steps = this.opts.xTitle === "step";
+    attachCrosshair(this.el, steps ? "step" : `x:${this.opts.xTitle}`, steps ? Math.round : (x) => x);
     this.el.on("plotly_relayout", (ev) => {
       if (this.syncing || !this.opts.onXRange) return;
       if (ev["xaxis.autorange"]) {

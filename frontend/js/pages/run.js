@@ -19,6 +19,7 @@
 // mark `gradwatch:zoomed` once every chart in view shows the zoom's window ("FROM-TO", or "all").
 
 import { api, ApiError, liveUrl, UnreachableError } from "../api.js";
+import { findingAlerts } from "../attention.js";
 import { markersOf } from "../charts/markers.js";
 import { whenPlotly } from "../charts/theme.js";
 import { inViewFirst, nearView } from "../charts/turns.js";
@@ -59,6 +60,8 @@ const state = {
 };
 
 const header = headerView(byId("run-header"));
+// The tab's title counts the findings while the tab is hidden; new errors and warnings notify.
+const alerts = findingAlerts(() => (state.run ? `${state.run.name || state.run.id} · gradwatch` : document.title));
 const grid = byId("charts");
 const pageNotice = byId("page-notice");
 
@@ -104,7 +107,10 @@ const { views, present: PRESENT, otherSelect, otherScalars, addStateViews } = cr
     saveUrl();
     loadViews([views.other]).then(() => { if (state.xRange) scheduleZoom(); }).catch(showError);
   },
-  onFindings: (list) => drawMarkers(list),
+  onFindings: (list) => {
+    drawMarkers(list);
+    if (state.run) alerts.update(list, state.run.name || state.run.id);
+  },
 });
 
 /** Mark where each finding began on every chart with a step axis. */
@@ -177,6 +183,7 @@ async function loadAll() {
       for (const [name, present] of Object.entries(PRESENT)) views[name].card.hidden = !present();
       balanceGrid();
       header.render(state);
+      alerts.title();
       const drawn = loadViews(Object.values(views).filter((v) => !v.card.hidden));
       whenPlotly().catch(showError); // the requests are out: compile Plotly while the server answers
       await drawn;
@@ -350,6 +357,7 @@ function onMessage(msg) {
     state.run = { ...msg.run, steps: Math.max(msg.run.steps || 0, state.run.steps || 0),
       last_step: Math.max(msg.run.last_step || 0, state.run.last_step || 0) };
     header.render(state);
+    alerts.title();
     if (before !== state.run.status) views.findings.load(ctx);
   }
 }

@@ -5,7 +5,7 @@
 // Everything is rendered as text (dom.js); a field the hook did not record shows nothing.
 
 import { h, setChildren } from "../dom.js";
-import { fmtCount, fmtNum } from "../format.js";
+import { fmtCount } from "../format.js";
 
 /** A command line as a shell would take it back: words with spaces or quotes get quoted. */
 export function shellLine(argv) {
@@ -15,9 +15,9 @@ export function shellLine(argv) {
   }).join(" ");
 }
 
-/** A hyperparameter value as it reads: numbers in 4 significant digits, lists in brackets. */
+/** A hyperparameter value exactly as recorded (to reproduce the run): numbers as JSON has them. */
 export function hparamText(v) {
-  if (typeof v === "number") return fmtNum(v, 4);
+  if (typeof v === "number") return String(v);
   if (Array.isArray(v)) return `[${v.map(hparamText).join(", ")}]`;
   if (v === null || v === undefined) return "—";
   return typeof v === "object" ? JSON.stringify(v) : String(v);
@@ -96,22 +96,39 @@ export function contextRows(config) {
   return rows;
 }
 
-/** The Run card; `render(run)` fills it from RunPublic. */
+/** The one line the closed panel shows: command, commit, host, torch. */
+export function contextSummary(config) {
+  const c = (config && config.context) || {};
+  const parts = [];
+  if (c.argv && c.argv.length) parts.push(shellLine(c.argv));
+  if (c.git) parts.push(`git ${gitText(c.git)}`);
+  if (c.host) parts.push(String(c.host));
+  if (c.versions && c.versions.torch) parts.push(`torch ${c.versions.torch}`);
+  return parts.join(" · ");
+}
+
+/** The Run card (closed to one line; open for everything), filled from RunPublic by `load`. */
 export function runContextView() {
   const body = h("div", { class: "ctx-body" });
+  const summary = h("span", { class: "ctx-summary muted" });
   const card = h("section", { class: "card card-wide run-context", dataset: { card: "run-context" }, "aria-labelledby": "title-run-context" },
-    h("details", { class: "ctx-details", open: true },
+    h("details", { class: "ctx-details" },
       h("summary", { class: "card-head" }, h("div", { class: "card-titles" },
-        h("h2", { id: "title-run-context" }, "Run"),
-        h("p", { class: "card-help" }, "What the training script ran with, as gradwatch recorded it at watch()"))),
+        h("h2", { id: "title-run-context" }, "Run"), summary)),
+      h("p", { class: "card-help" }, "What the training script ran with, as gradwatch recorded it at watch()"),
       body));
+  const render = (run) => {
+    const config = run && run.config;
+    const rows = contextRows(config);
+    card.dataset.fields = String(rows.length);
+    summary.textContent = contextSummary(config);
+    setChildren(body, rows.length ? h("table", { class: "ctx-table" }, h("tbody", {}, rows))
+      : h("p", { class: "muted" }, "This run's hook recorded no context (an older gradwatch)."));
+  };
   return {
     card,
-    render(run) {
-      const rows = contextRows(run && run.config);
-      card.dataset.fields = String(rows.length);
-      setChildren(body, rows.length ? h("table", { class: "ctx-table" }, h("tbody", {}, rows))
-        : h("p", { class: "muted" }, "This run's hook recorded no context (an older gradwatch)."));
-    },
+    render,
+    load: async (ctx) => render(ctx.state.run),
+    append() {},
   };
 }

@@ -5,7 +5,9 @@ import { h } from "../dom.js";
 import { findingsView } from "./findings.js";
 import { heatmapView } from "./heatmaps.js";
 import { paramMetricView } from "./params.js";
+import { runContextView } from "./run-context.js";
 import { scalarView } from "./scalars.js";
+import { spreadView } from "./spread.js";
 
 const KNOWN_SCALAR = /^(loss|grad_norm_total|lr\/.*|mem\/.*)$/;
 const MEM_ORDER = ["mem/params_bytes", "mem/grads_bytes", "mem/optimizer_bytes", "mem/zero_grad_bytes"];
@@ -34,6 +36,7 @@ export function createRunViews(state, { onXRange, onSelect, onParam, onModule, o
 
   const views = {
     findings: findingsView({ onParam, onFindings }),
+    context: runContextView(),
     gradTotal: scalarView({
       id: "grad-norm-total", title: "Total gradient norm", help: "‖grad‖₂ over all parameters, as the step used it",
       keys: (s) => (s.includes("grad_norm_total") ? ["grad_norm_total"] : []), label: () => "total gradient norm",
@@ -47,6 +50,10 @@ export function createRunViews(state, { onXRange, onSelect, onParam, onModule, o
     paramNorms: paramMetricView({
       id: "param-grad-norm", title: "Gradient norm per parameter", help: "‖grad‖₂ of each parameter tensor",
       metric: "grad_norm", picker: true, wide: true, onXRange, onSelect, onModule, onTop,
+    }),
+    spread: spreadView({
+      id: "grad-norm-spread", metric: "grad_norm", title: "Gradient norm spread across parameters",
+      help: "At each step: median line, quartiles (dark band) and min–max (light band) of every parameter's ‖grad‖₂", onXRange,
     }),
     status: heatmapView({
       id: "grad-status", metric: "grad_status", title: "Gradient buffer status",
@@ -81,6 +88,7 @@ export function createRunViews(state, { onXRange, onSelect, onParam, onModule, o
 
   /** Which cards this run has data for. */
   const present = {
+    spread: () => state.metrics.params.includes("grad_norm") && state.params.length > 1,
     updateRatio: () => state.metrics.params.includes("update_ratio"),
     lr: () => views.lr.keysFor(state.metrics.scalars).length > 0,
     memory: () => views.memory.keysFor(state.metrics.scalars).length > 0,
