@@ -1,4 +1,6 @@
 # The two commands of the README: `make demo` and `make test`. Everything they need is set up here.
+# Also: `make test-fast` (the tests that need no browser, PostgreSQL, server process, corpus or
+# whole timed run), `make check` (lint, format and types), `make format`, `make screenshot`.
 PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
@@ -9,7 +11,7 @@ TORCH  := torch==2.13.0
 # pointed at PostgreSQL and the tests run on it too.
 PKGS   := ./trainer_hook './backend[postgres]'
 
-.PHONY: demo test bench bench-dashboard bench-storage setup setup-test system-deps clean
+.PHONY: demo test test-fast check format screenshot bench bench-dashboard bench-storage setup setup-test system-deps clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -46,6 +48,31 @@ demo: setup
 
 test: setup-test
 	$(BIN)/python -m pytest
+
+# The tiers are markers that tests/conftest.py gives each test (pytest.ini declares them).
+FAST := not (browser or postgres or server or corpus or integration)
+test-fast: setup $(VENV)/.stamp-test-deps
+	$(BIN)/python -m pytest -m "$(FAST)"
+
+# Lint, format and types (ruff.toml; mypy's strict setting in each package's pyproject.toml).
+# The tools are pinned in requirements-test.txt.
+LINTED := backend trainer_hook tests benchmarks examples
+check: $(VENV)/.stamp-test-deps
+	$(BIN)/ruff check $(LINTED)
+	$(BIN)/ruff format --check $(LINTED)
+	cd backend && ../$(BIN)/mypy
+	cd trainer_hook && ../$(BIN)/mypy
+
+# What `check` asks of the layout, applied: imports sorted, then the formatter.
+format: $(VENV)/.stamp-test-deps
+	$(BIN)/ruff check --select I --fix $(LINTED)
+	$(BIN)/ruff format $(LINTED)
+
+# The README's screenshot, docs/screenshot.png, redrawn from a real training run in Chromium
+# (the test that draws it writes it under its temporary folder otherwise).
+screenshot: setup-test
+	GRADWATCH_SCREENSHOT=$(CURDIR)/docs/screenshot.png $(BIN)/python -m pytest -q \
+		tests/browser/test_dashboard.py -k test_real_training_streams_live_and_draws_the_readme_screenshot
 
 # The peers the overhead benchmark compares with (TensorBoard, wandb) go into .venv for it only.
 $(VENV)/.stamp-bench-peers: $(VENV)/.stamp-test-deps benchmarks/requirements-peers.txt

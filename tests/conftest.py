@@ -9,13 +9,14 @@ The storage-facing tests run on both databases the server supports. `db_url` (pe
 real PostgreSQL server. That server is the `postgres` session fixture: a throwaway cluster that
 tests/support/pg.py starts in a temporary directory (Debian's `postgresql`, which `make test` installs),
 or the server at GRADWATCH_TEST_POSTGRES_URL when that is set. Without PostgreSQL these tests
-fail and say how to install it; `-k "not postgresql"` leaves them out. The `server` fixture is
-a `gradwatch serve` on `db_url`.
+skip and say how to install it, except in CI (CI=true), where they fail; `-m "not postgres"`
+leaves them out. The `server` fixture is a `gradwatch serve` on `db_url`.
 """
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
+import types
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -25,6 +26,69 @@ from support.databases import DATABASES, new_database
 from support.server import ServerProcess, find_free_port, start_server
 
 
+# -- tiers ------------------------------------------------------------------------------------
+# `make test-fast` runs what needs none of the slow parts: `-m "not (browser or postgres or server
+# or corpus or integration)"`. Each test gets those markers here, from what it uses and where it
+# lives, so that no test has to remember to declare them (and a new test that starts a server is
+# never taken for a fast one).
+
+TESTS = Path(__file__).resolve().parent
+#: The tier markers (declared in pytest.ini) that keep a test out of `make test-fast`.
+SLOW_TIERS = ("browser", "postgres", "server", "corpus", "integration")
+#: Folders whose every test is of a tier: real Chromium; the corpus (real training scripts, one
+#: process each); whole runs against servers that fail on purpose, timed (seconds each, and their
+#: timing bounds need a machine that is not loaded).
+FOLDER_TIERS = {"browser": "browser", "diagnostics": "corpus", "integration": "integration"}
+
+
+def _code_names(func: Callable[..., object], seen: set[object]) -> set[str]:
+    """The global names `func` reads, with those of the module-level functions and classes of the
+    test modules it calls, transitively: enough to see a `start_server` behind a helper."""
+    func = getattr(func, "__wrapped__", func)
+    code = getattr(func, "__code__", None)
+    if code is None or func in seen:
+        return set()
+    seen.add(func)
+    names: set[str] = set()
+    stack = [code]
+    while stack:
+        current = stack.pop()
+        names.update(current.co_names)
+        stack.extend(c for c in current.co_consts if isinstance(c, types.CodeType))
+    module_globals = getattr(func, "__globals__", {})
+    for name in list(names):
+        target = module_globals.get(name)
+        if isinstance(target, type):
+            for member in vars(target).values():
+                if callable(member) and getattr(member, "__module__", None) == target.__module__:
+                    names |= _code_names(member, seen)
+        elif callable(target) and str(getattr(target, "__module__", "")).startswith("test_"):
+            names |= _code_names(target, seen)
+    return names
+
+
+def _tiers(item: pytest.Function) -> set[str]:
+    """The slow tiers `item` belongs to: what it runs in, the fixtures it uses, what it calls."""
+    path = Path(str(item.path)).resolve()
+    tiers = {tier for folder, tier in FOLDER_TIERS.items() if TESTS / folder in path.parents}
+    fixtures = item._fixtureinfo.name2fixturedefs
+    params = getattr(getattr(item, "callspec", None), "params", {})
+    if "postgres" in item.fixturenames or "postgresql" in (params.get("db_url"), params.get("module_db_url")):
+        tiers.add("postgres")
+    funcs = [item.function] + [d.func for defs in fixtures.values() for d in defs]
+    seen: set[object] = set()
+    if any("start_server" in _code_names(f, seen) for f in funcs):
+        tiers.add("server")
+    return tiers
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        if isinstance(item, pytest.Function):
+            for tier in sorted(_tiers(item)):
+                item.add_marker(tier)
+
+
 @pytest.fixture
 def free_port() -> int:
     return find_free_port()
@@ -32,15 +96,20 @@ def free_port() -> int:
 
 @pytest.fixture(scope="session")
 def postgres() -> Iterator[pg.Server]:
-    """A real PostgreSQL server for the session (its `url` names the `gradwatch_test` database)."""
+    """A real PostgreSQL server for the session (its `url` names the `gradwatch_test` database).
+
+    Where none can be started, its tests skip and say why; with CI=true they fail instead
+    (`pg.required`)."""
     try:
         server = pg.start_server(os.environ.get("GRADWATCH_TEST_POSTGRES_URL"))
     except pg.PostgresUnavailable as exc:
         problem = str(exc)  # failed outside the except block: the message alone, no traceback chain
     else:
         problem = ""
+    if problem and pg.required(os.environ):
+        pytest.fail(f"PostgreSQL is required in CI (CI=true): {problem}", pytrace=False)
     if problem:
-        pytest.fail(problem, pytrace=False)
+        pytest.skip(f"no PostgreSQL: {problem}")
     try:
         yield server
     finally:

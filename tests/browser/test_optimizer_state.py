@@ -15,7 +15,7 @@ from collections.abc import Callable
 import gradwatch
 import pytest
 import torch
-from conftest import ServerProcess
+from support.server import ServerProcess
 from playwright import sync_api
 from test_dashboard import Page, browser, dash, page  # noqa: F401  (browser, dash, page: fixtures)
 

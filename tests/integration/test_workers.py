@@ -39,7 +39,7 @@ DEADLINE_S = 90.0
 # -- the server ------------------------------------------------------------------------------
 
 @pytest.fixture
-def pg_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
+def pg_url(request: pytest.FixtureRequest, postgres: object, tmp_path: Path) -> Iterator[str]:
     with new_database(request, "postgresql", tmp_path) as url:
         yield url
 

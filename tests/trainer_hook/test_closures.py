@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import gradwatch
-from sent import measured, sent_steps
+from support.sent import measured, sent_steps
 
 NOWHERE = "http://127.0.0.1:9"
 STEPS = 5

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 import gradwatch
-from sent import measured, sent_steps
+from support.sent import measured, sent_steps
 
 accelerate = pytest.importorskip("accelerate", reason="accelerate is installed by requirements-test.txt")
 from accelerate import Accelerator  # noqa: E402

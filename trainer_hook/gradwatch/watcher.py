@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import atexit
 import functools
+import html
 import ipaddress
 import logging
 import os
@@ -79,6 +80,8 @@ class Watcher:
         token = token or os.environ.get("GRADWATCH_TOKEN") or None
 
         self.run_id: str = secrets.token_hex(6)
+        self.name: str = run or time.strftime("run-%Y%m%d-%H%M%S")
+        self.project: str = project or "default"
         self.server = server
         self.every = every
         self.step = 0  # optimizer.step() calls so far (rounds, with several optimizers: see `watch`)
@@ -106,7 +109,7 @@ class Watcher:
         self._closed = False
         self._sampled = False
         hello = wire.hello(
-            run={"id": self.run_id, "name": run or time.strftime("run-%Y%m%d-%H%M%S"), "project": project or "default",
+            run={"id": self.run_id, "name": self.name, "project": self.project,
                  "started_at": time.time(), "hook_version": __version__,
                  "optimizer": "+".join(type(o).__name__ for o in optimizers),
                  "config": {"every": every, "amp": scaler is not None, "updates": updates,
@@ -118,7 +121,7 @@ class Watcher:
         # a server on this machine: its CPU per step is part of what watching costs
         self._cost = CostMeter(self._sampler, _on_this_machine(url), lambda: self._sender.server_cpu_per_step)
         _replay_in_background(url, token)
-        self._sender.on_finding = FindingWarner(warn, run_page(server, self.run_id), callback=on_finding)
+        self._sender.on_finding = FindingWarner(warn, self.url, callback=on_finding)
         self._handles = []
         for k, opt in enumerate(optimizers):
             self._handles += [opt.register_step_pre_hook(functools.partial(self._before_step, k)),
@@ -288,6 +291,29 @@ class Watcher:
             self._amp.remove()
 
     @property
+    def url(self) -> str:
+        """The run's page on the dashboard."""
+        return run_page(self.server, self.run_id)
+
+    def _repr_html_(self) -> str:
+        """In Jupyter, a watcher shows as a link to its run's page."""
+        url = html.escape(self.url, quote=True)
+        return (f'<a href="{url}" target="_blank" rel="noopener">gradwatch run {html.escape(self.name)}</a> '
+                f'<span>({html.escape(self.project)}, id {self.run_id}, step {self.step})</span>')
+
+    def show(self, height: int = 800) -> Any:
+        """The live run page, embedded in a notebook: an `IPython.display.IFrame` (display it, or
+        let it be a cell's last value). `height` in pixels."""
+        if isinstance(height, bool) or not isinstance(height, int) or not 100 <= height <= 10000:
+            raise ValueError(f"height must be a whole number of pixels from 100 to 10000; got {height!r}")
+        try:
+            from IPython.display import IFrame
+        except ImportError as exc:
+            raise ImportError("Watcher.show() embeds the run page in a Jupyter notebook and needs IPython "
+                              f"(pip install ipython); outside a notebook open {self.url}") from exc
+        return IFrame(self.url, width="100%", height=height)
+
+    @property
     def pending(self) -> int:
         """Messages the server has not acknowledged yet."""
         return self._sender.pending
@@ -411,8 +437,9 @@ def watch(optimizer: Union[torch.optim.Optimizer, Sequence[torch.optim.Optimizer
     every: measure every N-th `optimizer.step()`, or "auto" to keep what watching costs within 1%
         of the step time (the hook's threads, and a server on this machine: its acks say its CPU). updates: also measure `update_norm`/`update_ratio` (holds one copy of the
         parameters during sampled steps). warn: show each diagnostic once as a Python warning.
-    config: your settings (a dict of JSON values), stored with the run beside the context the hook
-        records (optimizer, versions, host, command line, git commit: gradwatch/context.py).
+    config: the user's own mapping (hyperparameters...), recorded with the run (its config's `user`),
+        beside the context the hook records (optimizer, versions, host, command line, git commit:
+        gradwatch/context.py).
     on_finding: called with each new diagnostic (a dict: code, severity, message, params,
         first_step), on gradwatch's sender thread, never inside a step; what it raises is logged.
     """

@@ -1,7 +1,7 @@
 // What every chart shares: the shared zoom, the zoomed window's detail, failure text, theme
 // switches, teardown, and what the page publishes about its drawing (performance marks
 // `gradwatch:drawn:<name>` on a chart's first draw with data; window.__gradwatchLive, the
-// time each live step was drawn, for tests and tests/bench/dashboard.py).
+// time each live step was drawn, for tests and benchmarks/dashboard.py).
 // Subclasses set `this.pacer`, implement `render()` (one full Plotly draw) and set `this.drawn`
 // once Plotly has a plot; everyone else calls `draw()`, which renders when the chart's turn
 // comes (turns.js).

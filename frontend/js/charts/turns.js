@@ -4,7 +4,7 @@
 // (in view: distance 0), so the charts that can be seen come first and a chart scrolled to
 // jumps the queue. Each turn is a task at once, not an idle callback: while a page loads the
 // browser is seldom idle, and waiting for it put off the last charts by about 300 ms
-// (tests/bench/dashboard.py). Turns start once Plotly has loaded; while a page loads, the charts
+// (benchmarks/dashboard.py). Turns start once Plotly has loaded; while a page loads, the charts
 // in view draw before any other, whichever answer comes first (inViewFirst). A chart waiting
 // for its turn draws once, however many draws it was asked for.
 

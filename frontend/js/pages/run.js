@@ -14,7 +14,7 @@
 // each chart fetches the window again, at full resolution when it has few enough steps, and
 // drops answers that a newer zoom has overtaken; zooming out draws the overview again.
 // Charts out of view fetch and draw a zoom when they are scrolled to.
-// What the page has drawn is published for tests and tests/bench/dashboard.py: body[data-ready]
+// What the page has drawn is published for tests and benchmarks/dashboard.py: body[data-ready]
 // and the performance mark `gradwatch:ready` once every chart is drawn; body[data-zoom] and the
 // mark `gradwatch:zoomed` once every chart in view shows the zoom's window ("FROM-TO", or "all").
 
@@ -29,6 +29,8 @@ import { LiveSocket, renderLiveStatus } from "../live.js";
 import { queryValue, readQuery, writeQuery } from "../url.js";
 import { headerView } from "../views/header.js";
 import { createRunViews } from "../views/run-views.js";
+import { urlRange } from "../views/zoom.js";
+import { zoomNote } from "../views/zoom-note.js";
 import { runId, takeFirst } from "./run-first.js";
 
 const MAX_POINTS = 4000;      // a live chart past this many points per series is refetched (downsampled)
@@ -37,36 +39,85 @@ const FINDINGS_EVERY_MS = 15000;
 const ZOOM_DELAY_MS = 40;     // a zoom fetches its window once it has settled this long
 const WAIT_FOR_RUN_MS = 2000; // a run not on the server yet is asked for again this often (and when it is announced)
 
-const q = readQuery();
-const num = (v) => (v === null || v === "" || Number.isNaN(Number(v)) ? null : Number(v));
-const from = num(queryValue(q, "from"));
-const to = num(queryValue(q, "to"));
+let state;      // the page's whole state; views read it, only this module writes the top-level fields
+let header;
+let grid;
+let pageNotice;
+let views;
+let PRESENT;
+let otherSelect;
+let otherScalars;
+let addStateViews;
+let socket;
+let ctx;        // what views load with
+let note;       // the zoom, said in the top bar
+let alerts;     // the finding count in a hidden tab's title, and desktop notifications
 
-/** The page's whole state; views read it, only this module writes the top-level fields. */
-const state = {
-  runId,
-  run: null,
-  params: [],
-  paramIndex: new Map(),   // name -> index in /params (the order of live arrays)
-  metrics: { scalars: [], params: [] },
-  selected: q.param || [], // parameters chosen by name (?param=); empty: the top k
-  module: queryValue(q, "module"), // or every parameter of this module (?module=)
-  top: Math.max(1, Math.round(num(queryValue(q, "top")) || 5)), // the top k (?top=&order=asc|desc)
-  order: queryValue(q, "order") === "asc" ? "asc" : "desc",
-  shown: [],               // parameters drawn in the per-parameter charts
-  latest: {},              // latest value of each scalar, for the header
-  xRange: from !== null && to !== null ? [from, to] : null,
-  otherScalar: queryValue(q, "scalar"),
-};
+/** Read the URL, lay out the cards, load the run and follow /ws/live. */
+export function init() {
+  const q = readQuery();
+  const num = (v) => (v === null || v === "" || Number.isNaN(Number(v)) ? null : Number(v));
+  state = {
+    runId,
+    run: null,
+    params: [],
+    paramIndex: new Map(),   // name -> index in /params (the order of live arrays)
+    metrics: { scalars: [], params: [] },
+    selected: q.param || [], // parameters chosen by name (?param=); empty: the top k
+    module: queryValue(q, "module"), // or every parameter of this module (?module=)
+    top: Math.max(1, Math.round(num(queryValue(q, "top")) || 5)), // the top k (?top=&order=asc|desc)
+    order: queryValue(q, "order") === "asc" ? "asc" : "desc",
+    shown: [],               // parameters drawn in the per-parameter charts
+    latest: {},              // latest value of each scalar, for the header
+    xRange: urlRange(queryValue(q, "from"), queryValue(q, "to")),
+    otherScalar: queryValue(q, "scalar"),
+  };
+  ctx = { state };
+  header = headerView(byId("run-header"));
+  alerts = findingAlerts(() => (state.run ? `${state.run.name || state.run.id} · gradwatch` : document.title));
+  grid = byId("charts");
+  pageNotice = byId("page-notice");
+  note = zoomNote(() => onXRange(null));
 
-const header = headerView(byId("run-header"));
-// The tab's title counts the findings while the tab is hidden; new errors and warnings notify.
-const alerts = findingAlerts(() => (state.run ? `${state.run.name || state.run.id} · gradwatch` : document.title));
-const grid = byId("charts");
-const pageNotice = byId("page-notice");
+  ({ views, present: PRESENT, otherSelect, otherScalars, addStateViews } = createRunViews(state, {
+    onXRange,
+    onSelect: select,
+    onParam: addParam,
+    onModule: selectModule,
+    onTop: selectTop,
+    onOtherScalar: (key) => {
+      state.otherScalar = key;
+      saveUrl();
+      loadViews([views.other]).then(() => { if (state.xRange) scheduleZoom(); }).catch(showError);
+    },
+    onFindings: (list) => {
+      drawMarkers(list);
+      if (state.run) alerts.update(list, state.run.name || state.run.id);
+    },
+  }));
+  for (const v of Object.values(views)) grid.appendChild(v.card);
+
+  socket = new LiveSocket(liveUrl(runId), {
+    onMessage,
+    onStatus: (s, ms) => renderLiveStatus(header.liveEl, s, ms),
+    onOpen: (reconnected) => { if (reconnected || !loadedOnce) requestReload(0); },
+  });
+
+  if (!runId) {
+    showError(new ApiError(404, "no run id in the address"));
+  } else {
+    socket.start();
+    loadAll();
+    setInterval(() => { if (state.run && state.run.status === "running") header.tick(state); }, 5000);
+  }
+
+  // Exposed for debugging in the console (and for tests that want to look inside).
+  window.gradwatch = { state, views, reload: loadAll, toNumber };
+}
 
 const onXRange = (range) => {
   state.xRange = range;
+  note.render(range);
   for (const v of Object.values(views)) if (v.setXRange) v.setXRange(range);
   saveUrl();
   scheduleZoom();
@@ -96,23 +147,6 @@ const addParam = (name) => {
   views.paramNorms.card.scrollIntoView({ behavior: "smooth", block: "start" });
 };
 
-const { views, present: PRESENT, otherSelect, otherScalars, addStateViews } = createRunViews(state, {
-  onXRange,
-  onSelect: select,
-  onParam: addParam,
-  onModule: selectModule,
-  onTop: selectTop,
-  onOtherScalar: (key) => {
-    state.otherScalar = key;
-    saveUrl();
-    loadViews([views.other]).then(() => { if (state.xRange) scheduleZoom(); }).catch(showError);
-  },
-  onFindings: (list) => {
-    drawMarkers(list);
-    if (state.run) alerts.update(list, state.run.name || state.run.id);
-  },
-});
-
 /** Mark where each finding began on every chart with a step axis. */
 function drawMarkers(findings) {
   const markers = markersOf(findings);
@@ -120,8 +154,6 @@ function drawMarkers(findings) {
     if (v.chart && v.chart.setMarkers) v.chart.setMarkers(markers).catch((err) => console.warn("gradwatch: markers:", err));
   }
 }
-
-for (const v of Object.values(views)) grid.appendChild(v.card);
 
 /** Half-width cards go in pairs; the last of an odd run of them takes the whole row. */
 function balanceGrid() {
@@ -163,8 +195,6 @@ let loading = null;      // the load in progress
 let waitTimer = 0;       // the next ask for a run not on the server yet
 let loadedOnce = false;
 let reloadTimer = null;
-// What views load with.
-const ctx = { state };
 
 async function loadAll() {
   if (loading) return loading;
@@ -178,7 +208,6 @@ async function loadAll() {
       state.metrics = { scalars: metrics.scalars || [], params: metrics.params || [] };
       state.latest = {};
       for (const v of addStateViews(state.metrics.params)) grid.insertBefore(v.card, views.updateRatio.card);
-      fillNames();
       fillOtherSelect();
       for (const [name, present] of Object.entries(PRESENT)) views[name].card.hidden = !present();
       balanceGrid();
@@ -214,7 +243,7 @@ async function loadAll() {
  * first; the browser sends the requests in that order, six at a time, and the server answers
  * them while the browser compiles Plotly (asking for the views below the fold only once Plotly
  * was there left the page waiting on their answers after it: 1.85 s against 1.6 s to draw every
- * chart, tests/bench/dashboard.py). Each chart then draws in its turn, those in view first,
+ * chart, benchmarks/dashboard.py). Each chart then draws in its turn, those in view first,
  * before any other, whatever order the answers come in (charts/turns.js). The per-parameter followers (optimizer state) ask for the same choice as
  * the gradient-norm chart (the same names, or the same top k by gradient norm); one whose
  * parameters came out different (live steps moved the top k between the two answers) is
@@ -281,19 +310,6 @@ async function applyZoom() {
 function requestReload(delayMs = 500) {
   clearTimeout(reloadTimer);
   reloadTimer = setTimeout(() => { reloadTimer = null; loadAll(); }, delayMs);
-}
-
-let namesFill = 0;
-
-/**
- * The name picker's suggestions, one <option> per parameter, once the browser is idle (or
- * within a second): a thousand of them cost tens of milliseconds that the charts need first.
- */
-function fillNames() {
-  cancelIdleCallback(namesFill);
-  namesFill = requestIdleCallback(() => {
-    setChildren(byId("param-names"), state.params.map((p) => h("option", { value: p.name })));
-  }, { timeout: 1000 });
 }
 
 function fillOtherSelect() {
@@ -404,20 +420,3 @@ function needsReload(msgs) {
   }
   return found;
 }
-
-const socket = new LiveSocket(liveUrl(runId), {
-  onMessage,
-  onStatus: (s, ms) => renderLiveStatus(header.liveEl, s, ms),
-  onOpen: (reconnected) => { if (reconnected || !loadedOnce) requestReload(0); },
-});
-
-if (!runId) {
-  showError(new ApiError(404, "no run id in the address"));
-} else {
-  socket.start();
-  loadAll();
-  setInterval(() => { if (state.run && state.run.status === "running") header.tick(state); }, 5000);
-}
-
-// Exposed for debugging in the console (and for tests that want to look inside).
-window.gradwatch = { state, views, reload: loadAll, toNumber };
