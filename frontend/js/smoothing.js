@@ -41,3 +41,38 @@ export function ema(values, weight) {
   const avg = new Ema(weight);
   return values.map((y) => avg.push(y));
 }
+
+/**
+ * `values` at steps `xs` read at the steps `at` (linear between the nearest finite neighbours,
+ * the end values beyond them; null where `values` has no finite value at all): a series the
+ * server smoothed and downsampled has its own bucket steps, drawn over the raw series' steps.
+ */
+export function resample(xs, values, at) {
+  const pts = xs.map((x, j) => [x, values[j]]).filter(([, v]) => v !== null && Number.isFinite(v));
+  if (!pts.length) return at.map(() => null);
+  let k = 0;
+  return at.map((x) => {
+    while (k < pts.length - 1 && pts[k + 1][0] <= x) k++;
+    const [x0, y0] = pts[k];
+    if (x <= x0 || k === pts.length - 1) return y0;
+    const [x1, y1] = pts[k + 1];
+    return y0 + ((y1 - y0) * (x - x0)) / (x1 - x0);
+  });
+}
+
+/**
+ * Chart series with their `smooth` line for `weight` (unchanged when it is 0): smoothed here
+ * when `exact` (every step is there: the same as the server's), else from `smoothed()`, the
+ * server's answers ({step, value}) smoothed before downsampling, one per series.
+ */
+export async function withSmoothing(series, weight, exact, smoothed) {
+  if (!weight) return series;
+  if (exact) return series.map((s) => ({ ...s, smooth: ema(s.y, weight) }));
+  const answers = await smoothed();
+  return series.map((s, i) => {
+    const a = answers[i];
+    if (!a) return s;
+    const values = (a.value || []).map((v) => (v === null ? null : Number(v))); // "NaN", "Infinity" as numbers
+    return { ...s, smooth: resample(a.step || [], values, s.x) };
+  });
+}

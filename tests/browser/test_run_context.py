@@ -19,7 +19,8 @@ import pytest
 import torch
 from playwright import sync_api
 from support.server import ServerProcess
-from test_dashboard import XSS_NAME, Page, browser, dash, page  # noqa: F401  (browser, dash, page: fixtures)
+from support.synthetic import SyntheticRun
+from test_dashboard import XSS_NAME, Page, browser, dash, page, seed  # noqa: F401  (browser, dash, page: fixtures)
 
 import gradwatch
 
@@ -198,3 +199,66 @@ def test_a_background_tab_counts_findings_and_notifies_when_asked(dash: ServerPr
         assert (p.locator("[data-notify]").get_attribute("aria-pressed") == "true") == turned_on  # kept
     finally:
         page.close()
+
+
+def reference_ema(values: list[float], weight: float) -> list[float]:
+    """TensorBoard's debiased EMA, step by step (the oracle)."""
+    out, last, n = [], 0.0, 0
+    for y in values:
+        if not np.isfinite(y):
+            out.append(y)
+            continue
+        last = last * weight + (1 - weight) * y
+        n += 1
+        out.append(last / (1 - weight ** n))
+    return out
+
+
+def drawn_lines(p: sync_api.Page, chart: str) -> dict[str, Any]:
+    return p.evaluate("""(c) => { const el = document.querySelector(`[data-chart="${c}"]`);
+        const raw = el.data.find((d) => d.name === 'loss');
+        const smooth = el.data.find((d) => d.name === 'loss (smoothed)');
+        return {x: raw.x, opacity: raw.opacity, smooth: smooth ? {x: smooth.x, y: smooth.y} : null}; }""", chart)
+
+
+def test_smoothing_draws_the_ema_over_the_faint_raw_series_and_keeps_it_in_the_url(dash: ServerProcess, page: Page) -> None:
+    w, _, _ = train(dash.url, "smoothing", 40)
+    w.close(timeout=30)
+    raw = [float(v) for v in httpx.get(f"{dash.url}/api/runs/{w.run_id}/series", params={"key": "loss"}, timeout=10).json()["value"]]
+    p = page.open(f"{dash.url}/runs/{w.run_id}?smooth=0.6")
+    lines = drawn_lines(p, "loss")
+    assert lines["opacity"] == pytest.approx(0.3) and lines["smooth"] is not None
+    np.testing.assert_allclose(lines["smooth"]["y"], reference_ema(raw, 0.6), rtol=1e-9)
+    slider = p.locator("[data-smoothing]")
+    assert slider.input_value() == "0.6"
+
+    slider.fill("0.9")  # sets the value and fires input and change, as letting go of the slider does
+    p.wait_for_function("new URLSearchParams(location.search).get('smooth') === '0.9'")
+    p.wait_for_function("""() => { const el = document.querySelector('[data-chart="loss"]');
+        const s = el.data.find((d) => d.name === 'loss (smoothed)'); return s && Math.abs(s.y[5] - %r) < 1e-9; }"""
+                        % reference_ema(raw, 0.9)[5])
+    np.testing.assert_allclose(drawn_lines(p, "loss")["smooth"]["y"], reference_ema(raw, 0.9), rtol=1e-9)
+    for chart in ("grad-norm-total", "param-grad-norm", "lr"):  # every line chart
+        assert p.evaluate("(c) => document.querySelector(`[data-chart=\"${c}\"]`).data.some((d) => / \\(smoothed\\)$/.test(d.name))", chart), chart
+
+    slider.fill("0")
+    p.wait_for_function("!new URLSearchParams(location.search).has('smooth')")
+    p.wait_for_function("""() => !document.querySelector('[data-chart="loss"]').data.some((d) => d.name === 'loss (smoothed)')""")
+    assert drawn_lines(p, "loss")["opacity"] == 1
+
+
+def test_a_downsampled_chart_is_smoothed_before_downsampling(dash: ServerProcess, page: Page) -> None:
+    """1,500 steps on a half-width chart: the server smooths the raw steps, then buckets them."""
+    seed(dash, SyntheticRun("smooth-long", "smooth-long", total_steps=1500), 1500)
+    raw = [float(v) for v in httpx.get(f"{dash.url}/api/runs/smooth-long/series",
+                                       params={"key": "loss", "max_points": 100_000}, timeout=10).json()["value"]]
+    want = reference_ema(raw, 0.95)
+    p = page.open(f"{dash.url}/runs/smooth-long?smooth=0.95")
+    lines = drawn_lines(p, "loss")
+    xs = lines["x"]
+    assert 100 < len(xs) < 1500  # downsampled
+    assert lines["smooth"]["x"] == xs
+    ends = xs[1:] + [1501]
+    for j in range(0, len(xs), 37):  # each drawn point: the mean of the smoothed steps of its bucket
+        bucket = want[xs[j] - 1:ends[j] - 1]
+        assert lines["smooth"]["y"][j] == pytest.approx(float(np.mean(bucket)), rel=1e-9), j

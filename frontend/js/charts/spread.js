@@ -9,7 +9,7 @@ import { Chart } from "./base.js";
 import { attachCrosshair } from "./crosshair.js";
 import { markerLayout, markMarkers, sameMarkers } from "./markers.js";
 import { Pacer } from "./pacer.js";
-import { withAlpha } from "./line.js";
+import { withAlpha } from "./line-figure.js";
 import { baseConfig, baseLayout, MARGIN, plotly, registerChart, seriesColor, theme } from "./theme.js";
 
 export const STATS = ["min", "q25", "median", "q75", "max"];

@@ -20,6 +20,8 @@
 
 import { api, ApiError, liveUrl, UnreachableError } from "../api.js";
 import { findingAlerts } from "../attention.js";
+import { LineChart } from "../charts/line.js";
+import { smoothWeight } from "../smoothing.js";
 import { markersOf } from "../charts/markers.js";
 import { whenPlotly } from "../charts/theme.js";
 import { inViewFirst, nearView } from "../charts/turns.js";
@@ -28,6 +30,7 @@ import { toNumber } from "../format.js";
 import { LiveSocket, renderLiveStatus } from "../live.js";
 import { queryValue, readQuery, writeQuery } from "../url.js";
 import { headerView } from "../views/header.js";
+import { smoothingControl } from "../views/smoothing-control.js";
 import { createRunViews } from "../views/run-views.js";
 import { urlRange } from "../views/zoom.js";
 import { zoomNote } from "../views/zoom-note.js";
@@ -71,9 +74,10 @@ export function init() {
     latest: {},              // latest value of each scalar, for the header
     xRange: urlRange(queryValue(q, "from"), queryValue(q, "to")),
     otherScalar: queryValue(q, "scalar"),
+    smooth: smoothWeight(queryValue(q, "smooth")), // the line charts' EMA weight (?smooth=), 0: off
   };
   ctx = { state };
-  header = headerView(byId("run-header"));
+  header = headerView(byId("run-header"), [smoothingControl(state.smooth, setSmoothing)]);
   alerts = findingAlerts(() => (state.run ? `${state.run.name || state.run.id} · gradwatch` : document.title));
   grid = byId("charts");
   pageNotice = byId("page-notice");
@@ -186,7 +190,16 @@ function saveUrl() {
     from: state.xRange ? Math.round(state.xRange[0]) : null,
     to: state.xRange ? Math.round(state.xRange[1]) : null,
     scalar: state.otherScalar,
+    smooth: state.smooth || null,
   });
+}
+
+/** A new smoothing weight: every line chart fetches (or computes) its smoothed series again. */
+function setSmoothing(weight) {
+  state.smooth = weight;
+  saveUrl();
+  const lines = Object.values(views).filter((v) => v.chart instanceof LineChart && !v.card.hidden);
+  loadViews(lines).then(() => { if (state.xRange) scheduleZoom(); }).catch(showError);
 }
 
 // ---- loading over REST -------------------------------------------------------------------

@@ -6,7 +6,8 @@ import { notificationToggle } from "../attention.js";
 import { h, setChildren, statusBadge } from "../dom.js";
 import { fmtBytes, fmtCount, fmtDuration, fmtNum, fmtTime, runDuration, toNumber } from "../format.js";
 
-export function headerView(root) {
+/** @param {HTMLElement} root @param {Node[]} tools  more controls beside the live indicator (smoothing) */
+export function headerView(root, tools = []) {
   const liveEl = h("span", { class: "live", dataset: { live: "connecting" }, role: "status", "aria-live": "polite" }, "Connecting…");
   const title = h("h1", { class: "run-name" });
   const facts = h("dl", { class: "facts" });
@@ -17,7 +18,7 @@ export function headerView(root) {
       h("div", { class: "run-title" },
         h("nav", { class: "crumbs", "aria-label": "Breadcrumb" }, h("a", { href: "/" }, "Runs"), h("span", { class: "sep", "aria-hidden": "true" }, "/"), h("span", { class: "crumb-project" })),
         title, facts),
-      h("div", { class: "run-actions" }, liveEl, notificationToggle(), exports)),
+      h("div", { class: "run-actions" }, liveEl, tools, notificationToggle(), exports)),
     stats);
 
   function fact(label, value, attrs = {}) {
