@@ -262,3 +262,29 @@ def test_a_downsampled_chart_is_smoothed_before_downsampling(dash: ServerProcess
     for j in range(0, len(xs), 37):  # each drawn point: the mean of the smoothed steps of its bucket
         bucket = want[xs[j] - 1:ends[j] - 1]
         assert lines["smooth"]["y"][j] == pytest.approx(float(np.mean(bucket)), rel=1e-9), j
+
+
+def test_compare_shows_each_runs_context_and_the_config_that_differs(dash: ServerProcess, page: Page) -> None:
+    ids = []
+    for lr in (0.1, 0.2):
+        torch.manual_seed(0)
+        model = torch.nn.Linear(4, 2)
+        opt = torch.optim.SGD(model.parameters(), lr=lr)
+        with gradwatch.watch(opt, model=model, run=f"cmp-lr{lr}", server=dash.url, warn=False,
+                             config={"lr": lr, "data": {"name": "same"}}) as w:
+            for _ in range(3):
+                opt.zero_grad()
+                model(torch.randn(4, 4)).sum().backward()
+                opt.step()
+        ids.append(w.run_id)
+        ctx = w._sender.hello["run"]["config"]["context"]
+    p = page.open(f"{dash.url}/compare?runs={','.join(ids)}")
+    for run_id, lr in zip(ids, (0.1, 0.2)):
+        row = p.locator(f'#settings tr[data-run-id="{run_id}"]')
+        assert row.locator("[data-field=argv] code").inner_text() == shlex.join(sys.argv)
+        assert row.locator("[data-field=host]").inner_text().startswith(ctx["host"])
+        assert f"torch {torch.__version__}" in row.locator("[data-field=versions]").inner_text()
+        git = row.locator("[data-field=git]").inner_text()
+        assert git == "—" if not ctx["git"] else git.startswith(ctx["git"]["commit"][:10])
+        chips = row.locator("[data-field=config] .chip")
+        assert chips.all_inner_texts() == [f"lr {lr}"]  # data.name is the same in both: not repeated
