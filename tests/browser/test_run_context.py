@@ -288,3 +288,22 @@ def test_compare_shows_each_runs_context_and_the_config_that_differs(dash: Serve
         assert git == "—" if not ctx["git"] else git.startswith(ctx["git"]["commit"][:10])
         chips = row.locator("[data-field=config] .chip")
         assert chips.all_inner_texts() == [f"lr {lr}"]  # data.name is the same in both: not repeated
+
+
+def test_compare_smooths_every_run_with_its_slider(dash: ServerProcess, page: Page) -> None:
+    ids = []
+    for k in range(2):
+        w, _, _ = train(dash.url, f"cmp-smooth-{k}", 25)
+        w.close(timeout=30)
+        ids.append(w.run_id)
+    p = page.open(f"{dash.url}/compare?runs={','.join(ids)}&smooth=0.7")
+    p.wait_for_function("""() => (document.querySelector('[data-chart="compare-loss"]').data || [])
+        .filter((d) => / \\(smoothed\\)$/.test(d.name)).length === 2""")
+    drawn = p.evaluate("""() => document.querySelector('[data-chart="compare-loss"]').data
+        .filter((d) => / \\(smoothed\\)$/.test(d.name)).map((d) => d.y)""")
+    for run_id, ys in zip(ids, drawn):
+        raw = [float(v) for v in httpx.get(f"{dash.url}/api/runs/{run_id}/series", params={"key": "loss"}, timeout=10).json()["value"]]
+        np.testing.assert_allclose(ys, reference_ema(raw, 0.7), rtol=1e-9)
+    p.locator("[data-smoothing]").fill("0")
+    p.wait_for_function("!new URLSearchParams(location.search).has('smooth')")
+    p.wait_for_function("""() => !document.querySelector('[data-chart="compare-loss"]').data.some((d) => / \\(smoothed\\)$/.test(d.name))""")

@@ -13,6 +13,6 @@ export function smoothingControl(initial, onChange) {
     oninput: (e) => { const w = smoothWeight(e.target.value); out.textContent = w ? w.toFixed(2) : "off"; },
     onchange: (e) => onChange(smoothWeight(e.target.value)),
   });
-  return h("label", { class: "smoothing", title: "Smooth every line chart with TensorBoard's debiased exponential moving average; the raw values stay faint behind" },
+  return h("label", { class: "smoothing", dataset: { control: "smooth" }, title: "Smooth every line chart with TensorBoard's debiased exponential moving average; the raw values stay faint behind" },
     "Smoothing", input, out);
 }
