@@ -12,7 +12,7 @@ import io
 import json
 import re
 import tempfile
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -77,18 +77,15 @@ def _text_column(values: np.ndarray | None, count: int) -> np.ndarray:
     return text
 
 
-def export_csv(store: Store, run: Run, progress: Progress | None = None) -> Iterator[bytes]:
-    params = store.get_params(run.id)
-    names = np.array([safe_cell(p.name) for p in params], dtype=object)
-    header = csv_columns(store.series_names(run.id, "param"))
+def csv_chunks(header: list[str], chunks: Iterable[list[StepRecord]],
+               rows: Callable[[list[StepRecord]], Iterable[Iterable[object]]],
+               progress: Progress | None = None) -> Iterator[bytes]:
+    """CSV bytes: the header, then `rows(chunk)` for each chunk of steps, one piece per chunk."""
     buffer = io.StringIO()
     writer = csv.writer(buffer, lineterminator="\n")
     writer.writerow(header)
-    for chunk in store.iter_steps(run.id, with_scalars=False, chunk=chunk_steps(len(params))):
-        for record in chunk:
-            columns = [np.full(len(params), str(record.step), dtype=object), names]
-            columns += [_text_column(record.arrays.get(m), len(params)) for m in header[2:]]
-            writer.writerows(zip(*columns))
+    for chunk in chunks:
+        writer.writerows(rows(chunk))
         yield buffer.getvalue().encode()
         buffer.seek(0)
         buffer.truncate()
@@ -96,6 +93,21 @@ def export_csv(store: Store, run: Run, progress: Progress | None = None) -> Iter
             progress(len(chunk))
     if buffer.tell():
         yield buffer.getvalue().encode()
+
+
+def export_csv(store: Store, run: Run, progress: Progress | None = None) -> Iterator[bytes]:
+    params = store.get_params(run.id)
+    names = np.array([safe_cell(p.name) for p in params], dtype=object)
+    header = csv_columns(store.series_names(run.id, "param"))
+
+    def rows(chunk: list[StepRecord]) -> Iterator[Iterable[object]]:
+        for record in chunk:
+            columns = [np.full(len(params), str(record.step), dtype=object), names]
+            columns += [_text_column(record.arrays.get(m), len(params)) for m in header[2:]]
+            yield from zip(*columns)
+
+    chunks = store.iter_steps(run.id, with_scalars=False, chunk=chunk_steps(len(params)))
+    return csv_chunks(header, chunks, rows, progress)
 
 
 def _json_line(obj: object) -> bytes:

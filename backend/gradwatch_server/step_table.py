@@ -8,8 +8,6 @@ a chunk of steps at a time and streamed.
 """
 from __future__ import annotations
 
-import csv
-import io
 import json
 import math
 import tempfile
@@ -19,7 +17,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from .exporters import Format, Progress, parquet_metadata, safe_cell
+from .exporters import Format, Progress, csv_chunks, parquet_metadata, safe_cell
 from .jsonvalues import word
 from .store import Run, StepRecord, Store
 
@@ -43,20 +41,13 @@ def _cell(value: float | None) -> str:
 
 
 def steps_csv(store: Store, run: Run, progress: Progress | None = None) -> Iterator[bytes]:
-    keys = store.series_names(run.id, "scalar")
-    buffer = io.StringIO()
-    writer = csv.writer(buffer, lineterminator="\n")
-    writer.writerow([safe_cell(c) for c in step_columns(keys)])
-    for chunk in _chunks(store, run):
+    keys = sorted(store.series_names(run.id, "scalar"))
+
+    def rows(chunk: list[StepRecord]) -> Iterator[list[object]]:
         for r in chunk:
-            writer.writerow([r.step, repr(r.time), *(_cell(r.scalars.get(k)) for k in sorted(keys))])
-        yield buffer.getvalue().encode()
-        buffer.seek(0)
-        buffer.truncate()
-        if progress:
-            progress(len(chunk))
-    if buffer.tell():
-        yield buffer.getvalue().encode()
+            yield [r.step, repr(r.time), *(_cell(r.scalars.get(k)) for k in keys)]
+
+    return csv_chunks([safe_cell(c) for c in step_columns(keys)], _chunks(store, run), rows, progress)
 
 
 def steps_jsonl(store: Store, run: Run, progress: Progress | None = None) -> Iterator[bytes]:

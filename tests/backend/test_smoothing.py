@@ -6,27 +6,16 @@ import math
 import numpy as np
 import pytest
 from gradwatch_server.smoothing import ema, ema_columns
-
-
-def reference(values: list[float], weight: float, missing: list[bool] | None = None) -> list[float]:
-    out, last, n = [], 0.0, 0
-    for i, y in enumerate(values):
-        if not math.isfinite(y) or (missing is not None and missing[i]):
-            out.append(y)
-            continue
-        last = last * weight + (1 - weight) * y
-        n += 1
-        out.append(last / (1 - weight ** n))
-    return out
+from support.ema import reference_ema
 
 
 @pytest.mark.parametrize("weight", [0.0, 0.01, 0.3, 0.6, 0.9, 0.99, 0.999])
-def test_ema_matches_the_step_by_step_reference(weight: float) -> None:
+def test_ema_matches_the_step_by_step_reference_ema(weight: float) -> None:
     rng = np.random.default_rng(1)
     values = np.exp(rng.normal(size=9000)) * np.where(rng.random(9000) < 0.1, -1, 1)
     values[[3, 4000, 8999]] = [math.nan, math.inf, -math.inf]
     got = ema(values, weight)
-    want = np.array(reference(values.tolist(), weight))
+    want = np.array(reference_ema(values.tolist(), weight))
     finite = np.isfinite(want)
     np.testing.assert_allclose(got[finite], want[finite], rtol=1e-9, atol=1e-12)
     np.testing.assert_array_equal(got[~finite], values[~finite])  # shown as they are
@@ -37,7 +26,7 @@ def test_missing_values_stay_out_and_columns_are_independent() -> None:
     missing = np.array([[False, True], [False, False], [True, False], [False, False]])
     got = ema_columns(columns, 0.5, missing)
     for j in range(2):
-        np.testing.assert_allclose(got[:, j], reference(columns[:, j].tolist(), 0.5, missing[:, j].tolist()))
+        np.testing.assert_allclose(got[:, j], reference_ema(columns[:, j].tolist(), 0.5, missing[:, j].tolist()))
     assert ema(np.array([]), 0.5).shape == (0,)
 
 

@@ -13,16 +13,16 @@ import shlex
 import sys
 from typing import Any
 
+import gradwatch
 import httpx
 import numpy as np
 import pytest
 import torch
 from playwright import sync_api
+from support.ema import reference_ema
 from support.server import ServerProcess
 from support.synthetic import SyntheticRun
 from test_dashboard import XSS_NAME, Page, browser, dash, page, seed  # noqa: F401  (browser, dash, page: fixtures)
-
-import gradwatch
 
 pytestmark = pytest.mark.browser
 
@@ -201,19 +201,6 @@ def test_a_background_tab_counts_findings_and_notifies_when_asked(dash: ServerPr
         page.close()
 
 
-def reference_ema(values: list[float], weight: float) -> list[float]:
-    """TensorBoard's debiased EMA, step by step (the oracle)."""
-    out, last, n = [], 0.0, 0
-    for y in values:
-        if not np.isfinite(y):
-            out.append(y)
-            continue
-        last = last * weight + (1 - weight) * y
-        n += 1
-        out.append(last / (1 - weight ** n))
-    return out
-
-
 def drawn_lines(p: sync_api.Page, chart: str) -> dict[str, Any]:
     return p.evaluate("""(c) => { const el = document.querySelector(`[data-chart="${c}"]`);
         const raw = el.data.find((d) => d.name === 'loss');
@@ -234,9 +221,9 @@ def test_smoothing_draws_the_ema_over_the_faint_raw_series_and_keeps_it_in_the_u
 
     slider.fill("0.9")  # sets the value and fires input and change, as letting go of the slider does
     p.wait_for_function("new URLSearchParams(location.search).get('smooth') === '0.9'")
-    p.wait_for_function("""() => { const el = document.querySelector('[data-chart="loss"]');
-        const s = el.data.find((d) => d.name === 'loss (smoothed)'); return s && Math.abs(s.y[5] - %r) < 1e-9; }"""
-                        % reference_ema(raw, 0.9)[5])
+    p.wait_for_function("""(want) => { const el = document.querySelector('[data-chart="loss"]');
+        const s = el.data.find((d) => d.name === 'loss (smoothed)'); return s && Math.abs(s.y[5] - want) < 1e-9; }""",
+                        arg=reference_ema(raw, 0.9)[5])
     np.testing.assert_allclose(drawn_lines(p, "loss")["smooth"]["y"], reference_ema(raw, 0.9), rtol=1e-9)
     for chart in ("grad-norm-total", "param-grad-norm", "lr"):  # every line chart
         assert p.evaluate("(c) => document.querySelector(`[data-chart=\"${c}\"]`).data.some((d) => / \\(smoothed\\)$/.test(d.name))", chart), chart

@@ -18,6 +18,7 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 import torch
+from support.ema import reference_ema
 from support.server import ServerProcess, server_command, start_server
 
 STEPS = 40
@@ -147,19 +148,6 @@ def test_bad_export_requests_say_what_is_allowed(trained: Any, params: dict[str,
     response = httpx.get(f"{server.url}/api/runs/{run_id}/export", params=params, timeout=30)
     assert response.status_code == status
     assert response.json()["detail"] == detail
-
-
-def reference_ema(values: list[float], weight: float) -> list[float]:
-    """TensorBoard's debiased EMA, written out step by step (the oracle of smoothing.py)."""
-    out, last, n = [], 0.0, 0
-    for y in values:
-        if not math.isfinite(y):
-            out.append(y)
-            continue
-        last = last * weight + (1 - weight) * y
-        n += 1
-        out.append(last / (1 - weight ** n))
-    return out
 
 
 def values_of(series: dict[str, Any]) -> list[float]:

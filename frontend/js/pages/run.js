@@ -383,8 +383,17 @@ function onMessage(msg) {
     loadAll(); // the run this page waits for has reached the server
   } else if (msg.type === "run" && msg.run && msg.run.id === runId && state.run) {
     const before = state.run.status;
-    state.run = { ...msg.run, steps: Math.max(msg.run.steps || 0, state.run.steps || 0),
-      last_step: Math.max(msg.run.last_step || 0, state.run.last_step || 0) };
+    // last_step is where the charts' live steps stand (flush drops what is not past it): a run
+    // message (its close) can overtake the steps queued for the next frame, so it moves it only
+    // once those are drawn.
+    if (queue.length && frame) {
+      cancelAnimationFrame(frame);
+      frame = 0;
+      flush();
+    }
+    const drawn = queue.length ? { steps: state.run.steps, last_step: state.run.last_step }
+      : { steps: Math.max(msg.run.steps || 0, state.run.steps || 0), last_step: Math.max(msg.run.last_step || 0, state.run.last_step || 0) };
+    state.run = { ...msg.run, ...drawn };
     header.render(state);
     alerts.title();
     if (before !== state.run.status) views.findings.load(ctx);
