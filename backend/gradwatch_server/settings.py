@@ -16,6 +16,8 @@ from .notify import check_url
 DEFAULT_DB = "sqlite:///./gradwatch.db"
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 8765
+#: Where the hook sends by default (the hook's own `gradwatch.wire.DEFAULT_SERVER` says the same).
+DEFAULT_SERVER = f"http://{DEFAULT_HOST}:{DEFAULT_PORT}"
 
 #: Environment variables read by `Settings.from_env`, by field name.
 ENV_VARS = {

@@ -88,12 +88,12 @@ def test_user_config_is_recorded_as_given() -> None:
 
 
 @pytest.mark.parametrize("config, error, match", [
-    ([("lr", 1)], TypeError, "config must be a dict of JSON values"),
-    ("lr=1", TypeError, "config must be a dict"),
-    ({"lr": math.nan}, TypeError, "config must be JSON-serialisable"),
+    ([("lr", 1)], TypeError, "config must be a mapping of names to JSON values"),
+    ("lr=1", TypeError, "config must be a mapping"),
+    ({"lr": math.nan}, TypeError, "config must hold only JSON values"),
     ({"lr": math.inf}, TypeError, "no NaN or infinity"),
-    ({"model": torch.nn.Linear(2, 2)}, TypeError, "config must be JSON-serialisable"),
-    ({"ids": {1, 2}}, TypeError, "config must be JSON-serialisable"),
+    ({"model": torch.nn.Linear(2, 2)}, TypeError, "config must hold only JSON values"),
+    ({"ids": {1, 2}}, TypeError, "config must hold only JSON values"),
     ({"blob": "x" * (1 << 20)}, ValueError, "at most 1048576"),
 ])
 def test_bad_config_is_refused_at_watch(config: Any, error: type[Exception], match: str) -> None:

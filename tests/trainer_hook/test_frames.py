@@ -17,7 +17,7 @@ import numpy as np
 import pandas as pd
 import pytest
 import torch
-from conftest import ServerProcess, start_server
+from support.server import ServerProcess, start_server
 
 import gradwatch
 

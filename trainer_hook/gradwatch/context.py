@@ -32,19 +32,25 @@ GIT_TIMEOUT_S = 2.0
 MAX_CONFIG_BYTES = 1 << 20
 
 
+class ConfigError(TypeError, ValueError):
+    """A `config=` holding what JSON cannot carry: a TypeError (a value of the wrong type) that
+    `except ValueError` catches too."""
+
+
 def user_config(config: Any) -> dict[str, Any] | None:
-    """The user's `config=` as a plain dict, or None; TypeError unless it is a mapping with string
-    keys that JSON can hold exactly (no NaN or infinities, no objects), ValueError past 1 MiB."""
+    """The user's `config=` as a plain dict (a copy), or None. TypeError unless it is a mapping;
+    ConfigError (a TypeError and a ValueError) unless JSON can hold it exactly (string keys; no
+    NaN or infinities, no objects); ValueError past 1 MiB."""
     if config is None:
         return None
     if not isinstance(config, Mapping):
-        raise TypeError(f"config must be a dict of JSON values (e.g. config={{'lr': 3e-4}}), "
+        raise TypeError(f"config must be a mapping of names to JSON values (e.g. config={{'lr': 3e-4}}), "
                         f"not {type(config).__name__}")
     try:
         text = json.dumps(dict(config), allow_nan=False)
     except (TypeError, ValueError) as exc:
-        raise TypeError(f"config must be JSON-serialisable: string keys; numbers, strings, booleans, None, "
-                        f"lists and dicts as values; no NaN or infinity ({exc})") from None
+        raise ConfigError(f"config must hold only JSON values (numbers, strings, booleans, None, lists and dicts "
+                          f"of them, keyed by strings; no NaN or infinity): {exc}") from None
     if len(text.encode()) > MAX_CONFIG_BYTES:
         raise ValueError(f"config is {len(text.encode())} bytes as JSON; at most {MAX_CONFIG_BYTES} "
                          "(record the settings, not data)")

@@ -1,36 +1,17 @@
 """What the server stored for a run, read back through its public API, and the checks every
-framework test makes against its oracle.
-
-`sqlite_server` (import it into a test module to use it) is a real `gradwatch serve` on SQLite:
-these tests check what the hook measures inside each framework, which the database does not
-change (tests/backend covers both databases), so one database keeps these real trainings few.
-"""
+framework test makes against its oracle."""
 from __future__ import annotations
 
 import csv
 import io
 import math
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import httpx
-import pytest
 import torch
-
-from support.server import ServerProcess, start_server
 
 #: (optimizer step, parameter name) -> gradient norm
 Norms = dict[tuple[int, str], float]
-
-
-@pytest.fixture
-def sqlite_server(tmp_path: Path) -> Iterator[ServerProcess]:
-    proc = start_server(tmp_path)
-    try:
-        yield proc
-    finally:
-        proc.stop()
 
 
 def grad_norms(params: dict[str, torch.Tensor], step: int) -> Norms:
@@ -55,11 +36,6 @@ def stored_norms(server_url: str, run_id: str) -> Norms:
 def scalar_series(server_url: str, run_id: str, key: str) -> dict[str, Any]:
     with httpx.Client(base_url=server_url, timeout=30) as http:
         return http.get(f"/api/runs/{run_id}/series", params={"key": key}).raise_for_status().json()
-
-
-def findings(server_url: str, run_id: str) -> list[dict[str, Any]]:
-    with httpx.Client(base_url=server_url, timeout=30) as http:
-        return http.get(f"/api/runs/{run_id}/diagnostics").raise_for_status().json()
 
 
 def assert_equal_norms(stored: Norms, oracle: Norms, rel: float = 1e-5) -> None:

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-from conftest import REPO, ServerProcess, server_env
+from support.server import REPO, ServerProcess, server_env
 
 
 def run_example(name: str, server: ServerProcess, folder: Path, *args: str) -> tuple[str, dict[str, Any]]:
