@@ -16,6 +16,7 @@ from .cost import StepCost
 from .deps import RunNotFound
 from .diagnostics import Diagnostics
 from .live import LiveHub
+from .notify import Notifier
 from .security import HostGuard, default_allowed_hosts
 from .sessions import Sessions
 from .settings import Settings
@@ -65,11 +66,15 @@ def create_app(settings: Settings) -> FastAPI:
         app.state.store, app.state.hub, app.state.sessions = store, hub, sessions
         app.state.diagnostics = Diagnostics(store, sole_writer=relay is None)
         app.state.step_cost = StepCost()
+        notifier = Notifier(settings.notify, settings.dashboard_url()) if settings.notify else None
+        app.state.notifier = notifier
         sessions.watch(await asyncio.to_thread(store.running_run_ids))
         try:
             yield
         finally:
             await sessions.close()
+            if notifier is not None:  # what is queued gets a moment to go out
+                await asyncio.to_thread(notifier.close, 2.0)
             if relay is not None:
                 await relay.close()
             store.close()

@@ -14,6 +14,7 @@ from starlette.requests import HTTPConnection
 from .cost import StepCost
 from .diagnostics import Diagnostics
 from .live import LiveHub
+from .notify import Notifier
 from .sessions import Sessions
 from .settings import Settings
 from .store import Run, Store
@@ -49,12 +50,19 @@ def get_step_cost(conn: HTTPConnection) -> StepCost:
     return step_cost
 
 
+def get_notifier(conn: HTTPConnection) -> Notifier | None:
+    """The webhook notifier; None when `serve` was given no --notify URL."""
+    notifier: Notifier | None = getattr(conn.app.state, "notifier", None)
+    return notifier
+
+
 SettingsDep = Annotated[Settings, Depends(get_settings)]
 StoreDep = Annotated[Store, Depends(get_store)]
 HubDep = Annotated[LiveHub, Depends(get_hub)]
 SessionsDep = Annotated[Sessions, Depends(get_sessions)]
 DiagnosticsDep = Annotated[Diagnostics, Depends(get_diagnostics)]
 StepCostDep = Annotated[StepCost, Depends(get_step_cost)]
+NotifierDep = Annotated[Notifier | None, Depends(get_notifier)]
 
 RunIdPath = Annotated[str, Path(description="the run's id, chosen by the hook")]
 

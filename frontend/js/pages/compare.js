@@ -14,10 +14,12 @@ import { fmtCount, fmtDuration, runDuration } from "../format.js";
 import { sharedGroups } from "../groups.js";
 import { isUserScalar, mostShared } from "../names.js";
 import { LiveSocket, renderLiveStatus } from "../live.js";
+import { smoothWeight } from "../smoothing.js";
 import { queryValue, readQuery, writeQuery } from "../url.js";
 import { compareCard, swatch } from "../views/compare-card.js";
 import { compareParamPicker } from "../views/compare-params.js";
 import { countFindings, settingsTable } from "../views/compare-settings.js";
+import { smoothingControl } from "../views/smoothing-control.js";
 import { zoomNote } from "../views/zoom-note.js";
 
 const MAX_PARAMS = 6;
@@ -63,6 +65,7 @@ export function init() {
     x: queryValue(q, "x") === "time" ? "time" : "step",
     layout: queryValue(q, "layout") === "side" ? "side" : "overlay",
     xRange: null,
+    smooth: smoothWeight(queryValue(q, "smooth")), // the charts' EMA weight (?smooth=), 0: off
   };
   el = {
     runs: byId("compare-runs"), controls: byId("compare-controls"), settings: byId("settings"),
@@ -79,7 +82,7 @@ export function init() {
   card("compare-grad-norm-total", "Total gradient norm", "‖grad‖₂ over all parameters", seriesIf("grad_norm_total"), { log: true });
   card("compare-loss", "Loss", "As each training script reported it", seriesIf("loss"));
   extraCard = card("compare-scalar", "Another scalar", "Pick any scalar the runs report",
-    (r) => (state.extra ? seriesIf(state.extra)(r) : Promise.resolve(null)), { tools: [extraSelect] });
+    (r, extra) => (state.extra ? seriesIf(state.extra)(r, extra) : Promise.resolve(null)), { tools: [extraSelect] });
 
   picker = compareParamPicker({
     maxParams: MAX_PARAMS,
@@ -139,9 +142,9 @@ function label(i) {
 }
 
 const has = (key) => (r, i) => (state.metrics[i] && state.metrics[i].scalars || []).includes(key);
-const seriesIf = (key) => (r) => {
+const seriesIf = (key) => (r, { smooth } = {}) => {
   const i = state.runs.indexOf(r);
-  return has(key)(r, i) ? api.series(r.id, key, { time: true }) : Promise.resolve(null);
+  return has(key)(r, i) ? api.series(r.id, key, { time: true, smooth }) : Promise.resolve(null);
 };
 
 // ---- parameters, matched by name across the runs -----------------------------------------------
@@ -198,10 +201,10 @@ function rebuildParamCards() {
     const having = runsWith(name);
     const missing = state.runs.map((r, i) => i).filter((i) => !having.includes(i)).map(label);
     const help = missing.length ? `In ${having.length} of ${state.runs.length} runs; not in ${missing.join(", ")}` : `In all ${state.runs.length} runs`;
-    const entry = compareCard(page, `compare-param-${k}`, `${metric} · ${name}`, help, async (r) => {
+    const entry = compareCard(page, `compare-param-${k}`, `${metric} · ${name}`, help, async (r, { smooth } = {}) => {
       const i = state.runs.indexOf(r);
       if (!having.includes(i)) return null;
-      const res = await api.paramSeries(r.id, metric, { params: [name], time: true });
+      const res = await api.paramSeries(r.id, metric, { params: [name], time: true, smooth });
       const s = (res.series || [])[0];
       return s ? { step: res.step, value: s.value, min: s.min, max: s.max, downsampled: res.downsampled, time: res.time, time0: res.time0 } : null;
     }, { log: true, wide: state.chosen.length === 1, parent: el.paramCards });
@@ -227,7 +230,12 @@ function renderControls() {
     ? [document.activeElement.closest("[data-control]").dataset.control, document.activeElement.dataset.value] : null;
   setChildren(controls,
     segmented("x", "Align by", X_MODES, state.x, (v) => switchView({ x: v })),
-    segmented("layout", "Layout", LAYOUTS, state.layout, (v) => switchView({ layout: v })));
+    segmented("layout", "Layout", LAYOUTS, state.layout, (v) => switchView({ layout: v })),
+    smoothingControl(state.smooth, (w) => {
+      state.smooth = w;
+      save();
+      Promise.all(cards.map((c) => c.load())).catch((err) => console.warn("gradwatch: smoothing:", err));
+    }));
   if (focused) {
     const target = controls.querySelector(`[data-control="${focused[0]}"] [data-value="${focused[1]}"]`);
     if (target) target.focus();
@@ -249,7 +257,7 @@ async function switchView(change) {
 function save() {
   writeQuery({
     runs: state.ids.join(","), x: state.x === "step" ? null : state.x, layout: state.layout === "overlay" ? null : state.layout,
-    scalar: state.extra, metric: state.metric, param: state.chosen || [],
+    scalar: state.extra, metric: state.metric, param: state.chosen || [], smooth: state.smooth || null,
   });
 }
 

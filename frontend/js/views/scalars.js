@@ -6,6 +6,7 @@
 import { api } from "../api.js";
 import { byteUnit, isNonFinite, toNumber, toNumbers } from "../format.js";
 import { LineChart } from "../charts/line.js";
+import { withSmoothing } from "../smoothing.js";
 import { chartCard, toggle } from "./card.js";
 import { windowZoom } from "./zoom.js";
 
@@ -44,9 +45,12 @@ export function scalarView(o) {
   const zoomer = windowZoom(chart, {
     overviewEnough: () => fullRes || !keys.length,
     fetchDetail: async (ctx, win, signal) => {
-      const results = await Promise.all(keys.map((k) =>
-        api.series(ctx.state.runId, k, { start: win[0], end: win[1], maxPoints: pointsFor(plot) }, { signal })));
-      return { start: win[0], end: windowEnd(results, win), series: results.map((r, i) => seriesOf(r, label(keys[i]))) };
+      const ask = { start: win[0], end: win[1], maxPoints: pointsFor(plot) };
+      const results = await Promise.all(keys.map((k) => api.series(ctx.state.runId, k, ask, { signal })));
+      // A window's smoothing needs the steps before it: the server's, always.
+      const series = await withSmoothing(results.map((r, i) => seriesOf(r, label(keys[i]))), ctx.state.smooth, false,
+        () => Promise.all(keys.map((k) => api.series(ctx.state.runId, k, { ...ask, smooth: ctx.state.smooth }, { signal }))));
+      return { start: win[0], end: windowEnd(results, win), series };
     },
   });
 
@@ -62,8 +66,10 @@ export function scalarView(o) {
       keys = o.keys(ctx.state.metrics.scalars || []);
       const maxPoints = pointsFor(plot);
       const results = await Promise.all(keys.map((k) => api.series(ctx.state.runId, k, { maxPoints })));
-      const series = results.map((r, i) => seriesOf(r, label(keys[i])));
       fullRes = !results.some((r) => r.downsampled);
+      chart.opts.smooth = ctx.state.smooth || 0;
+      const series = await withSmoothing(results.map((r, i) => seriesOf(r, label(keys[i]))), chart.opts.smooth, fullRes,
+        () => Promise.all(keys.map((k) => api.series(ctx.state.runId, k, { maxPoints, smooth: chart.opts.smooth }))));
       lastStep = Math.max(0, ...series.map((s) => (s.x.length ? s.x[s.x.length - 1] : 0)));
       if (o.bytes) {
         let peak = 0;
