@@ -20,7 +20,8 @@ import gradwatch
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--server", default=None, help="gradwatch server URL (default: $GRADWATCH_SERVER or http://127.0.0.1:8765)")
+    ap.add_argument("--server", default=None,
+                    help="gradwatch server URL (default: $GRADWATCH_SERVER or http://127.0.0.1:8765)")
     ap.add_argument("--batches", type=int, default=160, help="micro-batches in all")
     ap.add_argument("--accumulate", type=int, default=4, help="micro-batches per optimizer step")
     ap.add_argument("--cpu", action="store_true", help="train on the CPU even where a GPU is")
@@ -39,7 +40,7 @@ def main() -> None:
 
     with gradwatch.watch(optimizer, model=model, run=args.run, project=args.project, server=args.server) as w:
         print(f"gradwatch run id: {w.run_id}", flush=True)
-        for i, (xb, yb) in enumerate(loader):
+        for xb, yb in loader:
             with accelerator.accumulate(model):
                 loss = nn.functional.cross_entropy(model(xb), yb)
                 accelerator.backward(loss)

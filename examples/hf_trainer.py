@@ -9,19 +9,12 @@ The model is built from a config and the data is made here: nothing is downloade
 from __future__ import annotations
 
 import argparse
-import os
-import sys
 import tempfile
 
-# Run as a script, this file's folder comes first on sys.path, and examples/accelerate.py there
-# would be imported as the `accelerate` package the Trainer needs. Look for packages elsewhere.
-_here = os.path.dirname(os.path.abspath(__file__))
-sys.path[:] = [p for p in sys.path if os.path.abspath(p or os.curdir) != _here]
+import torch
+from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainingArguments
 
-import torch  # noqa: E402
-from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainingArguments  # noqa: E402
-
-from gradwatch.integrations.transformers import GradwatchCallback  # noqa: E402
+from gradwatch.integrations.transformers import GradwatchCallback
 
 
 def counting_data(n: int, length: int = 16, vocab: int = 32) -> list[dict[str, torch.Tensor]]:

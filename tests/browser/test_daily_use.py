@@ -8,11 +8,13 @@ from __future__ import annotations
 import math
 from collections.abc import Iterator
 
+import gradwatch
 import httpx
 import pytest
-from conftest import ServerProcess
+import torch
+from support.server import ServerProcess
 from playwright import sync_api
-from synthetic import Ingest, SyntheticRun
+from support.synthetic import Ingest, SyntheticRun
 from test_dashboard import Page, browser, dash, page, seed  # noqa: F401  (browser, dash, page: fixtures)
 
 pytestmark = pytest.mark.browser
@@ -217,3 +219,62 @@ def test_param_groups_are_called_by_their_names_everywhere(dash: ServerProcess, 
     assert page.points("compare-lr-2") == 20      # run b's unnamed group 0
     expect(p.locator('#settings tr[data-run-id="groups-a"] [data-field="lr"] .lr')).to_have_text(
         ["decay 3.00e-4", "no_decay 3.00e-4"])
+
+
+def test_a_findings_figure_says_at_which_step_it_holds(dash: ServerProcess, page: Page) -> None:
+    """A loop that never calls zero_grad(): the finding's figure (backward passes summed) is the
+    count at the step where it was found, and says so, while the run goes on summing."""
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    w = gradwatch.watch(opt, model=model, run="no-zero-grad", project="findings", server=dash.url, warn=False)
+    for _ in range(12):
+        model(torch.randn(8, 4)).pow(2).mean().backward()  # no zero_grad(): .grad piles up
+        opt.step()
+    w.close(timeout=30)
+    p = page.open(f"{dash.url}/runs/{w.run_id}")
+    row = p.locator('.findings .finding[data-code="grad_accumulation_unbounded"]')
+    expect(row.locator(".finding-step")).to_have_text(" · from step 2")
+    expect(row.locator(".finding-figure-value")).to_have_text("2")
+    expect(row.locator(".finding-figure-step")).to_have_text("at step 2")
+    expect(p.locator('[data-field="steps"]')).to_have_text("12")  # the run went on past it
+
+
+class ScalarsRun(SyntheticRun):
+    """A synthetic run that also logs `extra` scalars (a step's value: the step number)."""
+
+    extra: tuple[str, ...] = ()
+
+    def step(self, seq: int, step: int) -> dict[str, object]:
+        message = super().step(seq, step)
+        message["scalars"].update({k: float(step) for k in self.extra})  # type: ignore[attr-defined]
+        return message
+
+
+def scalars_run(run_id: str, params: list[str], extra: tuple[str, ...]) -> ScalarsRun:
+    run = ScalarsRun(run_id, run_id, project="defaults", total_steps=10, params=[(n, [4, 4]) for n in params])
+    run.extra = extra
+    return run
+
+
+def test_compare_defaults_to_what_every_run_has(dash: ServerProcess, page: Page) -> None:
+    seed(dash, scalars_run("def-x", ["x.weight", "s.weight"], ("aaa_only", "acc", "backward_passes")), 10)
+    seed(dash, scalars_run("def-y", ["s.weight", "y.weight"], ("acc", "backward_passes")), 10)
+    seed(dash, scalars_run("def-z", ["z.weight", "z.bias"], ("acc", "backward_passes")), 10)
+    p = page.open(dash.url + "/compare?runs=def-x,def-y,def-z")
+    p.wait_for_function("document.body.dataset.drawn === 'step:overlay'")
+    # No parameter is in all three runs: the one in most of them.
+    expect(p.locator('[data-card="compare-param-0"]')).to_have_attribute("data-param", "s.weight")
+    # A scalar every run has, the user's before the hook's.
+    expect(p.locator('[data-card="compare-scalar"] select')).to_have_value("acc")
+    assert page.points("compare-scalar") == 30
+    assert "scalar=acc" in p.url and "param=s.weight" in p.url
+
+
+def test_other_scalars_default_to_one_the_user_logged(dash: ServerProcess, page: Page) -> None:
+    seed(dash, scalars_run("other-user", ["w", "b"], ("backward_passes", "val_acc")), 10)
+    p = page.open(dash.url + "/runs/other-user")
+    expect(p.locator('[data-card="other-scalars"] select')).to_have_value("val_acc")
+    p.locator('[data-chart="other-scalars"]').scroll_into_view_if_needed()
+    page.wait_points("other-scalars", 10)
+    assert p.evaluate("""() => document.querySelector('[data-chart="other-scalars"]').data.map(t => t.name)""") == ["val_acc"]

@@ -14,7 +14,8 @@ pytest.importorskip("accelerate", reason="accelerate is installed by requirement
 def test_the_accelerate_example_runs_clean(tmp_path: Path) -> None:
     server = start_server(tmp_path)
     try:
-        run_id, run = run_example("accelerate_accumulation.py", server, tmp_path, "--cpu", "--batches", "48", "--accumulate", "4")
+        run_id, run = run_example("accelerate_accumulation.py", server, tmp_path,
+                                  "--cpu", "--batches", "48", "--accumulate", "4")
         assert run["steps"] == 12 and run["optimizer"] == "AdamW"
         assert run["config"]["wrappers"] == [["accelerate.optimizer.AcceleratedOptimizer"]]
         found = findings(server, run_id)

@@ -184,7 +184,8 @@ class Watcher:
                 self._closure_calls = (self._closure_calls or 0) + counted.calls
                 if counted.calls == 0 and self._sampled and first:  # the optimizer ignored its closure
                     self._read_grads(k)
-            self._end_passes(k, keep=first, taken=self._taken.pop(k, None))  # every step: it marks where the next one starts
+            # every step: it marks where the next one starts
+            self._end_passes(k, keep=first, taken=self._taken.pop(k, None))
             if self._sampled and first:
                 self._probe.read_state(self._members[k])
             if len(self._round) == len(self._members):
@@ -201,7 +202,8 @@ class Watcher:
                   "on. Please report it with this traceback.", self.run_id, self.step, exc_info=exc)
         self._detach()
 
-    def _end_passes(self, k: int, keep: bool, taken: Optional[tuple[list[int], list[Optional[float]]]] = None) -> None:
+    def _end_passes(self, k: int, keep: bool,
+                    taken: Optional[tuple[list[int], list[Optional[float]]]] = None) -> None:
         """End optimizer `k`'s backward passes; keep them as the round's when `keep`. `taken`: the
         passes of a closure step up to its first evaluation, which are the step's in their place."""
         members = self._members[k]

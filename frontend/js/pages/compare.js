@@ -12,6 +12,7 @@ import { api, ApiError, liveUrl, runPageUrl, UnreachableError } from "../api.js"
 import { byId, h, notice, setChildren, statusBadge } from "../dom.js";
 import { fmtCount, fmtDuration, runDuration } from "../format.js";
 import { sharedGroups } from "../groups.js";
+import { isUserScalar, mostShared } from "../names.js";
 import { LiveSocket, renderLiveStatus } from "../live.js";
 import { queryValue, readQuery, writeQuery } from "../url.js";
 import { compareCard, swatch } from "../views/compare-card.js";
@@ -24,12 +25,6 @@ const X_MODES = { step: "step", time: "wall time" };
 const LAYOUTS = { overlay: "overlaid", side: "side by side" };
 export const FIXED_SCALARS = ["grad_norm_total", "loss"];
 const isLr = (k) => /^lr\/\d+$/.test(k);
-
-/** The parameter names every run of `lists` has (null entries: runs not found, left out), in the first run's order. */
-export function commonNames(lists) {
-  const known = lists.filter(Boolean);
-  return known.length ? known[0].filter((n) => known.every((l) => l.includes(n))) : [];
-}
 
 /** Each run's label: its name, with its id when another run of the comparison has the same name. */
 export function runLabel(runs, ids, i) {
@@ -273,17 +268,22 @@ function renderSettings() {
   setChildren(el.settingsBody, settingsTable(state));
 }
 
+/**
+ * The scalar and parameter shown first: what every compared run has (else what most have), a
+ * user's scalar before the hook's; a choice from the URL stays.
+ */
 function fillSelects() {
-  const scalars = [...new Set(state.metrics.flatMap((m) => (m ? m.scalars || [] : [])))]
-    .filter((k) => !FIXED_SCALARS.includes(k) && !isLr(k)).sort();
-  if (!scalars.includes(state.extra)) state.extra = scalars[0] || null;
+  const extra = (m) => (m ? (m.scalars || []).filter((k) => !FIXED_SCALARS.includes(k) && !isLr(k)).sort() : null);
+  const perRun = state.metrics.map(extra);
+  const scalars = [...new Set(perRun.filter(Boolean).flat())].sort();
+  if (!scalars.includes(state.extra)) state.extra = mostShared(perRun, isUserScalar);
   setChildren(extraSelect, scalars.map((k) => h("option", { value: k, selected: k === state.extra }, k)));
   extraCard.card.hidden = !scalars.length;
 
   const names = allParamNames();
   if (state.chosen === null) {
-    const common = commonNames(state.params);
-    state.chosen = common.length ? [common[0]] : names.slice(0, 1);
+    const first = mostShared(state.params);
+    state.chosen = first === null ? [] : [first];
   }
   state.chosen = state.chosen.filter((n) => names.includes(n));
 }

@@ -25,6 +25,7 @@ import { inViewFirst, nearView } from "../charts/turns.js";
 import { byId, h, notice, setChildren } from "../dom.js";
 import { toNumber } from "../format.js";
 import { LiveSocket, renderLiveStatus } from "../live.js";
+import { firstScalar } from "../names.js";
 import { queryValue, readQuery, writeQuery } from "../url.js";
 import { headerView } from "../views/header.js";
 import { createRunViews } from "../views/run-views.js";
@@ -311,7 +312,7 @@ function requestReload(delayMs = 500) {
 
 function fillOtherSelect() {
   const keys = otherScalars();
-  if (!keys.includes(state.otherScalar)) state.otherScalar = keys[0] || null;
+  if (!keys.includes(state.otherScalar)) state.otherScalar = firstScalar(keys);
   setChildren(otherSelect, keys.map((k) => h("option", { value: k, selected: k === state.otherScalar }, k)));
 }
 

@@ -38,11 +38,6 @@ def scalar_series(server_url: str, run_id: str, key: str) -> dict[str, Any]:
         return http.get(f"/api/runs/{run_id}/series", params={"key": key}).raise_for_status().json()
 
 
-def findings(server_url: str, run_id: str) -> list[dict[str, Any]]:
-    with httpx.Client(base_url=server_url, timeout=30) as http:
-        return http.get(f"/api/runs/{run_id}/diagnostics").raise_for_status().json()
-
-
 def assert_equal_norms(stored: Norms, oracle: Norms, rel: float = 1e-5) -> None:
     """The same (step, param) keys, each norm equal to the oracle's to `rel` (float32)."""
     assert sorted(stored) == sorted(oracle)

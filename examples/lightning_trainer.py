@@ -2,27 +2,20 @@
 
     pip install gradwatch[lightning]
     gradwatch serve &
-    python examples/lightning.py --server http://127.0.0.1:8765
+    python examples/lightning_trainer.py --server http://127.0.0.1:8765
 
 Automatic optimization with gradient accumulation and clipping; the data is made here.
 """
 from __future__ import annotations
 
 import argparse
-import os
-import sys
 from typing import Any
 
-# This file has the name of the package it shows: run as a script, its folder comes first on
-# sys.path and `import lightning` would import this file again. Look for packages elsewhere.
-_here = os.path.dirname(os.path.abspath(__file__))
-sys.path[:] = [p for p in sys.path if os.path.abspath(p or os.curdir) != _here]
+import lightning.pytorch as L
+import torch
+from torch import nn
 
-import lightning.pytorch as L  # noqa: E402
-import torch  # noqa: E402
-from torch import nn  # noqa: E402
-
-from gradwatch.integrations.lightning import GradwatchCallback  # noqa: E402
+from gradwatch.integrations.lightning import GradwatchCallback
 
 
 class Regressor(L.LightningModule):
