@@ -52,6 +52,8 @@ class LightningWatching:
     def on_fit_start(self, trainer: Any, pl_module: Any) -> None:
         if self.watcher is not None:  # a second `fit()` is a run of its own
             self.watcher.close()
+        if not getattr(trainer, "is_global_zero", True):
+            return  # distributed: one process watches (gradwatch's runs are one process's, for now)
         optimizers = list(trainer.optimizers)
         if not optimizers:
             raise ValueError("GradwatchCallback: the Trainer has no optimizer to watch (configure_optimizers returned none)")

@@ -47,6 +47,8 @@ class GradwatchCallback(TrainerCallback):
             self.watcher.close()
         if optimizer is None:
             raise TypeError("GradwatchCallback got no optimizer at train begin: use it with transformers.Trainer")
+        if not getattr(state, "is_world_process_zero", True):
+            return  # distributed: one process watches (gradwatch's runs are one process's, for now)
         model_config = getattr(getattr(model, "config", None), "to_dict", None)
         self._forwarding = True
         self.watcher = self.options.watch(
