@@ -62,8 +62,8 @@ MAX_BATCH_BYTES = 4 << 20
 #: Bounds of the pace the server may ask for (`linger` in its `welcome` and `ack`).
 MIN_LINGER_S, MAX_LINGER_S = 0.01, 5.0
 #: Longest a submitted step waits to be serialized and written to the spool (what a killed process
-#: loses). Every 0.25 s, the sender's CPU per step of the MLP of benchmarks/overhead.py was 0.09 ms
-#: instead of 0.03 (each message has its fixed cost): a second, and the server's pace for the rest.
+#: loses). Each spool write has a fixed cost, so it is not shorter: writing several times a second
+#: triples the sender's CPU per step (docs/benchmarks.md); sending follows the server's pace.
 SPOOL_EVERY_S = 1.0
 
 
