@@ -181,3 +181,26 @@ def test_a_hanging_or_missing_git_never_fails_watch(checkout: Path, tmp_path: Pa
         assert ctx["git"] is None and ctx["host"] == socket.gethostname()
     finally:
         w.close(timeout=0.1)
+
+
+def test_credential_flags_are_redacted_from_the_command_line(tmp_path: Path) -> None:
+    """The run context is readable without a token: values of --*token*/--*key*/--*secret*/
+    --*password*/--*passwd*/--*credential* flags never reach it, in either form; the rest stays."""
+    (tmp_path / "train.py").write_text(
+        "import json, sys, torch, gradwatch\n"
+        "m = torch.nn.Linear(2, 2)\n"
+        "w = gradwatch.watch(torch.optim.SGD(m.parameters(), lr=0.1), model=m, server='http://127.0.0.1:9')\n"
+        "print(json.dumps(w._sender.hello['run']['config']['context']))\n"
+        "w.close(timeout=0.1)\n")
+    args = ["--hub_token", "hf_abcdef", "--lr", "3e-4", "--api-key=sk-123", "--DB_PASSWORD", "hunter2",
+            "--passwd=pw", "--aws-secret-access-key", "AKIA", "--credentials-file=/c.json",
+            "--use-token", "--epochs", "3", "-k", "visible", "--monkey-key"]
+    done = subprocess.run([sys.executable, str(tmp_path / "train.py"), *args], cwd=tmp_path,
+                          capture_output=True, text=True, timeout=120, check=False)
+    assert done.returncode == 0, done.stderr
+    ctx = json.loads(done.stdout.strip().splitlines()[-1])
+    assert ctx["argv"] == [str(tmp_path / "train.py"), "--hub_token", "***", "--lr", "3e-4", "--api-key=***",
+                           "--DB_PASSWORD", "***", "--passwd=***", "--aws-secret-access-key", "***",
+                           "--credentials-file=***", "--use-token", "--epochs", "3", "-k", "visible", "--monkey-key"]
+    for secret in ("hf_abcdef", "sk-123", "hunter2", "AKIA", "/c.json"):
+        assert secret not in done.stdout

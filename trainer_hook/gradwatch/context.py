@@ -1,8 +1,8 @@
 """What a user needs to reproduce a run, gathered once at `watch()` (the hello's `config.context`).
 
 The optimizers and their param groups, the parameter counts, the model's class, the versions of
-torch, Python and gradwatch, the host, the devices, the command line and working directory, and
-the git commit (and whether the tree was dirty) when the script runs in a git checkout. Nothing
+torch, Python and gradwatch, the host, the devices, the command line (the values of credential
+flags such as `--hub_token` redacted) and working directory, and the git commit (and whether the tree was dirty) when the script runs in a git checkout. Nothing
 here may fail `watch()`: each fact that cannot be read is left out (git runs with a short timeout).
 The user's own `config=` mapping is checked by `user_config` and recorded beside it.
 """
@@ -12,6 +12,7 @@ import json
 import logging
 import os
 import platform
+import re
 import socket
 import subprocess
 import sys
@@ -25,6 +26,11 @@ from . import __version__
 from .layout import Layout, hparams
 
 log = logging.getLogger("gradwatch")
+
+#: Long flags whose value is a credential (`--hub_token hf_...`, `--api-key=...`): the run's
+#: context is readable by anyone who can read the server, so their values are never recorded.
+SECRET_FLAG = re.compile(r"^--[^=]*(token|key|secret|password|passwd|credential)[^=]*$", re.IGNORECASE)
+REDACTED = "***"
 
 #: Seconds each git command may take: a slow network file system must not hold up `watch()`.
 GIT_TIMEOUT_S = 2.0
@@ -64,12 +70,28 @@ def run_context(layout: Layout, model: Any) -> dict[str, Any]:
     for key, read in (("optimizers", lambda: _optimizers(layout)), ("parameters", lambda: _parameters(layout, model)),
                       ("model", lambda: _class_name(model) if isinstance(model, torch.nn.Module) else None),
                       ("versions", _versions), ("host", socket.gethostname), ("platform", platform.platform),
-                      ("devices", lambda: _devices(layout)), ("argv", lambda: [str(a) for a in sys.argv]),
+                      ("devices", lambda: _devices(layout)), ("argv", lambda: redact_argv(sys.argv)),
                       ("cwd", os.getcwd), ("git", lambda: git_state(_script_dir()))):
         try:
             out[key] = read()
         except Exception as exc:  # noqa: BLE001  (one missing fact must not cost the others, nor watch())
             log.debug("gradwatch: run context: no %s (%s)", key, exc)
+    return out
+
+
+def redact_argv(argv: Sequence[Any]) -> list[str]:
+    """The command line with the value of each SECRET_FLAG replaced by REDACTED, in both the
+    `--flag value` and the `--flag=value` form (a following argument that is itself a `--flag`
+    is no value and stays)."""
+    out = [str(a) for a in argv]
+    for i, arg in enumerate(out):
+        name, eq, _ = arg.partition("=")
+        if not SECRET_FLAG.match(name):
+            continue
+        if eq:
+            out[i] = f"{name}={REDACTED}"
+        elif i + 1 < len(out) and not out[i + 1].startswith("--"):
+            out[i + 1] = REDACTED
     return out
 
 
