@@ -1,10 +1,13 @@
 """The torch optimizer inside a framework's wrapper: `watch()` hooks the one that really steps.
 
-accelerate's `AcceleratedOptimizer` (and its DeepSpeed wrapper) and DeepSpeed's own optimizers
-keep it in `.optimizer`, Lightning's `LightningOptimizer` in `._optimizer`. Such wrappers often
-pass `isinstance(w, torch.optim.Optimizer)` without running `Optimizer.__init__`, so they have no
+accelerate's `AcceleratedOptimizer` keeps it in `.optimizer`, Lightning's `LightningOptimizer` in
+`._optimizer`. Such wrappers often pass `isinstance(w, torch.optim.Optimizer)` without running `Optimizer.__init__`, so they have no
 step hooks, and their `step()` is not the hooked one: only the inner optimizer's step runs the
 hooks, and only when it really steps (accelerate's accumulation, a skipped AMP step).
+
+DeepSpeed's ZeRO optimizers (and its BF16_Optimizer) are refused: the torch optimizer inside them
+steps flat fp32 partitions, not the model's parameters, so its norms would be of partitions and
+every parameter of the model would read as left out of the optimizer.
 """
 from __future__ import annotations
 
@@ -17,6 +20,10 @@ from .amp import is_grad_scaler
 #: attributes in which known wrappers keep the optimizer they wrap, in the order tried
 INNER_ATTRIBUTES = ("optimizer", "_optimizer")
 MAX_DEPTH = 8  # wrappers of wrappers; a cycle of references must not loop forever
+#: DeepSpeed optimizers over flat partitions, by module prefix and by class name (also seen
+#: through a wrapper such as accelerate's DeepSpeedOptimizerWrapper)
+PARTITIONED_MODULES = ("deepspeed.runtime.zero", "deepspeed.runtime.bf16_optimizer")
+PARTITIONED_CLASSES = ("DeepSpeedZeroOptimizer", "BF16_Optimizer")
 
 
 def qualified_name(obj: object) -> str:
@@ -36,6 +43,17 @@ def _inner(obj: object) -> Any:
     return None
 
 
+def _check_not_partitioned(obj: object) -> None:
+    """TypeError for a DeepSpeed optimizer over flat partitions (see the module docstring)."""
+    cls = type(obj)
+    module, name = getattr(cls, "__module__", "") or "", cls.__name__
+    if module.startswith(PARTITIONED_MODULES) or name.startswith(PARTITIONED_CLASSES):
+        raise TypeError(f"watch() cannot measure {module}.{name}: DeepSpeed's ZeRO optimizers step flat "
+                        "partitions of the parameters, and ZeRO partitions are not supported yet; watch a run "
+                        "without ZeRO (zero_optimization stage 0 and no bf16 optimizer), or pass a plain "
+                        "torch.optim.Optimizer over the model's parameters")
+
+
 def _hookable(obj: object) -> bool:
     """A torch optimizer whose `Optimizer.__init__` ran: it has step hooks of its own."""
     return isinstance(obj, torch.optim.Optimizer) and "_optimizer_step_pre_hooks" in vars(obj)
@@ -49,6 +67,7 @@ def unwrap(optimizer: Any) -> tuple[torch.optim.Optimizer, list[Any]]:
     wrappers: list[Any] = []
     obj = optimizer
     while True:
+        _check_not_partitioned(obj)
         inner = _inner(obj)
         if inner is None or len(wrappers) >= MAX_DEPTH:
             break
