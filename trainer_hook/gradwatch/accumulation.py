@@ -17,13 +17,22 @@ the previous pass left (a cheap look at metadata, as above): the same tensor, on
 one more pass accumulated; anything else was a clear, and counting starts again from it, with its
 kind as the step's `grad_clear`. Accumulation that autograd does out of place (a backward with
 `create_graph=True`) makes a new tensor and reads as a clear, at the first pass as at later ones.
+
+Writes inside a backward are no clear: DistributedDataParallel's reducer writes the all-reduced
+gradient into `.grad` in place at the end of every backward. So "what the previous pass left" is
+taken when that backward ends: the first hook of a backward queues an autograd final callback,
+which queues one more, so that it runs after the callbacks queued during the backward (DDP's), and
+that one notes the version of each `.grad` the backward touched.
 """
 from __future__ import annotations
 
 import weakref
+import logging
 from typing import Any, Optional, Sequence
 
 import torch
+
+log = logging.getLogger("gradwatch")
 
 #: `grad_clear` codes (see docs/protocol.md); None (sent as ABSENT) when nothing accumulated since the last step.
 CLEAR_NOT, CLEAR_NONE, CLEAR_ZERO = 0.0, 1.0, 2.0
@@ -54,6 +63,9 @@ class GradTracker:
         self._pass_version = [0] * n
         #: bytes of each `.grad` as the last step left it; -1 where it was None
         self.grad_nbytes = [-1] * n
+        self._touched: list[int] = []  # parameters the running backward accumulated into
+        self._settling = False  # the end-of-backward callback of the running backward is queued
+        self._can_settle = True  # the autograd engine takes final callbacks
         self._handles = [p.register_post_accumulate_grad_hook(self._counter(i))
                          for i, p in enumerate(params) if p.requires_grad and p.is_leaf]
         self._params = params
@@ -66,7 +78,12 @@ class GradTracker:
         pass_refs, pass_versions = self._pass_ref, self._pass_version
         ref_to = weakref.ref
 
+        touched, settle = self._touched, self._settle_at_end
+
         def on_accumulate(p: torch.Tensor) -> None:
+            touched.append(i)
+            if not self._settling:
+                settle()
             grad = p.grad
             if grad is None:  # nothing to compare (a hook of the user's own set it to None)
                 passes[i] += 1
@@ -96,6 +113,28 @@ class GradTracker:
                     clear[i] = CLEAR_NONE
         return on_accumulate
 
+    def _settle_at_end(self) -> None:
+        """Queue `_settled` to run when the running backward has ended (see the module docstring)."""
+        queue = torch.autograd.Variable._execution_engine.queue_callback
+        try:
+            queue(lambda: queue(self._settled))
+            self._settling = True
+        except Exception as exc:  # no engine to call back: from now on, versions as the hooks saw them
+            log.debug("gradwatch: cannot queue an end-of-backward callback: %s", exc)
+            self._touched.clear()
+            self._can_settle = False
+            self._settling = True  # for good: the hooks stop asking
+
+    def _settled(self) -> None:
+        """The backward has ended: what each touched `.grad` holds now is what its pass left."""
+        params, pass_refs, pass_versions = self._params, self._pass_ref, self._pass_version
+        for i in self._touched:
+            grad, last = params[i].grad, pass_refs[i]
+            if grad is not None and last is not None and last() is grad:
+                pass_versions[i] = grad._version
+        self._touched.clear()
+        self._settling = False
+
     def end_step(self, indices: Optional[Sequence[int]] = None) -> tuple[list[int], list[Optional[float]]]:
         """Passes and clear codes (None = nothing to say) since the last step; starts a new step.
 
@@ -107,6 +146,9 @@ class GradTracker:
         Plain lists, no numpy: this runs on the training thread at every step.
         """
         params, refs, nbytes = self._params, self._ref, self.grad_nbytes
+        self._touched.clear()
+        if self._can_settle:  # a backward that failed never ran its callback
+            self._settling = False
         if indices is None:  # one optimizer: whole lists at once
             passes, clear = self._passes[:], self._clear[:]
             self._passes[:] = [0] * len(params)
