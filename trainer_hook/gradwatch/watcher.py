@@ -192,8 +192,9 @@ class Watcher:
                 self._closure_calls = (self._closure_calls or 0) + counted.calls
                 if counted.calls == 0 and self._sampled and first:  # the optimizer ignored its closure
                     self._read_grads(k)
-            # every step: it marks where the next one starts
-            self._end_passes(k, keep=first, taken=self._taken.pop(k, None))
+            # every step: it marks where the next one starts (a closure evaluated once already did)
+            self._end_passes(k, keep=first, taken=self._taken.pop(k, None),
+                             again=counted is None or counted.calls != 1)
             if self._sampled and first:
                 self._probe.read_state(self._members[k])
             if len(self._round) == len(self._members):
@@ -211,11 +212,13 @@ class Watcher:
         self._detach()
 
     def _end_passes(self, k: int, keep: bool,
-                    taken: Optional[tuple[list[int], list[Optional[float]]]] = None) -> None:
+                    taken: Optional[tuple[list[int], list[Optional[float]]]] = None, again: bool = True) -> None:
         """End optimizer `k`'s backward passes; keep them as the round's when `keep`. `taken`: the
-        passes of a closure step up to its first evaluation, which are the step's in their place."""
+        passes of a closure step up to its first evaluation, which are the step's in their place;
+        they are ended again only if `again` (later evaluations' passes belong to no step)."""
         members = self._members[k]
-        passes, clear = self._tracker.end_step(members)
+        if taken is None or again:
+            passes, clear = self._tracker.end_step(members)
         if taken is not None:
             passes, clear = taken
         if not keep:
