@@ -3,6 +3,8 @@
 sender or the training loop. A real training loop, a real server."""
 from __future__ import annotations
 
+import threading
+import time
 import warnings
 from collections.abc import Iterator
 
@@ -103,9 +105,8 @@ def test_run_page() -> None:
     assert issubclass(GradwatchWarning, UserWarning)  # so `-W ignore::UserWarning` silences it too
 
 
-def test_on_finding_gets_each_new_finding_on_the_sender_thread(srv: ServerProcess) -> None:
+def test_on_finding_gets_each_new_finding_on_a_thread_of_its_own(srv: ServerProcess) -> None:
     got: list[tuple[str, dict[str, object]]] = []
-    import threading
 
     def callback(finding: dict[str, object]) -> None:
         got.append((threading.current_thread().name, finding))
@@ -113,7 +114,7 @@ def test_on_finding_gets_each_new_finding_on_the_sender_thread(srv: ServerProces
     w = sloppy_training(srv.url, run="called", warn=False, on_finding=callback)
     found = httpx.get(f"{srv.url}/api/runs/{w.run_id}/diagnostics", timeout=10).json()
     assert sorted(f["code"] for _, f in got) == sorted(f["code"] for f in found)  # each once
-    assert {thread for thread, _ in got} == {"gradwatch-sender"}  # never the training thread
+    assert {thread for thread, _ in got} == {"gradwatch-on-finding"}  # neither the training nor the sender thread
     by_code = {f["code"]: f for f in found}
     for _, finding in got:
         assert finding["page"] == f"{srv.url}/runs/{w.run_id}"
@@ -128,10 +129,80 @@ def test_a_failing_on_finding_never_reaches_training(srv: ServerProcess, caplog:
         calls.append(str(finding["code"]))
         if len(calls) == 1:
             raise RuntimeError("checkpoint disk full")
-        raise SystemExit(1)  # even this stays on the sender thread
+        raise SystemExit(1)  # even this stays on the callback's thread
 
     w = sloppy_training(srv.url, run="raising", warn=False, on_finding=callback)
     assert w.pending == 0  # every step delivered after the callback raised
     assert len(calls) == 2
     assert caplog.text.count("the on_finding callback raised") == 2
     assert "checkpoint disk full" in caplog.text
+
+
+def test_a_slow_on_finding_delays_no_step(srv: ServerProcess) -> None:
+    """A callback that takes seconds (saving a checkpoint) runs beside the sender: the steps after
+    it are all acknowledged while it still runs, none dropped. Under the old code the sender ran it
+    and `close(timeout=3)` gave up with steps unacknowledged."""
+    started, done = threading.Event(), threading.Event()
+
+    def callback(finding: dict[str, object]) -> None:
+        started.set()
+        time.sleep(8)
+        done.set()
+
+    torch.manual_seed(0)
+    model = Net()
+    opt = torch.optim.SGD(model.parameters(), lr=1e-3)
+    w = gradwatch.watch(opt, model=model, server=srv.url, project="tests", run="slow-callback", warn=False,
+                        on_finding=callback)
+    steps = 0
+    while not started.is_set():  # no zero_grad(): the server soon finds gradients piling up
+        assert steps < 2000, "no finding came"
+        model(torch.randn(8, 4)).pow(2).mean().backward()
+        opt.step()
+        steps += 1
+        time.sleep(0.01)
+    for _ in range(50):  # while the callback sleeps
+        model(torch.randn(8, 4)).pow(2).mean().backward()
+        opt.step()
+    w.close(timeout=3)
+    assert not done.is_set()  # the callback still runs: close() did not wait on it past its timeout
+    assert w.pending == 0 and w._sender.dropped == 0
+    run = httpx.get(f"{srv.url}/api/runs/{w.run_id}", timeout=10).json()
+    assert run["steps"] == steps + 50 == w.step
+    assert run["status"] == "finished"
+
+
+def test_close_inside_on_finding_leaves_the_final_close_to_deliver(srv: ServerProcess) -> None:
+    """`w.close()` inside the callback stops the watching at the next step; the script's own
+    close() still waits for and delivers every step watched, and finishes the run. Under the old
+    code it joined the sender from itself and the script's close() returned at once."""
+    holder: list[gradwatch.Watcher] = []
+    closed_in_callback = threading.Event()
+
+    def callback(finding: dict[str, object]) -> None:
+        holder[0].close()
+        closed_in_callback.set()
+
+    torch.manual_seed(0)
+    model = Net()
+    opt = torch.optim.SGD(model.parameters(), lr=1e-3)
+    w = gradwatch.watch(opt, model=model, server=srv.url, project="tests", run="close-in-callback", warn=False,
+                        on_finding=callback)
+    holder.append(w)
+    for _ in range(2000):
+        if closed_in_callback.is_set():
+            break
+        model(torch.randn(8, 4)).pow(2).mean().backward()
+        opt.step()
+        time.sleep(0.01)
+    assert closed_in_callback.wait(30)
+    watched = w.step
+    for _ in range(10):  # after the request: no longer watched
+        model(torch.randn(8, 4)).pow(2).mean().backward()
+        opt.step()
+    assert w.step in (watched, watched + 1)  # a step in flight when the callback ran may count
+    w.close(timeout=30)
+    assert w.pending == 0
+    run = httpx.get(f"{srv.url}/api/runs/{w.run_id}", timeout=10).json()
+    assert run["steps"] == w.step
+    assert run["status"] == "finished"

@@ -108,6 +108,7 @@ class Watcher:
         self._closure_calls: Optional[int] = None  # closure evaluations in the open round; None: no closure
         self._logged: dict[str, Any] = {}
         self._closed = False
+        self._close_requested = False  # by close() inside the on_finding callback
         self._sampled = False
         hello = wire.hello(
             run={"id": self.run_id, "name": self.name, "project": self.project,
@@ -122,7 +123,8 @@ class Watcher:
         # a server on this machine: its CPU per step is part of what watching costs
         self._cost = CostMeter(self._sampler, _on_this_machine(url), lambda: self._sender.server_cpu_per_step)
         _replay_in_background(url, token)
-        self._sender.on_finding = FindingWarner(warn, self.url, callback=on_finding)
+        self._findings = FindingWarner(warn, self.url, callback=on_finding)
+        self._sender.on_finding = self._findings
         self._handles = []
         for k, opt in enumerate(optimizers):
             self._handles += [opt.register_step_pre_hook(functools.partial(self._before_step, k)),
@@ -145,6 +147,9 @@ class Watcher:
     # its first step of a sampled round: its gradients just before, its state just after.
     def _before_step(self, k: int, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> Any:
         try:
+            if self._close_requested:
+                self._stop_watching()
+                return None
             if self._amp is not None:
                 self._amp.stepped()
             if not self._round:
@@ -285,14 +290,32 @@ class Watcher:
             self._logged[key] = value
 
     def close(self, timeout: float = 5.0) -> None:
-        """Detach the hooks and deliver what is pending, waiting at most `timeout` seconds."""
+        """Detach the hooks and deliver what is pending, waiting at most `timeout` seconds (the
+        on_finding callbacks of findings already received included).
+
+        Called inside the on_finding callback, it only asks to stop watching: the training thread
+        stops at its next step, and the script's own `close()` (or the one at exit) delivers."""
+        callbacks = self._findings.callbacks
+        if callbacks is not None and callbacks.is_current():
+            self._close_requested = True
+            return
         if self._closed:
             return
+        deadline = time.monotonic() + timeout
         self._closed = True
         if self._round and self._handles:  # an optimizer never stepped in the last round: send what there is
             self._emit()
         self._detach()
         self._sender.close("finished", timeout=timeout)
+        if callbacks is not None:
+            callbacks.wait(deadline - time.monotonic())
+
+    def _stop_watching(self) -> None:
+        """On the training thread, as close() inside the callback asked: send the open round and
+        detach; the sender goes on until the script's close()."""
+        if self._round and self._handles:
+            self._emit()
+        self._detach()
 
     def _detach(self) -> None:
         for handle in self._handles:
@@ -454,7 +477,9 @@ def watch(optimizer: Union[torch.optim.Optimizer, Sequence[torch.optim.Optimizer
         beside the context the hook records (optimizer, versions, host, command line, git commit:
         gradwatch/context.py).
     on_finding: called with each new diagnostic (a dict: code, severity, message, params,
-        first_step), on gradwatch's sender thread, never inside a step; what it raises is logged.
+        first_step, page), on a gradwatch thread of its own, never inside a step nor on the sender
+        thread (a slow callback delays no step's delivery); what it raises is logged. `close()`
+        inside it stops the watching; the script's `close()` delivers.
     """
     return Watcher(optimizer, model=model, run=run, project=project, server=server, every=every,
                    scaler=scaler, token=token, updates=updates, warn=warn, config=config, on_finding=on_finding)
