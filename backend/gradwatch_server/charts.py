@@ -93,6 +93,8 @@ def scalar_series(store: Store, run_id: str, key: str, start: int | None, end: i
     _require(key, store.series_names(run_id, "scalar"), "scalar", run_id)
     found = _long_window(store, run_id, key, None, 1, start, end, max_points, raw_rows, blocks.group,
                          kind="scalar")
+    low: list[JsonFloat] | None
+    high: list[JsonFloat] | None
     if found is not None:
         s = blocks.summary(blocks.concat(found, 1))
         step, downsampled = [int(f) for p in found for f in p.first], True

@@ -13,7 +13,8 @@ This tells intentional accumulation (K passes after a clear) from a forgotten cl
 from __future__ import annotations
 
 import weakref
-from typing import Any, Optional, Sequence
+from collections.abc import Collection
+from typing import Any, Optional
 
 import torch
 
@@ -68,7 +69,7 @@ class GradTracker:
                 clear[i] = CLEAR_NOT if grad._version - version <= 1 else CLEAR_ZERO
         return on_accumulate
 
-    def end_step(self, indices: Optional[Sequence[int]] = None) -> tuple[list[int], list[Optional[float]]]:
+    def end_step(self, indices: Optional[Collection[int]] = None) -> tuple[list[int], list[Optional[float]]]:
         """Passes and clear codes (None = nothing to say) since the last step; starts a new step.
 
         Called after every optimizer step, and for steps a GradScaler skipped, with the

@@ -27,7 +27,7 @@ def qualified_name(obj: object) -> str:
 def _inner(obj: object) -> Optional[object]:
     for name in INNER_ATTRIBUTES:
         try:
-            inner = getattr(obj, name, None)
+            inner: object = getattr(obj, name, None)
         except Exception:  # a property of the wrapper that cannot answer now
             inner = None
         if inner is not None and inner is not obj and hasattr(inner, "param_groups"):

@@ -11,7 +11,8 @@ import secrets
 import threading
 import time
 import weakref
-from typing import Any, Iterable, Mapping, Optional, Sequence, Union
+from typing import Any, Optional, Union
+from collections.abc import Iterable, Mapping, Sequence
 from urllib.parse import urlsplit
 
 import numpy as np
@@ -121,7 +122,13 @@ class Watcher:
         if self._amp is not None:
             self._amp.watch_steps(optimizers, self._skipped_step)
         self_ref = weakref.ref(self)
-        atexit.register(lambda: (w := self_ref()) is not None and w.close())
+
+        def close_at_exit() -> None:
+            watcher = self_ref()
+            if watcher is not None:
+                watcher.close()
+
+        atexit.register(close_at_exit)
 
     # -- hooks (training thread) -----------------------------------------------------------
     # With several optimizers a step is a round: it opens with the first `optimizer.step()`
@@ -228,7 +235,7 @@ class Watcher:
             snapshot = self._probe.finish(logged, _host_arrays(passes, clear))
             steps = self._cost.measured(None if snapshot is None else snapshot.cost_s)
             if snapshot is not None:
-                self._sender.submit_step(lambda s=snapshot: self._render(s, steps))
+                self._sender.submit_step(functools.partial(self._render, snapshot, steps))
             return
         self._cost.unmeasured()
         for key in [key for key, v in logged.items() if isinstance(v, torch.Tensor) and v.device.type != "cpu"]:
@@ -287,7 +294,7 @@ class Watcher:
         """Messages the server has not acknowledged yet."""
         return self._sender.pending
 
-    def __enter__(self) -> "Watcher":
+    def __enter__(self) -> Watcher:
         return self
 
     def __exit__(self, *exc: Any) -> None:

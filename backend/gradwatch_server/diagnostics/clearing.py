@@ -95,6 +95,7 @@ class GradAccumulation(Check):
         cleared = ((step.clear == SET_TO_NONE) | (step.clear == ZERO_FILLED)) & (passes > 1)
         if not cleared.any():
             return
+        assert step.passes is not None  # passes_known is made from it (StepView.of)
         k = int(np.nanmax(step.passes[cleared]))
         if self.k_min is not None and self.k_max is not None and self.k_min <= k <= self.k_max:
             return
