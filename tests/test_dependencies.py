@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib.metadata as md
 import re
+import tomllib
 from pathlib import Path
 
 import pytest
@@ -26,6 +27,7 @@ KNOWN_FIXED = {
     "uvicorn": ("0.11.7", "CVE-2020-7694, CVE-2020-7695"),
     "websockets": ("9.1", "CVE-2021-33880"),
     "numpy": ("1.22.0", "CVE-2021-41496, CVE-2021-34141"),
+    "aiohttp": ("3.12.14", "CVE-2024-23334, CVE-2024-52304, CVE-2025-53643"),
 }
 
 
@@ -60,7 +62,22 @@ def runtime_closure() -> dict[str, str]:
 
     walk("gradwatch-server", ("postgres",))
     walk("gradwatch")
+    for name in framework_requirements():
+        walk(name)
     return {k: v for k, v in seen.items() if k not in ("gradwatch-server", "gradwatch")}
+
+
+def framework_requirements() -> list[str]:
+    """The hook's extras (read from the source tree: the installed metadata may predate them) and
+    the test requirements that leave their version to constraints.txt (the frameworks the
+    integration tests run against)."""
+    project = tomllib.loads((ROOT / "trainer_hook" / "pyproject.toml").read_text())["project"]
+    names = [Requirement(r).name for reqs in project.get("optional-dependencies", {}).values() for r in reqs]
+    for line in (ROOT / "requirements-test.txt").read_text().splitlines():
+        line = line.split("#", 1)[0].strip()
+        if line and "==" not in line:
+            names.append(Requirement(line).name)
+    return names
 
 
 def test_every_installed_dependency_is_the_pinned_version() -> None:

@@ -77,6 +77,7 @@ def test_run_html_preloads_every_module_of_the_page() -> None:
     html = (FRONTEND / "run.html").read_text()
     preloaded = re.findall(r'<link rel="modulepreload" href="([^"]+)">', html)
     scripts = re.findall(r'<script type="module"[^>]* src="([^"]+)">', html)
+    scripts += re.findall(r'<script type="module">import \{ init \} from "([^"]+)"; init\(\);</script>', html)
     assert scripts == ["/static/js/pages/run-first.js", "/static/js/pages/run.js"]
     wanted = set().union(*(imports_of(FRONTEND / s.removeprefix("/static/")) for s in scripts))
     assert len(preloaded) == len(set(preloaded)), "a module is preloaded twice"

@@ -2,11 +2,12 @@
 
     import gradwatch
     w = gradwatch.watch(optimizer, model=model, run="lr3e-4", project="gpt-small")
+    df = gradwatch.load(w.run_id)  # a notebook: the run as a pandas DataFrame (gradwatch[pandas])
 """
 from typing import Any
 
 __version__ = "0.1.0"
-__all__ = ["GradwatchWarning", "Watcher", "watch", "__version__"]
+__all__ = ["GradwatchWarning", "Watcher", "load", "runs", "watch", "__version__"]
 
 
 def __getattr__(name: str) -> Any:
@@ -15,6 +16,10 @@ def __getattr__(name: str) -> Any:
         from . import watcher
 
         return getattr(watcher, name)
+    if name in ("load", "runs"):  # pandas is imported when they are called
+        from . import frames
+
+        return getattr(frames, name)
     if name == "GradwatchWarning":  # e.g. warnings.filterwarnings("error", category=gradwatch.GradwatchWarning)
         from .findings import GradwatchWarning
 

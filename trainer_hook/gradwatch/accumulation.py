@@ -9,6 +9,14 @@ the first of them after an optimizer step it looks at tensor metadata only (no d
 - the same tensor, moved by more: something wrote to it in place in between (`zero_()`, as
   `zero_grad(set_to_none=False)` does).
 This tells intentional accumulation (K passes after a clear) from a forgotten clear exactly.
+
+Passes that land before a clear do not count toward the next step: in a GAN the generator's loss
+backpropagates through the discriminator after D's step and fills D's `.grad`, which D's
+`zero_grad()` then clears before D's own backward. So every later pass compares `.grad` with what
+the previous pass left (a cheap look at metadata, as above): the same tensor, one version on, is
+one more pass accumulated; anything else was a clear, and counting starts again from it, with its
+kind as the step's `grad_clear`. Accumulation that autograd does out of place (a backward with
+`create_graph=True`) makes a new tensor and reads as a clear, at the first pass as at later ones.
 """
 from __future__ import annotations
 
@@ -42,6 +50,9 @@ class GradTracker:
         # per parameter, as the last step left it: (weakref to .grad, its version), or None before
         # the first step; (None, 0) when .grad was None then
         self._ref: list[Optional[tuple[Optional[weakref.ref[torch.Tensor]], int]]] = [None] * n
+        # per parameter, the `.grad` the last backward pass since the step left and its version
+        self._pass_ref: list[Optional[weakref.ref[torch.Tensor]]] = [None] * n
+        self._pass_version = [0] * n
         #: bytes of each `.grad` as the last step left it; -1 where it was None
         self.grad_nbytes = [-1] * n
         self._handles = [p.register_post_accumulate_grad_hook(self._counter(i))
@@ -50,23 +61,40 @@ class GradTracker:
 
     def _counter(self, i: int) -> Any:
         """The hook of parameter `i`. It runs in every backward pass for every parameter, so its
-        body keeps to locals (no attribute lookups, no calls but the look at `.grad`, which only
-        the first pass after a step takes)."""
+        body keeps to locals and a look at `.grad` and its version (no device work); a weak
+        reference is made only where `.grad` is a new tensor."""
         passes, clear, refs = self._passes, self._clear, self._ref
+        pass_refs, pass_versions = self._pass_ref, self._pass_version
+        ref_to = weakref.ref
 
         def on_accumulate(p: torch.Tensor) -> None:
-            if passes[i]:
+            grad = p.grad
+            if grad is None:  # nothing to compare (a hook of the user's own set it to None)
                 passes[i] += 1
                 return
-            passes[i] = 1
-            ref, grad = refs[i], p.grad
-            if ref is None or grad is None:
+            version = grad._version
+            if passes[i]:  # a later pass: compare with what the previous pass left
+                last = pass_refs[i]
+                if last is not None and last() is grad:
+                    before, pass_versions[i] = pass_versions[i], version
+                    if version - before <= 1:
+                        passes[i] += 1
+                    else:  # zero-filled since the previous pass
+                        passes[i], clear[i] = 1, CLEAR_ZERO
+                    return
+                passes[i], clear[i] = 1, CLEAR_NONE  # set to None since the previous pass
+                pass_refs[i], pass_versions[i] = ref_to(grad), version
                 return
-            old, version = ref
-            if old is None or old() is not grad:
-                clear[i] = CLEAR_NONE
+            passes[i] = 1
+            ref = refs[i]
+            old, old_version = _NO_GRAD if ref is None else ref
+            if old is not None and old() is grad:
+                pass_refs[i], pass_versions[i] = old, version
+                clear[i] = CLEAR_NOT if version - old_version <= 1 else CLEAR_ZERO
             else:
-                clear[i] = CLEAR_NOT if grad._version - version <= 1 else CLEAR_ZERO
+                pass_refs[i], pass_versions[i] = ref_to(grad), version
+                if ref is not None:
+                    clear[i] = CLEAR_NONE
         return on_accumulate
 
     def end_step(self, indices: Optional[Collection[int]] = None) -> tuple[list[int], list[Optional[float]]]:

@@ -24,7 +24,8 @@ def qualified_name(obj: object) -> str:
     return f"{cls.__module__}.{cls.__qualname__}"
 
 
-def _inner(obj: object) -> Optional[object]:
+def _inner(obj: object) -> Any:
+    """The optimizer `obj` wraps (in one of INNER_ATTRIBUTES), or None."""
     for name in INNER_ATTRIBUTES:
         try:
             inner: object = getattr(obj, name, None)

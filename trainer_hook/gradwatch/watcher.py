@@ -3,7 +3,9 @@ from __future__ import annotations
 
 import atexit
 import functools
+import html
 import ipaddress
+import json
 import logging
 import os
 import re
@@ -57,8 +59,9 @@ class Watcher:
                  model: Union[torch.nn.Module, Iterable[tuple[str, torch.Tensor]], None] = None,
                  run: Optional[str] = None, project: Optional[str] = None, server: Optional[str] = None,
                  every: Union[int, str] = 1, scaler: Any = None, token: Optional[str] = None,
-                 updates: bool = False, warn: bool = True) -> None:
+                 updates: bool = False, warn: bool = True, config: Optional[Mapping[str, Any]] = None) -> None:
         optimizers, wrappers = _optimizers(optimizer)
+        user_config = _check_config(config)
         if scaler is None:  # accelerate's AcceleratedOptimizer steps with its own GradScaler
             scaler = next((s for s in map(find_scaler, wrappers) if s is not None), None)
         self._sampler = make_sampler(every)
@@ -75,6 +78,8 @@ class Watcher:
         token = token or os.environ.get("GRADWATCH_TOKEN") or None
 
         self.run_id: str = secrets.token_hex(6)
+        self.name: str = run or time.strftime("run-%Y%m%d-%H%M%S")
+        self.project: str = project or "default"
         self.server = server
         self.every = every
         self.step = 0  # optimizer.step() calls so far (rounds, with several optimizers: see `watch`)
@@ -102,19 +107,20 @@ class Watcher:
         self._closed = False
         self._sampled = False
         hello = wire.hello(
-            run={"id": self.run_id, "name": run or time.strftime("run-%Y%m%d-%H%M%S"), "project": project or "default",
+            run={"id": self.run_id, "name": self.name, "project": self.project,
                  "started_at": time.time(), "hook_version": __version__,
                  "optimizer": "+".join(type(o).__name__ for o in optimizers),
                  "config": {"every": every, "amp": scaler is not None, "updates": updates,
                             "optimizers": [type(o).__name__ for o in optimizers],
                             "unoptimized_params": self.layout.unoptimized, "frozen_params": self.layout.frozen,
-                            **_wrapper_config(wrappers)}},
+                            **_wrapper_config(wrappers),
+                            **({"user": user_config} if user_config is not None else {})}},
             params=self.layout.hello_params(), groups=self.layout.hello_groups())
         self._sender = Sender(url, hello, token=token, spool=_open_spool(self.run_id, hello))
         # a server on this machine: its CPU per step is part of what watching costs
         self._cost = CostMeter(self._sampler, _on_this_machine(url), lambda: self._sender.server_cpu_per_step)
         _replay_in_background(url, token)
-        self._sender.on_finding = FindingWarner(warn, run_page(server, self.run_id))
+        self._sender.on_finding = FindingWarner(warn, self.url)
         self._handles = []
         for k, opt in enumerate(optimizers):
             self._handles += [opt.register_step_pre_hook(functools.partial(self._before_step, k)),
@@ -290,6 +296,29 @@ class Watcher:
             self._amp.remove()
 
     @property
+    def url(self) -> str:
+        """The run's page on the dashboard."""
+        return run_page(self.server, self.run_id)
+
+    def _repr_html_(self) -> str:
+        """In Jupyter, a watcher shows as a link to its run's page."""
+        url = html.escape(self.url, quote=True)
+        return (f'<a href="{url}" target="_blank" rel="noopener">gradwatch run {html.escape(self.name)}</a> '
+                f'<span>({html.escape(self.project)}, id {self.run_id}, step {self.step})</span>')
+
+    def show(self, height: int = 800) -> Any:
+        """The live run page, embedded in a notebook: an `IPython.display.IFrame` (display it, or
+        let it be a cell's last value). `height` in pixels."""
+        if isinstance(height, bool) or not isinstance(height, int) or not 100 <= height <= 10000:
+            raise ValueError(f"height must be a whole number of pixels from 100 to 10000; got {height!r}")
+        try:
+            from IPython.display import IFrame
+        except ImportError as exc:
+            raise ImportError("Watcher.show() embeds the run page in a Jupyter notebook and needs IPython "
+                              f"(pip install ipython); outside a notebook open {self.url}") from exc
+        return IFrame(self.url, width="100%", height=height)
+
+    @property
     def pending(self) -> int:
         """Messages the server has not acknowledged yet."""
         return self._sender.pending
@@ -376,6 +405,20 @@ def _rss_bytes() -> Optional[float]:
         return None
 
 
+def _check_config(config: Optional[Mapping[str, Any]]) -> Optional[dict[str, Any]]:
+    """The user's `config` as a plain dict that strict JSON can carry (it goes in the hello), or
+    TypeError/ValueError saying what it cannot carry."""
+    if config is None:
+        return None
+    if not isinstance(config, Mapping):
+        raise TypeError(f"config must be a mapping of names to JSON values, not {type(config).__name__}")
+    try:
+        return json.loads(json.dumps(dict(config), allow_nan=False))
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"config must hold only JSON values (str keys; numbers, strings, booleans, None, "
+                         f"lists and dicts of them; no NaN or infinity): {exc}") from exc
+
+
 def _optimizers(optimizer: Any) -> tuple[list[torch.optim.Optimizer], list[list[Any]]]:
     """One optimizer or a non-empty list/tuple of distinct ones, each unwrapped to the torch
     optimizer that steps (unwrap.py), with the wrappers around each; TypeError/ValueError otherwise."""
@@ -401,7 +444,7 @@ def watch(optimizer: Union[torch.optim.Optimizer, Sequence[torch.optim.Optimizer
           model: Union[torch.nn.Module, Iterable[tuple[str, torch.Tensor]], None] = None,
           run: Optional[str] = None, project: Optional[str] = None, server: Optional[str] = None,
           every: Union[int, str] = 1, scaler: Any = None, token: Optional[str] = None,
-          updates: bool = False, warn: bool = True) -> Watcher:
+          updates: bool = False, warn: bool = True, config: Optional[Mapping[str, Any]] = None) -> Watcher:
     """Watch `optimizer` (or a list of optimizers); see `Watcher`. Raises TypeError/ValueError on bad arguments.
 
     Several optimizers (`watch([opt_d, opt_g], ...)`) make one run: a step is a round in which
@@ -412,7 +455,8 @@ def watch(optimizer: Union[torch.optim.Optimizer, Sequence[torch.optim.Optimizer
     every: measure every N-th `optimizer.step()`, or "auto" to keep what watching costs within 1%
         of the step time (the hook's threads, and a server on this machine: its acks say its CPU). updates: also measure `update_norm`/`update_ratio` (holds one copy of the
         parameters during sampled steps). warn: show each diagnostic once as a Python warning.
+    config: the user's own mapping (hyperparameters...), recorded with the run (its config's `user`).
     """
     return Watcher(optimizer, model=model, run=run, project=project, server=server, every=every,
-                   scaler=scaler, token=token, updates=updates, warn=warn)
+                   scaler=scaler, token=token, updates=updates, warn=warn, config=config)
 

@@ -7,26 +7,17 @@
 // resolution) and the overview's points around it, so panning never shows a hole.
 // The legend is HTML over the top of the chart (legend.js), so that each draw is one pass.
 
-import { isNonFinite, nonFiniteLabel, plotlyText } from "../format.js";
-import { markerLayout, markMarkers, sameMarkers } from "./markers.js";
+import { markMarkers, markerLayout, sameMarkers } from "./markers.js";
 import { Chart, noteLive } from "./base.js";
 import { Legend } from "./legend.js";
+import {
+  legendEntries, lineLayout, lineTraces, markerCounts, markerPoint, MARKERS_UP_TO, mergeDetail, NONFINITE_KEY,
+  plotValue, seriesKey, yAxisRange, ZERO_KEY,
+} from "./line-figure.js";
 import { Pacer } from "./pacer.js";
-import { baseConfig, baseLayout, MARGIN, plotly, registerChart, seriesColor, theme } from "./theme.js";
+import { baseConfig, baseLayout, MARGIN, plotly, registerChart, theme } from "./theme.js";
 
-const TOP = 0.97;    // where non-finite markers sit, in the marker axis (0..1 of the plot)
-const BOTTOM = 0.03; // -Inf, and zeros on a log axis
-const STAGGER = 0.035;
-const MARKERS_UP_TO = 60; // a series with fewer points shows each as a marker
-const NONFINITE_KEY = "nonfinite"; // legend keys of the marker traces; a series' key is "s:" + its name
-const ZERO_KEY = "zero";
-const seriesKey = (name) => `s:${name}`;
-
-/**
- * @typedef {{name: string, x: number[], y: (number|null)[], min?: (number|null)[]|null,
- *            max?: (number|null)[]|null}} Series
- *   y holds numbers from format.toNumber: finite, NaN, ±Infinity, or null (ABSENT: a gap).
- */
+/** @typedef {import("./line-figure.js").Series} Series */
 
 export class LineChart extends Chart {
   /**
@@ -89,40 +80,33 @@ export class LineChart extends Chart {
     return this.draw();
   }
 
+  /**
+   * The shared zoom: x restricted to `range` (null: everything), and y to what that window's
+   * values span (yAxisRange). Out of view, drawn when the chart comes into view.
+   */
+  setXRange(range) {
+    this.xRange = range;
+    if (!this.drawn) return;
+    if (!this.pacer.visible) {
+      this.stale = true;
+      this.pacer.request();
+      return;
+    }
+    this.syncing = true;
+    const x = range ? { "xaxis.range": range.slice(), "xaxis.autorange": false } : { "xaxis.autorange": true };
+    const y = yAxisRange(this.view, this.opts, range);
+    const upd = { ...x, ...(y.range ? { "yaxis.range": y.range, "yaxis.autorange": false } : { "yaxis.autorange": true }) };
+    plotly().relayout(this.el, upd).finally(() => { this.syncing = false; });
+  }
+
   setScale(scale, unit) {
     this.opts.scale = scale;
     this.opts.unit = unit;
   }
 
-  /**
-   * The series as drawn: the overview's points outside the detail's window, the detail's inside.
-   * A line chart's detail (setDetail) is {start, end, series}: series[i], {x, y, min?, max?},
-   * stands for this.series[i] within steps [start, end].
-   */
+  /** The series as drawn: the overview's points, with the detail's window put in (line-figure.js). */
   merged() {
-    const d = this.detail;
-    if (!d) return this.series;
-    return this.series.map((s, i) => {
-      const w = d.series[i];
-      let a = 0;
-      while (a < s.x.length && s.x[a] < d.start) a++;
-      let b = a;
-      while (b < s.x.length && s.x[b] <= d.end) b++;
-      if (!w) {
-        return { name: s.name, x: s.x.slice(), y: s.y.slice(), min: s.min ? s.min.slice() : null, max: s.max ? s.max.slice() : null };
-      }
-      const band = (key) => {
-        if (!s[key] && !w[key]) return null;
-        return [...(s[key] || s.y).slice(0, a), ...(w[key] || w.y), ...(s[key] || s.y).slice(b)];
-      };
-      return {
-        name: s.name,
-        x: [...s.x.slice(0, a), ...w.x, ...s.x.slice(b)],
-        y: [...s.y.slice(0, a), ...w.y, ...s.y.slice(b)],
-        min: band("min"),
-        max: band("max"),
-      };
-    });
+    return this.detail ? mergeDetail(this.series, this.detail) : this.series;
   }
 
   /**
@@ -174,14 +158,14 @@ export class LineChart extends Chart {
     pending.forEach((pts, i) => {
       if (!pts || !pts.length || !this.series[i]) return;
       const xs = pts.map((p) => p[0]);
-      const ys = pts.map((p) => this.plotY(p[1]));
+      const ys = pts.map((p) => plotValue(p[1], this.opts));
       const blank = pts.map(() => "");
       push(idx.line[i], xs, ys, blank);
       if (idx.band[i] >= 0) {
         push(idx.band[i], xs, ys, blank);
         push(idx.band[i] + 1, xs, ys, blank);
       }
-      for (const [x, y] of pts) this.markerPoint(i, x, y, nf, zero);
+      for (const [x, y] of pts) markerPoint(i, this.view[i].name, x, y, this.opts, nf, zero);
     });
     // A first marker needs a trace (and a legend entry) that is not there yet.
     if ((nf.x.length && idx.nonfinite < 0) || (zero.x.length && idx.zero < 0)) return this.draw().then(live);
@@ -194,122 +178,19 @@ export class LineChart extends Chart {
     });
   }
 
-  /** A value as drawn on the line: non-finite values and log-axis zeros become gaps. */
-  plotY(y) {
-    if (y === null || isNonFinite(y)) return null;
-    if (this.opts.log && y <= 0) return null;
-    return y / this.opts.scale;
-  }
-
-  markerPoint(i, x, y, nf, zero) {
-    const name = plotlyText(this.view[i].name);
-    const unit = this.opts.unit ? ` ${this.opts.unit}` : "";
-    if (isNonFinite(y)) {
-      nf.x.push(x);
-      nf.y.push(y === -Infinity ? BOTTOM + i * STAGGER : TOP - i * STAGGER);
-      nf.text.push(`<b>${nonFiniteLabel(y)}</b> · ${name}<br>${plotlyText(this.opts.xText(x))}`);
-    } else if (this.opts.log && y !== null && y <= 0) {
-      zero.x.push(x);
-      zero.y.push(BOTTOM + i * STAGGER);
-      zero.text.push(`${y}${unit} · ${name}<br>${plotlyText(this.opts.xText(x))} (not drawable on a log axis)`);
-    }
-  }
-
-  markerCounts() {
-    let nonfinite = 0;
-    let zero = 0;
-    for (const s of this.view) {
-      for (let j = 0; j < s.y.length; j++) {
-        const vals = [s.y[j], s.min ? s.min[j] : null, s.max ? s.max[j] : null];
-        if (vals.some(isNonFinite)) nonfinite++;
-        else if (this.opts.log && s.y[j] !== null && s.y[j] <= 0) zero++;
-      }
-    }
-    return { nonfinite, zero };
-  }
-
-  /** Build every trace from this.series and (re)draw with Plotly.react. */
+  /** Build every trace and the layout from this.series (line-figure.js) and (re)draw with Plotly.react. */
   render() {
     this.pending = [];
     this.pacer.clear();
     this.stale = false;
     this.view = this.merged();
     const t = theme();
-    const traces = [];
-    const idx = { line: [], band: [], nonfinite: -1, zero: -1, markers: false };
-    const unit = this.opts.unit ? ` ${plotlyText(this.opts.unit)}` : "";
-    const nf = { x: [], y: [], text: [] };
-    const zero = { x: [], y: [], text: [] };
-    const single = this.view.length === 1;
-
-    const hidden = this.legend.hidden;
-    this.view.forEach((s, i) => {
-      const color = seriesColor(i, t);
-      idx.band[i] = -1;
-      if (s.min && s.max && s.min.some((v, j) => v !== s.y[j]) ) {
-        idx.band[i] = traces.length;
-        const band = (vals, fill) => ({
-          type: "scatter", mode: "lines", x: s.x.slice(), y: vals.map((v) => this.plotY(v)),
-          line: { width: 0, color }, fill, fillcolor: withAlpha(color, 0.16), hoverinfo: "skip",
-          showlegend: false, connectgaps: false, text: s.x.map(() => ""), visible: !hidden.has(seriesKey(s.name)),
-        });
-        traces.push(band(s.min, "none"), band(s.max, "tonexty"));
-      }
-      s.x.forEach((x, j) => {
-        const worst = [s.y[j], s.min ? s.min[j] : null, s.max ? s.max[j] : null].find(isNonFinite);
-        this.markerPoint(i, x, worst === undefined ? s.y[j] : worst, nf, zero);
-      });
-    });
-    this.view.forEach((s, i) => {
-      idx.line[i] = traces.length;
-      if (s.x.length < MARKERS_UP_TO) idx.markers = true;
-      const name = plotlyText(s.name);
-      traces.push({
-        type: "scatter", mode: s.x.length < MARKERS_UP_TO ? "lines+markers" : "lines",
-        name, x: s.x.slice(), y: s.y.map((v) => this.plotY(v)), text: s.x.map(() => ""),
-        line: { width: 1.8, color: seriesColor(i, t) }, marker: { size: 4 }, showlegend: this.opts.legend !== false,
-        hovertemplate: `${single ? "" : `${name}<br>`}${this.opts.xHover}: <b>%{y:.4~g}${unit}</b><extra></extra>`,
-        visible: !hidden.has(seriesKey(s.name)),
-      });
-    });
-    if (nf.x.length) {
-      idx.nonfinite = traces.length;
-      traces.push({
-        type: "scatter", mode: "markers", name: "NaN / Inf", yaxis: "y2", ...nf,
-        marker: { color: t.nonfinite, size: 10, symbol: "x", line: { width: 1, color: t.nonfinite } },
-        hovertemplate: "%{text}<extra></extra>", cliponaxis: false, visible: !hidden.has(NONFINITE_KEY),
-      });
-    }
-    if (zero.x.length) {
-      idx.zero = traces.length;
-      traces.push({
-        type: "scatter", mode: "markers", name: "zero", yaxis: "y2", ...zero,
-        marker: { color: t.zero, size: 7, symbol: "line-ew-open", line: { width: 2, color: t.zero } },
-        hovertemplate: "%{text}<extra></extra>", cliponaxis: false, visible: !hidden.has(ZERO_KEY),
-      });
-    }
-    this.legend.render(this.legendEntries(idx, t));
-
+    const { traces, idx } = lineTraces(this.view, this.opts, t, this.legend.hidden);
+    this.legend.render(legendEntries(this.view, idx, this.opts, t));
     const empty = !this.view.some((s) => s.x.length);
-    const layout = baseLayout({
-      xaxis: {
-        ...(this.xRange ? { range: this.xRange.slice(), autorange: false } : { autorange: true }), visible: !empty,
-        title: { text: plotlyText(this.opts.xTitle), font: { color: t.muted, size: 11 } },
-      },
-      yaxis: {
-        visible: !empty,
-        type: this.opts.log ? "log" : "linear",
-        title: this.opts.yTitle ? { text: plotlyText(this.opts.yTitle), font: { color: t.muted, size: 11 } } : undefined,
-        exponentformat: "power",
-        ...this.yAxisTicks(),
-        ...this.fixedYRange(),
-      },
-      yaxis2: { overlaying: "y", range: [0, 1], visible: false, fixedrange: true },
-      showlegend: false,
-      margin: { ...MARGIN, t: this.legendTop() },
-      uirevision: this.opts.name,
-      ...markerLayout(empty ? [] : this.markers, t),
-    }, t);
+    const layout = baseLayout(lineLayout(this.view, {
+      opts: this.opts, xRange: this.xRange, markers: this.markers, top: this.legendTop(), margin: MARGIN,
+    }, t), t);
 
     this.layoutIndex = idx;
     const first = !this.drawn;
@@ -319,17 +200,6 @@ export class LineChart extends Chart {
       this.mark();
       this.markDrawn(!empty);
     });
-  }
-
-  /**
-   * The legend's entries for the traces of `idx`: each series (unless opts.legend is false),
-   * then the NaN/Inf and zero markers; none when that is a single series.
-   */
-  legendEntries(idx, t) {
-    const entries = this.opts.legend === false ? [] : this.view.map((s, i) => ({ key: seriesKey(s.name), name: s.name, color: seriesColor(i, t) }));
-    if (idx.nonfinite >= 0) entries.push({ key: NONFINITE_KEY, name: "NaN / Inf", color: t.nonfinite, kind: "nonfinite" });
-    if (idx.zero >= 0) entries.push({ key: ZERO_KEY, name: "zero", color: t.zero, kind: "zero" });
-    return entries.length > (this.opts.legend === false ? 0 : 1) ? entries : [];
   }
 
   /** The plot's top margin: room for the legend above it. */
@@ -361,45 +231,6 @@ export class LineChart extends Chart {
     plotly().restyle(this.el, { visible }, traces);
   }
 
-  /**
-   * Ticks that stay readable: on a log axis spanning a few decades, plain numbers rather
-   * than Plotly's small digits; on a linear axis, a flat series gets a range around its value.
-   */
-  yAxisTicks() {
-    let lo = Infinity;
-    let hi = -Infinity;
-    for (const s of this.view) {
-      for (const v of s.y) {
-        if (v === null || isNonFinite(v) || (this.opts.log && v <= 0)) continue;
-        if (v < lo) lo = v;
-        if (v > hi) hi = v;
-      }
-    }
-    if (!Number.isFinite(lo)) return {};
-    const fixed = this.opts.yRange;
-    if (fixed && fixed[0] < fixed[1] && (!this.opts.log || fixed[0] > 0)) [lo, hi] = fixed; // ticks for what is shown
-    if (this.opts.log) {
-      // Plain numbers up to a few decades (ticks at 1-2-5 past one decade, Plotly's own
-      // within one); powers of ten beyond.
-      const decades = Math.log10(hi / lo);
-      if (decades < 0.8) return { tickformat: "~g" };
-      return decades <= 3 ? { tickformat: "~g", dtick: "D2" } : {};
-    }
-    if (hi === lo) {
-      const pad = Math.abs(lo) * 0.05 || 1;
-      return { range: [(lo - pad) / this.opts.scale, (hi + pad) / this.opts.scale], autorange: false };
-    }
-    return {};
-  }
-
-  /** The y axis range of opts.yRange, in Plotly's units (log10 on a log axis). */
-  fixedYRange() {
-    const r = this.opts.yRange;
-    if (!r || !(r[0] < r[1]) || (this.opts.log && !(r[0] > 0))) return {};
-    const [lo, hi] = [r[0] / this.opts.scale, r[1] / this.opts.scale];
-    return { range: this.opts.log ? [Math.log10(lo), Math.log10(hi)] : [lo, hi], autorange: false };
-  }
-
   listen() {
     this.el.on("plotly_relayout", (ev) => {
       if (this.syncing || !this.opts.onXRange) return;
@@ -419,7 +250,7 @@ export class LineChart extends Chart {
   /** Publish what is drawn for tests and people: data-points, data-nonfinite, data-empty. */
   mark() {
     const points = this.view.reduce((n, s) => n + s.x.length, 0);
-    const { nonfinite } = this.markerCounts();
+    const { nonfinite } = markerCounts(this.view, this.opts.log);
     this.el.dataset.points = String(points);
     this.el.dataset.nonfinite = String(nonfinite);
     this.el.dataset.series = String(this.view.length);
@@ -432,19 +263,4 @@ export class LineChart extends Chart {
       delete this.el.dataset.empty;
     }
   }
-}
-
-/** "#rrggbb" or "rgb(r, g, b)" with an alpha. */
-export function withAlpha(color, alpha) {
-  const c = color.trim();
-  if (/^#[0-9a-f]{6}$/i.test(c)) {
-    const n = parseInt(c.slice(1), 16);
-    return `rgba(${n >> 16}, ${(n >> 8) & 255}, ${n & 255}, ${alpha})`;
-  }
-  const m = c.match(/^rgba?\(([^)]+)\)$/);
-  if (m) {
-    const [r, g, b] = m[1].split(",").map((v) => v.trim());
-    return `rgba(${r}, ${g}, ${b}, ${alpha})`;
-  }
-  return c;
 }

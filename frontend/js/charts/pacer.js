@@ -13,8 +13,7 @@
 const TASK_BUDGET_MS = 30;
 const due = [];  // pacers waiting to draw, in the order they asked
 let planned = false; // a task to run them is asked for
-const channel = new MessageChannel(); // a task at once (setTimeout(0) may wait 4 ms)
-channel.port1.onmessage = runDue;
+let channel = null; // a task at once (setTimeout(0) may wait 4 ms); made on first use, so importing does nothing
 
 function runDue() {
   planned = false;
@@ -27,6 +26,10 @@ function runDue() {
 }
 
 function plan() {
+  if (!channel) {
+    channel = new MessageChannel();
+    channel.port1.onmessage = runDue;
+  }
   if (!planned) channel.port2.postMessage(null);
   planned = true;
 }

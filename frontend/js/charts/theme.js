@@ -141,19 +141,28 @@ export function baseConfig(name) {
     // "sendChartToCloud" would upload the chart to Plotly's servers: never, from this tool.
     modeBarButtonsToRemove: ["select2d", "lasso2d", "autoScale2d", "toggleSpikelines", "sendChartToCloud"],
     showSendToCloud: false,
+    // Plotly's zoom hint is a toast over the page's top right corner (the live indicator's
+    // place): views/zoom-note.js says it in the top bar instead.
+    showTips: false,
     showEditInChartStudio: false,
     toImageButtonOptions: { filename: `gradwatch-${name}`, scale: 2 },
   };
 }
 
-/** Charts register here to be redrawn when the colour scheme changes. */
+let listening = false;
+
+/**
+ * Charts register here to be redrawn when the colour scheme changes. The page listens for
+ * the change from the first registration on, so that importing this module touches no DOM.
+ */
 export function registerChart(chart) {
+  if (!listening) {
+    listening = true;
+    window.matchMedia("(prefers-color-scheme: dark)").addEventListener("change", () => {
+      current = null;
+      for (const c of charts) c.retheme();
+    });
+  }
   charts.add(chart);
   return () => charts.delete(chart);
 }
-
-const scheme = window.matchMedia("(prefers-color-scheme: dark)");
-scheme.addEventListener("change", () => {
-  current = null;
-  for (const c of charts) c.retheme();
-});

@@ -28,6 +28,8 @@ import { LiveSocket, renderLiveStatus } from "../live.js";
 import { queryValue, readQuery, writeQuery } from "../url.js";
 import { headerView } from "../views/header.js";
 import { createRunViews } from "../views/run-views.js";
+import { urlRange } from "../views/zoom.js";
+import { zoomNote } from "../views/zoom-note.js";
 import { runId, takeFirst } from "./run-first.js";
 
 const MAX_POINTS = 4000;      // a live chart past this many points per series is refetched (downsampled)
@@ -36,34 +38,80 @@ const FINDINGS_EVERY_MS = 15000;
 const ZOOM_DELAY_MS = 40;     // a zoom fetches its window once it has settled this long
 const WAIT_FOR_RUN_MS = 2000; // a run not on the server yet is asked for again this often (and when it is announced)
 
-const q = readQuery();
-const num = (v) => (v === null || v === "" || Number.isNaN(Number(v)) ? null : Number(v));
-const from = num(queryValue(q, "from"));
-const to = num(queryValue(q, "to"));
+let state;      // the page's whole state; views read it, only this module writes the top-level fields
+let header;
+let grid;
+let pageNotice;
+let views;
+let PRESENT;
+let otherSelect;
+let otherScalars;
+let addStateViews;
+let socket;
+let ctx;        // what views load with
+let note;       // the zoom, said in the top bar
 
-/** The page's whole state; views read it, only this module writes the top-level fields. */
-const state = {
-  runId,
-  run: null,
-  params: [],
-  paramIndex: new Map(),   // name -> index in /params (the order of live arrays)
-  metrics: { scalars: [], params: [] },
-  selected: q.param || [], // parameters chosen by name (?param=); empty: the top k
-  module: queryValue(q, "module"), // or every parameter of this module (?module=)
-  top: Math.max(1, Math.round(num(queryValue(q, "top")) || 5)), // the top k (?top=&order=asc|desc)
-  order: queryValue(q, "order") === "asc" ? "asc" : "desc",
-  shown: [],               // parameters drawn in the per-parameter charts
-  latest: {},              // latest value of each scalar, for the header
-  xRange: from !== null && to !== null ? [from, to] : null,
-  otherScalar: queryValue(q, "scalar"),
-};
+/** Read the URL, lay out the cards, load the run and follow /ws/live. */
+export function init() {
+  const q = readQuery();
+  const num = (v) => (v === null || v === "" || Number.isNaN(Number(v)) ? null : Number(v));
+  state = {
+    runId,
+    run: null,
+    params: [],
+    paramIndex: new Map(),   // name -> index in /params (the order of live arrays)
+    metrics: { scalars: [], params: [] },
+    selected: q.param || [], // parameters chosen by name (?param=); empty: the top k
+    module: queryValue(q, "module"), // or every parameter of this module (?module=)
+    top: Math.max(1, Math.round(num(queryValue(q, "top")) || 5)), // the top k (?top=&order=asc|desc)
+    order: queryValue(q, "order") === "asc" ? "asc" : "desc",
+    shown: [],               // parameters drawn in the per-parameter charts
+    latest: {},              // latest value of each scalar, for the header
+    xRange: urlRange(queryValue(q, "from"), queryValue(q, "to")),
+    otherScalar: queryValue(q, "scalar"),
+  };
+  ctx = { state };
+  header = headerView(byId("run-header"));
+  grid = byId("charts");
+  pageNotice = byId("page-notice");
+  note = zoomNote(() => onXRange(null));
 
-const header = headerView(byId("run-header"));
-const grid = byId("charts");
-const pageNotice = byId("page-notice");
+  ({ views, present: PRESENT, otherSelect, otherScalars, addStateViews } = createRunViews(state, {
+    onXRange,
+    onSelect: select,
+    onParam: addParam,
+    onModule: selectModule,
+    onTop: selectTop,
+    onOtherScalar: (key) => {
+      state.otherScalar = key;
+      saveUrl();
+      loadViews([views.other]).then(() => { if (state.xRange) scheduleZoom(); }).catch(showError);
+    },
+    onFindings: (list) => drawMarkers(list),
+  }));
+  for (const v of Object.values(views)) grid.appendChild(v.card);
+
+  socket = new LiveSocket(liveUrl(runId), {
+    onMessage,
+    onStatus: (s, ms) => renderLiveStatus(header.liveEl, s, ms),
+    onOpen: (reconnected) => { if (reconnected || !loadedOnce) requestReload(0); },
+  });
+
+  if (!runId) {
+    showError(new ApiError(404, "no run id in the address"));
+  } else {
+    socket.start();
+    loadAll();
+    setInterval(() => { if (state.run && state.run.status === "running") header.tick(state); }, 5000);
+  }
+
+  // Exposed for debugging in the console (and for tests that want to look inside).
+  window.gradwatch = { state, views, reload: loadAll, toNumber };
+}
 
 const onXRange = (range) => {
   state.xRange = range;
+  note.render(range);
   for (const v of Object.values(views)) if (v.setXRange) v.setXRange(range);
   saveUrl();
   scheduleZoom();
@@ -93,20 +141,6 @@ const addParam = (name) => {
   views.paramNorms.card.scrollIntoView({ behavior: "smooth", block: "start" });
 };
 
-const { views, present: PRESENT, otherSelect, otherScalars, addStateViews } = createRunViews(state, {
-  onXRange,
-  onSelect: select,
-  onParam: addParam,
-  onModule: selectModule,
-  onTop: selectTop,
-  onOtherScalar: (key) => {
-    state.otherScalar = key;
-    saveUrl();
-    loadViews([views.other]).then(() => { if (state.xRange) scheduleZoom(); }).catch(showError);
-  },
-  onFindings: (list) => drawMarkers(list),
-});
-
 /** Mark where each finding began on every chart with a step axis. */
 function drawMarkers(findings) {
   const markers = markersOf(findings);
@@ -114,8 +148,6 @@ function drawMarkers(findings) {
     if (v.chart && v.chart.setMarkers) v.chart.setMarkers(markers).catch((err) => console.warn("gradwatch: markers:", err));
   }
 }
-
-for (const v of Object.values(views)) grid.appendChild(v.card);
 
 /** Half-width cards go in pairs; the last of an odd run of them takes the whole row. */
 function balanceGrid() {
@@ -157,8 +189,6 @@ let loading = null;      // the load in progress
 let waitTimer = 0;       // the next ask for a run not on the server yet
 let loadedOnce = false;
 let reloadTimer = null;
-// What views load with.
-const ctx = { state };
 
 async function loadAll() {
   if (loading) return loading;
@@ -172,7 +202,6 @@ async function loadAll() {
       state.metrics = { scalars: metrics.scalars || [], params: metrics.params || [] };
       state.latest = {};
       for (const v of addStateViews(state.metrics.params)) grid.insertBefore(v.card, views.updateRatio.card);
-      fillNames();
       fillOtherSelect();
       for (const [name, present] of Object.entries(PRESENT)) views[name].card.hidden = !present();
       balanceGrid();
@@ -274,19 +303,6 @@ async function applyZoom() {
 function requestReload(delayMs = 500) {
   clearTimeout(reloadTimer);
   reloadTimer = setTimeout(() => { reloadTimer = null; loadAll(); }, delayMs);
-}
-
-let namesFill = 0;
-
-/**
- * The name picker's suggestions, one <option> per parameter, once the browser is idle (or
- * within a second): a thousand of them cost tens of milliseconds that the charts need first.
- */
-function fillNames() {
-  cancelIdleCallback(namesFill);
-  namesFill = requestIdleCallback(() => {
-    setChildren(byId("param-names"), state.params.map((p) => h("option", { value: p.name })));
-  }, { timeout: 1000 });
 }
 
 function fillOtherSelect() {
@@ -396,20 +412,3 @@ function needsReload(msgs) {
   }
   return found;
 }
-
-const socket = new LiveSocket(liveUrl(runId), {
-  onMessage,
-  onStatus: (s, ms) => renderLiveStatus(header.liveEl, s, ms),
-  onOpen: (reconnected) => { if (reconnected || !loadedOnce) requestReload(0); },
-});
-
-if (!runId) {
-  showError(new ApiError(404, "no run id in the address"));
-} else {
-  socket.start();
-  loadAll();
-  setInterval(() => { if (state.run && state.run.status === "running") header.tick(state); }, 5000);
-}
-
-// Exposed for debugging in the console (and for tests that want to look inside).
-window.gradwatch = { state, views, reload: loadAll, toNumber };

@@ -19,6 +19,7 @@ import { windowZoom } from "./zoom.js";
 export const TOP = 5;
 export const MAX_TOP = 50;     // the most parameters a top-k shows
 export const MODULE_MAX = 50;  // the most parameters of one module drawn at once
+const MATCHES_SHOWN = 8;       // names listed under the picker's box as it is typed
 
 /**
  * The parameters the picker chooses, from the state: {names, missing, module?}; no names means
@@ -145,37 +146,69 @@ export function paramMetricView(o) {
 }
 
 /**
- * Chips for the shown parameters; a search box (with a datalist of every name) to add one; a
- * list of the run's modules to show one whole; the top k largest or smallest.
+ * The run's parameter names that contain `text`, case-insensitively: the exact name first,
+ * then those that start with it, then the rest, each in the run's order. Empty text: none.
+ */
+export function matchParams(names, text) {
+  const t = text.trim().toLowerCase();
+  if (!t) return [];
+  const rank = (n) => {
+    const l = n.toLowerCase();
+    return l === t ? 0 : l.startsWith(t) ? 1 : 2;
+  };
+  return names.map((n, i) => [n, i]).filter(([n]) => n.toLowerCase().includes(t))
+    .sort((a, b) => rank(a[0]) - rank(b[0]) || a[1] - b[1]).map(([n]) => n);
+}
+
+/**
+ * Chips for the shown parameters; a box to add one by part of its name (the matches listed as
+ * it is typed; Enter takes the first); a list of the run's modules to show one whole; the top
+ * k largest or smallest.
  */
 function paramPicker({ onSelect, onModule, onTop }) {
   const chips = h("div", { class: "chips", role: "list", "aria-label": "Parameters shown" });
   const error = h("span", { class: "picker-error", role: "status", "aria-live": "polite" });
   const input = h("input", {
-    type: "search", class: "input", list: "param-names", placeholder: "Add a parameter by name…",
+    type: "search", class: "input", placeholder: "Add a parameter by name…", role: "combobox",
     "aria-label": "Add a parameter by name", autocomplete: "off", spellcheck: "false",
+    "aria-controls": "param-matches", "aria-expanded": "false", "aria-autocomplete": "list",
   });
+  const matchList = h("ul", { id: "param-matches", class: "picker-matches", role: "listbox", "aria-label": "Matching parameters", hidden: true });
   let state = null;
+  const names = () => (state ? state.params.map((p) => p.name) : []);
+  const add = (name) => {
+    error.textContent = "";
+    input.value = "";
+    showMatches([]);
+    if (!state.shown.includes(name)) onSelect([...state.shown, name]);
+  };
+  const showMatches = (matches) => {
+    setChildren(matchList, matches.slice(0, MATCHES_SHOWN).map((name) => h("li", { role: "option" },
+      h("button", { type: "button", class: "picker-match", dataset: { param: name }, onclick: () => add(name) }, name))),
+    matches.length > MATCHES_SHOWN ? h("li", { class: "muted picker-more" }, `and ${matches.length - MATCHES_SHOWN} more: type more of the name`) : null);
+    matchList.hidden = !matches.length;
+    input.setAttribute("aria-expanded", String(!matchList.hidden));
+  };
+  input.addEventListener("input", () => {
+    error.textContent = "";
+    showMatches(matchParams(names(), input.value));
+  });
+  input.addEventListener("keydown", (e) => { if (e.key === "Escape") showMatches([]); });
   const form = h("form", {
     class: "picker-form", role: "search",
     onsubmit: (e) => {
       e.preventDefault();
-      const name = input.value.trim();
-      if (!name || !state) return;
-      if (!state.paramIndex.has(name)) {
-        const matches = [...state.paramIndex.keys()].filter((n) => n.includes(name));
-        if (matches.length !== 1) {
-          error.textContent = matches.length ? `${matches.length} parameters match; pick one from the list` : `No parameter named "${name}"`;
-          return;
-        }
-        input.value = matches[0];
-        return form.requestSubmit();
+      const text = input.value.trim();
+      if (!text || !state) return;
+      const matches = matchParams(names(), text);
+      if (!matches.length) {
+        showMatches([]);
+        error.textContent = `No parameter matches “${text}”`;
+        return;
       }
-      error.textContent = "";
-      input.value = "";
-      if (!state.shown.includes(name)) onSelect([...state.shown, name]);
+      add(matches[0]);
     },
-  }, input, h("button", { type: "submit", class: "btn" }, "Add"));
+  }, h("span", { class: "picker-box" }, input, matchList), h("button", { type: "submit", class: "btn" }, "Add"));
 
   const moduleSelect = h("select", {
     class: "input input-small", "aria-label": "Show every parameter of a module", dataset: { role: "module" },

@@ -63,3 +63,13 @@ export function windowZoom(chart, { overviewEnough, fetchDetail }) {
 
   return { zoom, setXRange, cancel };
 }
+
+/**
+ * The zoom a URL's ?from=&to= asks for, as [lo, hi] whichever way round they were written;
+ * null when either is missing or not a number.
+ */
+export function urlRange(from, to) {
+  const num = (v) => (v === null || v === undefined || String(v).trim() === "" || Number.isNaN(Number(v)) ? null : Number(v));
+  const [a, b] = [num(from), num(to)];
+  return a === null || b === null ? null : [Math.min(a, b), Math.max(a, b)];
+}

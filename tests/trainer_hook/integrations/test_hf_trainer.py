@@ -1,0 +1,152 @@
+"""gradwatch.integrations.transformers: a real `transformers.Trainer` on a tiny GPT-2 (built from
+a config, nothing downloaded) streaming to a real server, against an independent oracle."""
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+transformers = pytest.importorskip("transformers", reason="needs transformers (pip install gradwatch[transformers])")
+accelerate = pytest.importorskip("accelerate", reason="the Trainer needs accelerate")
+
+from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainerCallback, TrainingArguments  # noqa: E402
+
+from gradwatch.integrations.transformers import GradwatchCallback  # noqa: E402
+from stored import (Norms, accumulation, assert_equal_norms, assert_no_problem, findings, grad_norms,  # noqa: E402
+                    run_info, scalar_series, sqlite_server, stored_norms)
+
+ACCUMULATE = 4
+STEPS = 3
+REPO = Path(__file__).resolve().parents[3]
+
+
+def tiny_gpt2() -> GPT2LMHeadModel:
+    torch.manual_seed(0)
+    return GPT2LMHeadModel(GPT2Config(n_layer=2, n_embd=32, n_head=2, n_positions=16, vocab_size=64))
+
+
+def token_dataset(n: int = 32, length: int = 12) -> list[dict[str, torch.Tensor]]:
+    g = torch.Generator().manual_seed(1)
+    ids = torch.randint(0, 64, (n, length), generator=g)
+    return [{"input_ids": row, "labels": row} for row in ids]
+
+
+class Oracle(TrainerCallback):  # type: ignore[misc]
+    """Independent of gradwatch: the gradients at `on_pre_optimizer_step` (after the Trainer
+    clipped them, just before the step uses them), and the optimizer steps the Trainer counts."""
+
+    def __init__(self) -> None:
+        self.norms: Norms = {}
+        self.steps = 0
+
+    def on_pre_optimizer_step(self, args: Any, state: Any, control: Any, model: Any = None, **kwargs: Any) -> None:
+        self.norms.update(grad_norms(dict(model.named_parameters()), state.global_step + 1))
+
+    def on_optimizer_step(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        self.steps += 1
+
+
+def train(tmp_path: Path, server_url: str, **callback_args: Any) -> tuple[GradwatchCallback, Oracle, Trainer]:
+    args = TrainingArguments(
+        output_dir=str(tmp_path / "out"), run_name="tiny-gpt2", max_steps=STEPS, per_device_train_batch_size=2,
+        gradient_accumulation_steps=ACCUMULATE, max_grad_norm=1.0, learning_rate=1e-3, logging_steps=1,
+        report_to=[], use_cpu=True, save_strategy="no", disable_tqdm=True, seed=0, dataloader_num_workers=0)
+    oracle, watching = Oracle(), GradwatchCallback(project="hf", server=server_url, warn=False, **callback_args)
+    trainer = Trainer(model=tiny_gpt2(), args=args, train_dataset=token_dataset(), callbacks=[oracle, watching])
+    trainer.train()
+    return watching, oracle, trainer
+
+
+def test_trainer_values_equal_the_oracle_at_every_step(tmp_path: Path, sqlite_server) -> None:
+    watching, oracle, trainer = train(tmp_path, sqlite_server.url)
+    w = watching.watcher
+    assert w is not None and w.pending == 0, "closed at train end with everything delivered"
+    run = run_info(sqlite_server.url, w.run_id)
+    assert (run["name"], run["project"], run["status"]) == ("tiny-gpt2", "hf", "finished")
+    assert oracle.steps == STEPS and run["steps"] == STEPS  # one stored step per optimizer step
+    stored = stored_norms(sqlite_server.url, w.run_id)
+    assert {name for _, name in stored} == {name for name, _ in trainer.model.named_parameters()}
+    assert_equal_norms(stored, oracle.norms)
+    # clipping happened: the oracle's total norm is the clip threshold (the random model's is far above)
+    total = sum(v * v for (s, _), v in oracle.norms.items() if s == 1) ** 0.5
+    assert total == pytest.approx(1.0, rel=1e-4)
+    found = findings(sqlite_server.url, w.run_id)
+    assert_no_problem(found)
+    assert accumulation(found) == ACCUMULATE
+
+
+def test_trainer_config_and_logged_numbers_are_recorded(tmp_path: Path, sqlite_server) -> None:
+    watching, _, trainer = train(tmp_path, sqlite_server.url, run="mine")
+    w = watching.watcher
+    assert w is not None
+    run = run_info(sqlite_server.url, w.run_id)
+    assert run["name"] == "mine"  # the user's name wins over args.run_name
+    user = run["config"]["user"]
+    assert user["gradient_accumulation_steps"] == ACCUMULATE
+    assert user["training_args"]["max_grad_norm"] == 1.0 and user["training_args"]["run_name"] == "tiny-gpt2"
+    assert user["model_config"]["n_embd"] == 32 and user["model_config"]["n_layer"] == 2
+    # The Trainer logs after optimizer step N: its numbers are stored with step N+1, and those of
+    # the last step have no step after them.
+    logged = {h["step"]: h for h in trainer.state.log_history if "loss" in h}
+    assert sorted(logged) == list(range(1, STEPS + 1))
+    for key in ("loss", "learning_rate", "grad_norm"):
+        series = scalar_series(sqlite_server.url, w.run_id, key)
+        assert series["step"] == list(range(2, STEPS + 1))
+        assert series["value"] == pytest.approx([logged[s - 1][key] for s in series["step"]], rel=1e-6)
+
+
+def test_scaler_is_found_on_accelerates_optimizer(tmp_path: Path, sqlite_server) -> None:
+    """fp16 training: accelerate's optimizer wrapper holds the Trainer's GradScaler and steps with
+    it; the callback finds it there. (fp16 needs a GPU in the Trainer; this is the same wrapper
+    made by hand on the CPU, stepped as accelerate steps it.)"""
+    from accelerate import Accelerator
+    from accelerate.optimizer import AcceleratedOptimizer
+
+    args = TrainingArguments(output_dir=str(tmp_path / "out"), report_to=[], use_cpu=True)
+    _ = args.device  # TrainingArguments sets up (and resets) accelerate's process state: before ours
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 2)
+    accelerator = Accelerator(cpu=True)  # the process state accelerate's optimizer reads when it steps
+    scaler = torch.amp.GradScaler("cpu", init_scale=1024.0)
+    wrapped = AcceleratedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), device_placement=False, scaler=scaler)
+    callback = GradwatchCallback(server=sqlite_server.url, warn=False)
+    callback.on_train_begin(args, None, None, model=model, optimizer=wrapped)
+    w = callback.watcher
+    assert w is not None
+    oracle: Norms = {}
+    for step in range(1, 4):
+        wrapped.zero_grad()
+        scaler.scale(model(torch.randn(8, 4)).pow(2).mean()).backward()
+        true = {n: p.grad / scaler.get_scale() for n, p in model.named_parameters()}
+        oracle.update({(step, n): float(torch.linalg.vector_norm(g)) for n, g in true.items()})
+        wrapped.step()  # scaler.step(inner optimizer) then scaler.update()
+    callback.on_train_end(args, None, None)
+    assert w.pending == 0 and accelerator.state.distributed_type is not None
+    config = run_info(sqlite_server.url, w.run_id)["config"]
+    assert config["amp"] is True and config["wrappers"] == [["accelerate.optimizer.AcceleratedOptimizer"]]
+    assert_equal_norms(stored_norms(sqlite_server.url, w.run_id), oracle)  # unscaled
+
+
+@pytest.mark.parametrize("kwargs, error", [
+    ({"every": 0}, ValueError), ({"every": "sometimes"}, ValueError), ({"run": ""}, ValueError),
+    ({"project": 3}, TypeError), ({"server": "ftp://x"}, ValueError), ({"token": 5}, TypeError),
+    ({"warn": "yes"}, TypeError),
+])
+def test_bad_arguments_fail_when_the_callback_is_made(kwargs: dict[str, Any], error: type) -> None:
+    with pytest.raises(error):
+        GradwatchCallback(**kwargs)
+
+
+def test_example_runs_against_a_real_server(sqlite_server, tmp_path: Path) -> None:
+    out = subprocess.run([sys.executable, str(REPO / "examples" / "hf_trainer.py"), "--server", sqlite_server.url,
+                          "--output-dir", str(tmp_path / "out"), "--steps", "6"],
+                         capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert out.returncode == 0, out.stderr[-3000:]
+    run_id = out.stdout.strip().splitlines()[-1].split()[-1]
+    run = run_info(sqlite_server.url, run_id)
+    assert run["status"] == "finished" and run["steps"] > 0
+    assert_no_problem(findings(sqlite_server.url, run_id))

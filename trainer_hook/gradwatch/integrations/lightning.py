@@ -1,0 +1,121 @@
+"""gradwatch for the Lightning `Trainer`, in one line:
+
+    from gradwatch.integrations.lightning import GradwatchCallback
+    Trainer(..., callbacks=[GradwatchCallback(project="p")])
+
+`GradwatchCallback` here subclasses `lightning.pytorch.Callback`, or `pytorch_lightning.Callback`
+where only the older package is installed; `gradwatch.integrations.pytorch_lightning` has the one
+for `pytorch_lightning.Trainer` where both are. Each class is built on first use, so importing
+this module imports neither package.
+
+At fit start it watches every optimizer of `trainer.optimizers` as one run (a GAN's two make one
+run, as `watch([...])` does), with the LightningModule as the model, under the logger's
+name/version unless given a run name, and records the module's `hparams` and the Trainer's
+`accumulate_grad_batches`, clipping and precision with the run. The precision plugin's
+GradScaler (`precision="16-mixed"`) is found there. At each optimizer step (Lightning's
+`on_before_optimizer_step`, after this step's backward passes) the latest values of what the
+module logged with `self.log` (`trainer.callback_metrics`) are recorded with that step.
+"""
+from __future__ import annotations
+
+import functools
+import importlib
+import importlib.util
+from typing import Any, Optional, Union
+
+from ..watcher import Watcher
+from .common import WatchOptions, json_safe, run_name, scalars
+
+__all__ = ["GradwatchCallback", "callback_class"]
+
+#: the package a user names -> the module that holds its Callback and Trainer
+PACKAGES = {"lightning": "lightning.pytorch", "pytorch_lightning": "pytorch_lightning"}
+
+
+class LightningWatching:
+    """The callback's behaviour, whichever package's `Callback` it is mixed into.
+
+    `watcher` is the `gradwatch.Watcher` while fitting. Arguments are `gradwatch.watch()`'s,
+    checked here.
+    """
+
+    def __init__(self, *, project: Optional[str] = None, run: Optional[str] = None, server: Optional[str] = None,
+                 every: Union[int, str] = 1, token: Optional[str] = None, updates: bool = False,
+                 warn: bool = True) -> None:
+        super().__init__()
+        self.options = WatchOptions(project=project, run=run, server=server, every=every, token=token,
+                                    updates=updates, warn=warn)
+        self.watcher: Optional[Watcher] = None
+
+    def on_fit_start(self, trainer: Any, pl_module: Any) -> None:
+        if self.watcher is not None:  # a second `fit()` is a run of its own
+            self.watcher.close()
+        optimizers = list(trainer.optimizers)
+        if not optimizers:
+            raise ValueError("GradwatchCallback: the Trainer has no optimizer to watch (configure_optimizers returned none)")
+        precision = getattr(trainer, "precision_plugin", None)
+        self.watcher = self.options.watch(
+            optimizers, model=pl_module, run=_logger_run_name(trainer),
+            scaler=getattr(precision, "scaler", None),
+            config={"framework": type(trainer).__module__.split(".")[0],
+                    "lightning_version": getattr(importlib.import_module(type(trainer).__module__.split(".")[0]),
+                                                 "__version__", None),
+                    "accumulate_grad_batches": trainer.accumulate_grad_batches,
+                    "gradient_clip_val": json_safe(trainer.gradient_clip_val),
+                    "gradient_clip_algorithm": json_safe(trainer.gradient_clip_algorithm),
+                    "precision": json_safe(getattr(trainer, "precision", None)),
+                    "automatic_optimization": bool(getattr(pl_module, "automatic_optimization", True)),
+                    "hparams": json_safe(dict(getattr(pl_module, "hparams", {}) or {}))})
+
+    def on_before_optimizer_step(self, trainer: Any, pl_module: Any, optimizer: Any) -> None:
+        if self.watcher is not None:
+            self.watcher.log(scalars(trainer.callback_metrics))
+
+    def on_fit_end(self, trainer: Any, pl_module: Any) -> None:
+        if self.watcher is not None:
+            self.watcher.close()
+
+    def on_exception(self, trainer: Any, pl_module: Any, exception: BaseException) -> None:
+        if self.watcher is not None:
+            self.watcher.close()
+
+
+def _logger_run_name(trainer: Any) -> Optional[str]:
+    """`name/version_N` of the Trainer's first logger (its folder under save_dir), None without one."""
+    logger = getattr(trainer, "logger", None)
+    if logger is None:
+        return None
+    name, version = getattr(logger, "name", None), getattr(logger, "version", None)
+    if version is not None and not isinstance(version, str):
+        version = f"version_{version}"
+    return run_name("/".join(str(part) for part in (name, version) if part))
+
+
+@functools.lru_cache(maxsize=None)
+def callback_class(package: str = "lightning") -> type:
+    """`GradwatchCallback` for `package` ("lightning" or "pytorch_lightning"): a subclass of its
+    `Callback`, made once."""
+    if package not in PACKAGES:
+        raise ValueError(f"package must be one of {sorted(PACKAGES)}, not {package!r}")
+    try:
+        base = importlib.import_module(PACKAGES[package]).Callback
+    except ImportError as exc:
+        raise ImportError(f"gradwatch's Lightning callback needs the {package!r} package: "
+                          "pip install gradwatch[lightning]") from exc
+    module = __name__ if package == "lightning" else f"{__package__}.pytorch_lightning"
+    return type("GradwatchCallback", (LightningWatching, base),
+                {"__module__": module, "__qualname__": "GradwatchCallback", "__doc__": LightningWatching.__doc__})
+
+
+def installed_package() -> str:
+    """"lightning" if it is installed, else "pytorch_lightning"; ImportError with neither."""
+    for package in PACKAGES:
+        if importlib.util.find_spec(package) is not None:
+            return package
+    raise ImportError("gradwatch's Lightning callback needs Lightning: pip install gradwatch[lightning]")
+
+
+def __getattr__(name: str) -> Any:
+    if name == "GradwatchCallback":
+        return callback_class(installed_package())
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

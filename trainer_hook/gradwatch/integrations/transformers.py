@@ -1,0 +1,64 @@
+"""gradwatch for the Hugging Face `Trainer`, in one line:
+
+    from gradwatch.integrations.transformers import GradwatchCallback
+    Trainer(..., callbacks=[GradwatchCallback(project="p")])
+
+At train begin it watches the optimizer the Trainer hands to its callbacks (accelerate's wrapper
+around the torch optimizer) with the Trainer's model, under `args.run_name` unless given a run
+name, and records the TrainingArguments and the model's config with the run. The GradScaler of
+fp16 training is the one accelerate's optimizer wrapper steps with: `watch()` finds it there. Gradient
+accumulation needs nothing: the hook counts the backward passes of each step and sees the Trainer
+clear `.grad` after it, which the server reports as `grad_accumulation` (info), never an error.
+"""
+from __future__ import annotations
+
+from typing import Any, Optional, Union
+
+import transformers
+from transformers import TrainerCallback
+
+from ..watcher import Watcher
+from .common import WatchOptions, json_safe, scalars
+
+__all__ = ["GradwatchCallback"]
+
+
+class GradwatchCallback(TrainerCallback):  # type: ignore[misc]  # transformers is untyped
+    """Watches the Trainer's optimizer from train begin to train end.
+
+    The numbers the Trainer logs (`loss`, `learning_rate`, `grad_norm`, ...) are recorded as the
+    run's scalars. The Trainer logs them after its optimizer step, so they are stored with the
+    optimizer step after the one they describe (the numbers of the last log, after the last
+    step, have no step to go with). `watcher` is the `gradwatch.Watcher` while training runs.
+    Arguments are `gradwatch.watch()`'s, checked here.
+    """
+
+    def __init__(self, *, project: Optional[str] = None, run: Optional[str] = None, server: Optional[str] = None,
+                 every: Union[int, str] = 1, token: Optional[str] = None, updates: bool = False,
+                 warn: bool = True) -> None:
+        self.options = WatchOptions(project=project, run=run, server=server, every=every, token=token,
+                                    updates=updates, warn=warn)
+        self.watcher: Optional[Watcher] = None
+
+    def on_train_begin(self, args: Any, state: Any, control: Any, model: Any = None, optimizer: Any = None,
+                       **kwargs: Any) -> None:
+        if self.watcher is not None:  # a second `train()` on the same Trainer is a run of its own
+            self.watcher.close()
+        if optimizer is None:
+            raise TypeError("GradwatchCallback got no optimizer at train begin: use it with transformers.Trainer")
+        config = getattr(model, "config", None)
+        self.watcher = self.options.watch(
+            [optimizer], model=model, run=getattr(args, "run_name", None),
+            config={"framework": "transformers", "transformers_version": transformers.__version__,
+                    "gradient_accumulation_steps": args.gradient_accumulation_steps,
+                    "training_args": json_safe(args.to_dict()),
+                    "model_config": json_safe(config.to_dict()) if hasattr(config, "to_dict") else None})
+
+    def on_log(self, args: Any, state: Any, control: Any, logs: Optional[dict[str, Any]] = None,
+               **kwargs: Any) -> None:
+        if self.watcher is not None and logs:
+            self.watcher.log(scalars(logs))
+
+    def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        if self.watcher is not None:
+            self.watcher.close()
