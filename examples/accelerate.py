@@ -45,7 +45,7 @@ def main() -> None:
 
     with gradwatch.watch(optimizer, model=model, run=args.run, project=args.project, server=args.server) as w:
         print(f"gradwatch run id: {w.run_id}", flush=True)
-        for i, (xb, yb) in enumerate(loader):
+        for xb, yb in loader:
             with accelerator.accumulate(model):
                 loss = nn.functional.cross_entropy(model(xb), yb)
                 accelerator.backward(loss)

@@ -413,7 +413,8 @@ def _check_config(config: Optional[Mapping[str, Any]]) -> Optional[dict[str, Any
     if not isinstance(config, Mapping):
         raise TypeError(f"config must be a mapping of names to JSON values, not {type(config).__name__}")
     try:
-        return json.loads(json.dumps(dict(config), allow_nan=False))
+        plain: dict[str, Any] = json.loads(json.dumps(dict(config), allow_nan=False))
+        return plain
     except (TypeError, ValueError) as exc:
         raise ValueError(f"config must hold only JSON values (str keys; numbers, strings, booleans, None, "
                          f"lists and dicts of them; no NaN or infinity): {exc}") from exc

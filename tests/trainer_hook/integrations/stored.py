@@ -1,36 +1,21 @@
 """What the server stored for a run, read back through its public API, and the checks every
 framework test makes against its oracle.
 
-`sqlite_server` (import it into a test module to use it) is a real `gradwatch serve` on SQLite:
-these tests check what the hook measures inside each framework, which the database does not
-change (tests/backend covers both databases), so one database keeps these real trainings few.
+The folder's conftest.py has the `sqlite_server` fixture the framework tests train against.
 """
 from __future__ import annotations
 
 import csv
 import io
 import math
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import httpx
-import pytest
 import torch
 
-from support.server import ServerProcess, start_server
 
 #: (optimizer step, parameter name) -> gradient norm
 Norms = dict[tuple[int, str], float]
-
-
-@pytest.fixture
-def sqlite_server(tmp_path: Path) -> Iterator[ServerProcess]:
-    proc = start_server(tmp_path)
-    try:
-        yield proc
-    finally:
-        proc.stop()
 
 
 def grad_norms(params: dict[str, torch.Tensor], step: int) -> Norms:

@@ -17,7 +17,7 @@ from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainerCallback, 
 
 from gradwatch.integrations.transformers import GradwatchCallback  # noqa: E402
 from stored import (Norms, accumulation, assert_equal_norms, assert_no_problem, findings, grad_norms,  # noqa: E402
-                    run_info, scalar_series, sqlite_server, stored_norms)
+                    run_info, scalar_series, stored_norms)
 
 ACCUMULATE = 4
 STEPS = 3

@@ -18,7 +18,7 @@ from lightning.pytorch.loggers import CSVLogger  # noqa: E402
 
 from gradwatch.integrations.lightning import GradwatchCallback  # noqa: E402
 from stored import (Norms, accumulation, assert_equal_norms, assert_no_problem, findings, grad_norms,  # noqa: E402
-                    run_info, scalar_series, sqlite_server, stored_norms)
+                    run_info, scalar_series, stored_norms)
 
 ACCUMULATE = 2
 CLIP = 0.05  # far below the gradients' norm: every step is clipped

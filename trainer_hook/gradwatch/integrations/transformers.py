@@ -23,7 +23,7 @@ from .common import WatchOptions, json_safe, scalars
 __all__ = ["GradwatchCallback"]
 
 
-class GradwatchCallback(TrainerCallback):  # type: ignore[misc]  # transformers is untyped
+class GradwatchCallback(TrainerCallback):
     """Watches the Trainer's optimizer from train begin to train end.
 
     The numbers the Trainer logs (`loss`, `learning_rate`, `grad_norm`, ...) are recorded as the
@@ -46,7 +46,7 @@ class GradwatchCallback(TrainerCallback):  # type: ignore[misc]  # transformers 
             self.watcher.close()
         if optimizer is None:
             raise TypeError("GradwatchCallback got no optimizer at train begin: use it with transformers.Trainer")
-        config = getattr(model, "config", None)
+        config: Any = getattr(model, "config", None)
         self.watcher = self.options.watch(
             [optimizer], model=model, run=getattr(args, "run_name", None),
             config={"framework": "transformers", "transformers_version": transformers.__version__,
