@@ -18,7 +18,8 @@ import gradwatch
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--server", default=None, help="gradwatch server URL (default: $GRADWATCH_SERVER or http://127.0.0.1:8765)")
+    ap.add_argument("--server", default=None,
+                    help="gradwatch server URL (default: $GRADWATCH_SERVER or http://127.0.0.1:8765)")
     ap.add_argument("--steps", type=int, default=30)
     ap.add_argument("--run", default="lbfgs-sine")
     ap.add_argument("--project", default="examples")

@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import importlib.util
 import os
+import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -16,7 +18,7 @@ from typing import IO
 from pydantic import ValidationError
 
 from . import __version__
-from .settings import DEFAULT_HOST, DEFAULT_PORT, ENV_VARS, Settings
+from .settings import DEFAULT_HOST, DEFAULT_PORT, DEFAULT_SERVER, ENV_VARS, Settings
 from .store import Run, Store, StoreError, display_url, open_store
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
@@ -24,6 +26,11 @@ EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 
 class CommandFailed(Exception):
     """A failure the user can fix; main() prints it and exits with 1."""
+
+
+#: A subcommand: parsed arguments, the environment and standard output in; the exit code out.
+#: Each subparser names its own with `set_defaults(func=...)`.
+Command = Callable[[argparse.Namespace, Mapping[str, str], IO[str]], int]
 
 
 def _db_option(parser: argparse.ArgumentParser) -> None:
@@ -53,6 +60,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     serve = commands.add_parser("serve", help="run the server and dashboard",
                                 description="Receive telemetry from hooks and serve the dashboard.")
+    serve.set_defaults(func=cmd_serve)
     _db_option(serve)
     serve.add_argument("--host", help=f"address to bind (default {DEFAULT_HOST}: this machine only)")
     serve.add_argument("--port", type=int, help=f"port (default {DEFAULT_PORT})")
@@ -67,12 +75,14 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
 
     runs = commands.add_parser("runs", help="list stored runs", description="List the runs in a database.")
+    runs.set_defaults(func=cmd_runs)
     _db_option(runs)
     runs.add_argument("--project", help="only this project")
     runs.add_argument("--status", choices=["running", "finished", "crashed"])
     runs.add_argument("--limit", type=int, default=100, help="at most this many (default 100)")
 
     export = commands.add_parser("export", help="export a run", description="Write a run's data to a file.")
+    export.set_defaults(func=cmd_export)
     export.add_argument("run", metavar="RUN", help="run id (or a name only one run has)")
     export.add_argument("--format", choices=["csv", "json", "parquet"], default="csv",
                         help="csv (one row per step and parameter), json (JSON lines, re-importable), parquet")
@@ -81,13 +91,16 @@ def build_parser() -> argparse.ArgumentParser:
 
     imp = commands.add_parser("import", help="load an exported run",
                               description="Load a run exported with --format json into the database.")
+    imp.set_defaults(func=cmd_import)
     imp.add_argument("file", metavar="FILE", help="JSON-lines export, or - for standard input")
     _db_option(imp)
 
     sync = commands.add_parser("sync", help="send spooled hook data to a server",
-                               description="Replay telemetry the hook spooled while no server was reachable.")
-    sync.add_argument("--server", metavar="URL",
-                      help="server URL (default: $GRADWATCH_SERVER, then http://127.0.0.1:8765)")
+                               description="Replay telemetry the hook spooled while no server was reachable: runs "
+                                           "the hook's `python -m gradwatch sync` (needs the hook, pip install "
+                                           "gradwatch) and exits with its status.")
+    sync.set_defaults(func=cmd_sync)
+    sync.add_argument("--server", metavar="URL", help=f"server URL (default: $GRADWATCH_SERVER, then {DEFAULT_SERVER})")
     sync.add_argument("--spool", metavar="DIR", help="spool folder (default: $GRADWATCH_SPOOL, then ~/.gradwatch/spool)")
     sync.add_argument("--token", metavar="T", help="the server's token (default: $GRADWATCH_TOKEN)")
 
@@ -99,6 +112,7 @@ def build_parser() -> argparse.ArgumentParser:
                     "on PostgreSQL. Without --older-than or --crashed it only compacts. Deleting asks for --yes "
                     "(or a y on a terminal); --dry-run lists what would go.",
     )
+    gc.set_defaults(func=cmd_gc)
     _db_option(gc)
     gc.add_argument("--older-than", metavar="DAYS", type=_days,
                     help="delete the runs created more than DAYS days ago (a decimal, e.g. 0.5)")
@@ -138,7 +152,7 @@ def _find_run(store: Store, ref: str) -> Run:
     raise CommandFailed(f"no run {ref!r} in this database; `gradwatch runs` lists them")
 
 
-def cmd_serve(args: argparse.Namespace, env: Mapping[str, str]) -> int:
+def cmd_serve(args: argparse.Namespace, env: Mapping[str, str], out: IO[str]) -> int:
     from . import serving, workers
     from .app import create_app
 
@@ -156,7 +170,7 @@ def cmd_serve(args: argparse.Namespace, env: Mapping[str, str]) -> int:
     host = f"[{settings.host}]" if ":" in settings.host else settings.host
     several = f", {settings.workers} workers" if settings.workers > 1 else ""
     print(f"gradwatch: dashboard at http://{host}:{settings.port}/  (database {display_url(settings.db_url)}{several})",
-          flush=True)
+          file=out, flush=True)
     try:
         if settings.workers > 1:
             if not workers.serve(settings, args.log_level):
@@ -253,39 +267,17 @@ def cmd_import(args: argparse.Namespace, env: Mapping[str, str], out: IO[str]) -
 
 
 def cmd_sync(args: argparse.Namespace, env: Mapping[str, str], out: IO[str]) -> int:
-    """Replay the hook's spool files (runs whose server was away) to a server, then delete them."""
-    try:  # the spool format belongs to the hook; its spool module needs no torch
-        from gradwatch import spool, wire
-    except ImportError:
+    """Run the hook's `python -m gradwatch sync`: the spool and its replay belong to the hook, and
+    this package never imports it (a training machine needs the hook alone to sync)."""
+    if importlib.util.find_spec("gradwatch") is None:
         raise CommandFailed("sync replays the hook's spool: run it where the hook is installed "
-                            "(pip install gradwatch)") from None
-    server = args.server or env.get("GRADWATCH_SERVER") or wire.DEFAULT_SERVER
-    try:
-        ws_url = wire.ingest_url(server)
-    except (TypeError, ValueError) as exc:
-        raise CommandFailed(str(exc)) from None
-    directory = Path(args.spool) if args.spool else spool.spool_dir(env)
-    files = spool.pending_spools(directory)
-    if not files:
-        print(f"nothing to sync: no spooled runs in {directory}", file=out)
-        return EXIT_OK
-    failed = 0
-    with _progress(len(files), enabled=True, unit="run") as advance:
-        for path in files:
-            try:
-                sent, torn = spool.replay(path, ws_url, args.token or env.get("GRADWATCH_TOKEN"))
-            except (OSError, ConnectionError, TimeoutError) as exc:
-                failed += 1
-                print(f"run {path.stem}: not delivered ({exc}); the spool file stays", file=sys.stderr)
-            else:
-                note = f"; dropped {torn} at its end" if torn else ""
-                print(f"run {path.stem}: {sent} messages delivered{note}", file=out)
-            if advance is not None:
-                advance(1)
-    if failed:
-        raise CommandFailed(f"{failed} of {len(files)} spooled runs could not be delivered to {server}: "
-                            "is the server up (gradwatch serve)?")
-    return EXIT_OK
+                            "(pip install gradwatch), as `gradwatch-sync` or `python -m gradwatch sync`")
+    command = [sys.executable, "-m", "gradwatch", "sync"]
+    for option, value in (("--server", args.server), ("--spool", args.spool), ("--token", args.token)):
+        if value is not None:
+            command += [option, value]
+    out.flush()
+    return subprocess.run(command, env=dict(env), check=False).returncode
 
 
 def _mib(size: int) -> str:
@@ -344,19 +336,9 @@ def cmd_gc(args: argparse.Namespace, env: Mapping[str, str], out: IO[str]) -> in
 def main(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     env = os.environ if env is None else env
-    out = sys.stdout
+    command: Command = args.func
     try:
-        if args.command == "serve":
-            return cmd_serve(args, env)
-        if args.command == "runs":
-            return cmd_runs(args, env, out)
-        if args.command == "export":
-            return cmd_export(args, env, out)
-        if args.command == "import":
-            return cmd_import(args, env, out)
-        if args.command == "gc":
-            return cmd_gc(args, env, out)
-        return cmd_sync(args, env, out)
+        return command(args, env, sys.stdout)
     except (CommandFailed, StoreError) as exc:
         print(f"gradwatch: error: {exc}", file=sys.stderr)
         return EXIT_FAILED

@@ -195,6 +195,7 @@ class FindingFigure(BaseModel):
     value: JsonFloat
     unit: str = Field(description='"bytes", "passes", "steps" or "ratio"')
     text: str = Field(description='the value as it reads, e.g. "1.5 MiB"')
+    step: int | None = Field(default=None, description="the step at which the figure holds (null: not said)")
 
 
 class Finding(BaseModel):

@@ -95,7 +95,7 @@ steps = Table(
 )
 
 # A scalar is `value` unless `special` says otherwise: SQLite turns NaN into NULL and -0.0 into 0,
-# so NaN is `value` NULL with `special` 1 and -0.0 is `value` 0 with `special` 2 (store.py). A
+# so NaN is `value` NULL with `special` 1 and -0.0 is `value` 0 with `special` 2 (store/values.py). A
 # query like `value < 0.1` thus never matches a NaN; infinities are stored as themselves.
 scalars = Table(
     "scalars",

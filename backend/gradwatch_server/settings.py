@@ -13,6 +13,8 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 DEFAULT_DB = "sqlite:///./gradwatch.db"
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 8765
+#: Where the hook sends by default (the hook's own `gradwatch.wire.DEFAULT_SERVER` says the same).
+DEFAULT_SERVER = f"http://{DEFAULT_HOST}:{DEFAULT_PORT}"
 
 #: Environment variables read by `Settings.from_env`, by field name.
 ENV_VARS = {

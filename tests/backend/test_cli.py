@@ -239,3 +239,18 @@ def test_gc_usage_errors_exit_2(tmp_path: Path) -> None:
                        (["--older-than", "x"], "not a number"), (["--crashed", "--dry-run", "--yes"], "not allowed")]:
         result = gradwatch("gc", *args, "--db", db)
         assert result.returncode == 2 and says in result.stderr, (args, result.stderr)
+
+
+def test_sync_without_the_hook_installed_says_to_install_it(tmp_path: Path) -> None:
+    """`gradwatch sync` runs the hook's command; where the hook is missing it says what to install."""
+    (tmp_path / "sitecustomize.py").write_text("import sys\nsys.modules['gradwatch'] = None  # not installed\n")
+    env = server_env()
+    env["PYTHONPATH"] = f"{tmp_path}:{env.get('PYTHONPATH', '')}"
+    out = subprocess.run([*server_command(), "sync"], capture_output=True, text=True, timeout=120, env=env)
+    assert out.returncode == 1
+    assert "pip install gradwatch" in out.stderr and "Traceback" not in out.stderr
+
+
+def test_sync_passes_the_hooks_exit_status_on(tmp_path: Path) -> None:
+    out = gradwatch("sync", "--spool", str(tmp_path / "missing"))
+    assert out.returncode == 2 and "no spool folder" in out.stderr

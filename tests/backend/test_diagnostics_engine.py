@@ -56,7 +56,8 @@ def test_live_findings_are_stored_with_their_mark(store: Store) -> None:
     stored = store.get_findings("live")
     assert [(f.code, f.severity, f.first_step, f.params) for f in stored] == [
         ("grad_accumulation_unbounded", "error", 5, list(PARAMS))]
-    assert stored[0].figure == {"label": "backward passes summed in .grad", "value": 2.0, "unit": "passes", "text": "2"}
+    assert stored[0].figure == {"label": "backward passes summed in .grad", "value": 2.0, "unit": "passes", "text": "2",
+                                "step": 5}
     assert store.get_diagnosis("live") == DiagnosisMark(steps=7, last_step=7, version=RULES_VERSION)
     engine.close_run("live")
     assert engine.current("live") == []  # state let go; the store answers now

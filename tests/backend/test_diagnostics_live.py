@@ -55,7 +55,7 @@ def test_findings_reach_the_hook_the_browsers_and_the_api(tmp_path: Path, db_url
             assert piled["code"] == "grad_accumulation_unbounded" and piled["first_step"] == 4
             assert piled["severity"] == "error" and piled["params"] == list(PARAMS)
             assert piled["figure"] == {"label": "backward passes summed in .grad", "value": 2.0, "unit": "passes",
-                                       "text": "2"}
+                                       "text": "2", "step": 4}
 
             # The same code is not sent again; a new one is.
             hook.send(healthy(5, 5, clear=0.0, status=(2, 3, 2)))

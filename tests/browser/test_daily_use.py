@@ -8,8 +8,10 @@ from __future__ import annotations
 import math
 from collections.abc import Iterator
 
+import gradwatch
 import httpx
 import pytest
+import torch
 from support.server import ServerProcess
 from playwright import sync_api
 from support.synthetic import Ingest, SyntheticRun
@@ -139,3 +141,140 @@ def test_the_zoom_hint_covers_nothing(dash: ServerProcess, page: Page) -> None:
         p.wait_for_function("document.body.dataset.zoom === 'all'")
         expect(note).to_be_hidden()
         hook.close("finished")
+
+
+def test_run_list_at_800_px_never_scrolls_the_page_sideways(dash: ServerProcess, browser: sync_api.Browser) -> None:
+    seed(dash, SyntheticRun("narrow-1", "a-rather-long-run-name-for-a-narrow-window", project="narrow"), 3)
+    seed(dash, SyntheticRun("narrow-2", "another", project="narrow"), 3)
+    narrow = Page(browser, width=800)
+    try:
+        p = narrow.open(dash.url + "/?project=narrow")
+        expect(p.locator("#runs tbody tr")).to_have_count(2)
+        widths = p.evaluate("() => [document.documentElement.scrollWidth, document.documentElement.clientWidth]")
+        assert widths[0] <= widths[1], f"the page is {widths[0]} px wide in an {widths[1]} px window"
+        # Every run is still reachable: its link is in view, and the table scrolls inside its card.
+        link = box(p, 'tr[data-run-id="narrow-1"] .run-link')
+        assert link["x"] >= 0 and link["x"] + 10 <= widths[1]
+        wrap = p.evaluate("""() => { const w = document.querySelector('#runs .table-wrap');
+            return [w.scrollWidth, w.clientWidth, getComputedStyle(w).overflowX]; }""")
+        assert wrap[0] <= wrap[1] or wrap[2] in ("auto", "scroll")
+    finally:
+        narrow.close()
+
+
+def test_tags_filter_the_run_list_and_the_filter_is_shown(dash: ServerProcess, page: Page, http: httpx.Client) -> None:
+    for run_id, tags in (("tagged-a", ["sweep", "baseline"]), ("tagged-b", ["sweep"]), ("tagged-c", [])):
+        seed(dash, SyntheticRun(run_id, run_id, project="tags"), 2)
+        assert http.patch(f"/api/runs/{run_id}", json={"tags": tags}).status_code == 200
+    p = page.open(dash.url + "/?project=tags")
+    rows = p.locator("#runs tbody tr")
+    expect(rows).to_have_count(3)
+    # A visible tag control in the toolbar, with every tag of the runs.
+    select = p.locator("#filter-tag-select")
+    expect(select).to_be_visible()
+    assert select.locator("option").all_text_contents() == ["Any tag", "tag: baseline", "tag: sweep"]
+    select.select_option("sweep")
+    expect(rows).to_have_count(2)
+    expect(p.locator("#filter-tag")).to_contain_text("only runs tagged")
+    expect(p.locator("#filter-tag .chip-name")).to_have_text("sweep")
+    assert "tag=sweep" in p.url
+    expect(p.locator('tr[data-run-id="tagged-a"] .tag[data-tag="sweep"]')).to_have_attribute("aria-pressed", "true")
+    # A tag chip in a row is a filter too, and the toolbar follows it.
+    p.locator('tr[data-run-id="tagged-a"] .tag[data-tag="baseline"]').click()
+    expect(rows).to_have_count(1)
+    expect(select).to_have_value("baseline")
+    expect(p.locator("#filter-tag .chip-name")).to_have_text("baseline")
+    p.get_by_role("button", name="Stop filtering by tag baseline").click()
+    expect(rows).to_have_count(3)
+    expect(select).to_have_value("")
+    expect(p.locator("#filter-tag")).to_have_count(0)
+
+
+class NamedGroupsRun(SyntheticRun):
+    """A synthetic run whose two param groups are both named, as a user's optimizer can name them."""
+
+    def hello(self) -> dict[str, object]:
+        message = super().hello()
+        message["groups"][0]["name"] = "decay"  # type: ignore[index]
+        return message
+
+
+def test_param_groups_are_called_by_their_names_everywhere(dash: ServerProcess, page: Page) -> None:
+    seed(dash, NamedGroupsRun("groups-a", "groups-a", project="groups", total_steps=30), 30)
+    seed(dash, SyntheticRun("groups-b", "groups-b", project="groups", total_steps=30), 20)  # group 0 unnamed
+    p = page.open(dash.url + "/runs/groups-a")
+    p.locator('[data-chart="lr"]').scroll_into_view_if_needed()
+    page.wait_points("lr", 60)
+    names = p.evaluate("""() => document.querySelector('[data-chart="lr"]').data
+        .filter(t => t.hoverinfo !== 'skip').map(t => t.name)""")
+    assert names == ["decay", "no_decay"]
+
+    # Compare: every group's learning rate, matched by name; a group one run lacks says so by being empty.
+    p = page.open(dash.url + "/compare?runs=groups-a,groups-b")
+    p.wait_for_function("document.body.dataset.drawn === 'step:overlay'")
+    cards = p.locator('[data-card^="compare-lr"]')
+    expect(cards.locator("h2")).to_have_text(["Learning rate · decay", "Learning rate · no_decay", "Learning rate · group 0"])
+    assert page.points("compare-lr") == 30        # decay: run a only
+    assert page.points("compare-lr-1") == 50      # no_decay: both runs
+    assert page.points("compare-lr-2") == 20      # run b's unnamed group 0
+    expect(p.locator('#settings tr[data-run-id="groups-a"] [data-field="lr"] .lr')).to_have_text(
+        ["decay 3.00e-4", "no_decay 3.00e-4"])
+
+
+def test_a_findings_figure_says_at_which_step_it_holds(dash: ServerProcess, page: Page) -> None:
+    """A loop that never calls zero_grad(): the finding's figure (backward passes summed) is the
+    count at the step where it was found, and says so, while the run goes on summing."""
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    w = gradwatch.watch(opt, model=model, run="no-zero-grad", project="findings", server=dash.url, warn=False)
+    for _ in range(12):
+        model(torch.randn(8, 4)).pow(2).mean().backward()  # no zero_grad(): .grad piles up
+        opt.step()
+    w.close(timeout=30)
+    p = page.open(f"{dash.url}/runs/{w.run_id}")
+    row = p.locator('.findings .finding[data-code="grad_accumulation_unbounded"]')
+    expect(row.locator(".finding-step")).to_have_text(" · from step 2")
+    expect(row.locator(".finding-figure-value")).to_have_text("2")
+    expect(row.locator(".finding-figure-step")).to_have_text("at step 2")
+    expect(p.locator('[data-field="steps"]')).to_have_text("12")  # the run went on past it
+
+
+class ScalarsRun(SyntheticRun):
+    """A synthetic run that also logs `extra` scalars (a step's value: the step number)."""
+
+    extra: tuple[str, ...] = ()
+
+    def step(self, seq: int, step: int) -> dict[str, object]:
+        message = super().step(seq, step)
+        message["scalars"].update({k: float(step) for k in self.extra})  # type: ignore[attr-defined]
+        return message
+
+
+def scalars_run(run_id: str, params: list[str], extra: tuple[str, ...]) -> ScalarsRun:
+    run = ScalarsRun(run_id, run_id, project="defaults", total_steps=10, params=[(n, [4, 4]) for n in params])
+    run.extra = extra
+    return run
+
+
+def test_compare_defaults_to_what_every_run_has(dash: ServerProcess, page: Page) -> None:
+    seed(dash, scalars_run("def-x", ["x.weight", "s.weight"], ("aaa_only", "acc", "backward_passes")), 10)
+    seed(dash, scalars_run("def-y", ["s.weight", "y.weight"], ("acc", "backward_passes")), 10)
+    seed(dash, scalars_run("def-z", ["z.weight", "z.bias"], ("acc", "backward_passes")), 10)
+    p = page.open(dash.url + "/compare?runs=def-x,def-y,def-z")
+    p.wait_for_function("document.body.dataset.drawn === 'step:overlay'")
+    # No parameter is in all three runs: the one in most of them.
+    expect(p.locator('[data-card="compare-param-0"]')).to_have_attribute("data-param", "s.weight")
+    # A scalar every run has, the user's before the hook's.
+    expect(p.locator('[data-card="compare-scalar"] select')).to_have_value("acc")
+    assert page.points("compare-scalar") == 30
+    assert "scalar=acc" in p.url and "param=s.weight" in p.url
+
+
+def test_other_scalars_default_to_one_the_user_logged(dash: ServerProcess, page: Page) -> None:
+    seed(dash, scalars_run("other-user", ["w", "b"], ("backward_passes", "val_acc")), 10)
+    p = page.open(dash.url + "/runs/other-user")
+    expect(p.locator('[data-card="other-scalars"] select')).to_have_value("val_acc")
+    p.locator('[data-chart="other-scalars"]').scroll_into_view_if_needed()
+    page.wait_points("other-scalars", 10)
+    assert p.evaluate("""() => document.querySelector('[data-chart="other-scalars"]').data.map(t => t.name)""") == ["val_acc"]

@@ -68,3 +68,4 @@ def test_state_cards_follow_the_state_the_hook_sent(dash: ServerProcess, page: P
     for name, xs, ys in traces:
         assert xs == list(range(1, STEPS + 1)), name
         assert math.isclose(ys[-1], oracle[name], rel_tol=1e-5), (name, ys[-1], oracle[name])
+

@@ -222,7 +222,7 @@ def test_legend_hides_and_shows_a_series(dash: ServerProcess, page: Page) -> Non
     seed(dash, SyntheticRun("legend", "legend", total_steps=30), 30)
     p = page.open(dash.url + "/runs/legend")
     legend = chart(p, "lr").locator(".chart-legend .legend-item")
-    sync_api.expect(legend).to_have_text(["group 0", "group 1"])
+    sync_api.expect(legend).to_have_text(["group 0", "no_decay"])
     visible = "() => document.querySelector('[data-chart=\"lr\"]').data.filter((t) => t.hoverinfo !== 'skip').map((t) => t.visible)"
     assert p.evaluate(visible) == [True, True]
     legend.nth(1).click()

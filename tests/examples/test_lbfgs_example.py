@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from support.examples import findings, run_example, series
 from support.server import start_server
-from examples_run import findings, run_example, series
 
 
 def test_the_lbfgs_example_runs_clean(tmp_path: Path) -> None:

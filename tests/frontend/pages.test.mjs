@@ -2,7 +2,7 @@
 import assert from "node:assert/strict";
 import { test } from "node:test";
 
-import { commonNames, runLabel } from "../../frontend/js/pages/compare.js";
+import { runLabel } from "../../frontend/js/pages/compare.js";
 import { SORTS, visibleRuns } from "../../frontend/js/pages/runs.js";
 import { sharedXRange, sharedYRange, xValues } from "../../frontend/js/views/compare-card.js";
 import { countFindings } from "../../frontend/js/views/compare-settings.js";
@@ -56,9 +56,7 @@ test("stateCard: titles for known keys, a readable default for others, ids from 
   assert.match(other.help, /prev_grad/);
 });
 
-test("compare: names every run has, labels told apart by id, finding counts", () => {
-  assert.deepEqual(commonNames([["w", "b", "x"], null, ["b", "w"]]), ["w", "b"]);
-  assert.deepEqual(commonNames([null]), []);
+test("compare: labels told apart by id, finding counts", () => {
   const runs = [{ id: "1", name: "n" }, { id: "2", name: "n" }, null, { id: "4", name: "m" }];
   const ids = ["1", "2", "gone", "4"];
   assert.deepEqual([0, 1, 2, 3].map((i) => runLabel(runs, ids, i)), ["n (1)", "n (2)", "gone", "m"]);
@@ -95,4 +93,31 @@ test("urlRange: ?from=&to= in either order; nothing when one is missing or not a
   assert.equal(urlRange("5", null), null);
   assert.equal(urlRange("x", "7"), null);
   assert.equal(urlRange("", "7"), null);
+});
+
+test("groups: lr/G named by its group, across optimizers; runs' groups matched by name", async () => {
+  const { lrLabel, sharedGroups } = await import("../../frontend/js/groups.js");
+  const one = [{ optimizer: 0, index: 1, name: "no_decay" }, { optimizer: 0, index: 0, name: null }];
+  assert.equal(lrLabel(one, "lr/0"), "group 0");
+  assert.equal(lrLabel(one, "lr/1"), "no_decay");
+  assert.equal(lrLabel(one, "lr/2"), "group 2");
+  const two = [{ optimizer: 0, index: 0, name: "g" }, { optimizer: 1, index: 0, name: null }];
+  assert.equal(lrLabel(two, "lr/1"), "optimizer 1 · group 0");
+  assert.deepEqual(sharedGroups([one, [{ optimizer: 0, index: 0, name: "no_decay" }], null]), [
+    { label: "group 0", at: [0, -1, 0] },
+    { label: "no_decay", at: [1, 0, -1] },
+  ]);
+});
+
+test("names: the user's scalars apart from the hook's; the first to show; what most runs share", async () => {
+  const { firstScalar, isUserScalar, mostShared } = await import("../../frontend/js/names.js");
+  assert.deepEqual(["loss", "acc", "backward_passes", "lr/0", "mem/rss_bytes", "amp/scale", "opt/1/steps", "hook/train_s",
+    "grad_norm_total"].map(isUserScalar), [true, true, false, false, false, false, false, false, false]);
+  assert.equal(firstScalar(["amp/scale", "backward_passes", "val/acc"]), "val/acc");
+  assert.equal(firstScalar(["amp/scale", "backward_passes"]), "amp/scale");
+  assert.equal(firstScalar([]), null);
+  assert.equal(mostShared([["a", "w"], ["w"], ["w", "a", "a"]]), "w", "in every run");
+  assert.equal(mostShared([["x"], ["y", "z"], null, ["z"]]), "z", "in most runs");
+  assert.equal(mostShared([["backward_passes", "acc"], ["backward_passes", "acc"]], isUserScalar), "acc", "a user's first");
+  assert.equal(mostShared([null, []]), null);
 });

@@ -85,7 +85,7 @@ def test_sync_without_a_server_fails_clearly_and_keeps_the_spool(tmp_path: Path,
     assert len(list(spool_dir.glob("*.spool"))) == 1
     bad = subprocess.run([*GRADWATCH, "sync", "--server", "ftp://x", "--spool", str(spool_dir)],
                          capture_output=True, text=True, timeout=60)
-    assert bad.returncode == 1 and "http(s)://" in bad.stderr
+    assert bad.returncode == 2 and "http(s)://" in bad.stderr  # bad usage
 
 
 def test_server_sigkilled_mid_run_loses_and_duplicates_nothing(tmp_path: Path) -> None:

@@ -68,7 +68,7 @@ def test_closure_gradients_equal_the_oracle_at_every_step(name: str, as_kwarg: b
     pre-hook would read (None at step 1, the previous step's last evaluation after)."""
     msgs, evaluations, _ = train(OPTIMIZERS[name], as_kwarg=as_kwarg)
     assert [m["step"] for m in measured(msgs)] == list(range(1, STEPS + 1))
-    for m, evals in zip(msgs, evaluations):
+    for m, evals in zip(msgs, evaluations, strict=True):
         for param, want in evals[0].items():
             assert m["params"]["grad_norm"][param] == pytest.approx(want, rel=1e-5, abs=1e-7), (m["step"], param)
         assert all(status != 0 for status in m["grad_status"].values())  # every parameter has a .grad
@@ -86,7 +86,7 @@ def test_the_closure_is_never_called_an_extra_time(name: str) -> None:
     _, watched, model_w = train(OPTIMIZERS[name])
     _, plain, model_p = train(OPTIMIZERS[name], watch=False)
     assert [len(e) for e in watched] == [len(e) for e in plain]
-    for a, b in zip(model_w.parameters(), model_p.parameters()):
+    for a, b in zip(model_w.parameters(), model_p.parameters(), strict=True):
         assert torch.equal(a, b)
 
 

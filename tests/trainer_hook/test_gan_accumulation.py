@@ -67,7 +67,7 @@ D_PARAMS = ["disc.0.weight", "disc.0.bias", "disc.2.weight", "disc.2.bias"]
 def test_a_correct_gan_loop_is_one_cleared_pass_per_step(watch_both: bool) -> None:
     msgs, oracle = gan_rounds(watch_both)
     params = D_PARAMS + (["gen.0.weight", "gen.2.bias"] if watch_both else [])
-    for m, want in zip(msgs, oracle):
+    for m, want in zip(msgs, oracle, strict=True):
         for name in params:
             assert m["params"]["backward_passes"][name] == 1.0, (m["step"], name)
             assert m["params"]["grad_clear"][name] == (None if m["step"] == 1 else 1.0), (m["step"], name)

@@ -135,3 +135,25 @@ def test_a_server_on_this_machine_is_told_apart(url: str, here: bool) -> None:
     """every="auto" counts a server's CPU per step as part of what watching costs only when the
     server is on the training's machine (reached over loopback)."""
     assert _on_this_machine(url) is here
+
+
+def test_config_is_recorded_in_the_hello() -> None:
+    model, opt = make()
+    config = {"lr": 0.1, "layers": [2, 4], "nested": {"name": "x", "on": True, "none": None}}
+    w = gradwatch.watch(opt, model=model, server="http://127.0.0.1:9", config=config)
+    try:
+        assert w._sender.hello["run"]["config"]["user"] == config
+    finally:
+        w.close(timeout=0.1)
+
+
+@pytest.mark.parametrize("config, error, match", [
+    ("lr=0.1", TypeError, "config must be a mapping"),
+    ({"lr": float("nan")}, ValueError, "no NaN or infinity"),
+    ({"model": torch.nn.Linear(1, 1)}, ValueError, "config must hold only JSON values"),
+    ({(1, 2): "a"}, ValueError, "config must hold only JSON values"),
+])
+def test_bad_config(config, error, match) -> None:
+    model, opt = make()
+    with pytest.raises(error, match=match):
+        gradwatch.watch(opt, model=model, server="http://127.0.0.1:9", config=config)

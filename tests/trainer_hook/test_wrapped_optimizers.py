@@ -73,7 +73,7 @@ def test_accelerate_accumulation_is_understood_and_equals_the_oracle() -> None:
     w.close(timeout=0.1)
     assert w.step == len(oracle) == 24 // 4
     assert [m["step"] for m in measured(msgs)] == list(range(1, 7))
-    for m, want in zip(msgs, oracle):
+    for m, want in zip(msgs, oracle, strict=True):
         for name, value in want.items():
             assert m["params"]["grad_norm"][name] == pytest.approx(value, rel=1e-5), (m["step"], name)
         assert set(m["params"]["backward_passes"].values()) == {4.0}
@@ -106,7 +106,7 @@ def test_the_accelerated_optimizers_scaler_is_found_and_its_skips_counted() -> N
     assert [m["scalars"]["amp/skipped_steps"] for m in msgs] == [0, 0, 1, 1]
     assert [m["scalars"]["amp/scale"] for m in msgs] == [1024.0, 1024.0, 512.0, 512.0]
     assert all(m["params"]["backward_passes"]["weight"] == 1.0 for m in msgs)
-    for m, want in zip(msgs, oracle):  # the scaler unscaled them in place before the inner step
+    for m, want in zip(msgs, oracle, strict=True):  # the scaler unscaled them in place before the inner step
         assert m["params"]["grad_norm"]["weight"] == pytest.approx(want["weight"], rel=1e-5)
 
 
@@ -170,7 +170,8 @@ def test_the_same_optimizer_twice_through_its_wrapper_is_refused() -> None:
 def test_lightnings_optimizer_wrapper_is_unwrapped() -> None:
     """LightningOptimizer imitates its optimizer's class (isinstance passes) without its step
     hooks; the optimizer it wraps is in `._optimizer`."""
-    core = pytest.importorskip("lightning.pytorch.core.optimizer", reason="lightning is installed by requirements-test.txt")
+    core = pytest.importorskip("lightning.pytorch.core.optimizer",
+                               reason="lightning is installed by requirements-test.txt")
     model = torch.nn.Linear(2, 1)
     inner = torch.optim.Adam(model.parameters(), lr=0.1)
     wrapped = core.LightningOptimizer(inner)
@@ -181,5 +182,6 @@ def test_lightnings_optimizer_wrapper_is_unwrapped() -> None:
     msgs = sent_steps(w)
     w.close(timeout=0.1)
     assert w.layout.optimizers == [inner]
-    assert w._sender.hello["run"]["config"]["wrappers"] == [["lightning.pytorch.core.optimizer.LightningAdam"]]  # the class it makes
+    # LightningOptimizer makes a class of its own for each optimizer class it wraps
+    assert w._sender.hello["run"]["config"]["wrappers"] == [["lightning.pytorch.core.optimizer.LightningAdam"]]
     assert msgs[0]["params"]["grad_norm"]["weight"] == pytest.approx(norm(model.weight.grad), rel=1e-6)

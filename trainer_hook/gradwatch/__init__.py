@@ -11,7 +11,7 @@ __all__ = ["GradwatchWarning", "Watcher", "load", "runs", "watch", "__version__"
 
 
 def __getattr__(name: str) -> Any:
-    """Import torch only when the hook is used: `gradwatch.spool` (for `gradwatch sync`) needs none."""
+    """Import torch only when the hook is used: `python -m gradwatch sync` needs none."""
     if name in ("Watcher", "watch"):
         from . import watcher
 

@@ -53,7 +53,8 @@ class AmpScaler:
         if scale is not None:
             logged.setdefault("amp/scale", scale)
 
-    def inverse_scale(self, device: torch.device, optimizers: Sequence[torch.optim.Optimizer]) -> Optional[torch.Tensor]:
+    def inverse_scale(self, device: torch.device,
+                      optimizers: Sequence[torch.optim.Optimizer]) -> Optional[torch.Tensor]:
         """1/scale on `device`, unless the scaler is off or the user already unscaled the gradients
         of any of `optimizers` (`scaler.unscale_(opt)` before clipping): then they are true as they are."""
         scaler, scale = self.scaler, self.scale()

@@ -7,7 +7,7 @@ commit), resends what is unacknowledged after reconnecting with exponential back
 and drops the message the server refuses as invalid (it would be refused again) with a warning.
 Memory stays bounded: past `max_unacked_bytes` the oldest messages live only in the spool and are
 resent from there. What is still unacknowledged when `close()` gives up stays in the spool for
-the next `watch()` or `gradwatch sync`.
+the next `watch()` or `gradwatch-sync`.
 
 Sending is paced: every `linger` seconds (as the server asks: 0.25 s while a browser watches the
 run, 5 s otherwise) the thread sends what it serialized since. A fast training loop (tens of
@@ -26,16 +26,15 @@ import json
 import logging
 import math
 import random
-import socket
-import struct
 import threading
 import time
 from typing import Any, Callable, Optional, Union
 
 from websockets.exceptions import ConnectionClosed
-from websockets.sync.client import ClientConnection, connect
+from websockets.sync.client import ClientConnection
 
 from . import wire
+from .connection import CLOSE_INVALID, handshake, refusal, replies
 from .spool import SpoolWriter
 from .wire import StepRecord
 
@@ -56,8 +55,6 @@ class _StepItem:
 
 _Item = Union[MessageFactory, _StepItem]
 
-_CLOSE_INVALID = 1003
-_CLOSE_POLICY = 1008
 #: Most steps, and about the most bytes, of one `steps` message (the server takes 4,096 steps
 #: and 16 MiB frames).
 MAX_BATCH_STEPS = 1024
@@ -283,9 +280,7 @@ class Sender:
     def _read_acks(self, timeout: float) -> None:
         assert self._ws is not None
         try:
-            while True:
-                reply = json.loads(self._ws.recv(timeout=timeout))
-                timeout = 0.0
+            for reply in replies(self._ws, timeout):
                 if reply.get("type") == "ack":
                     self._acknowledge(int(reply["seq"]))
                     self._pace(reply)
@@ -294,24 +289,22 @@ class Sender:
                     log.warning("gradwatch: the server refused a message: %s", reply.get("message"))
                 elif reply.get("type") == "finding":  # a diagnostic (findings.py); never raises
                     self.on_finding(reply.get("finding"))
-        except TimeoutError:
-            return
         except ConnectionClosed as exc:
             self._refused(exc)
             self._disconnect()
 
     def _refused(self, exc: ConnectionClosed) -> None:
         """Drop the first unacknowledged message when the server closed because it is invalid."""
-        rcvd = exc.rcvd
-        if rcvd is None:
+        why = refusal(exc)
+        if why is None:
             return
-        if rcvd.code == _CLOSE_INVALID and self._unacked:
-            seq, text = self._unacked.popleft()
-            self._unacked_bytes -= len(text)
-            log.warning("gradwatch: the server refused message %d (%s); it was dropped", seq, rcvd.reason)
-        elif rcvd.code == _CLOSE_POLICY:
-            log.warning("gradwatch: the server refused the connection (%s): check the token "
-                        "(watch(token=...) or GRADWATCH_TOKEN)", rcvd.reason)
+        if exc.rcvd is not None and exc.rcvd.code == CLOSE_INVALID:
+            if self._unacked:
+                seq, text = self._unacked.popleft()
+                self._unacked_bytes -= len(text)
+                log.warning("gradwatch: %s: message %d was dropped", why, seq)
+        else:
+            log.warning("gradwatch: %s", why)
 
     def _pace(self, reply: dict[str, Any]) -> None:
         """Follow the server's `linger` (short while a browser watches the run), within bounds."""
@@ -334,17 +327,10 @@ class Sender:
             self._unacked_bytes -= len(text)
 
     def _connect(self) -> None:
-        headers = {"Authorization": f"Bearer {self.token}"} if self.token else None
-        ws = self._ws_scope.enter_context(connect(self.ws_url, additional_headers=headers, open_timeout=2,
-                                                  close_timeout=2, max_size=16 << 20, compression=None))
-        self._ws = ws
         # A server that stops reading must not hold this thread in a send for long: past 1 s
         # the send fails, the connection is dropped and retried, and the pump keeps spooling.
-        ws.socket.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, struct.pack("ll", 1, 0))
-        ws.send(wire.dumps(self.hello))
-        reply = json.loads(ws.recv(timeout=5))
-        if reply.get("type") != "welcome":
-            raise ConnectionError(f"server answered hello with {reply!r}")
+        ws, reply = handshake(self.ws_url, wire.dumps(self.hello), self.token, self._ws_scope, send_timeout=1.0)
+        self._ws = ws
         last_seq = int(reply.get("last_seq", 0))
         self._acknowledge(last_seq)
         self._pace(reply)
@@ -380,7 +366,7 @@ class Sender:
         if self.spool is not None:
             self.spool.flush()
         if not delivered and self.spool is not None:
-            log.warning("gradwatch: %d messages not acknowledged yet; kept in %s: run `gradwatch sync` "
+            log.warning("gradwatch: %d messages not acknowledged yet; kept in %s: run `gradwatch-sync` "
                         "or the next watch() to deliver them", self.pending, self.spool.path)
         self._close_spool(delete=delivered)
 

@@ -7,15 +7,17 @@ record is the run's `hello`, then every message in `seq` order. A record is fram
     b"GWS1" | length (uint32 LE) | CRC-32 of the payload (uint32 LE) | payload (UTF-8 JSON)
 
 so a tail torn by a crash mid-write is detected (short frame or bad checksum) and dropped, never
-misread. The writer holds an exclusive `flock` on the file while its run is alive; replay skips
-locked files. A file is deleted once the server has acknowledged everything in it.
+misread. The writer holds an exclusive `flock` on the file while its run is alive; replay
+(replay.py) claims a file with the same lock, so it skips live runs and one replayer sends a file
+at a time. A file is deleted once the server has acknowledged everything in it.
 
-This module needs no torch: `gradwatch sync` (the server's CLI) uses it too.
+This module is the file format and its locking only, and needs no torch. Where `fcntl` is missing
+(Windows) the files cannot be locked, so no run spools there: `SpoolWriter` refuses with an
+OSError that says why, and the watcher keeps unsent data in memory only.
 """
 from __future__ import annotations
 
-import fcntl
-import json
+import contextlib
 import logging
 import os
 import struct
@@ -23,6 +25,11 @@ import zlib
 from pathlib import Path
 from typing import IO, Optional
 from collections.abc import Iterator, Mapping
+
+try:
+    import fcntl
+except ImportError:  # Windows
+    fcntl = None  # type: ignore[assignment]
 
 log = logging.getLogger("gradwatch")
 
@@ -44,6 +51,8 @@ class SpoolWriter:
     """Append-only, locked spool file of one run (used by the sender thread only)."""
 
     def __init__(self, directory: Path, run_id: str, hello: str) -> None:
+        if fcntl is None:
+            raise OSError("spool files need file locking (fcntl), which this platform lacks")
         directory.mkdir(parents=True, exist_ok=True)
         self.path = directory / f"{run_id}{SUFFIX}"
         self._file: IO[bytes] = open(self.path, "ab")
@@ -104,17 +113,30 @@ class TailReport:
 
 
 def locked_elsewhere(path: Path) -> bool:
-    """True while a live run holds the file (its writer's flock)."""
+    """True while a live run (or a replay) holds the file."""
+    with claim(path) as claimed:
+        return not claimed
+
+
+@contextlib.contextmanager
+def claim(path: Path) -> Iterator[bool]:
+    """Hold the file's lock for a replay: yields False when a live run or another replay holds it,
+    or when it is gone (delivered meanwhile by another process)."""
+    if fcntl is None:
+        yield False
+        return
     try:
-        with open(path, "rb") as f:
-            try:
-                fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                return True
-            fcntl.flock(f, fcntl.LOCK_UN)
-            return False
+        f = open(path, "rb")
     except FileNotFoundError:
-        return True
+        yield False
+        return
+    with f:
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            yield False
+            return
+        yield True  # closing the file releases the lock
 
 
 def pending_spools(directory: Path) -> list[Path]:
@@ -126,57 +148,3 @@ def pending_spools(directory: Path) -> list[Path]:
         except FileNotFoundError:  # delivered and deleted meanwhile by another process
             continue
     return [p for _, p in sorted(stamped) if not locked_elsewhere(p)]
-
-
-def replay(path: Path, ws_url: str, token: Optional[str] = None, timeout: float = 30.0) -> tuple[int, Optional[str]]:
-    """Send one spool file to a server and delete it once everything is acknowledged.
-
-    Returns (messages the server had not acknowledged before, torn-tail description or None).
-    Raises OSError/ConnectionError when the server cannot be reached or refuses the run.
-    """
-    try:
-        guard = open(path, "rb")
-    except FileNotFoundError:  # another process delivered it meanwhile
-        return 0, None
-    with guard:
-        try:  # one replayer at a time, and never a file whose run is still alive
-            fcntl.flock(guard, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            return 0, None
-        return _replay_locked(path, ws_url, token, timeout)
-
-
-def _replay_locked(path: Path, ws_url: str, token: Optional[str], timeout: float) -> tuple[int, Optional[str]]:
-    from websockets.sync.client import connect
-
-    records, report = read_records(path)
-    hello_text = next(records, None)
-    if hello_text is None:
-        path.unlink(missing_ok=True)
-        return 0, report.torn
-    headers = {"Authorization": f"Bearer {token}"} if token else None
-    sent = last = 0
-    with connect(ws_url, additional_headers=headers, open_timeout=10, close_timeout=2,
-                 max_size=16 << 20, compression=None) as ws:
-        ws.send(hello_text)
-        welcome = json.loads(ws.recv(timeout=timeout))
-        if welcome.get("type") != "welcome":
-            raise ConnectionError(f"the server refused the spooled run {path.stem}: {welcome.get('message', welcome)}")
-        acked = int(welcome.get("last_seq", 0))
-        for text in records:
-            seq = int(json.loads(text)["seq"])
-            last = max(last, seq)
-            if seq > acked:
-                ws.send(text)
-                sent += 1
-        while acked < last:
-            reply = json.loads(ws.recv(timeout=timeout))
-            if reply.get("type") == "ack":
-                acked = int(reply["seq"])
-            elif reply.get("type") == "error":
-                raise ConnectionError(f"the server refused a spooled message of {path.stem}: {reply.get('message')}")
-    path.unlink(missing_ok=True)
-    if report.torn:
-        log.warning("gradwatch: %s ended in %s; the %d complete records before it were replayed",
-                    path.name, report.torn, report.records)
-    return sent, report.torn

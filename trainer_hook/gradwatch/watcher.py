@@ -30,8 +30,9 @@ from .findings import FindingWarner, run_page
 from .layout import Layout, build_layout
 from .measure import Probe, Snapshot
 from .sampling import CostMeter, make_sampler
+from .replay import replay
 from .sender import Sender
-from .spool import SpoolWriter, pending_spools, replay, spool_dir
+from .spool import SpoolWriter, pending_spools, spool_dir
 from .unwrap import find_scaler, qualified_name, unwrap
 
 log = logging.getLogger("gradwatch")
@@ -190,7 +191,8 @@ class Watcher:
                 self._closure_calls = (self._closure_calls or 0) + counted.calls
                 if counted.calls == 0 and self._sampled and first:  # the optimizer ignored its closure
                     self._read_grads(k)
-            self._end_passes(k, keep=first, taken=self._taken.pop(k, None))  # every step: it marks where the next one starts
+            # every step: it marks where the next one starts
+            self._end_passes(k, keep=first, taken=self._taken.pop(k, None))
             if self._sampled and first:
                 self._probe.read_state(self._members[k])
             if len(self._round) == len(self._members):
@@ -207,7 +209,8 @@ class Watcher:
                   "on. Please report it with this traceback.", self.run_id, self.step, exc_info=exc)
         self._detach()
 
-    def _end_passes(self, k: int, keep: bool, taken: Optional[tuple[list[int], list[Optional[float]]]] = None) -> None:
+    def _end_passes(self, k: int, keep: bool,
+                    taken: Optional[tuple[list[int], list[Optional[float]]]] = None) -> None:
         """End optimizer `k`'s backward passes; keep them as the round's when `keep`. `taken`: the
         passes of a closure step up to its first evaluation, which are the step's in their place."""
         members = self._members[k]
@@ -377,8 +380,9 @@ def _replay_in_background(ws_url: str, token: Optional[str]) -> None:
             return
         for path in files:
             try:
-                sent, _ = replay(path, ws_url, token)
-                log.info("gradwatch: replayed %d spooled messages of run %s", sent, path.stem)
+                done = replay(path, ws_url, token)
+                if done.claimed:
+                    log.info("gradwatch: replayed %d spooled messages of run %s", done.sent, path.stem)
             except Exception as exc:  # server still away: the file waits for the next chance
                 log.debug("gradwatch: could not replay %s: %s", path, exc)
 
@@ -416,8 +420,8 @@ def _check_config(config: Optional[Mapping[str, Any]]) -> Optional[dict[str, Any
         plain: dict[str, Any] = json.loads(json.dumps(dict(config), allow_nan=False))
         return plain
     except (TypeError, ValueError) as exc:
-        raise ValueError(f"config must hold only JSON values (str keys; numbers, strings, booleans, None, "
-                         f"lists and dicts of them; no NaN or infinity): {exc}") from exc
+        raise ValueError(f"config must hold only JSON values (numbers, strings, booleans, None, lists and "
+                         f"dicts of them, keyed by strings; no NaN or infinity): {exc}") from exc
 
 
 def _optimizers(optimizer: Any) -> tuple[list[torch.optim.Optimizer], list[list[Any]]]:

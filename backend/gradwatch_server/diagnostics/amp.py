@@ -43,4 +43,4 @@ class AmpSkippedSteps(Check):
         first = self.finding.first_step if self.finding else step.step
         self.finding = Finding(self.code, "warning" if many else "info", message, (), first,
                                Figure("skipped steps", float(count), "steps",
-                                      f"{count}{'' if scale is None else ' · scale ' + fmt_num(scale)}"))
+                                      f"{count}{'' if scale is None else ' · scale ' + fmt_num(scale)}", step.step))

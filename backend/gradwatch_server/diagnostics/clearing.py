@@ -68,7 +68,7 @@ class UnclearedGradients(Check):
                        f"({name_list(run.names(piled))}): their .grad was not cleared, so {used}. "
                        "Clear them once per step (zero_grad() on every optimizer that holds them).")
         figure = None if batches is None else Figure("backward passes summed in .grad", float(batches), "passes",
-                                                    str(batches))
+                                                    str(batches), step.step)
         self.finding = Finding(self.code, "error", message, run.names(piled), step.step, figure)
 
 
@@ -107,7 +107,7 @@ class GradAccumulation(Check):
                    f"loss by {self.k_max} so the step uses their mean.")
         first = self.finding.first_step if self.finding else step.step
         self.finding = Finding(self.code, "info", message, (), first,
-                               Figure("backward passes per step", float(self.k_max), "passes", text))
+                               Figure("backward passes per step", float(self.k_max), "passes", text, step.step))
 
 
 class ZeroFilledGradBuffers(Check):
@@ -134,11 +134,12 @@ class ZeroFilledGradBuffers(Check):
         if before is not None and before.figure is not None and held <= before.figure.value \
                 and len(names) == len(before.params):
             return
-        if before is not None and before.figure is not None:
-            held = max(held, before.figure.value)
+        at = step.step  # the step at which the figure holds
+        if before is not None and before.figure is not None and before.figure.value >= held:
+            held, at = before.figure.value, before.figure.step
         message = (f"zero_grad(set_to_none=False) keeps {fmt_bytes(held)} of gradient buffers allocated between "
                    "steps, zero-filled instead of freed; call zero_grad() with the default set_to_none=True "
                    "to free them.")
         self.finding = Finding(self.code, "warning", message, tuple(n for n in run.params if n in names),
                                before.first_step if before else step.step,
-                               Figure("bytes held between steps", held, "bytes", fmt_bytes(held)))
+                               Figure("bytes held between steps", held, "bytes", fmt_bytes(held), at))

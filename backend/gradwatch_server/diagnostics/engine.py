@@ -2,7 +2,7 @@
 
 `RunDiagnosis` is the state of one run: its checks, fed each step once, in order.
 `Diagnostics` holds them for the server. Ingest calls `observe` after each committed batch, so
-findings follow a live run within a step; the changed ones are stored at once (store.py), with a
+findings follow a live run within a step; the changed ones are stored at once (store/findings.py), with a
 mark saying how many steps they cover. A run the server holds no state for (after a restart,
 or an imported run) is diagnosed again from its stored steps when it is resumed or its findings
 are asked for; a finished run whose stored findings are current is answered from the store.

@@ -13,20 +13,25 @@ SEVERITIES: tuple[Severity, ...] = ("error", "warning", "info")
 
 @dataclass(frozen=True)
 class Figure:
-    """The one number that sizes a finding: `value` in `unit`, and `text`, how it reads."""
+    """The one number that sizes a finding: `value` in `unit`, `text`, how it reads, and `step`,
+    the step at which it holds (a run goes on after a finding: the figure is not its current state)."""
 
     label: str  # what the number is, e.g. "bytes held between steps"
     value: float
     unit: str  # "bytes", "passes", "steps", "ratio"
     text: str  # e.g. "1.5 MiB"
+    step: int | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-safe: a non-finite value is "NaN", "Infinity" or "-Infinity", as everywhere in the API."""
-        return {"label": self.label, "value": json_float(self.value), "unit": self.unit, "text": self.text}
+        return {"label": self.label, "value": json_float(self.value), "unit": self.unit, "text": self.text,
+                "step": self.step}
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Figure:
-        return cls(label=str(data["label"]), value=float(data["value"]), unit=str(data["unit"]), text=str(data["text"]))
+        step = data.get("step")
+        return cls(label=str(data["label"]), value=float(data["value"]), unit=str(data["unit"]), text=str(data["text"]),
+                   step=None if step is None else int(step))
 
 
 @dataclass(frozen=True)

@@ -1,6 +1,8 @@
 """Gradient values: non-finite gradients, and norms far above or below a parameter's own history."""
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 
 from .check import Check
@@ -152,7 +154,8 @@ class _NormJump(Check):
         worst = before.figure.value if before is not None and before.figure is not None \
             else float(ratios.max() if self.ABOVE else ratios.min())
         message, figure = self._message(ordered, first, worst)
-        self.finding = Finding(self.code, "warning", message, ordered, first, figure)
+        at = before.figure.step if before is not None and before.figure is not None else step.step
+        self.finding = Finding(self.code, "warning", message, ordered, first, replace(figure, step=at))
 
 
 class ExplodingGrad(_NormJump):

@@ -11,6 +11,8 @@
 import { api, ApiError, liveUrl, runPageUrl, UnreachableError } from "../api.js";
 import { byId, h, notice, setChildren, statusBadge } from "../dom.js";
 import { fmtCount, fmtDuration, runDuration } from "../format.js";
+import { sharedGroups } from "../groups.js";
+import { isUserScalar, mostShared } from "../names.js";
 import { LiveSocket, renderLiveStatus } from "../live.js";
 import { queryValue, readQuery, writeQuery } from "../url.js";
 import { compareCard, swatch } from "../views/compare-card.js";
@@ -21,13 +23,8 @@ import { zoomNote } from "../views/zoom-note.js";
 const MAX_PARAMS = 6;
 const X_MODES = { step: "step", time: "wall time" };
 const LAYOUTS = { overlay: "overlaid", side: "side by side" };
-export const FIXED_SCALARS = ["grad_norm_total", "loss", "lr/0"];
-
-/** The parameter names every run of `lists` has (null entries: runs not found, left out), in the first run's order. */
-export function commonNames(lists) {
-  const known = lists.filter(Boolean);
-  return known.length ? known[0].filter((n) => known.every((l) => l.includes(n))) : [];
-}
+export const FIXED_SCALARS = ["grad_norm_total", "loss"];
+const isLr = (k) => /^lr\/\d+$/.test(k);
 
 /** Each run's label: its name, with its id when another run of the comparison has the same name. */
 export function runLabel(runs, ids, i) {
@@ -42,6 +39,7 @@ let state;
 let el;
 const cards = [];      // every compare card, fixed and per parameter
 const paramCards = [];
+const lrCards = [];    // one per param group, matched by name across the runs
 let page;              // what the cards read: compare-card.js
 let extraCard;
 let picker;
@@ -79,7 +77,6 @@ export function init() {
   const card = (id, title, help, fetchOne, opts = {}) => compareCard(page, id, title, help, fetchOne, { parent: el.grid, ...opts });
   card("compare-grad-norm-total", "Total gradient norm", "‖grad‖₂ over all parameters", seriesIf("grad_norm_total"), { log: true });
   card("compare-loss", "Loss", "As each training script reported it", seriesIf("loss"));
-  card("compare-lr", "Learning rate", "Parameter group 0", seriesIf("lr/0"));
   extraCard = card("compare-scalar", "Another scalar", "Pick any scalar the runs report",
     (r) => (state.extra ? seriesIf(state.extra)(r) : Promise.resolve(null)), { tools: [extraSelect] });
 
@@ -110,6 +107,24 @@ export function init() {
   }).start();
 
   load();
+}
+
+/**
+ * A learning-rate card per param group (groups.js matches them across the runs by name), placed
+ * before `before`; the first keeps the id compare-lr.
+ */
+function rebuildLrCards(before) {
+  for (const c of lrCards.splice(0)) c.destroy();
+  const shared = sharedGroups(state.runs.map((r, i) => (r ? state.groups[i] : [])));
+  shared.forEach(({ label: name, at }, k) => {
+    const entry = compareCard(page, k ? `compare-lr-${k}` : "compare-lr", shared.length > 1 ? `Learning rate · ${name}` : "Learning rate",
+      `Param group ${name}`, (r) => {
+        const i = state.runs.indexOf(r);
+        return at[i] >= 0 ? seriesIf(`lr/${at[i]}`)(r) : Promise.resolve(null);
+      }, { parent: el.grid, before });
+    entry.card.dataset.group = name;
+    lrCards.push(entry);
+  });
 }
 
 function onXRange(range) {
@@ -253,17 +268,22 @@ function renderSettings() {
   setChildren(el.settingsBody, settingsTable(state));
 }
 
+/**
+ * The scalar and parameter shown first: what every compared run has (else what most have), a
+ * user's scalar before the hook's; a choice from the URL stays.
+ */
 function fillSelects() {
-  const scalars = [...new Set(state.metrics.flatMap((m) => (m ? m.scalars || [] : [])))]
-    .filter((k) => !FIXED_SCALARS.includes(k)).sort();
-  if (!scalars.includes(state.extra)) state.extra = scalars[0] || null;
+  const extra = (m) => (m ? (m.scalars || []).filter((k) => !FIXED_SCALARS.includes(k) && !isLr(k)).sort() : null);
+  const perRun = state.metrics.map(extra);
+  const scalars = [...new Set(perRun.filter(Boolean).flat())].sort();
+  if (!scalars.includes(state.extra)) state.extra = mostShared(perRun, isUserScalar);
   setChildren(extraSelect, scalars.map((k) => h("option", { value: k, selected: k === state.extra }, k)));
   extraCard.card.hidden = !scalars.length;
 
   const names = allParamNames();
   if (state.chosen === null) {
-    const common = commonNames(state.params);
-    state.chosen = common.length ? [common[0]] : names.slice(0, 1);
+    const first = mostShared(state.params);
+    state.chosen = first === null ? [] : [first];
   }
   state.chosen = state.chosen.filter((n) => names.includes(n));
 }
@@ -298,6 +318,7 @@ async function load() {
     renderRuns();
     renderControls();
     renderSettings();
+    rebuildLrCards(extraCard.card);
     fillSelects();
     save();
     await Promise.all([...cards.filter((c) => !c.card.hidden && !paramCards.includes(c)).map((c) => c.load()), rebuildParamCards()]);

@@ -25,6 +25,7 @@ import { inViewFirst, nearView } from "../charts/turns.js";
 import { byId, h, notice, setChildren } from "../dom.js";
 import { toNumber } from "../format.js";
 import { LiveSocket, renderLiveStatus } from "../live.js";
+import { firstScalar } from "../names.js";
 import { queryValue, readQuery, writeQuery } from "../url.js";
 import { headerView } from "../views/header.js";
 import { createRunViews } from "../views/run-views.js";
@@ -61,6 +62,7 @@ export function init() {
     params: [],
     paramIndex: new Map(),   // name -> index in /params (the order of live arrays)
     metrics: { scalars: [], params: [] },
+    groups: [],              // param groups (/groups), for their names
     selected: q.param || [], // parameters chosen by name (?param=); empty: the top k
     module: queryValue(q, "module"), // or every parameter of this module (?module=)
     top: Math.max(1, Math.round(num(queryValue(q, "top")) || 5)), // the top k (?top=&order=asc|desc)
@@ -194,8 +196,11 @@ async function loadAll() {
   if (loading) return loading;
   loading = (async () => {
     try {
-      const [run, params, metrics] = await (takeFirst() || Promise.all([api.run(runId), api.params(runId), api.metrics(runId)]));
+      const first = takeFirst() || Promise.all([api.run(runId), api.params(runId), api.metrics(runId)]);
+      const groups = api.groups(runId).then((g) => g.data || []).catch(() => []); // names only: a failure leaves "group G"
+      const [run, params, metrics] = await first;
       state.run = run;
+      state.groups = await groups;
       grid.hidden = false;
       state.params = params.data || [];
       state.paramIndex = new Map(state.params.map((p, i) => [p.name, p.index ?? i]));
@@ -307,7 +312,7 @@ function requestReload(delayMs = 500) {
 
 function fillOtherSelect() {
   const keys = otherScalars();
-  if (!keys.includes(state.otherScalar)) state.otherScalar = keys[0] || null;
+  if (!keys.includes(state.otherScalar)) state.otherScalar = firstScalar(keys);
   setChildren(otherSelect, keys.map((k) => h("option", { value: k, selected: k === state.otherScalar }, k)));
 }
 

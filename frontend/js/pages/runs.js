@@ -74,7 +74,7 @@ export function init() {
 
   el = {
     list: byId("runs"), count: byId("run-count"), text: byId("filter-text"), project: byId("filter-project"),
-    status: byId("filter-status"), compare: byId("compare"), live: byId("live"), banner: byId("banner"), toolbar: byId("filters"),
+    status: byId("filter-status"), tag: byId("filter-tag-select"), compare: byId("compare"), live: byId("live"), banner: byId("banner"), toolbar: byId("filters"),
   };
   el.toolbar.addEventListener("submit", (e) => e.preventDefault());
   el.text.value = state.text;
@@ -82,6 +82,7 @@ export function init() {
   el.text.addEventListener("input", () => { state.text = el.text.value; changed(); });
   el.project.addEventListener("change", () => { state.project = el.project.value; changed(); });
   el.status.addEventListener("change", () => { state.status = el.status.value; changed(); });
+  el.tag.addEventListener("change", () => filterTag(el.tag.value));
   el.compare.addEventListener("click", () => { location.href = compareUrl([...state.selected]); });
   document.addEventListener("keydown", (e) => {
     if (e.key === "/" && document.activeElement === document.body) {
@@ -170,6 +171,7 @@ function render() {
     h("p", {}, "Showing the runs as they were; this page reconnects by itself.")) : null);
   el.toolbar.hidden = state.phase === "ready" && !state.runs.length;
   renderProjects();
+  renderTags();
   renderTagFilter();
   el.compare.disabled = state.selected.size < 2;
   el.compare.textContent = state.selected.size ? `Compare ${state.selected.size} runs` : "Compare runs";
@@ -203,7 +205,7 @@ function render() {
   const active = document.activeElement;
   const focusKey = active && el.list.contains(active) && active.dataset ? active.dataset.focus : null;
   const focusRow = focusKey && active.closest("tr[data-run-id]");
-  setChildren(el.list, runTable(rows, { sorts: SORTS, sort: state.sort, dir: state.dir, selected: state.selected }, {
+  setChildren(el.list, runTable(rows, { sorts: SORTS, sort: state.sort, dir: state.dir, selected: state.selected, tag: state.tag }, {
     onSort: sortBy,
     onCheck: (id, on) => { if (on) state.selected.add(id); else state.selected.delete(id); render(); },
     onTag: filterTag,
@@ -227,10 +229,10 @@ function renderTagFilter() {
     return;
   }
   if (!chip) {
-    chip = h("span", { id: "filter-tag", class: "chip" });
-    el.status.after(chip);
+    chip = h("span", { id: "filter-tag", class: "chip", role: "status" });
+    el.tag.after(chip);
   }
-  setChildren(chip, h("span", { class: "muted" }, "tag"), h("span", { class: "chip-name" }, state.tag),
+  setChildren(chip, h("span", { class: "muted" }, "only runs tagged"), h("span", { class: "chip-name" }, state.tag),
     h("button", { type: "button", class: "chip-x", "aria-label": `Stop filtering by tag ${state.tag}`,
       onclick: () => { filterTag(""); el.text.focus(); } }, "×"));
 }
@@ -245,6 +247,18 @@ function renderProjects() {
       projects.map((p) => h("option", { value: p }, p)));
   }
   el.project.value = state.project;
+}
+
+/** The tag filter's choices: every tag of the runs (and the active one); hidden while no run has a tag. */
+function renderTags() {
+  const tags = [...new Set(state.runs.flatMap((r) => r.tags || []))].sort();
+  if (state.tag && !tags.includes(state.tag)) tags.push(state.tag);
+  const current = [...el.tag.options].map((o) => o.value).join("\n");
+  if (current !== ["", ...tags].join("\n")) {
+    setChildren(el.tag, h("option", { value: "" }, "Any tag"), tags.map((t) => h("option", { value: t }, `tag: ${t}`)));
+  }
+  el.tag.value = state.tag;
+  el.tag.hidden = !tags.length;
 }
 
 function clearFilter() {

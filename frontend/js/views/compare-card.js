@@ -72,7 +72,7 @@ export function swatch(i) {
  *   the compare page: its state, each run's label, the shared zoom, and the list of cards
  *   (the card adds itself, and takes itself out on destroy()).
  */
-export function compareCard(page, id, title, help, fetchOne, { log = false, tools = [], wide = false, parent } = {}) {
+export function compareCard(page, id, title, help, fetchOne, { log = false, tools = [], wide = false, parent, before = null } = {}) {
   const { state, label, onXRange, cards } = page;
   const logToggle = toggle("log", log, (on) => { entry.log = on; entry.draw(); }, "Logarithmic y axis");
   const { card, plot } = chartCard({ id, title, help, tools: [...tools, logToggle], wide });
@@ -173,6 +173,6 @@ export function compareCard(page, id, title, help, fetchOne, { log = false, tool
     },
   };
   cards.push(entry);
-  parent.appendChild(card);
+  parent.insertBefore(card, before);
   return entry;
 }

@@ -5,6 +5,7 @@
 import { runPageUrl } from "../api.js";
 import { h, statusBadge } from "../dom.js";
 import { fmtCount, fmtNum, toNumber } from "../format.js";
+import { labelledGroups } from "../groups.js";
 import { swatch } from "./compare-card.js";
 
 /** {error, warning, info} counts of a /diagnostics answer, or null when there is none. */
@@ -15,13 +16,11 @@ export function countFindings(found) {
   return counts;
 }
 
-/** "group 0 3e-4" per param group: the learning rate each group started with. */
+/** "no_decay 3e-4" per param group (groups.js names them): the learning rate each group started with. */
 function learningRates(groups) {
   if (!groups) return "—";
   if (!groups.length) return "none reported";
-  const several = groups.some((g) => g.optimizer > 0);
-  return groups.map((g) => {
-    const name = `${several ? `optimizer ${g.optimizer} · ` : ""}${g.name || `group ${g.index}`}`;
+  return labelledGroups(groups).map(({ group: g, label: name }) => {
     const lr = g.hparams && "lr" in g.hparams ? g.hparams.lr : undefined;
     const value = typeof lr === "number" || typeof lr === "string" ? fmtNum(toNumber(lr), 3) : "—";
     return h("div", { class: "lr", title: JSON.stringify(g.hparams || {}) }, h("span", { class: "muted" }, `${name} `), value);

@@ -62,7 +62,9 @@ export function findingsView(o) {
           params.length ? " · " : "", paramList)),
       fig ? h("div", { class: "finding-figure", title: String(fig.label || "") },
         h("span", { class: "finding-figure-value" }, String(fig.text ?? fig.value ?? "")),
-        h("span", { class: "finding-figure-label" }, String(fig.label || ""))) : null);
+        h("span", { class: "finding-figure-label" }, String(fig.label || "")),
+        // The run goes on after a finding: the figure says when it held, not how things are now.
+        Number.isInteger(fig.step) ? h("span", { class: "finding-figure-step", dataset: { step: String(fig.step) } }, `at step ${fig.step}`) : null) : null);
   }
 
   return {

@@ -10,7 +10,8 @@ export const DEFAULT_SERVER = "http://127.0.0.1:8765"; // where the hook sends u
 
 /**
  * @param {object[]} rows  the runs to show, in order
- * @param {{sorts: Object<string, Array>, sort: string, dir: string, selected: Set<string>}} view
+ * @param {{sorts: Object<string, Array>, sort: string, dir: string, selected: Set<string>, tag?: string}} view
+ *   tag: the active tag filter (its chips are drawn pressed)
  * @param {{onSort: (key: string) => void, onCheck: (id: string, on: boolean) => void,
  *          onTag: (tag: string) => void, onEdit: (run: object, from: Element) => void,
  *          onDelete: (run: object, from: Element) => void}} on
@@ -47,7 +48,8 @@ function runRow(r, view, on) {
     h("td", { class: "col-name" }, h("a", { href: runPageUrl(r.id), class: "run-link", dataset: { focus: "link" } }, name),
       name !== r.id ? h("span", { class: "run-id" }, r.id) : null,
       tags.length ? h("span", { class: "tags" }, tags.map((t) => h("button", {
-        type: "button", class: "tag", dataset: { tag: t, focus: `tag:${t}` }, title: `Show only runs tagged ${t}`,
+        type: "button", class: `tag${t === view.tag ? " tag-on" : ""}`, "aria-pressed": String(t === view.tag),
+        dataset: { tag: t, focus: `tag:${t}` }, title: `Show only runs tagged ${t}`,
         onclick: () => on.onTag(t),
       }, t))) : null),
     h("td", {}, r.project || "—"),

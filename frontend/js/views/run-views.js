@@ -2,6 +2,7 @@
 // a card applies to a run. pages/run.js loads them and feeds them live steps.
 
 import { h } from "../dom.js";
+import { lrLabel } from "../groups.js";
 import { findingsView } from "./findings.js";
 import { heatmapView } from "./heatmaps.js";
 import { paramMetricView } from "./params.js";
@@ -63,7 +64,7 @@ export function createRunViews(state, { onXRange, onSelect, onParam, onModule, o
     lr: scalarView({
       id: "lr", title: "Learning rate", help: "Per parameter group",
       keys: (s) => s.filter((k) => /^lr\/\d+$/.test(k)).sort((a, b) => lrGroup(a) - lrGroup(b)),
-      label: (k) => `group ${k.slice(3)}`, emptyText: "No learning rate reported", onXRange,
+      label: (k) => lrLabel(state.groups, k), emptyText: "No learning rate reported", onXRange,
     }),
     memory: scalarView({
       id: "memory", title: "Memory", help: "Parameters, gradients and optimizer state; CUDA when used",

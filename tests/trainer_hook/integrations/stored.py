@@ -1,8 +1,5 @@
 """What the server stored for a run, read back through its public API, and the checks every
-framework test makes against its oracle.
-
-The folder's conftest.py has the `sqlite_server` fixture the framework tests train against.
-"""
+framework test makes against its oracle."""
 from __future__ import annotations
 
 import csv
@@ -12,7 +9,6 @@ from typing import Any
 
 import httpx
 import torch
-
 
 #: (optimizer step, parameter name) -> gradient norm
 Norms = dict[tuple[int, str], float]
@@ -40,11 +36,6 @@ def stored_norms(server_url: str, run_id: str) -> Norms:
 def scalar_series(server_url: str, run_id: str, key: str) -> dict[str, Any]:
     with httpx.Client(base_url=server_url, timeout=30) as http:
         return http.get(f"/api/runs/{run_id}/series", params={"key": key}).raise_for_status().json()
-
-
-def findings(server_url: str, run_id: str) -> list[dict[str, Any]]:
-    with httpx.Client(base_url=server_url, timeout=30) as http:
-        return http.get(f"/api/runs/{run_id}/diagnostics").raise_for_status().json()
 
 
 def assert_equal_norms(stored: Norms, oracle: Norms, rel: float = 1e-5) -> None:

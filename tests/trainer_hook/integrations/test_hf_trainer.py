@@ -2,8 +2,6 @@
 a config, nothing downloaded) streaming to a real server, against an independent oracle."""
 from __future__ import annotations
 
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -16,12 +14,12 @@ accelerate = pytest.importorskip("accelerate", reason="the Trainer needs acceler
 from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainerCallback, TrainingArguments  # noqa: E402
 
 from gradwatch.integrations.transformers import GradwatchCallback  # noqa: E402
-from stored import (Norms, accumulation, assert_equal_norms, assert_no_problem, findings, grad_norms,  # noqa: E402
+from support.examples import findings  # noqa: E402
+from stored import (Norms, accumulation, assert_equal_norms, assert_no_problem, grad_norms,  # noqa: E402
                     run_info, scalar_series, stored_norms)
 
 ACCUMULATE = 4
 STEPS = 3
-REPO = Path(__file__).resolve().parents[3]
 
 
 def tiny_gpt2() -> GPT2LMHeadModel:
@@ -74,7 +72,7 @@ def test_trainer_values_equal_the_oracle_at_every_step(tmp_path: Path, sqlite_se
     # clipping happened: the oracle's total norm is the clip threshold (the random model's is far above)
     total = sum(v * v for (s, _), v in oracle.norms.items() if s == 1) ** 0.5
     assert total == pytest.approx(1.0, rel=1e-4)
-    found = findings(sqlite_server.url, w.run_id)
+    found = findings(sqlite_server, w.run_id)
     assert_no_problem(found)
     assert accumulation(found) == ACCUMULATE
 
@@ -141,12 +139,23 @@ def test_bad_arguments_fail_when_the_callback_is_made(kwargs: dict[str, Any], er
         GradwatchCallback(**kwargs)
 
 
-def test_example_runs_against_a_real_server(sqlite_server, tmp_path: Path) -> None:
-    out = subprocess.run([sys.executable, str(REPO / "examples" / "hf_trainer.py"), "--server", sqlite_server.url,
-                          "--output-dir", str(tmp_path / "out"), "--steps", "6"],
-                         capture_output=True, text=True, timeout=120, cwd=tmp_path)
-    assert out.returncode == 0, out.stderr[-3000:]
-    run_id = out.stdout.strip().splitlines()[-1].split()[-1]
-    run = run_info(sqlite_server.url, run_id)
-    assert run["status"] == "finished" and run["steps"] > 0
-    assert_no_problem(findings(sqlite_server.url, run_id))
+def test_train_begin_without_an_optimizer_says_so(tmp_path: Path) -> None:
+    args = TrainingArguments(output_dir=str(tmp_path / "out"), report_to=[], use_cpu=True)
+    with pytest.raises(TypeError, match="got no optimizer at train begin"):
+        GradwatchCallback(server="http://127.0.0.1:9").on_train_begin(args, None, None, model=tiny_gpt2())
+
+
+def test_only_the_first_process_watches(tmp_path: Path) -> None:
+    """Under torchrun every process runs the callbacks; the Trainer's state says which is first."""
+    from transformers import TrainerControl, TrainerState
+
+    args = TrainingArguments(output_dir=str(tmp_path / "out"), report_to=[], use_cpu=True)
+    model = tiny_gpt2()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    callback = GradwatchCallback(server="http://127.0.0.1:9")
+    callback.on_train_begin(args, TrainerState(is_world_process_zero=False), TrainerControl(), model=model,
+                            optimizer=optimizer)
+    assert callback.watcher is None and not optimizer._optimizer_step_pre_hooks
+    callback.on_train_begin(args, TrainerState(), TrainerControl(), model=model, optimizer=optimizer)
+    assert callback.watcher is not None and optimizer._optimizer_step_pre_hooks
+    callback.watcher.close(timeout=0.1)  # no server here: what train end does, without its 5 s wait

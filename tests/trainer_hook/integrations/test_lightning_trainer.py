@@ -3,8 +3,6 @@ accumulation and clipping; a GAN with manual optimization and two optimizers) st
 real server, against oracles taken where the step's gradients are final."""
 from __future__ import annotations
 
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -17,13 +15,13 @@ L = pytest.importorskip("lightning.pytorch", reason="needs Lightning (pip instal
 from lightning.pytorch.loggers import CSVLogger  # noqa: E402
 
 from gradwatch.integrations.lightning import GradwatchCallback  # noqa: E402
-from stored import (Norms, accumulation, assert_equal_norms, assert_no_problem, findings, grad_norms,  # noqa: E402
+from support.examples import findings  # noqa: E402
+from stored import (Norms, accumulation, assert_equal_norms, assert_no_problem, grad_norms,  # noqa: E402
                     run_info, scalar_series, stored_norms)
 
 ACCUMULATE = 2
 CLIP = 0.05  # far below the gradients' norm: every step is clipped
 STEPS = 3
-REPO = Path(__file__).resolve().parents[3]
 
 
 def batches(n: int, seed: int = 0) -> torch.utils.data.DataLoader:
@@ -84,7 +82,7 @@ def test_accumulation_and_clipping_values_equal_the_oracle(tmp_path: Path, sqlit
     total = sum(v * v for (s, _), v in module.oracle.items() if s == 1) ** 0.5
     assert total == pytest.approx(CLIP, rel=1e-4)  # the oracle saw the clipped gradients
     assert_equal_norms(stored_norms(sqlite_server.url, w.run_id), module.oracle)
-    found = findings(sqlite_server.url, w.run_id)
+    found = findings(sqlite_server, w.run_id)
     assert_no_problem(found)
     assert accumulation(found) == ACCUMULATE
 
@@ -131,7 +129,7 @@ def test_precision_plugin_scaler_is_found(tmp_path: Path, sqlite_server) -> None
     run = run_info(sqlite_server.url, w.run_id)
     assert run["config"]["amp"] is True and run["config"]["user"]["precision"] == "16-mixed"
     assert_equal_norms(stored_norms(sqlite_server.url, w.run_id), module.oracle)
-    assert_no_problem(findings(sqlite_server.url, w.run_id))
+    assert_no_problem(findings(sqlite_server, w.run_id))
 
 
 class GAN(L.LightningModule):
@@ -188,7 +186,7 @@ def test_gan_with_manual_optimization_makes_one_run(tmp_path: Path, sqlite_serve
     run = run_info(sqlite_server.url, w.run_id)
     assert run["config"]["optimizers"] == ["Adam", "Adam"] and run["steps"] == STEPS
     assert_equal_norms(stored_norms(sqlite_server.url, w.run_id), oracle.norms)
-    assert_no_problem(findings(sqlite_server.url, w.run_id))
+    assert_no_problem(findings(sqlite_server, w.run_id))
 
 
 @pytest.mark.parametrize("kwargs, error", [
@@ -198,16 +196,6 @@ def test_gan_with_manual_optimization_makes_one_run(tmp_path: Path, sqlite_serve
 def test_bad_arguments_fail_when_the_callback_is_made(kwargs: dict[str, Any], error: type) -> None:
     with pytest.raises(error):
         GradwatchCallback(**kwargs)
-
-
-def test_example_runs_against_a_real_server(sqlite_server, tmp_path: Path) -> None:
-    out = subprocess.run([sys.executable, str(REPO / "examples" / "lightning.py"), "--server", sqlite_server.url,
-                          "--steps", "6"], capture_output=True, text=True, timeout=120, cwd=tmp_path)
-    assert out.returncode == 0, out.stderr[-3000:]
-    run_id = out.stdout.strip().splitlines()[-1].split()[-1]
-    run = run_info(sqlite_server.url, run_id)
-    assert run["status"] == "finished" and run["steps"] == 6
-    assert_no_problem(findings(sqlite_server.url, run_id))
 
 
 def test_each_package_gets_a_callback_of_its_own_base(tmp_path: Path, sqlite_server) -> None:
@@ -252,3 +240,20 @@ def test_each_package_gets_a_callback_of_its_own_base(tmp_path: Path, sqlite_ser
     run = run_info(sqlite_server.url, w.run_id)
     assert run["config"]["user"]["framework"] == "pytorch_lightning" and run["steps"] == STEPS
     assert_equal_norms(stored_norms(sqlite_server.url, w.run_id), module.oracle)
+
+
+def test_an_exception_in_fit_closes_the_run(tmp_path: Path, sqlite_server) -> None:
+    class Failing(Regressor):
+        def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+            if self.trainer.global_step == 2:
+                raise RuntimeError("the user's bug")
+            return super().training_step(batch, batch_idx)
+
+    torch.manual_seed(0)
+    watching = GradwatchCallback(server=sqlite_server.url, warn=False)
+    with pytest.raises(RuntimeError, match="the user's bug"):
+        fit(Failing(), tmp_path, [watching], max_steps=5)
+    w = watching.watcher
+    assert w is not None and w.pending == 0
+    run = run_info(sqlite_server.url, w.run_id)
+    assert (run["status"], run["steps"]) == ("finished", 2)  # closed at the exception, not left running

@@ -3,18 +3,20 @@ configuration made JSON-safe, and the framework's logged numbers forwarded as us
 from __future__ import annotations
 
 import enum
+import logging
 import math
 import re
 from dataclasses import dataclass
 from pathlib import PurePath
-from typing import Any, Optional, Union
-from collections.abc import Mapping, Sequence
+from typing import Any, Callable, Mapping, Optional, Sequence, Union
 
 import torch
 
 from ..sampling import make_sampler
 from ..watcher import Watcher, _check_name, watch
 from ..wire import ingest_url
+
+log = logging.getLogger("gradwatch")
 
 #: what `Watcher.log` accepts as a name (checked here so that one odd key is left out, not fatal)
 _METRIC_NAME = re.compile(r"^[A-Za-z0-9_.:-][A-Za-z0-9_./:-]{0,127}$")
@@ -85,6 +87,22 @@ def json_safe(value: Any, depth: int = 0) -> Any:
     if isinstance(value, torch.Tensor) and value.numel() == 1:
         return json_safe(value.item(), depth + 1)
     return repr(value)
+
+
+def forward(watcher: Watcher, read_logs: Callable[[], Mapping[str, Any]]) -> bool:
+    """Record the framework's logged numbers (`read_logs()`) with the watcher's next step.
+
+    A failure here is gradwatch's own and must not end the training: it is logged with its
+    traceback and False returned, so that the callback stops forwarding (the watching goes on).
+    """
+    try:
+        watcher.log(scalars(read_logs()))
+        return True
+    except Exception as exc:
+        log.error("gradwatch: stopped recording the framework's logged numbers of run %s after an error of its "
+                  "own; the training and the watching go on. Please report it with this traceback.",
+                  watcher.run_id, exc_info=exc)
+        return False
 
 
 def scalars(logs: Mapping[str, Any]) -> dict[str, Union[float, torch.Tensor]]:

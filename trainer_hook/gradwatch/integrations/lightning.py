@@ -21,12 +21,13 @@ from __future__ import annotations
 import functools
 import importlib
 import importlib.util
+import sys
 from typing import Any, Optional, Union
 
 from ..watcher import Watcher
-from .common import WatchOptions, json_safe, run_name, scalars
+from .common import WatchOptions, forward, json_safe, run_name
 
-__all__ = ["GradwatchCallback", "callback_class"]
+__all__ = ["LightningWatching", "callback_class", "installed_package"]  # and GradwatchCallback, made on first access
 
 #: the package a user names -> the module that holds its Callback and Trainer
 PACKAGES = {"lightning": "lightning.pytorch", "pytorch_lightning": "pytorch_lightning"}
@@ -46,20 +47,23 @@ class LightningWatching:
         self.options = WatchOptions(project=project, run=run, server=server, every=every, token=token,
                                     updates=updates, warn=warn)
         self.watcher: Optional[Watcher] = None
+        self._forwarding = True
 
     def on_fit_start(self, trainer: Any, pl_module: Any) -> None:
         if self.watcher is not None:  # a second `fit()` is a run of its own
             self.watcher.close()
+        if not getattr(trainer, "is_global_zero", True):
+            return  # distributed: one process watches (gradwatch's runs are one process's, for now)
         optimizers = list(trainer.optimizers)
         if not optimizers:
             raise ValueError("GradwatchCallback: the Trainer has no optimizer to watch (configure_optimizers returned none)")
         precision = getattr(trainer, "precision_plugin", None)
+        package = type(trainer).__module__.split(".")[0]  # "lightning" or "pytorch_lightning"
+        self._forwarding = True
         self.watcher = self.options.watch(
             optimizers, model=pl_module, run=_logger_run_name(trainer),
             scaler=getattr(precision, "scaler", None),
-            config={"framework": type(trainer).__module__.split(".")[0],
-                    "lightning_version": getattr(importlib.import_module(type(trainer).__module__.split(".")[0]),
-                                                 "__version__", None),
+            config={"framework": package, "lightning_version": getattr(sys.modules.get(package), "__version__", None),
                     "accumulate_grad_batches": trainer.accumulate_grad_batches,
                     "gradient_clip_val": json_safe(trainer.gradient_clip_val),
                     "gradient_clip_algorithm": json_safe(trainer.gradient_clip_algorithm),
@@ -68,8 +72,10 @@ class LightningWatching:
                     "hparams": json_safe(dict(getattr(pl_module, "hparams", {}) or {}))})
 
     def on_before_optimizer_step(self, trainer: Any, pl_module: Any, optimizer: Any) -> None:
-        if self.watcher is not None:
-            self.watcher.log(scalars(trainer.callback_metrics))
+        # Inside a training batch, callback_metrics are the step values Lightning already holds:
+        # reading them computes and synchronises nothing (epoch aggregates are computed at epoch end).
+        if self.watcher is not None and self._forwarding:
+            self._forwarding = forward(self.watcher, lambda: trainer.callback_metrics)
 
     def on_fit_end(self, trainer: Any, pl_module: Any) -> None:
         if self.watcher is not None:

@@ -13,7 +13,7 @@ from typing import Any
 
 from .lightning import callback_class
 
-__all__ = ["GradwatchCallback"]
+
 
 
 def __getattr__(name: str) -> Any:

@@ -18,7 +18,7 @@ import transformers
 from transformers import TrainerCallback
 
 from ..watcher import Watcher
-from .common import WatchOptions, json_safe, scalars
+from .common import WatchOptions, forward, json_safe
 
 __all__ = ["GradwatchCallback"]
 
@@ -39,6 +39,7 @@ class GradwatchCallback(TrainerCallback):
         self.options = WatchOptions(project=project, run=run, server=server, every=every, token=token,
                                     updates=updates, warn=warn)
         self.watcher: Optional[Watcher] = None
+        self._forwarding = True
 
     def on_train_begin(self, args: Any, state: Any, control: Any, model: Any = None, optimizer: Any = None,
                        **kwargs: Any) -> None:
@@ -46,18 +47,21 @@ class GradwatchCallback(TrainerCallback):
             self.watcher.close()
         if optimizer is None:
             raise TypeError("GradwatchCallback got no optimizer at train begin: use it with transformers.Trainer")
-        config: Any = getattr(model, "config", None)
+        if not getattr(state, "is_world_process_zero", True):
+            return  # distributed: one process watches (gradwatch's runs are one process's, for now)
+        model_config = getattr(getattr(model, "config", None), "to_dict", None)
+        self._forwarding = True
         self.watcher = self.options.watch(
             [optimizer], model=model, run=getattr(args, "run_name", None),
             config={"framework": "transformers", "transformers_version": transformers.__version__,
                     "gradient_accumulation_steps": args.gradient_accumulation_steps,
                     "training_args": json_safe(args.to_dict()),
-                    "model_config": json_safe(config.to_dict()) if hasattr(config, "to_dict") else None})
+                    "model_config": json_safe(model_config()) if callable(model_config) else None})
 
     def on_log(self, args: Any, state: Any, control: Any, logs: Optional[dict[str, Any]] = None,
                **kwargs: Any) -> None:
-        if self.watcher is not None and logs:
-            self.watcher.log(scalars(logs))
+        if self.watcher is not None and logs and self._forwarding:
+            self._forwarding = forward(self.watcher, lambda: logs)
 
     def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         if self.watcher is not None:

@@ -2,27 +2,20 @@
 
     pip install gradwatch[lightning]
     gradwatch serve &
-    python examples/lightning.py --server http://127.0.0.1:8765
+    python examples/lightning_trainer.py --server http://127.0.0.1:8765
 
 Automatic optimization with gradient accumulation and clipping; the data is made here.
 """
 from __future__ import annotations
 
 import argparse
-import os
-import sys
 from typing import Any
 
-# Run as a script, this file's folder comes first on sys.path and its name would shadow the
-# `lightning` package: leave the folder out (a copy under another name needs none of this).
-if sys.path and os.path.abspath(sys.path[0] or ".") == os.path.dirname(os.path.abspath(__file__)):
-    sys.path.pop(0)
+import lightning.pytorch as L
+import torch
+from torch import nn
 
-import lightning.pytorch as L  # noqa: E402
-import torch  # noqa: E402
-from torch import nn  # noqa: E402
-
-from gradwatch.integrations.lightning import GradwatchCallback  # noqa: E402
+from gradwatch.integrations.lightning import GradwatchCallback
 
 
 class Regressor(L.LightningModule):

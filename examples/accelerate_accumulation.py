@@ -1,6 +1,7 @@
 """Gradient accumulation with Hugging Face accelerate, streaming to gradwatch (CPU, seconds).
+(Not named accelerate.py: in this folder that name would shadow the package for every example.)
 
-    python examples/accelerate.py --server http://127.0.0.1:8765 --accumulate 4
+    python examples/accelerate_accumulation.py --server http://127.0.0.1:8765 --accumulate 4
 
 `watch()` takes the optimizer `accelerator.prepare()` returns: it hooks the torch optimizer inside,
 which steps once per `--accumulate` micro-batches (when gradients are synchronised), so each
@@ -9,24 +10,18 @@ stored step is one real optimizer step and the run reports intentional accumulat
 from __future__ import annotations
 
 import argparse
-import os
-import sys
 
-# This file has the name of the package it shows: run as a script, its folder comes first on
-# sys.path and `import accelerate` would import this file again. Look for packages elsewhere.
-_here = os.path.dirname(os.path.abspath(__file__))
-sys.path[:] = [p for p in sys.path if os.path.abspath(p or os.curdir) != _here]
+import torch
+from accelerate import Accelerator
+from torch import nn
 
-import torch  # noqa: E402
-from accelerate import Accelerator  # noqa: E402
-from torch import nn  # noqa: E402
-
-import gradwatch  # noqa: E402
+import gradwatch
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--server", default=None, help="gradwatch server URL (default: $GRADWATCH_SERVER or http://127.0.0.1:8765)")
+    ap.add_argument("--server", default=None,
+                    help="gradwatch server URL (default: $GRADWATCH_SERVER or http://127.0.0.1:8765)")
     ap.add_argument("--batches", type=int, default=160, help="micro-batches in all")
     ap.add_argument("--accumulate", type=int, default=4, help="micro-batches per optimizer step")
     ap.add_argument("--cpu", action="store_true", help="train on the CPU even where a GPU is")

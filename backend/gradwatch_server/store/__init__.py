@@ -1,0 +1,270 @@
+"""Storage: the only package that speaks SQL (SQLAlchemy Core; SQLite or PostgreSQL).
+
+`open_store(url)` creates the engine, applies migrations and returns a `Store`; nothing happens
+at import. The interface is narrow: a run is opened from a `hello`, steps are written one
+message per transaction, and reads return plain records and numpy arrays.
+
+`Store` is a thin front: it owns the engine, the transactions and what the store keeps in memory
+(the series names it knows are stored, the recent steps of each run: tails.py), and each method
+hands a connection to the module of its job: `runs`, `steps`, `series`, `findings`, the blocks'
+SQL (`blocks_sql`), and the `engine` (URLs, pragmas, size, compaction).
+
+Writes are serialized by one lock per store: SQLite allows one writer at a time, and taking
+turns in-process is cheaper than meeting a locked database. On PostgreSQL the run's row is
+locked (`FOR UPDATE`) instead, so concurrent writers to one run cannot double-count a step.
+"""
+from __future__ import annotations
+
+import contextlib
+import threading
+import time
+from collections.abc import Callable, Iterable, Iterator, Sequence
+
+import numpy as np
+from sqlalchemy import Connection, Engine
+from sqlalchemy.exc import IntegrityError, OperationalError
+
+from .. import blocks, migrations, tails
+from ..protocol import Hello
+from . import engine as _engine
+from . import findings as _findings
+from . import runs as _runs
+from . import series as _series
+from . import steps as _steps
+from .blocks_sql import backfill_blocks
+from .engine import create_db_engine, display_url
+from .records import (
+    RUN_STATUSES,
+    SEVERITIES,
+    DiagnosisMark,
+    Group,
+    OpenedRun,
+    Param,
+    ParamsMismatch,
+    Run,
+    StepData,
+    StepRecord,
+    StoredFinding,
+    StoreError,
+    UnknownRun,
+)
+from .rows import storable
+from .steps import NotifyInTransaction
+from .values import SPECIAL_NAN, SPECIAL_NEG_ZERO
+
+__all__ = [
+    "RUN_STATUSES", "SEVERITIES", "SPECIAL_NAN", "SPECIAL_NEG_ZERO", "DiagnosisMark", "Group", "NotifyInTransaction",
+    "OpenedRun", "Param", "ParamsMismatch", "Run", "StepData", "StepRecord", "Store", "StoreError", "StoredFinding",
+    "UnknownRun", "backfill_blocks", "create_db_engine", "display_url", "open_store",
+]
+
+
+def open_store(url: str, clock: Callable[[], float] = time.time) -> Store:
+    """Connect to `url`, bring its schema up to date and return the store."""
+    engine = create_db_engine(url)
+    try:
+        migrations.upgrade(engine)
+    except migrations.SchemaError as exc:
+        engine.dispose()
+        raise StoreError(str(exc)) from exc
+    except OperationalError as exc:
+        engine.dispose()
+        raise StoreError(f"cannot open database {display_url(url)!r}: {exc.orig}") from exc
+    return Store(engine, clock)
+
+
+class Store:
+    """All reads and writes of runs; safe to share between threads."""
+
+    def __init__(self, engine: Engine, clock: Callable[[], float] = time.time) -> None:
+        self.engine = engine
+        self._clock = clock
+        self._serial = engine.dialect.name == "sqlite"
+        self._write_lock = threading.Lock()
+        self._known_names: set[_steps.SeriesName] = set()
+        self._tails = tails.Tails()
+
+    def close(self) -> None:
+        self.engine.dispose()
+
+    @contextlib.contextmanager
+    def _write(self) -> Iterator[Connection]:
+        """One transaction: committed on success, rolled back on any error."""
+        with self._write_lock if self._serial else contextlib.nullcontext():
+            with self.engine.begin() as conn:
+                yield conn
+
+    @contextlib.contextmanager
+    def _read(self) -> Iterator[Connection]:
+        with self.engine.connect() as conn:
+            yield conn
+
+    # -- runs ------------------------------------------------------------------------------
+
+    def open_run(self, hello: Hello) -> OpenedRun:
+        """Create the run of a `hello`, or resume it (same parameter names, same order)."""
+        try:
+            with self._write() as conn:
+                return _runs.open_run(conn, hello, self._clock())
+        except IntegrityError:
+            # On PostgreSQL writers do not take turns: two hellos of a new run may both find no
+            # row, and the second insert fails. The run exists now, so this hello resumes it.
+            with self._write() as conn:
+                return _runs.open_run(conn, hello, self._clock())
+
+    def close_run(self, run_id: str, *, seq: int, status: str) -> bool:
+        """Apply a `close` message; False if it was applied already."""
+        with self._write() as conn:
+            return _runs.close_run(conn, run_id, seq, status, self._clock())
+
+    def mark_crashed(self, run_id: str, idle_since: float) -> bool:
+        """Mark a run crashed if it is running and unchanged since `idle_since`; True if so."""
+        with self._write() as conn:
+            return _runs.mark_crashed(conn, run_id, idle_since, self._clock())
+
+    def set_status(self, run_id: str, status: str, finished_at: float | None) -> None:
+        """Set a run's status outright (an imported run: no hook will send `close`)."""
+        with self._write() as conn:
+            _runs.set_status(conn, run_id, status, finished_at, self._clock())
+
+    def update_run(self, run_id: str, *, name: str | None = None, tags: Sequence[str] | None = None) -> bool:
+        """Rename a run and/or replace its tags (None: unchanged); False if there is no such run."""
+        with self._write() as conn:
+            return _runs.update_run(conn, run_id, name, tags)
+
+    def delete_run(self, run_id: str) -> bool:
+        """Delete a run and everything stored for it, in one transaction."""
+        with self._write() as conn:
+            deleted = _runs.delete_run(conn, run_id)
+        self._known_names = {k for k in self._known_names if k[0] != run_id}
+        return deleted
+
+    def runs_to_collect(self, *, created_before: float | None = None, status: str | None = None,
+                        project: str | None = None) -> list[Run]:
+        """The runs `gradwatch gc` may delete, oldest first (never a running one)."""
+        if not storable(project):
+            return []
+        with self._read() as conn:
+            return _runs.runs_to_collect(conn, created_before, status, project)
+
+    def get_run(self, run_id: str) -> Run | None:
+        if not storable(run_id):
+            return None
+        with self._read() as conn:
+            return _runs.get_run(conn, run_id)
+
+    def list_runs(self, *, project: str | None = None, q: str | None = None, status: str | None = None,
+                  tag: str | None = None, limit: int = 100, offset: int = 0) -> tuple[list[Run], int]:
+        """Matching runs, newest first, and how many match in all."""
+        if not storable(project, q, tag):
+            return [], 0
+        with self._read() as conn:
+            return _runs.list_runs(conn, project, q, status, tag, limit, offset)
+
+    def running_run_ids(self) -> list[str]:
+        with self._read() as conn:
+            return _runs.running_run_ids(conn)
+
+    def get_params(self, run_id: str) -> list[Param]:
+        with self._read() as conn:
+            return _runs.get_params(conn, run_id)
+
+    def get_groups(self, run_id: str) -> list[Group]:
+        with self._read() as conn:
+            return _runs.get_groups(conn, run_id)
+
+    def series_names(self, run_id: str, kind: str) -> list[str]:
+        """Sorted names of a run's scalar series (`kind="scalar"`) or parameter metrics ("param")."""
+        with self._read() as conn:
+            return _runs.get_series_names(conn, run_id, kind)
+
+    # -- steps -----------------------------------------------------------------------------
+
+    def write_steps(self, run_id: str, batch: Sequence[StepData],
+                    notify: NotifyInTransaction | None = None) -> list[bool]:
+        """Store step messages in one transaction; per message, False if it was stored already
+        (steps.write_steps). `notify` (PostgreSQL, `serve --workers N`) names the NOTIFY to send
+        in that transaction."""
+        with self._write() as conn:
+            written = _steps.write_steps(conn, run_id, batch, self._clock(), self._known_names, self._tails, notify)
+        if written.changed:  # only once committed
+            self._known_names |= written.names
+            self._tails.keep(run_id, written.tail)
+        return written.stored
+
+    def step_times(self, run_id: str, wanted: Sequence[int] | np.ndarray) -> tuple[np.ndarray, float | None]:
+        with self._read() as conn:
+            return _steps.step_times(conn, run_id, wanted)
+
+    def iter_steps(self, run_id: str, *, with_scalars: bool = True, chunk: int = 256,
+                   metrics: Iterable[str] | None = None, scalar_keys: Iterable[str] | None = None,
+                   after: int | None = None) -> Iterator[list[StepRecord]]:
+        return _steps.iter_steps(self.engine, run_id, with_scalars=with_scalars, chunk=chunk, metrics=metrics,
+                                 scalar_keys=scalar_keys, after=after)
+
+    def batch_steps(self, run_id: str, steps_range: tuple[int, int], seq_range: tuple[int, int]) -> list[StepRecord]:
+        return _steps.batch_steps(self.engine, run_id, steps_range, seq_range)
+
+    # -- series ----------------------------------------------------------------------------
+
+    def scalar_series(self, run_id: str, key: str, start: int | None = None,
+                      end: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+        with self._read() as conn:
+            return _series.scalar_series(conn, run_id, key, start, end)
+
+    def metric_steps(self, run_id: str, metric: str, start: int | None = None, end: int | None = None) -> np.ndarray:
+        with self._read() as conn:
+            return _series.metric_steps(conn, run_id, metric, start, end)
+
+    def metric_rows(self, run_id: str, metric: str, start: int | None = None,
+                    end: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+        with self._read() as conn:
+            return _series.metric_rows(conn, run_id, metric, start, end)
+
+    def last_metric_row(self, run_id: str, metric: str, start: int | None = None,
+                        end: int | None = None) -> tuple[int, np.ndarray] | None:
+        with self._read() as conn:
+            return _series.last_metric_row(conn, run_id, metric, start, end)
+
+    def metric_columns(self, run_id: str, metric: str, indices: Sequence[int], start: int | None = None,
+                       end: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+        with self._read() as conn:
+            return _series.metric_columns(conn, run_id, metric, indices, start, end)
+
+    def series_bounds(self, run_id: str, name: str, start: int | None = None, end: int | None = None,
+                      kind: str = "param") -> tuple[int, int] | None:
+        with self._read() as conn:
+            return _series.series_bounds(conn, run_id, name, start, end, kind)
+
+    def series_count(self, run_id: str, name: str, lo: int, hi: int, kind: str = "param") -> int:
+        with self._read() as conn:
+            return _series.series_count(conn, run_id, name, lo, hi, kind)
+
+    def series_pieces(self, run_id: str, name: str, lo: int, hi: int, size: int,
+                      indices: Sequence[int] | None = None, kind: str = "param") -> blocks.Pieces:
+        with self._read() as conn:
+            return _series.series_pieces(conn, run_id, name, lo, hi, size, indices, kind)
+
+    # -- findings (diagnostics) ------------------------------------------------------------
+
+    def save_findings(self, run_id: str, found: Sequence[StoredFinding], mark: DiagnosisMark | None = None,
+                      *, replace: bool = False) -> None:
+        """Store findings and the mark in one transaction (findings.save_findings)."""
+        with self._write() as conn:
+            _findings.save_findings(conn, run_id, found, mark, replace, self._clock())
+
+    def get_findings(self, run_id: str) -> list[StoredFinding]:
+        with self._read() as conn:
+            return _findings.get_findings(conn, run_id)
+
+    def get_diagnosis(self, run_id: str) -> DiagnosisMark | None:
+        with self._read() as conn:
+            return _findings.get_diagnosis(conn, run_id)
+
+    # -- maintenance (gradwatch gc) --------------------------------------------------------
+
+    def database_bytes(self) -> int:
+        return _engine.database_bytes(self.engine)
+
+    def compact(self) -> None:
+        _engine.compact(self.engine)

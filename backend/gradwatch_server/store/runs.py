@@ -1,0 +1,231 @@
+"""Runs: open (create or resume from a `hello`), close, crash, rename and tag, delete, list, and
+choose what `gradwatch gc` collects; with their parameters, groups and series names."""
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from sqlalchemy import Connection, delete, func, insert, or_, select, update
+
+from ..protocol import Hello
+from ..schema import findings, groups, params, run_tags, runs, series_names
+from .records import (
+    SEVERITIES,
+    Group,
+    OpenedRun,
+    Param,
+    ParamsMismatch,
+    Run,
+    UnknownRun,
+    no_findings,
+)
+from .rows import plain_rows
+from .values import shape
+
+
+def lock_run(conn: Connection, run_id: str) -> Any:
+    """The run's row, locked for this transaction (FOR UPDATE on PostgreSQL)."""
+    row = conn.execute(
+        select(runs.c.last_seq, runs.c.status, runs.c.last_step, runs.c.steps)
+        .where(runs.c.id == run_id).with_for_update()
+    ).one_or_none()
+    if row is None:
+        raise UnknownRun(f"no run {run_id!r}")
+    return row
+
+
+def open_run(conn: Connection, hello: Hello, now: float) -> OpenedRun:
+    """Create the run of a `hello`, or resume it (same parameter names, same order)."""
+    info = hello.run
+    existing = conn.execute(select(runs.c.status).where(runs.c.id == info.id).with_for_update()).one_or_none()
+    if existing is not None:
+        stored = conn.execute(
+            select(params.c.name).where(params.c.run_id == info.id).order_by(params.c.idx)
+        ).scalars().all()
+        sent = [p.name for p in hello.params]
+        if stored != sent:
+            raise ParamsMismatch(_describe_mismatch(info.id, list(stored), sent))
+        conn.execute(update(runs).where(runs.c.id == info.id).values(status="running", finished_at=None, updated_at=now))
+    else:
+        conn.execute(insert(runs).values(
+            id=info.id, name=info.name or info.id, project=info.project or "default",
+            status="running", created_at=info.started_at, updated_at=now, finished_at=None,
+            last_seq=0, steps=0, last_step=None, param_count=len(hello.params),
+            param_numel=sum(p.numel for p in hello.params), optimizer=info.optimizer,
+            config=json.dumps(info.config, allow_nan=False), hook_version=info.hook_version,
+        ))
+        if hello.params:
+            conn.execute(insert(params), [
+                {"run_id": info.id, "idx": i, "name": p.name, "shape": json.dumps(p.shape),
+                 "numel": p.numel, "dtype": p.dtype, "group_idx": p.group, "optimizer_idx": p.optimizer}
+                for i, p in enumerate(hello.params)
+            ])
+        if hello.groups:
+            conn.execute(insert(groups), [
+                {"run_id": info.id, "optimizer_idx": g.optimizer, "idx": g.index,
+                 "name": g.name, "hparams": json.dumps(g.hparams, allow_nan=False)}
+                for g in hello.groups
+            ])
+    run = to_run(conn.execute(select(runs).where(runs.c.id == info.id)).one(), *run_details(conn, [info.id]))
+    return OpenedRun(run=run, created=existing is None, resumed_from=None if existing is None else existing.status)
+
+
+def close_run(conn: Connection, run_id: str, seq: int, status: str, now: float) -> bool:
+    """Apply a `close` message; False if it was applied already."""
+    run = lock_run(conn, run_id)
+    if seq <= run.last_seq:
+        return False
+    conn.execute(update(runs).where(runs.c.id == run_id).values(
+        last_seq=seq, status=status, finished_at=now, updated_at=now,
+    ))
+    return True
+
+
+def mark_crashed(conn: Connection, run_id: str, idle_since: float, now: float) -> bool:
+    """Mark a run crashed if it is running and unchanged since `idle_since`; True if so."""
+    result = conn.execute(
+        update(runs)
+        .where(runs.c.id == run_id, runs.c.status == "running", runs.c.updated_at <= idle_since)
+        .values(status="crashed", updated_at=now)
+    )
+    return result.rowcount > 0
+
+
+def set_status(conn: Connection, run_id: str, status: str, finished_at: float | None, now: float) -> None:
+    conn.execute(update(runs).where(runs.c.id == run_id).values(status=status, finished_at=finished_at, updated_at=now))
+
+
+def update_run(conn: Connection, run_id: str, name: str | None, tags: Sequence[str] | None) -> bool:
+    """Rename a run and/or replace its tags (None: unchanged); False if there is no such run.
+
+    `updated_at` is left alone: it is when the run's data last changed (it ends a crashed
+    run's duration and times crash detection), and a label is not data.
+    """
+    if conn.execute(select(runs.c.id).where(runs.c.id == run_id).with_for_update()).one_or_none() is None:
+        return False
+    if name is not None:
+        conn.execute(update(runs).where(runs.c.id == run_id).values(name=name))
+    if tags is not None:
+        conn.execute(delete(run_tags).where(run_tags.c.run_id == run_id))
+        unique = list(dict.fromkeys(tags))
+        if unique:
+            conn.execute(insert(run_tags), [{"run_id": run_id, "tag": t, "position": i} for i, t in enumerate(unique)])
+    return True
+
+
+def delete_run(conn: Connection, run_id: str) -> bool:
+    """Delete a run and everything stored for it: every table's rows reference the run with ON
+    DELETE CASCADE, on an index that starts with run_id."""
+    return conn.execute(delete(runs).where(runs.c.id == run_id)).rowcount > 0
+
+
+def runs_to_collect(conn: Connection, created_before: float | None, status: str | None,
+                    project: str | None) -> list[Run]:
+    """The runs `gradwatch gc` may delete, oldest first: never a running one (it is being
+    written), and only those created before `created_before` (Unix seconds), of `status`
+    and of `project`, for each one given."""
+    where = [runs.c.status != "running"]
+    if created_before is not None:
+        where.append(runs.c.created_at < created_before)
+    if status is not None:
+        where.append(runs.c.status == status)
+    if project is not None:
+        where.append(runs.c.project == project)
+    return [to_run(r) for r in conn.execute(select(runs).where(*where).order_by(runs.c.created_at, runs.c.id)).all()]
+
+
+def get_run(conn: Connection, run_id: str) -> Run | None:
+    row = conn.execute(select(runs).where(runs.c.id == run_id)).one_or_none()
+    return None if row is None else to_run(row, *run_details(conn, [run_id]))
+
+
+def list_runs(conn: Connection, project: str | None, q: str | None, status: str | None, tag: str | None,
+              limit: int, offset: int) -> tuple[list[Run], int]:
+    """Matching runs, newest first, and how many match in all; each with its tags and
+    findings counts (two more queries for the page, not two per run)."""
+    where = []
+    if project is not None:
+        where.append(runs.c.project == project)
+    if status is not None:
+        where.append(runs.c.status == status)
+    if tag is not None:
+        where.append(runs.c.id.in_(select(run_tags.c.run_id).where(run_tags.c.tag == tag)))
+    if q:
+        where.append(or_(runs.c.name.icontains(q, autoescape=True), runs.c.project.icontains(q, autoescape=True)))
+    count = conn.execute(select(func.count()).select_from(runs).where(*where)).scalar_one()
+    rows = conn.execute(
+        select(runs).where(*where).order_by(runs.c.created_at.desc(), runs.c.id).limit(limit).offset(offset)
+    ).all()
+    details = run_details(conn, [r.id for r in rows])
+    return [to_run(r, *details) for r in rows], count
+
+
+def running_run_ids(conn: Connection) -> list[str]:
+    return list(conn.execute(select(runs.c.id).where(runs.c.status == "running")).scalars())
+
+
+def get_params(conn: Connection, run_id: str) -> list[Param]:
+    """The run's parameters by index; plain rows, and each distinct shape decoded once (the run
+    page asks for them several times)."""
+    c = params.c
+    rows = plain_rows(conn, select(c.idx, c.name, c.shape, c.numel, c.dtype, c.group_idx, c.optimizer_idx)
+                      .where(c.run_id == run_id).order_by(c.idx))
+    return [Param(index=r[0], name=r[1], shape=list(shape(r[2])), numel=r[3], dtype=r[4], group=r[5],
+                  optimizer=r[6]) for r in rows]
+
+
+def get_groups(conn: Connection, run_id: str) -> list[Group]:
+    rows = conn.execute(
+        select(groups).where(groups.c.run_id == run_id).order_by(groups.c.optimizer_idx, groups.c.idx)
+    ).all()
+    return [Group(optimizer=r.optimizer_idx, index=r.idx, name=r.name, hparams=json.loads(r.hparams)) for r in rows]
+
+
+def get_series_names(conn: Connection, run_id: str, kind: str) -> list[str]:
+    """Sorted names of a run's scalar series (`kind="scalar"`) or parameter metrics ("param")."""
+    names = conn.execute(
+        select(series_names.c.name).where(series_names.c.run_id == run_id, series_names.c.kind == kind)
+    ).scalars().all()
+    # Sorted here, not by ORDER BY: code-point order on every database, whatever the collation
+    # of a PostgreSQL server (en_US sorts "alpha" before "Zeta"; SQLite and Python after).
+    return sorted(names)
+
+
+def to_run(row: Any, tags: Mapping[str, list[str]] | None = None,
+           counts: Mapping[str, dict[str, int]] | None = None) -> Run:
+    data = row._asdict()
+    data["config"] = json.loads(data["config"])
+    data["tags"] = list((tags or {}).get(data["id"], []))
+    data["findings"] = dict((counts or {}).get(data["id"]) or no_findings())
+    return Run(**data)
+
+
+def run_details(conn: Connection, run_ids: Sequence[str]) -> tuple[dict[str, list[str]], dict[str, dict[str, int]]]:
+    """The tags and the findings counts of these runs: two queries, whatever their number."""
+    if not run_ids:
+        return {}, {}
+    tags: dict[str, list[str]] = {}
+    for r in conn.execute(
+        select(run_tags.c.run_id, run_tags.c.tag).where(run_tags.c.run_id.in_(run_ids))
+        .order_by(run_tags.c.run_id, run_tags.c.position)
+    ):
+        tags.setdefault(r.run_id, []).append(r.tag)
+    counts: dict[str, dict[str, int]] = {}
+    for r in conn.execute(
+        select(findings.c.run_id, findings.c.severity, func.count().label("n"))
+        .where(findings.c.run_id.in_(run_ids)).group_by(findings.c.run_id, findings.c.severity)
+    ):
+        if r.severity in SEVERITIES:
+            counts.setdefault(r.run_id, no_findings())[r.severity] = int(r.n)
+    return tags, counts
+
+
+def _describe_mismatch(run_id: str, stored: list[str], sent: list[str]) -> str:
+    if len(stored) != len(sent):
+        detail = f"it has {len(stored)} parameters, the hello lists {len(sent)}"
+    else:
+        i = next(i for i, (a, b) in enumerate(zip(stored, sent)) if a != b)
+        detail = f"parameter {i} is {stored[i]!r}, the hello says {sent[i]!r}"
+    return (f"run {run_id!r} already exists with different parameters ({detail}); "
+            "start a new run (another run id) for a changed model")

@@ -1,0 +1,203 @@
+"""Steps: store step messages (idempotently, with their series names and blocks), and read
+stored steps back whole (exports, the diagnostics replay, another worker's batch)."""
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+from sqlalchemy import Connection, Engine, case, func, insert, or_, select, update
+
+from .. import tails
+from ..protocol import array_dtype
+from ..schema import param_metrics, runs, series_names, steps
+from ..schema import scalars as scalars_table
+from .blocks_sql import update_blocks
+from .records import StepData, StepRecord
+from .rows import insert_plain
+from .runs import get_series_names, lock_run
+from .values import decode_scalars, encode_scalar
+
+#: Given the steps a transaction stores, the PostgreSQL NOTIFY (channel, payload) to send in that
+#: same transaction, or None: listeners then learn of steps exactly when, and in the order, they
+#: are committed (relay.py, `serve --workers N`).
+NotifyInTransaction = Callable[[Sequence[StepData]], tuple[str, str] | None]
+
+#: A series name the store knows is stored: (run id, kind, name).
+SeriesName = tuple[str, str, str]
+
+
+@dataclass
+class Written:
+    """What `write_steps` did; `names` and `tail` are for the store to keep once committed."""
+
+    stored: list[bool]
+    names: set[SeriesName] = field(default_factory=set)
+    tail: tails.Tail | None = None
+    changed: bool = False
+
+
+def write_steps(conn: Connection, run_id: str, batch: Sequence[StepData], now: float, known: set[SeriesName],
+                run_tails: tails.Tails, notify: NotifyInTransaction | None) -> Written:
+    """Store step messages in the caller's transaction; per message, False if it was stored already.
+
+    A message is skipped when its seq is not above the run's committed seq, or its step is
+    stored (then only the committed seq advances): resending is harmless.
+    """
+    stored = [False] * len(batch)
+    locked = lock_run(conn, run_id)
+    last_seq, last_step_before = locked.last_seq, locked.last_step
+    fresh = []
+    for i, data in enumerate(batch):
+        if data.seq > last_seq:
+            last_seq = data.seq
+            fresh.append(i)
+        elif fresh and data.seq == last_seq == batch[fresh[-1]].seq:
+            fresh.append(i)  # the steps of one `steps` message share its seq
+    if not fresh:
+        return Written(stored)
+    have = set(conn.execute(select(steps.c.step).where(
+        steps.c.run_id == run_id, steps.c.step.in_({batch[i].step for i in fresh}))).scalars())
+    for i in fresh:
+        if batch[i].step not in have:
+            have.add(batch[i].step)
+            stored[i] = True
+    new = [data for data, keep in zip(batch, stored) if keep]
+    names: set[SeriesName] = set()
+    if new:  # driver rows (insert_plain): SQLAlchemy's per-row work costs more than SQLite's
+        insert_plain(conn, steps, [(run_id, d.step, d.seq, d.time) for d in new])
+        insert_plain(conn, scalars_table, [(run_id, k, d.step, *encode_scalar(x))
+                                           for d in new for k, x in d.scalars.items()])
+        insert_plain(conn, param_metrics, [(run_id, m, d.step, raw, array_dtype(m))
+                                           for d in new for m, raw in d.arrays.items()])
+        names |= add_names(conn, run_id, "scalar", {k for d in new for k in d.scalars}, known)
+        names |= add_names(conn, run_id, "param", {m for d in new for m in d.arrays}, known)
+        told = None if notify is None else notify(new)
+        if told is not None:
+            conn.execute(select(func.pg_notify(*told)))
+    top = max((d.step for d in new), default=None)
+    after = last_step_before if top is None else top if last_step_before is None else max(top, last_step_before)
+    tail = run_tails.get(run_id, (locked.steps, last_step_before))
+    tail = tail if tails.covers(tail, new) else None
+    if top is not None:
+        update_blocks(conn, run_id, [d.step for d in new], last_step_before, after,
+                      None if tail is None else (*tail.steps, *new))
+    last_step = runs.c.last_step if top is None else case(
+        (or_(runs.c.last_step.is_(None), runs.c.last_step < top), top), else_=runs.c.last_step)
+    conn.execute(update(runs).where(runs.c.id == run_id).values(
+        last_seq=last_seq, steps=runs.c.steps + len(new), last_step=last_step, updated_at=now,
+    ))
+    return Written(stored, names, tails.next_tail(tail, new, last_step_before, after, (locked.steps + len(new), after)),
+                   changed=True)
+
+
+def add_names(conn: Connection, run_id: str, kind: str, names: Iterable[str], known: set[SeriesName]) -> set[SeriesName]:
+    """Store the series names not stored yet; returns those to know from now on."""
+    todo = {(run_id, kind, n) for n in names} - known
+    if not todo:
+        return set()
+    stored = set(conn.execute(
+        select(series_names.c.name).where(
+            series_names.c.run_id == run_id, series_names.c.kind == kind,
+            series_names.c.name.in_([n for _, _, n in todo]))
+    ).scalars())
+    missing = [{"run_id": r, "kind": k, "name": n} for r, k, n in todo if n not in stored]
+    if missing:
+        conn.execute(insert(series_names), missing)
+    return todo
+
+
+def step_times(conn: Connection, run_id: str, wanted: Sequence[int] | np.ndarray) -> tuple[np.ndarray, float | None]:
+    """The wall time (Unix seconds, float64) of each of the `wanted` steps, NaN for one that
+    is not stored, and the wall time of the run's first stored step (None: no steps)."""
+    wanted = np.asarray(wanted, dtype=np.int64)
+    first = conn.execute(
+        select(steps.c.time).where(steps.c.run_id == run_id).order_by(steps.c.step).limit(1)
+    ).scalar_one_or_none()
+    if not len(wanted):
+        return np.empty(0, dtype=np.float64), first
+    rows = conn.execute(
+        select(steps.c.step, steps.c.time)
+        .where(steps.c.run_id == run_id, steps.c.step.between(int(wanted.min()), int(wanted.max())))
+        .order_by(steps.c.step)
+    ).all()
+    known = np.array([r.step for r in rows], dtype=np.int64)
+    times = np.array([r.time for r in rows], dtype=np.float64)
+    out = np.full(len(wanted), np.nan)
+    if len(known):
+        at = np.minimum(np.searchsorted(known, wanted), len(known) - 1)
+        hit = known[at] == wanted
+        out[hit] = times[at[hit]]
+    return out, first
+
+
+def iter_steps(engine: Engine, run_id: str, *, with_scalars: bool = True, chunk: int = 256,
+               metrics: Iterable[str] | None = None, scalar_keys: Iterable[str] | None = None,
+               after: int | None = None) -> Iterator[list[StepRecord]]:
+    """Every stored step of a run (after step `after`), in order, `chunk` steps at a time.
+
+    Each chunk is its own short query, so an export never holds the run in memory nor a
+    read transaction open for its whole length. `metrics` and `scalar_keys` read only those
+    series (the diagnostics replay needs a few); by default every one is read.
+    """
+    keys, names = _names(engine, run_id, with_scalars)
+    if scalar_keys is not None:
+        keys = sorted(set(keys) & set(scalar_keys))
+    if metrics is not None:
+        names = sorted(set(names) & set(metrics))
+    while True:
+        with engine.connect() as conn:
+            where = [steps.c.run_id == run_id] + ([steps.c.step > after] if after is not None else [])
+            head = conn.execute(
+                select(steps.c.step, steps.c.seq, steps.c.time).where(*where).order_by(steps.c.step).limit(chunk)
+            ).all()
+            if not head:
+                return
+            lo, hi = head[0].step, head[-1].step
+            records = {r.step: StepRecord(step=r.step, seq=r.seq, time=r.time) for r in head}
+            _fill(conn, run_id, records, keys, names, lo, hi)
+        for record in records.values():
+            record.scalars = dict(sorted(record.scalars.items()))
+        yield list(records.values())
+        after = hi
+
+
+def batch_steps(engine: Engine, run_id: str, steps_range: tuple[int, int], seq_range: tuple[int, int]) -> list[StepRecord]:
+    """The steps one `write_steps` stored, every series, by step: those with step and seq in
+    these ranges (the lowest and highest of the batch). No other write stores a seq in the
+    batch's range (seqs are stored only above the run's committed seq); the step range keeps
+    the reads on the primary keys. `serve --workers N` reads another worker's batch with it."""
+    where = [steps.c.run_id == run_id, steps.c.step.between(*steps_range), steps.c.seq.between(*seq_range)]
+    keys, names = _names(engine, run_id, True)
+    with engine.connect() as conn:
+        head = conn.execute(select(steps.c.step, steps.c.seq, steps.c.time).where(*where).order_by(steps.c.step)).all()
+        records = {r.step: StepRecord(step=r.step, seq=r.seq, time=r.time) for r in head}
+        if records:
+            _fill(conn, run_id, records, keys, names, *steps_range)
+    return list(records.values())
+
+
+def _names(engine: Engine, run_id: str, with_scalars: bool) -> tuple[list[str], list[str]]:
+    """The run's scalar keys (none unless `with_scalars`) and parameter metrics."""
+    with engine.connect() as conn:
+        keys = get_series_names(conn, run_id, "scalar") if with_scalars else []
+        return keys, get_series_names(conn, run_id, "param")
+
+
+def _fill(conn: Connection, run_id: str, records: dict[int, StepRecord], keys: Sequence[str], names: Sequence[str],
+          lo: int, hi: int) -> None:
+    """Read the scalars `keys` and parameter metrics `names` of steps lo..hi into `records`, for
+    the steps it holds only (not a step written since they were read)."""
+    if keys:
+        s = scalars_table.c
+        rows = conn.execute(select(s.key, s.step, s.value, s.special)
+                            .where(s.run_id == run_id, s.key.in_(keys), s.step.between(lo, hi))).all()
+        for r, value in zip(rows, decode_scalars(rows).tolist()):
+            if r.step in records:
+                records[r.step].scalars[r.key] = value
+    if names:
+        p = param_metrics.c
+        for r in conn.execute(select(p.metric, p.step, p.data, p.dtype)
+                              .where(p.run_id == run_id, p.metric.in_(names), p.step.between(lo, hi))):
+            if r.step in records:
+                records[r.step].arrays[r.metric] = np.frombuffer(r.data, dtype="<" + r.dtype)

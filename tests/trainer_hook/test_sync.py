@@ -1,0 +1,206 @@
+"""`python -m gradwatch sync` / `gradwatch-sync`: the hook's spool replay, run as users run it.
+
+Spools come from real `watch()` runs that had no server; servers are real `gradwatch serve`
+processes. The install test builds the hook's wheel and runs it with the server's dependencies
+made unimportable: the shared test environment has them all installed, so a clean venv would need
+torch and numpy again from the network (closed here); blocking the imports (`sys.modules[name] =
+None` in a `sitecustomize` loaded at start) proves the same thing in a few seconds.
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import httpx
+import pytest
+import torch
+
+import gradwatch
+from support.server import REPO, find_free_port, start_server
+from gradwatch.spool import read_records
+from support.wiresteps import spooled_steps
+
+HOOK = [sys.executable, "-m", "gradwatch"]
+#: What the server distribution needs and the hook must not: importing any of them fails.
+SERVER_ONLY = ("gradwatch_server", "fastapi", "starlette", "uvicorn", "sqlalchemy", "alembic", "pydantic",
+               "pyarrow", "plotly", "psycopg", "httpx", "tqdm")
+BLOCKER = "import sys\nfor name in {names!r}:\n    sys.modules[name] = None  # import fails\n"
+
+
+def offline_run(server: str, steps: int, run: str) -> gradwatch.Watcher:
+    """A real run whose server is away: everything it sends stays in the spool."""
+    model = torch.nn.Linear(8, 2)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    w = gradwatch.watch(opt, model=model, server=server, run=run)
+    for _ in range(steps):
+        opt.zero_grad()
+        model(torch.randn(4, 8)).pow(2).mean().backward()
+        opt.step()
+    w.close(timeout=0.3)
+    return w
+
+
+def hook_sync(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([*HOOK, "sync", *args], capture_output=True, text=True, timeout=120,
+                          env={**os.environ, **(env or {})})
+
+
+def test_sync_delivers_each_run_and_reports_progress(tmp_path: Path, spool_dir: Path) -> None:
+    port = find_free_port()
+    url = f"http://127.0.0.1:{port}"
+    runs = [offline_run(url, 5 + i, f"offline-{i}") for i in range(2)]
+    assert len(list(spool_dir.glob("*.spool"))) == 2
+    server = start_server(tmp_path, port=port)
+    try:
+        out = hook_sync("--server", url)
+        assert out.returncode == 0, out.stderr
+        assert f"syncing 2 spooled runs from {spool_dir} to {url}" in out.stdout
+        assert "[1/2] run " in out.stdout and "[2/2] run " in out.stdout
+        for i, w in enumerate(runs):
+            assert f"run {w.run_id}: " in out.stdout
+            run = httpx.get(f"{url}/api/runs/{w.run_id}").json()
+            assert (run["steps"], run["status"]) == (5 + i, "finished")
+        assert not list(spool_dir.glob("*.spool"))
+    finally:
+        server.stop()
+
+
+def test_a_server_that_refuses_the_token_exits_3_and_keeps_the_spool(tmp_path: Path, spool_dir: Path) -> None:
+    port = find_free_port()
+    url = f"http://127.0.0.1:{port}"
+    w = offline_run(url, 3, "refused")
+    server = start_server(tmp_path, port=port, token="right")
+    try:
+        out = hook_sync("--server", url, "--token", "wrong")
+        assert out.returncode == 3, out.stderr
+        assert f"run {w.run_id}: refused" in out.stderr and "token" in out.stderr
+        assert (spool_dir / f"{w.run_id}.spool").is_file()
+        good = hook_sync("--server", url, "--token", "right")
+        assert good.returncode == 0, good.stderr
+        assert httpx.get(f"{url}/api/runs/{w.run_id}").json()["steps"] == 3
+    finally:
+        server.stop()
+
+
+def test_a_server_that_is_down_exits_1_with_what_to_do(spool_dir: Path) -> None:
+    url = f"http://127.0.0.1:{find_free_port()}"
+    w = offline_run(url, 2, "down")
+    out = hook_sync("--server", url, "--timeout", "2")
+    assert out.returncode == 1
+    assert f"run {w.run_id}: not delivered" in out.stderr
+    assert "is the server up (gradwatch serve)?" in out.stderr and "run this again" in out.stderr
+    assert (spool_dir / f"{w.run_id}.spool").is_file()
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--server", "ftp://x"], "http(s):// or ws(s):// URL"),
+    (["--server", "http://"], "with a host"),
+    (["--spool", "{missing}"], "no spool folder"),
+    (["--timeout", "0"], "--timeout must be more than 0"),
+])
+def test_bad_input_exits_2_with_a_message(tmp_path: Path, args: list[str], message: str) -> None:
+    args = [a.format(missing=tmp_path / "missing") for a in args]
+    out = hook_sync(*args, env={"GRADWATCH_SPOOL": str(tmp_path)})
+    assert out.returncode == 2
+    assert message in out.stderr and "Traceback" not in out.stderr
+
+
+def test_an_empty_default_spool_is_nothing_to_sync(tmp_path: Path) -> None:
+    out = hook_sync(env={"GRADWATCH_SPOOL": str(tmp_path / "never-made")})
+    assert out.returncode == 0 and "nothing to sync" in out.stdout
+
+
+@pytest.mark.parametrize("argv", [["sync", "--help"], ["--help"]])
+def test_help(argv: list[str]) -> None:
+    out = subprocess.run([*HOOK, *argv], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0 and "usage: python -m gradwatch" in out.stdout
+    if "sync" in argv:
+        assert "--server URL" in out.stdout and "exit status" in out.stdout
+
+
+@pytest.mark.slow
+def test_the_hook_installed_alone_syncs(tmp_path: Path, spool_dir: Path) -> None:
+    """The wheel of ./trainer_hook, with no server dependency importable, delivers a real spool to
+    a real server, through both `python -m gradwatch sync` and the `gradwatch-sync` script."""
+    build = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q",
+                            "-w", str(tmp_path), str(REPO / "trainer_hook")], capture_output=True, text=True,
+                           timeout=300)
+    assert build.returncode == 0, build.stderr
+    wheel = next(tmp_path.glob("gradwatch-*.whl"))
+    entry_points = zipfile.ZipFile(wheel).read(
+        next(n for n in zipfile.ZipFile(wheel).namelist() if n.endswith("entry_points.txt"))).decode()
+    assert "gradwatch-sync = gradwatch.__main__:sync_main" in entry_points
+    site = tmp_path / "site"
+    install = subprocess.run([sys.executable, "-m", "pip", "install", "--no-deps", "-q", "--target", str(site),
+                              str(wheel)], capture_output=True, text=True, timeout=300)
+    assert install.returncode == 0, install.stderr
+    blocker = tmp_path / "blocker"
+    blocker.mkdir()
+    (blocker / "sitecustomize.py").write_text(BLOCKER.format(names=SERVER_ONLY))
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GRADWATCH_")}
+    env.update(PYTHONPATH=os.pathsep.join([str(blocker), str(site)]), GRADWATCH_SPOOL=str(spool_dir))
+    probe = subprocess.run([sys.executable, "-c", "import gradwatch, gradwatch.__main__, sys\n"
+                            "print(gradwatch.__file__)\nimport fastapi"],
+                           capture_output=True, text=True, timeout=60, env=env, cwd=tmp_path)
+    assert probe.stdout.startswith(str(site)) and "ModuleNotFoundError" in probe.stderr, probe.stderr
+
+    port = find_free_port()
+    url = f"http://127.0.0.1:{port}"
+    first = offline_run(url, 4, "alone-1")
+    records, _ = read_records(spool_dir / f"{first.run_id}.spool")
+    assert spooled_steps(list(records)) == [1, 2, 3, 4]
+    server = start_server(tmp_path, port=port)
+    try:
+        out = subprocess.run([sys.executable, "-m", "gradwatch", "sync", "--server", url], capture_output=True,
+                             text=True, timeout=120, env=env, cwd=tmp_path)
+        assert out.returncode == 0, out.stderr
+        assert f"run {first.run_id}: " in out.stdout
+        second = offline_run(f"http://127.0.0.1:{find_free_port()}", 6, "alone-2")
+        script = site / "bin" / "gradwatch-sync"
+        out = subprocess.run([str(script), "--server", url], capture_output=True, text=True, timeout=120,
+                             env=env, cwd=tmp_path)
+        assert out.returncode == 0, out.stderr
+        assert f"run {second.run_id}: " in out.stdout
+        for w, steps in ((first, 4), (second, 6)):
+            run = httpx.get(f"{url}/api/runs/{w.run_id}").json()
+            assert (run["steps"], run["status"]) == (steps, "finished")
+        assert not list(spool_dir.glob("*.spool"))
+    finally:
+        server.stop()
+
+
+WITHOUT_FCNTL = """
+import logging, sys
+sys.modules["fcntl"] = None  # as on Windows
+logging.basicConfig(level=logging.WARNING)
+import torch, gradwatch
+from pathlib import Path
+from gradwatch.spool import SpoolWriter, pending_spools
+try:
+    SpoolWriter(Path(sys.argv[1]), "r", "{}")
+except OSError as exc:
+    print("refused:", exc)
+print("pending:", pending_spools(Path(sys.argv[1])))
+model = torch.nn.Linear(2, 1)
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+w = gradwatch.watch(opt, model=model, server=sys.argv[2])
+model(torch.ones(1, 2)).sum().backward()
+opt.step()
+w.close(timeout=0.2)
+print("trained")
+"""
+
+
+def test_without_fcntl_the_hook_imports_and_trains_without_a_spool(tmp_path: Path) -> None:
+    (tmp_path / "old.spool").write_bytes(b"")
+    out = subprocess.run([sys.executable, "-c", WITHOUT_FCNTL, str(tmp_path), f"http://127.0.0.1:{find_free_port()}"],
+                         capture_output=True, text=True, timeout=120, env={**os.environ, "GRADWATCH_SPOOL": str(tmp_path)})
+    assert out.returncode == 0, out.stderr
+    assert "refused: spool files need file locking (fcntl)" in out.stdout
+    assert "pending: []" in out.stdout and "trained" in out.stdout
+    assert "no spool in" in out.stderr and "fcntl" in out.stderr  # the watcher's warning says why
+    assert json.dumps(sorted(p.name for p in tmp_path.iterdir())) == '["old.spool"]'

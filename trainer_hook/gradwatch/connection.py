@@ -1,0 +1,92 @@
+"""The hook's one protocol client: open an ingest connection, say hello, read the server's replies.
+
+The live sender (sender.py) and spool replay (replay.py) both talk to the server through these
+functions, so both speak the handshake the same way and read a refusal the same way. Needs
+`websockets` only (no torch): `python -m gradwatch sync` runs on machines without it.
+"""
+from __future__ import annotations
+
+import contextlib
+import json
+import socket
+import struct
+from typing import Any, Iterator, Optional
+
+from websockets.exceptions import ConnectionClosed, InvalidStatus
+from websockets.sync.client import ClientConnection, connect
+
+#: Close codes of the ingest endpoint (docs/protocol.md): a message it refuses as invalid, and a
+#: connection it refuses (a missing or wrong token).
+CLOSE_INVALID = 1003
+CLOSE_POLICY = 1008
+#: The server takes frames of up to 16 MiB.
+MAX_FRAME_BYTES = 16 << 20
+
+
+class Refused(ConnectionError):
+    """The server was reached and said no (a wrong token, a hello or message it does not accept):
+    trying again unchanged will not help."""
+
+
+def token_headers(token: Optional[str]) -> Optional[dict[str, str]]:
+    return {"Authorization": f"Bearer {token}"} if token else None
+
+
+def handshake(ws_url: str, hello: str, token: Optional[str], scope: contextlib.ExitStack, *,
+              open_timeout: float = 2.0, welcome_timeout: float = 5.0,
+              send_timeout: Optional[float] = None) -> tuple[ClientConnection, dict[str, Any]]:
+    """Connect, send the serialized `hello`, and return the connection with the server's `welcome`.
+
+    The connection is entered into `scope`, which closes it. `send_timeout` bounds each send: a
+    server that stops reading then fails the send instead of holding the caller. Raises `Refused`
+    when the server answers with anything but a welcome, OSError/TimeoutError when it cannot be
+    reached or does not answer.
+    """
+    try:
+        ws = scope.enter_context(connect(ws_url, additional_headers=token_headers(token), open_timeout=open_timeout,
+                                         close_timeout=2, max_size=MAX_FRAME_BYTES, compression=None))
+    except InvalidStatus as exc:  # answered over HTTP, but not with a websocket
+        raise Refused(f"the server answered HTTP {exc.response.status_code} at {ws_url}: is it a gradwatch "
+                      "server, and is the URL its address?") from None
+    if send_timeout is not None:
+        seconds = int(send_timeout)
+        micros = int((send_timeout - seconds) * 1e6)
+        ws.socket.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, struct.pack("ll", seconds, micros))
+    try:  # a server that refuses the connection closes it at once: the send may see that already
+        ws.send(hello)
+        reply = json.loads(ws.recv(timeout=welcome_timeout))
+    except ConnectionClosed as exc:
+        raise closed(exc, "the server closed the connection before its welcome") from None
+    if reply.get("type") != "welcome":
+        raise Refused(f"the server answered the hello with {reply.get('message', reply)!r}")
+    return ws, reply
+
+
+def replies(ws: ClientConnection, timeout: float) -> Iterator[dict[str, Any]]:
+    """The server's replies (ack, error, finding): waits up to `timeout` for the first, then
+    yields those already received. Raises ConnectionClosed when the server closes."""
+    while True:
+        try:
+            yield json.loads(ws.recv(timeout=timeout))
+        except TimeoutError:
+            return
+        timeout = 0.0
+
+
+def closed(exc: ConnectionClosed, otherwise: str) -> ConnectionError:
+    """The error to raise for a connection the server closed: `Refused` when it refused something."""
+    why = refusal(exc)
+    return Refused(why) if why is not None else ConnectionError(otherwise)
+
+
+def refusal(exc: ConnectionClosed) -> Optional[str]:
+    """What a close by the server means, when it refused something; None for any other close."""
+    rcvd = exc.rcvd
+    if rcvd is None:
+        return None
+    if rcvd.code == CLOSE_POLICY:
+        return f"the server refused the connection ({rcvd.reason}): check the token (--token, watch(token=...) " \
+               "or GRADWATCH_TOKEN)"
+    if rcvd.code == CLOSE_INVALID:
+        return f"the server refused a message as invalid ({rcvd.reason})"
+    return None
