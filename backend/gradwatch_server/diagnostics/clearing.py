@@ -134,7 +134,7 @@ class ZeroFilledGradBuffers(Check):
         if before is not None and before.figure is not None and held <= before.figure.value \
                 and len(names) == len(before.params):
             return
-        at = step.step  # the step at which the figure holds
+        at: int | None = step.step  # the step at which the figure holds
         if before is not None and before.figure is not None and before.figure.value >= held:
             held, at = before.figure.value, before.figure.step
         message = (f"zero_grad(set_to_none=False) keeps {fmt_bytes(held)} of gradient buffers allocated between "
