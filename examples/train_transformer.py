@@ -68,7 +68,8 @@ def main() -> None:
                              {"params": no_decay, "weight_decay": 0.0, "name": "no_decay"}], lr=args.lr)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / 50) * 0.5 * (1 + math.cos(math.pi * s / args.steps)))
 
-    with gradwatch.watch(opt, model=model, run=args.run, project=args.project, server=args.server) as w:
+    config = {"steps": args.steps, "lr": args.lr, "schedule": "warmup 50, cosine", "vocab": len(chars)}
+    with gradwatch.watch(opt, model=model, run=args.run, project=args.project, server=args.server, config=config) as w:
         print(f"gradwatch run id: {w.run_id}", flush=True)
         for step in range(args.steps):
             ix = torch.randint(len(data) - 65, (16,))

@@ -1,5 +1,6 @@
 """The documentation's own promises: a README read in five minutes, links that lead somewhere, and
 benchmark tables that say when, where and at which commit they were measured (docs/development.md)."""
+
 from __future__ import annotations
 
 import re
@@ -9,8 +10,15 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 README = REPO / "README.md"
-PAGES = sorted([README, REPO / "CHANGELOG.md", REPO / "backend" / "README.md", REPO / "trainer_hook" / "README.md",
-                *(REPO / "docs").glob("*.md")])
+PAGES = sorted(
+    [
+        README,
+        REPO / "CHANGELOG.md",
+        REPO / "backend" / "README.md",
+        REPO / "trainer_hook" / "README.md",
+        *(REPO / "docs").glob("*.md"),
+    ]
+)
 DATE = re.compile(r"20\d{2}-[01]\d-[0-3]\d")
 LINK = re.compile(r"\]\(([^)\s]+)\)")
 
@@ -40,9 +48,10 @@ def test_every_percentage_in_the_readme_links_to_how_it_was_measured() -> None:
         for figure in re.finditer(r"[+-]?\d[\d.,]*%", line):
             if figure.group() == "1%" and "every" in line:
                 continue  # every="auto"'s budget: an argument's meaning, not a measurement
-            before = line[:figure.start()]
-            assert before.endswith("[") and line[figure.end():].startswith("](docs/"), \
+            before = line[: figure.start()]
+            assert before.endswith("[") and line[figure.end() :].startswith("](docs/"), (
                 f"README figure {figure.group()} is not a link to the docs page that measured it: {line}"
+            )
 
 
 @pytest.mark.parametrize("page", PAGES, ids=lambda p: str(p.relative_to(REPO)))
@@ -64,5 +73,6 @@ def test_every_benchmark_table_is_stamped_with_date_and_commit() -> None:
     assert len(latest) >= 3, "docs/benchmarks.md should have a latest table for overhead, storage and the dashboard"
     for section in latest:
         stamp = section.split("|", 1)[0]
-        assert DATE.search(stamp) and re.search(r"commit\s+`[0-9a-f]{7,40}`", stamp), \
+        assert DATE.search(stamp) and re.search(r"commit\s+`[0-9a-f]{7,40}`", stamp), (
             f"a benchmark table without its date and commit: {section[:200]}"
+        )

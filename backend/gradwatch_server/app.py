@@ -13,8 +13,10 @@ from . import __version__
 from .api import router
 from .charts import NotFound
 from .cost import StepCost
+from .deps import RunNotFound
 from .diagnostics import Diagnostics
 from .live import LiveHub
+from .notify import Notifier
 from .security import HostGuard, default_allowed_hosts
 from .sessions import Sessions
 from .settings import Settings
@@ -40,6 +42,11 @@ async def _not_found(_request: Request, exc: Exception) -> JSONResponse:
     return JSONResponse({"detail": str(exc)}, status_code=404)
 
 
+async def _run_not_found(_request: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, RunNotFound)
+    return JSONResponse(exc.body(), status_code=404)
+
+
 def create_app(settings: Settings) -> FastAPI:
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -59,11 +66,15 @@ def create_app(settings: Settings) -> FastAPI:
         app.state.store, app.state.hub, app.state.sessions = store, hub, sessions
         app.state.diagnostics = Diagnostics(store, sole_writer=relay is None)
         app.state.step_cost = StepCost()
+        notifier = Notifier(settings.notify, settings.dashboard_url()) if settings.notify else None
+        app.state.notifier = notifier
         sessions.watch(await asyncio.to_thread(store.running_run_ids))
         try:
             yield
         finally:
             await sessions.close()
+            if notifier is not None:  # what is queued gets a moment to go out
+                await asyncio.to_thread(notifier.close, 2.0)
             if relay is not None:
                 await relay.close()
             store.close()
@@ -77,6 +88,7 @@ def create_app(settings: Settings) -> FastAPI:
     app.state.settings = settings
     app.add_exception_handler(RequestValidationError, _invalid_request)
     app.add_exception_handler(NotFound, _not_found)
+    app.add_exception_handler(RunNotFound, _run_not_found)
     app.include_router(router)
     allowed: Collection[str] | None
     if settings.allowed_hosts is None:

@@ -19,7 +19,7 @@ from typing import Any, Literal, TypeVar
 
 import numpy as np
 
-from . import blocks, downsample
+from . import blocks, downsample, smoothing
 from .jsonvalues import JsonFloat, float_list, word
 from .models import Heatmap, ParamSeries, ParamSeriesPublic, Series
 from .protocol import GRAD_STATUS, absent_mask
@@ -89,12 +89,18 @@ def _wall_times(store: Store, run_id: str, step: list[int]) -> dict[str, Any]:
 
 
 def scalar_series(store: Store, run_id: str, key: str, start: int | None, end: int | None,
-                  max_points: int, with_time: bool = False, raw_rows: int = RAW_ROWS) -> Series:
+                  max_points: int, with_time: bool = False, raw_rows: int = RAW_ROWS, smooth: float = 0.0) -> Series:
     _require(key, store.series_names(run_id, "scalar"), "scalar", run_id)
-    found = _long_window(store, run_id, key, None, 1, start, end, max_points, raw_rows, blocks.group,
-                         kind="scalar")
     low: list[JsonFloat] | None
     high: list[JsonFloat] | None
+    if smooth > 0:
+        steps, raw = store.scalar_series(run_id, key, None, end)  # from the first step: the average needs them
+        steps, [values] = _from_start(steps, [smoothing.ema(raw, smooth)], start)
+        step, downsampled, [(value, low, high)] = _points(steps, values.reshape(-1, 1), None, max_points)
+        extra = _wall_times(store, run_id, step) if with_time else {}
+        return Series(key=key, downsampled=downsampled, step=step, value=value, min=low, max=high, **extra)
+    found = _long_window(store, run_id, key, None, 1, start, end, max_points, raw_rows, blocks.group,
+                         kind="scalar")
     if found is not None:
         s = blocks.summary(blocks.concat(found, 1))
         step, downsampled = [int(f) for p in found for f in p.first], True
@@ -105,6 +111,16 @@ def scalar_series(store: Store, run_id: str, key: str, start: int | None, end: i
         step, downsampled, [(value, low, high)] = _points(steps, values.reshape(-1, 1), None, max_points)
     extra = _wall_times(store, run_id, step) if with_time else {}
     return Series(key=key, downsampled=downsampled, step=step, value=value, min=low, max=high, **extra)
+
+
+def _from_start(steps: np.ndarray, arrays: list[np.ndarray],
+                start: int | None) -> tuple[np.ndarray, list[np.ndarray]]:
+    """The steps from `start` on, and those rows of `arrays` (a smoothed series is read from the
+    run's first step, then cut)."""
+    if start is None:
+        return steps, arrays
+    keep = steps >= start
+    return steps[keep], [a[keep] for a in arrays]
 
 
 def top_indices(values: np.ndarray, top: int, order: Literal["asc", "desc"]) -> list[int]:
@@ -122,7 +138,8 @@ def top_indices(values: np.ndarray, top: int, order: Literal["asc", "desc"]) -> 
 
 def param_series(store: Store, run_id: str, params: list[Param], metric: str, names: Sequence[str],
                  top: int, order: Literal["asc", "desc"], start: int | None, end: int | None,
-                 max_points: int, with_time: bool = False, raw_rows: int = RAW_ROWS) -> ParamSeriesPublic:
+                 max_points: int, with_time: bool = False, raw_rows: int = RAW_ROWS,
+                 smooth: float = 0.0) -> ParamSeriesPublic:
     _require(metric, store.series_names(run_id, "param"), "parameter metric", run_id)
     by_name = {p.name: p for p in params}
     if names:
@@ -132,12 +149,21 @@ def param_series(store: Store, run_id: str, params: list[Param], metric: str, na
     else:
         last = store.last_metric_row(run_id, metric, start, end)
         chosen = [] if last is None else top_indices(last[1], top, order)
-    found = _long_window(store, run_id, metric, chosen, len(chosen), start, end, max_points, raw_rows,
-                         blocks.group)
-    if found is not None:
+    found = None if smooth > 0 else _long_window(store, run_id, metric, chosen, len(chosen), start, end,
+                                                 max_points, raw_rows, blocks.group)
+    points: list[Points]
+    if smooth > 0:
+        steps, columns = store.metric_columns(run_id, metric, chosen, None, end)
+        missing = _missing(columns)
+        if missing is None:
+            missing = np.zeros(columns.shape, dtype=bool)
+        steps, [smoothed, missing] = _from_start(steps, [smoothing.ema_columns(columns, smooth, missing), missing],
+                                                 start)
+        step, downsampled, points = _points(steps, smoothed, missing, max_points)
+    elif found is not None:
         s = blocks.summary(blocks.concat(found, len(chosen)))
         step, downsampled = [int(f) for p in found for f in p.first], True
-        points: list[Points] = [
+        points = [
             (float_list(s.mean[:, j], s.empty[:, j]), float_list(s.min[:, j], s.empty[:, j]),
              float_list(s.max[:, j], s.empty[:, j])) for j in range(len(chosen))]
     else:

@@ -71,6 +71,13 @@ def build_parser() -> argparse.ArgumentParser:
                        help=f"worker processes serving the port (default: ${ENV_VARS['workers']}, then 1); more "
                             "than 1 needs PostgreSQL (--db postgresql://...), which passes live updates between "
                             "them; SQLite stays one process")
+    serve.add_argument("--notify", metavar="URL", action="append",
+                       help="POST each new error or warning finding to this webhook (Slack, Discord, ntfy "
+                            "with the topic as #fragment, or any receiver of JSON); repeat for several "
+                            f"(default: ${ENV_VARS['notify']}, comma-separated)")
+    serve.add_argument("--public-url", metavar="URL",
+                       help="the dashboard's address as people reach it, for the links in notifications "
+                            f"(default: ${ENV_VARS['public_url']}, then the address served)")
     serve.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
 
     runs = commands.add_parser("runs", help="list stored runs", description="List the runs in a database.")
@@ -85,6 +92,9 @@ def build_parser() -> argparse.ArgumentParser:
     export.add_argument("run", metavar="RUN", help="run id (or a name only one run has)")
     export.add_argument("--format", choices=["csv", "json", "parquet"], default="csv",
                         help="csv (one row per step and parameter), json (JSON lines, re-importable), parquet")
+    export.add_argument("--table", choices=["params", "steps"], default="params",
+                        help="params (one row per step and parameter) or steps (one row per step, one column "
+                             "per scalar: loss, learning rates, grad_norm_total, memory, your scalars)")
     export.add_argument("-o", "--output", metavar="FILE", help="write here (default: standard output)")
     _db_option(export)
 
@@ -156,7 +166,8 @@ def cmd_serve(args: argparse.Namespace, env: Mapping[str, str], out: IO[str]) ->
     from .app import create_app
 
     settings = Settings.from_env(env, db_url=args.db, host=args.host, port=args.port, token=args.token,
-                                 allowed_hosts=args.allowed_hosts, workers=args.workers)
+                                 allowed_hosts=args.allowed_hosts, workers=args.workers, notify=args.notify,
+                                 public_url=args.public_url)
     problem = workers.refusal(settings)
     if problem:
         print(f"gradwatch: error: {problem}", file=sys.stderr)
@@ -220,13 +231,14 @@ def _progress(total: int, enabled: bool, unit: str = "step") -> Iterator[Callabl
 
 def cmd_export(args: argparse.Namespace, env: Mapping[str, str], out: IO[str]) -> int:
     from .exporters import FORMATS
+    from .step_table import STEP_FORMATS
 
     if args.output is None and args.format == "parquet" and out.isatty():
         raise CommandFailed("refusing to write Parquet to a terminal; pass -o FILE")
     store = _store(args, env)
     try:
         run = _find_run(store, args.run)
-        fmt = FORMATS[args.format]
+        fmt = (STEP_FORMATS if args.table == "steps" else FORMATS)[args.format]
         with _progress(run.steps, args.output is not None) as progress:
             chunks = fmt.write(store, run, progress)
             if args.output is None:

@@ -14,6 +14,7 @@ from starlette.requests import HTTPConnection
 from .cost import StepCost
 from .diagnostics import Diagnostics
 from .live import LiveHub
+from .notify import Notifier
 from .sessions import Sessions
 from .settings import Settings
 from .store import Run, Store
@@ -49,12 +50,19 @@ def get_step_cost(conn: HTTPConnection) -> StepCost:
     return step_cost
 
 
+def get_notifier(conn: HTTPConnection) -> Notifier | None:
+    """The webhook notifier; None when `serve` was given no --notify URL."""
+    notifier: Notifier | None = getattr(conn.app.state, "notifier", None)
+    return notifier
+
+
 SettingsDep = Annotated[Settings, Depends(get_settings)]
 StoreDep = Annotated[Store, Depends(get_store)]
 HubDep = Annotated[LiveHub, Depends(get_hub)]
 SessionsDep = Annotated[Sessions, Depends(get_sessions)]
 DiagnosticsDep = Annotated[Diagnostics, Depends(get_diagnostics)]
 StepCostDep = Annotated[StepCost, Depends(get_step_cost)]
+NotifierDep = Annotated[Notifier | None, Depends(get_notifier)]
 
 RunIdPath = Annotated[str, Path(description="the run's id, chosen by the hook")]
 
@@ -74,10 +82,27 @@ def require_token(conn: HTTPConnection, settings: SettingsDep) -> None:
                             headers={"WWW-Authenticate": "Bearer"})
 
 
+class RunNotFound(LookupError):
+    """No run of that id: a 404 whose body says whether it was deleted (app.py answers it)."""
+
+    def __init__(self, run_id: str, deleted_at: float | None) -> None:
+        self.run_id, self.deleted_at = run_id, deleted_at
+        super().__init__(f"run {run_id!r} was deleted; GET /api/runs lists the runs there are" if deleted_at is not None
+                         else f"no run with id {run_id!r}; GET /api/runs lists them")
+
+    def body(self) -> dict[str, object]:
+        """{detail, run: "deleted" | "unknown", deleted_at (Unix seconds, when deleted)}: a page can
+        say the run is gone rather than wait for it to arrive."""
+        found: dict[str, object] = {"detail": str(self), "run": "deleted" if self.deleted_at is not None else "unknown"}
+        if self.deleted_at is not None:
+            found["deleted_at"] = self.deleted_at
+        return found
+
+
 def get_run(run_id: RunIdPath, store: StoreDep) -> Run:
     run = store.get_run(run_id)
     if run is None:
-        raise HTTPException(404, f"no run with id {run_id!r}; GET /api/runs lists them")
+        raise RunNotFound(run_id, store.deleted_at(run_id))
     return run
 
 

@@ -12,7 +12,7 @@ import io
 import json
 import re
 import tempfile
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -77,18 +77,15 @@ def _text_column(values: np.ndarray | None, count: int) -> np.ndarray:
     return text
 
 
-def export_csv(store: Store, run: Run, progress: Progress | None = None) -> Iterator[bytes]:
-    params = store.get_params(run.id)
-    names = np.array([safe_cell(p.name) for p in params], dtype=object)
-    header = csv_columns(store.series_names(run.id, "param"))
+def csv_chunks(header: list[str], chunks: Iterable[list[StepRecord]],
+               rows: Callable[[list[StepRecord]], Iterable[Iterable[object]]],
+               progress: Progress | None = None) -> Iterator[bytes]:
+    """CSV bytes: the header, then `rows(chunk)` for each chunk of steps, one piece per chunk."""
     buffer = io.StringIO()
     writer = csv.writer(buffer, lineterminator="\n")
     writer.writerow(header)
-    for chunk in store.iter_steps(run.id, with_scalars=False, chunk=chunk_steps(len(params))):
-        for record in chunk:
-            columns = [np.full(len(params), str(record.step), dtype=object), names]
-            columns += [_text_column(record.arrays.get(m), len(params)) for m in header[2:]]
-            writer.writerows(zip(*columns))
+    for chunk in chunks:
+        writer.writerows(rows(chunk))
         yield buffer.getvalue().encode()
         buffer.seek(0)
         buffer.truncate()
@@ -96,6 +93,21 @@ def export_csv(store: Store, run: Run, progress: Progress | None = None) -> Iter
             progress(len(chunk))
     if buffer.tell():
         yield buffer.getvalue().encode()
+
+
+def export_csv(store: Store, run: Run, progress: Progress | None = None) -> Iterator[bytes]:
+    params = store.get_params(run.id)
+    names = np.array([safe_cell(p.name) for p in params], dtype=object)
+    header = csv_columns(store.series_names(run.id, "param"))
+
+    def rows(chunk: list[StepRecord]) -> Iterator[Iterable[object]]:
+        for record in chunk:
+            columns = [np.full(len(params), str(record.step), dtype=object), names]
+            columns += [_text_column(record.arrays.get(m), len(params)) for m in header[2:]]
+            yield from zip(*columns)
+
+    chunks = store.iter_steps(run.id, with_scalars=False, chunk=chunk_steps(len(params)))
+    return csv_chunks(header, chunks, rows, progress)
 
 
 def _json_line(obj: object) -> bytes:
@@ -112,16 +124,33 @@ def _step_line(record: StepRecord) -> dict[str, object]:
     }
 
 
-def export_jsonl(store: Store, run: Run, progress: Progress | None = None) -> Iterator[bytes]:
-    """First a run line (run, params, groups), then one line per step; `gradwatch import` reads it."""
-    params = store.get_params(run.id)
-    yield _json_line({
+def _run_line(store: Store, run: Run, params: list[Param]) -> dict[str, object]:
+    return {
         "type": "run",
         # Not the findings counts: they are derived, and the importing server derives them again.
         "run": RunPublic.of(run).model_dump(exclude={"findings"}),
         "params": [ParamPublic.of(p).model_dump() for p in params],
         "groups": [asdict(g) for g in store.get_groups(run.id)],
-    })
+    }
+
+
+#: Key of the run's description in an exported Parquet file's metadata.
+PARQUET_RUN_KEY = b"gradwatch.run"
+
+
+def parquet_metadata(store: Store, run: Run) -> dict[bytes, bytes]:
+    """The run as the JSON export's first line describes it (its config with the context the hook
+    recorded, its param groups; not the parameter list, which the table's rows name), as
+    Parquet key-value metadata: a Parquet file alone says which run, code and settings it holds."""
+    line = _run_line(store, run, [])
+    del line["params"]
+    return {PARQUET_RUN_KEY: json.dumps(line, allow_nan=False, separators=(",", ":")).encode()}
+
+
+def export_jsonl(store: Store, run: Run, progress: Progress | None = None) -> Iterator[bytes]:
+    """First a run line (run, params, groups), then one line per step; `gradwatch import` reads it."""
+    params = store.get_params(run.id)
+    yield _json_line(_run_line(store, run, params))
     for chunk in store.iter_steps(run.id, chunk=chunk_steps(len(params))):
         yield b"".join(_json_line(_step_line(r)) for r in chunk)
         if progress:
@@ -154,13 +183,14 @@ def _arrow_chunk(schema: pa.Schema, params: list[Param], chunk: list[StepRecord]
 
 
 def export_parquet(store: Store, run: Run, progress: Progress | None = None) -> Iterator[bytes]:
-    """The CSV's table as Parquet, one row group per chunk of steps.
+    """The CSV's table as Parquet, one row group per chunk of steps, the run's description in the
+    file's metadata (`parquet_metadata`).
 
     pyarrow writes to a temporary file, and the bytes are passed on as they land there:
     Parquet needs its footer last, and a native file keeps pyarrow off Python file objects.
     """
     params = store.get_params(run.id)
-    schema = _arrow_schema(csv_columns(store.series_names(run.id, "param")))
+    schema = _arrow_schema(csv_columns(store.series_names(run.id, "param"))).with_metadata(parquet_metadata(store, run))
     with tempfile.TemporaryDirectory(prefix="gradwatch-export-") as tmp:
         path = Path(tmp) / "run.parquet"
         writer = pq.ParquetWriter(str(path), schema)

@@ -7,7 +7,9 @@ acknowledges the batch's highest seq (an ack covers every seq up to it) and publ
 to the browsers. Acks come only after the commit. Each committed batch goes through the
 diagnostics engine before it is acknowledged: a new finding (or one whose severity changed) is
 sent to the hook (`finding`) ahead of the ack that covers its step, so a hook that has its acks
-has its findings; new or changed findings go to the browsers. A frame that breaks the protocol
+has its findings; new or changed findings go to the browsers, and a new (or graver) error or
+warning to the `--notify` webhooks (notify.py: queued, never awaited), unless it was known before
+this connection resumed the run. A frame that breaks the protocol
 gets an `error` frame and a close code once the messages before it are committed; nothing of it
 is stored, and every other connection carries on.
 """
@@ -26,6 +28,7 @@ from .cost import StepCost
 from .deps import token_ok
 from .diagnostics import Diagnostics, Finding
 from .live import LiveHub, worker_headers
+from .notify import Notifier, RunRef
 from .protocol import Close, Hello, ProtocolError, Step, Steps, parse_message
 from .sessions import Sessions
 from .settings import Settings
@@ -80,7 +83,8 @@ def _deleted(run_id: str) -> Refusal:
 
 class IngestConnection:
     def __init__(self, websocket: WebSocket, store: Store, hub: LiveHub, sessions: Sessions,
-                 settings: Settings, diagnostics: Diagnostics, step_cost: StepCost) -> None:
+                 settings: Settings, diagnostics: Diagnostics, step_cost: StepCost,
+                 notifier: Notifier | None = None) -> None:
         self.ws = websocket
         self.store = store
         self.hub = hub
@@ -88,6 +92,8 @@ class IngestConnection:
         self.settings = settings
         self.diagnostics = diagnostics
         self.step_cost = step_cost
+        self.notifier = notifier
+        self.run_ref: RunRef | None = None  # the run, as notifications name it
         self.state = State.AWAIT_HELLO
         self.run_id = ""
         self.param_count = 0
@@ -151,7 +157,9 @@ class IngestConnection:
                           "linger": self.hub.linger(self.run_id)})
         if opened.created or opened.resumed_from != "running":
             self.hub.publish_run(opened.run)
-        await self._report(lambda run_id: self.diagnostics.open_run(run_id, opened.run.steps))
+        self.run_ref = RunRef(opened.run.id, opened.run.name, opened.run.project)
+        # A resumed run's findings were news when they were found, not now.
+        await self._report(lambda run_id: self.diagnostics.open_run(run_id, opened.run.steps), notify=opened.created)
 
     async def _read(self, pending: asyncio.Queue[Pending]) -> None:
         """Validate frames in arrival order; a refusal or the end of the socket is queued last."""
@@ -202,9 +210,9 @@ class IngestConnection:
         await self._send(ack)
         self.hub.publish_steps(self.run_id, [step for step, is_new in zip(steps, stored) if is_new])
 
-    async def _report(self, diagnose: Callable[[str], list[Finding]]) -> None:
+    async def _report(self, diagnose: Callable[[str], list[Finding]], notify: bool = True) -> None:
         """Run the diagnostics (off the loop); send the hook each new code (again if its severity
-        changes), the browsers each change."""
+        changes), and the webhooks too (with `notify`); the browsers each change."""
         try:
             found = await asyncio.to_thread(diagnose, self.run_id)
         except Exception:  # diagnostics must never stop ingest: log, and carry on storing
@@ -217,6 +225,8 @@ class IngestConnection:
                 continue
             if known is None or known["severity"] != public["severity"]:  # new, or graver (info -> warning)
                 await self._send({"type": "finding", "finding": public})
+                if notify and self.notifier is not None and self.run_ref is not None:
+                    self.notifier.finding(self.run_ref, public)
             self.reported[finding.code] = public
             self.hub.publish_finding(self.run_id, public)
 

@@ -176,6 +176,19 @@ class ParamSeriesPublic(BaseModel):
     time0: float | None = Field(default=None, description=_TIME0)
 
 
+class Spread(BaseModel):
+    metric: str
+    downsampled: bool
+    step: list[int] = Field(description="each point's step (a bucket's first step when downsampled)")
+    params: list[int] = Field(description="parameters with a finite value (a finite bucket mean) at the point")
+    nonfinite: list[int] = Field(description="parameters with a NaN or infinite value at the point (left out)")
+    min: list[JsonFloat]
+    q25: list[JsonFloat]
+    median: list[JsonFloat]
+    q75: list[JsonFloat]
+    max: list[JsonFloat] = Field(description="null where no parameter has a finite value")
+
+
 class Heatmap(BaseModel):
     metric: str
     params: list[str]

@@ -59,6 +59,16 @@ runs = Table(
     Column("hook_version", String(64)),
 )
 
+# Runs deleted (DELETE /api/runs/{id}, `gradwatch gc`), by id: a request for one is answered
+# "deleted" rather than "no such run" (a page open on it, a link kept). No foreign key: the run's
+# row is gone. A run that arrives again under the same id (a replayed spool) leaves this table.
+deleted_runs = Table(
+    "deleted_runs",
+    metadata,
+    Column("id", String(64), primary_key=True),
+    Column("deleted_at", Double, nullable=False),  # Unix seconds
+)
+
 params = Table(
     "params",
     metadata,

@@ -5,10 +5,13 @@ test builds a `Settings` from a plain dict and no module keeps a stale global.
 """
 from __future__ import annotations
 
+import socket
 from collections.abc import Mapping
 from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from .notify import check_url
 
 DEFAULT_DB = "sqlite:///./gradwatch.db"
 DEFAULT_HOST = "127.0.0.1"
@@ -26,6 +29,8 @@ ENV_VARS = {
     "frontend_dir": "GRADWATCH_FRONTEND_DIR",
     "allowed_hosts": "GRADWATCH_ALLOWED_HOSTS",
     "workers": "GRADWATCH_WORKERS",
+    "notify": "GRADWATCH_NOTIFY",
+    "public_url": "GRADWATCH_PUBLIC_URL",
 }
 
 
@@ -62,6 +67,12 @@ class Settings(BaseModel):
     #: Worker processes serving one port (`serve --workers N`); more than one needs PostgreSQL,
     #: which carries live updates between them (relay.py).
     workers: int = Field(1, ge=1)
+    #: Webhook URLs that get each new error or warning finding (notify.py); comma-separated in
+    #: the environment.
+    notify: tuple[str, ...] = ()
+    #: The dashboard's address as people reach it, for the links in notifications; None: the
+    #: address the server binds (this machine's name when it binds every interface).
+    public_url: str | None = None
 
     @field_validator("db_url")
     @classmethod
@@ -76,6 +87,27 @@ class Settings(BaseModel):
         if value is not None and not value:
             raise ValueError("name at least one host, or * for any")
         return value
+
+    @field_validator("notify", mode="before")
+    @classmethod
+    def _notify(cls, value: object) -> object:
+        if isinstance(value, str):
+            value = [u for u in value.split(",") if u.strip()]
+        if isinstance(value, (list, tuple)):
+            return tuple(check_url(u) if isinstance(u, str) else u for u in value)
+        return value
+
+    @field_validator("public_url")
+    @classmethod
+    def _public_url(cls, value: str | None) -> str | None:
+        return None if not value else check_url(value).rstrip("/")
+
+    def dashboard_url(self) -> str:
+        """Where people open the dashboard: `public_url`, else the address the server binds."""
+        if self.public_url:
+            return self.public_url
+        host = socket.gethostname() if self.host in ("0.0.0.0", "::", "") else self.host
+        return f"http://{f'[{host}]' if ':' in host else host}:{self.port}"
 
     @field_validator("token")
     @classmethod

@@ -7,11 +7,12 @@
 //   GET  /api/runs/{id}/params                                  parameter list    (params)
 //   GET  /api/runs/{id}/groups                                  param groups      (groups)
 //   GET  /api/runs/{id}/metrics                                 metric names      (metrics)
-//   GET  /api/runs/{id}/series?key=&start=&end=&max_points=&time=  one scalar     (series)
-//   GET  /api/runs/{id}/params/series?metric=&param=&top=&rank_by=&...&time=  per-parameter (paramSeries)
+//   GET  /api/runs/{id}/series?key=&start=&end=&max_points=&time=&smooth=  one scalar   (series)
+//   GET  /api/runs/{id}/params/series?metric=&param=&top=&rank_by=&...&time=&smooth=  per-parameter (paramSeries)
+//   GET  /api/runs/{id}/params/spread?metric=&start=&end=&max_points=  spread across parameters (spread)
 //   GET  /api/runs/{id}/heatmap?metric=&start=&end=&max_steps=&encoding=f32  parameter x step  (heatmap)
 //   GET  /api/runs/{id}/diagnostics                             findings          (diagnostics)
-//   GET  /api/runs/{id}/export?format=csv|json|parquet          download link     (exportUrl)
+//   GET  /api/runs/{id}/export?format=csv|json|parquet&table=params|steps  download link (exportUrl)
 //   WS   /ws/live                                               run events        (liveUrl)
 //   WS   /ws/live?run={id}                                      run events + steps (liveUrl)
 //
@@ -21,12 +22,16 @@
 // Writes send the server's token (`gradwatch serve --token`) once the user has given it: it is
 // kept in sessionStorage for this tab only (setToken), and a 401 is an ApiError with status 401.
 
-/** An HTTP answer other than 2xx; `status` is the code, `message` the server's detail. */
+/**
+ * An HTTP answer other than 2xx; `status` is the code, `message` the server's detail, `body`
+ * the answer's JSON (a run's 404 says `run`: "deleted" or "unknown"), or null.
+ */
 export class ApiError extends Error {
-  constructor(status, message) {
+  constructor(status, message, body = null) {
     super(message);
     this.name = "ApiError";
     this.status = status;
+    this.body = body;
   }
 }
 
@@ -84,11 +89,12 @@ async function request(method, url, body, { signal } = {}) {
   }
   if (!res.ok) {
     let detail = `${res.status} ${res.statusText}`;
+    let answer = null;
     try {
-      const body = await res.json();
-      if (body && body.detail) detail = typeof body.detail === "string" ? body.detail : JSON.stringify(body.detail);
+      answer = await res.json();
+      if (answer && answer.detail) detail = typeof answer.detail === "string" ? answer.detail : JSON.stringify(answer.detail);
     } catch { /* not JSON: keep the status line */ }
-    throw new ApiError(res.status, detail);
+    throw new ApiError(res.status, detail, answer);
   }
   return res.status === 204 ? null : res.json();
 }
@@ -106,21 +112,25 @@ export const api = {
   params: (id, opts) => getJSON(`${runPath(id)}/params`, {}, opts),
   groups: (id, opts) => getJSON(`${runPath(id)}/groups`, {}, opts),
   metrics: (id, opts) => getJSON(`${runPath(id)}/metrics`, {}, opts),
-  series: (id, key, { start, end, maxPoints, time } = {}, opts) =>
-    getJSON(`${runPath(id)}/series`, { key, start, end, max_points: maxPoints, time: time ? "true" : undefined }, opts),
-  paramSeries: (id, metric, { params, top, order, rankBy, start, end, maxPoints, time } = {}, opts) =>
+  /** `smooth`: the server's debiased EMA of the raw series, before downsampling (0 or absent: off). */
+  series: (id, key, { start, end, maxPoints, time, smooth } = {}, opts) =>
+    getJSON(`${runPath(id)}/series`, { key, start, end, max_points: maxPoints, time: time ? "true" : undefined,
+      smooth: smooth || undefined }, opts),
+  paramSeries: (id, metric, { params, top, order, rankBy, start, end, maxPoints, time, smooth } = {}, opts) =>
     getJSON(`${runPath(id)}/params/series`,
       { metric, param: params && params.length ? params : undefined, top, order, rank_by: rankBy, start, end,
-        max_points: maxPoints, time: time ? "true" : undefined }, opts),
+        max_points: maxPoints, time: time ? "true" : undefined, smooth: smooth || undefined }, opts),
+  spread: (id, metric, { start, end, maxPoints } = {}, opts) =>
+    getJSON(`${runPath(id)}/params/spread`, { metric, start, end, max_points: maxPoints }, opts),
   /** Cells as base64 float32 (`z_f32`, grid.js decodes them): a quarter of JSON's bytes, nothing to parse. */
   heatmap: (id, metric, { start, end, maxSteps } = {}, opts) =>
     getJSON(`${runPath(id)}/heatmap`, { metric, start, end, max_steps: maxSteps, encoding: "f32" }, opts),
   diagnostics: (id, opts) => getJSON(`${runPath(id)}/diagnostics`, {}, opts),
 };
 
-/** The download link of a run's export. */
-export function exportUrl(id, format) {
-  return `${runPath(id)}/export${query({ format })}`;
+/** The download link of a run's export: per parameter (`table` "params", the default) or per step ("steps"). */
+export function exportUrl(id, format, table = "params") {
+  return `${runPath(id)}/export${query({ format, table: table === "params" ? undefined : table })}`;
 }
 
 /** The live websocket URL: every run's events, plus one run's steps when `runId` is given. */

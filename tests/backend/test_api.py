@@ -389,6 +389,7 @@ def test_export_parquet(http: httpx.Client) -> None:
 def test_unknown_run_is_404(http: httpx.Client, path: str) -> None:
     response = http.get(f"/api/runs/nope{path}")
     assert response.status_code == 404 and "no run with id 'nope'" in response.json()["detail"]
+    assert response.json()["run"] == "unknown" and "deleted_at" not in response.json()
 
 
 @pytest.mark.parametrize(("path", "params", "code", "text"), [
@@ -512,7 +513,10 @@ def test_writes_need_the_token(tmp_path: Path) -> None:
             assert tagged.status_code == 200 and tagged.json()["tags"] == ["kept"]
             assert http.get("/api/runs", params={"tag": "kept"}).json()["count"] == 1  # reads stay open
             assert http.delete("/api/runs/victim", headers=auth).status_code == 204
-            assert http.get("/api/runs/victim").status_code == 404
+            gone = http.get("/api/runs/victim")
+            assert gone.status_code == 404 and gone.json()["run"] == "deleted"
+            assert "was deleted" in gone.json()["detail"] and gone.json()["deleted_at"] > 0
+            assert http.get("/api/runs/victim/series", params={"key": "loss"}).json()["run"] == "deleted"
             assert http.delete("/api/runs/victim", headers=auth).status_code == 404
     finally:
         server.stop()

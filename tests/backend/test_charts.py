@@ -7,7 +7,7 @@ from collections.abc import Iterator
 
 import numpy as np
 import pytest
-from gradwatch_server import charts
+from gradwatch_server import charts, spread
 from gradwatch_server.protocol import Hello, parse_message
 from gradwatch_server.store import StepData, Store, open_store
 from support.heatcells import assert_same_cells
@@ -96,3 +96,35 @@ def test_param_series_by_top_in_a_window(store: Store, data: np.ndarray) -> None
     body = charts.param_series(store, "c", store.get_params("c"), "grad_norm", [], 1, "desc", None, 510, 2000)
     assert [s.index for s in body.series] == [1] and body.series[0].value[-1] == "NaN"
     assert body.step == [10 * (i + 1) for i in range(51)]
+
+
+def spread_oracle(data: np.ndarray, rows: slice) -> tuple[list[float], int, int]:
+    """Each parameter's mean of finite values over `rows`, numpy's quantiles of them, how many
+    parameters have a finite mean, and how many have a non-finite value."""
+    absent = data.view("<u4") == ABSENT_BITS
+    chunk, gone = data[rows].astype(np.float64), absent[rows]
+    finite = np.isfinite(chunk) & ~gone
+    means = np.array([chunk[finite[:, i], i].mean() for i in range(P) if finite[:, i].any()])
+    return ([float(np.quantile(means, q)) for q in spread.QUANTILES], len(means),
+            int((~np.isfinite(chunk) & ~gone).any(axis=0).sum()))
+
+
+@pytest.mark.parametrize("raw_rows", [10**6, 16])  # raw rows, or the stored step blocks
+def test_spread_across_parameters_matches_numpy(store: Store, data: np.ndarray, raw_rows: int) -> None:
+    got = spread.spread(store, "c", P, "grad_norm", None, None, 7, raw_rows=raw_rows)
+    assert got.downsampled and 1 < len(got.step) <= 7
+    starts = [s // 10 - 1 for s in got.step] + [N]
+    for j in range(len(got.step)):
+        want, present, odd = spread_oracle(data, slice(starts[j], starts[j + 1]))
+        assert [got.min[j], got.q25[j], got.median[j], got.q75[j], got.max[j]] == pytest.approx(want, rel=1e-9)
+        assert (got.params[j], got.nonfinite[j]) == (present, odd), j
+
+
+def test_spread_step_by_step_leaves_out_absent_and_nonfinite_values(store: Store, data: np.ndarray) -> None:
+    got = spread.spread(store, "c", P, "grad_norm", 10, 1300, 500)
+    assert not got.downsampled and got.step == [10 * (k + 1) for k in range(130)]
+    for k in (0, 29, 30, 49, 50, 119, 120):
+        want, present, odd = spread_oracle(data, slice(k, k + 1))
+        assert [got.min[k], got.median[k], got.max[k]] == pytest.approx([want[0], want[2], want[4]], rel=1e-9)
+        assert (got.params[k], got.nonfinite[k]) == (present, odd)
+    assert (got.params[0], got.params[30], got.nonfinite[50], got.nonfinite[120]) == (4, 5, 1, 1)

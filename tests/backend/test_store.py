@@ -261,6 +261,19 @@ def test_delete_removes_everything(store: Store) -> None:
     assert store.series_names("r", "scalar") == ["loss"]
 
 
+def test_a_deleted_run_is_told_from_one_never_stored(store: Store, clock: Clock) -> None:
+    open_hello(store)
+    assert store.deleted_at("r") is None  # stored now
+    clock.now += 7
+    deleted = clock.now
+    assert store.delete_run("r")
+    assert store.deleted_at("r") == deleted
+    assert store.deleted_at("never") is None and store.deleted_at("nul\x00") is None
+    assert not store.delete_run("never") and store.deleted_at("never") is None  # deleting nothing leaves no mark
+    open_hello(store)  # the same id arrives again (a replayed spool): it is stored, not deleted
+    assert store.get_run("r") is not None and store.deleted_at("r") is None
+
+
 def test_tags_round_trip_filter_and_go_with_the_run(store: Store, clock: Clock) -> None:
     open_hello(store, "a")
     open_hello(store, "b")

@@ -75,7 +75,8 @@ def y_range(p: sync_api.Page, chart: str) -> list[float]:
     return p.evaluate("c => document.querySelector(`[data-chart=\"${c}\"]`)._fullLayout.yaxis.range.slice()", chart)
 
 
-def test_zoom_normalises_a_reversed_window_and_fits_y_to_it(dash: ServerProcess, page: Page, http: httpx.Client) -> None:
+def test_zoom_normalises_a_reversed_window_and_fits_y_to_it(dash: ServerProcess, page: Page,
+                                                           http: httpx.Client) -> None:
     seed(dash, SyntheticRun("zoom-y", "zoom-y", total_steps=300), 300)
     p = page.open(dash.url + "/runs/zoom-y?from=280&to=240")  # written backwards
     p.wait_for_function("document.body.dataset.zoom === '240-280'")
@@ -213,7 +214,8 @@ def test_param_groups_are_called_by_their_names_everywhere(dash: ServerProcess, 
     p = page.open(dash.url + "/compare?runs=groups-a,groups-b")
     p.wait_for_function("document.body.dataset.drawn === 'step:overlay'")
     cards = p.locator('[data-card^="compare-lr"]')
-    expect(cards.locator("h2")).to_have_text(["Learning rate · decay", "Learning rate · no_decay", "Learning rate · group 0"])
+    expect(cards.locator("h2")).to_have_text(
+        ["Learning rate · decay", "Learning rate · no_decay", "Learning rate · group 0"])
     assert page.points("compare-lr") == 30        # decay: run a only
     assert page.points("compare-lr-1") == 50      # no_decay: both runs
     assert page.points("compare-lr-2") == 20      # run b's unnamed group 0
@@ -277,4 +279,55 @@ def test_other_scalars_default_to_one_the_user_logged(dash: ServerProcess, page:
     expect(p.locator('[data-card="other-scalars"] select')).to_have_value("val_acc")
     p.locator('[data-chart="other-scalars"]').scroll_into_view_if_needed()
     page.wait_points("other-scalars", 10)
-    assert p.evaluate("""() => document.querySelector('[data-chart="other-scalars"]').data.map(t => t.name)""") == ["val_acc"]
+    names = p.evaluate("""() => document.querySelector('[data-chart="other-scalars"]').data.map(t => t.name)""")
+    assert names == ["val_acc"]
+
+
+def test_a_deleted_runs_page_says_it_was_deleted(dash: ServerProcess, page: Page, http: httpx.Client) -> None:
+    seed(dash, SyntheticRun("doomed", "doomed", total_steps=5), 5)
+    seed(dash, SyntheticRun("kept", "kept", total_steps=5), 5)
+    assert http.delete("/api/runs/doomed").status_code == 204
+    p = page.page
+    p.goto(dash.url + "/runs/doomed")
+    expect(p.locator("#page-notice .notice-title")).to_have_text("This run was deleted")
+    expect(p.locator("#page-notice")).to_contain_text("doomed")
+    assert p.evaluate("document.body.dataset.state") == "deleted"
+    assert p.locator("#charts").is_hidden()
+
+    # An id the server never had: it may yet arrive (watch() prints it first), or never existed.
+    p.goto(dash.url + "/runs/never-was")
+    expect(p.locator("#page-notice .notice-title")).to_have_text("Waiting for this run")
+    expect(p.locator("#page-notice")).to_contain_text("or it never existed")
+
+    p.goto(dash.url + "/compare?runs=kept,doomed")
+    p.wait_for_function("document.body.dataset.ready === '1'")
+    expect(p.locator(".compare-run").nth(1)).to_contain_text("doomed was deleted")
+    # The browser's own console line for each 404 answer, and nothing else.
+    assert all("status of 404" in e for e in page.errors), page.errors
+    page.errors.clear()
+
+
+def test_memory_starts_on_a_log_axis_when_rss_dwarfs_the_model(dash: ServerProcess, page: Page) -> None:
+    """A small model's parameters, gradients and optimizer state beside the process RSS: on a
+    linear axis they sit at 0; the memory chart starts on a log axis, which the toggle can leave."""
+    torch.manual_seed(0)
+    model = torch.nn.Linear(8, 2)
+    opt = torch.optim.Adam(model.parameters(), lr=0.01)
+    w = gradwatch.watch(opt, model=model, run="memory-log", project="memory", server=dash.url, warn=False)
+    for _ in range(6):
+        opt.zero_grad()
+        model(torch.randn(4, 8)).pow(2).mean().backward()
+        opt.step()
+    w.close(timeout=30)
+    p = page.open(f"{dash.url}/runs/{w.run_id}")
+    chart = p.locator('[data-chart="memory"]')
+    chart.scroll_into_view_if_needed()
+    page.wait_points("memory", 6)
+    traces = chart.evaluate("el => el.data.filter(t => t.hoverinfo !== 'skip').map(t => [t.name, Math.max(...t.y)])")
+    peaks = dict(traces)
+    assert peaks["process RSS"] > 100 * peaks["parameters"], peaks
+    assert chart.evaluate("el => el._fullLayout.yaxis.type") == "log"
+    box = p.locator('[data-card="memory"] .toggle input')
+    expect(box).to_be_checked()
+    box.uncheck()
+    p.wait_for_function("""() => document.querySelector('[data-chart="memory"]')._fullLayout.yaxis.type === 'linear'""")

@@ -35,9 +35,9 @@ XSS_PARAM = "<b>bold</b>.weight"
 TIMEOUT_MS = 15_000
 
 #: What a real AdamW run with the hook draws (no update ratio yet, no CUDA on this machine).
-REAL_RUN_CHARTS = ["grad-norm-total", "loss", "param-grad-norm", "grad-status", "grad-norm-heatmap",
+REAL_RUN_CHARTS = ["grad-norm-total", "loss", "param-grad-norm", "grad-norm-spread", "grad-status", "grad-norm-heatmap",
                    "exp-avg-norm", "exp-avg-sq-norm", "lr", "memory"]
-CHARTS = ["grad-norm-total", "loss", "param-grad-norm", "grad-status", "grad-norm-heatmap",
+CHARTS = ["grad-norm-total", "loss", "param-grad-norm", "grad-norm-spread", "grad-status", "grad-norm-heatmap",
           "exp-avg-norm", "exp-avg-sq-norm", "update-ratio", "lr", "memory"]
 
 
@@ -205,7 +205,8 @@ def test_run_page_draws_charts_and_shows_nan(dash: ServerProcess, page: Page) ->
     assert p.locator('.modebar-btn[data-title^="Share"]').count() == 0
 
     hrefs = p.locator("[data-export]").evaluate_all("els => els.map(e => e.getAttribute('href'))")
-    assert hrefs == [f"/api/runs/nan-run/export?format={f}" for f in ("csv", "json", "parquet")]
+    assert hrefs == [f"/api/runs/nan-run/export?format={f}" for f in ("csv", "json", "parquet")] + [
+        f"/api/runs/nan-run/export?format={f}&table=steps" for f in ("csv", "parquet")]
 
 
 def test_new_steps_appear_without_reload(dash: ServerProcess, page: Page) -> None:

@@ -121,3 +121,9 @@ test("names: the user's scalars apart from the hook's; the first to show; what m
   assert.equal(mostShared([["backward_passes", "acc"], ["backward_passes", "acc"]], isUserScalar), "acc", "a user's first");
   assert.equal(mostShared([null, []]), null);
 });
+
+test("spread: the largest positive finite value over the smallest", async () => {
+  const { spread } = await import("../../frontend/js/views/scalars.js");
+  assert.equal(spread([{ y: [2, 4] }, { y: [400, NaN, null, 0, -5] }]), 200);
+  assert.equal(spread([{ y: [] }]), 1);
+});

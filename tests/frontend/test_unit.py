@@ -16,7 +16,7 @@ import pytest
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]
-MIN_NODE = 18  # the first with `node --test`
+MIN_NODE = 18  # with `node --test` and --test-reporter (18.15 on)
 
 
 def node() -> str:
@@ -32,8 +32,8 @@ def node() -> str:
 
 @pytest.mark.parametrize("suite", sorted(p.name for p in HERE.glob("*.test.mjs")))
 def test_javascript_unit_tests_pass(suite: str) -> None:
-    result = subprocess.run([node(), "--test", str(HERE / suite)], capture_output=True, text=True,
-                            cwd=REPO, timeout=120)
+    result = subprocess.run([node(), "--test", "--test-reporter=tap", str(HERE / suite)],
+                            capture_output=True, text=True, cwd=REPO, timeout=120)
     assert result.returncode == 0, result.stdout[-8000:] + result.stderr[-4000:]
     passed = re.search(r"^# pass (\d+)$", result.stdout, re.M)
     assert passed and int(passed.group(1)) > 0, result.stdout[-4000:]

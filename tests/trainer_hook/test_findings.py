@@ -101,3 +101,37 @@ def test_run_page() -> None:
     assert run_page("http://127.0.0.1:8765", "abc") == "http://127.0.0.1:8765/runs/abc"
     assert run_page("wss://host/gw/", "abc") == "https://host/gw/runs/abc"
     assert issubclass(GradwatchWarning, UserWarning)  # so `-W ignore::UserWarning` silences it too
+
+
+def test_on_finding_gets_each_new_finding_on_the_sender_thread(srv: ServerProcess) -> None:
+    got: list[tuple[str, dict[str, object]]] = []
+    import threading
+
+    def callback(finding: dict[str, object]) -> None:
+        got.append((threading.current_thread().name, finding))
+
+    w = sloppy_training(srv.url, run="called", warn=False, on_finding=callback)
+    found = httpx.get(f"{srv.url}/api/runs/{w.run_id}/diagnostics", timeout=10).json()
+    assert sorted(f["code"] for _, f in got) == sorted(f["code"] for f in found)  # each once
+    assert {thread for thread, _ in got} == {"gradwatch-sender"}  # never the training thread
+    by_code = {f["code"]: f for f in found}
+    for _, finding in got:
+        assert finding["page"] == f"{srv.url}/runs/{w.run_id}"
+        assert finding["severity"] == by_code[finding["code"]]["severity"]
+        assert finding["first_step"] == by_code[finding["code"]]["first_step"]
+
+
+def test_a_failing_on_finding_never_reaches_training(srv: ServerProcess, caplog: pytest.LogCaptureFixture) -> None:
+    calls: list[str] = []
+
+    def callback(finding: dict[str, object]) -> None:
+        calls.append(str(finding["code"]))
+        if len(calls) == 1:
+            raise RuntimeError("checkpoint disk full")
+        raise SystemExit(1)  # even this stays on the sender thread
+
+    w = sloppy_training(srv.url, run="raising", warn=False, on_finding=callback)
+    assert w.pending == 0  # every step delivered after the callback raised
+    assert len(calls) == 2
+    assert caplog.text.count("the on_finding callback raised") == 2
+    assert "checkpoint disk full" in caplog.text

@@ -52,7 +52,10 @@ def handshake(ws_url: str, hello: str, token: Optional[str], scope: contextlib.E
     if send_timeout is not None:
         seconds = int(send_timeout)
         micros = int((send_timeout - seconds) * 1e6)
-        ws.socket.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, struct.pack("ll", seconds, micros))
+        try:
+            ws.socket.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, struct.pack("ll", seconds, micros))
+        except OSError:  # closed already (a server that refuses closes at once): the recv below says why
+            pass
     try:  # a server that refuses the connection closes it at once: the send may see that already
         ws.send(hello)
         reply = json.loads(ws.recv(timeout=welcome_timeout))

@@ -4,10 +4,11 @@ The server diagnoses the run as it streams (a forgotten `zero_grad()`, a layer l
 optimizer, AMP skipped steps, ...) and sends each new one as ``{"type": "finding", "finding":
 {code, severity, message, params, first_step, ...}}`` (docs/protocol.md). `FindingWarner`
 shows each code once per run as a `GradwatchWarning` (once more if it turns graver, e.g. AMP
-skipped steps going from info to warning), unless ``watch(..., warn=False)``.
+skipped steps going from info to warning), unless ``watch(..., warn=False)``, and passes the same
+new findings to the user's ``watch(..., on_finding=callback)``.
 
 It runs on the sender thread and never raises there: with warnings turned into errors
-(``-W error``) a finding is logged instead. Silence them with
+(``-W error``) a finding is logged instead, and what the user's callback raises is logged. Silence them with
 ``warnings.filterwarnings("ignore", category=gradwatch.findings.GradwatchWarning)``.
 """
 from __future__ import annotations
@@ -15,7 +16,7 @@ from __future__ import annotations
 import logging
 import threading
 import warnings
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 from urllib.parse import urlsplit, urlunsplit
 
 log = logging.getLogger("gradwatch")
@@ -40,11 +41,14 @@ def describe(finding: dict[str, Any], page: Optional[str] = None) -> str:
 
 
 class FindingWarner:
-    """Called with each `finding` the server sends; warns once per code (if `enabled`)."""
+    """Called with each `finding` the server sends; warns once per code (if `enabled`) and calls
+    `callback` with each new one (a new code, or one turned graver)."""
 
-    def __init__(self, enabled: bool = True, page: Optional[str] = None) -> None:
+    def __init__(self, enabled: bool = True, page: Optional[str] = None,
+                 callback: Optional[Callable[[dict[str, Any]], Any]] = None) -> None:
         self.enabled = enabled
         self.page = page
+        self.callback = callback
         self.findings: dict[str, dict[str, Any]] = {}  # latest finding per code, warned or not
         self._warned: set[tuple[str, Any]] = set()  # (code, severity) already shown
         self._lock = threading.Lock()
@@ -59,8 +63,19 @@ class FindingWarner:
                 new = key not in self._warned
                 self._warned.add(key)
                 self.findings[finding["code"]] = finding
+            if new and self.callback is not None:
+                self._call(finding)
             if new and self.enabled:
                 warnings.warn(describe(finding, self.page), GradwatchWarning, stacklevel=2)
         except Exception as exc:  # e.g. -W error: the sender thread must carry on
             log.warning("gradwatch: %s (%s)", describe(finding, self.page) if isinstance(finding, dict)
                         and "code" in finding else finding, exc)
+
+    def _call(self, finding: dict[str, Any]) -> None:
+        """The user's callback gets its own copy, with the run's `page`; whatever it raises stays here,
+        logged (SystemExit too: it would end the sender thread, not the training)."""
+        assert self.callback is not None
+        try:
+            self.callback(dict(finding, page=self.page))
+        except BaseException:
+            log.exception("gradwatch: the on_finding callback raised on %s; the run goes on", finding["code"])

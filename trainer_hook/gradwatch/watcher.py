@@ -5,7 +5,6 @@ import atexit
 import functools
 import html
 import ipaddress
-import json
 import logging
 import os
 import re
@@ -13,7 +12,7 @@ import secrets
 import threading
 import time
 import weakref
-from typing import Any, Optional, Union
+from typing import Any, Callable, Optional, Union
 from collections.abc import Iterable, Mapping, Sequence
 from urllib.parse import urlsplit
 
@@ -26,6 +25,7 @@ from .wire import DEFAULT_SERVER, ingest_url
 from .accumulation import GradTracker
 from .amp import AmpScaler, check_scaler
 from .closures import CountedClosure, step_closure, with_closure
+from .context import context_config, user_config
 from .findings import FindingWarner, run_page
 from .layout import Layout, build_layout
 from .measure import Probe, Snapshot
@@ -60,11 +60,14 @@ class Watcher:
                  model: Union[torch.nn.Module, Iterable[tuple[str, torch.Tensor]], None] = None,
                  run: Optional[str] = None, project: Optional[str] = None, server: Optional[str] = None,
                  every: Union[int, str] = 1, scaler: Any = None, token: Optional[str] = None,
-                 updates: bool = False, warn: bool = True, config: Optional[Mapping[str, Any]] = None) -> None:
+                 updates: bool = False, warn: bool = True, config: Optional[Mapping[str, Any]] = None,
+                 on_finding: Optional[Callable[[dict[str, Any]], Any]] = None) -> None:
         optimizers, wrappers = _optimizers(optimizer)
-        user_config = _check_config(config)
         if scaler is None:  # accelerate's AcceleratedOptimizer steps with its own GradScaler
             scaler = next((s for s in map(find_scaler, wrappers) if s is not None), None)
+        user = user_config(config)
+        if on_finding is not None and not callable(on_finding):
+            raise TypeError(f"on_finding must be a function taking a finding (a dict), not {type(on_finding).__name__}")
         self._sampler = make_sampler(every)
         if not isinstance(updates, bool) or not isinstance(warn, bool):
             raise TypeError("updates and warn must be True or False")
@@ -92,10 +95,10 @@ class Watcher:
         self._amp = None if scaler is None else AmpScaler(scaler)
         self._probe = Probe(self.layout, amp=self._amp, updates=updates)
         self._tracker = GradTracker(self._probe.params)
-        owner = np.array([w.optimizer for w in self.layout.params])
         #: parameter indices of each optimizer; None stands for all (one optimizer)
-        self._members: list[Optional[np.ndarray]] = (
-            [None] if len(optimizers) == 1 else [np.flatnonzero(owner == k) for k in range(len(optimizers))])
+        self._members: list[Optional[list[int]]] = (
+            [None] if len(optimizers) == 1 else
+            [[i for i, w in enumerate(self.layout.params) if w.optimizer == k] for k in range(len(optimizers))])
         self._round: dict[int, int] = {}  # optimizer -> its steps in the open round
         self._opt_steps = [0] * len(optimizers)
         n = len(self.layout.params)
@@ -114,14 +117,13 @@ class Watcher:
                  "config": {"every": every, "amp": scaler is not None, "updates": updates,
                             "optimizers": [type(o).__name__ for o in optimizers],
                             "unoptimized_params": self.layout.unoptimized, "frozen_params": self.layout.frozen,
-                            **_wrapper_config(wrappers),
-                            **({"user": user_config} if user_config is not None else {})}},
+                            **_wrapper_config(wrappers), **context_config(self.layout, model, user)}},
             params=self.layout.hello_params(), groups=self.layout.hello_groups())
         self._sender = Sender(url, hello, token=token, spool=_open_spool(self.run_id, hello))
         # a server on this machine: its CPU per step is part of what watching costs
         self._cost = CostMeter(self._sampler, _on_this_machine(url), lambda: self._sender.server_cpu_per_step)
         _replay_in_background(url, token)
-        self._sender.on_finding = FindingWarner(warn, self.url)
+        self._sender.on_finding = FindingWarner(warn, self.url, callback=on_finding)
         self._handles = []
         for k, opt in enumerate(optimizers):
             self._handles += [opt.register_step_pre_hook(functools.partial(self._before_step, k)),
@@ -131,9 +133,9 @@ class Watcher:
         self_ref = weakref.ref(self)
 
         def close_at_exit() -> None:
-            watcher = self_ref()
-            if watcher is not None:
-                watcher.close()
+            w = self_ref()
+            if w is not None:
+                w.close()
 
         atexit.register(close_at_exit)
 
@@ -222,7 +224,7 @@ class Watcher:
         if members is None:
             self._passes, self._clear = passes, clear
         else:
-            for j, i in enumerate(members.tolist()):
+            for j, i in enumerate(members):
                 self._passes[i], self._clear[i] = passes[j], clear[j]
 
     def _emit(self) -> None:
@@ -409,21 +411,6 @@ def _rss_bytes() -> Optional[float]:
         return None
 
 
-def _check_config(config: Optional[Mapping[str, Any]]) -> Optional[dict[str, Any]]:
-    """The user's `config` as a plain dict that strict JSON can carry (it goes in the hello), or
-    TypeError/ValueError saying what it cannot carry."""
-    if config is None:
-        return None
-    if not isinstance(config, Mapping):
-        raise TypeError(f"config must be a mapping of names to JSON values, not {type(config).__name__}")
-    try:
-        plain: dict[str, Any] = json.loads(json.dumps(dict(config), allow_nan=False))
-        return plain
-    except (TypeError, ValueError) as exc:
-        raise ValueError(f"config must hold only JSON values (numbers, strings, booleans, None, lists and "
-                         f"dicts of them, keyed by strings; no NaN or infinity): {exc}") from exc
-
-
 def _optimizers(optimizer: Any) -> tuple[list[torch.optim.Optimizer], list[list[Any]]]:
     """One optimizer or a non-empty list/tuple of distinct ones, each unwrapped to the torch
     optimizer that steps (unwrap.py), with the wrappers around each; TypeError/ValueError otherwise."""
@@ -449,7 +436,8 @@ def watch(optimizer: Union[torch.optim.Optimizer, Sequence[torch.optim.Optimizer
           model: Union[torch.nn.Module, Iterable[tuple[str, torch.Tensor]], None] = None,
           run: Optional[str] = None, project: Optional[str] = None, server: Optional[str] = None,
           every: Union[int, str] = 1, scaler: Any = None, token: Optional[str] = None,
-          updates: bool = False, warn: bool = True, config: Optional[Mapping[str, Any]] = None) -> Watcher:
+          updates: bool = False, warn: bool = True, config: Optional[Mapping[str, Any]] = None,
+          on_finding: Optional[Callable[[dict[str, Any]], Any]] = None) -> Watcher:
     """Watch `optimizer` (or a list of optimizers); see `Watcher`. Raises TypeError/ValueError on bad arguments.
 
     Several optimizers (`watch([opt_d, opt_g], ...)`) make one run: a step is a round in which
@@ -460,8 +448,12 @@ def watch(optimizer: Union[torch.optim.Optimizer, Sequence[torch.optim.Optimizer
     every: measure every N-th `optimizer.step()`, or "auto" to keep what watching costs within 1%
         of the step time (the hook's threads, and a server on this machine: its acks say its CPU). updates: also measure `update_norm`/`update_ratio` (holds one copy of the
         parameters during sampled steps). warn: show each diagnostic once as a Python warning.
-    config: the user's own mapping (hyperparameters...), recorded with the run (its config's `user`).
+    config: the user's own mapping (hyperparameters...), recorded with the run (its config's `user`),
+        beside the context the hook records (optimizer, versions, host, command line, git commit:
+        gradwatch/context.py).
+    on_finding: called with each new diagnostic (a dict: code, severity, message, params,
+        first_step), on gradwatch's sender thread, never inside a step; what it raises is logged.
     """
     return Watcher(optimizer, model=model, run=run, project=project, server=server, every=every,
-                   scaler=scaler, token=token, updates=updates, warn=warn, config=config)
+                   scaler=scaler, token=token, updates=updates, warn=warn, config=config, on_finding=on_finding)
 

@@ -6,9 +6,9 @@ from typing import Annotated, Literal
 import pydantic_core
 from fastapi import APIRouter, Query, Response
 
-from .. import charts
+from .. import charts, spread
 from ..deps import RunDep, StoreDep
-from ..models import Heatmap, ParamSeriesPublic, Series
+from ..models import Heatmap, ParamSeriesPublic, Series, Spread
 from ..protocol import MAX_INT64
 from ..store import Param, Store
 
@@ -19,6 +19,9 @@ End = Annotated[int | None, Query(ge=0, le=MAX_INT64, description="last step, in
 MaxPoints = Annotated[int, Query(ge=2, le=100_000, description="downsample above this many steps")]
 Name = Annotated[str, Query(min_length=1, max_length=128)]
 WithTime = Annotated[bool, Query(description="add `time` (each point's wall time) and `time0` (the run's first step's)")]
+Smooth = Annotated[float, Query(ge=0, le=0.999, description=(
+    "TensorBoard's debiased exponential moving average with this weight (0: none, up to 0.999), "
+    "applied to the raw series from the run's first step, then windowed and downsampled"))]
 CellEncoding = Annotated[charts.Encoding, Query(description=(
     "json: the cells in `z`; f32: `z` null and the cells in `z_f32`, base64 float32 (under a third "
     "of the bytes for a float metric, and no number for the browser to parse)"))]
@@ -27,8 +30,8 @@ CellEncoding = Annotated[charts.Encoding, Query(description=(
 # exclude_unset: `time` and `time0` appear only when asked for; every other field is always set.
 @router.get("/series", response_model_exclude_unset=True)
 def scalar_series(run: RunDep, store: StoreDep, key: Name, start: Start = None, end: End = None,
-                  max_points: MaxPoints = 2000, time: WithTime = False) -> Series:
-    return charts.scalar_series(store, run.id, key, start, end, max_points, with_time=time)
+                  max_points: MaxPoints = 2000, time: WithTime = False, smooth: Smooth = 0.0) -> Series:
+    return charts.scalar_series(store, run.id, key, start, end, max_points, with_time=time, smooth=smooth)
 
 
 @router.get("/params/series", response_model_exclude_unset=True)
@@ -43,6 +46,7 @@ def param_series(
     end: End = None,
     max_points: MaxPoints = 2000,
     time: WithTime = False,
+    smooth: Smooth = 0.0,
     rank_by: Annotated[str | None, Query(min_length=1, max_length=128, description=(
         "without `param`: choose the `top` by this metric's value at the last step of the window "
         "rather than by `metric`'s (the dashboard draws the optimizer state of the parameters "
@@ -57,7 +61,15 @@ def param_series(
             _known(store, run.id, metric)
             return ParamSeriesPublic(metric=metric, downsampled=False, step=[], series=[])
     return charts.param_series(store, run.id, params, metric, names, top, order,
-                               start, end, max_points, with_time=time)
+                               start, end, max_points, with_time=time, smooth=smooth)
+
+
+@router.get("/params/spread")
+def param_spread(run: RunDep, store: StoreDep, metric: Name = "grad_norm", start: Start = None, end: End = None,
+                 max_points: MaxPoints = 500) -> Spread:
+    """Min, quartiles, median and max of a metric across the parameters at each step (a bucket's
+    parameter means when downsampled): docs/api.md, Spread."""
+    return spread.spread(store, run.id, run.param_count, metric, start, end, max_points)
 
 
 def _known(store: Store, run_id: str, metric: str) -> None:

@@ -5,7 +5,7 @@ from typing import Annotated
 
 from fastapi import APIRouter, Query, WebSocket
 
-from ..deps import DiagnosticsDep, HubDep, SessionsDep, SettingsDep, StepCostDep, StoreDep
+from ..deps import DiagnosticsDep, HubDep, NotifierDep, SessionsDep, SettingsDep, StepCostDep, StoreDep
 from ..ingest import IngestConnection
 from ..live import pump, worker_headers
 
@@ -14,8 +14,9 @@ router = APIRouter(tags=["websockets"])
 
 @router.websocket("/ws/ingest")
 async def ingest(websocket: WebSocket, store: StoreDep, hub: HubDep, sessions: SessionsDep,
-                 settings: SettingsDep, diagnostics: DiagnosticsDep, step_cost: StepCostDep) -> None:
-    await IngestConnection(websocket, store, hub, sessions, settings, diagnostics, step_cost).serve()
+                 settings: SettingsDep, diagnostics: DiagnosticsDep, step_cost: StepCostDep,
+                 notifier: NotifierDep) -> None:
+    await IngestConnection(websocket, store, hub, sessions, settings, diagnostics, step_cost, notifier).serve()
 
 
 @router.websocket("/ws/live")

@@ -133,11 +133,18 @@ class Store:
             return _runs.update_run(conn, run_id, name, tags)
 
     def delete_run(self, run_id: str) -> bool:
-        """Delete a run and everything stored for it, in one transaction."""
+        """Delete a run and everything stored for it, in one transaction; its id is remembered (deleted_at)."""
         with self._write() as conn:
-            deleted = _runs.delete_run(conn, run_id)
+            deleted = _runs.delete_run(conn, run_id, self._clock())
         self._known_names = {k for k in self._known_names if k[0] != run_id}
         return deleted
+
+    def deleted_at(self, run_id: str) -> float | None:
+        """When the run `run_id` was deleted (Unix seconds), or None: never stored, or stored now."""
+        if not storable(run_id):
+            return None
+        with self._read() as conn:
+            return _runs.deleted_at(conn, run_id)
 
     def runs_to_collect(self, *, created_before: float | None = None, status: str | None = None,
                         project: str | None = None) -> list[Run]:

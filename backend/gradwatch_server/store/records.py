@@ -92,7 +92,7 @@ class StepData:
 
 @dataclass(frozen=True)
 class StoredFinding:
-    """One diagnostic finding as stored (diagnostics/ makes them; see DESIGN.md, Diagnostics)."""
+    """One diagnostic finding as stored (diagnostics/ makes them; the codes: docs/diagnostics.md)."""
 
     code: str
     severity: str

@@ -9,7 +9,7 @@ from typing import Any
 from sqlalchemy import Connection, delete, func, insert, or_, select, update
 
 from ..protocol import Hello
-from ..schema import findings, groups, params, run_tags, runs, series_names
+from ..schema import deleted_runs, findings, groups, params, run_tags, runs, series_names
 from .records import (
     SEVERITIES,
     Group,
@@ -48,6 +48,7 @@ def open_run(conn: Connection, hello: Hello, now: float) -> OpenedRun:
             raise ParamsMismatch(_describe_mismatch(info.id, list(stored), sent))
         conn.execute(update(runs).where(runs.c.id == info.id).values(status="running", finished_at=None, updated_at=now))
     else:
+        conn.execute(delete(deleted_runs).where(deleted_runs.c.id == info.id))  # here again: not deleted
         conn.execute(insert(runs).values(
             id=info.id, name=info.name or info.id, project=info.project or "default",
             status="running", created_at=info.started_at, updated_at=now, finished_at=None,
@@ -114,10 +115,21 @@ def update_run(conn: Connection, run_id: str, name: str | None, tags: Sequence[s
     return True
 
 
-def delete_run(conn: Connection, run_id: str) -> bool:
+def delete_run(conn: Connection, run_id: str, now: float) -> bool:
     """Delete a run and everything stored for it: every table's rows reference the run with ON
-    DELETE CASCADE, on an index that starts with run_id."""
-    return conn.execute(delete(runs).where(runs.c.id == run_id)).rowcount > 0
+    DELETE CASCADE, on an index that starts with run_id. The id is kept in `deleted_runs` (with
+    the time), so that it can be told from one never stored."""
+    if conn.execute(delete(runs).where(runs.c.id == run_id)).rowcount == 0:
+        return False
+    conn.execute(delete(deleted_runs).where(deleted_runs.c.id == run_id))
+    conn.execute(insert(deleted_runs).values(id=run_id, deleted_at=now))
+    return True
+
+
+def deleted_at(conn: Connection, run_id: str) -> float | None:
+    """When the run `run_id` was deleted (Unix seconds), or None: never stored, or stored now."""
+    found = conn.execute(select(deleted_runs.c.deleted_at).where(deleted_runs.c.id == run_id)).scalar()
+    return None if found is None else float(found)
 
 
 def runs_to_collect(conn: Connection, created_before: float | None, status: str | None,

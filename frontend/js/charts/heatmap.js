@@ -25,6 +25,7 @@ import { coarseGroups } from "../modules.js";
 import { markerLayout, markMarkers, sameMarkers } from "./markers.js";
 import { Chart, noteLive } from "./base.js";
 import { cellHover } from "./cell-hover.js";
+import { attachCrosshair } from "./crosshair.js";
 import { Pacer } from "./pacer.js";
 import { cellsImage, pixel, rgbaOf, scalePixels, VIRIDIS } from "./raster.js";
 import { baseConfig, baseLayout, MARGIN, plotly, registerChart, textWidth, theme, Y_LABEL_PAD } from "./theme.js";
@@ -329,6 +330,7 @@ export class HeatmapChart extends Chart {
   }
 
   listen() {
+    attachCrosshair(this.el, "step");
     cellHover(this.el, (x, row) => this.cellAt(x, row), () => {
       const t = theme();
       return { color: t.card, borderColor: t.border, fontColor: t.fg, fontFamily: t.font };

@@ -10,14 +10,17 @@ const TOP = 0.97;    // where non-finite markers sit, in the marker axis (0..1 o
 const BOTTOM = 0.03; // -Inf, and zeros on a log axis
 const STAGGER = 0.035;
 export const MARKERS_UP_TO = 60; // a series with fewer points shows each as a marker
+export const RAW_OPACITY = 0.3;  // a smoothed series' raw line, faint behind the smoothed one
 export const NONFINITE_KEY = "nonfinite"; // legend keys of the marker traces; a series' key is "s:" + its name
 export const ZERO_KEY = "zero";
 export const seriesKey = (name) => `s:${name}`;
 
 /**
  * @typedef {{name: string, x: number[], y: (number|null)[], min?: (number|null)[]|null,
- *            max?: (number|null)[]|null}} Series
+ *            max?: (number|null)[]|null, smooth?: (number|null)[]|null}} Series
  *   y holds numbers from format.toNumber: finite, NaN, ±Infinity, or null (ABSENT: a gap).
+ *   smooth, when the chart is smoothed (smoothing.js), is the smoothed y at the same x: drawn as
+ *   the series' line, the raw y faint behind it.
  * @typedef {{log: boolean, scale: number, unit: string, legend?: boolean, name: string,
  *            xTitle: string, xHover: string, xText: (x: number) => string, yTitle?: string,
  *            yRange?: number[]|null, emptyText?: string}} LineOpts
@@ -34,7 +37,8 @@ const colorOf = (i, t) => t.palette[i % t.palette.length];
  * @param {Series[]} series
  */
 export function mergeDetail(series, detail) {
-  const copy = (s) => ({ name: s.name, x: s.x.slice(), y: s.y.slice(), min: s.min ? s.min.slice() : null, max: s.max ? s.max.slice() : null });
+  const copy = (s) => ({ name: s.name, x: s.x.slice(), y: s.y.slice(), min: s.min ? s.min.slice() : null,
+    max: s.max ? s.max.slice() : null, smooth: s.smooth ? s.smooth.slice() : null });
   if (!detail) return series.map(copy);
   return series.map((s, i) => {
     const w = detail.series[i];
@@ -53,6 +57,7 @@ export function mergeDetail(series, detail) {
       y: [...s.y.slice(0, a), ...w.y, ...s.y.slice(b)],
       min: band("min"),
       max: band("max"),
+      smooth: s.smooth && w.smooth ? [...s.smooth.slice(0, a), ...w.smooth, ...s.smooth.slice(b)] : null,
     };
   });
 }
@@ -98,13 +103,15 @@ export function markerCounts(view, log) {
 
 /**
  * Every trace of `view`: per series its band (two traces, when downsampled), then the lines,
- * then the NaN/Inf and zero markers. `hidden`: legend keys hidden by the user.
- * @returns {{traces: object[], idx: {line: number[], band: number[], nonfinite: number, zero: number, markers: boolean}}}
- *   idx: where each series' traces are, for live extendTraces.
+ * then the NaN/Inf and zero markers. `hidden`: legend keys hidden by the user. A series with
+ * `smooth` has its raw line faint (RAW_OPACITY) and the smoothed line over it, after all lines.
+ * @returns {{traces: object[], idx: {line: number[], band: number[], smooth: number[], nonfinite: number,
+ *            zero: number, markers: boolean}}}
+ *   idx: where each series' traces are, for live extendTraces (smooth[i]: -1 when not smoothed).
  */
 export function lineTraces(view, opts, t, hidden = new Set()) {
   const traces = [];
-  const idx = { line: [], band: [], nonfinite: -1, zero: -1, markers: false };
+  const idx = { line: [], band: [], smooth: [], nonfinite: -1, zero: -1, markers: false };
   const unit = opts.unit ? ` ${plotlyText(opts.unit)}` : "";
   const nf = { x: [], y: [], text: [] };
   const zero = { x: [], y: [], text: [] };
@@ -132,11 +139,25 @@ export function lineTraces(view, opts, t, hidden = new Set()) {
     idx.line[i] = traces.length;
     if (s.x.length < MARKERS_UP_TO) idx.markers = true;
     const name = plotlyText(s.name);
+    const raw = s.smooth ? " (raw)" : "";
     traces.push({
       type: "scatter", mode: s.x.length < MARKERS_UP_TO ? "lines+markers" : "lines",
       name, x: s.x.slice(), y: s.y.map(y), text: s.x.map(() => ""),
-      line: { width: 1.8, color: colorOf(i, t) }, marker: { size: 4 }, showlegend: opts.legend !== false,
-      hovertemplate: `${single ? "" : `${name}<br>`}${opts.xHover}: <b>%{y:.4~g}${unit}</b><extra></extra>`,
+      line: { width: s.smooth ? 1.2 : 1.8, color: colorOf(i, t) }, marker: { size: 4 }, showlegend: opts.legend !== false,
+      opacity: s.smooth ? RAW_OPACITY : 1,
+      hovertemplate: `${single ? "" : `${name}<br>`}${opts.xHover}${raw}: <b>%{y:.4~g}${unit}</b><extra></extra>`,
+      visible: !hidden.has(seriesKey(s.name)),
+    });
+  });
+  view.forEach((s, i) => {
+    idx.smooth[i] = -1;
+    if (!s.smooth) return;
+    idx.smooth[i] = traces.length;
+    const name = plotlyText(s.name);
+    traces.push({
+      type: "scatter", mode: "lines", name: `${name} (smoothed)`, x: s.x.slice(), y: s.smooth.map(y),
+      text: s.x.map(() => ""), line: { width: 2, color: colorOf(i, t) }, showlegend: false, connectgaps: true,
+      hovertemplate: `${single ? "" : `${name}<br>`}${opts.xHover} smoothed: <b>%{y:.4~g}${unit}</b><extra></extra>`,
       visible: !hidden.has(seriesKey(s.name)),
     });
   });

@@ -9,12 +9,14 @@
 
 import { markMarkers, markerLayout, sameMarkers } from "./markers.js";
 import { Chart, noteLive } from "./base.js";
+import { attachCrosshair } from "./crosshair.js";
 import { Legend } from "./legend.js";
 import {
   legendEntries, lineLayout, lineTraces, markerCounts, markerPoint, MARKERS_UP_TO, mergeDetail, NONFINITE_KEY,
   plotValue, seriesKey, yAxisRange, ZERO_KEY,
 } from "./line-figure.js";
 import { Pacer } from "./pacer.js";
+import { Ema } from "../smoothing.js";
 import { baseConfig, baseLayout, MARGIN, plotly, registerChart, theme } from "./theme.js";
 
 /** @typedef {import("./line-figure.js").Series} Series */
@@ -24,12 +26,14 @@ export class LineChart extends Chart {
    * @param {HTMLElement} el  the plot element; gets data-points / data-nonfinite after each draw
    * @param {{name: string, log?: boolean, yTitle?: string, scale?: number, unit?: string,
    *          legend?: boolean, emptyText?: string, onXRange?: (range: number[]|null) => void,
-   *          xTitle?: string, xHover?: string, xText?: (x: number) => string, yRange?: number[]|null}} opts
+   *          xTitle?: string, xHover?: string, xText?: (x: number) => string, yRange?: number[]|null,
+   *          smooth?: number}} opts
    *   scale divides every value (bytes -> MiB); unit is appended in hover text; legend: false
    *   leaves the series out of the legend (a picker shows their colours instead). The x axis
    *   is steps unless told otherwise: xTitle names it, xHover is its Plotly hover template
    *   ("step %{x}"), xText its words in marker text. yRange ([lo, hi] in values, before scale)
-   *   fixes the y axis, so that charts side by side share it.
+   *   fixes the y axis, so that charts side by side share it. smooth: the smoothing weight the
+   *   series' `smooth` arrays were made with (smoothing.js); live points continue them.
    */
   constructor(el, opts) {
     super(el);
@@ -53,7 +57,11 @@ export class LineChart extends Chart {
     this.unregister = registerChart(this);
   }
 
-  /** Replace all series (after a REST fetch). */
+  /**
+   * Replace all series (after a REST fetch). A series with `smooth` goes on smoothing live points
+   * from its last smoothed value (`count`: how many finite values it averaged, the series' own
+   * when it has every step, else its last step).
+   */
   setSeries(series) {
     this.detail = null;
     this.series = series.map((s) => ({
@@ -62,7 +70,16 @@ export class LineChart extends Chart {
       y: s.y.slice(),
       min: s.min ? s.min.slice() : null,
       max: s.max ? s.max.slice() : null,
+      smooth: s.smooth ? s.smooth.slice() : null,
     }));
+    this.emas = this.series.map((s) => {
+      if (!s.smooth || !this.opts.smooth) return null;
+      let j = s.smooth.length - 1;
+      while (j >= 0 && !Number.isFinite(s.smooth[j])) j--;
+      if (j < 0) return new Ema(this.opts.smooth);
+      const count = s.min ? s.x[s.x.length - 1] : s.y.filter((v) => Number.isFinite(v)).length;
+      return Ema.from(this.opts.smooth, s.smooth[j], Math.max(1, count));
+    });
     return this.draw();
   }
 
@@ -119,16 +136,19 @@ export class LineChart extends Chart {
     points.forEach((pts, i) => {
       const s = this.series[i];
       if (!s || !pts || !pts.length) return;
+      const ema = this.emas && this.emas[i];
+      const full = pts.map(([x, y]) => [x, y, ema ? ema.push(y) : null]);
       // With a detail drawn, the drawn series are copies: they get the live points too.
       for (const t of this.view !== this.series && this.view[i] ? [s, this.view[i]] : [s]) {
-        for (const [x, y] of pts) {
+        for (const [x, y, sm] of full) {
           t.x.push(x);
           t.y.push(y);
           if (t.min) t.min.push(y);
           if (t.max) t.max.push(y);
+          if (t.smooth) t.smooth.push(sm);
         }
       }
-      (this.pending[i] ||= []).push(...pts);
+      (this.pending[i] ||= []).push(...full);
     });
     if (this.pending.some((p) => p && p.length)) this.pacer.request();
   }
@@ -165,6 +185,7 @@ export class LineChart extends Chart {
         push(idx.band[i], xs, ys, blank);
         push(idx.band[i] + 1, xs, ys, blank);
       }
+      if (idx.smooth[i] >= 0) push(idx.smooth[i], xs, pts.map((p) => plotValue(p[2], this.opts)), blank);
       for (const [x, y] of pts) markerPoint(i, this.view[i].name, x, y, this.opts, nf, zero);
     });
     // A first marker needs a trace (and a legend entry) that is not there yet.
@@ -225,6 +246,7 @@ export class LineChart extends Chart {
         set(idx.band[i], seriesKey(s.name));
         set(idx.band[i] + 1, seriesKey(s.name));
       }
+      set(idx.smooth[i], seriesKey(s.name));
     });
     set(idx.nonfinite, NONFINITE_KEY);
     set(idx.zero, ZERO_KEY);
@@ -232,6 +254,8 @@ export class LineChart extends Chart {
   }
 
   listen() {
+    const steps = this.opts.xTitle === "step";
+    attachCrosshair(this.el, steps ? "step" : `x:${this.opts.xTitle}`, steps ? Math.round : (x) => x);
     this.el.on("plotly_relayout", (ev) => {
       if (this.syncing || !this.opts.onXRange) return;
       if (ev["xaxis.autorange"]) {

@@ -14,10 +14,12 @@ import { fmtCount, fmtDuration, runDuration } from "../format.js";
 import { sharedGroups } from "../groups.js";
 import { isUserScalar, mostShared } from "../names.js";
 import { LiveSocket, renderLiveStatus } from "../live.js";
+import { smoothWeight } from "../smoothing.js";
 import { queryValue, readQuery, writeQuery } from "../url.js";
 import { compareCard, swatch } from "../views/compare-card.js";
 import { compareParamPicker } from "../views/compare-params.js";
 import { countFindings, settingsTable } from "../views/compare-settings.js";
+import { smoothingControl } from "../views/smoothing-control.js";
 import { zoomNote } from "../views/zoom-note.js";
 
 const MAX_PARAMS = 6;
@@ -56,12 +58,14 @@ export function init() {
     params: [],          // parameter names per id
     groups: [],          // param groups per id (null when unknown)
     findings: [],        // {error, warning, info} per id, from /diagnostics (null when unknown)
+    deleted: [],         // per id: true when the server says the run was deleted
     extra: queryValue(q, "scalar"),
     metric: queryValue(q, "metric", "grad_norm"),
     chosen: q.param ? [...new Set(q.param)].slice(0, MAX_PARAMS) : null, // null: the first shared parameter
     x: queryValue(q, "x") === "time" ? "time" : "step",
     layout: queryValue(q, "layout") === "side" ? "side" : "overlay",
     xRange: null,
+    smooth: smoothWeight(queryValue(q, "smooth")), // the charts' EMA weight (?smooth=), 0: off
   };
   el = {
     runs: byId("compare-runs"), controls: byId("compare-controls"), settings: byId("settings"),
@@ -78,7 +82,7 @@ export function init() {
   card("compare-grad-norm-total", "Total gradient norm", "‖grad‖₂ over all parameters", seriesIf("grad_norm_total"), { log: true });
   card("compare-loss", "Loss", "As each training script reported it", seriesIf("loss"));
   extraCard = card("compare-scalar", "Another scalar", "Pick any scalar the runs report",
-    (r) => (state.extra ? seriesIf(state.extra)(r) : Promise.resolve(null)), { tools: [extraSelect] });
+    (r, extra) => (state.extra ? seriesIf(state.extra)(r, extra) : Promise.resolve(null)), { tools: [extraSelect] });
 
   picker = compareParamPicker({
     maxParams: MAX_PARAMS,
@@ -138,9 +142,9 @@ function label(i) {
 }
 
 const has = (key) => (r, i) => (state.metrics[i] && state.metrics[i].scalars || []).includes(key);
-const seriesIf = (key) => (r) => {
+const seriesIf = (key) => (r, { smooth } = {}) => {
   const i = state.runs.indexOf(r);
-  return has(key)(r, i) ? api.series(r.id, key, { time: true }) : Promise.resolve(null);
+  return has(key)(r, i) ? api.series(r.id, key, { time: true, smooth }) : Promise.resolve(null);
 };
 
 // ---- parameters, matched by name across the runs -----------------------------------------------
@@ -197,10 +201,10 @@ function rebuildParamCards() {
     const having = runsWith(name);
     const missing = state.runs.map((r, i) => i).filter((i) => !having.includes(i)).map(label);
     const help = missing.length ? `In ${having.length} of ${state.runs.length} runs; not in ${missing.join(", ")}` : `In all ${state.runs.length} runs`;
-    const entry = compareCard(page, `compare-param-${k}`, `${metric} · ${name}`, help, async (r) => {
+    const entry = compareCard(page, `compare-param-${k}`, `${metric} · ${name}`, help, async (r, { smooth } = {}) => {
       const i = state.runs.indexOf(r);
       if (!having.includes(i)) return null;
-      const res = await api.paramSeries(r.id, metric, { params: [name], time: true });
+      const res = await api.paramSeries(r.id, metric, { params: [name], time: true, smooth });
       const s = (res.series || [])[0];
       return s ? { step: res.step, value: s.value, min: s.min, max: s.max, downsampled: res.downsampled, time: res.time, time0: res.time0 } : null;
     }, { log: true, wide: state.chosen.length === 1, parent: el.paramCards });
@@ -226,7 +230,12 @@ function renderControls() {
     ? [document.activeElement.closest("[data-control]").dataset.control, document.activeElement.dataset.value] : null;
   setChildren(controls,
     segmented("x", "Align by", X_MODES, state.x, (v) => switchView({ x: v })),
-    segmented("layout", "Layout", LAYOUTS, state.layout, (v) => switchView({ layout: v })));
+    segmented("layout", "Layout", LAYOUTS, state.layout, (v) => switchView({ layout: v })),
+    smoothingControl(state.smooth, (w) => {
+      state.smooth = w;
+      save();
+      Promise.all(cards.map((c) => c.load())).catch((err) => console.warn("gradwatch: smoothing:", err));
+    }));
   if (focused) {
     const target = controls.querySelector(`[data-control="${focused[0]}"] [data-value="${focused[1]}"]`);
     if (target) target.focus();
@@ -248,7 +257,7 @@ async function switchView(change) {
 function save() {
   writeQuery({
     runs: state.ids.join(","), x: state.x === "step" ? null : state.x, layout: state.layout === "overlay" ? null : state.layout,
-    scalar: state.extra, metric: state.metric, param: state.chosen || [],
+    scalar: state.extra, metric: state.metric, param: state.chosen || [], smooth: state.smooth || null,
   });
 }
 
@@ -259,7 +268,7 @@ function renderRuns() {
       swatch(i),
       r ? [h("a", { href: runPageUrl(r.id) }, r.name || r.id), " ", statusBadge(r.status),
         h("span", { class: "muted" }, ` ${r.project || "default"} · ${fmtCount(r.steps)} steps · ${fmtDuration(runDuration(r))}`)]
-        : [h("code", {}, id), h("span", { class: "muted" }, " not found")]);
+        : [h("code", {}, id), h("span", { class: "muted" }, state.deleted[i] ? " was deleted" : " not found")]);
   })));
 }
 
@@ -308,11 +317,11 @@ async function load() {
         ]);
         return [run, metrics, (params.data || []).map((p) => p.name), groups, countFindings(found)];
       } catch (err) {
-        if (err instanceof ApiError && err.status === 404) return [null, null, null, null, null];
+        if (err instanceof ApiError && err.status === 404) return [null, null, null, null, null, err.body && err.body.run === "deleted"];
         throw err;
       }
     }));
-    [state.runs, state.metrics, state.params, state.groups, state.findings] = [0, 1, 2, 3, 4].map((k) => got.map((g) => g[k]));
+    [state.runs, state.metrics, state.params, state.groups, state.findings, state.deleted] = [0, 1, 2, 3, 4, 5].map((k) => got.map((g) => g[k]));
     document.title = `Compare ${state.runs.filter(Boolean).map((r) => r.name || r.id).join(", ")} · gradwatch`;
     delete document.body.dataset.drawn;
     renderRuns();

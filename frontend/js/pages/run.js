@@ -19,15 +19,19 @@
 // mark `gradwatch:zoomed` once every chart in view shows the zoom's window ("FROM-TO", or "all").
 
 import { api, ApiError, liveUrl, UnreachableError } from "../api.js";
+import { findingAlerts } from "../attention.js";
+import { LineChart } from "../charts/line.js";
+import { smoothWeight } from "../smoothing.js";
 import { markersOf } from "../charts/markers.js";
 import { whenPlotly } from "../charts/theme.js";
 import { inViewFirst, nearView } from "../charts/turns.js";
 import { byId, h, notice, setChildren } from "../dom.js";
-import { toNumber } from "../format.js";
+import { fmtTime, toNumber } from "../format.js";
 import { LiveSocket, renderLiveStatus } from "../live.js";
 import { firstScalar } from "../names.js";
 import { queryValue, readQuery, writeQuery } from "../url.js";
 import { headerView } from "../views/header.js";
+import { smoothingControl } from "../views/smoothing-control.js";
 import { createRunViews } from "../views/run-views.js";
 import { urlRange } from "../views/zoom.js";
 import { zoomNote } from "../views/zoom-note.js";
@@ -51,6 +55,7 @@ let addStateViews;
 let socket;
 let ctx;        // what views load with
 let note;       // the zoom, said in the top bar
+let alerts;     // the finding count in a hidden tab's title, and desktop notifications
 
 /** Read the URL, lay out the cards, load the run and follow /ws/live. */
 export function init() {
@@ -71,9 +76,11 @@ export function init() {
     latest: {},              // latest value of each scalar, for the header
     xRange: urlRange(queryValue(q, "from"), queryValue(q, "to")),
     otherScalar: queryValue(q, "scalar"),
+    smooth: smoothWeight(queryValue(q, "smooth")), // the line charts' EMA weight (?smooth=), 0: off
   };
   ctx = { state };
-  header = headerView(byId("run-header"));
+  header = headerView(byId("run-header"), [smoothingControl(state.smooth, setSmoothing)]);
+  alerts = findingAlerts(() => (state.run ? `${state.run.name || state.run.id} · gradwatch` : document.title));
   grid = byId("charts");
   pageNotice = byId("page-notice");
   note = zoomNote(() => onXRange(null));
@@ -89,7 +96,10 @@ export function init() {
       saveUrl();
       loadViews([views.other]).then(() => { if (state.xRange) scheduleZoom(); }).catch(showError);
     },
-    onFindings: (list) => drawMarkers(list),
+    onFindings: (list) => {
+      drawMarkers(list);
+      if (state.run) alerts.update(list, state.run.name || state.run.id);
+    },
   }));
   for (const v of Object.values(views)) grid.appendChild(v.card);
 
@@ -182,7 +192,16 @@ function saveUrl() {
     from: state.xRange ? Math.round(state.xRange[0]) : null,
     to: state.xRange ? Math.round(state.xRange[1]) : null,
     scalar: state.otherScalar,
+    smooth: state.smooth || null,
   });
+}
+
+/** A new smoothing weight: every line chart fetches (or computes) its smoothed series again. */
+function setSmoothing(weight) {
+  state.smooth = weight;
+  saveUrl();
+  const lines = Object.values(views).filter((v) => v.chart instanceof LineChart && !v.card.hidden);
+  loadViews(lines).then(() => { if (state.xRange) scheduleZoom(); }).catch(showError);
 }
 
 // ---- loading over REST -------------------------------------------------------------------
@@ -211,6 +230,7 @@ async function loadAll() {
       for (const [name, present] of Object.entries(PRESENT)) views[name].card.hidden = !present();
       balanceGrid();
       header.render(state);
+      alerts.title();
       const drawn = loadViews(Object.values(views).filter((v) => !v.card.hidden));
       whenPlotly().catch(showError); // the requests are out: compile Plotly while the server answers
       await drawn;
@@ -317,8 +337,9 @@ function fillOtherSelect() {
 }
 
 function showError(err) {
-  const waiting = err instanceof ApiError && err.status === 404 && runId;
-  if (!waiting) console.error(err);
+  const deleted = err instanceof ApiError && err.status === 404 && err.body && err.body.run === "deleted";
+  const waiting = err instanceof ApiError && err.status === 404 && runId && !deleted;
+  if (!waiting && !deleted) console.error(err);
   document.body.dataset.state = "error";
   if (err instanceof ApiError && err.status === 404 && !runId) {
     setChildren(pageNotice, notice("error", "Run not found",
@@ -326,11 +347,21 @@ function showError(err) {
     grid.hidden = true;
     socket.stop();
     renderLiveStatus(header.liveEl, "offline");
+  } else if (deleted) {
+    // The server remembers the ids of the runs deleted from it: this one will not arrive.
+    const when = Number(err.body.deleted_at);
+    setChildren(pageNotice, notice("error", "This run was deleted",
+      h("p", {}, "The run ", h("code", {}, runId), " was deleted from this server",
+        Number.isFinite(when) ? ` on ${fmtTime(when)}` : "", ". ", h("a", { href: "/" }, "See all runs"), ".")));
+    document.body.dataset.state = "deleted";
+    grid.hidden = true;
+    clearTimeout(waitTimer);
   } else if (waiting) {
     // watch() prints the run's address before its hello reaches the server, and a run trained
     // while the server was away arrives with `gradwatch sync`: wait for it rather than give up.
     setChildren(pageNotice, notice("loading", "Waiting for this run",
-      h("p", {}, "No run with the id ", h("code", {}, runId), " has reached this server yet. A training script that has just called ",
+      h("p", {}, "No run with the id ", h("code", {}, runId), " has reached this server yet, and none by that id was ",
+        "deleted from it: either it has not arrived, or it never existed. A training script that has just called ",
         h("code", {}, "gradwatch.watch()"), " appears within seconds; one that trained while the server was away, once ",
         h("code", {}, "gradwatch sync"), " delivers it. This page shows the run as soon as it arrives. ",
         h("a", { href: "/" }, "See all runs"), ".")));
@@ -368,9 +399,19 @@ function onMessage(msg) {
     loadAll(); // the run this page waits for has reached the server
   } else if (msg.type === "run" && msg.run && msg.run.id === runId && state.run) {
     const before = state.run.status;
-    state.run = { ...msg.run, steps: Math.max(msg.run.steps || 0, state.run.steps || 0),
-      last_step: Math.max(msg.run.last_step || 0, state.run.last_step || 0) };
+    // last_step is where the charts' live steps stand (flush drops what is not past it): a run
+    // message (its close) can overtake the steps queued for the next frame, so it moves it only
+    // once those are drawn.
+    if (queue.length && frame) {
+      cancelAnimationFrame(frame);
+      frame = 0;
+      flush();
+    }
+    const drawn = queue.length ? { steps: state.run.steps, last_step: state.run.last_step }
+      : { steps: Math.max(msg.run.steps || 0, state.run.steps || 0), last_step: Math.max(msg.run.last_step || 0, state.run.last_step || 0) };
+    state.run = { ...msg.run, ...drawn };
     header.render(state);
+    alerts.title();
     if (before !== state.run.status) views.findings.load(ctx);
   }
 }

@@ -5,6 +5,8 @@
 import { h, setChildren } from "../dom.js";
 import { fmtNum, toNumbers } from "../format.js";
 import { LineChart } from "../charts/line.js";
+import { valueRange } from "../charts/line-figure.js";
+import { ema, resample } from "../smoothing.js";
 import { seriesColor } from "../charts/theme.js";
 import { chartCard, toggle } from "./card.js";
 
@@ -24,18 +26,9 @@ export function xValues(d, x) {
 
 /** [lo, hi] of every drawable value of `series` (lines and downsampling bands), padded, or null. */
 export function sharedYRange(series, log) {
-  let lo = Infinity;
-  let hi = -Infinity;
-  for (const s of series) {
-    for (const arr of [s.y, s.min, s.max]) {
-      for (const v of arr || []) {
-        if (v === null || !Number.isFinite(v) || (log && v <= 0)) continue;
-        if (v < lo) lo = v;
-        if (v > hi) hi = v;
-      }
-    }
-  }
-  if (!Number.isFinite(lo)) return null;
+  const found = valueRange(series.map((s) => ({ x: s.x || [], y: s.y, min: s.min, max: s.max })), log);
+  if (!found) return null;
+  const [lo, hi] = found;
   if (log) {
     const f = lo === hi ? 1.5 : (hi / lo) ** 0.05;
     return [lo / f, hi * f];
@@ -109,13 +102,24 @@ export function compareCard(page, id, title, help, fetchOne, { log = false, tool
 
     async load() {
       const results = await Promise.all(state.runs.map((r) => (r ? fetchOne(r).catch(() => null) : null)));
-      this.data = results.map((res) => res && {
-        step: res.step || [],
-        time: res.time ? toNumbers(res.time) : null,
-        time0: res.time0 ?? null,
-        y: toNumbers(res.value),
-        min: res.downsampled && res.min ? toNumbers(res.min) : null,
-        max: res.downsampled && res.max ? toNumbers(res.max) : null,
+      // Smoothed (state.smooth): here for a run whose series has every step, else the server's
+      // (smoothed before downsampling), read at this series' steps.
+      const w = state.smooth || 0;
+      const smoothed = await Promise.all(state.runs.map((r, i) => (w && results[i] && results[i].downsampled
+        ? fetchOne(r, { smooth: w }).catch(() => null) : null)));
+      this.data = results.map((res, i) => {
+        if (!res) return null;
+        const y = toNumbers(res.value);
+        const s = smoothed[i];
+        return {
+          step: res.step || [],
+          time: res.time ? toNumbers(res.time) : null,
+          time0: res.time0 ?? null,
+          y,
+          min: res.downsampled && res.min ? toNumbers(res.min) : null,
+          max: res.downsampled && res.max ? toNumbers(res.max) : null,
+          smooth: !w ? null : s ? resample(s.step || [], toNumbers(s.value), res.step || []) : res.downsampled ? null : ema(y, w),
+        };
       });
       await this.draw();
     },
@@ -124,7 +128,8 @@ export function compareCard(page, id, title, help, fetchOne, { log = false, tool
     series() {
       return state.runs.map((r, i) => {
         const d = this.data[i];
-        return d ? { name: label(i), x: xValues(d, state.x), y: d.y, min: d.min, max: d.max } : { name: label(i), x: [], y: [] };
+        return d ? { name: label(i), x: xValues(d, state.x), y: d.y, min: d.min, max: d.max, smooth: d.smooth }
+          : { name: label(i), x: [], y: [] };
       });
     },
 

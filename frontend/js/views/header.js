@@ -2,10 +2,12 @@
 // and a strip with the latest values (step, loss, gradient norm, learning rate, memory).
 
 import { exportUrl } from "../api.js";
+import { notificationToggle } from "../attention.js";
 import { h, setChildren, statusBadge } from "../dom.js";
 import { fmtBytes, fmtCount, fmtDuration, fmtNum, fmtTime, runDuration, toNumber } from "../format.js";
 
-export function headerView(root) {
+/** @param {HTMLElement} root @param {Node[]} tools  more controls beside the live indicator (smoothing) */
+export function headerView(root, tools = []) {
   const liveEl = h("span", { class: "live", dataset: { live: "connecting" }, role: "status", "aria-live": "polite" }, "Connecting…");
   const title = h("h1", { class: "run-name" });
   const facts = h("dl", { class: "facts" });
@@ -16,7 +18,7 @@ export function headerView(root) {
       h("div", { class: "run-title" },
         h("nav", { class: "crumbs", "aria-label": "Breadcrumb" }, h("a", { href: "/" }, "Runs"), h("span", { class: "sep", "aria-hidden": "true" }, "/"), h("span", { class: "crumb-project" })),
         title, facts),
-      h("div", { class: "run-actions" }, liveEl, exports)),
+      h("div", { class: "run-actions" }, liveEl, tools, notificationToggle(), exports)),
     stats);
 
   function fact(label, value, attrs = {}) {
@@ -39,11 +41,18 @@ export function headerView(root) {
         fact("Parameters", `${fmtCount(run.param_count ?? state.params.length)} tensors${numel}`),
         fact("Started", fmtTime(run.created_at)),
         fact("Duration", fmtDuration(runDuration(run)), { dataset: { field: "duration" } }));
-      setChildren(exports, h("span", { class: "muted" }, "Export"),
+      const names = { csv: "CSV", json: "JSON", parquet: "Parquet" };
+      setChildren(exports,
+        h("span", { class: "muted", title: "One row per step and parameter: gradient and state norms" }, "Export per parameter"),
         ["csv", "json", "parquet"].map((f) => h("a", {
           class: "btn", href: exportUrl(run.id, f), download: "", dataset: { export: f },
-          title: `Download this run as ${f.toUpperCase()}`,
-        }, f === "json" ? "JSON" : f === "csv" ? "CSV" : "Parquet")));
+          title: `Download this run's per-parameter table as ${names[f]} (JSON: the whole run, re-importable)`,
+        }, names[f])),
+        h("span", { class: "muted", title: "One row per step: loss, learning rates, total gradient norm, memory, your scalars" }, "per step"),
+        ["csv", "parquet"].map((f) => h("a", {
+          class: "btn", href: exportUrl(run.id, f, "steps"), download: "", dataset: { export: `steps-${f}` },
+          title: `Download one row per step with every scalar as ${names[f]}`,
+        }, names[f])));
       this.renderStats(state);
     },
 

@@ -11,6 +11,7 @@ import { h, setChildren } from "../dom.js";
 import { toNumber, toNumbers } from "../format.js";
 import { moduleList, moduleParams } from "../modules.js";
 import { LineChart } from "../charts/line.js";
+import { withSmoothing } from "../smoothing.js";
 import { seriesColor } from "../charts/theme.js";
 import { chartCard, toggle } from "./card.js";
 import { pointsFor, windowEnd } from "./scalars.js";
@@ -57,11 +58,11 @@ export function paramMetricView(o) {
   const zoomer = windowZoom(chart, {
     overviewEnough: () => fullRes || !shown.length,
     fetchDetail: async (ctx, win, signal) => {
-      const res = await api.paramSeries(ctx.state.runId, o.metric,
-        { params: shown.map((s) => s.name), start: win[0], end: win[1], maxPoints: pointsFor(plot) }, { signal });
+      const ask = { params: shown.map((s) => s.name), start: win[0], end: win[1], maxPoints: pointsFor(plot) };
+      const res = await api.paramSeries(ctx.state.runId, o.metric, ask, { signal });
       const byParam = new Map((res.series || []).map((s) => [s.param, s]));
       const steps = res.step || [];
-      const series = shown.map(({ name }) => {
+      const found = shown.map(({ name }) => {
         const s = byParam.get(name);
         return s ? {
           name, x: steps, y: toNumbers(s.value),
@@ -69,9 +70,21 @@ export function paramMetricView(o) {
           max: res.downsampled && s.max ? toNumbers(s.max) : null,
         } : null;
       });
+      // A window's smoothing needs the steps before it: the server's, always.
+      const present = found.filter(Boolean);
+      const smoothed = await withSmoothing(present, ctx.state.smooth, false,
+        () => smoothedOf(ctx, present.map((s) => s.name), { ...ask, smooth: ctx.state.smooth }, signal));
+      const series = found.map((s) => (s ? smoothed[present.indexOf(s)] : null));
       return { start: win[0], end: windowEnd([res], win), series };
     },
   });
+
+  /** The server's smoothed series of `names` (one {step, value} each, in that order). */
+  async function smoothedOf(ctx, names, ask, signal = undefined) {
+    const res = await api.paramSeries(ctx.state.runId, o.metric, { ...ask, params: names }, { signal });
+    const byParam = new Map((res.series || []).map((s) => [s.param, s]));
+    return names.map((n) => (byParam.has(n) ? { step: res.step || [], value: byParam.get(n).value } : null));
+  }
 
   return {
     card,
@@ -113,6 +126,9 @@ export function paramMetricView(o) {
         max: res.downsampled && s.max ? toNumbers(s.max) : null,
       }));
       lastStep = steps.length ? steps[steps.length - 1] : 0;
+      chart.opts.smooth = state.smooth || 0;
+      const drawn = await withSmoothing(series, chart.opts.smooth, fullRes,
+        () => smoothedOf(ctx, series.map((s) => s.name), { maxPoints, smooth: chart.opts.smooth }));
       if (o.picker) {
         state.shown = shown.map((s) => s.name);
         picker.render(state, chosen.missing, chosen.module && !chosen.module.count ? `No module ${state.module} in this run` : "");
@@ -123,7 +139,7 @@ export function paramMetricView(o) {
             ? `${o.help} · ${shown.length} chosen parameter${shown.length === 1 ? "" : "s"}`
             : `${o.help} · the ${top} ${order === "asc" ? "smallest" : "largest"} at the last step`;
       }
-      await chart.setSeries(series);
+      await chart.setSeries(drawn);
     },
 
     /** Show steps [win[0], win[1]] of the same parameters (zoom.js); null: the overview. */

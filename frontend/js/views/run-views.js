@@ -6,7 +6,9 @@ import { lrLabel } from "../groups.js";
 import { findingsView } from "./findings.js";
 import { heatmapView } from "./heatmaps.js";
 import { paramMetricView } from "./params.js";
+import { runContextView } from "./run-context.js";
 import { scalarView } from "./scalars.js";
+import { spreadView } from "./spread.js";
 
 const KNOWN_SCALAR = /^(loss|grad_norm_total|lr\/.*|mem\/.*)$/;
 const MEM_ORDER = ["mem/params_bytes", "mem/grads_bytes", "mem/optimizer_bytes", "mem/zero_grad_bytes"];
@@ -35,6 +37,7 @@ export function createRunViews(state, { onXRange, onSelect, onParam, onModule, o
 
   const views = {
     findings: findingsView({ onParam, onFindings }),
+    context: runContextView(),
     gradTotal: scalarView({
       id: "grad-norm-total", title: "Total gradient norm", help: "‖grad‖₂ over all parameters, as the step used it",
       keys: (s) => (s.includes("grad_norm_total") ? ["grad_norm_total"] : []), label: () => "total gradient norm",
@@ -48,6 +51,10 @@ export function createRunViews(state, { onXRange, onSelect, onParam, onModule, o
     paramNorms: paramMetricView({
       id: "param-grad-norm", title: "Gradient norm per parameter", help: "‖grad‖₂ of each parameter tensor",
       metric: "grad_norm", picker: true, wide: true, onXRange, onSelect, onModule, onTop,
+    }),
+    spread: spreadView({
+      id: "grad-norm-spread", metric: "grad_norm", title: "Gradient norm spread across parameters",
+      help: "At each step: median line, quartiles (dark band) and min–max (light band) of every parameter's ‖grad‖₂", onXRange,
     }),
     status: heatmapView({
       id: "grad-status", metric: "grad_status", title: "Gradient buffer status",
@@ -70,6 +77,7 @@ export function createRunViews(state, { onXRange, onSelect, onParam, onModule, o
       id: "memory", title: "Memory", help: "Parameters, gradients and optimizer state; CUDA when used",
       keys: (s) => s.filter((k) => k.startsWith("mem/")).sort((a, b) => memRank(a) - memRank(b) || a.localeCompare(b)),
       label: (k) => MEM_LABEL[k] || k.slice(4).replace("/", " "), bytes: true, emptyText: "No memory figures in this run", onXRange,
+      logWhenSpread: 100, // process RSS beside a small model's parameters: both readable
     }),
     other: scalarView({
       id: "other-scalars", title: "Other scalars", help: "Any other value the run reports",
@@ -82,6 +90,7 @@ export function createRunViews(state, { onXRange, onSelect, onParam, onModule, o
 
   /** Which cards this run has data for. */
   const present = {
+    spread: () => state.metrics.params.includes("grad_norm") && state.params.length > 1,
     updateRatio: () => state.metrics.params.includes("update_ratio"),
     lr: () => views.lr.keysFor(state.metrics.scalars).length > 0,
     memory: () => views.memory.keysFor(state.metrics.scalars).length > 0,

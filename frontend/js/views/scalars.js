@@ -6,6 +6,7 @@
 import { api } from "../api.js";
 import { byteUnit, isNonFinite, toNumber, toNumbers } from "../format.js";
 import { LineChart } from "../charts/line.js";
+import { withSmoothing } from "../smoothing.js";
 import { chartCard, toggle } from "./card.js";
 import { windowZoom } from "./zoom.js";
 
@@ -24,12 +25,16 @@ export function pointsFor(el) {
 /**
  * @param {{id: string, title: string, help?: string, keys: (scalars: string[]) => string[],
  *          label?: (key: string) => string, log?: boolean, bytes?: boolean, emptyText?: string,
- *          wide?: boolean, onXRange: Function, extraTools?: Node[]}} o
+ *          wide?: boolean, onXRange: Function, extraTools?: Node[], logWhenSpread?: number}} o
+ *   logWhenSpread: draw on a log axis when the largest value is this many times the smallest
+ *   (memory: process RSS beside a small model's parameters), until the user sets the toggle.
  */
 export function scalarView(o) {
   const label = o.label || ((k) => k);
   const tools = [...(o.extraTools || [])];
-  tools.push(toggle("log", Boolean(o.log), (on) => chart.setLog(on), "Logarithmic y axis"));
+  let logChosen = false; // the user set the toggle: it stays as they left it
+  const logToggle = toggle("log", Boolean(o.log), (on) => { logChosen = true; chart.setLog(on); }, "Logarithmic y axis");
+  tools.push(logToggle);
   const { card, plot } = chartCard({ id: o.id, title: o.title, help: o.help, tools, wide: o.wide });
   const chart = new LineChart(plot, {
     name: o.id, log: Boolean(o.log), emptyText: o.emptyText || "No data yet", onXRange: o.onXRange,
@@ -40,9 +45,12 @@ export function scalarView(o) {
   const zoomer = windowZoom(chart, {
     overviewEnough: () => fullRes || !keys.length,
     fetchDetail: async (ctx, win, signal) => {
-      const results = await Promise.all(keys.map((k) =>
-        api.series(ctx.state.runId, k, { start: win[0], end: win[1], maxPoints: pointsFor(plot) }, { signal })));
-      return { start: win[0], end: windowEnd(results, win), series: results.map((r, i) => seriesOf(r, label(keys[i]))) };
+      const ask = { start: win[0], end: win[1], maxPoints: pointsFor(plot) };
+      const results = await Promise.all(keys.map((k) => api.series(ctx.state.runId, k, ask, { signal })));
+      // A window's smoothing needs the steps before it: the server's, always.
+      const series = await withSmoothing(results.map((r, i) => seriesOf(r, label(keys[i]))), ctx.state.smooth, false,
+        () => Promise.all(keys.map((k) => api.series(ctx.state.runId, k, { ...ask, smooth: ctx.state.smooth }, { signal }))));
+      return { start: win[0], end: windowEnd(results, win), series };
     },
   });
 
@@ -58,8 +66,10 @@ export function scalarView(o) {
       keys = o.keys(ctx.state.metrics.scalars || []);
       const maxPoints = pointsFor(plot);
       const results = await Promise.all(keys.map((k) => api.series(ctx.state.runId, k, { maxPoints })));
-      const series = results.map((r, i) => seriesOf(r, label(keys[i])));
       fullRes = !results.some((r) => r.downsampled);
+      chart.opts.smooth = ctx.state.smooth || 0;
+      const series = await withSmoothing(results.map((r, i) => seriesOf(r, label(keys[i]))), chart.opts.smooth, fullRes,
+        () => Promise.all(keys.map((k) => api.series(ctx.state.runId, k, { maxPoints, smooth: chart.opts.smooth }))));
       lastStep = Math.max(0, ...series.map((s) => (s.x.length ? s.x[s.x.length - 1] : 0)));
       if (o.bytes) {
         let peak = 0;
@@ -67,6 +77,11 @@ export function scalarView(o) {
         const [unit, size] = byteUnit(peak || 1);
         chart.setScale(size, unit);
         chart.opts.yTitle = unit;
+      }
+      if (o.logWhenSpread && !logChosen) {
+        const log = spread(series) >= o.logWhenSpread;
+        chart.opts.log = log;
+        logToggle.querySelector("input").checked = log;
       }
       for (const [i, k] of keys.entries()) {
         const ys = series[i].y;
@@ -94,6 +109,20 @@ export function scalarView(o) {
     pointsPerSeries: () => Math.max(0, ...chart.series.map((s) => s.x.length)),
     setXRange: zoomer.setXRange,
   };
+}
+
+/** How many times the largest positive finite value of `series` is the smallest (1 when none). */
+export function spread(series) {
+  let lo = Infinity;
+  let hi = 0;
+  for (const s of series) {
+    for (const v of s.y) {
+      if (v === null || !Number.isFinite(v) || v <= 0) continue;
+      if (v < lo) lo = v;
+      if (v > hi) hi = v;
+    }
+  }
+  return hi > 0 ? hi / lo : 1;
 }
 
 /** A series answer ({step, value, min, max, downsampled}) as a chart series. */
