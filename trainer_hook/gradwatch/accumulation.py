@@ -26,9 +26,10 @@ that one notes the version of each `.grad` the backward touched.
 """
 from __future__ import annotations
 
-import weakref
 import logging
-from typing import Any, Optional, Sequence
+import weakref
+from collections.abc import Collection
+from typing import Any, Optional
 
 import torch
 
@@ -135,7 +136,7 @@ class GradTracker:
         self._touched.clear()
         self._settling = False
 
-    def end_step(self, indices: Optional[Sequence[int]] = None) -> tuple[list[int], list[Optional[float]]]:
+    def end_step(self, indices: Optional[Collection[int]] = None) -> tuple[list[int], list[Optional[float]]]:
         """Passes and clear codes (None = nothing to say) since the last step; starts a new step.
 
         Called after every optimizer step, and for steps a GradScaler skipped, with the
