@@ -6,7 +6,7 @@ from __future__ import annotations
 import threading
 import time
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import httpx
 import pytest
@@ -138,6 +138,32 @@ def test_a_failing_on_finding_never_reaches_training(srv: ServerProcess, caplog:
     assert "checkpoint disk full" in caplog.text
 
 
+class Sloppy:
+    """A training loop that never calls zero_grad(), watched with `on_finding`, stepped by hand:
+    the server soon finds gradients piling up."""
+
+    def __init__(self, server: str, run: str, on_finding: Callable[[dict[str, object]], None]) -> None:
+        torch.manual_seed(0)
+        self.model = Net()
+        self.opt = torch.optim.SGD(self.model.parameters(), lr=1e-3)
+        self.w = gradwatch.watch(self.opt, model=self.model, server=server, project="tests", run=run, warn=False,
+                                 on_finding=on_finding)
+
+    def step(self) -> None:
+        self.model(torch.randn(8, 4)).pow(2).mean().backward()
+        self.opt.step()
+
+    def until(self, event: threading.Event) -> int:
+        """Steps until `event` is set (by the callback); how many."""
+        steps = 0
+        while not event.is_set():
+            assert steps < 2000, "no finding came"
+            self.step()
+            steps += 1
+            time.sleep(0.01)
+        return steps
+
+
 def test_a_slow_on_finding_delays_no_step(srv: ServerProcess) -> None:
     """A callback that takes seconds (saving a checkpoint) runs beside the sender: the steps after
     it are all acknowledged while it still runs, none dropped. Under the old code the sender ran it
@@ -149,21 +175,11 @@ def test_a_slow_on_finding_delays_no_step(srv: ServerProcess) -> None:
         time.sleep(8)
         done.set()
 
-    torch.manual_seed(0)
-    model = Net()
-    opt = torch.optim.SGD(model.parameters(), lr=1e-3)
-    w = gradwatch.watch(opt, model=model, server=srv.url, project="tests", run="slow-callback", warn=False,
-                        on_finding=callback)
-    steps = 0
-    while not started.is_set():  # no zero_grad(): the server soon finds gradients piling up
-        assert steps < 2000, "no finding came"
-        model(torch.randn(8, 4)).pow(2).mean().backward()
-        opt.step()
-        steps += 1
-        time.sleep(0.01)
+    loop = Sloppy(srv.url, "slow-callback", callback)
+    steps = loop.until(started)
     for _ in range(50):  # while the callback sleeps
-        model(torch.randn(8, 4)).pow(2).mean().backward()
-        opt.step()
+        loop.step()
+    w = loop.w
     w.close(timeout=3)
     assert not done.is_set()  # the callback still runs: close() did not wait on it past its timeout
     assert w.pending == 0 and w._sender.dropped == 0
@@ -176,30 +192,18 @@ def test_close_inside_on_finding_leaves_the_final_close_to_deliver(srv: ServerPr
     """`w.close()` inside the callback stops the watching at the next step; the script's own
     close() still waits for and delivers every step watched, and finishes the run. Under the old
     code it joined the sender from itself and the script's close() returned at once."""
-    holder: list[gradwatch.Watcher] = []
     closed_in_callback = threading.Event()
 
     def callback(finding: dict[str, object]) -> None:
-        holder[0].close()
+        loop.w.close()
         closed_in_callback.set()
 
-    torch.manual_seed(0)
-    model = Net()
-    opt = torch.optim.SGD(model.parameters(), lr=1e-3)
-    w = gradwatch.watch(opt, model=model, server=srv.url, project="tests", run="close-in-callback", warn=False,
-                        on_finding=callback)
-    holder.append(w)
-    for _ in range(2000):
-        if closed_in_callback.is_set():
-            break
-        model(torch.randn(8, 4)).pow(2).mean().backward()
-        opt.step()
-        time.sleep(0.01)
-    assert closed_in_callback.wait(30)
+    loop = Sloppy(srv.url, "close-in-callback", callback)
+    loop.until(closed_in_callback)
+    w = loop.w
     watched = w.step
     for _ in range(10):  # after the request: no longer watched
-        model(torch.randn(8, 4)).pow(2).mean().backward()
-        opt.step()
+        loop.step()
     assert w.step in (watched, watched + 1)  # a step in flight when the callback ran may count
     w.close(timeout=30)
     assert w.pending == 0
