@@ -25,6 +25,13 @@ def run_info(server_url: str, run_id: str) -> dict[str, Any]:
         return http.get(f"/api/runs/{run_id}").raise_for_status().json()
 
 
+def listed_status(server_url: str, run_id: str) -> str:
+    """The run's status as GET /api/runs lists it."""
+    with httpx.Client(base_url=server_url, timeout=30) as http:
+        runs = http.get("/api/runs").raise_for_status().json()["data"]
+    return str(next(r["status"] for r in runs if r["id"] == run_id))
+
+
 def stored_norms(server_url: str, run_id: str) -> Norms:
     """The run's CSV export: grad_norm per (step, param), where one was measured."""
     with httpx.Client(base_url=server_url, timeout=30) as http:

@@ -18,7 +18,7 @@ from lightning.pytorch.loggers import CSVLogger  # noqa: E402
 from gradwatch.integrations.lightning import GradwatchCallback  # noqa: E402
 from support.examples import findings  # noqa: E402
 from stored import (Norms, accumulation, assert_equal_norms, assert_no_problem, grad_norms,  # noqa: E402
-                    run_info, scalar_series, stored_norms)
+                    listed_status, run_info, scalar_series, stored_norms)
 
 ACCUMULATE = 2
 CLIP = 0.05  # far below the gradients' norm: every step is clipped
@@ -340,10 +340,10 @@ def test_each_package_gets_a_callback_of_its_own_base(tmp_path: Path, sqlite_ser
     assert_equal_norms(stored_norms(sqlite_server.url, w.run_id), module.oracle)
 
 
-def test_an_exception_in_fit_closes_the_run(tmp_path: Path, sqlite_server) -> None:
+def test_an_exception_in_fit_closes_the_run_as_crashed(tmp_path: Path, sqlite_server) -> None:
     class Failing(Regressor):
         def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
-            if self.trainer.global_step == 2:
+            if batch_idx == 2:
                 raise RuntimeError("the user's bug")
             return super().training_step(batch, batch_idx)
 
@@ -352,6 +352,6 @@ def test_an_exception_in_fit_closes_the_run(tmp_path: Path, sqlite_server) -> No
     with pytest.raises(RuntimeError, match="the user's bug"):
         fit(Failing(), tmp_path, [watching], max_steps=5)
     w = watching.watcher
-    assert w is not None and w.pending == 0
-    run = run_info(sqlite_server.url, w.run_id)
-    assert (run["status"], run["steps"]) == ("finished", 2)  # closed at the exception, not left running
+    assert w is not None and w.pending == 0, "closed at the exception, not left running"
+    assert listed_status(sqlite_server.url, w.run_id) == "crashed"
+    assert run_info(sqlite_server.url, w.run_id)["steps"] == 2

@@ -88,8 +88,8 @@ class LightningWatching:
             self.watcher.close()
 
     def on_exception(self, trainer: Any, pl_module: Any, exception: BaseException) -> None:
-        if self.watcher is not None:
-            self.watcher.close()
+        if self.watcher is not None:  # an exception or an interrupt (Ctrl-C) ended the fit
+            self.watcher.close(status="crashed")
 
 
 def step_logged_values(trainer: Any) -> Optional[dict[str, torch.Tensor]]:
