@@ -91,6 +91,8 @@ def _wall_times(store: Store, run_id: str, step: list[int]) -> dict[str, Any]:
 def scalar_series(store: Store, run_id: str, key: str, start: int | None, end: int | None,
                   max_points: int, with_time: bool = False, raw_rows: int = RAW_ROWS, smooth: float = 0.0) -> Series:
     _require(key, store.series_names(run_id, "scalar"), "scalar", run_id)
+    low: list[JsonFloat] | None
+    high: list[JsonFloat] | None
     if smooth > 0:
         steps, raw = store.scalar_series(run_id, key, None, end)  # from the first step: the average needs them
         steps, [values] = _from_start(steps, [smoothing.ema(raw, smooth)], start)
