@@ -14,13 +14,22 @@ import torch
 transformers = pytest.importorskip("transformers", reason="needs transformers (pip install gradwatch[transformers])")
 accelerate = pytest.importorskip("accelerate", reason="the Trainer needs accelerate")
 
+from hf_training import STEPS, FailAtStep, tiny_gpt2, token_dataset, trainer_args  # noqa: E402
+from stored import (  # noqa: E402
+    Norms,
+    accumulation,
+    assert_equal_norms,
+    assert_no_problem,
+    grad_norms,
+    listed_status,
+    run_info,
+    scalar_series,
+    stored_norms,
+)
 from transformers import Trainer, TrainerCallback, TrainingArguments  # noqa: E402
 
 from gradwatch.integrations.transformers import GradwatchCallback  # noqa: E402
-from hf_training import STEPS, FailAtStep, tiny_gpt2, token_dataset, trainer_args  # noqa: E402
 from support.examples import findings  # noqa: E402
-from stored import (Norms, accumulation, assert_equal_norms, assert_no_problem, grad_norms,  # noqa: E402
-                    listed_status, run_info, scalar_series, stored_norms)
 
 ACCUMULATE = 4
 

@@ -14,11 +14,20 @@ from torch import nn
 L = pytest.importorskip("lightning.pytorch", reason="needs Lightning (pip install gradwatch[lightning])")
 
 from lightning.pytorch.loggers import CSVLogger  # noqa: E402
+from stored import (  # noqa: E402
+    Norms,
+    accumulation,
+    assert_equal_norms,
+    assert_no_problem,
+    grad_norms,
+    listed_status,
+    run_info,
+    scalar_series,
+    stored_norms,
+)
 
 from gradwatch.integrations.lightning import GradwatchCallback  # noqa: E402
 from support.examples import findings  # noqa: E402
-from stored import (Norms, accumulation, assert_equal_norms, assert_no_problem, grad_norms,  # noqa: E402
-                    listed_status, run_info, scalar_series, stored_norms)
 
 ACCUMULATE = 2
 CLIP = 0.05  # far below the gradients' norm: every step is clipped
