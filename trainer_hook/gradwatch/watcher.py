@@ -290,12 +290,16 @@ class Watcher:
                 raise TypeError(f"{key}: logged values must be numbers or one-element tensors, not {type(value).__name__}")
             self._logged[key] = value
 
-    def close(self, timeout: float = 5.0) -> None:
+    def close(self, timeout: float = 5.0, status: str = "finished") -> None:
         """Detach the hooks and deliver what is pending, waiting at most `timeout` seconds (the
         on_finding callbacks of findings already received included).
 
-        Called inside the on_finding callback, it only asks to stop watching: the training thread
-        stops at its next step, and the script's own `close()` (or the one at exit) delivers."""
+        `status` is how the run ended, "finished" or "crashed" (a training that raised): the
+        server records it with the run. Called inside the on_finding callback, it only asks to
+        stop watching: the training thread stops at its next step, and the script's own `close()`
+        (or the one at exit) delivers."""
+        if status not in ("finished", "crashed"):
+            raise ValueError(f'status must be "finished" or "crashed", not {status!r}')
         callbacks = self._findings.callbacks
         if callbacks is not None and callbacks.is_current():
             self._close_requested = True
@@ -307,7 +311,7 @@ class Watcher:
         if self._round and self._handles:  # an optimizer never stepped in the last round: send what there is
             self._emit()
         self._detach()
-        self._sender.close("finished", timeout=timeout)
+        self._sender.close(status, timeout=timeout)
         if callbacks is not None:
             callbacks.wait(deadline - time.monotonic())
 
