@@ -14,9 +14,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-import gradwatch
 import pytest
 import torch
+
+import gradwatch
 from gradwatch.context import git_state
 
 NOWHERE = "http://127.0.0.1:9"  # nothing listens: the hello stays queued, readable in the sender

@@ -4,8 +4,8 @@ CPU (gloo, world size 1, in this process) with 4 backward passes per step reads 
 zero-fill between passes is still seen as one."""
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 import pytest
 import torch

@@ -11,10 +11,10 @@ from collections.abc import Callable, Iterator
 import httpx
 import pytest
 import torch
-from support.server import ServerProcess, start_server
 
 import gradwatch
 from gradwatch.findings import FindingWarner, GradwatchWarning, describe, run_page
+from support.server import ServerProcess, start_server
 
 
 @pytest.fixture(scope="module")

@@ -12,16 +12,14 @@ import secrets
 import threading
 import time
 import weakref
-from typing import Any, Callable, Optional, Union
 from collections.abc import Iterable, Mapping, Sequence
+from typing import Any, Callable, Optional, Union
 from urllib.parse import urlsplit
 
 import numpy as np
-
 import torch
 
 from . import __version__, wire
-from .wire import DEFAULT_SERVER, ingest_url
 from .accumulation import GradTracker
 from .amp import AmpScaler, check_scaler
 from .closures import CountedClosure, step_closure, with_closure
@@ -29,11 +27,12 @@ from .context import context_config, user_config
 from .findings import FindingWarner, run_page
 from .layout import Layout, build_layout
 from .measure import Probe, Snapshot
-from .sampling import CostMeter, make_sampler
 from .replay import replay
+from .sampling import CostMeter, make_sampler
 from .sender import Sender
 from .spool import SpoolWriter, pending_spools, spool_dir
 from .unwrap import find_scaler, qualified_name, unwrap
+from .wire import DEFAULT_SERVER, ingest_url
 
 log = logging.getLogger("gradwatch")
 _NAME_RE = re.compile(r"^[^\x00-\x1f\x7f]{1,200}$")
