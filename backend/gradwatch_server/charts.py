@@ -126,8 +126,8 @@ def scalar_series(store: Store, run_id: str, key: str, start: int | None, end: i
         step, downsampled, [(value, low, high)] = _points(steps, values.reshape(-1, 1), None, max_points)
         extra = _wall_times(store, run_id, step) if with_time else {}
         return Series(key=key, downsampled=downsampled, step=step, value=value, min=low, max=high, **extra)
-    found = _long_window(store, run_id, key, None, 1, start, end, max_points, raw_rows, blocks.group,
-                         kind="scalar")
+    found = long_window(store, run_id, key, None, 1, start, end, max_points, raw_rows, blocks.group,
+                        kind="scalar")
     if found is not None:
         s = blocks.summary(blocks.concat(found, 1))
         step, downsampled = [int(f) for p in found for f in p.first], True
@@ -176,8 +176,8 @@ def param_series(store: Store, run_id: str, params: list[Param], metric: str, na
     else:
         last = store.last_metric_row(run_id, metric, start, end)
         chosen = [] if last is None else top_indices(last[1], top, order)
-    found = None if smooth > 0 else _long_window(store, run_id, metric, chosen, len(chosen), start, end,
-                                                 max_points, raw_rows, blocks.group)
+    found = None if smooth > 0 else long_window(store, run_id, metric, chosen, len(chosen), start, end,
+                                                max_points, raw_rows, blocks.group)
     points: list[Points]
     if smooth > 0:
         _check_smooth_rows(store, run_id, metric, end, "param", smooth_rows)
@@ -241,7 +241,7 @@ def _grid(store: Store, run_id: str, metric: str, count: int, start: int | None,
     few thousand steps at a time (whole buckets per read), so memory stays bounded however long
     the run."""
     reduce = _bucket_codes if metric == GRAD_STATUS else _bucket_peaks
-    found = _long_window(store, run_id, metric, None, count, start, end, max_steps, raw_rows, reduce)
+    found = long_window(store, run_id, metric, None, count, start, end, max_steps, raw_rows, reduce)
     if found is not None:
         return _join_cells(found, count, downsampled=True)
     all_steps = store.metric_steps(run_id, metric, start, end)
@@ -301,10 +301,11 @@ def _f32_cells(grid: Grid) -> str:
     return base64.b64encode(out.tobytes()).decode("ascii")
 
 
-def _long_window(store: Store, run_id: str, name: str, indices: Sequence[int] | None, count: int,
-                 start: int | None, end: int | None, max_points: int, raw_rows: int,
-                 reduce: Callable[[blocks.Pieces, int], R], kind: str = "param") -> list[R] | None:
-    """The window in at most `max_points` aligned buckets built from the stored step blocks, a
+def long_window(store: Store, run_id: str, name: str, indices: Sequence[int] | None, count: int,
+                start: int | None, end: int | None, max_points: int, raw_rows: int,
+                reduce: Callable[[blocks.Pieces, int], R], kind: str = "param") -> list[R] | None:
+    """Shared by every chart that reads a long window from the blocks (series, heatmap, spread):
+    the window in at most `max_points` aligned buckets built from the stored step blocks, a
     chunk of buckets per list item (what `reduce` makes of its pieces and the bucket width), for
     the parameters `indices` (all `count` when None) of a parameter metric, or for a scalar
     (`kind="scalar"`); None when it holds few enough stored steps to be read raw (see the module

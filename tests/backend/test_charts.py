@@ -7,7 +7,7 @@ from collections.abc import Iterator
 
 import numpy as np
 import pytest
-from gradwatch_server import charts, spread
+from gradwatch_server import blocks, charts, spread
 from gradwatch_server.protocol import Hello, parse_message
 from gradwatch_server.store import StepData, Store, open_store
 from support.ema import reference_ema
@@ -161,3 +161,18 @@ def test_a_smoothed_series_is_served_up_to_its_raw_row_limit_and_refused_above(s
     # an earlier end holds fewer steps: served again
     step, value, _ = ask(10 * (N - 1), N - 1)
     np.testing.assert_allclose(value, smoothed_buckets(want[:N - 1], step)[:len(step)], rtol=1e-9)
+
+
+def test_long_window_is_public_and_its_buckets_hold_the_raw_steps(store: Store, data: np.ndarray) -> None:
+    """Every chart reading a long window from the blocks (series, heatmap, spread) shares it."""
+    assert charts.long_window(store, "c", "grad_norm", [0], 1, None, None, 4, 10**6, blocks.group) is None  # read raw
+    found = charts.long_window(store, "c", "grad_norm", [0], 1, None, None, 4, 16, blocks.group)
+    assert found is not None
+    s = blocks.summary(blocks.concat(found, 1))
+    first = [int(f) for p in found for f in p.first]
+    assert 1 < len(first) <= 4 and first[0] == 10
+    rows = [f // 10 - 1 for f in first] + [N]
+    for j, (a, b) in enumerate(zip(rows, rows[1:])):
+        raw = data[a:b, 0].astype(np.float64)
+        assert (s.min[j, 0], s.max[j, 0]) == (raw.min(), raw.max())
+        assert s.mean[j, 0] == pytest.approx(raw.mean(), rel=1e-12)
