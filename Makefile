@@ -49,10 +49,12 @@ demo: setup
 test: setup-test
 	$(BIN)/python -m pytest
 
-# The tiers are markers that tests/conftest.py gives each test (pytest.ini declares them).
+# The tiers are markers that tests/conftest.py gives each test (pytest.ini declares them). The
+# fast tier runs on every core (pytest-xdist), a test file per worker so that a module's fixtures
+# are built once.
 FAST := not (browser or postgres or server or corpus or integration)
 test-fast: setup $(VENV)/.stamp-test-deps
-	$(BIN)/python -m pytest -m "$(FAST)"
+	$(BIN)/python -m pytest -n auto --dist loadfile -m "$(FAST)"
 
 # Lint, format and types (ruff.toml; mypy's strict setting in each package's pyproject.toml).
 # The tools are pinned in requirements-test.txt.

@@ -63,7 +63,8 @@ import threading
 import time
 import urllib.request
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Any
+from collections.abc import Callable
 
 import torch
 from torch import nn
@@ -190,9 +191,9 @@ class Lane:
         self.model = copy.deepcopy(model)
         self.opt = torch.optim.AdamW(self.model.parameters(), lr=1e-4)
         self.loss_fn = loss_fn
-        self.after_backward: Optional[Callable[[], None]] = None
-        self.watcher: Optional[gradwatch.Watcher] = None
-        self.server: Optional[subprocess.Popen] = None
+        self.after_backward: Callable[[], None] | None = None
+        self.watcher: gradwatch.Watcher | None = None
+        self.server: subprocess.Popen | None = None
         self.threads: list[threading.Thread] = []  # the watcher's own threads
         self.warmup = WARMUP
 
@@ -260,7 +261,7 @@ GRADWATCH = ("gradwatch", "gradwatch_auto", "gradwatch_spool")
 
 
 def make_lane(kind: str, model: nn.Module, loss_fn: Callable[[nn.Module], torch.Tensor],
-              tmp: Path) -> Optional[Lane]:
+              tmp: Path) -> Lane | None:
     """The variant `kind` on its own copy of `model`; None for a peer that is not installed."""
     lane = Lane(kind, model, loss_fn)
     named = list(lane.model.named_parameters())
@@ -326,10 +327,10 @@ class Figure:
     def __init__(self) -> None:
         self.ratios: list[float] = []
         self.measured: list[bool] = []
-        self.share: Optional[float] = None  # every="auto": the share of steps it measures alone
+        self.share: float | None = None  # every="auto": the share of steps it measures alone
         self.charge = 0.0  # background CPU a step, as a fraction of the baseline step
 
-    def estimate(self, ratios: Optional[list[float]] = None, measured: Optional[list[bool]] = None) -> float:
+    def estimate(self, ratios: list[float] | None = None, measured: list[bool] | None = None) -> float:
         """The median overhead plus the charge; with a share, the medians of measured and
         unmeasured steps weighted by it (when the cycles hold steps of both kinds)."""
         ratios = self.ratios if ratios is None else ratios
@@ -481,7 +482,7 @@ def bench(name: str, cycles: int, wanted: list[str], tmp: Path) -> dict[str, Any
     return {"model": name, "baseline": step, "figures": figures}
 
 
-def _cell(figure: Optional[Figure]) -> str:
+def _cell(figure: Figure | None) -> str:
     if figure is None:
         return "n/a"
     low, high = figure.interval()

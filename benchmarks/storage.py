@@ -615,7 +615,10 @@ def main() -> int:
         parts.add("ingest")
 
     rows: list[tuple[str, str, str, str]] = []  # measure, SQLite, PostgreSQL, target
-    by_kind: Callable[[dict[str, str]], tuple[str, str]] = lambda d: (d.get("sqlite", "-"), d.get("postgresql", "-"))
+
+    def by_kind(d: dict[str, str]) -> tuple[str, str]:
+        return d.get("sqlite", "-"), d.get("postgresql", "-")
+
     postgres = Postgres()
     started = time.time()
     try:

@@ -15,6 +15,7 @@ leaves them out. The `server` fixture is a `gradwatch serve` on `db_url`.
 from __future__ import annotations
 
 import os
+import sys
 import types
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -41,9 +42,18 @@ SLOW_TIERS = ("browser", "postgres", "server", "corpus", "integration")
 FOLDER_TIERS = {"browser": "browser", "diagnostics": "corpus", "integration": "integration"}
 
 
+def _ours(obj: object) -> bool:
+    """Whether `obj` (a function or class) is defined in a file under tests/."""
+    code = getattr(obj, "__code__", None)
+    if code is not None:
+        return code.co_filename.startswith(str(TESTS))
+    module = sys.modules.get(getattr(obj, "__module__", "") or "")
+    return str(getattr(module, "__file__", "") or "").startswith(str(TESTS))
+
+
 def _code_names(func: Callable[..., object], seen: set[object]) -> set[str]:
-    """The global names `func` reads, with those of the module-level functions and classes of the
-    test modules it calls, transitively: enough to see a `start_server` behind a helper."""
+    """The global names `func` reads, with those of the functions and classes of tests/ it calls,
+    transitively: enough to see a `start_server` behind a helper."""
     func = getattr(func, "__wrapped__", func)
     code = getattr(func, "__code__", None)
     if code is None or func in seen:
@@ -58,11 +68,13 @@ def _code_names(func: Callable[..., object], seen: set[object]) -> set[str]:
     module_globals = getattr(func, "__globals__", {})
     for name in list(names):
         target = module_globals.get(name)
+        if target is None or not callable(target) or not _ours(target):
+            continue
         if isinstance(target, type):
             for member in vars(target).values():
-                if callable(member) and getattr(member, "__module__", None) == target.__module__:
+                if callable(member) and _ours(member):
                     names |= _code_names(member, seen)
-        elif callable(target) and str(getattr(target, "__module__", "")).startswith("test_"):
+        else:
             names |= _code_names(target, seen)
     return names
 

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Collection
 from contextlib import asynccontextmanager
 
 from fastapi import FastAPI, Request
@@ -95,6 +95,7 @@ def create_app(settings: Settings) -> FastAPI:
     app.add_exception_handler(RunNotFound, _run_not_found)
     app.add_exception_handler(TooLong, _too_long)
     app.include_router(router)
+    allowed: Collection[str] | None
     if settings.allowed_hosts is None:
         allowed = default_allowed_hosts(settings.host)
     else:

@@ -72,7 +72,7 @@ def from_values(steps: np.ndarray, values: np.ndarray, missing: np.ndarray | Non
     scalars with `dtype`; steps ascending) with `missing` marking ABSENT; one piece per step, per
     block of `size` steps, or per group of rows beginning at the indices `starts`."""
     steps = np.asarray(steps, dtype=np.int64)
-    v = np.asarray(values, dtype=dtype)  # uint8 codes are exact in float32
+    v: np.ndarray = np.asarray(values, dtype=dtype)  # uint8 codes are exact in float32
     if starts is None and size is None:
         starts = np.arange(len(steps))
     elif starts is None:

@@ -119,6 +119,8 @@ def scalar_series(store: Store, run_id: str, key: str, start: int | None, end: i
                   max_points: int, with_time: bool = False, raw_rows: int = RAW_ROWS, smooth: float = 0.0,
                   smooth_rows: int = SMOOTH_ROWS) -> Series:
     _require(key, store.series_names(run_id, "scalar"), "scalar", run_id)
+    low: list[JsonFloat] | None
+    high: list[JsonFloat] | None
     if smooth > 0:
         _check_smooth_rows(store, run_id, key, end, "scalar", smooth_rows)
         steps, raw = store.scalar_series(run_id, key, None, end)  # from the first step: the average needs them

@@ -138,7 +138,7 @@ class IngestConnection:
             raise Refusal(CLOSE_TOO_BIG, f"frame larger than {self.settings.max_frame_bytes} bytes")
         return text
 
-    def _parse(self, text: str) -> Hello | Step | Close:
+    def _parse(self, text: str) -> Hello | Step | Steps | Close:
         try:
             return parse_message(text, self.param_count if self.state is not State.AWAIT_HELLO else None)
         except ProtocolError as exc:

@@ -36,7 +36,8 @@ def hostname(value: str) -> str:
 def _header(scope: Scope, name: bytes) -> str | None:
     for key, value in scope.get("headers", ()):
         if key == name:
-            return value.decode("latin-1")
+            decoded: str = value.decode("latin-1")  # ASGI headers are bytes pairs
+            return decoded
     return None
 
 

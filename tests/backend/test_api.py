@@ -1,6 +1,9 @@
-"""The REST API over a real server: reads match what was ingested, exactly; bad input is a 4xx.
+"""The REST API: reads match what was ingested, exactly; bad input is a 4xx.
 
-The module's server runs once on SQLite and once on PostgreSQL (`module_db_url`, tests/conftest.py).
+The module's app runs in this process (support/asgi.py: REST through httpx.ASGITransport, the
+hook's messages through the ASGI websocket), once on SQLite and once on PostgreSQL
+(`module_db_url`, tests/conftest.py). The tests of the pages and of the token run a real
+`gradwatch serve`, over real HTTP and a real websocket.
 """
 from __future__ import annotations
 
@@ -8,6 +11,7 @@ import csv
 import io
 import json
 import math
+import os
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -15,7 +19,8 @@ import httpx
 import numpy as np
 import pyarrow.parquet as pq
 import pytest
-from support.server import ServerProcess, start_server
+from support.asgi import InProcessServer, in_process_server
+from support.server import start_server
 from support.heatcells import EMPTY_BITS, NAN_BITS, assert_same_cells, f32_bits
 from support.wiremsg import Hook, close, f32, hello, step, with_absent
 
@@ -37,9 +42,14 @@ def status_at(i: int) -> list[int]:
 
 
 @pytest.fixture(scope="module")
-def srv(tmp_path_factory: pytest.TempPathFactory, module_db_url: str) -> Iterator[ServerProcess]:
-    server = start_server(tmp_path_factory.mktemp("api"), db_url=module_db_url)
-    with Hook(server.ws_url) as hook:
+def srv(module_db_url: str) -> Iterator[InProcessServer]:
+    with in_process_server(module_db_url) as server:
+        seed(server)
+        yield server
+
+
+def seed(server: InProcessServer) -> None:
+    with server.hook() as hook:
         hook.call(hello("api-run", params=PARAMS, name="My run: v1/β", project="proj-a"))
         for i in range(1, N + 1):
             hook.call(step(i, i, scalars={"loss": loss_at(i) if math.isfinite(loss_at(i)) else
@@ -51,15 +61,13 @@ def srv(tmp_path_factory: pytest.TempPathFactory, module_db_url: str) -> Iterato
         hook.call(close(N + 1))
     for run_id, project, name in (("other-1", "proj-b", "o1"), ("other-2", "proj-b", "o2"),
                                   ("real", "proj-a", "100%_real")):
-        with Hook(server.ws_url) as hook:
+        with server.hook() as hook:
             hook.call(hello(run_id, project=project, name=name))
-    yield server
-    server.stop()
 
 
 @pytest.fixture(scope="module")
-def http(srv: ServerProcess) -> Iterator[httpx.Client]:
-    with httpx.Client(base_url=srv.url, timeout=30) as client:
+def http(srv: InProcessServer) -> Iterator[httpx.Client]:
+    with srv.client(timeout=30) as client:
         yield client
 
 
@@ -78,9 +86,9 @@ def json_float(x: float) -> float | str:
 
 # -- runs ------------------------------------------------------------------------------------
 
-def test_health(http: httpx.Client, srv: ServerProcess) -> None:
-    # `worker`: the process that answered (one process without --workers: the server's own)
-    assert http.get("/api/health").json() == {"status": "ok", "version": "0.1.0", "worker": srv.proc.pid}
+def test_health(http: httpx.Client) -> None:
+    # `worker`: the process that answered (one process without --workers: the server's own, here this one)
+    assert http.get("/api/health").json() == {"status": "ok", "version": "0.1.0", "worker": os.getpid()}
 
 
 def test_run_list_filters_and_pages(http: httpx.Client) -> None:

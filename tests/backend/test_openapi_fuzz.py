@@ -2,8 +2,7 @@
 real run: whatever the generated parameters and bodies, no response is a 5xx."""
 from __future__ import annotations
 
-from pathlib import Path
-from typing import Iterator
+from collections.abc import Iterator
 
 import pytest
 import schemathesis

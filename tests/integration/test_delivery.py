@@ -101,7 +101,7 @@ def test_server_sigkilled_mid_run_loses_and_duplicates_nothing(tmp_path: Path) -
         w = gradwatch.watch(opt, model=model, server=holder["s"].url, run=f"kill-{trial}")
         kill_at = sorted(rng.uniform(0.1, 1.0) for _ in range(2))
 
-        def killer() -> None:
+        def killer(kill_at: list[float], rng: random.Random, holder: dict[str, ServerProcess]) -> None:
             started = time.monotonic()
             for at in kill_at:
                 time.sleep(max(0.0, at - (time.monotonic() - started)))
@@ -110,7 +110,7 @@ def test_server_sigkilled_mid_run_loses_and_duplicates_nothing(tmp_path: Path) -
                 time.sleep(rng.uniform(0.05, 0.3))
                 holder["s"] = start_server(tmp_path, db_path=db, port=port)
 
-        t = threading.Thread(target=killer)
+        t = threading.Thread(target=killer, args=(kill_at, rng, holder))
         t.start()
         train(w, model, opt, steps, pause=0.01)
         t.join()

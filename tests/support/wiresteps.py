@@ -3,7 +3,8 @@ from __future__ import annotations
 
 import base64
 import json
-from typing import Any, Iterable
+from typing import Any
+from collections.abc import Iterable
 
 
 def split(msg: dict[str, Any]) -> list[dict[str, Any]]:

@@ -1,7 +1,7 @@
 """Backward passes per step and how .grad was cleared, for each way people clear (or forget to)."""
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import pytest
 import torch

@@ -4,7 +4,8 @@ what it does to them (clipping here), checked against norms the closure itself t
 own `vector_norm`); closure evaluations are counted and never added to."""
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import Any
+from collections.abc import Callable
 
 import pytest
 import torch

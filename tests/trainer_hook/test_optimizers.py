@@ -10,22 +10,22 @@ import torch
 from gradwatch.layout import build_layout
 from gradwatch.measure import Probe, is_absent
 
-O = torch.optim
+optim = torch.optim
 OPTIMIZERS = {
-    "sgd-nesterov": lambda p: O.SGD(p, lr=0.01, momentum=0.9, nesterov=True),
-    "sgd-fused": lambda p: O.SGD(p, lr=0.01, momentum=0.9, fused=True),
-    "adam-fused": lambda p: O.Adam(p, lr=0.01, fused=True),
-    "adamw-fused-amsgrad": lambda p: O.AdamW(p, lr=0.01, fused=True, amsgrad=True),
-    "adam-forloop": lambda p: O.Adam(p, lr=0.01, foreach=False),
-    "adamax": lambda p: O.Adamax(p, lr=0.01),
-    "nadam": lambda p: O.NAdam(p, lr=0.01),
-    "radam": lambda p: O.RAdam(p, lr=0.01),
-    "adagrad": lambda p: O.Adagrad(p, lr=0.01),
-    "adagrad-fused": lambda p: O.Adagrad(p, lr=0.01, fused=True),
-    "adadelta": lambda p: O.Adadelta(p),
-    "rmsprop-centered": lambda p: O.RMSprop(p, lr=0.01, momentum=0.9, centered=True),
-    "rprop": lambda p: O.Rprop(p, lr=0.01),
-    "asgd": lambda p: O.ASGD(p, lr=0.01),
+    "sgd-nesterov": lambda p: optim.SGD(p, lr=0.01, momentum=0.9, nesterov=True),
+    "sgd-fused": lambda p: optim.SGD(p, lr=0.01, momentum=0.9, fused=True),
+    "adam-fused": lambda p: optim.Adam(p, lr=0.01, fused=True),
+    "adamw-fused-amsgrad": lambda p: optim.AdamW(p, lr=0.01, fused=True, amsgrad=True),
+    "adam-forloop": lambda p: optim.Adam(p, lr=0.01, foreach=False),
+    "adamax": lambda p: optim.Adamax(p, lr=0.01),
+    "nadam": lambda p: optim.NAdam(p, lr=0.01),
+    "radam": lambda p: optim.RAdam(p, lr=0.01),
+    "adagrad": lambda p: optim.Adagrad(p, lr=0.01),
+    "adagrad-fused": lambda p: optim.Adagrad(p, lr=0.01, fused=True),
+    "adadelta": lambda p: optim.Adadelta(p),
+    "rmsprop-centered": lambda p: optim.RMSprop(p, lr=0.01, momentum=0.9, centered=True),
+    "rprop": lambda p: optim.Rprop(p, lr=0.01),
+    "asgd": lambda p: optim.ASGD(p, lr=0.01),
 }
 
 
@@ -89,10 +89,10 @@ class Counting(Custom):
 
 
 @pytest.mark.parametrize("dtype, make", [
-    (torch.float64, lambda p: O.Adam(p, lr=0.01, foreach=True)),
-    (torch.float64, lambda p: O.AdamW(p, lr=0.01, fused=True)),
-    (torch.complex64, lambda p: O.Adam(p, lr=0.01, foreach=False)),
-    (torch.complex128, lambda p: O.SGD(p, lr=0.01, momentum=0.9)),
+    (torch.float64, lambda p: optim.Adam(p, lr=0.01, foreach=True)),
+    (torch.float64, lambda p: optim.AdamW(p, lr=0.01, fused=True)),
+    (torch.complex64, lambda p: optim.Adam(p, lr=0.01, foreach=False)),
+    (torch.complex128, lambda p: optim.SGD(p, lr=0.01, momentum=0.9)),
     (torch.float32, Counting),
 ], ids=["float64-adam-foreach", "float64-adamw-fused", "complex64-adam-forloop", "complex128-sgd", "int-and-bool-state"])
 def test_tensors_of_every_dtype_get_their_norms(dtype, make) -> None:

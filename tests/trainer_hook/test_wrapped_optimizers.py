@@ -7,7 +7,8 @@ gradients the step uses.
 """
 from __future__ import annotations
 
-from typing import Any, Iterator
+from typing import Any
+from collections.abc import Iterator
 
 import pytest
 import torch

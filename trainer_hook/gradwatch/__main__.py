@@ -8,7 +8,8 @@ import argparse
 import os
 import sys
 from pathlib import Path
-from typing import Mapping, Optional, Sequence, TextIO
+from typing import Optional, TextIO
+from collections.abc import Mapping, Sequence
 
 from websockets.exceptions import WebSocketException
 

@@ -21,7 +21,8 @@ kind as the step's `grad_clear`. Accumulation that autograd does out of place (a
 from __future__ import annotations
 
 import weakref
-from typing import Any, Optional, Sequence
+from collections.abc import Collection
+from typing import Any, Optional
 
 import torch
 
@@ -96,7 +97,7 @@ class GradTracker:
                     clear[i] = CLEAR_NONE
         return on_accumulate
 
-    def end_step(self, indices: Optional[Sequence[int]] = None) -> tuple[list[int], list[Optional[float]]]:
+    def end_step(self, indices: Optional[Collection[int]] = None) -> tuple[list[int], list[Optional[float]]]:
         """Passes and clear codes (None = nothing to say) since the last step; starts a new step.
 
         Called after every optimizer step, and for steps a GradScaler skipped, with the

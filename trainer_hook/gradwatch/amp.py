@@ -5,7 +5,8 @@ GradScaler has no public way to ask whether an optimizer's gradients are unscale
 """
 from __future__ import annotations
 
-from typing import Any, Callable, Optional, Sequence
+from typing import Any, Callable, Optional
+from collections.abc import Sequence
 
 import torch
 

@@ -5,7 +5,8 @@ The order fixed here is the order of every per-parameter array on the wire and i
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import Any
+from collections.abc import Sequence
 
 import torch
 

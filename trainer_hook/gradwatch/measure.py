@@ -14,7 +14,8 @@ from __future__ import annotations
 import operator
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable, Optional, Sequence
+from collections.abc import Callable, Collection, Iterable, Sequence
+from typing import Any, Optional
 
 import numpy as np
 import torch
@@ -75,12 +76,14 @@ def _norm_apart(t: torch.Tensor) -> torch.Tensor:
     """`t`'s norm as a float32 0-d tensor, whose own norm it is: float64 and complex in their
     precision, anything else (integers, bools) as float32."""
     exact = t.is_complex() or t.dtype == torch.float64
-    return torch.linalg.vector_norm(t if exact else t.float()).float()
+    norm: torch.Tensor = torch.linalg.vector_norm(t if exact else t.float()).float()
+    return norm
 
 
 def _rows_norms(t: torch.Tensor) -> torch.Tensor:
     """The norms of `t`'s rows of `_CPU_ROW` elements: their norm is the norm of `t`."""
-    return torch.linalg.vector_norm(t.view(-1, _CPU_ROW), dim=1)
+    norms: torch.Tensor = torch.linalg.vector_norm(t.view(-1, _CPU_ROW), dim=1)
+    return norms
 
 
 @dataclass
@@ -92,7 +95,7 @@ class _StatePlan:
     small tensors. A plan is used only while every parameter's state dict, its size and every
     listed tensor are still the ones it was built from (identity checks), else it is rebuilt.
     """
-    checks: list[tuple[dict, torch.Tensor, Optional[dict], int, tuple[str, ...], tuple[torch.Tensor, ...]]]
+    checks: list[tuple[dict[Any, Any], torch.Tensor, Optional[dict[str, Any]], int, tuple[str, ...], tuple[torch.Tensor, ...]]]
     #: per device: the tensors in reading order, what `fused_norms` does to each first
     #: (`norm_preps`), and the segments they make: (metric, parameter indices, count)
     reads: list[tuple[list[torch.Tensor], list[Optional[Prep]], list[tuple[str, np.ndarray, int]]]]
@@ -171,7 +174,8 @@ def _absent(n: int) -> np.ndarray:
 
 
 def is_absent(values: np.ndarray) -> np.ndarray:
-    return values.view(np.uint32) == ABSENT_BITS
+    absent: np.ndarray = values.view(np.uint32) == ABSENT_BITS
+    return absent
 
 
 def grad_status(grad_norm: np.ndarray) -> np.ndarray:
@@ -224,7 +228,7 @@ class Probe:
         self._pending = _Pending(step=step, time=time.time(), grad_bytes=np.zeros(len(self.params), dtype=np.int64))
 
     @torch.no_grad()
-    def read_grads(self, indices: Optional[Sequence[int]] = None, optimizer: Optional[int] = None) -> None:
+    def read_grads(self, indices: Optional[Collection[int]] = None, optimizer: Optional[int] = None) -> None:
         """Gradient norms as the step will use them (unscaled when a GradScaler scaled them).
 
         `indices` (default: all) are the parameters of `optimizer`, which is about to step: with
@@ -259,7 +263,7 @@ class Probe:
         pending.cost_s += time.perf_counter() - started
 
     @torch.no_grad()
-    def read_state(self, indices: Optional[Sequence[int]] = None) -> None:
+    def read_state(self, indices: Optional[Collection[int]] = None) -> None:
         """Parameter and optimizer-state norms of `indices` (default: all) as the step left them."""
         pending = self._pending
         if pending is None:
@@ -335,7 +339,7 @@ class Probe:
     def _state_plan(self, indices: Iterable[int]) -> _StatePlan:
         """Parameter norms of `indices`, then each state key's (named `<key>_norm`), grouped by device."""
         by_device: dict[torch.device, dict[str, tuple[list[int], list[torch.Tensor]]]] = {}
-        checks: list[tuple[dict, torch.Tensor, Optional[dict], int, tuple[str, ...], tuple[torch.Tensor, ...]]] = []
+        checks: list[tuple[dict[Any, Any], torch.Tensor, Optional[dict[str, Any]], int, tuple[str, ...], tuple[torch.Tensor, ...]]] = []
         nbytes = 0
         for i in indices:
             w = self.layout.params[i]
@@ -357,8 +361,8 @@ class Probe:
                 ts.append(t)
         reads = []
         for metrics in by_device.values():
-            tensors = [t for _, ts in metrics.values() for t in ts]
-            reads.append((tensors, norm_preps(tensors), [(m, np.asarray(idx), len(ts)) for m, (idx, ts) in metrics.items()]))
+            on_device = [t for _, ts in metrics.values() for t in ts]
+            reads.append((on_device, norm_preps(on_device), [(m, np.asarray(idx), len(ts)) for m, (idx, ts) in metrics.items()]))
         return _StatePlan(checks, reads, nbytes)
 
     def _updates(self, before: dict[int, torch.Tensor]) -> list[_Segment]:
@@ -407,7 +411,7 @@ class Probe:
         return buffers
 
 
-def _state_tensors(p: torch.Tensor, state: dict) -> tuple[list[tuple[str, torch.Tensor]], int]:
+def _state_tensors(p: torch.Tensor, state: dict[str, Any]) -> tuple[list[tuple[str, torch.Tensor]], int]:
     """The state tensors shaped like `p` (by key) and the bytes of all of them."""
     tensors, nbytes = [], 0
     for key, value in state.items():

@@ -23,7 +23,8 @@ import os
 import struct
 import zlib
 from pathlib import Path
-from typing import IO, Iterator, Mapping, Optional
+from typing import IO, Optional
+from collections.abc import Iterator, Mapping
 
 try:
     import fcntl
@@ -78,7 +79,7 @@ class SpoolWriter:
         self._file.close()  # releases the lock
 
 
-def read_records(path: Path) -> tuple[Iterator[str], "TailReport"]:
+def read_records(path: Path) -> tuple[Iterator[str], TailReport]:
     """Iterate a spool's complete records; the report says afterwards whether a torn tail was dropped."""
     report = TailReport()
 

@@ -28,7 +28,7 @@ def _inner(obj: object) -> Any:
     """The optimizer `obj` wraps (in one of INNER_ATTRIBUTES), or None."""
     for name in INNER_ATTRIBUTES:
         try:
-            inner = getattr(obj, name, None)
+            inner: object = getattr(obj, name, None)
         except Exception:  # a property of the wrapper that cannot answer now
             inner = None
         if inner is not None and inner is not obj and hasattr(inner, "param_groups"):

@@ -12,7 +12,8 @@ import secrets
 import threading
 import time
 import weakref
-from typing import Any, Callable, Iterable, Mapping, Optional, Sequence, Union
+from typing import Any, Callable, Optional, Union
+from collections.abc import Iterable, Mapping, Sequence
 from urllib.parse import urlsplit
 
 import numpy as np
@@ -327,7 +328,7 @@ class Watcher:
         """Messages the server has not acknowledged yet."""
         return self._sender.pending
 
-    def __enter__(self) -> "Watcher":
+    def __enter__(self) -> Watcher:
         return self
 
     def __exit__(self, *exc: Any) -> None:

@@ -9,7 +9,8 @@ import base64
 import json
 import math
 from dataclasses import dataclass
-from typing import Any, Mapping, Optional, Sequence
+from typing import Any, Optional
+from collections.abc import Mapping, Sequence
 from urllib.parse import urlsplit, urlunsplit
 
 import numpy as np

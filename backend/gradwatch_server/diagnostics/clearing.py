@@ -95,6 +95,7 @@ class GradAccumulation(Check):
         cleared = ((step.clear == SET_TO_NONE) | (step.clear == ZERO_FILLED)) & (passes > 1)
         if not cleared.any():
             return
+        assert step.passes is not None  # passes_known is made from it (StepView.of)
         k = int(np.nanmax(step.passes[cleared]))
         if self.k_min is not None and self.k_max is not None and self.k_min <= k <= self.k_max:
             return
@@ -133,7 +134,7 @@ class ZeroFilledGradBuffers(Check):
         if before is not None and before.figure is not None and held <= before.figure.value \
                 and len(names) == len(before.params):
             return
-        at = step.step  # the step at which the figure holds
+        at: int | None = step.step  # the step at which the figure holds
         if before is not None and before.figure is not None and before.figure.value >= held:
             held, at = before.figure.value, before.figure.step
         message = (f"zero_grad(set_to_none=False) keeps {fmt_bytes(held)} of gradient buffers allocated between "

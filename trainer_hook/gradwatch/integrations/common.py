@@ -8,7 +8,8 @@ import math
 import re
 from dataclasses import dataclass
 from pathlib import PurePath
-from typing import Any, Callable, Mapping, Optional, Sequence, Union
+from typing import Any, Callable, Optional, Union
+from collections.abc import Mapping, Sequence
 
 import torch
 

@@ -97,7 +97,7 @@ def _logger_run_name(trainer: Any) -> Optional[str]:
     return run_name("/".join(str(part) for part in (name, version) if part))
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def callback_class(package: str = "lightning") -> type:
     """`GradwatchCallback` for `package` ("lightning" or "pytorch_lightning"): a subclass of its
     `Callback`, made once."""
