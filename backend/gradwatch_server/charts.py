@@ -63,9 +63,10 @@ class TooLong(ValueError):
     """A smoothed series would read more raw rows than its limit; the message says what to ask instead."""
 
 
-def _check_smooth_rows(store: Store, run_id: str, name: str, end: int | None, kind: str, limit: int) -> None:
-    """Raise TooLong when the series has more than `limit` stored steps up to `end` (the rows a
-    smoothed answer reads): counted from the block index, a few small queries."""
+def _check_smooth_rows(store: Store, run_id: str, name: str, end: int | None, kind: str, limit: int | None) -> None:
+    """Raise TooLong when the series has more than `limit` (None: SMOOTH_ROWS) stored steps up to
+    `end` (the rows a smoothed answer reads): counted from the block index, a few small queries."""
+    limit = SMOOTH_ROWS if limit is None else limit
     bounds = store.series_bounds(run_id, name, None, end, kind)
     if bounds is None or bounds[1] - bounds[0] < limit:
         return
@@ -117,7 +118,7 @@ def _wall_times(store: Store, run_id: str, step: list[int]) -> dict[str, Any]:
 
 def scalar_series(store: Store, run_id: str, key: str, start: int | None, end: int | None,
                   max_points: int, with_time: bool = False, raw_rows: int = RAW_ROWS, smooth: float = 0.0,
-                  smooth_rows: int = SMOOTH_ROWS) -> Series:
+                  smooth_rows: int | None = None) -> Series:
     _require(key, store.series_names(run_id, "scalar"), "scalar", run_id)
     low: list[JsonFloat] | None
     high: list[JsonFloat] | None
@@ -168,7 +169,7 @@ def top_indices(values: np.ndarray, top: int, order: Literal["asc", "desc"]) -> 
 def param_series(store: Store, run_id: str, params: list[Param], metric: str, names: Sequence[str],
                  top: int, order: Literal["asc", "desc"], start: int | None, end: int | None,
                  max_points: int, with_time: bool = False, raw_rows: int = RAW_ROWS,
-                 smooth: float = 0.0, smooth_rows: int = SMOOTH_ROWS) -> ParamSeriesPublic:
+                 smooth: float = 0.0, smooth_rows: int | None = None) -> ParamSeriesPublic:
     _require(metric, store.series_names(run_id, "param"), "parameter metric", run_id)
     by_name = {p.name: p for p in params}
     if names:
