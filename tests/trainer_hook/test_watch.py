@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import time
 
+import httpx
 import pytest
 import torch
 
@@ -157,3 +158,28 @@ def test_bad_config(config, error, match) -> None:
     model, opt = make()
     with pytest.raises(error, match=match):
         gradwatch.watch(opt, model=model, server="http://127.0.0.1:9", config=config)
+
+
+@pytest.mark.parametrize("status", ["failed", "", None, "Finished"])
+def test_close_status_must_be_finished_or_crashed(status: object) -> None:
+    model, opt = make()
+    w = gradwatch.watch(opt, model=model, server="http://127.0.0.1:9")
+    with pytest.raises(ValueError, match='status must be "finished" or "crashed"'):
+        w.close(timeout=0.1, status=status)  # type: ignore[arg-type]
+    w.close(timeout=0.1)  # a refused status leaves the watcher open to close properly
+
+
+def test_close_records_how_the_run_ended(server) -> None:
+    """The close message carries the status: GET /api/runs lists each run as it was closed."""
+    ids = {}
+    for status in ("finished", "crashed"):
+        model, opt = make()
+        w = gradwatch.watch(opt, model=model, server=server.url, run=status, warn=False)
+        model(torch.randn(3, 4)).sum().backward()
+        opt.step()
+        w.close(timeout=20, status=status)
+        assert w.pending == 0
+        ids[w.run_id] = status
+    with httpx.Client(base_url=server.url, timeout=30) as http:
+        listed = {r["id"]: r["status"] for r in http.get("/api/runs").raise_for_status().json()["data"]}
+    assert {run_id: listed[run_id] for run_id in ids} == ids

@@ -282,15 +282,20 @@ class Watcher:
                 raise TypeError(f"{key}: logged values must be numbers or one-element tensors, not {type(value).__name__}")
             self._logged[key] = value
 
-    def close(self, timeout: float = 5.0) -> None:
-        """Detach the hooks and deliver what is pending, waiting at most `timeout` seconds."""
+    def close(self, timeout: float = 5.0, status: str = "finished") -> None:
+        """Detach the hooks and deliver what is pending, waiting at most `timeout` seconds.
+
+        `status` is how the run ended, "finished" or "crashed" (a training that raised): the
+        server records it with the run."""
+        if status not in ("finished", "crashed"):
+            raise ValueError(f'status must be "finished" or "crashed", not {status!r}')
         if self._closed:
             return
         self._closed = True
         if self._round and self._handles:  # an optimizer never stepped in the last round: send what there is
             self._emit()
         self._detach()
-        self._sender.close("finished", timeout=timeout)
+        self._sender.close(status, timeout=timeout)
 
     def _detach(self) -> None:
         for handle in self._handles:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import csv
 import io
 import math
+import time
 from typing import Any
 
 import httpx
@@ -23,6 +24,19 @@ def grad_norms(params: dict[str, torch.Tensor], step: int) -> Norms:
 def run_info(server_url: str, run_id: str) -> dict[str, Any]:
     with httpx.Client(base_url=server_url, timeout=30) as http:
         return http.get(f"/api/runs/{run_id}").raise_for_status().json()
+
+
+def listed_status(server_url: str, run_id: str, wait_s: float = 0.0) -> str | None:
+    """The run's status as GET /api/runs lists it; None if it is not listed within `wait_s`
+    seconds (a run is listed once its hello has arrived)."""
+    deadline = time.monotonic() + wait_s
+    with httpx.Client(base_url=server_url, timeout=30) as http:
+        while True:
+            runs = http.get("/api/runs").raise_for_status().json()["data"]
+            status = next((str(r["status"]) for r in runs if r["id"] == run_id), None)
+            if status is not None or time.monotonic() >= deadline:
+                return status
+            time.sleep(0.1)
 
 
 def stored_norms(server_url: str, run_id: str) -> Norms:

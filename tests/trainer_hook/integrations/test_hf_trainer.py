@@ -2,6 +2,9 @@
 a config, nothing downloaded) streaming to a real server, against an independent oracle."""
 from __future__ import annotations
 
+import subprocess
+import sys
+import textwrap
 from pathlib import Path
 from typing import Any
 
@@ -11,26 +14,24 @@ import torch
 transformers = pytest.importorskip("transformers", reason="needs transformers (pip install gradwatch[transformers])")
 accelerate = pytest.importorskip("accelerate", reason="the Trainer needs accelerate")
 
-from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainerCallback, TrainingArguments  # noqa: E402
+from hf_training import STEPS, FailAtStep, tiny_gpt2, token_dataset, trainer_args  # noqa: E402
+from stored import (  # noqa: E402
+    Norms,
+    accumulation,
+    assert_equal_norms,
+    assert_no_problem,
+    grad_norms,
+    listed_status,
+    run_info,
+    scalar_series,
+    stored_norms,
+)
+from transformers import Trainer, TrainerCallback, TrainingArguments  # noqa: E402
 
 from gradwatch.integrations.transformers import GradwatchCallback  # noqa: E402
 from support.examples import findings  # noqa: E402
-from stored import (Norms, accumulation, assert_equal_norms, assert_no_problem, grad_norms,  # noqa: E402
-                    run_info, scalar_series, stored_norms)
 
 ACCUMULATE = 4
-STEPS = 3
-
-
-def tiny_gpt2() -> GPT2LMHeadModel:
-    torch.manual_seed(0)
-    return GPT2LMHeadModel(GPT2Config(n_layer=2, n_embd=32, n_head=2, n_positions=16, vocab_size=64))
-
-
-def token_dataset(n: int = 32, length: int = 12) -> list[dict[str, torch.Tensor]]:
-    g = torch.Generator().manual_seed(1)
-    ids = torch.randint(0, 64, (n, length), generator=g)
-    return [{"input_ids": row, "labels": row} for row in ids]
 
 
 class Oracle(TrainerCallback):  # type: ignore[misc]
@@ -127,6 +128,64 @@ def test_scaler_is_found_on_accelerates_optimizer(tmp_path: Path, sqlite_server)
     config = run_info(sqlite_server.url, w.run_id)["config"]
     assert config["amp"] is True and config["wrappers"] == [["accelerate.optimizer.AcceleratedOptimizer"]]
     assert_equal_norms(stored_norms(sqlite_server.url, w.run_id), oracle)  # unscaled
+
+
+def test_a_train_that_raised_is_closed_as_crashed_by_the_next_train(tmp_path: Path, sqlite_server) -> None:
+    """The Trainer tells callbacks nothing when `train()` raises: the callback's next train begin
+    closes the unfinished run as crashed, and the new run ends as finished."""
+    watching = GradwatchCallback(server=sqlite_server.url, warn=False)
+    failing = Trainer(model=tiny_gpt2(), args=trainer_args(tmp_path), train_dataset=token_dataset(),
+                      callbacks=[FailAtStep(3), watching])
+    with pytest.raises(RuntimeError, match="the user's bug"):
+        failing.train()
+    crashed = watching.watcher
+    assert crashed is not None
+    assert listed_status(sqlite_server.url, crashed.run_id, wait_s=10) == "running", "nothing closed it yet"
+    Trainer(model=tiny_gpt2(), args=trainer_args(tmp_path), train_dataset=token_dataset(),
+            callbacks=[watching]).train()
+    finished = watching.watcher
+    assert finished is not None and finished is not crashed and crashed.pending == finished.pending == 0
+    assert listed_status(sqlite_server.url, crashed.run_id) == "crashed"
+    assert run_info(sqlite_server.url, crashed.run_id)["steps"] == 2
+    assert listed_status(sqlite_server.url, finished.run_id) == "finished"
+
+
+TRAIN_SCRIPT = """
+import sys
+sys.path.insert(0, {tests!r})
+from pathlib import Path
+from hf_training import FailAtStep, token_dataset, tiny_gpt2, trainer_args
+from transformers import Trainer
+from gradwatch.integrations.transformers import GradwatchCallback
+
+watching = GradwatchCallback(server={server!r}, warn=False)
+callbacks = [FailAtStep(3)] if sys.argv[1] == "raise" else []
+trainer = Trainer(model=tiny_gpt2(), args=trainer_args(Path({out!r})), train_dataset=token_dataset(),
+                  callbacks=[*callbacks, watching])
+try:
+    trainer.train()
+finally:
+    print("RUN", watching.watcher.run_id, flush=True)
+"""
+
+
+@pytest.mark.parametrize("how, status, steps", [("raise", "crashed", 2), ("end", "finished", STEPS)])
+def test_a_script_whose_train_raised_ends_its_run_as_crashed(tmp_path: Path, sqlite_server, how: str, status: str,
+                                                               steps: int) -> None:
+    """A script whose `train()` raises exits with the traceback: the exit hook closes the run as
+    crashed (before the watcher's own exit hook, which would close it as finished). A script whose
+    training ended closes it as finished."""
+    script = tmp_path / "train.py"
+    script.write_text(textwrap.dedent(TRAIN_SCRIPT.format(tests=str(Path(__file__).parent), server=sqlite_server.url,
+                                                          out=str(tmp_path))))
+    done = subprocess.run([sys.executable, str(script), how], capture_output=True, text=True, timeout=300,
+                          cwd=tmp_path)
+    assert (done.returncode != 0) == (how == "raise"), done.stderr[-3000:]
+    if how == "raise":
+        assert "RuntimeError: the user's bug" in done.stderr
+    run_id = done.stdout.split("RUN ")[1].split()[0]
+    assert listed_status(sqlite_server.url, run_id) == status
+    assert run_info(sqlite_server.url, run_id)["steps"] == steps
 
 
 @pytest.mark.parametrize("kwargs, error", [

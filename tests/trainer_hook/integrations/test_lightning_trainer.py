@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 import torch
 from torch import nn
@@ -13,11 +14,20 @@ from torch import nn
 L = pytest.importorskip("lightning.pytorch", reason="needs Lightning (pip install gradwatch[lightning])")
 
 from lightning.pytorch.loggers import CSVLogger  # noqa: E402
+from stored import (  # noqa: E402
+    Norms,
+    accumulation,
+    assert_equal_norms,
+    assert_no_problem,
+    grad_norms,
+    listed_status,
+    run_info,
+    scalar_series,
+    stored_norms,
+)
 
 from gradwatch.integrations.lightning import GradwatchCallback  # noqa: E402
 from support.examples import findings  # noqa: E402
-from stored import (Norms, accumulation, assert_equal_norms, assert_no_problem, grad_norms,  # noqa: E402
-                    run_info, scalar_series, stored_norms)
 
 ACCUMULATE = 2
 CLIP = 0.05  # far below the gradients' norm: every step is clipped
@@ -189,6 +199,103 @@ def test_gan_with_manual_optimization_makes_one_run(tmp_path: Path, sqlite_serve
     assert_no_problem(findings(sqlite_server, w.run_id))
 
 
+class ProgBarLogged(Regressor):
+    """Logs its loss for the progress bar (and a second, forked value); its oracle is what it
+    logged at each optimizer step (the last micro-batch's value wins)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.logged: dict[int, float] = {}
+
+    def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+        x, y = batch
+        loss = nn.functional.mse_loss(self.net(x), y)
+        self.log("loss", loss, prog_bar=True)
+        self.log("half", loss / 2, prog_bar=True, on_step=True, on_epoch=True)
+        self.logged[self.trainer.global_step + 1] = float(loss)
+        return loss
+
+
+def test_prog_bar_values_are_forwarded_exactly_without_reading_them_on_the_training_thread(
+        tmp_path: Path, sqlite_server, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`trainer.callback_metrics` turns every `prog_bar=True` value into a number
+    (`convert_tensors_to_scalars`, `.item()`): a device synchronisation per step on a GPU. The
+    callback must do neither; Lightning's own batch-end bookkeeping does (which proves the
+    counters count)."""
+    from lightning.pytorch.trainer.connectors.logger_connector import result
+
+    inside = [False]
+    conversions: list[bool] = []  # one per call: was it made inside our callback?
+    items: list[bool] = []
+    convert, item = result.convert_tensors_to_scalars, torch.Tensor.item
+
+    def counted_convert(value: Any) -> Any:
+        conversions.append(inside[0])
+        return convert(value)
+
+    def counted_item(tensor: torch.Tensor) -> Any:
+        items.append(inside[0])
+        return item(tensor)
+
+    class Probed(GradwatchCallback):  # type: ignore[misc, valid-type]
+        def on_before_optimizer_step(self, trainer: Any, pl_module: Any, optimizer: Any) -> None:
+            inside[0] = True
+            try:
+                super().on_before_optimizer_step(trainer, pl_module, optimizer)
+            finally:
+                inside[0] = False
+
+    torch.manual_seed(0)
+    module, watching = ProgBarLogged(), Probed(server=sqlite_server.url, warn=False)
+    monkeypatch.setattr(result, "convert_tensors_to_scalars", counted_convert)
+    monkeypatch.setattr(torch.Tensor, "item", counted_item)
+    fit(module, tmp_path, [watching], accumulate_grad_batches=ACCUMULATE)
+    monkeypatch.undo()
+    assert conversions and not any(conversions), "our callback made Lightning convert the progress-bar values"
+    assert not any(items), "our callback read a tensor on the training thread"
+    w = watching.watcher
+    assert w is not None and w.pending == 0
+    loss = scalar_series(sqlite_server.url, w.run_id, "loss")
+    assert loss["step"] == list(range(1, STEPS + 1))
+    assert loss["value"] == pytest.approx([module.logged[s] for s in loss["step"]], rel=1e-6)
+    half = scalar_series(sqlite_server.url, w.run_id, "half")
+    assert half["value"] == pytest.approx([module.logged[s] / 2 for s in half["step"]], rel=1e-6)
+
+
+def test_unreadable_lightning_internals_forward_nothing_and_training_goes_on(
+        tmp_path: Path, sqlite_server, caplog: pytest.LogCaptureFixture) -> None:
+    """Where Lightning's result collection is not what the callback reads (another version), the
+    callback warns once, forwards nothing and the run is still watched to the end."""
+    from gradwatch.integrations.lightning import step_logged_values
+
+    class NoResults:
+        @property
+        def _results(self) -> Any:
+            raise AttributeError("no _results in this version")
+
+    with caplog.at_level("WARNING", logger="gradwatch"):
+        assert step_logged_values(NoResults()) is None
+        assert step_logged_values(object()) is None
+    assert "cannot read the values logged" in caplog.text
+
+    class Changed(GradwatchCallback):  # type: ignore[misc, valid-type]
+        def on_before_optimizer_step(self, trainer: Any, pl_module: Any, optimizer: Any) -> None:
+            super().on_before_optimizer_step(NoResults(), pl_module, optimizer)
+
+    torch.manual_seed(0)
+    watching = Changed(server=sqlite_server.url, warn=False)
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="gradwatch"):
+        trainer = fit(ProgBarLogged(), tmp_path, [watching])
+    assert caplog.text.count("cannot read the values logged") == 1, "warned once, then stopped trying"
+    w = watching.watcher
+    assert w is not None and trainer.global_step == STEPS
+    run = run_info(sqlite_server.url, w.run_id)
+    assert (run["status"], run["steps"]) == ("finished", STEPS)
+    with httpx.Client(base_url=sqlite_server.url, timeout=30) as http:  # no such series
+        assert http.get(f"/api/runs/{w.run_id}/series", params={"key": "loss"}).status_code == 404
+
+
 @pytest.mark.parametrize("kwargs, error", [
     ({"every": 0}, ValueError), ({"run": "x" * 201}, ValueError), ({"project": 3}, TypeError),
     ({"server": "no-scheme"}, ValueError), ({"updates": 1}, TypeError),
@@ -242,10 +349,10 @@ def test_each_package_gets_a_callback_of_its_own_base(tmp_path: Path, sqlite_ser
     assert_equal_norms(stored_norms(sqlite_server.url, w.run_id), module.oracle)
 
 
-def test_an_exception_in_fit_closes_the_run(tmp_path: Path, sqlite_server) -> None:
+def test_an_exception_in_fit_closes_the_run_as_crashed(tmp_path: Path, sqlite_server) -> None:
     class Failing(Regressor):
         def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
-            if self.trainer.global_step == 2:
+            if batch_idx == 2:
                 raise RuntimeError("the user's bug")
             return super().training_step(batch, batch_idx)
 
@@ -254,6 +361,6 @@ def test_an_exception_in_fit_closes_the_run(tmp_path: Path, sqlite_server) -> No
     with pytest.raises(RuntimeError, match="the user's bug"):
         fit(Failing(), tmp_path, [watching], max_steps=5)
     w = watching.watcher
-    assert w is not None and w.pending == 0
-    run = run_info(sqlite_server.url, w.run_id)
-    assert (run["status"], run["steps"]) == ("finished", 2)  # closed at the exception, not left running
+    assert w is not None and w.pending == 0, "closed at the exception, not left running"
+    assert listed_status(sqlite_server.url, w.run_id) == "crashed"
+    assert run_info(sqlite_server.url, w.run_id)["steps"] == 2

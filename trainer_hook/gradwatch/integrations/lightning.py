@@ -13,19 +13,26 @@ run, as `watch([...])` does), with the LightningModule as the model, under the l
 name/version unless given a run name, and records the module's `hparams` and the Trainer's
 `accumulate_grad_batches`, clipping and precision with the run. The precision plugin's
 GradScaler (`precision="16-mixed"`) is found there. At each optimizer step (Lightning's
-`on_before_optimizer_step`, after this step's backward passes) the latest values of what the
-module logged with `self.log` (`trainer.callback_metrics`) are recorded with that step.
+`on_before_optimizer_step`, after this step's backward passes) the values the module logged
+with `self.log(..., on_step=True)` (the default in `training_step`) are recorded with that step,
+as the detached tensors Lightning holds: `trainer.callback_metrics` would build the progress-bar
+dict, calling `.item()` on each `prog_bar=True` value, a device synchronisation per step.
 """
 from __future__ import annotations
 
 import functools
 import importlib
 import importlib.util
+import logging
 import sys
 from typing import Any, Optional, Union
 
+import torch
+
 from ..watcher import Watcher
 from .common import WatchOptions, forward, json_safe, run_name
+
+log = logging.getLogger("gradwatch")
 
 __all__ = ["LightningWatching", "callback_class", "installed_package"]  # and GradwatchCallback, made on first access
 
@@ -72,18 +79,36 @@ class LightningWatching:
                     "hparams": json_safe(dict(getattr(pl_module, "hparams", {}) or {}))})
 
     def on_before_optimizer_step(self, trainer: Any, pl_module: Any, optimizer: Any) -> None:
-        # Inside a training batch, callback_metrics are the step values Lightning already holds:
-        # reading them computes and synchronises nothing (epoch aggregates are computed at epoch end).
         if self.watcher is not None and self._forwarding:
-            self._forwarding = forward(self.watcher, lambda: trainer.callback_metrics)
+            values = step_logged_values(trainer)
+            self._forwarding = values is not None and forward(self.watcher, lambda: values)
 
     def on_fit_end(self, trainer: Any, pl_module: Any) -> None:
         if self.watcher is not None:
             self.watcher.close()
 
     def on_exception(self, trainer: Any, pl_module: Any, exception: BaseException) -> None:
-        if self.watcher is not None:
-            self.watcher.close()
+        if self.watcher is not None:  # an exception or an interrupt (Ctrl-C) ended the fit
+            self.watcher.close(status="crashed")
+
+
+def step_logged_values(trainer: Any) -> Optional[dict[str, torch.Tensor]]:
+    """This step's `self.log(..., on_step=True)` values, by logged name: the detached tensors of
+    the training loop's result collection (`_forward_cache`), read without computing anything,
+    so without a device synchronisation. Lightning's private attributes are read here only; where
+    they differ, this warns and returns None (the callback stops forwarding); it never raises."""
+    try:
+        results = trainer._results
+        values: dict[str, torch.Tensor] = {}
+        for _, metric in ([] if results is None else results.valid_items()):
+            cache = metric._forward_cache
+            if metric.meta.on_step and isinstance(cache, torch.Tensor):
+                values[str(metric.meta.name)] = cache.detach()
+        return values
+    except Exception as exc:  # Lightning's internals differ: forward nothing rather than fail
+        log.warning("gradwatch: cannot read the values logged with self.log from this Lightning version (%s: %s); "
+                    "they are not recorded with the run", type(exc).__name__, exc)
+        return None
 
 
 def _logger_run_name(trainer: Any) -> Optional[str]:
