@@ -11,7 +11,7 @@ from fastapi.responses import JSONResponse
 
 from . import __version__
 from .api import router
-from .charts import NotFound
+from .charts import NotFound, TooLong
 from .cost import StepCost
 from .deps import RunNotFound
 from .diagnostics import Diagnostics
@@ -40,6 +40,10 @@ async def _invalid_request(_request: Request, exc: Exception) -> JSONResponse:
 
 async def _not_found(_request: Request, exc: Exception) -> JSONResponse:
     return JSONResponse({"detail": str(exc)}, status_code=404)
+
+
+async def _too_long(_request: Request, exc: Exception) -> JSONResponse:
+    return JSONResponse({"detail": str(exc)}, status_code=422)
 
 
 async def _run_not_found(_request: Request, exc: Exception) -> JSONResponse:
@@ -89,6 +93,7 @@ def create_app(settings: Settings) -> FastAPI:
     app.add_exception_handler(RequestValidationError, _invalid_request)
     app.add_exception_handler(NotFound, _not_found)
     app.add_exception_handler(RunNotFound, _run_not_found)
+    app.add_exception_handler(TooLong, _too_long)
     app.include_router(router)
     allowed: Collection[str] | None
     if settings.allowed_hosts is None:

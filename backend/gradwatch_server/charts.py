@@ -9,6 +9,11 @@ step blocks, so the cost follows the number of points, not of steps (docs/design
 blocks). Both keep each bucket's min,
 max, NaN and Inf exactly and its mean to float64 rounding; a window with no more stored steps
 than points is read raw, bit for bit.
+
+A smoothed series (`smooth > 0`) is the EMA of the raw series from the run's first step, then
+windowed and downsampled as above: it reads every stored step up to `end`, so it is served only
+while those are at most `SMOOTH_ROWS`; above, the request is refused (`TooLong`, a 422) rather
+than answered with an approximation or read without bound.
 """
 from __future__ import annotations
 
@@ -36,6 +41,10 @@ BLOCK_CHUNK_VALUES = 1 << 20
 #: a few thousand rows read fast, and short runs keep buckets of equal step counts.
 RAW_ROWS = 4096
 
+#: A smoothed series reads every raw row from the run's first step to `end`: above this many
+#: stored steps the request is refused (TooLong), so one request's cost stays bounded.
+SMOOTH_ROWS = 100_000
+
 #: How a heatmap's cells are written: JSON lists, or base64 float32 (docs/api.md, Heatmap).
 Encoding = Literal["json", "f32"]
 
@@ -48,6 +57,25 @@ R = TypeVar("R")
 
 class NotFound(LookupError):
     """The run has no such series or parameter; the message names what exists."""
+
+
+class TooLong(ValueError):
+    """A smoothed series would read more raw rows than its limit; the message says what to ask instead."""
+
+
+def _check_smooth_rows(store: Store, run_id: str, name: str, end: int | None, kind: str, limit: int | None) -> None:
+    """Raise TooLong when the series has more than `limit` (None: SMOOTH_ROWS) stored steps up to
+    `end` (the rows a smoothed answer reads): counted from the block index, a few small queries."""
+    limit = SMOOTH_ROWS if limit is None else limit
+    bounds = store.series_bounds(run_id, name, None, end, kind)
+    if bounds is None or bounds[1] - bounds[0] < limit:
+        return
+    count = store.series_count(run_id, name, *bounds, kind)
+    if count > limit:
+        upto = "the last" if end is None else f"end={end}"
+        raise TooLong(f"smooth: {name!r} has {count} stored steps from the run's first to {upto}, more than "
+                      f"the {limit} a smoothed series may read (the average starts at the first step); ask "
+                      "without smooth (a downsampled series keeps each bucket's min and max) or with an earlier end")
 
 
 def _missing(values: np.ndarray) -> np.ndarray | None:
@@ -89,18 +117,20 @@ def _wall_times(store: Store, run_id: str, step: list[int]) -> dict[str, Any]:
 
 
 def scalar_series(store: Store, run_id: str, key: str, start: int | None, end: int | None,
-                  max_points: int, with_time: bool = False, raw_rows: int = RAW_ROWS, smooth: float = 0.0) -> Series:
+                  max_points: int, with_time: bool = False, raw_rows: int = RAW_ROWS, smooth: float = 0.0,
+                  smooth_rows: int | None = None) -> Series:
     _require(key, store.series_names(run_id, "scalar"), "scalar", run_id)
     low: list[JsonFloat] | None
     high: list[JsonFloat] | None
     if smooth > 0:
+        _check_smooth_rows(store, run_id, key, end, "scalar", smooth_rows)
         steps, raw = store.scalar_series(run_id, key, None, end)  # from the first step: the average needs them
         steps, [values] = _from_start(steps, [smoothing.ema(raw, smooth)], start)
         step, downsampled, [(value, low, high)] = _points(steps, values.reshape(-1, 1), None, max_points)
         extra = _wall_times(store, run_id, step) if with_time else {}
         return Series(key=key, downsampled=downsampled, step=step, value=value, min=low, max=high, **extra)
-    found = _long_window(store, run_id, key, None, 1, start, end, max_points, raw_rows, blocks.group,
-                         kind="scalar")
+    found = long_window(store, run_id, key, None, 1, start, end, max_points, raw_rows, blocks.group,
+                        kind="scalar")
     if found is not None:
         s = blocks.summary(blocks.concat(found, 1))
         step, downsampled = [int(f) for p in found for f in p.first], True
@@ -139,7 +169,7 @@ def top_indices(values: np.ndarray, top: int, order: Literal["asc", "desc"]) -> 
 def param_series(store: Store, run_id: str, params: list[Param], metric: str, names: Sequence[str],
                  top: int, order: Literal["asc", "desc"], start: int | None, end: int | None,
                  max_points: int, with_time: bool = False, raw_rows: int = RAW_ROWS,
-                 smooth: float = 0.0) -> ParamSeriesPublic:
+                 smooth: float = 0.0, smooth_rows: int | None = None) -> ParamSeriesPublic:
     _require(metric, store.series_names(run_id, "param"), "parameter metric", run_id)
     by_name = {p.name: p for p in params}
     if names:
@@ -149,10 +179,11 @@ def param_series(store: Store, run_id: str, params: list[Param], metric: str, na
     else:
         last = store.last_metric_row(run_id, metric, start, end)
         chosen = [] if last is None else top_indices(last[1], top, order)
-    found = None if smooth > 0 else _long_window(store, run_id, metric, chosen, len(chosen), start, end,
-                                                 max_points, raw_rows, blocks.group)
+    found = None if smooth > 0 else long_window(store, run_id, metric, chosen, len(chosen), start, end,
+                                                max_points, raw_rows, blocks.group)
     points: list[Points]
     if smooth > 0:
+        _check_smooth_rows(store, run_id, metric, end, "param", smooth_rows)
         steps, columns = store.metric_columns(run_id, metric, chosen, None, end)
         missing = _missing(columns)
         if missing is None:
@@ -213,7 +244,7 @@ def _grid(store: Store, run_id: str, metric: str, count: int, start: int | None,
     few thousand steps at a time (whole buckets per read), so memory stays bounded however long
     the run."""
     reduce = _bucket_codes if metric == GRAD_STATUS else _bucket_peaks
-    found = _long_window(store, run_id, metric, None, count, start, end, max_steps, raw_rows, reduce)
+    found = long_window(store, run_id, metric, None, count, start, end, max_steps, raw_rows, reduce)
     if found is not None:
         return _join_cells(found, count, downsampled=True)
     all_steps = store.metric_steps(run_id, metric, start, end)
@@ -273,10 +304,11 @@ def _f32_cells(grid: Grid) -> str:
     return base64.b64encode(out.tobytes()).decode("ascii")
 
 
-def _long_window(store: Store, run_id: str, name: str, indices: Sequence[int] | None, count: int,
-                 start: int | None, end: int | None, max_points: int, raw_rows: int,
-                 reduce: Callable[[blocks.Pieces, int], R], kind: str = "param") -> list[R] | None:
-    """The window in at most `max_points` aligned buckets built from the stored step blocks, a
+def long_window(store: Store, run_id: str, name: str, indices: Sequence[int] | None, count: int,
+                start: int | None, end: int | None, max_points: int, raw_rows: int,
+                reduce: Callable[[blocks.Pieces, int], R], kind: str = "param") -> list[R] | None:
+    """Shared by every chart that reads a long window from the blocks (series, heatmap, spread):
+    the window in at most `max_points` aligned buckets built from the stored step blocks, a
     chunk of buckets per list item (what `reduce` makes of its pieces and the bucket width), for
     the parameters `indices` (all `count` when None) of a parameter metric, or for a scalar
     (`kind="scalar"`); None when it holds few enough stored steps to be read raw (see the module

@@ -10,9 +10,13 @@ URL with the topic as the URL's fragment: ``https://ntfy.sh/#my-topic``); `run`,
 Ingest only enqueues (`Notifier.finding` never blocks and never raises): one daemon thread per
 URL posts, retrying a failure (network error, 429 or 5xx) with exponential backoff, and logs what
 it could not deliver. A receiver that is down or slow delays only its own notifications.
+
+Credentials in a URL (``https://user:pass@host/...``, percent-encoded) are not sent in the URL
+(urllib would take them for part of the host): they become an HTTP Basic ``Authorization`` header.
 """
 from __future__ import annotations
 
+import base64
 import json
 import logging
 import queue
@@ -23,7 +27,7 @@ import urllib.request
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import unquote, urlsplit, urlunsplit
 
 log = logging.getLogger("gradwatch.notify")
 
@@ -77,9 +81,15 @@ class _Channel:
 
     def __init__(self, url: str, attempts: int, backoff_s: float, timeout_s: float) -> None:
         parts = urlsplit(url)
-        self.url = urlunsplit((parts.scheme, parts.netloc, parts.path, parts.query, ""))
+        host = parts.netloc.rpartition("@")[2]
+        self.url = urlunsplit((parts.scheme, host, parts.path, parts.query, ""))
         self.topic = parts.fragment or None
-        self.shown = urlunsplit((parts.scheme, parts.netloc.rpartition("@")[2], parts.path, "", ""))  # no credentials, no query
+        self.shown = urlunsplit((parts.scheme, host, parts.path, "", ""))  # no credentials, no query
+        self.headers = {"Content-Type": "application/json", "User-Agent": "gradwatch"}
+        if "@" in parts.netloc:
+            user, _, password = parts.netloc.rpartition("@")[0].partition(":")
+            secret = f"{unquote(user)}:{unquote(password)}".encode()
+            self.headers["Authorization"] = "Basic " + base64.b64encode(secret).decode("ascii")
         self.attempts, self.backoff_s, self.timeout_s = attempts, backoff_s, timeout_s
         self.queue: queue.Queue[bytes | None] = queue.Queue(MAX_QUEUED)
         self.delivered = 0
@@ -113,8 +123,7 @@ class _Channel:
 
     def _post(self, body: bytes) -> str | None:
         """None when the receiver took it; else what went wrong ("refused ..." is not retried)."""
-        request = urllib.request.Request(self.url, data=body, method="POST",
-                                         headers={"Content-Type": "application/json", "User-Agent": "gradwatch"})
+        request = urllib.request.Request(self.url, data=body, method="POST", headers=self.headers)
         try:
             with urllib.request.urlopen(request, timeout=self.timeout_s) as response:
                 response.read()

@@ -28,7 +28,7 @@ def spread(store: Store, run_id: str, count: int, metric: str, start: int | None
     if metric not in known or metric == "grad_status":
         listed = ", ".join(m for m in known[:20] if m != "grad_status") or "none yet"
         raise charts.NotFound(f"run {run_id!r} has no float parameter metric {metric!r} (it has: {listed})")
-    found = charts._long_window(store, run_id, metric, None, count, start, end, max_points, raw_rows, blocks.group)
+    found = charts.long_window(store, run_id, metric, None, count, start, end, max_points, raw_rows, blocks.group)
     if found is not None:
         pieces = blocks.concat(found, count)
         means = blocks.summary(pieces).mean

@@ -68,7 +68,11 @@ export function resample(xs, values, at) {
 export async function withSmoothing(series, weight, exact, smoothed) {
   if (!weight) return series;
   if (exact) return series.map((s) => ({ ...s, smooth: ema(s.y, weight) }));
-  const answers = await smoothed();
+  // A refused smoothing (a run too long to smooth on the server, docs/api.md) leaves the raw line.
+  const answers = await smoothed().catch((err) => {
+    if (err && err.name === "AbortError") throw err;
+    return [];
+  });
   return series.map((s, i) => {
     const a = answers[i];
     if (!a) return s;

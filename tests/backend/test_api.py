@@ -19,6 +19,7 @@ import httpx
 import numpy as np
 import pyarrow.parquet as pq
 import pytest
+from gradwatch_server import charts
 from support.asgi import InProcessServer, in_process_server
 from support.server import start_server
 from support.heatcells import EMPTY_BITS, NAN_BITS, assert_same_cells, f32_bits
@@ -194,6 +195,20 @@ def test_scalar_series_is_exact_without_downsampling(http: httpx.Client) -> None
                     "value": [json_float(loss_at(i)) for i in range(1, N + 1)], "min": None, "max": None}
     window = http.get("/api/runs/api-run/series", params={"key": "loss", "start": 10, "end": 12}).json()
     assert window["step"] == [10, 11, 12]
+
+
+@pytest.mark.parametrize("path, params", [("/api/runs/api-run/series", {"key": "loss"}),
+                                          ("/api/runs/api-run/params/series", {"metric": "param_norm"})])
+def test_a_smoothed_series_past_the_raw_row_limit_is_a_422_that_says_what_to_ask(
+        http: httpx.Client, monkeypatch: pytest.MonkeyPatch, path: str, params: dict[str, object]) -> None:
+    monkeypatch.setattr(charts, "SMOOTH_ROWS", N - 1)  # the run has N steps: one more than the limit
+    refused = http.get(path, params={**params, "smooth": 0.5})
+    assert refused.status_code == 422
+    assert refused.json()["detail"].startswith(f"smooth: {next(iter(params.values()))!r} has {N} stored steps")
+    assert "without smooth" in refused.json()["detail"] and "earlier end" in refused.json()["detail"]
+    served = http.get(path, params={**params, "smooth": 0.5, "end": N - 1})  # N - 1 steps up to end
+    assert served.status_code == 200 and served.json()["step"] == list(range(1, N))
+    assert http.get(path, params=params).status_code == 200  # unsmoothed: no limit
 
 
 def test_series_wall_time_on_request(http: httpx.Client) -> None:

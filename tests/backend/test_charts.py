@@ -7,9 +7,10 @@ from collections.abc import Iterator
 
 import numpy as np
 import pytest
-from gradwatch_server import charts, spread
+from gradwatch_server import blocks, charts, spread
 from gradwatch_server.protocol import Hello, parse_message
 from gradwatch_server.store import StepData, Store, open_store
+from support.ema import reference_ema
 from support.heatcells import assert_same_cells
 from support.wiremsg import ABSENT_BITS, hello
 
@@ -33,7 +34,7 @@ def store(tmp_path_factory: pytest.TempPathFactory, data: np.ndarray) -> Iterato
     message = parse_message(json.dumps(hello("c", params=tuple(f"p{i}.weight" for i in range(P)))))
     assert isinstance(message, Hello)
     s.open_run(message)
-    s.write_steps("c", [StepData(i + 1, 10 * (i + 1), 0.0, {}, {"grad_norm": data[i].tobytes(),
+    s.write_steps("c", [StepData(i + 1, 10 * (i + 1), 0.0, {"loss": float(data[i, 0])}, {"grad_norm": data[i].tobytes(),
                                                                "grad_status": bytes([i % 4] * P)})
                         for i in range(N)])
     yield s
@@ -128,3 +129,50 @@ def test_spread_step_by_step_leaves_out_absent_and_nonfinite_values(store: Store
         assert [got.min[k], got.median[k], got.max[k]] == pytest.approx([want[0], want[2], want[4]], rel=1e-9)
         assert (got.params[k], got.nonfinite[k]) == (present, odd)
     assert (got.params[0], got.params[30], got.nonfinite[50], got.nonfinite[120]) == (4, 5, 1, 1)
+
+
+def smoothed_buckets(want: np.ndarray, first: list[int]) -> list[float]:
+    """Each bucket's mean of the smoothed steps (10, 20, ... 10 N) from its first step to the next's."""
+    rows = [s // 10 - 1 for s in first] + [N]
+    return [float(np.mean([w for w in want[a:b] if math.isfinite(w)])) for a, b in zip(rows, rows[1:])]
+
+
+@pytest.mark.parametrize("kind", ["param", "scalar"])
+def test_a_smoothed_series_is_served_up_to_its_raw_row_limit_and_refused_above(store: Store, data: np.ndarray,
+                                                                               kind: str) -> None:
+    column = 1 if kind == "param" else 0  # p1 has a NaN at step 510, before the window: it stays out
+    want = np.array(reference_ema(data[:, column].astype(np.float64).tolist(), 0.9))
+
+    def ask(end: int | None, limit: int) -> tuple[list[int], list[float | str | None], bool]:
+        if kind == "scalar":
+            got = charts.scalar_series(store, "c", "loss", 1010, end, 10, smooth=0.9, smooth_rows=limit)
+            return got.step, got.value, got.downsampled
+        p = charts.param_series(store, "c", store.get_params("c"), "grad_norm", ["p1.weight"], 5, "desc", 1010, end,
+                                10, smooth=0.9, smooth_rows=limit)
+        return p.step, p.series[0].value, p.downsampled
+
+    # at the limit (N stored steps up to the end): the EMA from the first step, windowed, downsampled
+    step, value, downsampled = ask(None, N)
+    assert downsampled and len(step) == 10 and step[0] == 1010
+    np.testing.assert_allclose(value, smoothed_buckets(want, step), rtol=1e-9)
+    # one step more than the limit: refused with what to ask instead, nothing read
+    with pytest.raises(charts.TooLong, match=r"smooth: .* has 203 stored steps .* more than the 202 .*without smooth"):
+        ask(None, N - 1)
+    # an earlier end holds fewer steps: served again
+    step, value, _ = ask(10 * (N - 1), N - 1)
+    np.testing.assert_allclose(value, smoothed_buckets(want[:N - 1], step)[:len(step)], rtol=1e-9)
+
+
+def test_long_window_is_public_and_its_buckets_hold_the_raw_steps(store: Store, data: np.ndarray) -> None:
+    """Every chart reading a long window from the blocks (series, heatmap, spread) shares it."""
+    assert charts.long_window(store, "c", "grad_norm", [0], 1, None, None, 4, 10**6, blocks.group) is None  # read raw
+    found = charts.long_window(store, "c", "grad_norm", [0], 1, None, None, 4, 16, blocks.group)
+    assert found is not None
+    s = blocks.summary(blocks.concat(found, 1))
+    first = [int(f) for p in found for f in p.first]
+    assert 1 < len(first) <= 4 and first[0] == 10
+    rows = [f // 10 - 1 for f in first] + [N]
+    for j, (a, b) in enumerate(zip(rows, rows[1:])):
+        raw = data[a:b, 0].astype(np.float64)
+        assert (s.min[j, 0], s.max[j, 0]) == (raw.min(), raw.max())
+        assert s.mean[j, 0] == pytest.approx(raw.mean(), rel=1e-12)

@@ -58,6 +58,15 @@ test("withSmoothing: here when every step is there, the server's answer otherwis
   assert.deepEqual(served[0].smooth, [1, 1, 1]);
 });
 
+test("withSmoothing: a refused smoothing (a run too long) draws the raw line alone; an abort still aborts", async () => {
+  const series = [{ name: "a", x: [1, 2, 3], y: [1, 2, 4] }];
+  const refused = Object.assign(new Error("422 smooth: too many stored steps"), { status: 422 });
+  const drawn = await withSmoothing(series, 0.5, false, async () => { throw refused; });
+  assert.deepEqual(drawn, series);
+  const abort = Object.assign(new Error("aborted"), { name: "AbortError" });
+  await assert.rejects(withSmoothing(series, 0.5, false, async () => { throw abort; }), { name: "AbortError" });
+});
+
 test("lineTraces: a smoothed series draws its raw line faint and the smoothed line over it", () => {
   const t = { fg: "#111", muted: "#777", card: "#fff", nonfinite: "#f00", zero: "#999", palette: ["#0000ff"], severity: {} };
   const opts = { name: "t", log: false, scale: 1, unit: "", xTitle: "step", xHover: "step %{x}", xText: (x) => `step ${x}` };

@@ -3,6 +3,7 @@ POSTed to real local HTTP receivers (http.server on free ports): one that answer
 twice before answering, one that is slow, one that is down; ingest never waits for any of them."""
 from __future__ import annotations
 
+import base64
 import json
 import subprocess
 import threading
@@ -17,6 +18,7 @@ import gradwatch
 import httpx
 import pytest
 import torch
+from gradwatch_server.notify import Notifier, RunRef
 from support.server import find_free_port, server_command, server_env, start_server
 
 SLOW_S = 6.0
@@ -29,6 +31,7 @@ class Receiver:
     statuses: list[int] = field(default_factory=list)
     delay_s: float = 0.0
     got: list[tuple[str, dict[str, Any]]] = field(default_factory=list)
+    auth: dict[str, str | None] = field(default_factory=dict)  # path: its Authorization header
     requests: int = 0
     server: ThreadingHTTPServer | None = None
 
@@ -44,6 +47,7 @@ class Receiver:
                 if status == 200:
                     assert self.headers["Content-Type"] == "application/json"
                     receiver.got.append((self.path, json.loads(body)))
+                    receiver.auth[self.path] = self.headers["Authorization"]
                 self.send_response(status)
                 self.end_headers()
 
@@ -129,6 +133,26 @@ def test_findings_reach_every_webhook_and_ingest_never_waits(tmp_path: Path, rec
         assert "Traceback" not in log
     finally:
         server.stop()
+
+
+def test_credentials_in_a_webhook_url_go_as_basic_auth_not_in_the_host() -> None:
+    """urllib would read `user:pass@host` as the host: the credentials go in an Authorization header."""
+    receiver = Receiver()
+    base = receiver.start()
+    secret = base.replace("http://", "http://alice:p%40ss%3Aword@") + "/hook/auth?k=1#topic"
+    notifier = Notifier([secret, base + "/hook/plain"], "http://dash", attempts=1, backoff_s=0.0)
+    try:
+        notifier.finding(RunRef("r1", "n", "p"), {"severity": "error", "code": "c", "message": "m", "first_step": 1})
+        notifier.close(10.0)
+    finally:
+        receiver.stop()
+    assert [(c.delivered, c.failed) for c in notifier.channels] == [(1, 0), (1, 0)]
+    assert sorted(path for path, _ in receiver.got) == ["/hook/auth?k=1", "/hook/plain"]
+    sent = receiver.auth["/hook/auth?k=1"]
+    assert sent is not None and sent.startswith("Basic ")
+    assert base64.b64decode(sent.removeprefix("Basic ")) == b"alice:p@ss:word"  # percent-decoded
+    assert receiver.auth["/hook/plain"] is None
+    assert "alice" not in notifier.channels[0].shown and "p%40ss" not in notifier.channels[0].shown
 
 
 def test_the_environment_names_webhooks_and_info_findings_stay_quiet(tmp_path: Path) -> None:

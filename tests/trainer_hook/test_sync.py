@@ -10,8 +10,10 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import subprocess
 import sys
+import threading
 import zipfile
 from pathlib import Path
 
@@ -21,7 +23,7 @@ import torch
 
 import gradwatch
 from support.server import REPO, find_free_port, start_server
-from gradwatch.spool import read_records
+from gradwatch.spool import frame, read_records
 from support.wiresteps import spooled_steps
 
 HOOK = [sys.executable, "-m", "gradwatch"]
@@ -94,6 +96,79 @@ def test_a_server_that_is_down_exits_1_with_what_to_do(spool_dir: Path) -> None:
     assert f"run {w.run_id}: not delivered" in out.stderr
     assert "is the server up (gradwatch serve)?" in out.stderr and "run this again" in out.stderr
     assert (spool_dir / f"{w.run_id}.spool").is_file()
+
+
+def garbage_server() -> tuple[socket.socket, str]:
+    """A plain TCP server on a free port that answers any request with bytes that are not HTTP, then closes."""
+    listener = socket.create_server(("127.0.0.1", 0))
+
+    def serve() -> None:
+        while True:
+            try:
+                conn, _ = listener.accept()
+            except OSError:  # closed: the test is over
+                return
+            with conn:  # read the request first: closing on unread bytes would reset the connection
+                conn.settimeout(5)
+                request = b""
+                while b"\r\n\r\n" not in request and (chunk := conn.recv(4096)):
+                    request += chunk
+                conn.sendall(b"\x00\xffSSH-2.0-not-http garbage\r\n\r\n")
+
+    threading.Thread(target=serve, daemon=True).start()
+    return listener, f"http://127.0.0.1:{listener.getsockname()[1]}"
+
+
+def test_a_port_that_does_not_speak_websocket_exits_1_and_tries_every_file(spool_dir: Path) -> None:
+    listener, url = garbage_server()
+    try:
+        runs = [offline_run(url, 2, f"elsewhere-{i}") for i in range(2)]
+        out = hook_sync("--server", url, "--timeout", "2")
+    finally:
+        listener.close()
+    assert out.returncode == 1, out.stderr
+    assert "Traceback" not in out.stderr
+    assert "[1/2] run " in out.stderr and "[2/2] run " in out.stderr  # the second file was tried too
+    assert out.stderr.count("does not speak HTTP/websocket") == 2 and "the spool file stays" in out.stderr
+    assert all((spool_dir / f"{w.run_id}.spool").is_file() for w in runs)
+
+
+def rewrite_spool(path: Path, change: dict[int, str]) -> int:
+    """Replace records of a spool file by number (1 is the hello); returns how many it has."""
+    records, _ = read_records(path)
+    texts = list(records)
+    path.write_bytes(b"".join(frame(change.get(i, t)) for i, t in enumerate(texts, 1)))
+    return len(texts)
+
+
+def test_a_refused_message_or_a_corrupt_record_moves_its_file_aside_and_the_others_go(tmp_path: Path,
+                                                                                       spool_dir: Path) -> None:
+    port = find_free_port()
+    url = f"http://127.0.0.1:{port}"
+    corrupt, refused, good = (offline_run(url, 3, name) for name in ("corrupt", "refused", "good"))
+    rewrite_spool(spool_dir / f"{corrupt.run_id}.spool", {2: '{"v": 1, "type": "step", "no": "seq"}'})
+    second = json.loads(list(read_records(spool_dir / f"{refused.run_id}.spool")[0])[1])
+    rewrite_spool(spool_dir / f"{refused.run_id}.spool", {2: json.dumps({**second, "step": "not a step"})})
+    for age, w in enumerate((corrupt, refused, good)):  # the good file is tried last
+        os.utime(spool_dir / f"{w.run_id}.spool", (1_000_000 + age, 1_000_000 + age))
+    server = start_server(tmp_path, port=port)
+    try:
+        out = hook_sync("--server", url)
+        assert out.returncode == 3, out.stderr
+        assert "Traceback" not in out.stderr
+        assert f"run {corrupt.run_id}: rejected: record 2 is not a message with a seq (KeyError" in out.stderr
+        assert f"run {refused.run_id}: rejected: the server refused a spooled message" in out.stderr
+        assert "2 of 3 spooled runs could not be sent" in out.stderr
+        assert f"run {good.run_id}: " in out.stdout
+        assert httpx.get(f"{url}/api/runs/{good.run_id}").json()["steps"] == 3
+        for w in (corrupt, refused):  # moved aside, never deleted, and never replayed again
+            assert not (spool_dir / f"{w.run_id}.spool").exists()
+            assert (spool_dir / f"{w.run_id}.spool.rejected").stat().st_size > 0
+            assert f"moved aside to {spool_dir / f'{w.run_id}.spool.rejected'}" in out.stderr
+        again = hook_sync("--server", url)
+        assert again.returncode == 0 and "nothing to sync" in again.stdout, again.stderr
+    finally:
+        server.stop()
 
 
 @pytest.mark.parametrize("args, message", [

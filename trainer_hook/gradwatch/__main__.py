@@ -11,18 +11,22 @@ from pathlib import Path
 from typing import Optional, TextIO
 from collections.abc import Mapping, Sequence
 
+from websockets.exceptions import WebSocketException
+
 from .connection import Refused
-from .replay import replay
+from .replay import REJECTED, Rejected, replay
 from .spool import pending_spools, spool_dir
 from .wire import DEFAULT_SERVER, ingest_url
 
 #: Exit codes: everything delivered; some runs not delivered (the server is unreachable or stopped
-#: answering: try again once it is up); bad usage; the server refused (a token or version to fix).
+#: answering: try again once it is up); bad usage; the server refused (a token or version to fix),
+#: or a spool file could not be sent (moved aside to `<name>.rejected`).
 EXIT_OK, EXIT_UNDELIVERED, EXIT_USAGE, EXIT_REFUSED = 0, 1, 2, 3
 
 _EPILOG = """exit status: 0 everything delivered (or nothing to sync); 1 some runs not delivered because the
 server could not be reached (their files stay: run this again once it is up); 2 bad usage; 3 the
-server refused (check --token or $GRADWATCH_TOKEN)."""
+server refused (check --token or $GRADWATCH_TOKEN), or refused a spooled message, or a spool file is
+corrupt (that file is moved aside to NAME.rejected, never deleted)."""
 
 
 def _sync_arguments(parser: argparse.ArgumentParser) -> None:
@@ -76,33 +80,44 @@ def sync(args: argparse.Namespace, env: Mapping[str, str], out: TextIO = sys.std
         return EXIT_OK
     token = args.token or env.get("GRADWATCH_TOKEN")
     print(f"syncing {len(files)} spooled runs from {directory} to {server}", file=out, flush=True)
-    undelivered = refused = 0
+    undelivered = refused = rejected = 0
     for i, path in enumerate(files, 1):
         counter = f"[{i}/{len(files)}]"
         try:
             done = replay(path, ws_url, token, timeout=args.timeout)
+        except Rejected as exc:
+            rejected += 1
+            print(f"{counter} run {path.stem}: rejected: {exc.reason}; moved aside to {exc.moved} (not deleted)",
+                  file=err, flush=True)
         except Refused as exc:
             refused += 1
             print(f"{counter} run {path.stem}: refused: {exc}; the spool file stays", file=err, flush=True)
-        except (OSError, TimeoutError) as exc:
+        except (OSError, TimeoutError, WebSocketException, ValueError, KeyError) as exc:
+            # OSError: unreachable; WebSocketException/ValueError/KeyError: an answer that is not
+            # the protocol's. Either way this file stays and the next one is tried.
             undelivered += 1
-            print(f"{counter} run {path.stem}: not delivered ({exc or type(exc).__name__}); the spool file stays",
-                  file=err, flush=True)
+            why = f"{type(exc).__name__}: {exc}" if isinstance(exc, (WebSocketException, ValueError, KeyError)) \
+                else str(exc) or type(exc).__name__
+            print(f"{counter} run {path.stem}: not delivered ({why}); the spool file stays", file=err, flush=True)
         else:
             if not done.claimed:
                 print(f"{counter} run {path.stem}: skipped: a live run or another sync holds it", file=out, flush=True)
                 continue
             note = f"; dropped {done.torn} at its end" if done.torn else ""
             print(f"{counter} run {path.stem}: {done.sent} messages delivered{note}", file=out, flush=True)
+    if rejected:
+        print(f"gradwatch sync: error: {rejected} of {len(files)} spooled runs could not be sent (a message the "
+              f"server refused, or a corrupt record); their files are moved aside to NAME{REJECTED}, not deleted",
+              file=err)
     if refused:
         print(f"gradwatch sync: error: {server} refused {refused} of {len(files)} spooled runs: check the token "
               "(--token or $GRADWATCH_TOKEN) and that the server is as new as the hook", file=err)
-        return EXIT_REFUSED
     if undelivered:
         print(f"gradwatch sync: error: {undelivered} of {len(files)} spooled runs could not be delivered to "
               f"{server}: is the server up (gradwatch serve)? Their files stay; run this again.", file=err)
-        return EXIT_UNDELIVERED
-    return EXIT_OK
+    if refused or rejected:
+        return EXIT_REFUSED
+    return EXIT_UNDELIVERED if undelivered else EXIT_OK
 
 
 def main(argv: Optional[Sequence[str]] = None, env: Optional[Mapping[str, str]] = None) -> int:

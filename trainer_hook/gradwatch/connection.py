@@ -13,13 +13,15 @@ import struct
 from typing import Any, Optional
 from collections.abc import Iterator
 
-from websockets.exceptions import ConnectionClosed, InvalidStatus
+from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidStatus
 from websockets.sync.client import ClientConnection, connect
 
 #: Close codes of the ingest endpoint (docs/protocol.md): a message it refuses as invalid, and a
 #: connection it refuses (a missing or wrong token).
 CLOSE_INVALID = 1003
 CLOSE_POLICY = 1008
+#: A frame larger than the server takes.
+CLOSE_TOO_BIG = 1009
 #: The server takes frames of up to 16 MiB.
 MAX_FRAME_BYTES = 16 << 20
 
@@ -41,7 +43,7 @@ def handshake(ws_url: str, hello: str, token: Optional[str], scope: contextlib.E
     The connection is entered into `scope`, which closes it. `send_timeout` bounds each send: a
     server that stops reading then fails the send instead of holding the caller. Raises `Refused`
     when the server answers with anything but a welcome, OSError/TimeoutError when it cannot be
-    reached or does not answer.
+    reached, does not answer, or the address does not speak HTTP/websocket.
     """
     try:
         ws = scope.enter_context(connect(ws_url, additional_headers=token_headers(token), open_timeout=open_timeout,
@@ -49,6 +51,9 @@ def handshake(ws_url: str, hello: str, token: Optional[str], scope: contextlib.E
     except InvalidStatus as exc:  # answered over HTTP, but not with a websocket
         raise Refused(f"the server answered HTTP {exc.response.status_code} at {ws_url}: is it a gradwatch "
                       "server, and is the URL its address?") from None
+    except InvalidHandshake as exc:  # something answered, but not HTTP (another service on that port)
+        raise ConnectionError(f"{ws_url} does not speak HTTP/websocket ({type(exc).__name__}: {exc}): is the URL "
+                              "the gradwatch server's address?") from None
     if send_timeout is not None:
         seconds = int(send_timeout)
         micros = int((send_timeout - seconds) * 1e6)

@@ -27,7 +27,7 @@ from .context import context_config, user_config
 from .findings import FindingWarner, run_page
 from .layout import Layout, build_layout
 from .measure import Probe, Snapshot
-from .replay import replay
+from .replay import Rejected, replay
 from .sampling import CostMeter, make_sampler
 from .sender import Sender
 from .spool import SpoolWriter, pending_spools, spool_dir
@@ -414,6 +414,8 @@ def _replay_in_background(ws_url: str, token: Optional[str]) -> None:
                 done = replay(path, ws_url, token)
                 if done.claimed:
                     log.info("gradwatch: replayed %d spooled messages of run %s", done.sent, path.stem)
+            except Rejected as exc:  # moved aside: never sent again, so say it once
+                log.warning("gradwatch: spooled run %s not replayed: %s", path.stem, exc)
             except Exception as exc:  # server still away: the file waits for the next chance
                 log.debug("gradwatch: could not replay %s: %s", path, exc)
 

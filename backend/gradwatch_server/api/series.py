@@ -21,7 +21,8 @@ Name = Annotated[str, Query(min_length=1, max_length=128)]
 WithTime = Annotated[bool, Query(description="add `time` (each point's wall time) and `time0` (the run's first step's)")]
 Smooth = Annotated[float, Query(ge=0, le=0.999, description=(
     "TensorBoard's debiased exponential moving average with this weight (0: none, up to 0.999), "
-    "applied to the raw series from the run's first step, then windowed and downsampled"))]
+    "applied to the raw series from the run's first step, then windowed and downsampled; a 422 when "
+    f"the series has more than {charts.SMOOTH_ROWS} stored steps up to `end`"))]
 CellEncoding = Annotated[charts.Encoding, Query(description=(
     "json: the cells in `z`; f32: `z` null and the cells in `z_f32`, base64 float32 (under a third "
     "of the bytes for a float metric, and no number for the browser to parse)"))]
