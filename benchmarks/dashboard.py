@@ -27,6 +27,7 @@
 Chromium: /usr/bin/chromium or $GRADWATCH_CHROMIUM (never downloaded). The machine is shared
 and timings are noisy: each figure is the median over rounds (p95 over steps for live).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -59,10 +60,23 @@ LR = 3e-4
 
 # -- the run ---------------------------------------------------------------------------------
 
+
 def param_names(count: int) -> list[str]:
     """A GPT-like model's parameter names, `count` of them: embeddings, blocks, final norm, head."""
-    block = ["ln1.weight", "ln1.bias", "attn.qkv.weight", "attn.qkv.bias", "attn.proj.weight", "attn.proj.bias",
-             "ln2.weight", "ln2.bias", "mlp.fc1.weight", "mlp.fc1.bias", "mlp.fc2.weight", "mlp.fc2.bias"]
+    block = [
+        "ln1.weight",
+        "ln1.bias",
+        "attn.qkv.weight",
+        "attn.qkv.bias",
+        "attn.proj.weight",
+        "attn.proj.bias",
+        "ln2.weight",
+        "ln2.bias",
+        "mlp.fc1.weight",
+        "mlp.fc1.bias",
+        "mlp.fc2.weight",
+        "mlp.fc2.bias",
+    ]
     head, tail = ["tok_emb.weight", "pos_emb.weight"], ["ln_f.weight", "ln_f.bias", "head.weight"]
     names = head[:count]
     b = 0
@@ -74,14 +88,32 @@ def param_names(count: int) -> list[str]:
 
 def hello(run_id: str, name: str, names: list[str], started_at: float) -> dict[str, Any]:
     return {
-        "v": 1, "type": "hello",
-        "run": {"id": run_id, "name": name, "project": "bench", "started_at": started_at,
-                "hook_version": "bench", "optimizer": "AdamW", "config": {"every": 1}},
-        "params": [{"name": n, "shape": [64, 64], "numel": 4096, "dtype": "float32",
-                    "group": int(n.endswith((".bias", "ln1.weight", "ln2.weight", "ln_f.weight"))), "optimizer": 0}
-                   for n in names],
-        "groups": [{"optimizer": 0, "index": 0, "hparams": {"lr": LR}},
-                   {"optimizer": 0, "index": 1, "hparams": {"lr": LR}}],
+        "v": 1,
+        "type": "hello",
+        "run": {
+            "id": run_id,
+            "name": name,
+            "project": "bench",
+            "started_at": started_at,
+            "hook_version": "bench",
+            "optimizer": "AdamW",
+            "config": {"every": 1},
+        },
+        "params": [
+            {
+                "name": n,
+                "shape": [64, 64],
+                "numel": 4096,
+                "dtype": "float32",
+                "group": int(n.endswith((".bias", "ln1.weight", "ln2.weight", "ln_f.weight"))),
+                "optimizer": 0,
+            }
+            for n in names
+        ],
+        "groups": [
+            {"optimizer": 0, "index": 0, "hparams": {"lr": LR}},
+            {"optimizer": 0, "index": 1, "hparams": {"lr": LR}},
+        ],
     }
 
 
@@ -103,7 +135,7 @@ class Telemetry:
         noise = np.exp(self.rng.standard_normal((len(steps), self.n)) * 0.15)
         grad = (self.scale * decay * (1 + 0.3 * np.sin(s / 50 + self.phase)) * noise).astype("<f4")
         status = np.full(grad.shape, NONZERO, dtype="u1")
-        spike = (steps % 997 == 0)
+        spike = steps % 997 == 0
         grad[spike, : self.n // 10] *= 8
         nan_rows = np.isin(steps, [4001, 4002])
         grad[nan_rows, 3] = np.nan
@@ -117,20 +149,30 @@ class Telemetry:
             status[:, self.unused] = NONE
         param = (20 + 0.001 * s * (1 + np.arange(self.n) % 3)).astype("<f4")
         finite = np.where(np.isfinite(grad) & (grad.view("<u4") != ABSENT_BITS), grad, 0).astype(np.float64)
-        total = np.sqrt((finite ** 2).sum(axis=1))
+        total = np.sqrt((finite**2).sum(axis=1))
         total[nan_rows] = np.nan
         cosine = 0.5 * (1 + np.cos(np.pi * np.minimum(1, steps / 10000)))
         lr = np.where(steps < 200, LR * steps / 200, LR * (0.1 + 0.9 * cosine))
         loss = 4.5 * np.exp(-steps / 2500) + 1.2 + self.rng.standard_normal(len(steps)) * 0.03
         numel = 4096.0 * self.n
         scalars = {
-            "loss": loss, "grad_norm_total": total, "lr/0": lr, "lr/1": lr,
-            "mem/params_bytes": np.full(len(steps), 4 * numel), "mem/grads_bytes": np.full(len(steps), 4 * numel),
-            "mem/optimizer_bytes": np.full(len(steps), 8 * numel), "mem/rss_bytes": 2e9 + 1e4 * steps,
+            "loss": loss,
+            "grad_norm_total": total,
+            "lr/0": lr,
+            "lr/1": lr,
+            "mem/params_bytes": np.full(len(steps), 4 * numel),
+            "mem/grads_bytes": np.full(len(steps), 4 * numel),
+            "mem/optimizer_bytes": np.full(len(steps), 8 * numel),
+            "mem/rss_bytes": 2e9 + 1e4 * steps,
             "mem/zero_grad_bytes": np.zeros(len(steps)),
         }
-        arrays = {"grad_norm": grad, "param_norm": param, "exp_avg_norm": exp_avg,
-                  "exp_avg_sq_norm": exp_avg_sq, "grad_status": status}
+        arrays = {
+            "grad_norm": grad,
+            "param_norm": param,
+            "exp_avg_norm": exp_avg,
+            "exp_avg_sq_norm": exp_avg_sq,
+            "grad_status": status,
+        }
         return arrays, scalars
 
 
@@ -148,10 +190,16 @@ def build_finished_run(db: Path, params: int, steps: int, run_id: str = "bench-f
         for lo in range(1, steps + 1, chunk):
             block = np.arange(lo, min(steps, lo + chunk - 1) + 1)
             arrays, scalars = data.block(block)
-            batch = [StepData(seq=int(st), step=int(st), time=started + st * 0.5,
-                              scalars={k: float(v[j]) for k, v in scalars.items()},
-                              arrays={m: a[j].tobytes() for m, a in arrays.items()})
-                     for j, st in enumerate(block)]
+            batch = [
+                StepData(
+                    seq=int(st),
+                    step=int(st),
+                    time=started + st * 0.5,
+                    scalars={k: float(v[j]) for k, v in scalars.items()},
+                    arrays={m: a[j].tobytes() for m, a in arrays.items()},
+                )
+                for j, st in enumerate(block)
+            ]
             store.write_steps(run_id, batch)
         store.close_run(run_id, seq=steps + 1, status="finished")
     finally:
@@ -173,6 +221,7 @@ def has_run(db: Path, run_id: str) -> bool:
 
 # -- the server and the browser ----------------------------------------------------------------
 
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -186,9 +235,12 @@ def start_server(db: Path, frontend: Path | None) -> tuple[subprocess.Popen[byte
     env = {k: v for k, v in os.environ.items() if not k.startswith("GRADWATCH_")}
     if frontend is not None:
         env["GRADWATCH_FRONTEND_DIR"] = str(frontend)
-    proc = subprocess.Popen([str(exe), "serve", "--db", f"sqlite:///{db}", "--port", str(port),
-                             "--log-level", "warning"],
-                            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen(
+        [str(exe), "serve", "--db", f"sqlite:///{db}", "--port", str(port), "--log-level", "warning"],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
@@ -255,19 +307,25 @@ def zoom_round_trip(page: Any, window: tuple[int, int], timeout_ms: int) -> tupl
     ms until every chart in view shows the window fetched again, then ms back to the overview; and the
     loss chart's points within the window against the steps in it (full resolution: equal)."""
     a, b = window
-    t0 = page.evaluate("""([a, b]) => {
+    t0 = page.evaluate(
+        """([a, b]) => {
         const el = document.querySelector('[data-chart="loss"]');
         const t0 = performance.now();
         window.Plotly.relayout(el, {'xaxis.range[0]': a - 0.5, 'xaxis.range[1]': b + 0.5});
         return t0;
-    }""", [a, b])
+    }""",
+        [a, b],
+    )
     page.wait_for_function("w => document.body.dataset.zoom === w", arg=f"{a}-{b}", timeout=timeout_ms)
     zoomed = page.evaluate(f"({MARK})('gradwatch:zoomed')") - t0
-    seen = page.evaluate("""([a, b]) => {
+    seen = page.evaluate(
+        """([a, b]) => {
         const el = document.querySelector('[data-chart="loss"]');
         const line = el.data.find((t) => t.mode && t.mode.startsWith('lines') && t.hoverinfo !== 'skip');
         return line.x.filter((x) => x >= a && x <= b).length;
-    }""", [a, b])
+    }""",
+        [a, b],
+    )
     t1 = page.evaluate("""() => {
         const el = document.querySelector('[data-chart="loss"]');
         const t0 = performance.now();
@@ -281,9 +339,20 @@ def zoom_round_trip(page: Any, window: tuple[int, int], timeout_ms: int) -> tupl
 
 def finished_run(browser: Any, url: str, run_id: str, steps: int, rounds: int) -> dict[str, list[float]]:
     timeout = 120_000
-    out: dict[str, list[float]] = {k: [] for k in (
-        "interactive", "interactive_revisit", "plotly", "heatmap", "heatmap_nav", "heatmap_server", "zoom",
-        "zoom_out", "load_task")}
+    out: dict[str, list[float]] = {
+        k: []
+        for k in (
+            "interactive",
+            "interactive_revisit",
+            "plotly",
+            "heatmap",
+            "heatmap_nav",
+            "heatmap_server",
+            "zoom",
+            "zoom_out",
+            "load_task",
+        )
+    }
     page_url = f"{url}/runs/{run_id}"
     # Warm the server once (its first diagnosis of a stored run, the OS's file cache).
     context = browser.new_context(viewport={"width": 1400, "height": 900})
@@ -315,14 +384,17 @@ def finished_run(browser: Any, url: str, run_id: str, steps: int, rounds: int) -
         page, got = open_run(context, page_url, timeout)
         out["interactive_revisit"].append(got["interactive"])
         context.close()
-        print(f"  round {r + 1}/{rounds}: interactive {out['interactive'][-1]:.0f} ms "
-              f"(revisit {out['interactive_revisit'][-1]:.0f}), heatmap {out['heatmap'][-1]:.0f} ms "
-              f"(server {out['heatmap_server'][-1]:.0f}), zoom {statistics.median(out['zoom'][-3:]):.0f} ms",
-              flush=True)
+        print(
+            f"  round {r + 1}/{rounds}: interactive {out['interactive'][-1]:.0f} ms "
+            f"(revisit {out['interactive_revisit'][-1]:.0f}), heatmap {out['heatmap'][-1]:.0f} ms "
+            f"(server {out['heatmap_server'][-1]:.0f}), zoom {statistics.median(out['zoom'][-3:]):.0f} ms",
+            flush=True,
+        )
     return out
 
 
 # -- live ------------------------------------------------------------------------------------
+
 
 class LiveSender:
     """A hook speaking protocol v1 over /ws/ingest, a step every 1/rate s, each stamped with its send time."""
@@ -355,10 +427,16 @@ class LiveSender:
     def message(self, step: int) -> dict[str, Any]:
         arrays, scalars = self.data.block(np.array([step]))
         wire = {k: (float(v[0]) if math.isfinite(v[0]) else "NaN") for k, v in scalars.items()}
-        return {"v": 1, "type": "step", "seq": step, "step": step, "time": 0.0, "scalars": wire,
-                "params": {m: base64.b64encode(a[0].tobytes()).decode()
-                           for m, a in arrays.items() if m != "grad_status"},
-                "grad_status": base64.b64encode(arrays["grad_status"][0].tobytes()).decode()}
+        return {
+            "v": 1,
+            "type": "step",
+            "seq": step,
+            "step": step,
+            "time": 0.0,
+            "scalars": wire,
+            "params": {m: base64.b64encode(a[0].tobytes()).decode() for m, a in arrays.items() if m != "grad_status"},
+            "grad_status": base64.b64encode(arrays["grad_status"][0].tobytes()).decode(),
+        }
 
     def send(self, count: int, rate: float | None) -> None:
         """`count` more steps, at `rate` steps/s (None: at once); each message built before its slot."""
@@ -429,6 +507,7 @@ def live_run(browser: Any, url: str, params: int, rate: float, seconds: float) -
 
 # -- main ------------------------------------------------------------------------------------
 
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--params", type=int, default=1000, help="parameter tensors (default 1000)")
@@ -437,12 +516,21 @@ def main() -> None:
     ap.add_argument("--rate", type=float, default=20.0, help="live steps per second (default 20)")
     ap.add_argument("--live-seconds", type=float, default=20.0, help="how long the live run streams (default 20)")
     ap.add_argument("--db", type=Path, help="SQLite file to build the finished run in (default: a temporary one)")
-    ap.add_argument("--reuse-db", action="store_true",
-                    help="with --db: use the finished run already built there by an earlier run of the same size")
-    ap.add_argument("--installed-frontend", action="store_true",
-                    help="serve the dashboard installed with gradwatch-server, not this checkout's frontend/")
-    ap.add_argument("--frontend", type=Path,
-                    help="serve the dashboard in this folder (e.g. an older commit's frontend/, to compare)")
+    ap.add_argument(
+        "--reuse-db",
+        action="store_true",
+        help="with --db: use the finished run already built there by an earlier run of the same size",
+    )
+    ap.add_argument(
+        "--installed-frontend",
+        action="store_true",
+        help="serve the dashboard installed with gradwatch-server, not this checkout's frontend/",
+    )
+    ap.add_argument(
+        "--frontend",
+        type=Path,
+        help="serve the dashboard in this folder (e.g. an older commit's frontend/, to compare)",
+    )
     args = ap.parse_args()
     from playwright.sync_api import sync_playwright  # requirements-test.txt
 
@@ -458,21 +546,31 @@ def main() -> None:
             t0 = time.perf_counter()
             build_finished_run(db, args.params, args.steps, run_id)
             built = time.perf_counter() - t0
-            print(f"built a finished run of {args.params} tensors x {args.steps} steps in {built:.1f} s "
-                  f"({db.stat().st_size / 2**20:.0f} MiB)", flush=True)
+            print(
+                f"built a finished run of {args.params} tensors x {args.steps} steps in {built:.1f} s "
+                f"({db.stat().st_size / 2**20:.0f} MiB)",
+                flush=True,
+            )
         server, url = start_server(db, None if args.installed_frontend else args.frontend or repo / "frontend")
         try:
             t0 = time.perf_counter()
             urllib.request.urlopen(f"{url}/api/runs/{run_id}/diagnostics", timeout=600).read()
-            print("first diagnosis of the stored run (once per run, on its first view): "
-                  f"{time.perf_counter() - t0:.1f} s", flush=True)
+            print(
+                "first diagnosis of the stored run (once per run, on its first view): "
+                f"{time.perf_counter() - t0:.1f} s",
+                flush=True,
+            )
             with sync_playwright() as pw:
-                browser = pw.chromium.launch(executable_path=chromium_path(),
-                                             args=["--no-sandbox", "--disable-gpu", "--disable-background-networking"])
+                browser = pw.chromium.launch(
+                    executable_path=chromium_path(),
+                    args=["--no-sandbox", "--disable-gpu", "--disable-background-networking"],
+                )
                 try:
                     fin = finished_run(browser, url, run_id, args.steps, args.rounds)
-                    print(f"live run: {args.params} tensors at {args.rate:g} steps/s for {args.live_seconds:g} s",
-                          flush=True)
+                    print(
+                        f"live run: {args.params} tensors at {args.rate:g} steps/s for {args.live_seconds:g} s",
+                        flush=True,
+                    )
                     live = live_run(browser, url, args.params, args.rate, args.live_seconds)
                 finally:
                     browser.close()
@@ -487,8 +585,9 @@ def main() -> None:
 
 def report(args: argparse.Namespace, fin: dict[str, list[float]], live: dict[str, Any]) -> None:
     med = {k: statistics.median(v) for k, v in fin.items() if v}
-    line_charts = {c: v for c, v in live["per_chart"].items() if c in live["in_view"] and "heatmap" not in c
-                   and c != "grad-status"}
+    line_charts = {
+        c: v for c, v in live["per_chart"].items() if c in live["in_view"] and "heatmap" not in c and c != "grad-status"
+    }
     heat = {c: v for c, v in live["per_chart"].items() if c in live["in_view"] and c not in line_charts}
     p95_line = max((percentile(v, 0.95) for v in line_charts.values()), default=float("nan"))
     p95_heat = max((percentile(v, 0.95) for v in heat.values()), default=float("nan"))
@@ -501,28 +600,78 @@ def report(args: argparse.Namespace, fin: dict[str, list[float]], live: dict[str
         return f"| {name} | {target} | {value:.0f} ms | {mark} | {note} |"
 
     print()
-    print(f"Dashboard, {args.params} parameter tensors x {args.steps} steps (SQLite), headless Chromium 1400x900, "
-          f"{os.cpu_count()} cores; medians over {args.rounds} page loads ({3 * args.rounds} zooms)")
+    print(
+        f"Dashboard, {args.params} parameter tensors x {args.steps} steps (SQLite), headless Chromium 1400x900, "
+        f"{os.cpu_count()} cores; medians over {args.rounds} page loads ({3 * args.rounds} zooms)"
+    )
     print("| measure | target | measured | met | |")
     print("|---|---|---|---|---|")
-    print(row("run page interactive (every chart drawn), first visit", "< 1500 ms", med["interactive"],
-              med["interactive"] < TARGETS_MS["interactive"],
-              "from navigation; Plotly downloaded and compiled"
-              + (f" ({med['plotly']:.0f} ms from navigation)" if "plotly" in med else "")))
-    print(row("run page interactive, revisit", "< 1500 ms", med["interactive_revisit"],
-              med["interactive_revisit"] < TARGETS_MS["interactive"], "Plotly from the browser's caches"))
-    print(row("gradient-norm heatmap fetched and drawn", "< 500 ms", med["heatmap"], med["heatmap"] < TARGETS_MS["heatmap"],
-              f"on the loaded page, request -> drawn; server {med['heatmap_server']:.0f} ms; "
-              f"first load: drawn {med['heatmap_nav']:.0f} ms from navigation"))
-    print(row("zoom round trip (window of 300 steps at full resolution)", "< 300 ms", med["zoom"],
-              med["zoom"] < TARGETS_MS["zoom"], f"the charts in view; back to the overview {med['zoom_out']:.0f} ms"))
-    print(row(f"live: send -> drawn, p95 ({args.rate:g} steps/s, line charts in view)", "< 250 ms", p95_line,
-              p95_line < TARGETS_MS["live_p95"], f"{len(line_charts)} charts, {drawn}/{live['steps']} steps each"))
-    print(row("live: longest main-thread task while streaming", "< 100 ms", longest,
-              longest <= TARGETS_MS["longest_task"], f"{over} tasks over 100 ms"))
+    print(
+        row(
+            "run page interactive (every chart drawn), first visit",
+            "< 1500 ms",
+            med["interactive"],
+            med["interactive"] < TARGETS_MS["interactive"],
+            "from navigation; Plotly downloaded and compiled"
+            + (f" ({med['plotly']:.0f} ms from navigation)" if "plotly" in med else ""),
+        )
+    )
+    print(
+        row(
+            "run page interactive, revisit",
+            "< 1500 ms",
+            med["interactive_revisit"],
+            med["interactive_revisit"] < TARGETS_MS["interactive"],
+            "Plotly from the browser's caches",
+        )
+    )
+    print(
+        row(
+            "gradient-norm heatmap fetched and drawn",
+            "< 500 ms",
+            med["heatmap"],
+            med["heatmap"] < TARGETS_MS["heatmap"],
+            f"on the loaded page, request -> drawn; server {med['heatmap_server']:.0f} ms; "
+            f"first load: drawn {med['heatmap_nav']:.0f} ms from navigation",
+        )
+    )
+    print(
+        row(
+            "zoom round trip (window of 300 steps at full resolution)",
+            "< 300 ms",
+            med["zoom"],
+            med["zoom"] < TARGETS_MS["zoom"],
+            f"the charts in view; back to the overview {med['zoom_out']:.0f} ms",
+        )
+    )
+    print(
+        row(
+            f"live: send -> drawn, p95 ({args.rate:g} steps/s, line charts in view)",
+            "< 250 ms",
+            p95_line,
+            p95_line < TARGETS_MS["live_p95"],
+            f"{len(line_charts)} charts, {drawn}/{live['steps']} steps each",
+        )
+    )
+    print(
+        row(
+            "live: longest main-thread task while streaming",
+            "< 100 ms",
+            longest,
+            longest <= TARGETS_MS["longest_task"],
+            f"{over} tasks over 100 ms",
+        )
+    )
     if heat:
-        print(row("live: send -> drawn, p95, heatmaps in view", "", p95_heat, None,
-                  "heatmaps redraw at most once a second"))
+        print(
+            row(
+                "live: send -> drawn, p95, heatmaps in view",
+                "",
+                p95_heat,
+                None,
+                "heatmaps redraw at most once a second",
+            )
+        )
     print(row("longest main-thread task while the finished run loads", "", med["load_task"], None, ""))
 
 

@@ -45,6 +45,7 @@ consecutive steps at the training's own pace (4x as many for every="auto") after
 
     python benchmarks/overhead.py [--models gpt,mlp] [--cycles N] [--variants baseline,...]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -62,9 +63,9 @@ import tempfile
 import threading
 import time
 import urllib.request
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
-from collections.abc import Callable
 
 import torch
 from torch import nn
@@ -116,8 +117,6 @@ def mlp_task() -> tuple[nn.Module, Callable[[nn.Module], torch.Tensor]]:
     return model, lambda m: m(x).pow(2).mean()
 
 
-
-
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -128,8 +127,11 @@ def start_server(tmp: Path) -> tuple[subprocess.Popen, str]:
     """A `gradwatch serve` of its own, on SQLite in `tmp`, on a free port."""
     port = free_port()
     exe = Path(sys.executable).with_name("gradwatch")
-    proc = subprocess.Popen([str(exe), "serve", "--db", f"sqlite:///{tmp / 'bench.db'}", "--port", str(port)],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen(
+        [str(exe), "serve", "--db", f"sqlite:///{tmp / 'bench.db'}", "--port", str(port)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     url = f"http://127.0.0.1:{port}"
     for _ in range(200):
         try:
@@ -213,8 +215,15 @@ class Lane:
         """Attach gradwatch, spooling to `spool`; its threads are noted for their CPU."""
         before = set(threading.enumerate())
         os.environ["GRADWATCH_SPOOL"] = str(spool)
-        self.watcher = gradwatch.watch(self.opt, model=self.model, run=f"bench-{self.name}", project="bench",
-                                       server=server, every=every, warn=False)
+        self.watcher = gradwatch.watch(
+            self.opt,
+            model=self.model,
+            run=f"bench-{self.name}",
+            project="bench",
+            server=server,
+            every=every,
+            warn=False,
+        )
         # the replay of earlier spools reads GRADWATCH_SPOOL on its own thread: let it finish
         while any(t.name == "gradwatch-replay" and t.is_alive() for t in threading.enumerate()):
             time.sleep(0.01)
@@ -250,39 +259,60 @@ class Lane:
             stop_server(self.server)
 
 
-VARIANTS = ("baseline", "aa", "naive", "tb_scalar", "tb_hist", "wandb", "gradwatch", "gradwatch_auto", "gradwatch_spool",
-            "floor")
-LABELS = {"aa": "A/A (a plain copy)", "naive": "naive `.item()`", "tb_scalar": "TensorBoard `add_scalar`",
-          "tb_hist": "TensorBoard `add_histogram`",
-          "wandb": '`wandb.watch(log="all", log_freq=1)`', "gradwatch": "gradwatch every=1",
-          "gradwatch_auto": 'gradwatch every="auto"', "gradwatch_spool": "gradwatch every=1, server down (spooling)",
-          "floor": "floor"}
+VARIANTS = (
+    "baseline",
+    "aa",
+    "naive",
+    "tb_scalar",
+    "tb_hist",
+    "wandb",
+    "gradwatch",
+    "gradwatch_auto",
+    "gradwatch_spool",
+    "floor",
+)
+LABELS = {
+    "aa": "A/A (a plain copy)",
+    "naive": "naive `.item()`",
+    "tb_scalar": "TensorBoard `add_scalar`",
+    "tb_hist": "TensorBoard `add_histogram`",
+    "wandb": '`wandb.watch(log="all", log_freq=1)`',
+    "gradwatch": "gradwatch every=1",
+    "gradwatch_auto": 'gradwatch every="auto"',
+    "gradwatch_spool": "gradwatch every=1, server down (spooling)",
+    "floor": "floor",
+}
 GRADWATCH = ("gradwatch", "gradwatch_auto", "gradwatch_spool")
 
 
-def make_lane(kind: str, model: nn.Module, loss_fn: Callable[[nn.Module], torch.Tensor],
-              tmp: Path) -> Lane | None:
+def make_lane(kind: str, model: nn.Module, loss_fn: Callable[[nn.Module], torch.Tensor], tmp: Path) -> Lane | None:
     """The variant `kind` on its own copy of `model`; None for a peer that is not installed."""
     lane = Lane(kind, model, loss_fn)
     named = list(lane.model.named_parameters())
     if kind == "naive":
+
         def naive() -> None:
             for _, p in named:
                 torch.linalg.vector_norm(p.grad).item()
+
         lane.after_backward = naive
     elif kind == "floor":
+
         def floor() -> None:  # one multi-threaded pass over what the hook reads
             for _, p in named:
                 state = lane.opt.state[p]
                 for t in (p.grad, p, state.get("exp_avg"), state.get("exp_avg_sq")):
                     if t is not None:
                         t.sum()
+
         lane.after_backward = floor
     elif kind in ("tb_scalar", "tb_hist"):
         try:
             from torch.utils.tensorboard import SummaryWriter
         except ImportError:
-            print("tensorboard is not installed: its variants are n/a (pip install -r benchmarks/requirements-peers.txt)")
+            print(
+                "tensorboard is not installed: its variants are n/a (pip install -r benchmarks/requirements-peers.txt)"
+            )
             return None
         writer = SummaryWriter(log_dir=str(tmp / kind))
         count = [0]
@@ -294,6 +324,7 @@ def make_lane(kind: str, model: nn.Module, loss_fn: Callable[[nn.Module], torch.
                     writer.add_scalar(f"grad_norm/{n}", torch.linalg.vector_norm(p.grad).item(), count[0])
                 else:
                     writer.add_histogram(f"grad/{n}", p.grad, count[0])
+
         lane.after_backward = tensorboard
         atexit.register(writer.close)
     elif kind == "wandb":
@@ -304,8 +335,9 @@ def make_lane(kind: str, model: nn.Module, loss_fn: Callable[[nn.Module], torch.
             return None
         if wandb.run is not None:
             wandb.run.finish()
-        run = wandb.init(project="gradwatch-bench", mode="offline", dir=str(tmp),
-                         settings=wandb.Settings(silent=True, console="off"))
+        run = wandb.init(
+            project="gradwatch-bench", mode="offline", dir=str(tmp), settings=wandb.Settings(silent=True, console="off")
+        )
         run.watch(lane.model, log="all", log_freq=1)
         lane.after_backward = lambda: run.log({"step": 0})  # wandb commits the hooks' histograms with a log
         atexit.register(run.finish)
@@ -456,7 +488,9 @@ def bench(name: str, cycles: int, wanted: list[str], tmp: Path) -> dict[str, Any
         for lane in lanes.values():
             lane.warm_up()
         figures = {k: Figure() for k in lanes}
-        alone = {k: lanes[k].alone(SEGMENT[name] * (4 if k == "gradwatch_auto" else 1)) for k in lanes if k in GRADWATCH}
+        alone = {
+            k: lanes[k].alone(SEGMENT[name] * (4 if k == "gradwatch_auto" else 1)) for k in lanes if k in GRADWATCH
+        }
         if "gradwatch_auto" in alone:
             figures["gradwatch_auto"].share = alone["gradwatch_auto"][1]
         base_times: list[float] = []
@@ -470,9 +504,12 @@ def bench(name: str, cycles: int, wanted: list[str], tmp: Path) -> dict[str, Any
                 figures[k].measured.append(measured)
                 base_times.append(base)
             if (c + 1) % report == 0 or c + 1 == cycles:
-                print(f"{name} cycle {c + 1}/{cycles} (background not charged yet): baseline "
-                      f"{statistics.median(base_times) * 1e3:.1f} ms, "
-                      + ", ".join(f"{k} {f.estimate():+.1%}" for k, f in figures.items()), flush=True)
+                print(
+                    f"{name} cycle {c + 1}/{cycles} (background not charged yet): baseline "
+                    f"{statistics.median(base_times) * 1e3:.1f} ms, "
+                    + ", ".join(f"{k} {f.estimate():+.1%}" for k, f in figures.items()),
+                    flush=True,
+                )
     finally:
         for lane in lanes.values():
             lane.close()
@@ -491,8 +528,12 @@ def _cell(figure: Figure | None) -> str:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--cycles", type=int, default=None,
-                    help="timed cycles per model (default: " + ", ".join(f"{k} {v}" for k, v in CYCLES.items()) + ")")
+    ap.add_argument(
+        "--cycles",
+        type=int,
+        default=None,
+        help="timed cycles per model (default: " + ", ".join(f"{k} {v}" for k, v in CYCLES.items()) + ")",
+    )
     ap.add_argument("--models", default="gpt,mlp")
     ap.add_argument("--variants", default=",".join(VARIANTS), help="comma-separated subset of: " + ",".join(VARIANTS))
     args = ap.parse_args()
@@ -510,26 +551,35 @@ def main() -> None:
             (Path(tmp) / name).mkdir()
             rows.append(bench(name, args.cycles or CYCLES[name], variants, Path(tmp)))
     print()
-    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, {os.cpu_count()} cores; steps interleaved "
-          "one by one; median overhead vs the neighbouring baseline steps (90% bootstrap interval); gradwatch "
-          "with its sender's and its server's CPU charged")
+    print(
+        f"torch {torch.__version__}, {torch.get_num_threads()} threads, {os.cpu_count()} cores; steps interleaved "
+        "one by one; median overhead vs the neighbouring baseline steps (90% bootstrap interval); gradwatch "
+        "with its sender's and its server's CPU charged"
+    )
     shown = [v for v in variants if v != "baseline" and any(v in r["figures"] for r in rows)]
     print("| model | baseline step | cycles | " + " | ".join(LABELS[v] for v in shown) + " |")
     print("|---" * (len(shown) + 3) + "|")
     for r in rows:
         figures = r["figures"]
-        print(f"| {r['model']} | {r['baseline'] * 1e3:.1f} ms | {len(next(iter(figures.values())).ratios)} | "
-              + " | ".join(_cell(figures.get(v)) for v in shown) + " |")
+        print(
+            f"| {r['model']} | {r['baseline'] * 1e3:.1f} ms | {len(next(iter(figures.values())).ratios)} | "
+            + " | ".join(_cell(figures.get(v)) for v in shown)
+            + " |"
+        )
     for r in rows:
         figures, step = r["figures"], r["baseline"]
         for v in (v for v in GRADWATCH if v in figures):
             f = figures[v]
             share = f"; it measured {f.share:.1%} of its steps alone" if f.share is not None else ""
-            print(f"{r['model']} {LABELS[v]}: on the training thread {f.estimate() - f.charge:+.1%}, its threads and "
-                  f"server {f.charge * step * 1e3:.2f} ms a step (+{f.charge:.1%}){share}")
+            print(
+                f"{r['model']} {LABELS[v]}: on the training thread {f.estimate() - f.charge:+.1%}, its threads and "
+                f"server {f.charge * step * 1e3:.2f} ms a step (+{f.charge:.1%}){share}"
+            )
         total = {v: f.estimate() for v, f in figures.items()}
         if "wandb" in total and total.get("gradwatch", 0) > 0:
-            print(f"{r['model']}: wandb.watch costs {total['wandb'] / total['gradwatch']:.0f}x what gradwatch every=1 costs")
+            print(
+                f"{r['model']}: wandb.watch costs {total['wandb'] / total['gradwatch']:.0f}x what gradwatch every=1 costs"
+            )
         if total.get("floor", 0) > 0 and "gradwatch" in total:
             print(f"{r['model']}: gradwatch every=1 costs {total['gradwatch'] / total['floor']:.2f}x the floor")
 

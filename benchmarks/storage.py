@@ -35,6 +35,7 @@ Parts (`--parts`, all by default):
 Timings are medians of --repeat reads after one warm-up read. The machine may be shared: run
 it again rather than trusting one table.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -61,13 +62,21 @@ REPO = HERE.parent
 sys.path.insert(0, str(REPO / "tests"))  # tests/support: start_server, the PostgreSQL cluster
 
 from support import pg  # noqa: E402
-from support.server import find_free_port, server_env, start_server  # noqa: E402
 from support.jsonfloats import number, same  # noqa: E402
+from support.server import find_free_port, server_env, start_server  # noqa: E402
 
 ARRAYS = ("grad_norm", "param_norm", "exp_avg_norm", "exp_avg_sq_norm", "backward_passes", "grad_clear")
 VALUES_PER_ROW = len(ARRAYS) + 1  # and grad_status
-SCALARS = ("loss", "lr/0", "grad_norm_total", "backward_passes", "mem/rss_bytes", "mem/grads_bytes",
-           "mem/params_bytes", "mem/zero_grad_bytes")
+SCALARS = (
+    "loss",
+    "lr/0",
+    "grad_norm_total",
+    "backward_passes",
+    "mem/rss_bytes",
+    "mem/grads_bytes",
+    "mem/params_bytes",
+    "mem/zero_grad_bytes",
+)
 ABSENT_BITS = 0x7FDEAD00
 MLFLOW_BIN = REPO / ".venv-bench" / "bin"
 
@@ -109,6 +118,7 @@ def peak_rss_mib(pid: int) -> float | None:
 
 
 # -- the data ----------------------------------------------------------------------------------
+
 
 def param_names(count: int) -> list[str]:
     kinds = ("attn.qkv.weight", "attn.qkv.bias", "mlp.fc.weight", "mlp.fc.bias")
@@ -155,12 +165,24 @@ def build_workload(run_id: str, params: int, steps: int, seed: int = 7) -> Workl
 
     rng = np.random.default_rng(seed)
     names = param_names(params)
-    hello = wire.dumps(wire.hello(
-        {"id": run_id, "name": f"bench {run_id}", "project": "bench", "started_at": time.time(),
-         "hook_version": "bench", "optimizer": "AdamW", "config": {"every": 1}},
-        [{"name": n, "shape": [64, 64], "numel": 4096, "dtype": "float32", "group": 0, "optimizer": 0}
-         for n in names],
-        [{"optimizer": 0, "index": 0, "name": None, "hparams": {"lr": 3e-4}}]))
+    hello = wire.dumps(
+        wire.hello(
+            {
+                "id": run_id,
+                "name": f"bench {run_id}",
+                "project": "bench",
+                "started_at": time.time(),
+                "hook_version": "bench",
+                "optimizer": "AdamW",
+                "config": {"every": 1},
+            },
+            [
+                {"name": n, "shape": [64, 64], "numel": 4096, "dtype": "float32", "group": 0, "optimizer": 0}
+                for n in names
+            ],
+            [{"optimizer": 0, "index": 0, "name": None, "hparams": {"lr": 3e-4}}],
+        )
+    )
     grad = grad_norms(rng, steps, params)
     weight = rng.lognormal(1.0, 0.5, params).astype(np.float32)
     frames = []
@@ -174,14 +196,22 @@ def build_workload(run_id: str, params: int, steps: int, seed: int = 7) -> Workl
             "backward_passes": np.ones(params, np.float32),
             "grad_clear": np.full(params, 1.0, np.float32),
         }
-        scalars = {"loss": 5.0 / (1 + i), "lr/0": 3e-4, "grad_norm_total": float(np.nansum(g[np.isfinite(g)])),
-                   "backward_passes": 1.0, "mem/rss_bytes": 2e9, "mem/grads_bytes": 1e9,
-                   "mem/params_bytes": 1e9, "mem/zero_grad_bytes": 0.0}
+        scalars = {
+            "loss": 5.0 / (1 + i),
+            "lr/0": 3e-4,
+            "grad_norm_total": float(np.nansum(g[np.isfinite(g)])),
+            "backward_passes": 1.0,
+            "mem/rss_bytes": 2e9,
+            "mem/grads_bytes": 1e9,
+            "mem/params_bytes": 1e9,
+            "mem/zero_grad_bytes": 0.0,
+        }
         frames.append(wire.dumps(wire.step(i + 1, i + 1, 1.7e9 + i, scalars, metrics, status_codes(g))))
     return Workload(run_id, names, hello, frames, grad)
 
 
 # -- ingest ------------------------------------------------------------------------------------
+
 
 def send_run(ws_url: str, work: Workload) -> float:
     """Stream the workload; seconds from the first step sent to the ack of the last one."""
@@ -330,9 +360,23 @@ def run_mlflow(work: Workload, steps: int, tmp: Path) -> float | None:
     port = find_free_port()
     with open(folder / "server.log", "wb") as server_log:
         server = subprocess.Popen(
-            [str(MLFLOW_BIN / "mlflow"), "server", "--backend-store-uri", f"sqlite:///{folder / 'mlflow.db'}",
-             "--default-artifact-root", str(folder / "artifacts"), "--host", "127.0.0.1", "--port", str(port)],
-            stdout=server_log, stderr=subprocess.STDOUT, cwd=folder, start_new_session=True)
+            [
+                str(MLFLOW_BIN / "mlflow"),
+                "server",
+                "--backend-store-uri",
+                f"sqlite:///{folder / 'mlflow.db'}",
+                "--default-artifact-root",
+                str(folder / "artifacts"),
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(port),
+            ],
+            stdout=server_log,
+            stderr=subprocess.STDOUT,
+            cwd=folder,
+            start_new_session=True,
+        )
     url = f"http://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + 180
@@ -342,11 +386,23 @@ def run_mlflow(work: Workload, steps: int, tmp: Path) -> float | None:
                 break
             except OSError:
                 if server.poll() is not None or time.monotonic() > deadline:
-                    raise RuntimeError("mlflow server did not start:\n"
-                                       + (folder / "server.log").read_text(errors="replace")[-3000:]) from None
+                    raise RuntimeError(
+                        "mlflow server did not start:\n" + (folder / "server.log").read_text(errors="replace")[-3000:]
+                    ) from None
                 time.sleep(0.5)
-        out = subprocess.run([str(MLFLOW_BIN / "python"), "-c", MLFLOW_CLIENT, url, str(folder / "values.npy"),
-                              str(folder / "names.json")], capture_output=True, text=True, timeout=3600)
+        out = subprocess.run(
+            [
+                str(MLFLOW_BIN / "python"),
+                "-c",
+                MLFLOW_CLIENT,
+                url,
+                str(folder / "values.npy"),
+                str(folder / "names.json"),
+            ],
+            capture_output=True,
+            text=True,
+            timeout=3600,
+        )
         if out.returncode != 0:
             raise RuntimeError(f"the MLflow client failed:\n{out.stderr[-3000:]}")
         result = json.loads(out.stdout.strip().splitlines()[-1])
@@ -365,6 +421,7 @@ def run_mlflow(work: Workload, steps: int, tmp: Path) -> float | None:
 
 
 # -- reads -------------------------------------------------------------------------------------
+
 
 @contextmanager
 def opened(url: str) -> Iterator[object]:
@@ -385,12 +442,15 @@ def heatmap_ms(db: Database, run_id: str, buckets: int, repeat: int, tmp: Path) 
         params = store.get_params(run_id)  # type: ignore[attr-defined]
         shape = charts.heatmap(store, run_id, params, "grad_norm", None, None, buckets)  # type: ignore[arg-type]
         cells = sum(len(z) for z in shape.z)
-        local = timed(lambda: charts.heatmap(store, run_id, params, "grad_norm", None, None, buckets),  # type: ignore[arg-type]
-                      repeat)
+        local = timed(
+            lambda: charts.heatmap(store, run_id, params, "grad_norm", None, None, buckets),  # type: ignore[arg-type]
+            repeat,
+        )
     server = start_server(tmp, db_url=db.url)
     try:
-        remote = timed(lambda: http_get(f"{server.url}/api/runs/{run_id}/heatmap?metric=grad_norm&max_steps={buckets}"),
-                       repeat)
+        remote = timed(
+            lambda: http_get(f"{server.url}/api/runs/{run_id}/heatmap?metric=grad_norm&max_steps={buckets}"), repeat
+        )
     finally:
         server.stop()
     return local * 1000, remote * 1000, cells
@@ -426,9 +486,25 @@ def export_run(db: Database, run_id: str, fmt: str, values: int, tmp: Path) -> E
     out, peak = tmp / f"export.{fmt}", tmp / "export.peak"
     t0 = time.perf_counter()
     with open(tmp / "export.log", "wb") as err:
-        done = subprocess.run([sys.executable, "-c", EXPORT_CHILD, str(peak), "export", run_id, "--format", fmt,
-                               "-o", str(out), "--db", db.url], stdout=subprocess.DEVNULL, stderr=err,
-                              env=server_env())
+        done = subprocess.run(
+            [
+                sys.executable,
+                "-c",
+                EXPORT_CHILD,
+                str(peak),
+                "export",
+                run_id,
+                "--format",
+                fmt,
+                "-o",
+                str(out),
+                "--db",
+                db.url,
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=err,
+            env=server_env(),
+        )
     seconds = time.perf_counter() - t0
     if done.returncode != 0:
         raise RuntimeError(f"gradwatch export failed:\n{(tmp / 'export.log').read_text(errors='replace')}")
@@ -443,6 +519,7 @@ def sqlite_bytes(path: Path) -> int:
 
 # -- run management ------------------------------------------------------------------------------
 
+
 def run_management(db: Database, ingested: Database, run_id: str, count: int, repeat: int) -> dict[str, float]:
     """ms: a filtered page and a searched page of `count` runs on `db`; deleting `run_id` from
     `ingested` and compacting that database."""
@@ -452,12 +529,23 @@ def run_management(db: Database, ingested: Database, run_id: str, count: int, re
     found: dict[str, float] = {}
     with opened(db.url) as store:
         for i in range(count):
-            message = parse_message(json.dumps({
-                "v": 1, "type": "hello",
-                "run": {"id": f"run{i:05d}", "name": f"lr sweep {i}", "project": ("gpt", "mlp", "vit")[i % 3],
-                        "started_at": 1.7e9 + float(rng.integers(0, 10**7))},
-                "params": [{"name": "w", "shape": [4], "numel": 4, "dtype": "float32", "group": 0, "optimizer": 0}],
-            }))
+            message = parse_message(
+                json.dumps(
+                    {
+                        "v": 1,
+                        "type": "hello",
+                        "run": {
+                            "id": f"run{i:05d}",
+                            "name": f"lr sweep {i}",
+                            "project": ("gpt", "mlp", "vit")[i % 3],
+                            "started_at": 1.7e9 + float(rng.integers(0, 10**7)),
+                        },
+                        "params": [
+                            {"name": "w", "shape": [4], "numel": 4, "dtype": "float32", "group": 0, "optimizer": 0}
+                        ],
+                    }
+                )
+            )
             assert isinstance(message, Hello)
             store.open_run(message)  # type: ignore[attr-defined]
             if i % 7 == 0:
@@ -478,6 +566,7 @@ def run_management(db: Database, ingested: Database, run_id: str, count: int, re
 
 # -- one parameter over a long run -------------------------------------------------------------
 
+
 @dataclass
 class SeriesRun:
     run_id: str
@@ -495,11 +584,15 @@ def build_series_run(url: str, steps: int, params: int, seed: int = 11) -> Serie
 
     run_id = "series"
     names = [f"p{i}" for i in range(params)]
-    hello = {"v": 1, "type": "hello",
-             "run": {"id": run_id, "name": "long run", "project": "bench", "started_at": 1.7e9},
-             "params": [{"name": n, "shape": [8], "numel": 8, "dtype": "float32", "group": 0, "optimizer": 0}
-                        for n in names],
-             "groups": []}
+    hello = {
+        "v": 1,
+        "type": "hello",
+        "run": {"id": run_id, "name": "long run", "project": "bench", "started_at": 1.7e9},
+        "params": [
+            {"name": n, "shape": [8], "numel": 8, "dtype": "float32", "group": 0, "optimizer": 0} for n in names
+        ],
+        "groups": [],
+    }
     rng = np.random.default_rng(seed)
     grad = grad_norms(rng, steps, params)
     loss = rng.lognormal(0.0, 1.0, steps)
@@ -512,10 +605,19 @@ def build_series_run(url: str, steps: int, params: int, seed: int = 11) -> Serie
         store.open_run(message)  # type: ignore[attr-defined]
         batch = 2000
         for lo in range(0, steps, batch):
-            store.write_steps(run_id, [  # type: ignore[attr-defined]
-                StepData(seq=i + 1, step=i + 1, time=1.7e9 + i, scalars={"loss": float(loss[i])},
-                         arrays={"grad_norm": grad[i].tobytes(), "grad_status": status_codes(grad[i]).tobytes()})
-                for i in range(lo, min(lo + batch, steps))])
+            store.write_steps(
+                run_id,
+                [  # type: ignore[attr-defined]
+                    StepData(
+                        seq=i + 1,
+                        step=i + 1,
+                        time=1.7e9 + i,
+                        scalars={"loss": float(loss[i])},
+                        arrays={"grad_norm": grad[i].tobytes(), "grad_status": status_codes(grad[i]).tobytes()},
+                    )
+                    for i in range(lo, min(lo + batch, steps))
+                ],
+            )
     return SeriesRun(run_id, names, np.arange(1, steps + 1), grad, loss, time.perf_counter() - t0)
 
 
@@ -531,7 +633,7 @@ def check_series(answer: dict, run: SeriesRun, index: int | None, start: int | N
     column = run.loss if index is None else run.grad[:, index]
     assert answer["downsampled"], "expected a downsampled answer"
     for j in range(len(first)):
-        values = column[bounds[j] - 1:bounds[j + 1] - 1]
+        values = column[bounds[j] - 1 : bounds[j + 1] - 1]
         if values.dtype == np.float32:
             values = values[values.view(np.uint32) != ABSENT_BITS]
         values = values.astype(np.float64)
@@ -558,15 +660,28 @@ def series_ms(url: str, run: SeriesRun, points: int, repeat: int, tmp: Path) -> 
     with opened(url) as store:
         params = store.get_params(run.run_id)  # type: ignore[attr-defined]
         for label, (start, end) in (("whole", (None, None)), ("tenth", window)):
+
             def read(start: int | None = start, end: int | None = end) -> object:
-                return charts.param_series(store, run.run_id, params, "grad_norm", [name], 5, "desc",  # type: ignore[arg-type]
-                                           start, end, points)
+                return charts.param_series(
+                    store,
+                    run.run_id,
+                    params,
+                    "grad_norm",
+                    [name],
+                    5,
+                    "desc",  # type: ignore[arg-type]
+                    start,
+                    end,
+                    points,
+                )
+
             answer = json.loads(read().model_dump_json())  # type: ignore[attr-defined]
             check_series(answer, run, index, start, end)
             found[label] = timed(read, repeat) * 1000
 
         def loss() -> object:
             return charts.scalar_series(store, run.run_id, "loss", None, None, points)  # type: ignore[arg-type]
+
         check_series(json.loads(loss().model_dump_json()), run, None, None, None)  # type: ignore[attr-defined]
         found["loss"] = timed(loss, repeat) * 1000
     server = start_server(tmp, db_url=url)
@@ -580,6 +695,7 @@ def series_ms(url: str, run: SeriesRun, points: int, repeat: int, tmp: Path) -> 
 
 
 # -- the table ---------------------------------------------------------------------------------
+
 
 def fmt_int(value: float | None) -> str:
     return "-" if value is None else f"{value:,.0f}"
@@ -601,8 +717,11 @@ def main() -> int:
     ap.add_argument("--series-steps", type=int, default=1_000_000)
     ap.add_argument("--series-params", type=int, default=8)
     ap.add_argument("--series-points", type=int, default=2000)
-    ap.add_argument("--series-databases", default="sqlite",
-                    help="databases of the series part (writing 10^6 steps to PostgreSQL takes minutes)")
+    ap.add_argument(
+        "--series-databases",
+        default="sqlite",
+        help="databases of the series part (writing 10^6 steps to PostgreSQL takes minutes)",
+    )
     ap.add_argument("--runs", type=int, default=5000, help="runs of the run-management part")
     ap.add_argument("--parts", default="ingest,mlflow,heatmap,export,disk,series,runs")
     args = ap.parse_args()
@@ -632,23 +751,58 @@ def main() -> int:
             if "ingest" in parts and work is not None:
                 ingest = run_ingest(kinds, work, args.ingest_repeat, tmp, postgres)
                 rates = {k: work.rows / statistics.median(r.seconds) for k, r in ingest.items()}
-                rows.append((f"ingest, hook -> stored, {args.params:,} params x {args.steps:,} steps "
-                             f"(parameter-rows/s, median of {args.ingest_repeat})",
-                             *by_kind({k: fmt_int(v) for k, v in rates.items()}), ">= 500,000 / >= 250,000"))
-                rows.append(("  server CPU per step (user + system; the figure the machine's load moves least)",
-                             *by_kind({k: f"{statistics.median(r.server_cpu_s) / args.steps * 1000:.2f} ms"
-                                       for k, r in ingest.items()}), ""))
-                rows.append(("  server peak RSS during ingest",
-                             *by_kind({k: f"{max(r.server_rss_mib):,.0f} MiB" for k, r in ingest.items()
-                                       if r.server_rss_mib}), ""))
+                rows.append(
+                    (
+                        f"ingest, hook -> stored, {args.params:,} params x {args.steps:,} steps "
+                        f"(parameter-rows/s, median of {args.ingest_repeat})",
+                        *by_kind({k: fmt_int(v) for k, v in rates.items()}),
+                        ">= 500,000 / >= 250,000",
+                    )
+                )
+                rows.append(
+                    (
+                        "  server CPU per step (user + system; the figure the machine's load moves least)",
+                        *by_kind(
+                            {
+                                k: f"{statistics.median(r.server_cpu_s) / args.steps * 1000:.2f} ms"
+                                for k, r in ingest.items()
+                            }
+                        ),
+                        "",
+                    )
+                )
+                rows.append(
+                    (
+                        "  server peak RSS during ingest",
+                        *by_kind(
+                            {k: f"{max(r.server_rss_mib):,.0f} MiB" for k, r in ingest.items() if r.server_rss_mib}
+                        ),
+                        "",
+                    )
+                )
             if "mlflow" in parts and work is not None:
                 peer = run_mlflow(work, min(args.mlflow_steps, args.steps), tmp)
-                rows.append((f"MLflow 3.17 server on SQLite, log_batch, {min(args.mlflow_steps, args.steps)} steps "
-                             "(rows/s)", fmt_int(peer), "", "the peer"))
+                rows.append(
+                    (
+                        f"MLflow 3.17 server on SQLite, log_batch, {min(args.mlflow_steps, args.steps)} steps (rows/s)",
+                        fmt_int(peer),
+                        "",
+                        "the peer",
+                    )
+                )
                 if peer and ingest:
-                    rows.append(("  gradwatch ingest / MLflow",
-                                 *by_kind({k: f"{work.rows / statistics.median(r.seconds) / peer:,.0f}x"
-                                           for k, r in ingest.items()}), ""))
+                    rows.append(
+                        (
+                            "  gradwatch ingest / MLflow",
+                            *by_kind(
+                                {
+                                    k: f"{work.rows / statistics.median(r.seconds) / peer:,.0f}x"
+                                    for k, r in ingest.items()
+                                }
+                            ),
+                            "",
+                        )
+                    )
             if "heatmap" in parts and work is not None:
                 local, remote = {}, {}
                 for kind, result in ingest.items():
@@ -656,8 +810,14 @@ def main() -> int:
                     a, b, cells = heatmap_ms(result.kept, work.run_id, args.heatmap_buckets, args.repeat, tmp)
                     local[kind], remote[kind] = fmt_ms(a), fmt_ms(b)
                     log(f"heatmap {kind}: {a:.0f} ms in process, {b:.0f} ms over HTTP ({cells:,} cells)")
-                rows.append((f"heatmap, {args.params:,} params x {args.heatmap_buckets:,} step buckets "
-                             f"of {args.steps:,} steps: charts.heatmap", *by_kind(local), "< 300 ms"))
+                rows.append(
+                    (
+                        f"heatmap, {args.params:,} params x {args.heatmap_buckets:,} step buckets "
+                        f"of {args.steps:,} steps: charts.heatmap",
+                        *by_kind(local),
+                        "< 300 ms",
+                    )
+                )
                 rows.append(("  the same over HTTP (GET .../heatmap, JSON)", *by_kind(remote), ""))
             if "export" in parts and work is not None:
                 values = args.params * args.steps * VALUES_PER_ROW
@@ -668,18 +828,32 @@ def main() -> int:
                         done = export_run(result.kept, work.run_id, fmt, values, tmp)
                         rate[kind] = f"{values / done.seconds / 1e6:.2f} M/s"
                         peak[kind] = f"{done.peak_rss_mib:,.0f} MiB"
-                        log(f"export {fmt} {kind}: {done.seconds:.1f} s, {done.size_mib:,.0f} MiB file, "
-                            f"peak RSS {done.peak_rss_mib:,.0f} MiB")
-                    rows.append((f"export {fmt.upper()}, {values / 1e6:.0f}M values ({args.params:,} x {args.steps:,}"
-                                 f" rows x {VALUES_PER_ROW}): values/s", *by_kind(rate), "state it"))
+                        log(
+                            f"export {fmt} {kind}: {done.seconds:.1f} s, {done.size_mib:,.0f} MiB file, "
+                            f"peak RSS {done.peak_rss_mib:,.0f} MiB"
+                        )
+                    rows.append(
+                        (
+                            f"export {fmt.upper()}, {values / 1e6:.0f}M values ({args.params:,} x {args.steps:,}"
+                            f" rows x {VALUES_PER_ROW}): values/s",
+                            *by_kind(rate),
+                            "state it",
+                        )
+                    )
                     rows.append((f"  `gradwatch export --format {fmt}` peak RSS", *by_kind(peak), "state it"))
             if "disk" in parts and "sqlite" in ingest and work is not None:
                 kept = ingest["sqlite"].kept
                 assert kept is not None and kept.path is not None
                 size = sqlite_bytes(kept.path)
                 values = args.params * args.steps * VALUES_PER_ROW + args.steps * len(SCALARS)
-                rows.append((f"disk on SQLite: {size / 2**20:,.1f} MiB for {values / 1e6:.1f}M values (bytes/value)",
-                             f"{size / values:.2f}", "", "<= 12"))
+                rows.append(
+                    (
+                        f"disk on SQLite: {size / 2**20:,.1f} MiB for {values / 1e6:.1f}M values (bytes/value)",
+                        f"{size / values:.2f}",
+                        "",
+                        "<= 12",
+                    )
+                )
             if "runs" in parts and work is not None:
                 deep, listing, search, removal, vacuum = {}, {}, {}, {}, {}
                 for kind, result in ingest.items():
@@ -691,12 +865,23 @@ def main() -> int:
                     deep[kind], listing[kind], search[kind] = (fmt_ms(found[k]) for k in ("deep", "filtered", "search"))
                     removal[kind], vacuum[kind] = fmt_ms(found["delete"]), fmt_ms(found["compact"])
                     log(f"runs {kind}: {found}")
-                rows.append((f"list runs: 50 from offset {args.runs * 4 // 5:,} of {args.runs:,}, newest first",
-                             *by_kind(deep), "quick"))
+                rows.append(
+                    (
+                        f"list runs: 50 from offset {args.runs * 4 // 5:,} of {args.runs:,}, newest first",
+                        *by_kind(deep),
+                        "quick",
+                    )
+                )
                 rows.append(("  50 with a project + status filter (page 3)", *by_kind(listing), ""))
                 rows.append(("  50 with a name search, ?q= (page 20)", *by_kind(search), ""))
-                rows.append((f"delete the ingested run ({args.params * args.steps / 1e6:.0f}M parameter-rows), "
-                             "one transaction", *by_kind(removal), ""))
+                rows.append(
+                    (
+                        f"delete the ingested run ({args.params * args.steps / 1e6:.0f}M parameter-rows), "
+                        "one transaction",
+                        *by_kind(removal),
+                        "",
+                    )
+                )
                 rows.append(("  then compact (`gradwatch gc`: VACUUM / VACUUM (ANALYZE))", *by_kind(vacuum), ""))
             if "series" in parts:
                 timings: dict[str, dict[str, float]] = {}
@@ -709,14 +894,28 @@ def main() -> int:
                     log(f"series {kind}: {timings[kind]}")
                     drop_database(db, postgres)
                 if timings:
-                    shown = {k: {kind: fmt_ms(t[k]) for kind, t in timings.items()}
-                             for k in ("whole", "tenth", "http", "loss")}
-                    rows.append((f"series, 1 param x {args.series_steps:,} steps -> {args.series_points:,} points"
-                                 ": charts.param_series", *by_kind(shown["whole"]), "< 100 ms"))
+                    shown = {
+                        k: {kind: fmt_ms(t[k]) for kind, t in timings.items()}
+                        for k in ("whole", "tenth", "http", "loss")
+                    }
+                    rows.append(
+                        (
+                            f"series, 1 param x {args.series_steps:,} steps -> {args.series_points:,} points"
+                            ": charts.param_series",
+                            *by_kind(shown["whole"]),
+                            "< 100 ms",
+                        )
+                    )
                     rows.append(("  a tenth of the run (zoom)", *by_kind(shown["tenth"]), ""))
                     rows.append(("  whole run over HTTP (GET .../params/series)", *by_kind(shown["http"]), ""))
-                    rows.append((f"  a scalar (the loss) over {args.series_steps:,} steps -> {args.series_points:,}"
-                                 " points: charts.scalar_series", *by_kind(shown["loss"]), ""))
+                    rows.append(
+                        (
+                            f"  a scalar (the loss) over {args.series_steps:,} steps -> {args.series_points:,}"
+                            " points: charts.scalar_series",
+                            *by_kind(shown["loss"]),
+                            "",
+                        )
+                    )
             for result in ingest.values():
                 if result.kept is not None:
                     drop_database(result.kept, postgres)
@@ -724,8 +923,10 @@ def main() -> int:
         postgres.stop()
 
     load = os.getloadavg()
-    print(f"\ngradwatch storage benchmark, {time.strftime('%Y-%m-%d %H:%M')}: {os.cpu_count()} CPUs, "
-          f"load average {load[0]:.1f} / {load[1]:.1f} / {load[2]:.1f}, {time.time() - started:.0f} s in all\n")
+    print(
+        f"\ngradwatch storage benchmark, {time.strftime('%Y-%m-%d %H:%M')}: {os.cpu_count()} CPUs, "
+        f"load average {load[0]:.1f} / {load[1]:.1f} / {load[2]:.1f}, {time.time() - started:.0f} s in all\n"
+    )
     header = ("measure", "SQLite", "PostgreSQL", "target")
     print("| " + " | ".join(header) + " |")
     print("|" + "---|" * len(header))

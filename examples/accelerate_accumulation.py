@@ -7,6 +7,7 @@
 which steps once per `--accumulate` micro-batches (when gradients are synchronised), so each
 stored step is one real optimizer step and the run reports intentional accumulation.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -20,8 +21,9 @@ import gradwatch
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--server", default=None,
-                    help="gradwatch server URL (default: $GRADWATCH_SERVER or http://127.0.0.1:8765)")
+    ap.add_argument(
+        "--server", default=None, help="gradwatch server URL (default: $GRADWATCH_SERVER or http://127.0.0.1:8765)"
+    )
     ap.add_argument("--batches", type=int, default=160, help="micro-batches in all")
     ap.add_argument("--accumulate", type=int, default=4, help="micro-batches per optimizer step")
     ap.add_argument("--cpu", action="store_true", help="train on the CPU even where a GPU is")
@@ -51,8 +53,11 @@ def main() -> None:
             w.log(loss=loss.detach())
             if accelerator.sync_gradients and w.step % 10 == 0:
                 print(f"step {w.step:4d}  loss {loss.item():.4f}", flush=True)
-        print(f"done: {w.step} optimizer steps of {args.accumulate} micro-batches; waiting for the server to "
-              f"acknowledge {w.pending} messages", flush=True)
+        print(
+            f"done: {w.step} optimizer steps of {args.accumulate} micro-batches; waiting for the server to "
+            f"acknowledge {w.pending} messages",
+            flush=True,
+        )
 
 
 if __name__ == "__main__":

@@ -6,6 +6,7 @@
 
 The model is built from a config and the data is made here: nothing is downloaded.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -27,7 +28,9 @@ def counting_data(n: int, length: int = 16, vocab: int = 32) -> list[dict[str, t
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--server", default=None, help="gradwatch server URL (default: $GRADWATCH_SERVER or http://127.0.0.1:8765)")
+    ap.add_argument(
+        "--server", default=None, help="gradwatch server URL (default: $GRADWATCH_SERVER or http://127.0.0.1:8765)"
+    )
     ap.add_argument("--project", default="demo")
     ap.add_argument("--steps", type=int, default=30)
     ap.add_argument("--output-dir", default=None, help="the Trainer's output folder (default: a temporary one)")
@@ -37,9 +40,19 @@ def main() -> None:
     model = GPT2LMHeadModel(GPT2Config(n_layer=2, n_embd=64, n_head=4, n_positions=16, vocab_size=32))
     with tempfile.TemporaryDirectory() as tmp:
         training = TrainingArguments(
-            output_dir=args.output_dir or tmp, run_name="hf-tiny-gpt2", max_steps=args.steps,
-            per_device_train_batch_size=8, gradient_accumulation_steps=2, max_grad_norm=1.0, learning_rate=3e-3,
-            logging_steps=5, report_to=[], use_cpu=True, save_strategy="no", disable_tqdm=True)
+            output_dir=args.output_dir or tmp,
+            run_name="hf-tiny-gpt2",
+            max_steps=args.steps,
+            per_device_train_batch_size=8,
+            gradient_accumulation_steps=2,
+            max_grad_norm=1.0,
+            learning_rate=3e-3,
+            logging_steps=5,
+            report_to=[],
+            use_cpu=True,
+            save_strategy="no",
+            disable_tqdm=True,
+        )
         watching = GradwatchCallback(project=args.project, server=args.server)  # the one line gradwatch needs
         Trainer(model=model, args=training, train_dataset=counting_data(512), callbacks=[watching]).train()
     assert watching.watcher is not None

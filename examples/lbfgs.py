@@ -5,6 +5,7 @@
 gradwatch measures the gradients of the closure's first evaluation at each step (the gradient at
 the parameters the step starts from) and counts the closure's evaluations (`closure_calls`).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -18,8 +19,9 @@ import gradwatch
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--server", default=None,
-                    help="gradwatch server URL (default: $GRADWATCH_SERVER or http://127.0.0.1:8765)")
+    ap.add_argument(
+        "--server", default=None, help="gradwatch server URL (default: $GRADWATCH_SERVER or http://127.0.0.1:8765)"
+    )
     ap.add_argument("--steps", type=int, default=30)
     ap.add_argument("--run", default="lbfgs-sine")
     ap.add_argument("--project", default="examples")
@@ -29,8 +31,9 @@ def main() -> None:
     x = torch.linspace(-math.pi, math.pi, 256).unsqueeze(1)
     y = torch.sin(2 * x) + 0.05 * torch.randn_like(x)
     model = nn.Sequential(nn.Linear(1, 32), nn.Tanh(), nn.Linear(32, 32), nn.Tanh(), nn.Linear(32, 1))
-    optimizer = torch.optim.LBFGS(model.parameters(), lr=0.5, max_iter=10, history_size=10,
-                                  line_search_fn="strong_wolfe")
+    optimizer = torch.optim.LBFGS(
+        model.parameters(), lr=0.5, max_iter=10, history_size=10, line_search_fn="strong_wolfe"
+    )
 
     def closure() -> torch.Tensor:
         optimizer.zero_grad()

@@ -4,6 +4,7 @@
 
 The text is generated here (no downloads), so the example runs anywhere.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -49,7 +50,9 @@ class TinyGPT(nn.Module):
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--server", default=None, help="gradwatch server URL (default: $GRADWATCH_SERVER or http://127.0.0.1:8765)")
+    ap.add_argument(
+        "--server", default=None, help="gradwatch server URL (default: $GRADWATCH_SERVER or http://127.0.0.1:8765)"
+    )
     ap.add_argument("--steps", type=int, default=300)
     ap.add_argument("--run", default="tiny-gpt")
     ap.add_argument("--project", default="demo")
@@ -64,16 +67,23 @@ def main() -> None:
     model = TinyGPT(len(chars))
     decay = [p for n, p in model.named_parameters() if p.dim() >= 2]
     no_decay = [p for n, p in model.named_parameters() if p.dim() < 2]
-    opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.1, "name": "decay"},
-                             {"params": no_decay, "weight_decay": 0.0, "name": "no_decay"}], lr=args.lr)
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / 50) * 0.5 * (1 + math.cos(math.pi * s / args.steps)))
+    opt = torch.optim.AdamW(
+        [
+            {"params": decay, "weight_decay": 0.1, "name": "decay"},
+            {"params": no_decay, "weight_decay": 0.0, "name": "no_decay"},
+        ],
+        lr=args.lr,
+    )
+    sched = torch.optim.lr_scheduler.LambdaLR(
+        opt, lambda s: min(1.0, (s + 1) / 50) * 0.5 * (1 + math.cos(math.pi * s / args.steps))
+    )
 
     config = {"steps": args.steps, "lr": args.lr, "schedule": "warmup 50, cosine", "vocab": len(chars)}
     with gradwatch.watch(opt, model=model, run=args.run, project=args.project, server=args.server, config=config) as w:
         print(f"gradwatch run id: {w.run_id}", flush=True)
         for step in range(args.steps):
             ix = torch.randint(len(data) - 65, (16,))
-            batch = torch.stack([data[i:i + 65] for i in ix])
+            batch = torch.stack([data[i : i + 65] for i in ix])
             logits = model(batch[:, :-1])
             loss = nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), batch[:, 1:].reshape(-1))
             opt.zero_grad(set_to_none=True)

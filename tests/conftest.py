@@ -12,6 +12,7 @@ or the server at GRADWATCH_TEST_POSTGRES_URL when that is set. Without PostgreSQ
 skip and say how to install it, except in CI (CI=true), where they fail; `-m "not postgres"`
 leaves them out. The `server` fixture is a `gradwatch serve` on `db_url`.
 """
+
 from __future__ import annotations
 
 import os
@@ -25,7 +26,6 @@ import pytest
 from support import pg
 from support.databases import DATABASES, new_database
 from support.server import ServerProcess, find_free_port, start_server
-
 
 # -- tiers ------------------------------------------------------------------------------------
 # `make test-fast` runs what needs none of the slow parts: `-m "not (browser or postgres or server

@@ -4,6 +4,7 @@ A training machine installs the hook alone; a server installs no torch. Checked 
 import statement of every module (ast), and a process that imports every server module and then
 finds no `gradwatch` in `sys.modules`.
 """
+
 from __future__ import annotations
 
 import ast
@@ -13,6 +14,7 @@ import sys
 from pathlib import Path
 
 import pytest
+
 from support.server import REPO
 
 PACKAGES = {"gradwatch_server": REPO / "backend" / "gradwatch_server", "gradwatch": REPO / "trainer_hook" / "gradwatch"}
@@ -26,9 +28,13 @@ def imported_names(path: Path) -> set[str]:
             names.update(alias.name for alias in node.names)
         elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
             names.add(node.module)
-        elif (isinstance(node, ast.Call) and node.args and isinstance(node.args[0], ast.Constant)
-              and isinstance(node.args[0].value, str)
-              and (getattr(node.func, "attr", None) == "import_module" or getattr(node.func, "id", None) == "__import__")):
+        elif (
+            isinstance(node, ast.Call)
+            and node.args
+            and isinstance(node.args[0], ast.Constant)
+            and isinstance(node.args[0].value, str)
+            and (getattr(node.func, "attr", None) == "import_module" or getattr(node.func, "id", None) == "__import__")
+        ):
             names.add(node.args[0].value)
     return names
 
@@ -37,16 +43,19 @@ def imported_names(path: Path) -> set[str]:
 def test_no_module_imports_the_other_package(package: str, other: str) -> None:
     modules = sorted(PACKAGES[package].rglob("*.py"))
     assert len(modules) > 10
-    offenders = {str(m.relative_to(REPO)): sorted(n for n in imported_names(m) if n.split(".")[0] == other)
-                 for m in modules}
+    offenders = {
+        str(m.relative_to(REPO)): sorted(n for n in imported_names(m) if n.split(".")[0] == other) for m in modules
+    }
     assert {m: names for m, names in offenders.items() if names} == {}
 
 
 def test_the_checker_sees_each_form_of_import(tmp_path: Path) -> None:
     source = tmp_path / "m.py"
-    source.write_text("import gradwatch.spool\nfrom gradwatch import wire\nfrom . import local\n"
-                      "import importlib\nimportlib.import_module('gradwatch')\n__import__('gradwatch.x')\n"
-                      "importlib.util.find_spec('gradwatch')\n")
+    source.write_text(
+        "import gradwatch.spool\nfrom gradwatch import wire\nfrom . import local\n"
+        "import importlib\nimportlib.import_module('gradwatch')\n__import__('gradwatch.x')\n"
+        "importlib.util.find_spec('gradwatch')\n"
+    )
     assert imported_names(source) == {"gradwatch.spool", "gradwatch", "importlib", "gradwatch.x"}
 
 

@@ -1,4 +1,5 @@
 """docker-compose.yml is valid (checked by Debian's docker-compose; no Docker engine needed)."""
+
 from __future__ import annotations
 
 import re
@@ -16,8 +17,9 @@ def compose(*args: str, env: dict[str, str] | None = None) -> str:
     exe = shutil.which("docker-compose")
     if exe is None:
         pytest.fail("docker-compose is missing: `make test` installs it (scripts/install-system-deps.sh)")
-    out = subprocess.run([exe, *args], cwd=ROOT, capture_output=True, text=True, timeout=60,
-                         env={"PATH": "/usr/bin:/bin", **(env or {})})
+    out = subprocess.run(
+        [exe, *args], cwd=ROOT, capture_output=True, text=True, timeout=60, env={"PATH": "/usr/bin:/bin", **(env or {})}
+    )
     assert out.returncode == 0, out.stderr
     return out.stdout
 
@@ -60,9 +62,11 @@ def test_the_image_has_the_postgres_driver() -> None:
 
 # -- the image's build context -------------------------------------------------------------------
 
+
 def dockerignore_excludes(patterns: list[str], path: str) -> bool:
     """Whether Docker leaves `path` (relative, with /) out of the build context: the last pattern
     matching it or one of its parent folders decides; `!` re-includes; `**` spans folders."""
+
     def regex(pattern: str) -> re.Pattern[str]:
         out, i = "", 0
         while i < len(pattern):
@@ -119,8 +123,13 @@ def test_the_dockerignore_matcher_follows_dockers_rules() -> None:
 def test_every_file_the_image_copies_is_in_the_build_context() -> None:
     """A clean clone has each COPY's source (its tracked files), and .dockerignore keeps them."""
     sources, patterns, files = copy_sources(), dockerignore(), tracked_files()
-    assert {"backend", "frontend", "vendor/package.json", "vendor/package-lock.json",
-            "scripts/install-vendor-js.sh"} <= set(sources)
+    assert {
+        "backend",
+        "frontend",
+        "vendor/package.json",
+        "vendor/package-lock.json",
+        "scripts/install-vendor-js.sh",
+    } <= set(sources)
     for source in sources:
         mine = [f for f in files if f == source or f.startswith(source.rstrip("/") + "/")]
         assert mine, f"the Dockerfile copies {source}, which the repository does not have"
@@ -135,7 +144,7 @@ def test_the_image_serves_the_basic_plotly_bundle_built_from_the_lock() -> None:
     text = (ROOT / "Dockerfile").read_text()
     stage = re.search(r"^FROM node:\S+ AS (\w+)$", text, re.M)
     assert stage, "no node build stage"
-    builder, final = text[stage.start():].split("\nFROM ", 1)
+    builder, final = text[stage.start() :].split("\nFROM ", 1)
     assert "COPY vendor/package.json vendor/package-lock.json ./vendor/" in builder
     assert "RUN ./scripts/install-vendor-js.sh" in builder
     assert "npm ci" in (ROOT / "scripts" / "install-vendor-js.sh").read_text()  # the lock, exactly

@@ -1,14 +1,15 @@
 """Dependencies: every package the server and the hook pull in is pinned in constraints.txt, the
 installed versions are those pins, and each pin clears the fixed version of the advisories we
 know of (no advisory database is reachable from CI: this list is the offline part of the audit)."""
+
 from __future__ import annotations
 
 import importlib.metadata as md
 import re
-import tomllib
 from pathlib import Path
 
 import pytest
+import tomllib
 from packaging.requirements import Requirement
 from packaging.version import Version
 

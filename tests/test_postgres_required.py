@@ -3,6 +3,7 @@
 Run for real: pytest in a child process on one PostgreSQL test of the suite, pointed at a port
 where nothing listens (GRADWATCH_TEST_POSTGRES_URL), with and without CI=true.
 """
+
 from __future__ import annotations
 
 import os
@@ -19,8 +20,19 @@ from support.server import REPO, find_free_port
 A_POSTGRES_TEST = "tests/backend/test_tails.py"
 
 
-@pytest.mark.parametrize(("value", "needed"), [("true", True), ("TRUE", True), ("1", True), ("yes", True),
-                                               ("false", False), ("0", False), ("", False), (None, False)])
+@pytest.mark.parametrize(
+    ("value", "needed"),
+    [
+        ("true", True),
+        ("TRUE", True),
+        ("1", True),
+        ("yes", True),
+        ("false", False),
+        ("0", False),
+        ("", False),
+        (None, False),
+    ],
+)
 def test_ci_requires_postgres(value: str | None, needed: bool) -> None:
     environ = {} if value is None else {"CI": value}
     assert pg.required(environ) is needed
@@ -31,9 +43,27 @@ def run_postgres_tests(tmp_path: Path, ci: str | None) -> subprocess.CompletedPr
     env["GRADWATCH_TEST_POSTGRES_URL"] = f"postgresql://postgres@127.0.0.1:{find_free_port()}/postgres"
     if ci is not None:
         env["CI"] = ci
-    return subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", "-rsE",
-                           "-m", "postgres", "--basetemp", str(tmp_path / "run"), A_POSTGRES_TEST],
-                          capture_output=True, text=True, timeout=120, cwd=REPO, env=env)
+    return subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-p",
+            "no:cacheprovider",
+            "-q",
+            "-rsE",
+            "-m",
+            "postgres",
+            "--basetemp",
+            str(tmp_path / "run"),
+            A_POSTGRES_TEST,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=REPO,
+        env=env,
+    )
 
 
 def test_without_postgres_its_tests_skip_and_say_why(tmp_path: Path) -> None:

@@ -1,4 +1,5 @@
 """What the hook emits is valid under the server's protocol models: one definition, both sides."""
+
 from __future__ import annotations
 
 import json
@@ -24,9 +25,19 @@ def test_hook_messages_validate_and_round_trip() -> None:
     opt = torch.optim.Adam(list(model[0].parameters()) + list(model[1].parameters()), lr=1e-3)
     layout = build_layout([opt], model)
     probe = Probe(layout)
-    hello = wire.hello({"id": "abc123", "name": "n", "project": "p", "started_at": 1.0, "hook_version": "0.1.0",
-                        "optimizer": "Adam", "config": {"every": 1, "unoptimized_params": layout.unoptimized}},
-                       layout.hello_params(), layout.hello_groups())
+    hello = wire.hello(
+        {
+            "id": "abc123",
+            "name": "n",
+            "project": "p",
+            "started_at": 1.0,
+            "hook_version": "0.1.0",
+            "optimizer": "Adam",
+            "config": {"every": 1, "unoptimized_params": layout.unoptimized},
+        },
+        layout.hello_params(),
+        layout.hello_groups(),
+    )
     parsed = protocol.parse_message(wire.dumps(hello))
     assert isinstance(parsed, protocol.Hello)
     assert [p.name for p in parsed.params] == ["0.weight", "0.bias", "1.weight", "1.bias"]
@@ -53,15 +64,30 @@ def test_hook_messages_validate_and_round_trip() -> None:
 
 
 def test_wire_json_is_strict() -> None:
-    text = wire.dumps(wire.step(1, 1, 0.0, {"a": float("nan"), "b": float("-inf")}, {"grad_norm": np.zeros(1, np.float32)},
-                                np.zeros(1, np.uint8)))
+    text = wire.dumps(
+        wire.step(
+            1,
+            1,
+            0.0,
+            {"a": float("nan"), "b": float("-inf")},
+            {"grad_norm": np.zeros(1, np.float32)},
+            np.zeros(1, np.uint8),
+        )
+    )
     assert json.loads(text)["scalars"] == {"a": "NaN", "b": "-Infinity"}
 
 
 def test_hook_steps_batches_validate_and_stand_for_their_steps() -> None:
-    records = [wire.StepRecord(step=s, time=float(s), scalars={"loss": float(s), "bad": float("nan")},
-                               metrics={"grad_norm": np.array([s, np.inf], np.float32)},
-                               grad_status=np.array([2, 3], np.uint8)) for s in (4, 5, 7)]
+    records = [
+        wire.StepRecord(
+            step=s,
+            time=float(s),
+            scalars={"loss": float(s), "bad": float("nan")},
+            metrics={"grad_norm": np.array([s, np.inf], np.float32)},
+            grad_status=np.array([2, 3], np.uint8),
+        )
+        for s in (4, 5, 7)
+    ]
     message = protocol.parse_message(wire.dumps(wire.steps(9, records)), param_count=2)
     assert isinstance(message, protocol.Steps)
     for record, step in zip(records, message.expand()):
@@ -70,4 +96,3 @@ def test_hook_steps_batches_validate_and_stand_for_their_steps() -> None:
         assert protocol.decode_status(step.arrays()["grad_status"]).tolist() == [2, 3]
     single = protocol.parse_message(wire.dumps(wire.steps(10, records[:1])), param_count=2)
     assert isinstance(single, protocol.Step) and single.step == 4  # one record: a plain `step`
-

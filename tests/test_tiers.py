@@ -4,6 +4,7 @@ tier (`make test-fast`) never holds a test that starts a server, needs PostgreSQ
 Run for real: pytest collects a few modules in a child process, which prints each test's tier
 markers, and the tests known to use each part carry its marker.
 """
+
 from __future__ import annotations
 
 import json
@@ -15,8 +16,12 @@ import pytest
 from support.server import REPO
 
 TIERS = {"browser", "postgres", "server", "corpus", "integration"}
-MODULES = ["tests/backend/test_api.py", "tests/backend/test_live.py", "tests/integration/test_workers.py",
-           "tests/browser/test_dashboard.py"]
+MODULES = [
+    "tests/backend/test_api.py",
+    "tests/backend/test_live.py",
+    "tests/integration/test_workers.py",
+    "tests/browser/test_dashboard.py",
+]
 COLLECT = """
 import json, sys, pytest
 class Markers:
@@ -30,8 +35,9 @@ sys.exit(pytest.main(["--collect-only", "-q", "-p", "no:cacheprovider", *sys.arg
 @pytest.fixture(scope="module")
 def tiers() -> dict[str, set[str]]:
     """Each collected test's tier markers."""
-    result = subprocess.run([sys.executable, "-c", COLLECT, *MODULES], capture_output=True, text=True,
-                            timeout=120, cwd=REPO)
+    result = subprocess.run(
+        [sys.executable, "-c", COLLECT, *MODULES], capture_output=True, text=True, timeout=120, cwd=REPO
+    )
     assert result.returncode == 0, result.stdout + result.stderr
     line = next(line for line in result.stdout.splitlines() if line.startswith("MARKERS "))
     return {test: set(markers) & TIERS for test, markers in json.loads(line.removeprefix("MARKERS ")).items()}

@@ -1,4 +1,5 @@
 """`python -m gradwatch_server` is the `gradwatch` command."""
+
 import sys
 
 from .cli import main

@@ -1,4 +1,5 @@
 """The FastAPI application: `create_app(settings)`; the store is opened in the lifespan."""
+
 from __future__ import annotations
 
 import asyncio

@@ -12,6 +12,7 @@ stored step at or after its end), in the transaction that stores the steps that 
 row holds `PART` parameters so that reading one parameter loads little.
 Why, and what it costs: docs/design.md, Step blocks; docs/benchmarks.md.
 """
+
 from __future__ import annotations
 
 import math
@@ -61,13 +62,25 @@ FIELDS = ("first", "rows", "low", "high", "total", "finite", "nan")
 
 
 def empty(width: int, dtype: type = np.float32) -> Pieces:
-    return Pieces(np.empty(0, np.int64), np.empty(0, np.int64), np.empty((0, width), dtype),
-                  np.empty((0, width), dtype), np.empty((0, width)), np.empty((0, width), np.int32),
-                  np.empty((0, width), np.int32))
+    return Pieces(
+        np.empty(0, np.int64),
+        np.empty(0, np.int64),
+        np.empty((0, width), dtype),
+        np.empty((0, width), dtype),
+        np.empty((0, width)),
+        np.empty((0, width), np.int32),
+        np.empty((0, width), np.int32),
+    )
 
 
-def from_values(steps: np.ndarray, values: np.ndarray, missing: np.ndarray | None, size: int | None = None,
-                dtype: type = np.float32, starts: np.ndarray | None = None) -> Pieces:
+def from_values(
+    steps: np.ndarray,
+    values: np.ndarray,
+    missing: np.ndarray | None,
+    size: int | None = None,
+    dtype: type = np.float32,
+    starts: np.ndarray | None = None,
+) -> Pieces:
     """Pieces of raw steps: `values` (steps x parameters, float32 or uint8 codes, or float64
     scalars with `dtype`; steps ascending) with `missing` marking ABSENT; one piece per step, per
     block of `size` steps, or per group of rows beginning at the indices `starts`."""
@@ -85,7 +98,8 @@ def from_values(steps: np.ndarray, values: np.ndarray, missing: np.ndarray | Non
     if missing is not None:
         nan &= ~missing
     return Pieces(
-        first=steps[starts], rows=np.diff(np.append(starts, len(steps))),
+        first=steps[starts],
+        rows=np.diff(np.append(starts, len(steps))),
         low=_reduce(np.minimum, np.where(ordered, v, v.dtype.type(np.inf)), starts),
         high=_reduce(np.maximum, np.where(ordered, v, v.dtype.type(-np.inf)), starts),
         total=_reduce(np.add, np.where(finite, v, v.dtype.type(0)), starts, np.float64),
@@ -121,9 +135,12 @@ def from_records(first: np.ndarray, rows: np.ndarray, records: np.ndarray) -> Pi
     """Pieces from stored blocks: `records` is (blocks x parameters) of `RECORD` or `SCALAR_RECORD`."""
     extreme = records.dtype["min"].newbyteorder("=")
     return Pieces(
-        first=np.asarray(first, dtype=np.int64), rows=np.asarray(rows, dtype=np.int64),
-        low=records["min"].astype(extreme), high=records["max"].astype(extreme),
-        total=records["sum"].astype(np.float64), finite=records["finite"].astype(np.int32),
+        first=np.asarray(first, dtype=np.int64),
+        rows=np.asarray(rows, dtype=np.int64),
+        low=records["min"].astype(extreme),
+        high=records["max"].astype(extreme),
+        total=records["sum"].astype(np.float64),
+        finite=records["finite"].astype(np.int32),
         nan=records["nan"].astype(np.int32),
     )
 
@@ -151,9 +168,12 @@ def merge(pieces: Pieces, starts: np.ndarray) -> Pieces:
     if len(starts) == len(pieces):
         return pieces
     return Pieces(
-        first=pieces.first[starts], rows=np.add.reduceat(pieces.rows, starts),
-        low=_reduce(np.minimum, pieces.low, starts), high=_reduce(np.maximum, pieces.high, starts),
-        total=_reduce(np.add, pieces.total, starts), finite=_reduce(np.add, pieces.finite, starts),
+        first=pieces.first[starts],
+        rows=np.add.reduceat(pieces.rows, starts),
+        low=_reduce(np.minimum, pieces.low, starts),
+        high=_reduce(np.maximum, pieces.high, starts),
+        total=_reduce(np.add, pieces.total, starts),
+        finite=_reduce(np.add, pieces.finite, starts),
         nan=_reduce(np.add, pieces.nan, starts),
     )
 
@@ -173,8 +193,10 @@ def summary(pieces: Pieces) -> downsample.Summary:
     with np.errstate(invalid="ignore", divide="ignore"):
         mean = np.where(pieces.finite > 0, pieces.total / np.maximum(pieces.finite, 1), np.nan)
     return downsample.Summary(
-        mean=mean, min=np.where(has_ordered, pieces.low.astype(np.float64), np.nan),
-        max=np.where(has_ordered & ~has_nan, pieces.high.astype(np.float64), np.nan), empty=~(has_ordered | has_nan),
+        mean=mean,
+        min=np.where(has_ordered, pieces.low.astype(np.float64), np.nan),
+        max=np.where(has_ordered & ~has_nan, pieces.high.astype(np.float64), np.nan),
+        empty=~(has_ordered | has_nan),
     )
 
 
@@ -197,6 +219,7 @@ def highest_code(pieces: Pieces, starts: np.ndarray) -> np.ndarray:
 
 
 # -- which blocks ----------------------------------------------------------------------------
+
 
 def closed(size: int, last_step: int | None) -> int:
     """Blocks of `size` numbered below this are closed (the run has a step at or after their end)."""

@@ -15,6 +15,7 @@ windowed and downsampled as above: it reads every stored step up to `end`, so it
 while those are at most `SMOOTH_ROWS`; above, the request is refused (`TooLong`, a 422) rather
 than answered with an approximation or read without bound.
 """
+
 from __future__ import annotations
 
 import base64
@@ -73,9 +74,11 @@ def _check_smooth_rows(store: Store, run_id: str, name: str, end: int | None, ki
     count = store.series_count(run_id, name, *bounds, kind)
     if count > limit:
         upto = "the last" if end is None else f"end={end}"
-        raise TooLong(f"smooth: {name!r} has {count} stored steps from the run's first to {upto}, more than "
-                      f"the {limit} a smoothed series may read (the average starts at the first step); ask "
-                      "without smooth (a downsampled series keeps each bucket's min and max) or with an earlier end")
+        raise TooLong(
+            f"smooth: {name!r} has {count} stored steps from the run's first to {upto}, more than "
+            f"the {limit} a smoothed series may read (the average starts at the first step); ask "
+            "without smooth (a downsampled series keeps each bucket's min and max) or with an earlier end"
+        )
 
 
 def _missing(values: np.ndarray) -> np.ndarray | None:
@@ -92,21 +95,33 @@ def _require(name: str, known: Sequence[str], what: str, run_id: str) -> None:
 Points = tuple[list[JsonFloat], list[JsonFloat] | None, list[JsonFloat] | None]
 
 
-def _points(steps: np.ndarray, columns: np.ndarray, missing: np.ndarray | None,
-            max_points: int) -> tuple[list[int], bool, list[Points]]:
+def _points(
+    steps: np.ndarray, columns: np.ndarray, missing: np.ndarray | None, max_points: int
+) -> tuple[list[int], bool, list[Points]]:
     """Steps and, per column of `columns` (steps x k), its (value, min, max) lists."""
     if len(steps) <= max_points:
-        return steps.tolist(), False, [
-            (float_list(columns[:, j], None if missing is None else missing[:, j]), None, None)
-            for j in range(columns.shape[1])
-        ]
+        return (
+            steps.tolist(),
+            False,
+            [
+                (float_list(columns[:, j], None if missing is None else missing[:, j]), None, None)
+                for j in range(columns.shape[1])
+            ],
+        )
     starts = downsample.bucket_starts(len(steps), max_points)
     s = downsample.summarize(columns, starts, missing)
-    return steps[starts].tolist(), True, [
-        (float_list(s.mean[:, j], s.empty[:, j]), float_list(s.min[:, j], s.empty[:, j]),
-         float_list(s.max[:, j], s.empty[:, j]))
-        for j in range(columns.shape[1])
-    ]
+    return (
+        steps[starts].tolist(),
+        True,
+        [
+            (
+                float_list(s.mean[:, j], s.empty[:, j]),
+                float_list(s.min[:, j], s.empty[:, j]),
+                float_list(s.max[:, j], s.empty[:, j]),
+            )
+            for j in range(columns.shape[1])
+        ],
+    )
 
 
 def _wall_times(store: Store, run_id: str, step: list[int]) -> dict[str, Any]:
@@ -116,9 +131,18 @@ def _wall_times(store: Store, run_id: str, step: list[int]) -> dict[str, Any]:
     return {"time": float_list(times, np.isnan(times)), "time0": first}
 
 
-def scalar_series(store: Store, run_id: str, key: str, start: int | None, end: int | None,
-                  max_points: int, with_time: bool = False, raw_rows: int = RAW_ROWS, smooth: float = 0.0,
-                  smooth_rows: int | None = None) -> Series:
+def scalar_series(
+    store: Store,
+    run_id: str,
+    key: str,
+    start: int | None,
+    end: int | None,
+    max_points: int,
+    with_time: bool = False,
+    raw_rows: int = RAW_ROWS,
+    smooth: float = 0.0,
+    smooth_rows: int | None = None,
+) -> Series:
     _require(key, store.series_names(run_id, "scalar"), "scalar", run_id)
     low: list[JsonFloat] | None
     high: list[JsonFloat] | None
@@ -129,13 +153,15 @@ def scalar_series(store: Store, run_id: str, key: str, start: int | None, end: i
         step, downsampled, [(value, low, high)] = _points(steps, values.reshape(-1, 1), None, max_points)
         extra = _wall_times(store, run_id, step) if with_time else {}
         return Series(key=key, downsampled=downsampled, step=step, value=value, min=low, max=high, **extra)
-    found = long_window(store, run_id, key, None, 1, start, end, max_points, raw_rows, blocks.group,
-                        kind="scalar")
+    found = long_window(store, run_id, key, None, 1, start, end, max_points, raw_rows, blocks.group, kind="scalar")
     if found is not None:
         s = blocks.summary(blocks.concat(found, 1))
         step, downsampled = [int(f) for p in found for f in p.first], True
-        value, low, high = (float_list(s.mean[:, 0], s.empty[:, 0]), float_list(s.min[:, 0], s.empty[:, 0]),
-                            float_list(s.max[:, 0], s.empty[:, 0]))
+        value, low, high = (
+            float_list(s.mean[:, 0], s.empty[:, 0]),
+            float_list(s.min[:, 0], s.empty[:, 0]),
+            float_list(s.max[:, 0], s.empty[:, 0]),
+        )
     else:
         steps, values = store.scalar_series(run_id, key, start, end)
         step, downsampled, [(value, low, high)] = _points(steps, values.reshape(-1, 1), None, max_points)
@@ -143,8 +169,7 @@ def scalar_series(store: Store, run_id: str, key: str, start: int | None, end: i
     return Series(key=key, downsampled=downsampled, step=step, value=value, min=low, max=high, **extra)
 
 
-def _from_start(steps: np.ndarray, arrays: list[np.ndarray],
-                start: int | None) -> tuple[np.ndarray, list[np.ndarray]]:
+def _from_start(steps: np.ndarray, arrays: list[np.ndarray], start: int | None) -> tuple[np.ndarray, list[np.ndarray]]:
     """The steps from `start` on, and those rows of `arrays` (a smoothed series is read from the
     run's first step, then cut)."""
     if start is None:
@@ -166,10 +191,22 @@ def top_indices(values: np.ndarray, top: int, order: Literal["asc", "desc"]) -> 
     return [int(i) for i in candidates[ranked[:top]]]
 
 
-def param_series(store: Store, run_id: str, params: list[Param], metric: str, names: Sequence[str],
-                 top: int, order: Literal["asc", "desc"], start: int | None, end: int | None,
-                 max_points: int, with_time: bool = False, raw_rows: int = RAW_ROWS,
-                 smooth: float = 0.0, smooth_rows: int | None = None) -> ParamSeriesPublic:
+def param_series(
+    store: Store,
+    run_id: str,
+    params: list[Param],
+    metric: str,
+    names: Sequence[str],
+    top: int,
+    order: Literal["asc", "desc"],
+    start: int | None,
+    end: int | None,
+    max_points: int,
+    with_time: bool = False,
+    raw_rows: int = RAW_ROWS,
+    smooth: float = 0.0,
+    smooth_rows: int | None = None,
+) -> ParamSeriesPublic:
     _require(metric, store.series_names(run_id, "param"), "parameter metric", run_id)
     by_name = {p.name: p for p in params}
     if names:
@@ -179,8 +216,11 @@ def param_series(store: Store, run_id: str, params: list[Param], metric: str, na
     else:
         last = store.last_metric_row(run_id, metric, start, end)
         chosen = [] if last is None else top_indices(last[1], top, order)
-    found = None if smooth > 0 else long_window(store, run_id, metric, chosen, len(chosen), start, end,
-                                                max_points, raw_rows, blocks.group)
+    found = (
+        None
+        if smooth > 0
+        else long_window(store, run_id, metric, chosen, len(chosen), start, end, max_points, raw_rows, blocks.group)
+    )
     points: list[Points]
     if smooth > 0:
         _check_smooth_rows(store, run_id, metric, end, "param", smooth_rows)
@@ -188,27 +228,44 @@ def param_series(store: Store, run_id: str, params: list[Param], metric: str, na
         missing = _missing(columns)
         if missing is None:
             missing = np.zeros(columns.shape, dtype=bool)
-        steps, [smoothed, missing] = _from_start(steps, [smoothing.ema_columns(columns, smooth, missing), missing],
-                                                 start)
+        steps, [smoothed, missing] = _from_start(
+            steps, [smoothing.ema_columns(columns, smooth, missing), missing], start
+        )
         step, downsampled, points = _points(steps, smoothed, missing, max_points)
     elif found is not None:
         s = blocks.summary(blocks.concat(found, len(chosen)))
         step, downsampled = [int(f) for p in found for f in p.first], True
         points = [
-            (float_list(s.mean[:, j], s.empty[:, j]), float_list(s.min[:, j], s.empty[:, j]),
-             float_list(s.max[:, j], s.empty[:, j])) for j in range(len(chosen))]
+            (
+                float_list(s.mean[:, j], s.empty[:, j]),
+                float_list(s.min[:, j], s.empty[:, j]),
+                float_list(s.max[:, j], s.empty[:, j]),
+            )
+            for j in range(len(chosen))
+        ]
     else:
         steps, columns = store.metric_columns(run_id, metric, chosen, start, end)
         step, downsampled, points = _points(steps, columns, _missing(columns), max_points)
-    series = [ParamSeries(param=params[i].name, index=i, value=value, min=low, max=high)
-              for i, (value, low, high) in zip(chosen, points)]
+    series = [
+        ParamSeries(param=params[i].name, index=i, value=value, min=low, max=high)
+        for i, (value, low, high) in zip(chosen, points)
+    ]
     extra = _wall_times(store, run_id, step) if with_time else {}
     return ParamSeriesPublic(metric=metric, downsampled=downsampled, step=step, series=series, **extra)
 
 
-def heatmap(store: Store, run_id: str, params: list[Param], metric: str, start: int | None,
-            end: int | None, max_steps: int, chunk_rows: int = HEATMAP_CHUNK_ROWS,
-            raw_rows: int = RAW_ROWS, encoding: Encoding = "json") -> Heatmap:
+def heatmap(
+    store: Store,
+    run_id: str,
+    params: list[Param],
+    metric: str,
+    start: int | None,
+    end: int | None,
+    max_steps: int,
+    chunk_rows: int = HEATMAP_CHUNK_ROWS,
+    raw_rows: int = RAW_ROWS,
+    encoding: Encoding = "json",
+) -> Heatmap:
     """Parameters x step buckets: each cell the bucket's peak (highest code for grad_status),
     as JSON lists (`z`) or, with `encoding="f32"`, as base64 float32 (`z_f32`, docs/api.md).
 
@@ -220,8 +277,9 @@ def heatmap(store: Store, run_id: str, params: list[Param], metric: str, start: 
     fields: dict[str, Any] = {"z": None, "z_f32": _f32_cells(grid)} if encoding == "f32" else {"z": _json_cells(grid)}
     # model_construct: the cells are ours and already JSON values; validating a million of them
     # again would cost more than building them.
-    return Heatmap.model_construct(metric=metric, params=[p.name for p in params], step=grid.step.tolist(),
-                                   downsampled=grid.downsampled, **fields)
+    return Heatmap.model_construct(
+        metric=metric, params=[p.name for p in params], step=grid.step.tolist(), downsampled=grid.downsampled, **fields
+    )
 
 
 @dataclass(frozen=True)
@@ -238,8 +296,17 @@ class Grid:
 Cells = tuple[np.ndarray, np.ndarray, np.ndarray | None]
 
 
-def _grid(store: Store, run_id: str, metric: str, count: int, start: int | None, end: int | None,
-          max_steps: int, chunk_rows: int, raw_rows: int) -> Grid:
+def _grid(
+    store: Store,
+    run_id: str,
+    metric: str,
+    count: int,
+    start: int | None,
+    end: int | None,
+    max_steps: int,
+    chunk_rows: int,
+    raw_rows: int,
+) -> Grid:
     """The window's buckets from the step blocks over a long window, else from the raw rows, a
     few thousand steps at a time (whole buckets per read), so memory stays bounded however long
     the run."""
@@ -277,8 +344,12 @@ def _join_cells(chunks: list[Cells], count: int, downsampled: bool) -> Grid:
     if not chunks:
         return Grid(np.empty(0, np.int64), np.empty((count, 0)), np.empty((count, 0), bool), downsampled)
     masks = [c[2] for c in chunks if c[2] is not None]
-    return Grid(step=np.concatenate([c[0] for c in chunks]), cells=np.concatenate([c[1] for c in chunks]).T,
-                empty=np.concatenate(masks).T if masks else None, downsampled=downsampled)
+    return Grid(
+        step=np.concatenate([c[0] for c in chunks]),
+        cells=np.concatenate([c[1] for c in chunks]).T,
+        empty=np.concatenate(masks).T if masks else None,
+        downsampled=downsampled,
+    )
 
 
 def _json_cells(grid: Grid) -> list[list[int | JsonFloat]]:
@@ -304,9 +375,19 @@ def _f32_cells(grid: Grid) -> str:
     return base64.b64encode(out.tobytes()).decode("ascii")
 
 
-def long_window(store: Store, run_id: str, name: str, indices: Sequence[int] | None, count: int,
-                start: int | None, end: int | None, max_points: int, raw_rows: int,
-                reduce: Callable[[blocks.Pieces, int], R], kind: str = "param") -> list[R] | None:
+def long_window(
+    store: Store,
+    run_id: str,
+    name: str,
+    indices: Sequence[int] | None,
+    count: int,
+    start: int | None,
+    end: int | None,
+    max_points: int,
+    raw_rows: int,
+    reduce: Callable[[blocks.Pieces, int], R],
+    kind: str = "param",
+) -> list[R] | None:
     """Shared by every chart that reads a long window from the blocks (series, heatmap, spread):
     the window in at most `max_points` aligned buckets built from the stored step blocks, a
     chunk of buckets per list item (what `reduce` makes of its pieces and the bucket width), for
@@ -325,8 +406,18 @@ def long_window(store: Store, run_id: str, name: str, indices: Sequence[int] | N
     return [reduce(pieces, plan[0]) for pieces in _pieces(store, run_id, name, indices, count, kind, *bounds, *plan)]
 
 
-def _pieces(store: Store, run_id: str, name: str, indices: Sequence[int] | None, count: int, kind: str,
-            lo: int, hi: int, width: int, size: int) -> Iterator[blocks.Pieces]:
+def _pieces(
+    store: Store,
+    run_id: str,
+    name: str,
+    indices: Sequence[int] | None,
+    count: int,
+    kind: str,
+    lo: int,
+    hi: int,
+    width: int,
+    size: int,
+) -> Iterator[blocks.Pieces]:
     """Pieces of [lo, hi] from blocks of at most `size` steps, a chunk of whole buckets of
     `width` steps per store read (about BLOCK_CHUNK_VALUES summaries)."""
     pieces = max(1, BLOCK_CHUNK_VALUES // max(1, count))

@@ -2,6 +2,7 @@
 
 Exit codes: 0 success, 1 the command failed (the message says what to do), 2 bad usage.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -34,9 +35,10 @@ Command = Callable[[argparse.Namespace, Mapping[str, str], IO[str]], int]
 
 def _db_option(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
-        "--db", metavar="URL",
+        "--db",
+        metavar="URL",
         help=f"database: sqlite:///path.db, a file path, or postgresql://... "
-             f"(default: ${ENV_VARS['db_url']} or sqlite:///./gradwatch.db)",
+        f"(default: ${ENV_VARS['db_url']} or sqlite:///./gradwatch.db)",
     )
 
 
@@ -52,32 +54,50 @@ def _workers(text: str) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="gradwatch", description="gradwatch server: store PyTorch optimizer telemetry and show it live.",
+        prog="gradwatch",
+        description="gradwatch server: store PyTorch optimizer telemetry and show it live.",
     )
     parser.add_argument("--version", action="version", version=f"gradwatch-server {__version__}")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
 
-    serve = commands.add_parser("serve", help="run the server and dashboard",
-                                description="Receive telemetry from hooks and serve the dashboard.")
+    serve = commands.add_parser(
+        "serve",
+        help="run the server and dashboard",
+        description="Receive telemetry from hooks and serve the dashboard.",
+    )
     serve.set_defaults(func=cmd_serve)
     _db_option(serve)
     serve.add_argument("--host", help=f"address to bind (default {DEFAULT_HOST}: this machine only)")
     serve.add_argument("--port", type=int, help=f"port (default {DEFAULT_PORT})")
     serve.add_argument("--token", help=f"require this token for writes (default: ${ENV_VARS['token']})")
-    serve.add_argument("--allowed-hosts", metavar="NAMES",
-                       help="comma-separated host names the server answers to, * for any (default: the "
-                            "loopback names when bound to loopback, else any)")
-    serve.add_argument("--workers", type=_workers, metavar="N",
-                       help=f"worker processes serving the port (default: ${ENV_VARS['workers']}, then 1); more "
-                            "than 1 needs PostgreSQL (--db postgresql://...), which passes live updates between "
-                            "them; SQLite stays one process")
-    serve.add_argument("--notify", metavar="URL", action="append",
-                       help="POST each new error or warning finding to this webhook (Slack, Discord, ntfy "
-                            "with the topic as #fragment, or any receiver of JSON); repeat for several "
-                            f"(default: ${ENV_VARS['notify']}, comma-separated)")
-    serve.add_argument("--public-url", metavar="URL",
-                       help="the dashboard's address as people reach it, for the links in notifications "
-                            f"(default: ${ENV_VARS['public_url']}, then the address served)")
+    serve.add_argument(
+        "--allowed-hosts",
+        metavar="NAMES",
+        help="comma-separated host names the server answers to, * for any (default: the "
+        "loopback names when bound to loopback, else any)",
+    )
+    serve.add_argument(
+        "--workers",
+        type=_workers,
+        metavar="N",
+        help=f"worker processes serving the port (default: ${ENV_VARS['workers']}, then 1); more "
+        "than 1 needs PostgreSQL (--db postgresql://...), which passes live updates between "
+        "them; SQLite stays one process",
+    )
+    serve.add_argument(
+        "--notify",
+        metavar="URL",
+        action="append",
+        help="POST each new error or warning finding to this webhook (Slack, Discord, ntfy "
+        "with the topic as #fragment, or any receiver of JSON); repeat for several "
+        f"(default: ${ENV_VARS['notify']}, comma-separated)",
+    )
+    serve.add_argument(
+        "--public-url",
+        metavar="URL",
+        help="the dashboard's address as people reach it, for the links in notifications "
+        f"(default: ${ENV_VARS['public_url']}, then the address served)",
+    )
     serve.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
 
     runs = commands.add_parser("runs", help="list stored runs", description="List the runs in a database.")
@@ -90,41 +110,60 @@ def build_parser() -> argparse.ArgumentParser:
     export = commands.add_parser("export", help="export a run", description="Write a run's data to a file.")
     export.set_defaults(func=cmd_export)
     export.add_argument("run", metavar="RUN", help="run id (or a name only one run has)")
-    export.add_argument("--format", choices=["csv", "json", "parquet"], default="csv",
-                        help="csv (one row per step and parameter), json (JSON lines, re-importable), parquet")
-    export.add_argument("--table", choices=["params", "steps"], default="params",
-                        help="params (one row per step and parameter) or steps (one row per step, one column "
-                             "per scalar: loss, learning rates, grad_norm_total, memory, your scalars)")
+    export.add_argument(
+        "--format",
+        choices=["csv", "json", "parquet"],
+        default="csv",
+        help="csv (one row per step and parameter), json (JSON lines, re-importable), parquet",
+    )
+    export.add_argument(
+        "--table",
+        choices=["params", "steps"],
+        default="params",
+        help="params (one row per step and parameter) or steps (one row per step, one column "
+        "per scalar: loss, learning rates, grad_norm_total, memory, your scalars)",
+    )
     export.add_argument("-o", "--output", metavar="FILE", help="write here (default: standard output)")
     _db_option(export)
 
-    imp = commands.add_parser("import", help="load an exported run",
-                              description="Load a run exported with --format json into the database.")
+    imp = commands.add_parser(
+        "import", help="load an exported run", description="Load a run exported with --format json into the database."
+    )
     imp.set_defaults(func=cmd_import)
     imp.add_argument("file", metavar="FILE", help="JSON-lines export, or - for standard input")
     _db_option(imp)
 
-    sync = commands.add_parser("sync", help="send spooled hook data to a server",
-                               description="Replay telemetry the hook spooled while no server was reachable: runs "
-                                           "the hook's `python -m gradwatch sync` (needs the hook, pip install "
-                                           "gradwatch) and exits with its status.")
+    sync = commands.add_parser(
+        "sync",
+        help="send spooled hook data to a server",
+        description="Replay telemetry the hook spooled while no server was reachable: runs "
+        "the hook's `python -m gradwatch sync` (needs the hook, pip install "
+        "gradwatch) and exits with its status.",
+    )
     sync.set_defaults(func=cmd_sync)
     sync.add_argument("--server", metavar="URL", help=f"server URL (default: $GRADWATCH_SERVER, then {DEFAULT_SERVER})")
-    sync.add_argument("--spool", metavar="DIR", help="spool folder (default: $GRADWATCH_SPOOL, then ~/.gradwatch/spool)")
+    sync.add_argument(
+        "--spool", metavar="DIR", help="spool folder (default: $GRADWATCH_SPOOL, then ~/.gradwatch/spool)"
+    )
     sync.add_argument("--token", metavar="T", help="the server's token (default: $GRADWATCH_TOKEN)")
 
     gc = commands.add_parser(
-        "gc", help="delete old or crashed runs and compact the database",
+        "gc",
+        help="delete old or crashed runs and compact the database",
         description="Delete the runs chosen by --older-than and/or --crashed (each with all its data, in one "
-                    "transaction; never a running run), then give the space back: VACUUM on SQLite (it rewrites "
-                    "the file: it needs as much free disk, and a moment without a server writing), VACUUM (ANALYZE) "
-                    "on PostgreSQL. Without --older-than or --crashed it only compacts. Deleting asks for --yes "
-                    "(or a y on a terminal); --dry-run lists what would go.",
+        "transaction; never a running run), then give the space back: VACUUM on SQLite (it rewrites "
+        "the file: it needs as much free disk, and a moment without a server writing), VACUUM (ANALYZE) "
+        "on PostgreSQL. Without --older-than or --crashed it only compacts. Deleting asks for --yes "
+        "(or a y on a terminal); --dry-run lists what would go.",
     )
     gc.set_defaults(func=cmd_gc)
     _db_option(gc)
-    gc.add_argument("--older-than", metavar="DAYS", type=_days,
-                    help="delete the runs created more than DAYS days ago (a decimal, e.g. 0.5)")
+    gc.add_argument(
+        "--older-than",
+        metavar="DAYS",
+        type=_days,
+        help="delete the runs created more than DAYS days ago (a decimal, e.g. 0.5)",
+    )
     gc.add_argument("--crashed", action="store_true", help="delete crashed runs (with --older-than: the older ones)")
     gc.add_argument("--project", help="only runs of this project (with --older-than or --crashed)")
     confirm = gc.add_mutually_exclusive_group()
@@ -165,33 +204,54 @@ def cmd_serve(args: argparse.Namespace, env: Mapping[str, str], out: IO[str]) ->
     from . import serving, workers
     from .app import create_app
 
-    settings = Settings.from_env(env, db_url=args.db, host=args.host, port=args.port, token=args.token,
-                                 allowed_hosts=args.allowed_hosts, workers=args.workers, notify=args.notify,
-                                 public_url=args.public_url)
+    settings = Settings.from_env(
+        env,
+        db_url=args.db,
+        host=args.host,
+        port=args.port,
+        token=args.token,
+        allowed_hosts=args.allowed_hosts,
+        workers=args.workers,
+        notify=args.notify,
+        public_url=args.public_url,
+    )
     problem = workers.refusal(settings)
     if problem:
         print(f"gradwatch: error: {problem}", file=sys.stderr)
         return EXIT_USAGE
     open_store(settings.db_url).close()  # fail here, with a clear message, if the database is unusable
     if settings.host not in ("127.0.0.1", "localhost", "::1") and settings.token is None:
-        print(f"gradwatch: warning: listening on {settings.host} without --token: anyone who can reach "
-              "this port can write runs", file=sys.stderr)
+        print(
+            f"gradwatch: warning: listening on {settings.host} without --token: anyone who can reach "
+            "this port can write runs",
+            file=sys.stderr,
+        )
     workers.configure_logging(args.log_level)
     host = f"[{settings.host}]" if ":" in settings.host else settings.host
     several = f", {settings.workers} workers" if settings.workers > 1 else ""
-    print(f"gradwatch: dashboard at http://{host}:{settings.port}/  (database {display_url(settings.db_url)}{several})",
-          file=out, flush=True)
+    print(
+        f"gradwatch: dashboard at http://{host}:{settings.port}/  (database {display_url(settings.db_url)}{several})",
+        file=out,
+        flush=True,
+    )
     try:
         if settings.workers > 1:
             if not workers.serve(settings, args.log_level):
                 raise CommandFailed("the worker processes could not start (see above)")
         else:
-            serving.run(create_app(settings), host=settings.host, port=settings.port, log_level=args.log_level,
-                        ws_max_size=settings.max_frame_bytes)
+            serving.run(
+                create_app(settings),
+                host=settings.host,
+                port=settings.port,
+                log_level=args.log_level,
+                ws_max_size=settings.max_frame_bytes,
+            )
     except SystemExit as exc:  # uvicorn exits 3 when it cannot start, e.g. on a port in use
         if exc.code:
-            raise CommandFailed(f"the server could not start on {host}:{settings.port} (see above); "
-                                "if the port is in use, stop the other server or pass --port") from None
+            raise CommandFailed(
+                f"the server could not start on {host}:{settings.port} (see above); "
+                "if the port is in use, stop the other server or pass --port"
+            ) from None
     return EXIT_OK
 
 
@@ -204,8 +264,10 @@ def cmd_runs(args: argparse.Namespace, env: Mapping[str, str], out: IO[str]) -> 
     if not found:
         print("no runs", file=out)
         return EXIT_OK
-    rows = [(r.id, r.name, r.project, r.status, str(r.steps),
-             time.strftime("%Y-%m-%d %H:%M", time.localtime(r.created_at))) for r in found]
+    rows = [
+        (r.id, r.name, r.project, r.status, str(r.steps), time.strftime("%Y-%m-%d %H:%M", time.localtime(r.created_at)))
+        for r in found
+    ]
     header = ("ID", "NAME", "PROJECT", "STATUS", "STEPS", "CREATED")
     widths = [max(len(row[i]) for row in (header, *rows)) for i in range(len(header))]
     for row in (header, *rows):
@@ -265,7 +327,7 @@ def cmd_import(args: argparse.Namespace, env: Mapping[str, str], out: IO[str]) -
 
     store = _store(args, env)
     try:
-        with (contextlib.nullcontext(sys.stdin) if args.file == "-" else open(args.file, encoding="utf-8")) as f:
+        with contextlib.nullcontext(sys.stdin) if args.file == "-" else open(args.file, encoding="utf-8") as f:
             result = import_jsonl(store, f)
     except ImportFailed as exc:
         raise CommandFailed(f"cannot import {args.file}: {exc}") from None
@@ -281,8 +343,10 @@ def cmd_sync(args: argparse.Namespace, env: Mapping[str, str], out: IO[str]) -> 
     """Run the hook's `python -m gradwatch sync`: the spool and its replay belong to the hook, and
     this package never imports it (a training machine needs the hook alone to sync)."""
     if importlib.util.find_spec("gradwatch") is None:
-        raise CommandFailed("sync replays the hook's spool: run it where the hook is installed "
-                            "(pip install gradwatch), as `gradwatch-sync` or `python -m gradwatch sync`")
+        raise CommandFailed(
+            "sync replays the hook's spool: run it where the hook is installed "
+            "(pip install gradwatch), as `gradwatch-sync` or `python -m gradwatch sync`"
+        )
     command = [sys.executable, "-m", "gradwatch", "sync"]
     for option, value in (("--server", args.server), ("--spool", args.spool), ("--token", args.token)):
         if value is not None:
@@ -307,8 +371,9 @@ def cmd_gc(args: argparse.Namespace, env: Mapping[str, str], out: IO[str]) -> in
         chosen: list[Run] = []
         if selecting:
             before = None if args.older_than is None else time.time() - args.older_than * 86400
-            chosen = store.runs_to_collect(created_before=before, status="crashed" if args.crashed else None,
-                                           project=args.project)
+            chosen = store.runs_to_collect(
+                created_before=before, status="crashed" if args.crashed else None, project=args.project
+            )
             for r in chosen:
                 created = time.strftime("%Y-%m-%d %H:%M", time.localtime(r.created_at))
                 print(f"{r.id}  {r.name}  {r.project}  {r.status}  {r.steps} steps  {created}", file=out)
@@ -322,8 +387,10 @@ def cmd_gc(args: argparse.Namespace, env: Mapping[str, str], out: IO[str]) -> in
             return EXIT_OK
         if chosen and not args.yes:
             if not sys.stdin.isatty():
-                print("gradwatch gc: error: deleting runs needs --yes (or a terminal to answer); --dry-run lists them",
-                      file=sys.stderr)
+                print(
+                    "gradwatch gc: error: deleting runs needs --yes (or a terminal to answer); --dry-run lists them",
+                    file=sys.stderr,
+                )
                 return EXIT_USAGE
             if input(f"Delete these {len(chosen)} runs and all their data? [y/N] ").strip().lower() not in ("y", "yes"):
                 print("nothing deleted", file=out)

@@ -11,6 +11,7 @@ least WINDOW_S seconds, the first opening at the first stored steps (not at the 
 whose CPU is no step's). On a server that stores several runs at once, each hears the cost of an
 average step: at most a run's own, never less than what its own steps cost on average.
 """
+
 from __future__ import annotations
 
 import time
@@ -23,8 +24,9 @@ WINDOW_S = 5.0
 class StepCost:
     """Process CPU seconds per stored step; used from the event loop only."""
 
-    def __init__(self, clock: Callable[[], float] = time.monotonic,
-                 cpu: Callable[[], float] = time.process_time) -> None:
+    def __init__(
+        self, clock: Callable[[], float] = time.monotonic, cpu: Callable[[], float] = time.process_time
+    ) -> None:
         self._clock, self._cpu = clock, cpu
         self._steps = 0
         self._mark: tuple[float, float, int] | None = None  # (time, process CPU, steps) where the window opened

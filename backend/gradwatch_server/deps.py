@@ -3,6 +3,7 @@
 The objects live on ``app.state`` (set in `app.create_app`'s lifespan), so routes declare
 what they need (`StoreDep`, `RunDep`) and tests build apps with their own settings.
 """
+
 from __future__ import annotations
 
 import hmac
@@ -78,8 +79,11 @@ def token_ok(settings: Settings, authorization: str | None) -> bool:
 def require_token(conn: HTTPConnection, settings: SettingsDep) -> None:
     """Writes (delete, rename) need the token when the server has one."""
     if not token_ok(settings, conn.headers.get("authorization")):
-        raise HTTPException(401, "this server needs its token: send 'Authorization: Bearer TOKEN'",
-                            headers={"WWW-Authenticate": "Bearer"})
+        raise HTTPException(
+            401,
+            "this server needs its token: send 'Authorization: Bearer TOKEN'",
+            headers={"WWW-Authenticate": "Bearer"},
+        )
 
 
 class RunNotFound(LookupError):
@@ -87,8 +91,11 @@ class RunNotFound(LookupError):
 
     def __init__(self, run_id: str, deleted_at: float | None) -> None:
         self.run_id, self.deleted_at = run_id, deleted_at
-        super().__init__(f"run {run_id!r} was deleted; GET /api/runs lists the runs there are" if deleted_at is not None
-                         else f"no run with id {run_id!r}; GET /api/runs lists them")
+        super().__init__(
+            f"run {run_id!r} was deleted; GET /api/runs lists the runs there are"
+            if deleted_at is not None
+            else f"no run with id {run_id!r}; GET /api/runs lists them"
+        )
 
     def body(self) -> dict[str, object]:
         """{detail, run: "deleted" | "unknown", deleted_at (Unix seconds, when deleted)}: a page can

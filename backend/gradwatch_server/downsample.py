@@ -8,6 +8,7 @@ Arrays are indexed by step along axis 0; a second axis (one column per parameter
 column by column. `missing` marks values that do not exist (ABSENT): they are ignored, and a
 bucket with nothing else is reported as empty (null in the API).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass

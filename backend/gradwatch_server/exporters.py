@@ -5,6 +5,7 @@ and yields encoded bytes, so neither the server nor the CLI ever holds a whole r
 NaN and infinities are written as data: `nan`/`inf` in CSV, "NaN"/"Infinity" in JSON lines,
 IEEE values in Parquet; ABSENT is an empty CSV cell, null in JSON, a null in Parquet.
 """
+
 from __future__ import annotations
 
 import csv
@@ -77,9 +78,12 @@ def _text_column(values: np.ndarray | None, count: int) -> np.ndarray:
     return text
 
 
-def csv_chunks(header: list[str], chunks: Iterable[list[StepRecord]],
-               rows: Callable[[list[StepRecord]], Iterable[Iterable[object]]],
-               progress: Progress | None = None) -> Iterator[bytes]:
+def csv_chunks(
+    header: list[str],
+    chunks: Iterable[list[StepRecord]],
+    rows: Callable[[list[StepRecord]], Iterable[Iterable[object]]],
+    progress: Progress | None = None,
+) -> Iterator[bytes]:
     """CSV bytes: the header, then `rows(chunk)` for each chunk of steps, one piece per chunk."""
     buffer = io.StringIO()
     writer = csv.writer(buffer, lineterminator="\n")
@@ -117,7 +121,10 @@ def _json_line(obj: object) -> bytes:
 def _step_line(record: StepRecord) -> dict[str, object]:
     status = record.arrays.get(GRAD_STATUS)
     return {
-        "type": "step", "step": record.step, "seq": record.seq, "time": record.time,
+        "type": "step",
+        "step": record.step,
+        "seq": record.seq,
+        "time": record.time,
         "scalars": {k: word(v) for k, v in record.scalars.items()},
         "params": {m: metric_list(v) for m, v in sorted(record.arrays.items()) if m != GRAD_STATUS},
         "grad_status": None if status is None else status.tolist(),

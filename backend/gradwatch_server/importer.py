@@ -4,6 +4,7 @@ The file is replayed through the wire protocol's models (a `hello` from the run 
 per step line), so an import is checked exactly like live ingest, and importing the same file
 twice stores nothing the second time.
 """
+
 from __future__ import annotations
 
 import base64
@@ -37,27 +38,44 @@ def _b64(array: np.ndarray) -> str:
 
 def _hello(line: dict[str, Any]) -> Hello:
     run = line["run"]
-    message = validate_message({
-        "v": PROTOCOL_VERSION, "type": "hello",
-        "run": {"id": run["id"], "name": run["name"], "project": run["project"],
-                "started_at": run["created_at"], "hook_version": run.get("hook_version"),
-                "optimizer": run.get("optimizer"), "config": run.get("config") or {}},
-        "params": [{k: p[k] for k in ("name", "shape", "numel", "dtype", "group", "optimizer")}
-                   for p in line["params"]],
-        "groups": line.get("groups") or [],
-    })
+    message = validate_message(
+        {
+            "v": PROTOCOL_VERSION,
+            "type": "hello",
+            "run": {
+                "id": run["id"],
+                "name": run["name"],
+                "project": run["project"],
+                "started_at": run["created_at"],
+                "hook_version": run.get("hook_version"),
+                "optimizer": run.get("optimizer"),
+                "config": run.get("config") or {},
+            },
+            "params": [
+                {k: p[k] for k in ("name", "shape", "numel", "dtype", "group", "optimizer")} for p in line["params"]
+            ],
+            "groups": line.get("groups") or [],
+        }
+    )
     assert isinstance(message, Hello)
     return message
 
 
 def _step(line: dict[str, Any], seq: int, param_count: int) -> Step:
     status = line.get("grad_status")
-    message = validate_message({
-        "v": PROTOCOL_VERSION, "type": "step", "seq": line.get("seq", seq), "step": line["step"],
-        "time": line["time"], "scalars": line.get("scalars") or {},
-        "params": {m: _b64(metric_array(values)) for m, values in (line.get("params") or {}).items()},
-        **({"grad_status": _b64(np.array(status, dtype="u1"))} if status is not None else {}),
-    }, param_count)
+    message = validate_message(
+        {
+            "v": PROTOCOL_VERSION,
+            "type": "step",
+            "seq": line.get("seq", seq),
+            "step": line["step"],
+            "time": line["time"],
+            "scalars": line.get("scalars") or {},
+            "params": {m: _b64(metric_array(values)) for m, values in (line.get("params") or {}).items()},
+            **({"grad_status": _b64(np.array(status, dtype="u1"))} if status is not None else {}),
+        },
+        param_count,
+    )
     assert isinstance(message, Step)
     return message
 
@@ -85,7 +103,7 @@ def import_jsonl(store: Store, lines: Iterable[str], batch_size: int = 256) -> I
             line = json.loads(text)
             if hello is None:
                 if not isinstance(line, dict) or line.get("type") != "run":
-                    raise ImportFailed("the first line must be the run line ({\"type\": \"run\", ...})")
+                    raise ImportFailed('the first line must be the run line ({"type": "run", ...})')
                 hello, final = _hello(line), line["run"]
                 # Checked like PATCH's; exports made before tags existed have none.
                 tags = RunUpdate.model_validate({"tags": final.get("tags") or []}).tags
@@ -96,8 +114,7 @@ def import_jsonl(store: Store, lines: Iterable[str], batch_size: int = 256) -> I
             raise ImportFailed(f"line {number}: {exc}") from None
         except (ValueError, KeyError, TypeError, ProtocolError) as exc:
             raise ImportFailed(f"line {number}: not a gradwatch export line ({exc})") from None
-        batch.append(StepData(seq=step.seq, step=step.step, time=step.time, scalars=step.scalars,
-                              arrays=step.arrays()))
+        batch.append(StepData(seq=step.seq, step=step.step, time=step.time, scalars=step.scalars, arrays=step.arrays()))
         if len(batch) >= batch_size:
             flush()
     if hello is None:

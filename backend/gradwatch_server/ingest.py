@@ -13,6 +13,7 @@ this connection resumed the run. A frame that breaks the protocol
 gets an `error` frame and a close code once the messages before it are committed; nothing of it
 is stored, and every other connection carries on.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -82,9 +83,17 @@ def _deleted(run_id: str) -> Refusal:
 
 
 class IngestConnection:
-    def __init__(self, websocket: WebSocket, store: Store, hub: LiveHub, sessions: Sessions,
-                 settings: Settings, diagnostics: Diagnostics, step_cost: StepCost,
-                 notifier: Notifier | None = None) -> None:
+    def __init__(
+        self,
+        websocket: WebSocket,
+        store: Store,
+        hub: LiveHub,
+        sessions: Sessions,
+        settings: Settings,
+        diagnostics: Diagnostics,
+        step_cost: StepCost,
+        notifier: Notifier | None = None,
+    ) -> None:
         self.ws = websocket
         self.store = store
         self.hub = hub
@@ -104,8 +113,11 @@ class IngestConnection:
         reader: asyncio.Task[None] | None = None
         try:
             if not token_ok(self.settings, self.ws.headers.get("authorization")):
-                raise Refusal(CLOSE_POLICY, "missing or wrong token: this server needs "
-                                            "'Authorization: Bearer TOKEN' (watch(token=...) or GRADWATCH_TOKEN)")
+                raise Refusal(
+                    CLOSE_POLICY,
+                    "missing or wrong token: this server needs "
+                    "'Authorization: Bearer TOKEN' (watch(token=...) or GRADWATCH_TOKEN)",
+                )
             first = self._parse(await self._receive())
             if not isinstance(first, Hello):
                 raise Refusal(CLOSE_INVALID, f"the first message must be hello, not {first.type}")
@@ -153,8 +165,14 @@ class IngestConnection:
         except ParamsMismatch as exc:
             raise Refusal(CLOSE_INVALID, str(exc)) from None
         self.param_count = len(hello.params)
-        await self._send({"type": "welcome", "run_id": self.run_id, "last_seq": opened.run.last_seq,
-                          "linger": self.hub.linger(self.run_id)})
+        await self._send(
+            {
+                "type": "welcome",
+                "run_id": self.run_id,
+                "last_seq": opened.run.last_seq,
+                "linger": self.hub.linger(self.run_id),
+            }
+        )
         if opened.created or opened.resumed_from != "running":
             self.hub.publish_run(opened.run)
         self.run_ref = RunRef(opened.run.id, opened.run.name, opened.run.project)
@@ -168,8 +186,13 @@ class IngestConnection:
                 message = self._parse(await self._receive())
                 if isinstance(message, Hello):
                     raise Refusal(CLOSE_INVALID, "hello may only be the first message of a connection")
-                await pending.put(tuple(message.expand()) if isinstance(message, Steps)
-                                  else (message,) if isinstance(message, Step) else message)
+                await pending.put(
+                    tuple(message.expand())
+                    if isinstance(message, Steps)
+                    else (message,)
+                    if isinstance(message, Step)
+                    else message
+                )
         except Refusal as refusal:
             await pending.put(refusal)
         except (WebSocketDisconnect, WebSocketDisconnected):
@@ -193,17 +216,21 @@ class IngestConnection:
                 return
 
     async def _steps(self, steps: list[Step]) -> None:
-        batch = [StepData(seq=s.seq, step=s.step, time=s.time, scalars=s.scalars, arrays=s.arrays())
-                 for s in steps]
+        batch = [StepData(seq=s.seq, step=s.step, time=s.time, scalars=s.scalars, arrays=s.arrays()) for s in steps]
         try:
-            stored = await asyncio.to_thread(self.store.write_steps, self.run_id, batch,
-                                             self.hub.steps_notice(self.run_id))
+            stored = await asyncio.to_thread(
+                self.store.write_steps, self.run_id, batch, self.hub.steps_notice(self.run_id)
+            )
         except UnknownRun:
             raise _deleted(self.run_id) from None
         new = [data for data, is_new in zip(batch, stored) if is_new]
         if new:
             await self._report(lambda run_id: self.diagnostics.observe(run_id, new))
-        ack: dict[str, object] = {"type": "ack", "seq": max(s.seq for s in steps), "linger": self.hub.linger(self.run_id)}
+        ack: dict[str, object] = {
+            "type": "ack",
+            "seq": max(s.seq for s in steps),
+            "linger": self.hub.linger(self.run_id),
+        }
         cpu_per_step = self.step_cost.stored(len(new))
         if cpu_per_step is not None:
             ack["cpu_per_step"] = cpu_per_step

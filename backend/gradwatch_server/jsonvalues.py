@@ -4,6 +4,7 @@ Non-finite floats become the strings "NaN", "Infinity", "-Infinity"; a value tha
 (ABSENT, or an empty downsampling bucket) becomes null. The inverse is `from_json`, used when
 an exported run is imported.
 """
+
 from __future__ import annotations
 
 import math

@@ -5,6 +5,7 @@ dropped and closed with 1013, and reconnects to catch up over REST (docs/protoco
 are serialized once and the same text goes to every browser. With `gradwatch serve --workers N`
 each worker's hub is relay.py's `RelayedHub`, which also passes every event to the other workers.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -39,15 +40,27 @@ def run_event(run: Run) -> str:
     return json.dumps({"type": "run", "run": RunPublic.of(run).model_dump()}, allow_nan=False)
 
 
-def step_event(run_id: str, step: int, time: float, scalars: Mapping[str, float],
-               params: Mapping[str, np.ndarray], grad_status: Sequence[int] | None) -> str:
+def step_event(
+    run_id: str,
+    step: int,
+    time: float,
+    scalars: Mapping[str, float],
+    params: Mapping[str, np.ndarray],
+    grad_status: Sequence[int] | None,
+) -> str:
     """The `step` message: float32 arrays per metric, grad_status codes apart."""
-    return json.dumps({
-        "type": "step", "run_id": run_id, "step": step, "time": time,
-        "scalars": {k: word(v) for k, v in scalars.items()},
-        "params": {m: metric_list(values) for m, values in params.items()},
-        GRAD_STATUS: None if grad_status is None else list(grad_status),
-    }, allow_nan=False)
+    return json.dumps(
+        {
+            "type": "step",
+            "run_id": run_id,
+            "step": step,
+            "time": time,
+            "scalars": {k: word(v) for k, v in scalars.items()},
+            "params": {m: metric_list(values) for m, values in params.items()},
+            GRAD_STATUS: None if grad_status is None else list(grad_status),
+        },
+        allow_nan=False,
+    )
 
 
 def finding_event(run_id: str, finding: Mapping[str, Any]) -> str:
@@ -98,9 +111,14 @@ class LiveHub:
         if not watchers:
             return
         status = step.grad_status
-        text = step_event(run_id, step.step, step.time, step.scalars,
-                          {m: decode_floats(raw) for m, raw in step.params.items()},
-                          None if status is None else list(status))
+        text = step_event(
+            run_id,
+            step.step,
+            step.time,
+            step.scalars,
+            {m: decode_floats(raw) for m, raw in step.params.items()},
+            None if status is None else list(status),
+        )
         for sub in watchers:
             self._deliver(sub, text)
 
@@ -121,8 +139,9 @@ class LiveHub:
             return
         arrays = dict(record.arrays)
         status = arrays.pop(GRAD_STATUS, None)
-        text = step_event(run_id, record.step, record.time, record.scalars, arrays,
-                          None if status is None else status.tolist())
+        text = step_event(
+            run_id, record.step, record.time, record.scalars, arrays, None if status is None else status.tolist()
+        )
         for sub in watchers:
             self._deliver(sub, text)
 

@@ -3,6 +3,7 @@
 Numbers that may be non-finite are `JsonFloat`: a float, "NaN"/"Infinity"/"-Infinity", or null
 for a value that does not apply (jsonvalues.py makes them).
 """
+
 from __future__ import annotations
 
 import unicodedata
@@ -20,8 +21,9 @@ RunStatus = Literal["running", "finished", "crashed"]
 class Health(BaseModel):
     status: Literal["ok"] = "ok"
     version: str
-    worker: int | None = Field(None, description="process id of the worker that answered "
-                                                 "(`gradwatch serve --workers N` runs several)")
+    worker: int | None = Field(
+        None, description="process id of the worker that answered (`gradwatch serve --workers N` runs several)"
+    )
 
 
 class FindingCounts(BaseModel):
@@ -48,8 +50,9 @@ class RunPublic(BaseModel):
     config: dict[str, Any]
     hook_version: str | None
     tags: list[str] = Field(default_factory=list, description="set with PATCH; filter with ?tag=")
-    findings: FindingCounts = Field(default_factory=FindingCounts,
-                                    description="stored findings by severity (GET .../diagnostics lists them)")
+    findings: FindingCounts = Field(
+        default_factory=FindingCounts, description="stored findings by severity (GET .../diagnostics lists them)"
+    )
 
     @classmethod
     def of(cls, run: Run) -> RunPublic:
@@ -76,8 +79,9 @@ def _tag(value: str) -> str:
     return value
 
 
-Tag = Annotated[str, StringConstraints(strip_whitespace=True, min_length=1, max_length=MAX_TAG_LENGTH),
-                AfterValidator(_tag)]
+Tag = Annotated[
+    str, StringConstraints(strip_whitespace=True, min_length=1, max_length=MAX_TAG_LENGTH), AfterValidator(_tag)
+]
 
 
 class RunUpdate(BaseModel):
@@ -87,9 +91,11 @@ class RunUpdate(BaseModel):
 
     name: Label | None = Field(default=None, description="1 to 256 characters, no NUL (as a run's name in the hello)")
     tags: list[Tag] | None = Field(
-        default=None, max_length=MAX_TAGS,
+        default=None,
+        max_length=MAX_TAGS,
         description=f"the run's tags, replacing its old ones: at most {MAX_TAGS}, each 1 to {MAX_TAG_LENGTH} "
-                    "characters (spaces around it removed), no comma, no control character; repeats are dropped")
+        "characters (spaces around it removed), no comma, no control character; repeats are dropped",
+    )
 
     @model_validator(mode="after")
     def _something(self) -> RunUpdate:
@@ -194,13 +200,18 @@ class Heatmap(BaseModel):
     params: list[str]
     step: list[int] = Field(description="each column's first step")
     z: list[list[int | JsonFloat]] | None = Field(
-        description="z[i][j]: parameter i over step bucket j; null with encoding=f32 (see z_f32)")
+        description="z[i][j]: parameter i over step bucket j; null with encoding=f32 (see z_f32)"
+    )
     downsampled: bool
-    z_f32: str | None = Field(default=None, description=(
-        "only with encoding=f32: the cells as base64 (standard alphabet, padded) of little-endian float32, "
-        "row-major, shape [len(params), len(step)]: cell (i, j) is float i*len(step)+j, the value z[i][j] "
-        "would hold; a cell without a value (null in z) is the NaN with bits 0x7FC00001 (EMPTY), a NaN "
-        "0x7FC00000; for grad_status the codes 0-3 as floats"))
+    z_f32: str | None = Field(
+        default=None,
+        description=(
+            "only with encoding=f32: the cells as base64 (standard alphabet, padded) of little-endian float32, "
+            "row-major, shape [len(params), len(step)]: cell (i, j) is float i*len(step)+j, the value z[i][j] "
+            "would hold; a cell without a value (null in z) is the NaN with bits 0x7FC00001 (EMPTY), a NaN "
+            "0x7FC00000; for grad_status the codes 0-3 as floats"
+        ),
+    )
 
 
 class FindingFigure(BaseModel):

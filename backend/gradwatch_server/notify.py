@@ -14,6 +14,7 @@ it could not deliver. A receiver that is down or slow delays only its own notifi
 Credentials in a URL (``https://user:pass@host/...``, percent-encoded) are not sent in the URL
 (urllib would take them for part of the host): they become an HTTP Basic ``Authorization`` header.
 """
+
 from __future__ import annotations
 
 import base64
@@ -61,15 +62,24 @@ def payload(run: RunRef, finding: Mapping[str, Any], page: str, topic: str | Non
     severity = str(finding.get("severity", "warning"))
     step = finding.get("first_step")
     where = f"from step {step}" if isinstance(step, int) else "from the start"
-    line = (f"gradwatch {severity} in run {run.name} ({run.project}): {finding.get('message', '')} "
-            f"[{finding.get('code')}, {where}] {page}")
+    line = (
+        f"gradwatch {severity} in run {run.name} ({run.project}): {finding.get('message', '')} "
+        f"[{finding.get('code')}, {where}] {page}"
+    )
     body: dict[str, Any] = {
-        "text": line, "content": line[:DISCORD_MAX],
-        "title": f"gradwatch {severity}: {run.name}", "message": finding.get("message", ""),
-        "click": page, "priority": 4 if severity == "error" else 3,
+        "text": line,
+        "content": line[:DISCORD_MAX],
+        "title": f"gradwatch {severity}: {run.name}",
+        "message": finding.get("message", ""),
+        "click": page,
+        "priority": 4 if severity == "error" else 3,
         "tags": ["rotating_light" if severity == "error" else "warning", "gradwatch"],
-        "run": {"id": run.id, "name": run.name, "project": run.project}, "code": finding.get("code"),
-        "severity": severity, "first_step": step, "params": list(finding.get("params") or []), "url": page,
+        "run": {"id": run.id, "name": run.name, "project": run.project},
+        "code": finding.get("code"),
+        "severity": severity,
+        "first_step": step,
+        "params": list(finding.get("params") or []),
+        "url": page,
     }
     if topic:
         body["topic"] = topic
@@ -114,8 +124,12 @@ class _Channel:
                 self.delivered += 1
                 return
             final = attempt == self.attempts or problem.startswith("refused")
-            log.warning("notification to %s failed (%s)%s", self.shown, problem,
-                        "; giving up on it" if final else f"; retrying ({attempt}/{self.attempts})")
+            log.warning(
+                "notification to %s failed (%s)%s",
+                self.shown,
+                problem,
+                "; giving up on it" if final else f"; retrying ({attempt}/{self.attempts})",
+            )
             if final:
                 break
             time.sleep(self.backoff_s * 2 ** (attempt - 1))
@@ -139,8 +153,15 @@ class _Channel:
 class Notifier:
     """Posts findings to `urls` from background threads; `public_url` makes the run page's link."""
 
-    def __init__(self, urls: Sequence[str], public_url: str, *, attempts: int = 4, backoff_s: float = 1.0,
-                 timeout_s: float = 10.0) -> None:
+    def __init__(
+        self,
+        urls: Sequence[str],
+        public_url: str,
+        *,
+        attempts: int = 4,
+        backoff_s: float = 1.0,
+        timeout_s: float = 10.0,
+    ) -> None:
         self.public_url = public_url.rstrip("/")
         self.channels = [_Channel(check_url(u), attempts, backoff_s, timeout_s) for u in urls]
 
@@ -152,8 +173,9 @@ class Notifier:
         if finding.get("severity") not in NOTIFY_SEVERITIES:
             return
         for channel in self.channels:
-            body = json.dumps(payload(run, finding, self.page(run.id), channel.topic),
-                              allow_nan=False, default=str).encode()
+            body = json.dumps(
+                payload(run, finding, self.page(run.id), channel.topic), allow_nan=False, default=str
+            ).encode()
             try:
                 channel.queue.put_nowait(body)
             except queue.Full:

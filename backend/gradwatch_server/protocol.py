@@ -5,6 +5,7 @@ or `Close`, or raises `ProtocolError` with a message that says what is wrong. Pe
 are decoded from base64 during validation, so a `Step` carries the raw little-endian bytes that
 the store keeps as they are.
 """
+
 from __future__ import annotations
 
 import base64
@@ -184,8 +185,7 @@ def _decode_array(value: object, info: ValidationInfo, itemsize: int) -> bytes:
         raise ValueError("cannot be checked: the parameter count is unknown (send hello first)")
     if len(raw) != count * itemsize:
         raise ValueError(
-            f"decodes to {len(raw)} bytes, expected {count * itemsize} "
-            f"({count} parameters x {itemsize} bytes)"
+            f"decodes to {len(raw)} bytes, expected {count * itemsize} ({count} parameters x {itemsize} bytes)"
         )
     return raw
 
@@ -266,6 +266,7 @@ class Steps(_Message):
     One `seq` covers them all: they are stored in one transaction, or (a resend) not at all.
     `expand` gives the `Step` messages they stand for, so storage and live updates see steps only.
     """
+
     type: Literal["steps"]
     seq: int = Field(ge=1, le=MAX_INT64)
     step: list[Annotated[int, Field(ge=0, le=MAX_INT64)]] = Field(min_length=1, max_length=MAX_BATCH_STEPS)
@@ -294,8 +295,10 @@ class Steps(_Message):
             arrays.append(("grad_status", self.grad_status, 1))
         for where, raw, itemsize in arrays:
             if len(raw) != k * count * itemsize:
-                raise ValueError(f"{where} decodes to {len(raw)} bytes, expected {k * count * itemsize} "
-                                 f"({k} steps x {count} parameters x {itemsize} bytes)")
+                raise ValueError(
+                    f"{where} decodes to {len(raw)} bytes, expected {k * count * itemsize} "
+                    f"({k} steps x {count} parameters x {itemsize} bytes)"
+                )
         if self.grad_status and max(self.grad_status) >= len(GRAD_STATUS_NAMES):
             raise ValueError(f"grad_status has a code above {len(GRAD_STATUS_NAMES) - 1}")
         return self
@@ -306,15 +309,23 @@ class Steps(_Message):
 
         def rows(raw: bytes) -> list[bytes]:
             width = len(raw) // k
-            return [raw[i * width:(i + 1) * width] for i in range(k)]
+            return [raw[i * width : (i + 1) * width] for i in range(k)]
 
         params = {m: rows(raw) for m, raw in self.params.items()}
         status = None if self.grad_status is None else rows(self.grad_status)
-        return [Step.model_construct(
-            v=PROTOCOL_VERSION, type="step", seq=self.seq, step=step, time=time,
-            scalars={key: values[i] for key, values in self.scalars.items()},
-            params={m: r[i] for m, r in params.items()}, grad_status=None if status is None else status[i])
-            for i, (step, time) in enumerate(zip(self.step, self.time))]
+        return [
+            Step.model_construct(
+                v=PROTOCOL_VERSION,
+                type="step",
+                seq=self.seq,
+                step=step,
+                time=time,
+                scalars={key: values[i] for key, values in self.scalars.items()},
+                params={m: r[i] for m, r in params.items()},
+                grad_status=None if status is None else status[i],
+            )
+            for i, (step, time) in enumerate(zip(self.step, self.time))
+        ]
 
 
 class Close(_Message):
@@ -325,11 +336,15 @@ class Close(_Message):
 
 Message = Hello | Step | Steps | Close
 _MODELS: dict[str, type[Hello] | type[Step] | type[Steps] | type[Close]] = {
-    "hello": Hello, "step": Step, "steps": Steps, "close": Close}
+    "hello": Hello,
+    "step": Step,
+    "steps": Steps,
+    "close": Close,
+}
 
 
 def _refuse_constant(token: str) -> float:
-    raise ProtocolError(f"bare {token} is not standard JSON; send the string \"{token}\" instead")
+    raise ProtocolError(f'bare {token} is not standard JSON; send the string "{token}" instead')
 
 
 def _describe(exc: ValidationError, kind: str) -> str:
@@ -359,9 +374,7 @@ def validate_message(data: object, param_count: int | None = None) -> Message:
         raise ProtocolError("frame must be a JSON object")
     version = data.get("v")
     if type(version) is not int or version != PROTOCOL_VERSION:
-        raise ProtocolError(
-            f"unsupported protocol version {version!r}: this server speaks version {PROTOCOL_VERSION}"
-        )
+        raise ProtocolError(f"unsupported protocol version {version!r}: this server speaks version {PROTOCOL_VERSION}")
     kind = data.get("type")
     if not isinstance(kind, str) or kind not in _MODELS:
         raise ProtocolError(f"unknown message type {kind!r}: expected one of {', '.join(_MODELS)}")

@@ -13,6 +13,7 @@ holding a run's hook holds a shared advisory lock on it, which crash detection a
 With one process (SQLite, or no --workers) LiveHub delivers directly and nothing here runs.
 The reasoning, case by case: docs/design.md, Live updates across workers.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -52,9 +53,14 @@ FLUSH_S = 2.0
 def conninfo(db_url: str) -> str:
     """A libpq connection string for the database of a SQLAlchemy URL (postgresql+psycopg://...)."""
     url = make_url(db_url)
-    params: dict[str, Any] = {"host": url.host, "port": url.port, "user": url.username,
-                              "password": url.password, "dbname": url.database,
-                              "application_name": "gradwatch relay"}
+    params: dict[str, Any] = {
+        "host": url.host,
+        "port": url.port,
+        "user": url.username,
+        "password": url.password,
+        "dbname": url.database,
+        "application_name": "gradwatch relay",
+    }
     params.update({k: v if isinstance(v, str) else v[-1] for k, v in url.query.items()})
     return make_conninfo(**{k: v for k, v in params.items() if v is not None})
 
@@ -112,8 +118,11 @@ class RelayedHub(LiveHub):
     def steps_notice(self, run_id: str) -> Callable[[Sequence[StepData]], tuple[str, str]]:
         def notice(new: Sequence[StepData]) -> tuple[str, str]:
             return CHANNEL, self._relay.payload(
-                "steps", run_id, steps=[min(d.step for d in new), max(d.step for d in new)],
-                seq=[min(d.seq for d in new), max(d.seq for d in new)])
+                "steps",
+                run_id,
+                steps=[min(d.step for d in new), max(d.step for d in new)],
+                seq=[min(d.seq for d in new), max(d.seq for d in new)],
+            )
 
         return notice
 
@@ -217,8 +226,13 @@ class Relay:
             except Exception as exc:  # the database is away (psycopg.Error) or worse: never stop sending
                 if payloads:
                     self._lost = True
-                log.warning("live relay: cannot notify the workers (%s); %d notifications lost; trying again in "
-                            "%.1f s", exc, len(payloads), delay, exc_info=not isinstance(exc, psycopg.Error))
+                log.warning(
+                    "live relay: cannot notify the workers (%s); %d notifications lost; trying again in %.1f s",
+                    exc,
+                    len(payloads),
+                    delay,
+                    exc_info=not isinstance(exc, psycopg.Error),
+                )
                 await self._drop_connection()
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, RETRY_MAX_S)
@@ -264,7 +278,8 @@ class Relay:
             conn = await self._notifier()
             cursor = await conn.execute(
                 "SELECT CASE WHEN pg_try_advisory_lock(%(key)s) THEN NOT pg_advisory_unlock(%(key)s) ELSE true END",
-                {"key": hook_lock_key(run_id)})
+                {"key": hook_lock_key(run_id)},
+            )
             row = await cursor.fetchone()
         return bool(row and row[0])
 
@@ -294,11 +309,15 @@ class Relay:
                         await self._receive(note.payload)
             except Exception as exc:  # the database is away (psycopg.Error) or worse: never stop listening
                 if not listening.done():
-                    listening.set_exception(StoreError(
-                        f"cannot listen for the other workers on {self._where}: {exc}"))
+                    listening.set_exception(StoreError(f"cannot listen for the other workers on {self._where}: {exc}"))
                     return
-                log.warning("live relay: lost the connection that listens to the other workers (%s); "
-                            "connecting again in %.1f s", exc, delay, exc_info=not isinstance(exc, psycopg.Error))
+                log.warning(
+                    "live relay: lost the connection that listens to the other workers (%s); "
+                    "connecting again in %.1f s",
+                    exc,
+                    delay,
+                    exc_info=not isinstance(exc, psycopg.Error),
+                )
             await asyncio.sleep(delay)
             delay = min(delay * 2, RETRY_MAX_S)
 
@@ -307,8 +326,9 @@ class Relay:
         try:
             event = Event.parse(json.loads(payload))
         except (ValueError, KeyError, TypeError, AttributeError) as exc:
-            log.warning("live relay: ignored a notification on %s that is not gradwatch's (%s): %.200s",
-                        CHANNEL, exc, payload)
+            log.warning(
+                "live relay: ignored a notification on %s that is not gradwatch's (%s): %.200s", CHANNEL, exc, payload
+            )
             return
         try:
             await self._deliver(event)
@@ -335,8 +355,23 @@ class Relay:
             text = event.text
             if text is None:
                 found = await asyncio.to_thread(self.store.get_findings, event.run_id)
-                text = next((finding_event(event.run_id, {
-                    "code": f.code, "severity": f.severity, "message": f.message, "params": f.params,
-                    "first_step": f.first_step, "figure": f.figure}) for f in found if f.code == event.code), None)
+                text = next(
+                    (
+                        finding_event(
+                            event.run_id,
+                            {
+                                "code": f.code,
+                                "severity": f.severity,
+                                "message": f.message,
+                                "params": f.params,
+                                "first_step": f.first_step,
+                                "figure": f.figure,
+                            },
+                        )
+                        for f in found
+                        if f.code == event.code
+                    ),
+                    None,
+                )
             if text is not None:
                 hub.send_watchers(event.run_id, text)

@@ -14,6 +14,7 @@ Changing this file needs a new migration under migrations/versions/ (0002 added 
 `diagnoses`, 0003 `run_tags`, 0004 `metric_blocks`); a test checks that the migrations produce
 exactly these tables.
 """
+
 from __future__ import annotations
 
 from sqlalchemy import (
@@ -31,7 +32,6 @@ from sqlalchemy import (
 )
 
 metadata = MetaData()
-
 
 
 def _run_id() -> Column[str]:

@@ -8,6 +8,7 @@
   Origin is present and names another host than the one it connects to is refused (403). The
   hook sends no Origin and is unaffected.
 """
+
 from __future__ import annotations
 
 import json
@@ -57,8 +58,10 @@ class HostGuard:
     def _problem(self, scope: Scope) -> str | None:
         host = hostname(_header(scope, b"host") or "")
         if self.allowed is not None and host not in self.allowed:
-            return (f"Host {host!r} is not allowed: this server answers to {', '.join(sorted(self.allowed))}; "
-                    "start it with --allowed-hosts to add a name")
+            return (
+                f"Host {host!r} is not allowed: this server answers to {', '.join(sorted(self.allowed))}; "
+                "start it with --allowed-hosts to add a name"
+            )
         origin = _header(scope, b"origin")
         if scope["type"] == "websocket" and origin is not None and hostname(origin) != host:
             return f"websocket from origin {origin!r} refused: only pages served by this server may connect"
@@ -69,6 +72,11 @@ class HostGuard:
             await send({"type": "websocket.close", "code": 1008, "reason": detail[:120]})
             return
         body = json.dumps({"detail": detail}).encode()
-        await send({"type": "http.response.start", "status": 400,
-                    "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]})
+        await send(
+            {
+                "type": "http.response.start",
+                "status": 400,
+                "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())],
+            }
+        )
         await send({"type": "http.response.body", "body": body})

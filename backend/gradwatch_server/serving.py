@@ -5,6 +5,7 @@ beside the training it watches, on the same cores. `QuietServer` ticks once a se
 all the `Date` header needs, and a SIGINT or SIGTERM wakes it at once, so it stops as promptly.
 Why: docs/design.md, The server's main loop.
 """
+
 from __future__ import annotations
 
 import asyncio

@@ -13,6 +13,7 @@ hook of the run, and only a run that no worker holds is marked. The mark itself 
 conditional UPDATE, so of several workers whose timers run out only one marks the run and
 announces it.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -42,8 +43,14 @@ class Presence(Protocol):
 class Sessions:
     """Counts connections per run and runs one crash timer per run left without any. Loop-only."""
 
-    def __init__(self, store: Store, hub: LiveHub, grace_s: float,
-                 clock: Callable[[], float] = time.time, presence: Presence | None = None) -> None:
+    def __init__(
+        self,
+        store: Store,
+        hub: LiveHub,
+        grace_s: float,
+        clock: Callable[[], float] = time.time,
+        presence: Presence | None = None,
+    ) -> None:
         self._store = store
         self._presence = presence
         self._clock = clock
@@ -87,8 +94,12 @@ class Sessions:
                 elsewhere = await self._presence.held_elsewhere(run_id)
             except Exception as exc:  # the database is away: never mark a run that may be alive
                 retry = max(self._grace_s, PRESENCE_RETRY_S)
-                log.warning("run %s: cannot tell whether another worker holds its hook (%s); asking "
-                            "again in %.0f s", run_id, exc, retry)
+                log.warning(
+                    "run %s: cannot tell whether another worker holds its hook (%s); asking again in %.0f s",
+                    run_id,
+                    exc,
+                    retry,
+                )
                 if run_id not in self._connections and run_id not in self._timers:
                     self._timers[run_id] = asyncio.create_task(self._expire(run_id, idle_since, retry))
                 return

@@ -3,6 +3,7 @@
 Nothing here reads ``os.environ`` at import time: callers pass the environment mapping, so a
 test builds a `Settings` from a plain dict and no module keeps a stale global.
 """
+
 from __future__ import annotations
 
 import socket

@@ -7,6 +7,7 @@ does not turn the rest of the curve into NaN). The series endpoints smooth the r
 the run's first step, then cut the window and downsample: smoothing a downsampled series would
 average bucket means, not steps.
 """
+
 from __future__ import annotations
 
 import math
@@ -36,11 +37,11 @@ def ema(values: np.ndarray, weight: float, missing: np.ndarray | None = None) ->
     smoothed = np.empty(len(y))
     last = 0.0
     for a in range(0, len(y), length):
-        seg = y[a:a + length]
+        seg = y[a : a + length]
         j = np.arange(len(seg), dtype=np.float64)
-        down = weight ** j
+        down = weight**j
         cur = weight * down * last + (1.0 - weight) * down * np.cumsum(seg / down)
-        smoothed[a:a + len(seg)] = cur
+        smoothed[a : a + len(seg)] = cur
         last = float(cur[-1])
     debias = 1.0 - weight ** np.arange(1, len(y) + 1, dtype=np.float64)
     out[use] = smoothed / debias

@@ -7,6 +7,7 @@ bucket of steps, each parameter counts with its bucket mean (of finite values): 
 raw rows over a short window, from the stored step blocks over a long one (charts.py), so the
 cost follows the points, not the steps. A bucket of one step is that step, value for value.
 """
+
 from __future__ import annotations
 
 import warnings
@@ -22,8 +23,16 @@ from .store import Store
 QUANTILES = (0.0, 0.25, 0.5, 0.75, 1.0)
 
 
-def spread(store: Store, run_id: str, count: int, metric: str, start: int | None, end: int | None,
-           max_points: int, raw_rows: int = charts.RAW_ROWS) -> Spread:
+def spread(
+    store: Store,
+    run_id: str,
+    count: int,
+    metric: str,
+    start: int | None,
+    end: int | None,
+    max_points: int,
+    raw_rows: int = charts.RAW_ROWS,
+) -> Spread:
     known = store.series_names(run_id, "param")
     if metric not in known or metric == "grad_status":
         listed = ", ".join(m for m in known[:20] if m != "grad_status") or "none yet"
@@ -52,6 +61,15 @@ def spread(store: Store, run_id: str, count: int, metric: str, start: int | None
         stats = np.nanquantile(means, QUANTILES, axis=1) if len(means) else np.empty((len(QUANTILES), 0))
     empty = np.isnan(stats[0])
     lists = [float_list(row, empty) for row in stats]
-    return Spread(metric=metric, downsampled=downsampled, step=[int(s) for s in step],
-                  params=[int(n) for n in np.sum(~np.isnan(means), axis=1)], nonfinite=[int(n) for n in nonfinite],
-                  min=lists[0], q25=lists[1], median=lists[2], q75=lists[3], max=lists[4])
+    return Spread(
+        metric=metric,
+        downsampled=downsampled,
+        step=[int(s) for s in step],
+        params=[int(n) for n in np.sum(~np.isnan(means), axis=1)],
+        nonfinite=[int(n) for n in nonfinite],
+        min=lists[0],
+        q25=lists[1],
+        median=lists[2],
+        q75=lists[3],
+        max=lists[4],
+    )

@@ -6,6 +6,7 @@ empty CSV cell, null in JSON and Parquet. NaN and infinities are data: `nan`/`in
 "NaN"/"Infinity" in JSON lines, IEEE values in Parquet. Like the per-parameter table it is read
 a chunk of steps at a time and streamed.
 """
+
 from __future__ import annotations
 
 import json
@@ -53,8 +54,14 @@ def steps_csv(store: Store, run: Run, progress: Progress | None = None) -> Itera
 def steps_jsonl(store: Store, run: Run, progress: Progress | None = None) -> Iterator[bytes]:
     """One JSON object a line: {"step", "time", then each scalar the step has}."""
     for chunk in _chunks(store, run):
-        lines = [json.dumps({"step": r.step, "time": r.time, **{k: word(v) for k, v in r.scalars.items()}},
-                            allow_nan=False, separators=(",", ":")) for r in chunk]
+        lines = [
+            json.dumps(
+                {"step": r.step, "time": r.time, **{k: word(v) for k, v in r.scalars.items()}},
+                allow_nan=False,
+                separators=(",", ":"),
+            )
+            for r in chunk
+        ]
         yield ("\n".join(lines) + "\n").encode()
         if progress:
             progress(len(chunk))
@@ -64,16 +71,20 @@ def steps_parquet(store: Store, run: Run, progress: Progress | None = None) -> I
     """The table as Parquet (float64 scalars, null where a step lacks one), the run's description
     in the file's metadata; streamed from a temporary file as the per-parameter Parquet is."""
     keys = sorted(store.series_names(run.id, "scalar"))
-    schema = pa.schema([pa.field("step", pa.int64()), pa.field("time", pa.float64()),
-                        *(pa.field(k, pa.float64()) for k in keys)], metadata=parquet_metadata(store, run))
+    schema = pa.schema(
+        [pa.field("step", pa.int64()), pa.field("time", pa.float64()), *(pa.field(k, pa.float64()) for k in keys)],
+        metadata=parquet_metadata(store, run),
+    )
     with tempfile.TemporaryDirectory(prefix="gradwatch-export-") as tmp:
         path = Path(tmp) / "steps.parquet"
         writer = pq.ParquetWriter(str(path), schema)
         with open(path, "rb") as landed:
             try:
                 for chunk in _chunks(store, run):
-                    data = {"step": pa.array([r.step for r in chunk], pa.int64()),
-                            "time": pa.array([r.time for r in chunk], pa.float64())}
+                    data = {
+                        "step": pa.array([r.step for r in chunk], pa.int64()),
+                        "time": pa.array([r.time for r in chunk], pa.float64()),
+                    }
                     for k in keys:
                         data[k] = pa.array([r.scalars.get(k) for r in chunk], pa.float64())
                     writer.write_table(pa.table(data, schema=schema))

@@ -7,6 +7,7 @@ under the run's lock); any other write, a failed transaction or a deleted run ma
 nothing, and the store reads the database instead. It covers only steps from its start on.
 Why: docs/design.md, Tails.
 """
+
 from __future__ import annotations
 
 import threading
@@ -41,8 +42,9 @@ class Tail:
     steps: tuple[Step, ...]
 
 
-def next_tail(tail: Tail | None, new: Sequence[Step], before: int | None, after: int | None,
-              token: tuple[int, int | None]) -> Tail | None:
+def next_tail(
+    tail: Tail | None, new: Sequence[Step], before: int | None, after: int | None, token: tuple[int, int | None]
+) -> Tail | None:
     """The tail after storing `new` (the run's last step going from `before` to `after`), given
     the tail that matched before it (None: none did, or it did not cover the new steps)."""
     if after is None:

@@ -7,6 +7,7 @@ scatter traces only, and the smaller bundle starts sooner (docs/design.md, The d
 frontend without it (a server installed from a checkout where npm was not run) gets the full
 bundle of the plotly package, so the dashboard still works offline.
 """
+
 from __future__ import annotations
 
 from importlib import resources

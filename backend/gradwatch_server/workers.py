@@ -12,6 +12,7 @@ SQLite is refused: it takes one writer at a time, so worker processes would only
 lock (one process already stores on a thread of its own and serves many hooks and browsers), and
 nothing would carry live updates between them.
 """
+
 from __future__ import annotations
 
 import json
@@ -44,11 +45,13 @@ def refusal(settings: Settings) -> str | None:
         return None  # opening the database says what is wrong with the URL
     if backend != "postgresql":
         name = {"sqlite": "SQLite"}.get(backend, backend)
-        return (f"--workers {settings.workers} needs PostgreSQL (--db postgresql://...): {name} takes one "
-                "writer at a time, so several worker processes would only wait for each other, and they could "
-                "not pass live updates to each other's browsers; on SQLite leave out --workers (one process "
-                "serves many hooks and browsers at once), or move the runs to PostgreSQL with "
-                "`gradwatch export RUN --format json` and `gradwatch import`")
+        return (
+            f"--workers {settings.workers} needs PostgreSQL (--db postgresql://...): {name} takes one "
+            "writer at a time, so several worker processes would only wait for each other, and they could "
+            "not pass live updates to each other's browsers; on SQLite leave out --workers (one process "
+            "serves many hooks and browsers at once), or move the runs to PostgreSQL with "
+            "`gradwatch export RUN --format json` and `gradwatch import`"
+        )
     try:
         import psycopg  # noqa: F401  (the relay between workers needs psycopg 3 whatever the URL's driver)
     except ImportError:
@@ -66,8 +69,15 @@ def serve(settings: Settings, log_level: str) -> bool:
     from uvicorn.supervisors import Multiprocess
 
     os.environ[SETTINGS_ENV] = json.dumps({"settings": settings.model_dump(mode="json"), "log_level": log_level})
-    config = uvicorn.Config(f"{__name__}:app", factory=True, host=settings.host, port=settings.port,
-                            workers=settings.workers, log_level=log_level, ws_max_size=settings.max_frame_bytes)
+    config = uvicorn.Config(
+        f"{__name__}:app",
+        factory=True,
+        host=settings.host,
+        port=settings.port,
+        workers=settings.workers,
+        log_level=log_level,
+        ws_max_size=settings.max_frame_bytes,
+    )
     supervisor = Multiprocess(config, sockets=[config.bind_socket()])
     supervisor.run()
     return not any(process.process.exitcode == STARTUP_FAILURE for process in supervisor.processes)
@@ -80,7 +90,9 @@ def app() -> FastAPI:
     try:
         passed = json.loads(os.environ[SETTINGS_ENV])
     except KeyError:
-        raise RuntimeError(f"{__name__}:app is the app of `gradwatch serve --workers N`'s worker processes; "
-                           "run `gradwatch serve --workers N`") from None
+        raise RuntimeError(
+            f"{__name__}:app is the app of `gradwatch serve --workers N`'s worker processes; "
+            "run `gradwatch serve --workers N`"
+        ) from None
     configure_logging(passed["log_level"])
     return create_app(Settings.model_validate(passed["settings"]))

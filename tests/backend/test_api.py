@@ -5,6 +5,7 @@ hook's messages through the ASGI websocket), once on SQLite and once on PostgreS
 (`module_db_url`, tests/conftest.py). The tests of the pages and of the token run a real
 `gradwatch serve`, over real HTTP and a real websocket.
 """
+
 from __future__ import annotations
 
 import csv
@@ -19,10 +20,11 @@ import httpx
 import numpy as np
 import pyarrow.parquet as pq
 import pytest
+
 from gradwatch_server import charts
 from support.asgi import InProcessServer, in_process_server
-from support.server import start_server
 from support.heatcells import EMPTY_BITS, NAN_BITS, assert_same_cells, f32_bits
+from support.server import start_server
 from support.wiremsg import Hook, close, f32, hello, step, with_absent
 
 PARAMS = ("enc.weight", "=cmd|' /C calc'!A0", "dec.bias")
@@ -53,15 +55,30 @@ def seed(server: InProcessServer) -> None:
     with server.hook() as hook:
         hook.call(hello("api-run", params=PARAMS, name="My run: v1/β", project="proj-a"))
         for i in range(1, N + 1):
-            hook.call(step(i, i, scalars={"loss": loss_at(i) if math.isfinite(loss_at(i)) else
-                                          ("NaN" if math.isnan(loss_at(i)) else "-Infinity"),
-                                          "lr/0": 0.001},
-                           arrays={"grad_norm": grad_at(i), "param_norm": f32(1.0, 2.0, 3.0),
-                                   "momentum_buffer_norm": f32(0.5, -0.0, 1e-45)},
-                           grad_status=status_at(i)))
+            hook.call(
+                step(
+                    i,
+                    i,
+                    scalars={
+                        "loss": loss_at(i)
+                        if math.isfinite(loss_at(i))
+                        else ("NaN" if math.isnan(loss_at(i)) else "-Infinity"),
+                        "lr/0": 0.001,
+                    },
+                    arrays={
+                        "grad_norm": grad_at(i),
+                        "param_norm": f32(1.0, 2.0, 3.0),
+                        "momentum_buffer_norm": f32(0.5, -0.0, 1e-45),
+                    },
+                    grad_status=status_at(i),
+                )
+            )
         hook.call(close(N + 1))
-    for run_id, project, name in (("other-1", "proj-b", "o1"), ("other-2", "proj-b", "o2"),
-                                  ("real", "proj-a", "100%_real")):
+    for run_id, project, name in (
+        ("other-1", "proj-b", "o1"),
+        ("other-2", "proj-b", "o2"),
+        ("real", "proj-a", "100%_real"),
+    ):
         with server.hook() as hook:
             hook.call(hello(run_id, project=project, name=name))
 
@@ -86,6 +103,7 @@ def json_float(x: float) -> float | str:
 
 
 # -- runs ------------------------------------------------------------------------------------
+
 
 def test_health(http: httpx.Client) -> None:
     # `worker`: the process that answered (one process without --workers: the server's own, here this one)
@@ -116,16 +134,27 @@ def test_run_detail(http: httpx.Client) -> None:
 def test_params_and_metrics(http: httpx.Client) -> None:
     params = http.get("/api/runs/api-run/params").json()
     assert params["count"] == 3
-    assert params["data"][0] == {"index": 0, "name": "enc.weight", "shape": [2, 3], "numel": 6,
-                                 "dtype": "float32", "group": 0, "optimizer": 0}
+    assert params["data"][0] == {
+        "index": 0,
+        "name": "enc.weight",
+        "shape": [2, 3],
+        "numel": 6,
+        "dtype": "float32",
+        "group": 0,
+        "optimizer": 0,
+    }
     assert [p["name"] for p in params["data"]] == list(PARAMS)
     assert http.get("/api/runs/api-run/metrics").json() == {
-        "scalars": ["loss", "lr/0"], "params": ["grad_norm", "grad_status", "momentum_buffer_norm", "param_norm"]}
+        "scalars": ["loss", "lr/0"],
+        "params": ["grad_norm", "grad_status", "momentum_buffer_norm", "param_norm"],
+    }
 
 
 def test_groups(http: httpx.Client) -> None:
-    assert http.get("/api/runs/api-run/groups").json() == {"data": [
-        {"optimizer": 0, "index": 0, "name": None, "hparams": {"lr": 0.001, "betas": [0.9, 0.999]}}], "count": 1}
+    assert http.get("/api/runs/api-run/groups").json() == {
+        "data": [{"optimizer": 0, "index": 0, "name": None, "hparams": {"lr": 0.001, "betas": [0.9, 0.999]}}],
+        "count": 1,
+    }
     assert http.get("/api/runs/nope/groups").status_code == 404
 
 
@@ -147,16 +176,25 @@ def test_tags_set_filter_and_keep_the_name(http: httpx.Client) -> None:
         assert response.status_code == 200
         assert response.json()["tags"] == ["sweep", "lr 3e-4", "<b>β</b>"]  # trimmed, repeats dropped, order kept
         assert response.json()["name"] == "o1"
-        assert http.patch("/api/runs/other-2", json={"name": "o2-renamed", "tags": ["sweep"]}).json()["tags"] == ["sweep"]
+        assert http.patch("/api/runs/other-2", json={"name": "o2-renamed", "tags": ["sweep"]}).json()["tags"] == [
+            "sweep"
+        ]
         assert http.get("/api/runs/other-1").json()["tags"] == ["sweep", "lr 3e-4", "<b>β</b>"]
-        assert [r["id"] for r in http.get("/api/runs", params={"tag": "sweep"}).json()["data"]] == ["other-1", "other-2"]
+        assert [r["id"] for r in http.get("/api/runs", params={"tag": "sweep"}).json()["data"]] == [
+            "other-1",
+            "other-2",
+        ]
         assert [r["id"] for r in http.get("/api/runs", params={"tag": "<b>β</b>"}).json()["data"]] == ["other-1"]
         assert http.get("/api/runs", params={"tag": "swe"}).json()["count"] == 0  # exact, not a substring
         assert http.get("/api/runs", params={"tag": "sweep", "project": "proj-a"}).json()["count"] == 0
         assert http.get("/api/runs", params={"tag": "sweep\x00"}).json() == {"data": [], "count": 0}
         assert http.get("/api/runs", params={"tag": "x" * 65}).status_code == 422
         # A rename leaves the tags; tags: [] clears them.
-        assert http.patch("/api/runs/other-1", json={"name": "o1-renamed"}).json()["tags"] == ["sweep", "lr 3e-4", "<b>β</b>"]
+        assert http.patch("/api/runs/other-1", json={"name": "o1-renamed"}).json()["tags"] == [
+            "sweep",
+            "lr 3e-4",
+            "<b>β</b>",
+        ]
         assert http.patch("/api/runs/other-1", json={"tags": []}).json()["tags"] == []
         assert [r["id"] for r in http.get("/api/runs", params={"tag": "sweep"}).json()["data"]] == ["other-2"]
     finally:
@@ -164,19 +202,22 @@ def test_tags_set_filter_and_keep_the_name(http: httpx.Client) -> None:
         http.patch("/api/runs/other-2", json={"name": "o2", "tags": []})
 
 
-@pytest.mark.parametrize(("body", "text"), [
-    ({}, 'give "name", "tags" or both'),
-    ({"tags": ["a,b"]}, "comma"),
-    ({"tags": ["   "]}, "tags.0"),
-    ({"tags": ["x" * 65]}, "at most 64 characters"),
-    ({"tags": ["a\x00b"]}, "control characters"),
-    ({"tags": ["a\nb"]}, "control characters"),
-    ({"tags": [f"t{i}" for i in range(33)]}, "at most 32 items"),
-    ({"tags": "sweep"}, "valid list"),
-    ({"tags": [3]}, "valid string"),
-    ({"name": ""}, "name"),
-    ({"colour": "red"}, "colour"),
-])
+@pytest.mark.parametrize(
+    ("body", "text"),
+    [
+        ({}, 'give "name", "tags" or both'),
+        ({"tags": ["a,b"]}, "comma"),
+        ({"tags": ["   "]}, "tags.0"),
+        ({"tags": ["x" * 65]}, "at most 64 characters"),
+        ({"tags": ["a\x00b"]}, "control characters"),
+        ({"tags": ["a\nb"]}, "control characters"),
+        ({"tags": [f"t{i}" for i in range(33)]}, "at most 32 items"),
+        ({"tags": "sweep"}, "valid list"),
+        ({"tags": [3]}, "valid string"),
+        ({"name": ""}, "name"),
+        ({"colour": "red"}, "colour"),
+    ],
+)
 def test_bad_updates_are_422_with_a_message(http: httpx.Client, body: dict[str, object], text: str) -> None:
     before = http.get("/api/runs/other-1").json()
     response = http.patch("/api/runs/other-1", json=body)
@@ -189,18 +230,28 @@ def test_bad_updates_are_422_with_a_message(http: httpx.Client, body: dict[str, 
 
 # -- series ----------------------------------------------------------------------------------
 
+
 def test_scalar_series_is_exact_without_downsampling(http: httpx.Client) -> None:
     body = http.get("/api/runs/api-run/series", params={"key": "loss"}).json()
-    assert body == {"key": "loss", "downsampled": False, "step": list(range(1, N + 1)),
-                    "value": [json_float(loss_at(i)) for i in range(1, N + 1)], "min": None, "max": None}
+    assert body == {
+        "key": "loss",
+        "downsampled": False,
+        "step": list(range(1, N + 1)),
+        "value": [json_float(loss_at(i)) for i in range(1, N + 1)],
+        "min": None,
+        "max": None,
+    }
     window = http.get("/api/runs/api-run/series", params={"key": "loss", "start": 10, "end": 12}).json()
     assert window["step"] == [10, 11, 12]
 
 
-@pytest.mark.parametrize("path, params", [("/api/runs/api-run/series", {"key": "loss"}),
-                                          ("/api/runs/api-run/params/series", {"metric": "param_norm"})])
+@pytest.mark.parametrize(
+    "path, params",
+    [("/api/runs/api-run/series", {"key": "loss"}), ("/api/runs/api-run/params/series", {"metric": "param_norm"})],
+)
 def test_a_smoothed_series_past_the_raw_row_limit_is_a_422_that_says_what_to_ask(
-        http: httpx.Client, monkeypatch: pytest.MonkeyPatch, path: str, params: dict[str, object]) -> None:
+    http: httpx.Client, monkeypatch: pytest.MonkeyPatch, path: str, params: dict[str, object]
+) -> None:
     monkeypatch.setattr(charts, "SMOOTH_ROWS", N - 1)  # the run has N steps: one more than the limit
     refused = http.get(path, params={**params, "smooth": 0.5})
     assert refused.status_code == 422
@@ -220,8 +271,9 @@ def test_series_wall_time_on_request(http: httpx.Client) -> None:
     assert window["time0"] == 1_700_000_001.0  # the run's first step, not the window's
     binned = http.get("/api/runs/api-run/series", params={"key": "loss", "max_points": 6, "time": True}).json()
     assert binned["time"] == [1_700_000_000.0 + s for s in binned["step"]]  # each bucket's first step
-    params = http.get("/api/runs/api-run/params/series",
-                      params={"metric": "grad_norm", "param": "enc.weight", "end": 3, "time": True}).json()
+    params = http.get(
+        "/api/runs/api-run/params/series", params={"metric": "grad_norm", "param": "enc.weight", "end": 3, "time": True}
+    ).json()
     assert params["time"] == [1_700_000_001.0, 1_700_000_002.0, 1_700_000_003.0] and params["time0"] == 1_700_000_001.0
     plain = http.get("/api/runs/api-run/params/series", params={"metric": "grad_norm", "param": "enc.weight"}).json()
     assert "time" not in plain and "time0" not in plain
@@ -243,8 +295,9 @@ def test_scalar_series_downsampled_keeps_spikes_and_non_finite(http: httpx.Clien
 
 
 def test_param_series_by_name_and_top(http: httpx.Client) -> None:
-    named = http.get("/api/runs/api-run/params/series",
-                     params={"metric": "grad_norm", "param": [PARAMS[1], "enc.weight"]}).json()
+    named = http.get(
+        "/api/runs/api-run/params/series", params={"metric": "grad_norm", "param": [PARAMS[1], "enc.weight"]}
+    ).json()
     assert [s["param"] for s in named["series"]] == [PARAMS[1], "enc.weight"]
     assert [s["index"] for s in named["series"]] == [1, 0]
     assert named["series"][0]["value"][:4] == [None, None, None, float(np.float32(14.0))]
@@ -256,8 +309,7 @@ def test_param_series_by_name_and_top(http: httpx.Client) -> None:
     low = http.get("/api/runs/api-run/params/series", params={"metric": "grad_norm", "top": 2, "order": "asc"}).json()
     assert [s["index"] for s in low["series"]] == [2, 0]
     # At step 30 the third parameter is NaN: it ranks first, a blow-up is what one looks for.
-    nan_top = http.get("/api/runs/api-run/params/series",
-                       params={"metric": "grad_norm", "top": 1, "end": 30}).json()
+    nan_top = http.get("/api/runs/api-run/params/series", params={"metric": "grad_norm", "top": 1, "end": 30}).json()
     assert [s["index"] for s in nan_top["series"]] == [2] and nan_top["series"][0]["value"][-1] == "NaN"
 
 
@@ -273,19 +325,22 @@ def test_param_series_top_ranked_by_another_metric(http: httpx.Client) -> None:
     # The same choice as asking grad_norm for its top: what the run page relies on.
     grad_top = http.get("/api/runs/api-run/params/series", params={"metric": "grad_norm", "top": 3}).json()
     assert [s["param"] for s in get(top=3, rank_by="grad_norm").json()["series"]] == [
-        s["param"] for s in grad_top["series"]]
+        s["param"] for s in grad_top["series"]
+    ]
     empty = get(top=2, end=0, rank_by="grad_norm")
     assert empty.status_code == 200 and empty.json()["series"] == [] and empty.json()["step"] == []
     missing = get(top=2, rank_by="nope")
     assert missing.status_code == 404 and "no parameter metric 'nope'" in missing.json()["detail"]
-    unknown_metric = http.get("/api/runs/api-run/params/series", params={"metric": "nope", "rank_by": "grad_norm",
-                                                                          "end": 0})
+    unknown_metric = http.get(
+        "/api/runs/api-run/params/series", params={"metric": "nope", "rank_by": "grad_norm", "end": 0}
+    )
     assert unknown_metric.status_code == 404
 
 
 def test_param_series_downsampled_ignores_absent(http: httpx.Client) -> None:
-    body = http.get("/api/runs/api-run/params/series",
-                    params={"metric": "grad_norm", "param": PARAMS[1], "max_points": 20}).json()
+    body = http.get(
+        "/api/runs/api-run/params/series", params={"metric": "grad_norm", "param": PARAMS[1], "max_points": 20}
+    ).json()
     series = body["series"][0]
     assert body["downsampled"] is True and body["step"][:2] == [1, 3]
     assert series["value"][0] is None and series["min"][0] is None  # steps 1-2: ABSENT only
@@ -294,8 +349,10 @@ def test_param_series_downsampled_ignores_absent(http: httpx.Client) -> None:
 
 
 def test_momentum_keeps_negative_zero_and_subnormals(http: httpx.Client) -> None:
-    body = http.get("/api/runs/api-run/params/series",
-                    params={"metric": "momentum_buffer_norm", "param": [PARAMS[1], "dec.bias"], "end": 1}).json()
+    body = http.get(
+        "/api/runs/api-run/params/series",
+        params={"metric": "momentum_buffer_norm", "param": [PARAMS[1], "dec.bias"], "end": 1},
+    ).json()
     neg_zero, tiny = body["series"][0]["value"][0], body["series"][1]["value"][0]
     assert neg_zero == 0.0 and math.copysign(1.0, neg_zero) == -1.0
     assert tiny == float(np.float32(1e-45)) and tiny > 0
@@ -313,15 +370,18 @@ def test_heatmap(http: httpx.Client) -> None:
     assert status["z"] == [[2, 2, 2, 2], [2, 2, 2, 2], [2, 2, 3, 2]]
 
 
-@pytest.mark.parametrize("params", [
-    {"metric": "grad_norm"},  # raw: ABSENT cells (steps 1-3 of the second parameter), a NaN
-    {"metric": "grad_norm", "max_steps": 4},  # downsampled
-    {"metric": "grad_norm", "start": 2, "end": 31, "max_steps": 7},  # a window in uneven buckets
-    {"metric": "momentum_buffer_norm", "max_steps": 3},  # -0.0 and the smallest subnormal
-    {"metric": "grad_status"},
-    {"metric": "grad_status", "max_steps": 4},
-    {"metric": "grad_norm", "start": 1000},  # no step in the window: no cells
-])
+@pytest.mark.parametrize(
+    "params",
+    [
+        {"metric": "grad_norm"},  # raw: ABSENT cells (steps 1-3 of the second parameter), a NaN
+        {"metric": "grad_norm", "max_steps": 4},  # downsampled
+        {"metric": "grad_norm", "start": 2, "end": 31, "max_steps": 7},  # a window in uneven buckets
+        {"metric": "momentum_buffer_norm", "max_steps": 3},  # -0.0 and the smallest subnormal
+        {"metric": "grad_status"},
+        {"metric": "grad_status", "max_steps": 4},
+        {"metric": "grad_norm", "start": 1000},  # no step in the window: no cells
+    ],
+)
 def test_heatmap_f32_holds_the_json_cells(http: httpx.Client, params: dict[str, object]) -> None:
     as_json = http.get("/api/runs/api-run/heatmap", params=params).json()
     as_f32 = http.get("/api/runs/api-run/heatmap", params={**params, "encoding": "f32"}).json()
@@ -345,13 +405,22 @@ def test_heatmap_f32_cells(http: httpx.Client) -> None:
 
 # -- export ----------------------------------------------------------------------------------
 
+
 def test_export_csv(http: httpx.Client) -> None:
     response = http.get("/api/runs/api-run/export", params={"format": "csv"})
     assert response.status_code == 200 and response.headers["content-type"].startswith("text/csv")
     assert response.headers["content-disposition"] == 'attachment; filename="My_run_v1.csv"'
     rows = list(csv.DictReader(io.StringIO(response.text)))
-    assert list(rows[0]) == ["step", "param", "grad_norm", "grad_status", "param_norm", "exp_avg_norm",
-                             "exp_avg_sq_norm", "momentum_buffer_norm"]
+    assert list(rows[0]) == [
+        "step",
+        "param",
+        "grad_norm",
+        "grad_status",
+        "param_norm",
+        "exp_avg_norm",
+        "exp_avg_sq_norm",
+        "momentum_buffer_norm",
+    ]
     assert len(rows) == N * 3
     by_key = {(int(r["step"]), r["param"]): r for r in rows}
     assert by_key[(1, "'" + PARAMS[1])]["grad_norm"] == ""  # ABSENT; the name is defused
@@ -373,8 +442,9 @@ def test_export_json_lines(http: httpx.Client) -> None:
     lines = [json.loads(line) for line in response.text.splitlines()]
     assert lines[0]["type"] == "run" and lines[0]["run"]["id"] == "api-run"
     assert [p["name"] for p in lines[0]["params"]] == list(PARAMS)
-    assert lines[0]["groups"] == [{"optimizer": 0, "index": 0, "name": None,
-                                   "hparams": {"lr": 0.001, "betas": [0.9, 0.999]}}]
+    assert lines[0]["groups"] == [
+        {"optimizer": 0, "index": 0, "name": None, "hparams": {"lr": 0.001, "betas": [0.9, 0.999]}}
+    ]
     steps = lines[1:]
     assert [s["step"] for s in steps] == list(range(1, N + 1))
     assert steps[4]["scalars"] == {"loss": "NaN", "lr/0": 0.001}
@@ -386,8 +456,15 @@ def test_export_parquet(http: httpx.Client) -> None:
     response = http.get("/api/runs/api-run/export", params={"format": "parquet"})
     assert response.headers["content-disposition"] == 'attachment; filename="My_run_v1.parquet"'
     table = pq.read_table(io.BytesIO(response.content))
-    assert table.column_names[:7] == ["step", "param", "grad_norm", "grad_status", "param_norm", "exp_avg_norm",
-                                      "exp_avg_sq_norm"]
+    assert table.column_names[:7] == [
+        "step",
+        "param",
+        "grad_norm",
+        "grad_status",
+        "param_norm",
+        "exp_avg_norm",
+        "exp_avg_sq_norm",
+    ]
     assert table.num_rows == N * 3
     data = table.to_pydict()
     assert data["grad_norm"][1] is None  # ABSENT is null
@@ -399,34 +476,50 @@ def test_export_parquet(http: httpx.Client) -> None:
 
 # -- errors ----------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("path", ["", "/params", "/metrics", "/series?key=loss", "/params/series?metric=grad_norm",
-                                  "/heatmap?metric=grad_norm", "/export", "/diagnostics"])
+
+@pytest.mark.parametrize(
+    "path",
+    [
+        "",
+        "/params",
+        "/metrics",
+        "/series?key=loss",
+        "/params/series?metric=grad_norm",
+        "/heatmap?metric=grad_norm",
+        "/export",
+        "/diagnostics",
+    ],
+)
 def test_unknown_run_is_404(http: httpx.Client, path: str) -> None:
     response = http.get(f"/api/runs/nope{path}")
     assert response.status_code == 404 and "no run with id 'nope'" in response.json()["detail"]
     assert response.json()["run"] == "unknown" and "deleted_at" not in response.json()
 
 
-@pytest.mark.parametrize(("path", "params", "code", "text"), [
-    ("/export", {"format": "xml"}, 400, "format must be one of csv, json, parquet"),
-    ("/series", {"key": "loss", "max_points": 1}, 422, "max_points"),
-    ("/series", {}, 422, "key"),
-    ("/series", {"key": "nope"}, 404, "no scalar 'nope'"),
-    ("/series", {"key": "loss", "start": "abc"}, 422, "start"),
-    ("/series", {"key": "loss", "end": 2**63}, 422, "end"),  # steps are 64-bit in both databases
-    ("/series", {"key": "lo\x00ss"}, 404, "no scalar"),
-    ("/params/series", {"metric": "nope"}, 404, "no parameter metric 'nope'"),
-    ("/params/series", {"metric": "grad_norm", "param": "nope"}, 404, "no parameter 'nope'"),
-    ("/params/series", {"metric": "grad_norm", "param": "no\x00pe"}, 404, "no parameter"),
-    ("/params/series", {"metric": "grad_norm", "top": 0}, 422, "top"),
-    ("/params/series", {"metric": "grad_norm", "order": "up"}, 422, "order"),
-    ("/heatmap", {"metric": "grad_norm", "max_steps": 0}, 422, "max_steps"),
-    ("/heatmap", {"metric": "grad_norm", "encoding": "f16"}, 422, "encoding: Input should be 'json' or 'f32'"),
-    ("/heatmap", {"metric": "grad_norm", "encoding": ""}, 422, "encoding"),
-    ("/heatmap", {"metric": "nope", "encoding": "f32"}, 404, "no parameter metric 'nope'"),
-])
-def test_bad_parameters_are_4xx_with_a_message(http: httpx.Client, path: str, params: dict[str, object],
-                                               code: int, text: str) -> None:
+@pytest.mark.parametrize(
+    ("path", "params", "code", "text"),
+    [
+        ("/export", {"format": "xml"}, 400, "format must be one of csv, json, parquet"),
+        ("/series", {"key": "loss", "max_points": 1}, 422, "max_points"),
+        ("/series", {}, 422, "key"),
+        ("/series", {"key": "nope"}, 404, "no scalar 'nope'"),
+        ("/series", {"key": "loss", "start": "abc"}, 422, "start"),
+        ("/series", {"key": "loss", "end": 2**63}, 422, "end"),  # steps are 64-bit in both databases
+        ("/series", {"key": "lo\x00ss"}, 404, "no scalar"),
+        ("/params/series", {"metric": "nope"}, 404, "no parameter metric 'nope'"),
+        ("/params/series", {"metric": "grad_norm", "param": "nope"}, 404, "no parameter 'nope'"),
+        ("/params/series", {"metric": "grad_norm", "param": "no\x00pe"}, 404, "no parameter"),
+        ("/params/series", {"metric": "grad_norm", "top": 0}, 422, "top"),
+        ("/params/series", {"metric": "grad_norm", "order": "up"}, 422, "order"),
+        ("/heatmap", {"metric": "grad_norm", "max_steps": 0}, 422, "max_steps"),
+        ("/heatmap", {"metric": "grad_norm", "encoding": "f16"}, 422, "encoding: Input should be 'json' or 'f32'"),
+        ("/heatmap", {"metric": "grad_norm", "encoding": ""}, 422, "encoding"),
+        ("/heatmap", {"metric": "nope", "encoding": "f32"}, 404, "no parameter metric 'nope'"),
+    ],
+)
+def test_bad_parameters_are_4xx_with_a_message(
+    http: httpx.Client, path: str, params: dict[str, object], code: int, text: str
+) -> None:
     response = http.get(f"/api/runs/api-run{path}", params=params)
     assert response.status_code == code
     detail = response.json()["detail"]
@@ -453,7 +546,8 @@ def test_diagnostics_lists_findings(http: httpx.Client) -> None:
     """The NaN gradient of dec.bias at step 30 (status_at) is the run's one finding."""
     found = http.get("/api/runs/api-run/diagnostics").json()
     assert [(f["code"], f["severity"], f["params"], f["first_step"]) for f in found] == [
-        ("nonfinite_grad", "error", ["dec.bias"], 30)]
+        ("nonfinite_grad", "error", ["dec.bias"], 30)
+    ]
     assert "step 30" in found[0]["message"] and found[0]["figure"] is None
     assert http.get("/api/runs/other-1/diagnostics").json() == []
     assert http.get("/api/runs/nope/diagnostics").status_code == 404
@@ -461,8 +555,15 @@ def test_diagnostics_lists_findings(http: httpx.Client) -> None:
 
 def test_openapi_documents_the_routes(http: httpx.Client) -> None:
     paths = http.get("/openapi.json").json()["paths"]
-    for path in ("/api/health", "/api/runs", "/api/runs/{run_id}", "/api/runs/{run_id}/series",
-                 "/api/runs/{run_id}/params/series", "/api/runs/{run_id}/heatmap", "/api/runs/{run_id}/export"):
+    for path in (
+        "/api/health",
+        "/api/runs",
+        "/api/runs/{run_id}",
+        "/api/runs/{run_id}/series",
+        "/api/runs/{run_id}/params/series",
+        "/api/runs/{run_id}/heatmap",
+        "/api/runs/{run_id}/export",
+    ):
         assert path in paths
     assert http.get("/docs").status_code == 200
 
@@ -478,6 +579,7 @@ def test_openapi_documents_the_heatmap_encodings(http: httpx.Client) -> None:
 
 
 # -- pages -----------------------------------------------------------------------------------
+
 
 def test_pages_and_static_files(tmp_path: Path) -> None:
     frontend = tmp_path / "frontend"

@@ -5,6 +5,7 @@ scratch; migration 0004 computes them for runs stored before it.
 
 The store tests run on an SQLite file and on a real PostgreSQL database (tests/conftest.py).
 """
+
 from __future__ import annotations
 
 import json
@@ -16,6 +17,7 @@ import numpy as np
 import pytest
 from alembic import command
 from alembic.config import Config
+
 from gradwatch_server import blocks, charts
 from gradwatch_server.protocol import Hello, parse_message
 from gradwatch_server.store import StepData, Store, backfill_blocks, open_store
@@ -28,6 +30,7 @@ PARAMS = tuple(f"layer{i}.weight" for i in range(P))
 
 
 # -- pure functions --------------------------------------------------------------------------
+
 
 @pytest.mark.parametrize("seed", range(200))
 def test_cover_is_exact_and_uses_only_closed_blocks_inside(seed: int) -> None:
@@ -67,6 +70,7 @@ def test_dirty_blocks_are_those_closed_by_or_touched_by_new_steps() -> None:
 
 # -- a run stored out of order ---------------------------------------------------------------
 
+
 class Run:
     """What was written: per metric, step -> values (float32 or uint8 codes); `loss`, step -> float."""
 
@@ -101,12 +105,17 @@ def run(db_url: str) -> Iterator[tuple[Store, Run]]:
     store.open_run(message)
     rng = np.random.default_rng(5)
     written = Run()
-    order = (list(range(1, 1000)) + list(range(1500, 2501)) + list(range(1000, 1500, 3))
-             + list(range(2501, 6001)) + list(range(7000, 9000, 7)))
+    order = (
+        list(range(1, 1000))
+        + list(range(1500, 2501))
+        + list(range(1000, 1500, 3))
+        + list(range(2501, 6001))
+        + list(range(7000, 9000, 7))
+    )
     seq = 0
     for lo in range(0, len(order), 97):
         batch = []
-        for step in order[lo:lo + 97]:
+        for step in order[lo : lo + 97]:
             seq += 1
             grad = _values(rng, step)
             arrays = {"grad_norm": grad.tobytes(), "grad_status": rng.integers(0, 4, P, dtype=np.uint8).tobytes()}
@@ -145,10 +154,12 @@ def _bucket_ends(step: list[int], end: int) -> list[tuple[int, int]]:
 
 
 @pytest.mark.parametrize("metric", ["grad_norm", "exp_avg_norm", "grad_status"])
-@pytest.mark.parametrize("start,end,points", [(None, None, 50), (None, None, 7), (333, 5555, 40),
-                                              (1017, 2222, 20), (5000, 9999, 30)])
-def test_long_windows_from_blocks_match_the_raw_steps(run: tuple[Store, Run], metric: str, start: int | None,
-                                                      end: int | None, points: int) -> None:
+@pytest.mark.parametrize(
+    "start,end,points", [(None, None, 50), (None, None, 7), (333, 5555, 40), (1017, 2222, 20), (5000, 9999, 30)]
+)
+def test_long_windows_from_blocks_match_the_raw_steps(
+    run: tuple[Store, Run], metric: str, start: int | None, end: int | None, points: int
+) -> None:
     store, written = run
     params = store.get_params("b")
     names = [PARAMS[0], PARAMS[5], PARAMS[66], PARAMS[64]]
@@ -187,15 +198,18 @@ def test_heatmap_f32_from_blocks_holds_the_json_cells(run: tuple[Store, Run]) ->
     params = store.get_params("b")
     for metric in ("grad_norm", "exp_avg_norm", "grad_status"):
         for start, end, points in ((None, None, 50), (333, 5555, 40), (1017, 2222, 20)):
-            grids = [charts.heatmap(store, "b", params, metric, start, end, points, raw_rows=0, encoding=encoding)
-                     for encoding in ("json", "f32")]
+            grids = [
+                charts.heatmap(store, "b", params, metric, start, end, points, raw_rows=0, encoding=encoding)
+                for encoding in ("json", "f32")
+            ]
             assert grids[0].downsampled
             assert_same_cells(*(g.model_dump(exclude_unset=True) for g in grids))
 
 
 @pytest.mark.parametrize("start,end,points", [(None, None, 50), (333, 5555, 40), (1017, 2222, 3)])
-def test_long_scalar_windows_from_blocks_match_the_raw_steps(run: tuple[Store, Run], start: int | None,
-                                                             end: int | None, points: int) -> None:
+def test_long_scalar_windows_from_blocks_match_the_raw_steps(
+    run: tuple[Store, Run], start: int | None, end: int | None, points: int
+) -> None:
     store, written = run
     body = charts.scalar_series(store, "b", "loss", start, end, points, raw_rows=0)
     stored = sorted(s for s in written.loss if (start is None or s >= start) and (end is None or s <= end))
@@ -219,17 +233,25 @@ def test_a_short_window_is_still_read_raw(run: tuple[Store, Run]) -> None:
 
 def _blocks(store: Store) -> list[tuple[object, ...]]:
     with store.engine.connect() as conn:
-        return [tuple(bytes(c) if isinstance(c, (bytes, memoryview)) else c for c in r) for r in conn.exec_driver_sql(
-            "SELECT run_id, kind, metric, size, block, part, first_step, step_count, data FROM metric_blocks "
-            "ORDER BY run_id, kind, metric, size, block, part").all()]
+        return [
+            tuple(bytes(c) if isinstance(c, (bytes, memoryview)) else c for c in r)
+            for r in conn.exec_driver_sql(
+                "SELECT run_id, kind, metric, size, block, part, first_step, step_count, data FROM metric_blocks "
+                "ORDER BY run_id, kind, metric, size, block, part"
+            ).all()
+        ]
 
 
 def test_ingest_keeps_the_blocks_equal_to_a_recomputation(run: tuple[Store, Run]) -> None:
     store, _ = run
     kept = _blocks(store)
     assert {r[3] for r in kept} == {16, 64, 256, 1024, 4096} and {r[5] for r in kept} == {0, 1}
-    assert {(r[1], r[2]) for r in kept} == {("param", "grad_norm"), ("param", "grad_status"),
-                                            ("param", "exp_avg_norm"), ("scalar", "loss")}
+    assert {(r[1], r[2]) for r in kept} == {
+        ("param", "grad_norm"),
+        ("param", "grad_status"),
+        ("param", "exp_avg_norm"),
+        ("scalar", "loss"),
+    }
     with store.engine.begin() as conn:
         conn.exec_driver_sql("DELETE FROM metric_blocks")
         backfill_blocks(conn)

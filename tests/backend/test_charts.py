@@ -1,4 +1,5 @@
 """Chart payloads from a real store against naive loops; the heatmap is the same read in chunks."""
+
 from __future__ import annotations
 
 import json
@@ -7,6 +8,7 @@ from collections.abc import Iterator
 
 import numpy as np
 import pytest
+
 from gradwatch_server import blocks, charts, spread
 from gradwatch_server.protocol import Hello, parse_message
 from gradwatch_server.store import StepData, Store, open_store
@@ -34,9 +36,19 @@ def store(tmp_path_factory: pytest.TempPathFactory, data: np.ndarray) -> Iterato
     message = parse_message(json.dumps(hello("c", params=tuple(f"p{i}.weight" for i in range(P)))))
     assert isinstance(message, Hello)
     s.open_run(message)
-    s.write_steps("c", [StepData(i + 1, 10 * (i + 1), 0.0, {"loss": float(data[i, 0])}, {"grad_norm": data[i].tobytes(),
-                                                               "grad_status": bytes([i % 4] * P)})
-                        for i in range(N)])
+    s.write_steps(
+        "c",
+        [
+            StepData(
+                i + 1,
+                10 * (i + 1),
+                0.0,
+                {"loss": float(data[i, 0])},
+                {"grad_norm": data[i].tobytes(), "grad_status": bytes([i % 4] * P)},
+            )
+            for i in range(N)
+        ],
+    )
     yield s
     s.close()
 
@@ -53,8 +65,7 @@ def naive_peak(chunk: list[float | None]) -> float | str | None:
 
 
 @pytest.mark.parametrize("chunk_rows", [1, 7, 10**6])
-def test_heatmap_matches_a_naive_loop_whatever_the_chunking(store: Store, data: np.ndarray,
-                                                            chunk_rows: int) -> None:
+def test_heatmap_matches_a_naive_loop_whatever_the_chunking(store: Store, data: np.ndarray, chunk_rows: int) -> None:
     params = store.get_params("c")
     grid = charts.heatmap(store, "c", params, "grad_norm", None, None, 9, chunk_rows=chunk_rows)
     edges = [j * N // 9 for j in range(9)] + [N]
@@ -73,8 +84,10 @@ def test_heatmap_matches_a_naive_loop_whatever_the_chunking(store: Store, data: 
 def test_heatmap_f32_holds_the_json_cells_whatever_the_chunking(store: Store, chunk_rows: int, metric: str) -> None:
     params = store.get_params("c")
     for start, end, steps in ((None, None, 9), (None, None, 400), (35, 1500, 13)):
-        grids = [charts.heatmap(store, "c", params, metric, start, end, steps, chunk_rows=chunk_rows, encoding=encoding)
-                 for encoding in ("json", "f32")]
+        grids = [
+            charts.heatmap(store, "c", params, metric, start, end, steps, chunk_rows=chunk_rows, encoding=encoding)
+            for encoding in ("json", "f32")
+        ]
         assert_same_cells(*(g.model_dump(exclude_unset=True) for g in grids))
 
 
@@ -106,8 +119,11 @@ def spread_oracle(data: np.ndarray, rows: slice) -> tuple[list[float], int, int]
     chunk, gone = data[rows].astype(np.float64), absent[rows]
     finite = np.isfinite(chunk) & ~gone
     means = np.array([chunk[finite[:, i], i].mean() for i in range(P) if finite[:, i].any()])
-    return ([float(np.quantile(means, q)) for q in spread.QUANTILES], len(means),
-            int((~np.isfinite(chunk) & ~gone).any(axis=0).sum()))
+    return (
+        [float(np.quantile(means, q)) for q in spread.QUANTILES],
+        len(means),
+        int((~np.isfinite(chunk) & ~gone).any(axis=0).sum()),
+    )
 
 
 @pytest.mark.parametrize("raw_rows", [10**6, 16])  # raw rows, or the stored step blocks
@@ -138,8 +154,9 @@ def smoothed_buckets(want: np.ndarray, first: list[int]) -> list[float]:
 
 
 @pytest.mark.parametrize("kind", ["param", "scalar"])
-def test_a_smoothed_series_is_served_up_to_its_raw_row_limit_and_refused_above(store: Store, data: np.ndarray,
-                                                                               kind: str) -> None:
+def test_a_smoothed_series_is_served_up_to_its_raw_row_limit_and_refused_above(
+    store: Store, data: np.ndarray, kind: str
+) -> None:
     column = 1 if kind == "param" else 0  # p1 has a NaN at step 510, before the window: it stays out
     want = np.array(reference_ema(data[:, column].astype(np.float64).tolist(), 0.9))
 
@@ -147,8 +164,20 @@ def test_a_smoothed_series_is_served_up_to_its_raw_row_limit_and_refused_above(s
         if kind == "scalar":
             got = charts.scalar_series(store, "c", "loss", 1010, end, 10, smooth=0.9, smooth_rows=limit)
             return got.step, got.value, got.downsampled
-        p = charts.param_series(store, "c", store.get_params("c"), "grad_norm", ["p1.weight"], 5, "desc", 1010, end,
-                                10, smooth=0.9, smooth_rows=limit)
+        p = charts.param_series(
+            store,
+            "c",
+            store.get_params("c"),
+            "grad_norm",
+            ["p1.weight"],
+            5,
+            "desc",
+            1010,
+            end,
+            10,
+            smooth=0.9,
+            smooth_rows=limit,
+        )
         return p.step, p.series[0].value, p.downsampled
 
     # at the limit (N stored steps up to the end): the EMA from the first step, windowed, downsampled
@@ -160,7 +189,7 @@ def test_a_smoothed_series_is_served_up_to_its_raw_row_limit_and_refused_above(s
         ask(None, N - 1)
     # an earlier end holds fewer steps: served again
     step, value, _ = ask(10 * (N - 1), N - 1)
-    np.testing.assert_allclose(value, smoothed_buckets(want[:N - 1], step)[:len(step)], rtol=1e-9)
+    np.testing.assert_allclose(value, smoothed_buckets(want[: N - 1], step)[: len(step)], rtol=1e-9)
 
 
 def test_long_window_is_public_and_its_buckets_hold_the_raw_steps(store: Store, data: np.ndarray) -> None:

@@ -1,4 +1,5 @@
 """The `gradwatch` command as users run it: help, exit codes, runs, export, import and gc."""
+
 from __future__ import annotations
 
 import csv
@@ -11,14 +12,16 @@ from pathlib import Path
 import numpy as np
 import pyarrow.parquet as pq
 import pytest
-from support.server import ServerProcess, server_command, server_env, start_server
+
 from gradwatch_server.settings import Settings
+from support.server import ServerProcess, server_command, server_env, start_server
 from support.wiremsg import Hook, close, f32, hello, step, with_absent
 
 
 def gradwatch(*args: str, cwd: Path | None = None, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([*server_command(), *args], capture_output=True, text=True, timeout=120, cwd=cwd,
-                          env=server_env(), input=stdin)
+    return subprocess.run(
+        [*server_command(), *args], capture_output=True, text=True, timeout=120, cwd=cwd, env=server_env(), input=stdin
+    )
 
 
 @pytest.fixture(scope="module")
@@ -29,9 +32,15 @@ def db(tmp_path_factory: pytest.TempPathFactory) -> Path:
         with Hook(server.ws_url) as hook:
             hook.call(hello("cli-run", params=("w", "b"), name="cli run"))
             for i in range(1, 6):
-                hook.call(step(i, i, scalars={"loss": "Infinity" if i == 2 else 1.0 / i},
-                               arrays={"grad_norm": with_absent(f32(i, -0.0), 1) if i == 1 else f32(i, np.nan)},
-                               grad_status=[2, 3]))
+                hook.call(
+                    step(
+                        i,
+                        i,
+                        scalars={"loss": "Infinity" if i == 2 else 1.0 / i},
+                        arrays={"grad_norm": with_absent(f32(i, -0.0), 1) if i == 1 else f32(i, np.nan)},
+                        grad_status=[2, 3],
+                    )
+                )
             hook.call(close(6))
     finally:
         server.stop()
@@ -141,8 +150,9 @@ def test_import_refuses_what_is_not_an_export(tmp_path: Path) -> None:
 
 
 def test_settings_come_from_an_injected_environment() -> None:
-    settings = Settings.from_env({"GRADWATCH_DB": "runs.db", "GRADWATCH_PORT": "9000", "GRADWATCH_TOKEN": ""},
-                                 host="0.0.0.0")
+    settings = Settings.from_env(
+        {"GRADWATCH_DB": "runs.db", "GRADWATCH_PORT": "9000", "GRADWATCH_TOKEN": ""}, host="0.0.0.0"
+    )
     assert settings.db_url == "sqlite:///runs.db" and settings.port == 9000
     assert settings.token is None and settings.host == "0.0.0.0"
     assert Settings.from_env({}, db_url="sqlite:///x.db").db_url == "sqlite:///x.db"
@@ -156,8 +166,13 @@ def test_serve_on_a_port_in_use_exits_1(server: ServerProcess, tmp_path: Path) -
 
 # -- gc ----------------------------------------------------------------------------------------
 
-GC_RUNS = [("old-done", 100, "finished"), ("old-crash", 100, "crashed"), ("new-crash", 0, "crashed"),
-           ("new-done", 0, "finished"), ("old-live", 100, "running")]
+GC_RUNS = [
+    ("old-done", 100, "finished"),
+    ("old-crash", 100, "crashed"),
+    ("new-crash", 0, "crashed"),
+    ("new-done", 0, "finished"),
+    ("old-live", 100, "running"),
+]
 TABLES = ("runs", "params", "groups", "steps", "scalars", "param_metrics", "metric_blocks", "series_names")
 
 
@@ -169,14 +184,26 @@ def gc_database(db_url: str) -> None:
     store = open_store(db_url)
     now, rng = time.time(), np.random.default_rng(0)
     for run_id, days, status in GC_RUNS:
-        message = parse_message(json.dumps(hello(run_id, params=tuple(f"p{i}.weight" for i in range(64)),
-                                                 project="gc", started_at=now - days * 86400 - 60)))
+        message = parse_message(
+            json.dumps(
+                hello(
+                    run_id,
+                    params=tuple(f"p{i}.weight" for i in range(64)),
+                    project="gc",
+                    started_at=now - days * 86400 - 60,
+                )
+            )
+        )
         assert isinstance(message, Hello)
         store.open_run(message)
         count = 600 if run_id == "old-done" else 20
-        store.write_steps(run_id, [StepData(i, i, now, {"loss": 1.0 / i},
-                                            {"grad_norm": rng.random(64).astype("<f4").tobytes()})
-                                   for i in range(1, count + 1)])
+        store.write_steps(
+            run_id,
+            [
+                StepData(i, i, now, {"loss": 1.0 / i}, {"grad_norm": rng.random(64).astype("<f4").tobytes()})
+                for i in range(1, count + 1)
+            ],
+        )
         if status != "running":
             store.set_status(run_id, status, now)
     store.close()
@@ -188,8 +215,10 @@ def rows_of(db_url: str) -> dict[str, set[str]]:
 
     engine = create_db_engine(db_url)
     with engine.connect() as conn:
-        found = {t: {r[0] for r in conn.exec_driver_sql(f"SELECT DISTINCT {'id' if t == 'runs' else 'run_id'} FROM {t}")}
-                 for t in TABLES}
+        found = {
+            t: {r[0] for r in conn.exec_driver_sql(f"SELECT DISTINCT {'id' if t == 'runs' else 'run_id'} FROM {t}")}
+            for t in TABLES
+        }
     engine.dispose()
     return found
 
@@ -235,8 +264,12 @@ def test_gc_deletes_the_chosen_runs_with_all_their_data_and_compacts(db_url: str
 
 def test_gc_usage_errors_exit_2(tmp_path: Path) -> None:
     db = str(tmp_path / "gc.db")
-    for args, says in [(["--project", "p"], "narrows"), (["--older-than", "-1"], "0 or more"),
-                       (["--older-than", "x"], "not a number"), (["--crashed", "--dry-run", "--yes"], "not allowed")]:
+    for args, says in [
+        (["--project", "p"], "narrows"),
+        (["--older-than", "-1"], "0 or more"),
+        (["--older-than", "x"], "not a number"),
+        (["--crashed", "--dry-run", "--yes"], "not allowed"),
+    ]:
         result = gradwatch("gc", *args, "--db", db)
         assert result.returncode == 2 and says in result.stderr, (args, result.stderr)
 

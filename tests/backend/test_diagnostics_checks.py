@@ -3,6 +3,7 @@
 Steps are built as the wire carries them (float32 arrays with ABSENT on the bits, uint8
 statuses) and decoded by `StepView.of`, so the checks see exactly what ingest gives them.
 """
+
 from __future__ import annotations
 
 import math
@@ -10,6 +11,7 @@ from collections.abc import Sequence
 
 import numpy as np
 import pytest
+
 from gradwatch_server.diagnostics import CHECKS, CODES, RunContext, RunDiagnosis, StepView
 from gradwatch_server.diagnostics.amp import AmpSkippedSteps
 from gradwatch_server.diagnostics.check import Check
@@ -21,8 +23,9 @@ from gradwatch_server.diagnostics.values import ExplodingGrad, NonfiniteGrad, Va
 ABSENT_BITS = 0x7FDEAD00
 NONE, ZERO, NONZERO, NONFINITE = 0, 1, 2, 3
 NAMES = ("enc.weight", "enc.bias", "head.weight")
-RUN = RunContext.of([("enc.weight", 32 * 16, "float32"), ("enc.bias", 32, "float32"),
-                     ("head.weight", 4 * 32, "bfloat16")])
+RUN = RunContext.of(
+    [("enc.weight", 32 * 16, "float32"), ("enc.bias", 32, "float32"), ("head.weight", 4 * 32, "bfloat16")]
+)
 
 
 def f32(values: Sequence[float | None]) -> bytes:
@@ -34,9 +37,15 @@ def f32(values: Sequence[float | None]) -> bytes:
     return arr.tobytes()
 
 
-def step(n: int, status: Sequence[int], *, norm: Sequence[float | None] | None = None,
-         passes: Sequence[float | None] | None = None, clear: Sequence[int | None] | None = None,
-         scalars: dict[str, float] | None = None) -> StepView:
+def step(
+    n: int,
+    status: Sequence[int],
+    *,
+    norm: Sequence[float | None] | None = None,
+    passes: Sequence[float | None] | None = None,
+    clear: Sequence[int | None] | None = None,
+    scalars: dict[str, float] | None = None,
+) -> StepView:
     if norm is None:
         norm = [None if s == NONE else 0.0 if s == ZERO else math.inf if s == NONFINITE else 1.0 for s in status]
     arrays: dict[str, bytes] = {"grad_norm": f32(norm), "grad_status": bytes(status)}
@@ -63,18 +72,29 @@ def plain(n: int, k: int = 1, clear: int | None = 1) -> StepView:
 
 
 def test_every_code_of_the_design_has_one_check() -> None:
-    assert sorted(CODES) == sorted([
-        "grad_accumulation_unbounded", "grad_accumulation", "zero_filled_grad_buffers", "param_not_in_optimizer",
-        "param_never_gets_grad", "nonfinite_grad", "amp_skipped_steps", "exploding_grad", "vanishing_grad",
-        "step_without_grad"])
+    assert sorted(CODES) == sorted(
+        [
+            "grad_accumulation_unbounded",
+            "grad_accumulation",
+            "zero_filled_grad_buffers",
+            "param_not_in_optimizer",
+            "param_never_gets_grad",
+            "nonfinite_grad",
+            "amp_skipped_steps",
+            "exploding_grad",
+            "vanishing_grad",
+            "step_without_grad",
+        ]
+    )
     for check in CHECKS:
         assert check.__doc__ and check.code in check.__doc__, f"{check.__name__} must document its code"
 
 
 def test_step_view_decodes_absent_on_the_bits() -> None:
     measured_nan = np.array([0x7FC00001], dtype="<u4").view("<f4")[0]
-    view = step(4, [NONE, NONFINITE, ZERO], norm=[None, float(measured_nan), 0.0], passes=[0, 1, None],
-                clear=[None, 0, 2])
+    view = step(
+        4, [NONE, NONFINITE, ZERO], norm=[None, float(measured_nan), 0.0], passes=[0, 1, None], clear=[None, 0, 2]
+    )
     assert np.isnan(view.grad_norm[0]) and np.isnan(view.grad_norm[1])
     assert list(view.status) == [NONE, NONFINITE, ZERO]
     assert view.passes is not None and view.passes[1] == 1 and np.isnan(view.passes[2])
@@ -87,14 +107,17 @@ def test_step_view_decodes_absent_on_the_bits() -> None:
 
 # -- clearing ----------------------------------------------------------------------------------
 
+
 def test_forgotten_zero_grad_is_an_error_from_step_2() -> None:
     check = UnclearedGradients()
     steps = [step(n, [NONZERO] * 3, passes=[1] * 3, clear=[None if n == 1 else 0] * 3) for n in range(1, 6)]
     assert feed(check, steps) == [None, 2, 2, 2, 2]
     f = check.finding
     assert f is not None and f.severity == "error" and f.params == NAMES
-    assert f.message == ("Gradients pile up across steps: .grad was never cleared, so step 2 used the sum of "
-                         "2 batches' gradients. Call optimizer.zero_grad() once per step.")
+    assert f.message == (
+        "Gradients pile up across steps: .grad was never cleared, so step 2 used the sum of "
+        "2 batches' gradients. Call optimizer.zero_grad() once per step."
+    )
     assert f.figure is not None and f.figure.value == 2 and f.figure.unit == "passes"
 
 
@@ -105,17 +128,21 @@ def test_clearing_by_any_means_is_not_piling_up() -> None:
     # A parameter that got no backward pass since the last step (clear ABSENT) is not piling up,
     # nor is a .grad that is None when the step runs (step before backward).
     check = UnclearedGradients()
-    steps = [step(1, [NONZERO] * 3, passes=[1] * 3, clear=[None] * 3),
-             step(2, [NONZERO, NONZERO, NONZERO], passes=[1, 1, 0], clear=[1, 1, None]),
-             step(3, [NONE] * 3, passes=[1] * 3, clear=[0] * 3)]
+    steps = [
+        step(1, [NONZERO] * 3, passes=[1] * 3, clear=[None] * 3),
+        step(2, [NONZERO, NONZERO, NONZERO], passes=[1, 1, 0], clear=[1, 1, None]),
+        step(3, [NONE] * 3, passes=[1] * 3, clear=[0] * 3),
+    ]
     assert feed(check, steps) == [None, None, None]
 
 
 def test_one_parameter_left_uncleared_is_named() -> None:
     check = UnclearedGradients()
-    steps = [step(1, [NONZERO] * 3, passes=[1] * 3, clear=[None] * 3),
-             step(2, [NONZERO] * 3, passes=[1] * 3, clear=[1, 1, 0]),
-             step(3, [NONZERO] * 3, passes=[1] * 3, clear=[1, 0, 0])]
+    steps = [
+        step(1, [NONZERO] * 3, passes=[1] * 3, clear=[None] * 3),
+        step(2, [NONZERO] * 3, passes=[1] * 3, clear=[1, 1, 0]),
+        step(3, [NONZERO] * 3, passes=[1] * 3, clear=[1, 0, 0]),
+    ]
     assert feed(check, steps) == [None, 2, 2]
     f = check.finding
     assert f is not None and f.params == ("enc.bias", "head.weight")  # grows, in parameter order
@@ -156,8 +183,9 @@ def test_zero_filled_buffers_are_a_warning_with_the_bytes_held() -> None:
     assert fmt_bytes(held) in f.message and "set_to_none=True" in f.message
     # The hook's mem/zero_grad_bytes wins when it is larger (buffers still zero at the step).
     check = ZeroFilledGradBuffers()
-    feed(check, [plain(1), step(2, [NONZERO] * 3, passes=[1] * 3, clear=[2, 1, 1],
-                                scalars={"mem/zero_grad_bytes": 1e6})])
+    feed(
+        check, [plain(1), step(2, [NONZERO] * 3, passes=[1] * 3, clear=[2, 1, 1], scalars={"mem/zero_grad_bytes": 1e6})]
+    )
     assert check.finding is not None and check.finding.figure is not None and check.finding.figure.value == 1e6
     assert check.finding.params == ("enc.weight",)
 
@@ -170,6 +198,7 @@ def test_old_hooks_without_the_counters_get_no_clearing_findings() -> None:
 
 # -- coverage ----------------------------------------------------------------------------------
 
+
 def test_params_left_out_of_the_optimizer_are_known_from_hello() -> None:
     run = RunContext.of([(n, 4, "float32") for n in NAMES], {"unoptimized_params": ["extra.weight", "extra.bias"]})
     check = ParamNotInOptimizer()
@@ -177,8 +206,9 @@ def test_params_left_out_of_the_optimizer_are_known_from_hello() -> None:
     f = check.finding
     assert f is not None and f.severity == "warning" and f.first_step is None
     assert f.params == ("extra.weight", "extra.bias")
-    assert f.message.startswith("2 parameters of the model (extra.weight and extra.bias) require gradients but "
-                                "are in no optimizer param group")
+    assert f.message.startswith(
+        "2 parameters of the model (extra.weight and extra.bias) require gradients but are in no optimizer param group"
+    )
     configs: list[dict[str, object]] = [{}, {"unoptimized_params": []}, {"unoptimized_params": "extra.weight"}]
     for config in configs:
         check = ParamNotInOptimizer()
@@ -210,11 +240,13 @@ def test_step_without_any_grad_is_an_error() -> None:
     check = StepWithoutGrad()
     assert feed(check, [plain(1), step(2, [ZERO] * 3, passes=[0] * 3, clear=[None] * 3)]) == [None, 2]
     # Some parameters without a gradient, or zero gradients from a real backward pass: fine.
-    assert feed(StepWithoutGrad(), [step(1, [NONE, NONZERO, NONE]), step(2, [ZERO] * 3, passes=[1] * 3,
-                                                                           clear=[1] * 3)]) == [None, None]
+    assert feed(
+        StepWithoutGrad(), [step(1, [NONE, NONZERO, NONE]), step(2, [ZERO] * 3, passes=[1] * 3, clear=[1] * 3)]
+    ) == [None, None]
 
 
 # -- values ------------------------------------------------------------------------------------
+
 
 def test_nonfinite_gradients_name_every_parameter_from_the_first_step() -> None:
     check = NonfiniteGrad()
@@ -227,20 +259,28 @@ def test_nonfinite_gradients_name_every_parameter_from_the_first_step() -> None:
 
 def test_amp_skipped_steps_are_info_when_few_and_a_warning_when_many() -> None:
     check = AmpSkippedSteps()
-    steps = [step(n, [NONZERO] * 3, scalars={"amp/scale": 65536.0 / 2 ** min(n, 3),
-                                              "amp/skipped_steps": float(min(n - 1, 3))}) for n in range(1, 10)]
+    steps = [
+        step(
+            n, [NONZERO] * 3, scalars={"amp/scale": 65536.0 / 2 ** min(n, 3), "amp/skipped_steps": float(min(n - 1, 3))}
+        )
+        for n in range(1, 10)
+    ]
     assert feed(check, steps) == [None, 2, 2, 2, 2, 2, 2, 2, 2]
     f = check.finding
     assert f is not None and f.severity == "info" and f.figure is not None and f.figure.value == 3
-    assert f.message == ("GradScaler skipped 3 optimizer steps because the gradients overflowed (scale now 8192); "
-                         "a few skips while the scale settles are normal, and need no fix.")
+    assert f.message == (
+        "GradScaler skipped 3 optimizer steps because the gradients overflowed (scale now 8192); "
+        "a few skips while the scale settles are normal, and need no fix."
+    )
     assert f.figure.text == "3 · scale 8192"
     check.observe(RUN, step(40, [NONZERO] * 3, scalars={"amp/scale": 0.5, "amp/skipped_steps": 12.0}))
     f = check.finding
     assert f is not None and f.severity == "warning" and f.first_step == 2
     assert "skipped 12 of 52 optimizer steps because the gradients kept overflowing (scale now 0.5)" in f.message
-    assert feed(AmpSkippedSteps(), [step(n, [NONZERO] * 3, scalars={"amp/skipped_steps": 0.0})
-                                    for n in range(1, 5)]) == [None] * 4
+    assert (
+        feed(AmpSkippedSteps(), [step(n, [NONZERO] * 3, scalars={"amp/skipped_steps": 0.0}) for n in range(1, 5)])
+        == [None] * 4
+    )
 
 
 def noisy(n: int, rng: np.random.Generator, scale: float = 1.0) -> StepView:
@@ -310,16 +350,20 @@ def test_exploding_and_vanishing_stay_quiet_on_converging_runs(seed: int) -> Non
 def test_vanishing_stays_quiet_when_the_loss_goes_to_zero_geometrically() -> None:
     """Full-batch descent on a noise-free problem: the norm shrinks by a constant factor per step."""
     for factor in (0.5, 0.8, 0.95):
-        steps = [step(n, [NONZERO] * 3, norm=[factor ** n * 5] * 3, passes=[1] * 3, clear=[None if n == 1 else 1] * 3)
-                 for n in range(1, 120)]
+        steps = [
+            step(n, [NONZERO] * 3, norm=[factor**n * 5] * 3, passes=[1] * 3, clear=[None if n == 1 else 1] * 3)
+            for n in range(1, 120)
+        ]
         assert feed(VanishingGrad(), steps)[-1] is None, factor
 
 
 # -- engine ------------------------------------------------------------------------------------
 
+
 def test_run_diagnosis_orders_findings_and_survives_a_broken_check(caplog: pytest.LogCaptureFixture) -> None:
     class Broken(Check):
         """`broken`: raises on every step."""
+
         code = "broken"
 
         def observe(self, run: RunContext, step: StepView) -> None:
@@ -328,11 +372,20 @@ def test_run_diagnosis_orders_findings_and_survives_a_broken_check(caplog: pytes
     run = RunContext.of([(n, 4, "float32") for n in NAMES], {"unoptimized_params": ["x.weight"]})
     diag = RunDiagnosis(run, (Broken, *CHECKS))
     for n in range(1, 5):
-        diag.observe(step(n, [NONZERO, NONFINITE if n >= 3 else NONZERO, NONZERO], passes=[1] * 3,
-                          clear=[None if n == 1 else 0] * 3))
+        diag.observe(
+            step(
+                n,
+                [NONZERO, NONFINITE if n >= 3 else NONZERO, NONZERO],
+                passes=[1] * 3,
+                clear=[None if n == 1 else 0] * 3,
+            )
+        )
     diag.observe(step(2, [NONE] * 3))  # not after the last step: counted, not judged
-    assert [f.code for f in diag.findings()] == ["param_not_in_optimizer", "grad_accumulation_unbounded",
-                                                 "nonfinite_grad"]
+    assert [f.code for f in diag.findings()] == [
+        "param_not_in_optimizer",
+        "grad_accumulation_unbounded",
+        "nonfinite_grad",
+    ]
     assert diag.steps == 5 and diag.last_step == 4
     assert "check broken failed" in caplog.text
 
@@ -342,7 +395,7 @@ def test_name_lists_read_as_sentences() -> None:
     assert name_list(["a", "b"]) == "a and b"
     assert name_list(["a", "b", "c"]) == "a, b and c"
     assert name_list(["a", "b", "c", "d", "e"]) == "a, b, c and 2 more"
-    assert [fmt_bytes(x) for x in (512, 1536, 3 * 2 ** 20)] == ["512 B", "1.5 KiB", "3 MiB"]
+    assert [fmt_bytes(x) for x in (512, 1536, 3 * 2**20)] == ["512 B", "1.5 KiB", "3 MiB"]
 
 
 def test_norm_history_medians_match_a_naive_oracle() -> None:
@@ -361,7 +414,7 @@ def test_norm_history_medians_match_a_naive_oracle() -> None:
         for last in (None, 5):
             got = history.median(last)
             for i, seen in enumerate(kept):
-                window = seen[-8:] if last is None else seen[-min(last, 8):]
+                window = seen[-8:] if last is None else seen[-min(last, 8) :]
                 if window:
                     assert got[i] == pytest.approx(float(np.median(window)))
                 else:

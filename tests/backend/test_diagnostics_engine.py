@@ -1,5 +1,6 @@
 """The diagnostics engine on a real store (SQLite and PostgreSQL): findings are stored with a
 mark of how far they go, answered from the store while current, derived again when stale."""
+
 from __future__ import annotations
 
 import json
@@ -7,6 +8,7 @@ from collections.abc import Iterator
 
 import numpy as np
 import pytest
+
 from gradwatch_server.diagnostics import RULES_VERSION, Diagnostics
 from gradwatch_server.protocol import Hello, parse_message
 from gradwatch_server.store import DiagnosisMark, StepData, Store, StoredFinding, open_store
@@ -31,8 +33,12 @@ def open_run(store: Store, run_id: str) -> None:
 def data(n: int, clear: float | None = 1.0) -> StepData:
     """A step of a loop that forgets zero_grad() from step 5 on (clear 0), unless `clear` says."""
     clear_arr = with_absent(f32(0, 0), 0, 1) if n == 1 or clear is None else f32(clear, clear)
-    arrays = {"grad_norm": f32(1.0, 0.5).tobytes(), "grad_status": bytes([2, 2]),
-              "backward_passes": f32(1, 1).tobytes(), "grad_clear": clear_arr.tobytes()}
+    arrays = {
+        "grad_norm": f32(1.0, 0.5).tobytes(),
+        "grad_status": bytes([2, 2]),
+        "backward_passes": f32(1, 1).tobytes(),
+        "grad_clear": clear_arr.tobytes(),
+    }
     return StepData(seq=n, step=n, time=float(n), scalars={"loss": 1.0 / n}, arrays=arrays)
 
 
@@ -55,9 +61,15 @@ def test_live_findings_are_stored_with_their_mark(store: Store) -> None:
     assert codes(engine.current("live")) == codes(found)
     stored = store.get_findings("live")
     assert [(f.code, f.severity, f.first_step, f.params) for f in stored] == [
-        ("grad_accumulation_unbounded", "error", 5, list(PARAMS))]
-    assert stored[0].figure == {"label": "backward passes summed in .grad", "value": 2.0, "unit": "passes", "text": "2",
-                                "step": 5}
+        ("grad_accumulation_unbounded", "error", 5, list(PARAMS))
+    ]
+    assert stored[0].figure == {
+        "label": "backward passes summed in .grad",
+        "value": 2.0,
+        "unit": "passes",
+        "text": "2",
+        "step": 5,
+    }
     assert store.get_diagnosis("live") == DiagnosisMark(steps=7, last_step=7, version=RULES_VERSION)
     engine.close_run("live")
     assert engine.current("live") == []  # state let go; the store answers now
@@ -94,11 +106,18 @@ def test_state_is_rebuilt_from_the_store_and_catches_up(store: Store) -> None:
     assert "step 6 used the sum of 2 batches' gradients" in found[0].message
     # Steps written by another process (an import into the same database) are caught up on read.
     write(store, "resumed", range(8, 40), clear_from=0)
-    nan = StepData(seq=40, step=40, time=40.0, scalars={},
-                   arrays={"grad_norm": f32(np.nan, 1).tobytes(), "grad_status": bytes([3, 2])})
+    nan = StepData(
+        seq=40,
+        step=40,
+        time=40.0,
+        scalars={},
+        arrays={"grad_norm": f32(np.nan, 1).tobytes(), "grad_status": bytes([3, 2])},
+    )
     store.write_steps("resumed", [nan])
     assert codes(engine.findings("resumed", steps=40, running=True)) == [
-        ("grad_accumulation_unbounded", 6), ("nonfinite_grad", 40)]
+        ("grad_accumulation_unbounded", 6),
+        ("nonfinite_grad", 40),
+    ]
     assert store.get_diagnosis("resumed") == DiagnosisMark(steps=40, last_step=40, version=RULES_VERSION)
 
 
@@ -132,12 +151,19 @@ def test_with_several_workers_only_the_hooks_worker_stores_a_running_runs_findin
 
     # The hook moves to the other worker (a NaN at step 9 there), then comes back to the first.
     other.open_run("shared", 8)
-    nan = StepData(seq=9, step=9, time=9.0, scalars={},
-                   arrays={"grad_norm": f32(np.nan, 1).tobytes(), "grad_status": bytes([3, 2])})
+    nan = StepData(
+        seq=9,
+        step=9,
+        time=9.0,
+        scalars={},
+        arrays={"grad_norm": f32(np.nan, 1).tobytes(), "grad_status": bytes([3, 2])},
+    )
     assert store.write_steps("shared", [nan]) == [True]
     other.observe("shared", [nan])
     assert codes(hooked.open_run("shared", 9)) == [("grad_accumulation_unbounded", 5), ("nonfinite_grad", 9)]
     hooked.close_run("shared")
     assert [(f.code, f.first_step) for f in store.get_findings("shared")] == [
-        ("grad_accumulation_unbounded", 5), ("nonfinite_grad", 9)]
+        ("grad_accumulation_unbounded", 5),
+        ("nonfinite_grad", 9),
+    ]
     assert store.get_diagnosis("shared") == DiagnosisMark(steps=9, last_step=9, version=RULES_VERSION)

@@ -1,6 +1,7 @@
 """Diagnostics through a real `gradwatch serve`: findings go to the hook (before the ack of their
 step), to the browsers (/ws/live) and to GET .../diagnostics; they survive a restart and are
 derived for imported runs. Messages are built by hand (wiremsg), on SQLite and PostgreSQL."""
+
 from __future__ import annotations
 
 import json
@@ -9,10 +10,11 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-from support.server import server_command, server_env, start_server
-from gradwatch_server.store import open_store
-from gradwatch_server.live import LIVE_LINGER_S
 from websockets.sync.client import connect
+
+from gradwatch_server.live import LIVE_LINGER_S
+from gradwatch_server.store import open_store
+from support.server import server_command, server_env, start_server
 from support.wiremsg import Hook, close, f32, hello, step, with_absent
 
 PARAMS = ("enc.weight", "enc.bias", "head.weight")
@@ -23,8 +25,13 @@ def healthy(seq: int, n: int, *, clear: float = 1.0, status: tuple[int, ...] = (
     norm = f32(*[float("nan") if s == 3 else 0.5 for s in status])
     norm = with_absent(norm, *[i for i, s in enumerate(status) if s == 0])
     clears = with_absent(f32(0, 0, 0), 0, 1, 2) if n == 1 else f32(clear, clear, clear)
-    return step(seq, n, scalars={"loss": 1.0 / n}, grad_status=list(status),
-                arrays={"grad_norm": norm, "backward_passes": f32(1, 1, 1), "grad_clear": clears})
+    return step(
+        seq,
+        n,
+        scalars={"loss": 1.0 / n},
+        grad_status=list(status),
+        arrays={"grad_norm": norm, "backward_passes": f32(1, 1, 1), "grad_clear": clears},
+    )
 
 
 def frames_until_ack(hook: Hook, seq: int) -> list[dict[str, Any]]:
@@ -44,7 +51,11 @@ def test_findings_reach_the_hook_the_browsers_and_the_api(tmp_path: Path, db_url
             welcome = hook.call(hello("diag", params=PARAMS, config={"every": 1, "unoptimized_params": ["extra.bias"]}))
             assert welcome["type"] == "welcome"
             for n in (1, 2, 3):
-                assert hook.call(healthy(n, n)) == {"type": "ack", "seq": n, "linger": LIVE_LINGER_S}  # a browser watches
+                assert hook.call(healthy(n, n)) == {
+                    "type": "ack",
+                    "seq": n,
+                    "linger": LIVE_LINGER_S,
+                }  # a browser watches
             # Known from the hello: sent right after the welcome.
             assert [f["code"] for f in hook.findings] == ["param_not_in_optimizer"]
 
@@ -54,14 +65,21 @@ def test_findings_reach_the_hook_the_browsers_and_the_api(tmp_path: Path, db_url
             piled = frames[0]["finding"]
             assert piled["code"] == "grad_accumulation_unbounded" and piled["first_step"] == 4
             assert piled["severity"] == "error" and piled["params"] == list(PARAMS)
-            assert piled["figure"] == {"label": "backward passes summed in .grad", "value": 2.0, "unit": "passes",
-                                       "text": "2", "step": 4}
+            assert piled["figure"] == {
+                "label": "backward passes summed in .grad",
+                "value": 2.0,
+                "unit": "passes",
+                "text": "2",
+                "step": 4,
+            }
 
             # The same code is not sent again; a new one is.
             hook.send(healthy(5, 5, clear=0.0, status=(2, 3, 2)))
             frames = frames_until_ack(hook, 5)
             assert [(f["type"], f.get("finding", {}).get("code")) for f in frames] == [
-                ("finding", "nonfinite_grad"), ("ack", None)]
+                ("finding", "nonfinite_grad"),
+                ("ack", None),
+            ]
             assert hook.call(close(6)) == {"type": "ack", "seq": 6}
 
             got: dict[str, dict[str, Any]] = {}
@@ -75,7 +93,10 @@ def test_findings_reach_the_hook_the_browsers_and_the_api(tmp_path: Path, db_url
         with httpx.Client(base_url=server.url, timeout=10) as http:
             found = http.get("/api/runs/diag/diagnostics").json()
         assert [(f["code"], f["first_step"]) for f in found] == [
-            ("param_not_in_optimizer", None), ("grad_accumulation_unbounded", 4), ("nonfinite_grad", 5)]
+            ("param_not_in_optimizer", None),
+            ("grad_accumulation_unbounded", 4),
+            ("nonfinite_grad", 5),
+        ]
         assert found[1] == piled and found[2]["params"] == ["enc.bias"]
         assert all(f == got[f["code"]] for f in found)
     finally:
@@ -104,7 +125,8 @@ def test_a_restarted_server_rebuilds_the_state_and_the_hook_resumes(tmp_path: Pa
         with httpx.Client(base_url=server.url, timeout=10) as http:
             found = http.get("/api/runs/resume/diagnostics").json()
             assert [(f["code"], f["first_step"], f["params"]) for f in found] == [
-                ("param_never_gets_grad", 1, ["head.weight"])]
+                ("param_never_gets_grad", 1, ["head.weight"])
+            ]
             with Hook(server.ws_url) as hook:
                 assert hook.call(hello("resume", params=PARAMS))["last_seq"] == 12
                 hook.call(healthy(13, 13, clear=0.0, status=(2, 2, 0)))
@@ -115,7 +137,9 @@ def test_a_restarted_server_rebuilds_the_state_and_the_hook_resumes(tmp_path: Pa
             # The rebuilt state knew step 12's gradient: step 13 summed two batches.
             assert "step 13 used the sum of 2 batches' gradients" in piled["message"]
             assert [f["code"] for f in http.get("/api/runs/resume/diagnostics").json()] == [
-                "param_never_gets_grad", "grad_accumulation_unbounded"]
+                "param_never_gets_grad",
+                "grad_accumulation_unbounded",
+            ]
     finally:
         server.stop()
 
@@ -138,8 +162,13 @@ def test_imported_runs_are_diagnosed(tmp_path: Path, db_url: str) -> None:
     assert expected[0]["figure"]["value"] == 6 * 4 + 3 * 4 + 6 * 4  # wiremsg shapes, float32
     path = tmp_path / "run.jsonl"
     path.write_text(exported)
-    result = subprocess.run([*server_command(), "import", str(path), "--db", db_url], capture_output=True,
-                            text=True, timeout=120, env=server_env())
+    result = subprocess.run(
+        [*server_command(), "import", str(path), "--db", db_url],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=server_env(),
+    )
     assert result.returncode == 0, result.stderr
     target = start_server(tmp_path, db_url=db_url)
     try:

@@ -1,10 +1,12 @@
 """Downsampling against naive per-bucket loops: spikes and non-finite values survive."""
+
 from __future__ import annotations
 
 import math
 
 import numpy as np
 import pytest
+
 from gradwatch_server.downsample import bucket_starts, extreme, highest_code, peak, summarize
 
 
@@ -81,8 +83,12 @@ def test_extreme_is_reduceat_whatever_the_bucket_sizes(seed: int) -> None:
     bucket, and buckets of one: the gather gives what numpy's reduceat gives."""
     rng = np.random.default_rng(seed)
     n = int(rng.integers(1, 400))
-    starts = [np.arange(0, n, max(1, n // 7)), np.r_[0, np.arange(n // 2, n)], np.array([0]),
-              np.unique(np.r_[0, rng.integers(0, n, int(rng.integers(1, n + 1)))])][seed % 4].astype(np.int64)
+    starts = [
+        np.arange(0, n, max(1, n // 7)),
+        np.r_[0, np.arange(n // 2, n)],
+        np.array([0]),
+        np.unique(np.r_[0, rng.integers(0, n, int(rng.integers(1, n + 1)))]),
+    ][seed % 4].astype(np.int64)
     x = rng.standard_normal((n, 3)).astype(np.float32)
     for op in (np.minimum, np.maximum):
         assert np.array_equal(extreme(op, x, starts), op.reduceat(x, starts, axis=0))

@@ -2,6 +2,7 @@
 
 The module's server runs once on SQLite and once on PostgreSQL (`module_db_url`, tests/conftest.py).
 """
+
 from __future__ import annotations
 
 import json
@@ -12,11 +13,12 @@ from pathlib import Path
 import httpx
 import numpy as np
 import pytest
-from support.server import ServerProcess, start_server
-from gradwatch_server.cost import WINDOW_S, StepCost
-from gradwatch_server.live import IDLE_LINGER_S, LIVE_LINGER_S
 from websockets.exceptions import ConnectionClosed
 from websockets.sync.client import connect
+
+from gradwatch_server.cost import WINDOW_S, StepCost
+from gradwatch_server.live import IDLE_LINGER_S, LIVE_LINGER_S
+from support.server import ServerProcess, start_server
 from support.wiremsg import Hook, close, f32, hello, step, steps, with_absent
 
 
@@ -42,8 +44,9 @@ def good_run(ws_url: str, run_id: str, steps: int = 3) -> None:
     with Hook(ws_url) as hook:
         assert hook.call(hello(run_id)) == {"type": "welcome", "run_id": run_id, "last_seq": 0, "linger": IDLE_LINGER_S}
         for i in range(1, steps + 1):
-            ack = hook.call(step(i, i, scalars={"loss": 1.0 / i}, arrays={"grad_norm": f32(i, i + 0.5)},
-                                 grad_status=[2, 2]))
+            ack = hook.call(
+                step(i, i, scalars={"loss": 1.0 / i}, arrays={"grad_norm": f32(i, i + 0.5)}, grad_status=[2, 2])
+            )
             assert ack == {"type": "ack", "seq": i, "linger": IDLE_LINGER_S}
         assert hook.call(close(steps + 1)) == {"type": "ack", "seq": steps + 1}
 
@@ -53,9 +56,18 @@ def test_ingest_stores_exact_values(srv: ServerProcess, http: httpx.Client) -> N
     grad.view("<u4")[1] = 0x7FC00001  # a measured NaN with a payload: data, not ABSENT
     with Hook(srv.ws_url) as hook:
         hook.call(hello("exact", params=("a.weight", "b.weight", "c.bias")))
-        assert hook.call(step(1, 1, scalars={"loss": "NaN", "lr/0": 1e-3, "neg": -0.0, "big": "Infinity"},
-                              arrays={"grad_norm": grad, "param_norm": f32(-np.inf, 2.5, 1e-30)},
-                              grad_status=[3, 3, 0]))["seq"] == 1
+        assert (
+            hook.call(
+                step(
+                    1,
+                    1,
+                    scalars={"loss": "NaN", "lr/0": 1e-3, "neg": -0.0, "big": "Infinity"},
+                    arrays={"grad_norm": grad, "param_norm": f32(-np.inf, 2.5, 1e-30)},
+                    grad_status=[3, 3, 0],
+                )
+            )["seq"]
+            == 1
+        )
         hook.call(close(2))
 
     run = http.get("/api/runs/exact").json()
@@ -65,12 +77,14 @@ def test_ingest_stores_exact_values(srv: ServerProcess, http: httpx.Client) -> N
     assert http.get("/api/runs/exact/series", params={"key": "big"}).json()["value"] == ["Infinity"]
     neg = http.get("/api/runs/exact/series", params={"key": "neg"}).json()["value"][0]
     assert neg == 0.0 and np.copysign(1.0, neg) == -1.0
-    body = http.get("/api/runs/exact/params/series",
-                    params={"metric": "grad_norm", "param": ["a.weight", "b.weight", "c.bias"]}).json()
+    body = http.get(
+        "/api/runs/exact/params/series", params={"metric": "grad_norm", "param": ["a.weight", "b.weight", "c.bias"]}
+    ).json()
     values = [s["value"][0] for s in body["series"]]
     assert values == [float(np.float32(0.1)), "NaN", None]
-    norms = http.get("/api/runs/exact/params/series",
-                     params={"metric": "param_norm", "param": ["a.weight", "b.weight", "c.bias"]}).json()
+    norms = http.get(
+        "/api/runs/exact/params/series", params={"metric": "param_norm", "param": ["a.weight", "b.weight", "c.bias"]}
+    ).json()
     assert [s["value"][0] for s in norms["series"]] == ["-Infinity", 2.5, float(np.float32(1e-30))]
 
 
@@ -79,8 +93,16 @@ def test_resent_messages_are_acknowledged_and_stored_once(srv: ServerProcess, ht
         hook.call(hello("idem"))
         for seq in (1, 2):
             hook.call(step(seq, seq, scalars={"loss": float(seq)}))
-        assert hook.call(step(2, 2, scalars={"loss": 99.0})) == {"type": "ack", "seq": 2, "linger": IDLE_LINGER_S}  # same seq
-        assert hook.call(step(3, 2, scalars={"loss": 98.0})) == {"type": "ack", "seq": 3, "linger": IDLE_LINGER_S}  # same step
+        assert hook.call(step(2, 2, scalars={"loss": 99.0})) == {
+            "type": "ack",
+            "seq": 2,
+            "linger": IDLE_LINGER_S,
+        }  # same seq
+        assert hook.call(step(3, 2, scalars={"loss": 98.0})) == {
+            "type": "ack",
+            "seq": 3,
+            "linger": IDLE_LINGER_S,
+        }  # same step
     with Hook(srv.ws_url) as hook:  # a reconnect learns what is committed
         assert hook.call(hello("idem"))["last_seq"] == 3
         assert hook.call(step(1, 1, scalars={"loss": 97.0})) == {"type": "ack", "seq": 1, "linger": IDLE_LINGER_S}
@@ -92,16 +114,22 @@ def test_resent_messages_are_acknowledged_and_stored_once(srv: ServerProcess, ht
 
 def test_a_steps_message_is_stored_whole_once_and_streamed_live(srv: ServerProcess, http: httpx.Client) -> None:
     grads = np.array([[0.5, 1.5], [np.nan, 2.5], [0.25, np.inf]], dtype="<f4")
-    batch = steps(2, [2, 3, 4], scalars={"loss": [0.2, 0.3, "NaN"]}, arrays={"grad_norm": grads},
-                  grad_status=[[2, 2], [3, 2], [2, 3]])
+    batch = steps(
+        2,
+        [2, 3, 4],
+        scalars={"loss": [0.2, 0.3, "NaN"]},
+        arrays={"grad_norm": grads},
+        grad_status=[[2, 2], [3, 2], [2, 3]],
+    )
     with connect(f"{srv.ws_url}/ws/live?run=batch", origin=srv.url) as live, Hook(srv.ws_url) as hook:
         hook.call(hello("batch"))
         assert hook.call(step(1, 1, scalars={"loss": 0.1}))["seq"] == 1
         ack = hook.call(batch)
         assert ack == {"type": "ack", "seq": 2, "linger": LIVE_LINGER_S}  # a browser watches: the live pace
         assert hook.call(batch)["seq"] == 2  # resent: acknowledged, stored once
-        overlap = steps(3, [4, 5], scalars={"loss": [9.0, 0.5]}, arrays={"grad_norm": grads[:2]},
-                        grad_status=[[2, 2], [2, 2]])
+        overlap = steps(
+            3, [4, 5], scalars={"loss": [9.0, 0.5]}, arrays={"grad_norm": grads[:2]}, grad_status=[[2, 2], [2, 2]]
+        )
         assert hook.call(overlap)["seq"] == 3  # step 4 is stored already: only step 5 is new
         hook.call(close(4))
         events: list[dict] = []
@@ -149,8 +177,7 @@ BAD_FRAMES = {
     "bad base64 length": (json.dumps(step(1, 1, arrays={"grad_norm": f32(1, 2, 3)})), 1003, "expected 8"),
     "bad base64": (json.dumps({**step(1, 1), "params": {"grad_norm": "***"}}), 1003, "base64"),
     "bad status code": (json.dumps(step(1, 1, grad_status=[0, 9])), 1003, "grad_status"),
-    "bare NaN": ('{"v": 1, "type": "step", "seq": 1, "step": 1, "time": 1.0, "scalars": {"loss": NaN}}',
-                 1003, "NaN"),
+    "bare NaN": ('{"v": 1, "type": "step", "seq": 1, "step": 1, "time": 1.0, "scalars": {"loss": NaN}}', 1003, "NaN"),
     "bad scalar name": (json.dumps(step(1, 1, scalars={"no spaces": 1.0})), 1003, "scalars"),
     "unknown field": (json.dumps({**step(1, 1), "extra": 1}), 1003, "extra"),
     "second hello": (json.dumps(hello("bad")), 1003, "hello"),

@@ -1,5 +1,6 @@
 """A dashboard that stops reading must not slow ingest, nor the dashboards that keep up: the
 server drops it (1013) once its bounded queue is full. Prints the ingest latency figure."""
+
 from __future__ import annotations
 
 import json
@@ -24,8 +25,13 @@ def ingest(hook: Hook, first: int, count: int) -> list[float]:
     latencies = []
     rng = np.random.default_rng(first)
     for i in range(first, first + count):
-        message = step(i + 1, i, scalars={"loss": 1.0 / i},
-                       arrays={"grad_norm": rng.random(PARAMS, dtype=np.float32)}, grad_status=[2] * PARAMS)
+        message = step(
+            i + 1,
+            i,
+            scalars={"loss": 1.0 / i},
+            arrays={"grad_norm": rng.random(PARAMS, dtype=np.float32)},
+            grad_status=[2] * PARAMS,
+        )
         started = time.perf_counter()
         reply = hook.call(message)
         latencies.append(time.perf_counter() - started)
@@ -87,10 +93,12 @@ def test_a_stalled_dashboard_does_not_slow_ingest_and_is_dropped(tmp_path: Path)
         server.stop()
 
     a_med, l_med = statistics.median(alone), statistics.median(loaded)
-    print(f"\ningest ack latency, {PARAMS} params/step, one dashboard following: median {a_med * 1e3:.2f} ms "
-          f"p95 {p95(alone) * 1e3:.2f} ms; with a stalled dashboard too: median {l_med * 1e3:.2f} ms "
-          f"p95 {p95(loaded) * 1e3:.2f} ms (x{l_med / a_med:.2f}); stalled dashboard got {got}/{LOADED_STEPS} steps, "
-          f"closed with {code}; the following one got {len(set(healthy_steps) & set(range(first, last + 1)))}/{LOADED_STEPS}")
+    print(
+        f"\ningest ack latency, {PARAMS} params/step, one dashboard following: median {a_med * 1e3:.2f} ms "
+        f"p95 {p95(alone) * 1e3:.2f} ms; with a stalled dashboard too: median {l_med * 1e3:.2f} ms "
+        f"p95 {p95(loaded) * 1e3:.2f} ms (x{l_med / a_med:.2f}); stalled dashboard got {got}/{LOADED_STEPS} steps, "
+        f"closed with {code}; the following one got {len(set(healthy_steps) & set(range(first, last + 1)))}/{LOADED_STEPS}"
+    )
     assert code == 1013
     assert got < LOADED_STEPS
     # every step reached the browser that keeps up

@@ -1,5 +1,6 @@
 """Schemathesis against the server's own OpenAPI schema, on a real `gradwatch serve` holding a
 real run: whatever the generated parameters and bodies, no response is a 5xx."""
+
 from __future__ import annotations
 
 from collections.abc import Iterator
@@ -19,8 +20,9 @@ def api_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProce
     with Hook(server.ws_url) as hook:  # a real run, so that some generated ids and names exist
         hook.call(hello("fuzzrun"))
         for i in range(1, 6):
-            hook.call(step(i, i, scalars={"loss": 1.0 / i}, arrays={"grad_norm": f32(0.5, float("inf"))},
-                           grad_status=[2, 3]))
+            hook.call(
+                step(i, i, scalars={"loss": 1.0 / i}, arrays={"grad_norm": f32(0.5, float("inf"))}, grad_status=[2, 3])
+            )
         hook.call(close(6))
     yield server
     server.stop()

@@ -1,4 +1,5 @@
 """The wheel users install carries the dashboard and the migrations, and needs no torch."""
+
 from __future__ import annotations
 
 import os
@@ -8,14 +9,29 @@ import zipfile
 from pathlib import Path
 
 import pytest
+
 from support.server import REPO
 
 
 @pytest.mark.slow
 def test_wheel_serves_the_packaged_dashboard(tmp_path: Path) -> None:
     build = subprocess.run(
-        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(tmp_path),
-         str(REPO / "backend")], capture_output=True, text=True, timeout=300)
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "--no-deps",
+            "--no-build-isolation",
+            "-q",
+            "-w",
+            str(tmp_path),
+            str(REPO / "backend"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert build.returncode == 0, build.stderr
     wheel = next(tmp_path.glob("gradwatch_server-*.whl"))
     names = set(zipfile.ZipFile(wheel).namelist())
@@ -35,12 +51,20 @@ def test_wheel_serves_the_packaged_dashboard(tmp_path: Path) -> None:
     assert requires and not any("torch" in line for line in requires)
 
     site = tmp_path / "site"
-    install = subprocess.run([sys.executable, "-m", "pip", "install", "--no-deps", "-q", "--target", str(site),
-                              str(wheel)], capture_output=True, text=True, timeout=300)
+    install = subprocess.run(
+        [sys.executable, "-m", "pip", "install", "--no-deps", "-q", "--target", str(site), str(wheel)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert install.returncode == 0, install.stderr
     probe = subprocess.run(
         [sys.executable, "-c", "from gradwatch_server.views import find_frontend; print(find_frontend())"],
-        capture_output=True, text=True, timeout=60, cwd=tmp_path,
-        env={**os.environ, "PYTHONPATH": str(site)})
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=tmp_path,
+        env={**os.environ, "PYTHONPATH": str(site)},
+    )
     assert probe.returncode == 0, probe.stderr
     assert Path(probe.stdout.strip()) == site / "gradwatch_server" / "frontend"

@@ -1,4 +1,5 @@
 """The v1 wire models: what is accepted, what is refused and how the refusal reads."""
+
 from __future__ import annotations
 
 import json
@@ -6,6 +7,7 @@ import math
 
 import numpy as np
 import pytest
+
 from gradwatch_server.jsonvalues import float_list, metric_array, metric_list
 from gradwatch_server.protocol import (
     ABSENT_BITS,
@@ -28,8 +30,11 @@ def parse(message: dict[str, object], param_count: int | None = 2) -> object:
 def test_valid_messages() -> None:
     h = parse(hello("run_1-x"), None)
     assert isinstance(h, Hello) and [p.name for p in h.params] == ["fc.weight", "fc.bias"]
-    s = parse(step(3, 2, scalars={"loss": "NaN", "n": 3, "m": "-Infinity"}, arrays={"grad_norm": f32(1, 2)},
-                   grad_status=[0, 3]))
+    s = parse(
+        step(
+            3, 2, scalars={"loss": "NaN", "n": 3, "m": "-Infinity"}, arrays={"grad_norm": f32(1, 2)}, grad_status=[0, 3]
+        )
+    )
     assert isinstance(s, Step)
     assert math.isnan(s.scalars["loss"]) and s.scalars["n"] == 3.0 and s.scalars["m"] == -math.inf
     assert s.arrays() == {"grad_norm": f32(1, 2).tobytes(), "grad_status": bytes([0, 3])}
@@ -37,25 +42,28 @@ def test_valid_messages() -> None:
     assert isinstance(c, Close) and c.status == "finished"
 
 
-@pytest.mark.parametrize(("change", "text"), [
-    ({"v": 2}, "unsupported protocol version 2"),
-    ({"v": "1"}, "unsupported protocol version '1'"),
-    ({"v": 1.0}, "unsupported protocol version 1.0"),
-    ({"type": "bye"}, "unknown message type 'bye'"),
-    ({"seq": 0}, "seq"),
-    ({"seq": True}, "seq"),
-    ({"time": "now"}, "time"),
-    ({"scalars": {"loss": True}}, 'must be a number or one of the strings "NaN"'),
-    ({"scalars": {"loss": "nan"}}, "scalars.loss"),
-    ({"scalars": {"x" * 129: 1.0}}, "scalars"),
-    ({"params": {"grad_norm": b64(f32(1, 2, 3))}}, "decodes to 12 bytes, expected 8 (2 parameters x 4 bytes)"),
-    ({"params": {"grad_norm": "AAA"}}, "not valid base64"),
-    ({"params": {"grad_norm": 5}}, "must be a base64 string"),
-    ({"params": {"grad_status": b64(f32(1, 2))}}, "top-level grad_status"),
-    ({"grad_status": b64(np.array([0, 4], "u1"))}, "has a code above 3"),
-    ({"grad_status": b64(np.array([0], "u1"))}, "expected 2"),
-    ({"extra": 1}, "extra: Extra inputs are not permitted"),
-])
+@pytest.mark.parametrize(
+    ("change", "text"),
+    [
+        ({"v": 2}, "unsupported protocol version 2"),
+        ({"v": "1"}, "unsupported protocol version '1'"),
+        ({"v": 1.0}, "unsupported protocol version 1.0"),
+        ({"type": "bye"}, "unknown message type 'bye'"),
+        ({"seq": 0}, "seq"),
+        ({"seq": True}, "seq"),
+        ({"time": "now"}, "time"),
+        ({"scalars": {"loss": True}}, 'must be a number or one of the strings "NaN"'),
+        ({"scalars": {"loss": "nan"}}, "scalars.loss"),
+        ({"scalars": {"x" * 129: 1.0}}, "scalars"),
+        ({"params": {"grad_norm": b64(f32(1, 2, 3))}}, "decodes to 12 bytes, expected 8 (2 parameters x 4 bytes)"),
+        ({"params": {"grad_norm": "AAA"}}, "not valid base64"),
+        ({"params": {"grad_norm": 5}}, "must be a base64 string"),
+        ({"params": {"grad_status": b64(f32(1, 2))}}, "top-level grad_status"),
+        ({"grad_status": b64(np.array([0, 4], "u1"))}, "has a code above 3"),
+        ({"grad_status": b64(np.array([0], "u1"))}, "expected 2"),
+        ({"extra": 1}, "extra: Extra inputs are not permitted"),
+    ],
+)
 def test_invalid_steps_are_refused_with_a_clear_message(change: dict[str, object], text: str) -> None:
     with pytest.raises(ProtocolError) as info:
         parse({**step(1, 1), **change})
@@ -65,8 +73,16 @@ def test_invalid_steps_are_refused_with_a_clear_message(change: dict[str, object
 def test_a_steps_message_stands_for_its_steps_exactly() -> None:
     grads = np.array([[1.5, np.nan], [-0.0, np.inf], [3.0, 4.0]], dtype="<f4")
     grads.view("<u4")[0, 1] = ABSENT_BITS
-    m = parse(steps(7, [4, 5, 9], scalars={"loss": [1.0, "NaN", "-Infinity"]}, arrays={"grad_norm": grads},
-                    grad_status=[[2, 0], [1, 3], [2, 2]], times=[10.0, 11.0, 12.5]))
+    m = parse(
+        steps(
+            7,
+            [4, 5, 9],
+            scalars={"loss": [1.0, "NaN", "-Infinity"]},
+            arrays={"grad_norm": grads},
+            grad_status=[[2, 0], [1, 3], [2, 2]],
+            times=[10.0, 11.0, 12.5],
+        )
+    )
     assert isinstance(m, Steps)
     expanded = m.expand()
     assert [(s.seq, s.step, s.time) for s in expanded] == [(7, 4, 10.0), (7, 5, 11.0), (7, 9, 12.5)]
@@ -79,22 +95,28 @@ def test_a_steps_message_stands_for_its_steps_exactly() -> None:
     assert isinstance(one, Steps) and [s.step for s in one.expand()] == [3]
 
 
-@pytest.mark.parametrize(("change", "text"), [
-    ({"step": []}, "step: List should have at least 1 item"),
-    ({"step": [1, 1]}, "step must be strictly increasing"),
-    ({"step": [2, 1]}, "step must be strictly increasing"),
-    ({"step": list(range(4097)), "time": [0.0] * 4097}, "at most 4096 items"),
-    ({"time": [1.0]}, "time has 1 values for 2 steps"),
-    ({"scalars": {"loss": [1.0]}}, "scalars.loss has 1 values for 2 steps"),
-    ({"scalars": {"loss": [1.0, "nan"]}}, "scalars.loss"),
-    ({"params": {"grad_norm": b64(f32(1, 2))}}, "params.grad_norm decodes to 8 bytes, expected 16 (2 steps x 2 parameters x 4 bytes)"),
-    ({"params": {"grad_norm": "AAA"}}, "not valid base64"),
-    ({"params": {"grad_status": b64(f32(1, 2, 3, 4))}}, "top-level grad_status"),
-    ({"grad_status": b64(np.array([0, 1, 2, 4], "u1"))}, "grad_status has a code above 3"),
-    ({"grad_status": b64(np.array([0, 1], "u1"))}, "grad_status decodes to 2 bytes, expected 4"),
-    ({"seq": 0}, "seq"),
-    ({"extra": 1}, "extra: Extra inputs are not permitted"),
-])
+@pytest.mark.parametrize(
+    ("change", "text"),
+    [
+        ({"step": []}, "step: List should have at least 1 item"),
+        ({"step": [1, 1]}, "step must be strictly increasing"),
+        ({"step": [2, 1]}, "step must be strictly increasing"),
+        ({"step": list(range(4097)), "time": [0.0] * 4097}, "at most 4096 items"),
+        ({"time": [1.0]}, "time has 1 values for 2 steps"),
+        ({"scalars": {"loss": [1.0]}}, "scalars.loss has 1 values for 2 steps"),
+        ({"scalars": {"loss": [1.0, "nan"]}}, "scalars.loss"),
+        (
+            {"params": {"grad_norm": b64(f32(1, 2))}},
+            "params.grad_norm decodes to 8 bytes, expected 16 (2 steps x 2 parameters x 4 bytes)",
+        ),
+        ({"params": {"grad_norm": "AAA"}}, "not valid base64"),
+        ({"params": {"grad_status": b64(f32(1, 2, 3, 4))}}, "top-level grad_status"),
+        ({"grad_status": b64(np.array([0, 1, 2, 4], "u1"))}, "grad_status has a code above 3"),
+        ({"grad_status": b64(np.array([0, 1], "u1"))}, "grad_status decodes to 2 bytes, expected 4"),
+        ({"seq": 0}, "seq"),
+        ({"extra": 1}, "extra: Extra inputs are not permitted"),
+    ],
+)
 def test_invalid_steps_messages_are_refused_with_a_clear_message(change: dict[str, object], text: str) -> None:
     with pytest.raises(ProtocolError) as info:
         parse({**steps(1, [1, 2]), **change})

@@ -1,4 +1,5 @@
 """DNS rebinding and cross-site websockets, against a real server process."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -8,8 +9,8 @@ import pytest
 from websockets.exceptions import InvalidStatus
 from websockets.sync.client import connect
 
-from support.server import start_server
 from gradwatch_server.security import hostname
+from support.server import start_server
 
 
 @pytest.fixture(scope="module")
@@ -51,7 +52,15 @@ def test_allowed_hosts_adds_names(tmp_path: Path) -> None:
         server.stop()
 
 
-@pytest.mark.parametrize("value, name", [("127.0.0.1:8765", "127.0.0.1"), ("[::1]:80", "::1"), ("LocalHost", "localhost"),
-                                         ("http://a.b:1/x", "a.b"), ("[bad", "")])
+@pytest.mark.parametrize(
+    "value, name",
+    [
+        ("127.0.0.1:8765", "127.0.0.1"),
+        ("[::1]:80", "::1"),
+        ("LocalHost", "localhost"),
+        ("http://a.b:1/x", "a.b"),
+        ("[bad", ""),
+    ],
+)
 def test_hostname(value: str, name: str) -> None:
     assert hostname(value) == name

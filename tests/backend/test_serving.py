@@ -1,4 +1,5 @@
 """QuietServer: uvicorn with a main loop that ticks once a second, and stops at once when told."""
+
 from __future__ import annotations
 
 import signal

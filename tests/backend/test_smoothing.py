@@ -1,10 +1,12 @@
 """smoothing.ema against TensorBoard's EMA written out step by step, across chunk boundaries."""
+
 from __future__ import annotations
 
 import math
 
 import numpy as np
 import pytest
+
 from gradwatch_server.smoothing import ema, ema_columns
 from support.ema import reference_ema
 

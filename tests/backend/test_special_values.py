@@ -1,6 +1,7 @@
 """NaN, ±Inf, -0.0 and the extremes round-trip exactly: websocket -> database -> JSON API, CSV
 and Parquet exports, on SQLite and PostgreSQL. Scalars are float64 (1e308 fits); per-parameter
 values are float32 (3.4e38 is the largest)."""
+
 from __future__ import annotations
 
 import csv
@@ -13,9 +14,9 @@ import httpx
 import numpy as np
 import pyarrow.parquet as pq
 
-from support.server import ServerProcess
 from support.heatcells import EMPTY_BITS, NAN_BITS, assert_same_cells
 from support.jsonfloats import number
+from support.server import ServerProcess
 from support.wiremsg import ABSENT_BITS, Hook, close, f32, hello, step
 
 SCALARS = {"big": 1e308, "tiny": 5e-324, "nan": "NaN", "inf": "Infinity", "ninf": "-Infinity", "nzero": -0.0}
@@ -47,16 +48,21 @@ def bits(x: float) -> int:
 def test_special_values_round_trip_everywhere(server: ServerProcess) -> None:
     with Hook(server.ws_url) as hook:
         hook.call(hello("special", params=NAMES))
-        assert hook.call(step(1, 1, scalars=SCALARS, arrays={"grad_norm": f32(*PARAM)},
-                              grad_status=[3, 3, 3, 1, 2, 2]))["type"] == "ack"
+        assert (
+            hook.call(step(1, 1, scalars=SCALARS, arrays={"grad_norm": f32(*PARAM)}, grad_status=[3, 3, 3, 1, 2, 2]))[
+                "type"
+            ]
+            == "ack"
+        )
         hook.call(close(2))
     want = {k: number(v) for k, v in SCALARS.items()}
     with httpx.Client(base_url=server.url, timeout=30) as http:
         for key, value in want.items():  # JSON API, scalars
             got = http.get("/api/runs/special/series", params={"key": key}).json()["value"][0]
             assert same64(number(got), value), (key, got)
-        series = http.get("/api/runs/special/params/series",
-                          params={"metric": "grad_norm", "param": NAMES}).json()["series"]
+        series = http.get("/api/runs/special/params/series", params={"metric": "grad_norm", "param": NAMES}).json()[
+            "series"
+        ]
         for s in series:  # JSON API, per-parameter values
             assert same32(number(s["value"][0]), PARAM[NAMES.index(s["param"])]), s
 
@@ -71,7 +77,10 @@ def test_special_values_round_trip_everywhere(server: ServerProcess) -> None:
             assert same32(value, PARAM[NAMES.index(name)]), (name, value)
         # Scalars are not per parameter: the CSV and Parquet rows leave them out; the JSON-lines
         # export (what `gradwatch import` reads) carries them.
-        lines = [json.loads(line) for line in http.get("/api/runs/special/export", params={"format": "json"}).text.splitlines()]
+        lines = [
+            json.loads(line)
+            for line in http.get("/api/runs/special/export", params={"format": "json"}).text.splitlines()
+        ]
         steps = [line for line in lines if line.get("type") == "step"]
         assert len(steps) == 1
         for key, value in want.items():
@@ -93,17 +102,20 @@ def test_heatmap_f32_keeps_special_values_exactly(server: ServerProcess) -> None
         hook.call(close(4))
     neg_zero, big, low, tiny = 0x80000000, bits(3.4e38), bits(-3.4e38), 1
     with httpx.Client(base_url=server.url, timeout=30) as http:
+
         def both(**params: object) -> np.ndarray:
             url = "/api/runs/special-f32/heatmap"
-            return assert_same_cells(http.get(url, params=params).json(),
-                                     http.get(url, params={**params, "encoding": "f32"}).json())
+            return assert_same_cells(
+                http.get(url, params=params).json(), http.get(url, params={**params, "encoding": "f32"}).json()
+            )
 
         assert both(metric="grad_norm").T.tolist() == [
             [NAN_BITS, bits(math.inf), bits(-math.inf), neg_zero, big, tiny],
             [NAN_BITS, NAN_BITS, NAN_BITS, EMPTY_BITS, EMPTY_BITS, EMPTY_BITS],
-            [bits(1.0), bits(2.0), bits(3.0), neg_zero, low, EMPTY_BITS]]
+            [bits(1.0), bits(2.0), bits(3.0), neg_zero, low, EMPTY_BITS],
+        ]
         assert both(metric="grad_norm", max_steps=2).T.tolist() == [  # steps 1 | 2-3
             [NAN_BITS, bits(math.inf), bits(-math.inf), neg_zero, big, tiny],
-            [NAN_BITS, NAN_BITS, NAN_BITS, neg_zero, low, EMPTY_BITS]]
+            [NAN_BITS, NAN_BITS, NAN_BITS, neg_zero, low, EMPTY_BITS],
+        ]
         assert both(metric="grad_status", max_steps=2).view("<f4").T.tolist() == [[3, 3, 3, 1, 2, 2]] * 2
-

@@ -3,6 +3,7 @@
 The tests taking `store` or `db_url` run twice: on an SQLite file, and on an empty database of
 a real PostgreSQL server (the `postgres` fixture of tests/conftest.py).
 """
+
 from __future__ import annotations
 
 import json
@@ -19,20 +20,21 @@ import numpy as np
 import pytest
 from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
-from support.server import server_env
+from sqlalchemy import event
+
 from gradwatch_server.protocol import Hello, parse_message
 from gradwatch_server.schema import metadata
 from gradwatch_server.store import (
     ParamsMismatch,
     StepData,
     Store,
-    StoreError,
     StoredFinding,
+    StoreError,
     UnknownRun,
     create_db_engine,
     open_store,
 )
-from sqlalchemy import event
+from support.server import server_env
 from support.wiremsg import ABSENT_BITS, f32, hello, with_absent
 
 SPECIAL = [math.nan, math.inf, -math.inf, -0.0, 0.0, 5e-324, 1.7976931348623157e308, -1.5, 1e20]
@@ -71,8 +73,14 @@ def open_hello(store: Store, run_id: str = "r", params: tuple[str, ...] = ("a.we
     store.open_run(message)
 
 
-def write(store: Store, run_id: str, seq: int, step: int, scalars: dict[str, float] | None = None,
-          arrays: dict[str, bytes] | None = None) -> bool:
+def write(
+    store: Store,
+    run_id: str,
+    seq: int,
+    step: int,
+    scalars: dict[str, float] | None = None,
+    arrays: dict[str, bytes] | None = None,
+) -> bool:
     """Store one step message; True if it was new."""
     return store.write_steps(run_id, [StepData(seq, step, float(step), scalars or {}, arrays or {})])[0]
 
@@ -106,8 +114,13 @@ def test_param_arrays_round_trip_bit_for_bit(store: Store) -> None:
     other_nan = grad.copy()
     other_nan.view("<u4")[0] = 0x7FC00001  # a measured NaN with a payload, not ABSENT
     status = bytes([0, 1, 2, 3])
-    write(store, "r", 1, 1,
-          arrays={"grad_norm": grad.tobytes(), "exp_avg_norm": other_nan.tobytes(), "grad_status": status})
+    write(
+        store,
+        "r",
+        1,
+        1,
+        arrays={"grad_norm": grad.tobytes(), "exp_avg_norm": other_nan.tobytes(), "grad_status": status},
+    )
     steps, rows = store.metric_rows("r", "grad_norm")
     assert steps.tolist() == [1] and rows.tobytes() == grad.tobytes()
     assert rows.view("<u4")[0, 0] == ABSENT_BITS
@@ -123,9 +136,13 @@ def test_param_arrays_round_trip_bit_for_bit(store: Store) -> None:
 
 def test_a_batch_is_stored_once_in_order(store: Store) -> None:
     open_hello(store)
-    batch = [StepData(1, 1, 0.0, {"loss": 1.0}, {}), StepData(2, 2, 0.0, {"loss": 2.0}, {}),
-             StepData(2, 2, 0.0, {"loss": 9.0}, {}), StepData(3, 2, 0.0, {"loss": 8.0}, {}),
-             StepData(4, 4, 0.0, {"loss": 4.0}, {})]
+    batch = [
+        StepData(1, 1, 0.0, {"loss": 1.0}, {}),
+        StepData(2, 2, 0.0, {"loss": 2.0}, {}),
+        StepData(2, 2, 0.0, {"loss": 9.0}, {}),
+        StepData(3, 2, 0.0, {"loss": 8.0}, {}),
+        StepData(4, 4, 0.0, {"loss": 4.0}, {}),
+    ]
     assert store.write_steps("r", batch) == [True, True, False, False, True]
     assert store.write_steps("r", batch) == [False] * 5
     assert store.scalar_series("r", "loss")[1].tolist() == [1.0, 2.0, 4.0]
@@ -204,8 +221,7 @@ def test_mark_crashed_only_when_idle_and_running(store: Store, clock: Clock) -> 
 
 def test_list_runs_filters_and_orders(store: Store) -> None:
     for i, (run_id, project) in enumerate([("a", "p1"), ("b", "p2"), ("c", "p1")]):
-        message = parse_message(json.dumps(hello(run_id, project=project, name=f"name_{i}%",
-                                                               started_at=100.0 + i)))
+        message = parse_message(json.dumps(hello(run_id, project=project, name=f"name_{i}%", started_at=100.0 + i)))
         assert isinstance(message, Hello)
         store.open_run(message)
     runs, count = store.list_runs()
@@ -231,9 +247,11 @@ def test_thousands_of_runs_list_filtered_and_paged_exactly(store: Store) -> None
         if status == "crashed":
             store.set_status(run_id, status, None)
         made.append((run_id, project, created, status))
-    for where, keep in [({"project": "beta", "status": "crashed"}, lambda m: m[1] == "beta" and m[3] == "crashed"),
-                        ({"q": "RUN 1"}, lambda m: f"run {int(m[0][1:])}".startswith("run 1")),
-                        ({}, lambda m: True)]:
+    for where, keep in [
+        ({"project": "beta", "status": "crashed"}, lambda m: m[1] == "beta" and m[3] == "crashed"),
+        ({"q": "RUN 1"}, lambda m: f"run {int(m[0][1:])}".startswith("run 1")),
+        ({}, lambda m: True),
+    ]:
         expected = [m[0] for m in sorted((m for m in made if keep(m)), key=lambda m: (-m[2], m[0]))]
         for size in (1, 7, 250, 1000):
             if size == 1 and len(expected) > 200:
@@ -253,8 +271,7 @@ def test_delete_removes_everything(store: Store) -> None:
     write(store, "r", 1, 1, scalars={"loss": 1.0}, arrays={"g": f32(1, 2).tobytes()})
     assert store.delete_run("r") and not store.delete_run("r")
     with store.engine.connect() as conn:
-        for table in ("runs", "params", "groups", "steps", "scalars", "param_metrics", "series_names",
-                      "metric_blocks"):
+        for table in ("runs", "params", "groups", "steps", "scalars", "param_metrics", "series_names", "metric_blocks"):
             assert conn.exec_driver_sql(f'SELECT COUNT(*) FROM "{table}"').scalar() == 0, table
     open_hello(store)  # the id can be used again, names cache included
     write(store, "r", 1, 1, scalars={"loss": 1.0}, arrays={})
@@ -300,13 +317,21 @@ def test_tags_round_trip_filter_and_go_with_the_run(store: Store, clock: Clock) 
 
 def test_run_list_counts_findings_in_a_fixed_number_of_queries(store: Store) -> None:
     """Tags and findings counts of a page of runs cost two queries in all, not two per run."""
+
     def finding(code: str, severity: str) -> StoredFinding:
         return StoredFinding(code=code, severity=severity, message="m", params=[], first_step=1, figure=None)
 
     for i in range(6):
         open_hello(store, f"r{i}")
-    store.save_findings("r0", [finding("nonfinite_grad", "error"), finding("step_without_grad", "error"),
-                               finding("exploding_grad", "warning"), finding("grad_accumulation", "info")])
+    store.save_findings(
+        "r0",
+        [
+            finding("nonfinite_grad", "error"),
+            finding("step_without_grad", "error"),
+            finding("exploding_grad", "warning"),
+            finding("grad_accumulation", "info"),
+        ],
+    )
     store.save_findings("r1", [finding("param_never_gets_grad", "warning")])
     store.update_run("r1", tags=["t"])
     statements: list[str] = []
@@ -343,8 +368,10 @@ def test_step_times(store: Store) -> None:
 
 def test_sqlite_pragmas(sqlite_store: Store) -> None:
     with sqlite_store.engine.connect() as conn:
-        values = {name: conn.exec_driver_sql(f"PRAGMA {name}").scalar()
-                  for name in ("journal_mode", "synchronous", "foreign_keys", "busy_timeout")}
+        values = {
+            name: conn.exec_driver_sql(f"PRAGMA {name}").scalar()
+            for name in ("journal_mode", "synchronous", "foreign_keys", "busy_timeout")
+        }
     assert values == {"journal_mode": "wal", "synchronous": 1, "foreign_keys": 1, "busy_timeout": 10000}
 
 
@@ -366,10 +393,20 @@ def test_reopening_is_a_no_op(db_url: str) -> None:
 def test_processes_starting_together_on_a_new_database_all_open_it(db_url: str) -> None:
     """Two servers, or a server and `gradwatch import`: one creates the schema, the others wait."""
     start_at = time.time() + 2.0  # after every child has imported gradwatch_server
-    code = ("import sys, time; from gradwatch_server.store import open_store; "
-            "time.sleep(max(0.0, float(sys.argv[2]) - time.time())); open_store(sys.argv[1]).close()")
-    children = [subprocess.Popen([sys.executable, "-c", code, db_url, str(start_at)], env=server_env(),
-                                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for _ in range(3)]
+    code = (
+        "import sys, time; from gradwatch_server.store import open_store; "
+        "time.sleep(max(0.0, float(sys.argv[2]) - time.time())); open_store(sys.argv[1]).close()"
+    )
+    children = [
+        subprocess.Popen(
+            [sys.executable, "-c", code, db_url, str(start_at)],
+            env=server_env(),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        for _ in range(3)
+    ]
     outputs = [child.communicate(timeout=60)[0] for child in children]
     assert [child.returncode for child in children] == [0] * 3, outputs
     store = open_store(db_url)

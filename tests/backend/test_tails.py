@@ -4,6 +4,7 @@ recomputation from the database gives, whoever else writes the run meanwhile.
 
 Run on an SQLite file and on a real PostgreSQL database (tests/conftest.py).
 """
+
 from __future__ import annotations
 
 import json
@@ -12,11 +13,12 @@ from collections.abc import Iterator
 
 import numpy as np
 import pytest
+from sqlalchemy import event
+from sqlalchemy.engine import Engine
+
 from gradwatch_server import tails
 from gradwatch_server.protocol import Hello, parse_message
 from gradwatch_server.store import StepData, Store, backfill_blocks, open_store
-from sqlalchemy import event
-from sqlalchemy.engine import Engine
 from support.wiremsg import hello
 
 P = 70
@@ -48,9 +50,13 @@ def _step(rng: np.random.Generator, seq: int, step: int) -> StepData:
 
 def _blocks(store: Store) -> list[tuple[object, ...]]:
     with store.engine.connect() as conn:
-        return [tuple(bytes(c) if isinstance(c, (bytes, memoryview)) else c for c in r) for r in conn.exec_driver_sql(
-            "SELECT run_id, kind, metric, size, block, part, first_step, step_count, data FROM metric_blocks "
-            "ORDER BY run_id, kind, metric, size, block, part").all()]
+        return [
+            tuple(bytes(c) if isinstance(c, (bytes, memoryview)) else c for c in r)
+            for r in conn.exec_driver_sql(
+                "SELECT run_id, kind, metric, size, block, part, first_step, step_count, data FROM metric_blocks "
+                "ORDER BY run_id, kind, metric, size, block, part"
+            ).all()
+        ]
 
 
 def _recomputed(store: Store) -> list[tuple[object, ...]]:
@@ -127,7 +133,7 @@ def test_a_step_into_a_closed_block_is_read_back(db_url: str, raw_reads: list[st
     try:
         steps = [*range(1, 40), *range(41, 100)]
         for seq, lo in enumerate(range(0, len(steps), 9), start=1):
-            store.write_steps("t", [_step(rng, seq, s) for s in steps[lo:lo + 9]])
+            store.write_steps("t", [_step(rng, seq, s) for s in steps[lo : lo + 9]])
         assert raw_reads == []
         store.write_steps("t", [_step(rng, 50, 40)])  # block 2 of 16 closed long ago
         assert len(raw_reads) == 2  # its raw values and scalars, once
@@ -150,8 +156,9 @@ def test_a_failed_write_leaves_no_tail_behind(db_url: str) -> None:
         store.write_steps("t", [_step(rng, 1, s) for s in range(1, 10)])
         bad = StepData(2, 14, 14.0, {"lr/0": 1.0}, {"grad_norm": b"\x00" * 3})  # not a whole float32
         with pytest.raises(ValueError):  # found when block 0 closes, in the batch's transaction
-            store.write_steps("t", [*(_step(rng, 2, s) for s in range(10, 14)), bad,
-                                    *(_step(rng, 2, s) for s in range(15, 18))])
+            store.write_steps(
+                "t", [*(_step(rng, 2, s) for s in range(10, 14)), bad, *(_step(rng, 2, s) for s in range(15, 18))]
+            )
         assert store.get_run("t").steps == 9
         store.write_steps("t", [_step(rng, 3, s) for s in range(10, 40)])
         assert _blocks(store) == _recomputed(store)
@@ -160,6 +167,7 @@ def test_a_failed_write_leaves_no_tail_behind(db_url: str) -> None:
 
 
 # -- pure functions --------------------------------------------------------------------------
+
 
 def _s(step: int) -> StepData:
     return StepData(step, step, float(step), {}, {})

@@ -1,5 +1,6 @@
 """The overhead benchmark's own logic: its estimator and its refusal of bad flags (the timing
 itself runs in `make bench`, not here)."""
+
 from __future__ import annotations
 
 import subprocess
@@ -36,12 +37,15 @@ def test_auto_weighs_measured_and_unmeasured_steps_by_its_share() -> None:
     assert f.estimate() == pytest.approx(0.02)
 
 
-@pytest.mark.parametrize("args, message", [
-    (["--cycles", "1"], "--cycles must be 2 or more"),
-    (["--models", "cnn"], "--models must name some of: mlp,gpt"),
-    (["--variants", "gradwatch"], "--variants must include baseline and another"),
-    (["--variants", "baseline,nope"], "--variants must include baseline and another"),
-])
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--cycles", "1"], "--cycles must be 2 or more"),
+        (["--models", "cnn"], "--models must name some of: mlp,gpt"),
+        (["--variants", "gradwatch"], "--variants must include baseline and another"),
+        (["--variants", "baseline,nope"], "--variants must include baseline and another"),
+    ],
+)
 def test_bad_flags_are_refused_with_what_to_do(args: list[str], message: str) -> None:
     done = subprocess.run([sys.executable, str(SCRIPT), *args], capture_output=True, text=True, timeout=120)
     assert done.returncode == 2

@@ -3,19 +3,21 @@ against a real `gradwatch serve` fed over /ws/ingest (synthetic.py; fixtures of 
 
 Run: .venv/bin/python -m pytest tests/browser/test_daily_use.py
 """
+
 from __future__ import annotations
 
 import math
 from collections.abc import Iterator
 
-import gradwatch
 import httpx
 import pytest
 import torch
-from support.server import ServerProcess
 from playwright import sync_api
-from support.synthetic import Ingest, SyntheticRun
 from test_dashboard import Page, browser, dash, page, seed  # noqa: F401  (browser, dash, page: fixtures)
+
+import gradwatch
+from support.server import ServerProcess
+from support.synthetic import Ingest, SyntheticRun
 
 pytestmark = pytest.mark.browser
 expect = sync_api.expect
@@ -72,11 +74,12 @@ def window_values(http: httpx.Client, run_id: str, key: str, start: int, end: in
 
 
 def y_range(p: sync_api.Page, chart: str) -> list[float]:
-    return p.evaluate("c => document.querySelector(`[data-chart=\"${c}\"]`)._fullLayout.yaxis.range.slice()", chart)
+    return p.evaluate('c => document.querySelector(`[data-chart="${c}"]`)._fullLayout.yaxis.range.slice()', chart)
 
 
-def test_zoom_normalises_a_reversed_window_and_fits_y_to_it(dash: ServerProcess, page: Page,
-                                                           http: httpx.Client) -> None:
+def test_zoom_normalises_a_reversed_window_and_fits_y_to_it(
+    dash: ServerProcess, page: Page, http: httpx.Client
+) -> None:
     seed(dash, SyntheticRun("zoom-y", "zoom-y", total_steps=300), 300)
     p = page.open(dash.url + "/runs/zoom-y?from=280&to=240")  # written backwards
     p.wait_for_function("document.body.dataset.zoom === '240-280'")
@@ -112,8 +115,12 @@ def box(p: sync_api.Page, selector: str) -> dict[str, float]:
 
 
 def overlap(a: dict[str, float], b: dict[str, float]) -> bool:
-    return a["x"] < b["x"] + b["width"] and b["x"] < a["x"] + a["width"] \
-        and a["y"] < b["y"] + b["height"] and b["y"] < a["y"] + a["height"]
+    return (
+        a["x"] < b["x"] + b["width"]
+        and b["x"] < a["x"] + a["width"]
+        and a["y"] < b["y"] + b["height"]
+        and b["y"] < a["y"] + a["height"]
+    )
 
 
 def test_the_zoom_hint_covers_nothing(dash: ServerProcess, page: Page) -> None:
@@ -215,12 +222,14 @@ def test_param_groups_are_called_by_their_names_everywhere(dash: ServerProcess, 
     p.wait_for_function("document.body.dataset.drawn === 'step:overlay'")
     cards = p.locator('[data-card^="compare-lr"]')
     expect(cards.locator("h2")).to_have_text(
-        ["Learning rate · decay", "Learning rate · no_decay", "Learning rate · group 0"])
-    assert page.points("compare-lr") == 30        # decay: run a only
-    assert page.points("compare-lr-1") == 50      # no_decay: both runs
-    assert page.points("compare-lr-2") == 20      # run b's unnamed group 0
+        ["Learning rate · decay", "Learning rate · no_decay", "Learning rate · group 0"]
+    )
+    assert page.points("compare-lr") == 30  # decay: run a only
+    assert page.points("compare-lr-1") == 50  # no_decay: both runs
+    assert page.points("compare-lr-2") == 20  # run b's unnamed group 0
     expect(p.locator('#settings tr[data-run-id="groups-a"] [data-field="lr"] .lr')).to_have_text(
-        ["decay 3.00e-4", "no_decay 3.00e-4"])
+        ["decay 3.00e-4", "no_decay 3.00e-4"]
+    )
 
 
 def test_a_findings_figure_says_at_which_step_it_holds(dash: ServerProcess, page: Page) -> None:

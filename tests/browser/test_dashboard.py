@@ -8,6 +8,7 @@ is "1" after the first full render. The tests wait on those, never on sleeps.
 Chromium: /usr/bin/chromium, or the path in GRADWATCH_CHROMIUM. Never downloaded.
 Run: .venv/bin/python -m pytest tests/browser -m browser
 """
+
 from __future__ import annotations
 
 import os
@@ -35,24 +36,48 @@ XSS_PARAM = "<b>bold</b>.weight"
 TIMEOUT_MS = 15_000
 
 #: What a real AdamW run with the hook draws (no update ratio yet, no CUDA on this machine).
-REAL_RUN_CHARTS = ["grad-norm-total", "loss", "param-grad-norm", "grad-norm-spread", "grad-status", "grad-norm-heatmap",
-                   "exp-avg-norm", "exp-avg-sq-norm", "lr", "memory"]
-CHARTS = ["grad-norm-total", "loss", "param-grad-norm", "grad-norm-spread", "grad-status", "grad-norm-heatmap",
-          "exp-avg-norm", "exp-avg-sq-norm", "update-ratio", "lr", "memory"]
+REAL_RUN_CHARTS = [
+    "grad-norm-total",
+    "loss",
+    "param-grad-norm",
+    "grad-norm-spread",
+    "grad-status",
+    "grad-norm-heatmap",
+    "exp-avg-norm",
+    "exp-avg-sq-norm",
+    "lr",
+    "memory",
+]
+CHARTS = [
+    "grad-norm-total",
+    "loss",
+    "param-grad-norm",
+    "grad-norm-spread",
+    "grad-status",
+    "grad-norm-heatmap",
+    "exp-avg-norm",
+    "exp-avg-sq-norm",
+    "update-ratio",
+    "lr",
+    "memory",
+]
 
 
 def chromium_path() -> str:
     path = os.environ.get("GRADWATCH_CHROMIUM") or shutil.which("chromium") or "/usr/bin/chromium"
     if not Path(path).exists():
-        pytest.fail(f"no Chromium at {path}: `make test` installs it (apt-get install chromium), or set GRADWATCH_CHROMIUM")
+        pytest.fail(
+            f"no Chromium at {path}: `make test` installs it (apt-get install chromium), or set GRADWATCH_CHROMIUM"
+        )
     return path
 
 
 @pytest.fixture(scope="module")
 def browser() -> Iterator[sync_api.Browser]:
     with sync_api.sync_playwright() as pw:
-        b = pw.chromium.launch(executable_path=chromium_path(),
-                               args=["--no-sandbox", "--disable-gpu", "--disable-background-networking"])
+        b = pw.chromium.launch(
+            executable_path=chromium_path(), args=["--no-sandbox", "--disable-gpu", "--disable-background-networking"]
+        )
         yield b
         b.close()
 
@@ -60,8 +85,7 @@ def browser() -> Iterator[sync_api.Browser]:
 @pytest.fixture(scope="module")
 def dash(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
     """One server for the module, serving the dashboard from this checkout's frontend/."""
-    server = start_server(tmp_path_factory.mktemp("dashboard"),
-                          env={"GRADWATCH_FRONTEND_DIR": str(REPO / "frontend")})
+    server = start_server(tmp_path_factory.mktemp("dashboard"), env={"GRADWATCH_FRONTEND_DIR": str(REPO / "frontend")})
     try:
         yield server
     finally:
@@ -105,8 +129,9 @@ class Page:
 
     def wait_points(self, chart: str, at_least: int) -> None:
         self.page.wait_for_function(
-            "([c, n]) => +(document.querySelector(`[data-chart=\"${c}\"]`)?.dataset.points || 0) >= n",
-            arg=[chart, at_least])
+            '([c, n]) => +(document.querySelector(`[data-chart="${c}"]`)?.dataset.points || 0) >= n',
+            arg=[chart, at_least],
+        )
 
     def close(self) -> None:
         assert not self.dialogs, f"a dialog fired: {self.dialogs}"
@@ -131,8 +156,11 @@ def seed(dash: ServerProcess, run: SyntheticRun, steps: int, status: str | None 
 
 def test_run_list_shows_runs_and_renders_names_as_text(dash: ServerProcess, page: Page) -> None:
     seed(dash, SyntheticRun("list-plain", "baseline-adamw", project="vision"), 12)
-    seed(dash, SyntheticRun("list-xss", XSS_NAME, project=XSS_PROJECT,
-                            params=[(XSS_PARAM, [4, 4]), ("fc.bias", [4])]), 12)
+    seed(
+        dash,
+        SyntheticRun("list-xss", XSS_NAME, project=XSS_PROJECT, params=[(XSS_PARAM, [4, 4]), ("fc.bias", [4])]),
+        12,
+    )
     p = page.open(dash.url + "/")
     rows = p.locator("tbody tr")
     sync_api.expect(p.locator('tr[data-run-id="list-plain"] .run-link')).to_have_text("baseline-adamw")
@@ -156,7 +184,7 @@ def test_run_list_shows_runs_and_renders_names_as_text(dash: ServerProcess, page
     ticks = p.locator('[data-chart="grad-status"] .ytick text').all_text_contents()
     assert XSS_PARAM in ticks
     assert p.locator("img[src='x']").count() == 0
-    assert p.locator('[data-chart] b, .chip b').count() == 0
+    assert p.locator("[data-chart] b, .chip b").count() == 0
 
 
 def test_run_list_updates_live(dash: ServerProcess, page: Page) -> None:
@@ -206,7 +234,8 @@ def test_run_page_draws_charts_and_shows_nan(dash: ServerProcess, page: Page) ->
 
     hrefs = p.locator("[data-export]").evaluate_all("els => els.map(e => e.getAttribute('href'))")
     assert hrefs == [f"/api/runs/nan-run/export?format={f}" for f in ("csv", "json", "parquet")] + [
-        f"/api/runs/nan-run/export?format={f}&table=steps" for f in ("csv", "parquet")]
+        f"/api/runs/nan-run/export?format={f}&table=steps" for f in ("csv", "parquet")
+    ]
 
 
 def test_new_steps_appear_without_reload(dash: ServerProcess, page: Page) -> None:
@@ -267,16 +296,32 @@ def test_compare_page(dash: ServerProcess, page: Page) -> None:
     assert page.points("compare-loss") == 90
 
 
-def test_real_training_streams_live_and_draws_the_readme_screenshot(dash: ServerProcess, browser: sync_api.Browser,
-                                                                    tmp_path: Path) -> None:
+def test_real_training_streams_live_and_draws_the_readme_screenshot(
+    dash: ServerProcess, browser: sync_api.Browser, tmp_path: Path
+) -> None:
     """examples/train_transformer.py with the hook: points appear while it trains; then the
     README's screenshot is taken of what it drew (into docs/screenshot.png by `make screenshot`)."""
     screenshot = Path(os.environ.get(SCREENSHOT_ENV) or tmp_path / "screenshot.png")
     steps = 120
     train = subprocess.Popen(
-        [sys.executable, str(REPO / "examples" / "train_transformer.py"), "--server", dash.url,
-         "--steps", str(steps), "--delay", "0.05", "--run", "tiny-gpt-lr3e-3", "--project", "demo"],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        [
+            sys.executable,
+            str(REPO / "examples" / "train_transformer.py"),
+            "--server",
+            dash.url,
+            "--steps",
+            str(steps),
+            "--delay",
+            "0.05",
+            "--run",
+            "tiny-gpt-lr3e-3",
+            "--project",
+            "demo",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     shot = Page(browser)
     try:
         assert train.stdout is not None
@@ -331,9 +376,17 @@ def test_wire_values_convert_in_one_place(dash: ServerProcess, page: Page) -> No
             status: ['none', 'zero', 'nonzero', 'nonfinite', 3, null].map(f.statusCode),
         };
     }""")
-    assert got == {"nan": True, "inf": True, "ninf": True, "absent": True, "plain": 2.5,
-                   "labels": ["NaN", "+Inf", "-Inf", "—", "2.5"], "text": "&lt;b&gt;a&lt;/b&gt;&amp;",
-                   "bytes": "3 MiB", "status": [0, 1, 2, 3, 3, None]}
+    assert got == {
+        "nan": True,
+        "inf": True,
+        "ninf": True,
+        "absent": True,
+        "plain": 2.5,
+        "labels": ["NaN", "+Inf", "-Inf", "—", "2.5"],
+        "text": "&lt;b&gt;a&lt;/b&gt;&amp;",
+        "bytes": "3 MiB",
+        "status": [0, 1, 2, 3, 3, None],
+    }
 
 
 class FindingsRun(SyntheticRun):
@@ -363,7 +416,8 @@ def test_findings_panel_and_chart_markers(dash: ServerProcess, page: Page) -> No
     sync_api.expect(nonfinite.locator(".finding-msg")).to_contain_text("Gradients became NaN or Inf at step 30")
     sync_api.expect(nonfinite.locator(".finding-step")).to_have_text(" · from step 30")
     sync_api.expect(nonfinite.locator(".finding-params .chip")).to_have_text(
-        ["blocks.1.attn.qkv.bias", "blocks.1.mlp.fc1.weight"])
+        ["blocks.1.attn.qkv.bias", "blocks.1.mlp.fc1.weight"]
+    )
     never = finding_row(p, "param_never_gets_grad")
     sync_api.expect(never).to_have_attribute("data-severity", "warning")
     sync_api.expect(never.locator(".finding-params .chip")).to_have_text(["adapter.weight"])
@@ -374,12 +428,16 @@ def test_findings_panel_and_chart_markers(dash: ServerProcess, page: Page) -> No
     sync_api.expect(p.locator(".findings .count")).to_have_attribute("data-severity", "error")
     # Errors first.
     assert p.locator(".findings .finding").evaluate_all("els => els.map(e => e.dataset.severity)") == [
-        "error", "warning", "warning"]
+        "error",
+        "warning",
+        "warning",
+    ]
 
     # Markers: where each finding with a step began, on line charts and heatmaps alike.
     for chart in ("grad-norm-total", "loss", "param-grad-norm", "grad-status", "grad-norm-heatmap"):
-        p.wait_for_function("c => document.querySelector(`[data-chart=\"${c}\"]`).dataset.markers === '1,30'",
-                            arg=chart)
+        p.wait_for_function(
+            "c => document.querySelector(`[data-chart=\"${c}\"]`).dataset.markers === '1,30'", arg=chart
+        )
     shapes = p.evaluate("""() => document.querySelector('[data-chart="loss"]').layout.shapes
         .map(s => [s.x0, s.line.dash])""")
     assert shapes == [[1, "dot"], [30, "dot"]]

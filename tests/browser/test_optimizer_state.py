@@ -7,25 +7,28 @@ must be the norms torch computes of the optimizer's state (the oracle, taken aft
 
 Run: .venv/bin/python -m pytest tests/browser/test_optimizer_state.py
 """
+
 from __future__ import annotations
 
 import math
 from collections.abc import Callable
 
-import gradwatch
 import pytest
 import torch
-from support.server import ServerProcess
 from playwright import sync_api
 from test_dashboard import Page, browser, dash, page  # noqa: F401  (browser, dash, page: fixtures)
+
+import gradwatch
+from support.server import ServerProcess
 
 pytestmark = pytest.mark.browser
 
 STEPS = 12
 
 
-def train(server: ServerProcess, name: str, make_opt: Callable[[list[torch.nn.Parameter]], torch.optim.Optimizer],
-          key: str) -> tuple[str, dict[str, float]]:
+def train(
+    server: ServerProcess, name: str, make_opt: Callable[[list[torch.nn.Parameter]], torch.optim.Optimizer], key: str
+) -> tuple[str, dict[str, float]]:
     """Train a small MLP; the run's id and each parameter's ‖state[key]‖ after the last step."""
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(6, 8), torch.nn.Tanh(), torch.nn.Linear(8, 1))
@@ -43,12 +46,16 @@ def train(server: ServerProcess, name: str, make_opt: Callable[[list[torch.nn.Pa
     return w.run_id, oracle
 
 
-@pytest.mark.parametrize(("optimizer", "key", "card", "title"), [
-    ("sgd", "momentum_buffer", "momentum-buffer-norm", "Momentum buffer norm"),
-    ("rmsprop", "square_avg", "square-avg-norm", "RMSprop square average"),
-])
-def test_state_cards_follow_the_state_the_hook_sent(dash: ServerProcess, page: Page, optimizer: str, key: str,
-                                                   card: str, title: str) -> None:
+@pytest.mark.parametrize(
+    ("optimizer", "key", "card", "title"),
+    [
+        ("sgd", "momentum_buffer", "momentum-buffer-norm", "Momentum buffer norm"),
+        ("rmsprop", "square_avg", "square-avg-norm", "RMSprop square average"),
+    ],
+)
+def test_state_cards_follow_the_state_the_hook_sent(
+    dash: ServerProcess, page: Page, optimizer: str, key: str, card: str, title: str
+) -> None:
     make = {
         "sgd": lambda ps: torch.optim.SGD(ps, lr=0.05, momentum=0.9),
         "rmsprop": lambda ps: torch.optim.RMSprop(ps, lr=0.01),
@@ -62,10 +69,12 @@ def test_state_cards_follow_the_state_the_hook_sent(dash: ServerProcess, page: P
     page.wait_points(card, STEPS)
     # No card for a state this optimizer has not got.
     assert p.locator('[data-card="exp-avg-norm"]').is_hidden()
-    traces = p.evaluate("""c => document.querySelector(`[data-chart="${c}"]`).data
-        .filter(t => t.name !== 'NaN / Inf').map(t => [t.name, t.x, t.y])""", card)
+    traces = p.evaluate(
+        """c => document.querySelector(`[data-chart="${c}"]`).data
+        .filter(t => t.name !== 'NaN / Inf').map(t => [t.name, t.x, t.y])""",
+        card,
+    )
     assert {name for name, _, _ in traces} == set(oracle)  # four parameters: all in the top 5
     for name, xs, ys in traces:
         assert xs == list(range(1, STEPS + 1)), name
         assert math.isclose(ys[-1], oracle[name], rel_tol=1e-5), (name, ys[-1], oracle[name])
-

@@ -7,38 +7,53 @@ notifications come only once turned on.
 
 Run: .venv/bin/python -m pytest tests/browser/test_run_context.py
 """
+
 from __future__ import annotations
 
 import shlex
 import sys
 from typing import Any
 
-import gradwatch
 import httpx
 import numpy as np
 import pytest
 import torch
 from playwright import sync_api
+from test_dashboard import XSS_NAME, Page, browser, dash, page, seed  # noqa: F401  (browser, dash, page: fixtures)
+
+import gradwatch
 from support.ema import reference_ema
 from support.server import ServerProcess
 from support.synthetic import SyntheticRun
-from test_dashboard import XSS_NAME, Page, browser, dash, page, seed  # noqa: F401  (browser, dash, page: fixtures)
 
 pytestmark = pytest.mark.browser
 
 CONFIG = {"dataset": {"name": "tiny", "seed": 3}, "note": XSS_NAME, "batch_size": 8}
 
 
-def train(server: str, run: str, steps: int, *, zero_grad: bool = True, w: gradwatch.Watcher | None = None,
-          model: torch.nn.Module | None = None, opt: torch.optim.Optimizer | None = None) -> tuple[Any, Any, Any]:
+def train(
+    server: str,
+    run: str,
+    steps: int,
+    *,
+    zero_grad: bool = True,
+    w: gradwatch.Watcher | None = None,
+    model: torch.nn.Module | None = None,
+    opt: torch.optim.Optimizer | None = None,
+) -> tuple[Any, Any, Any]:
     """`steps` steps of a two-layer net with named param groups; returns (watcher, model, optimizer)."""
     if model is None or opt is None:
         torch.manual_seed(0)
         model = torch.nn.Sequential(torch.nn.Linear(6, 16), torch.nn.Tanh(), torch.nn.Linear(16, 3))
         decay = [p for n, p in model.named_parameters() if n.endswith("weight")]
         rest = [p for n, p in model.named_parameters() if not n.endswith("weight")]
-        opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.1, "name": "decay"},
-                                 {"params": rest, "weight_decay": 0.0, "name": "no_decay"}], lr=3e-4)
+        opt = torch.optim.AdamW(
+            [
+                {"params": decay, "weight_decay": 0.1, "name": "decay"},
+                {"params": rest, "weight_decay": 0.0, "name": "no_decay"},
+            ],
+            lr=3e-4,
+        )
     if w is None:
         w = gradwatch.watch(opt, model=model, run=run, project="context", server=server, warn=False, config=CONFIG)
     for _ in range(steps):
@@ -161,8 +176,9 @@ SHOW = """() => { delete document.hidden; delete document.visibilityState;
 
 
 @pytest.mark.parametrize("turned_on", [False, True])
-def test_a_background_tab_counts_findings_and_notifies_when_asked(dash: ServerProcess, browser: sync_api.Browser,
-                                                                    turned_on: bool) -> None:
+def test_a_background_tab_counts_findings_and_notifies_when_asked(
+    dash: ServerProcess, browser: sync_api.Browser, turned_on: bool
+) -> None:
     page = Page(browser)
     try:
         page.context.grant_permissions(["notifications"], origin=dash.url)
@@ -202,16 +218,24 @@ def test_a_background_tab_counts_findings_and_notifies_when_asked(dash: ServerPr
 
 
 def drawn_lines(p: sync_api.Page, chart: str) -> dict[str, Any]:
-    return p.evaluate("""(c) => { const el = document.querySelector(`[data-chart="${c}"]`);
+    return p.evaluate(
+        """(c) => { const el = document.querySelector(`[data-chart="${c}"]`);
         const raw = el.data.find((d) => d.name === 'loss');
         const smooth = el.data.find((d) => d.name === 'loss (smoothed)');
-        return {x: raw.x, opacity: raw.opacity, smooth: smooth ? {x: smooth.x, y: smooth.y} : null}; }""", chart)
+        return {x: raw.x, opacity: raw.opacity, smooth: smooth ? {x: smooth.x, y: smooth.y} : null}; }""",
+        chart,
+    )
 
 
-def test_smoothing_draws_the_ema_over_the_faint_raw_series_and_keeps_it_in_the_url(dash: ServerProcess, page: Page) -> None:
+def test_smoothing_draws_the_ema_over_the_faint_raw_series_and_keeps_it_in_the_url(
+    dash: ServerProcess, page: Page
+) -> None:
     w, _, _ = train(dash.url, "smoothing", 40)
     w.close(timeout=30)
-    raw = [float(v) for v in httpx.get(f"{dash.url}/api/runs/{w.run_id}/series", params={"key": "loss"}, timeout=10).json()["value"]]
+    raw = [
+        float(v)
+        for v in httpx.get(f"{dash.url}/api/runs/{w.run_id}/series", params={"key": "loss"}, timeout=10).json()["value"]
+    ]
     p = page.open(f"{dash.url}/runs/{w.run_id}?smooth=0.6")
     lines = drawn_lines(p, "loss")
     assert lines["opacity"] == pytest.approx(0.3) and lines["smooth"] is not None
@@ -221,24 +245,35 @@ def test_smoothing_draws_the_ema_over_the_faint_raw_series_and_keeps_it_in_the_u
 
     slider.fill("0.9")  # sets the value and fires input and change, as letting go of the slider does
     p.wait_for_function("new URLSearchParams(location.search).get('smooth') === '0.9'")
-    p.wait_for_function("""(want) => { const el = document.querySelector('[data-chart="loss"]');
+    p.wait_for_function(
+        """(want) => { const el = document.querySelector('[data-chart="loss"]');
         const s = el.data.find((d) => d.name === 'loss (smoothed)'); return s && Math.abs(s.y[5] - want) < 1e-9; }""",
-                        arg=reference_ema(raw, 0.9)[5])
+        arg=reference_ema(raw, 0.9)[5],
+    )
     np.testing.assert_allclose(drawn_lines(p, "loss")["smooth"]["y"], reference_ema(raw, 0.9), rtol=1e-9)
     for chart in ("grad-norm-total", "param-grad-norm", "lr"):  # every line chart
-        assert p.evaluate("(c) => document.querySelector(`[data-chart=\"${c}\"]`).data.some((d) => / \\(smoothed\\)$/.test(d.name))", chart), chart
+        assert p.evaluate(
+            '(c) => document.querySelector(`[data-chart="${c}"]`).data.some((d) => / \\(smoothed\\)$/.test(d.name))',
+            chart,
+        ), chart
 
     slider.fill("0")
     p.wait_for_function("!new URLSearchParams(location.search).has('smooth')")
-    p.wait_for_function("""() => !document.querySelector('[data-chart="loss"]').data.some((d) => d.name === 'loss (smoothed)')""")
+    p.wait_for_function(
+        """() => !document.querySelector('[data-chart="loss"]').data.some((d) => d.name === 'loss (smoothed)')"""
+    )
     assert drawn_lines(p, "loss")["opacity"] == 1
 
 
 def test_a_downsampled_chart_is_smoothed_before_downsampling(dash: ServerProcess, page: Page) -> None:
     """1,500 steps on a half-width chart: the server smooths the raw steps, then buckets them."""
     seed(dash, SyntheticRun("smooth-long", "smooth-long", total_steps=1500), 1500)
-    raw = [float(v) for v in httpx.get(f"{dash.url}/api/runs/smooth-long/series",
-                                       params={"key": "loss", "max_points": 100_000}, timeout=10).json()["value"]]
+    raw = [
+        float(v)
+        for v in httpx.get(
+            f"{dash.url}/api/runs/smooth-long/series", params={"key": "loss", "max_points": 100_000}, timeout=10
+        ).json()["value"]
+    ]
     want = reference_ema(raw, 0.95)
     p = page.open(f"{dash.url}/runs/smooth-long?smooth=0.95")
     lines = drawn_lines(p, "loss")
@@ -247,7 +282,7 @@ def test_a_downsampled_chart_is_smoothed_before_downsampling(dash: ServerProcess
     assert lines["smooth"]["x"] == xs
     ends = xs[1:] + [1501]
     for j in range(0, len(xs), 37):  # each drawn point: the mean of the smoothed steps of its bucket
-        bucket = want[xs[j] - 1:ends[j] - 1]
+        bucket = want[xs[j] - 1 : ends[j] - 1]
         assert lines["smooth"]["y"][j] == pytest.approx(float(np.mean(bucket)), rel=1e-9), j
 
 
@@ -257,8 +292,14 @@ def test_compare_shows_each_runs_context_and_the_config_that_differs(dash: Serve
         torch.manual_seed(0)
         model = torch.nn.Linear(4, 2)
         opt = torch.optim.SGD(model.parameters(), lr=lr)
-        with gradwatch.watch(opt, model=model, run=f"cmp-lr{lr}", server=dash.url, warn=False,
-                             config={"lr": lr, "data": {"name": "same"}}) as w:
+        with gradwatch.watch(
+            opt,
+            model=model,
+            run=f"cmp-lr{lr}",
+            server=dash.url,
+            warn=False,
+            config={"lr": lr, "data": {"name": "same"}},
+        ) as w:
             for _ in range(3):
                 opt.zero_grad()
                 model(torch.randn(4, 4)).sum().backward()
@@ -289,8 +330,15 @@ def test_compare_smooths_every_run_with_its_slider(dash: ServerProcess, page: Pa
     drawn = p.evaluate("""() => document.querySelector('[data-chart="compare-loss"]').data
         .filter((d) => / \\(smoothed\\)$/.test(d.name)).map((d) => d.y)""")
     for run_id, ys in zip(ids, drawn):
-        raw = [float(v) for v in httpx.get(f"{dash.url}/api/runs/{run_id}/series", params={"key": "loss"}, timeout=10).json()["value"]]
+        raw = [
+            float(v)
+            for v in httpx.get(f"{dash.url}/api/runs/{run_id}/series", params={"key": "loss"}, timeout=10).json()[
+                "value"
+            ]
+        ]
         np.testing.assert_allclose(ys, reference_ema(raw, 0.7), rtol=1e-9)
     p.locator("[data-smoothing]").fill("0")
     p.wait_for_function("!new URLSearchParams(location.search).has('smooth')")
-    p.wait_for_function("""() => !document.querySelector('[data-chart="compare-loss"]').data.some((d) => / \\(smoothed\\)$/.test(d.name))""")
+    p.wait_for_function(
+        """() => !document.querySelector('[data-chart="compare-loss"]').data.some((d) => / \\(smoothed\\)$/.test(d.name))"""
+    )

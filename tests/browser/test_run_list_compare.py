@@ -7,6 +7,7 @@ module's tests share one server without seeing each other's runs. The pages publ
 drew (see test_dashboard.py); the compare page also sets body[data-drawn] to "<x>:<layout>"
 once a view is drawn. The tests wait on those, never on sleeps.
 """
+
 from __future__ import annotations
 
 import json
@@ -14,11 +15,11 @@ from collections.abc import Iterator
 
 import httpx
 import pytest
+from test_dashboard import XSS_NAME, Page, browser, dash, page  # noqa: F401  (browser, dash, page: fixtures)
 from websockets.sync.client import connect
 
 from support.server import REPO, ServerProcess, start_server
 from support.synthetic import Ingest, SyntheticRun, _shapes
-from test_dashboard import XSS_NAME, Page, browser, dash, page  # noqa: F401  (browser, dash, page: fixtures)
 
 pytestmark = pytest.mark.browser
 from playwright import sync_api  # noqa: E402  (installed by `make test`)
@@ -60,6 +61,7 @@ def finding_counts(http: httpx.Client, run_id: str) -> dict[str, int]:
 
 
 # -- run list -------------------------------------------------------------------------------------
+
 
 def test_sort_by_column_changes_the_order_and_stays_in_the_url(dash: ServerProcess, page: Page) -> None:
     t = 1_700_000_000.0
@@ -112,7 +114,9 @@ def test_findings_counts_match_the_diagnostics_api(dash: ServerProcess, page: Pa
     expect(row(p, "fc-nan").locator(".fcount-error")).to_have_text("1 error")
     assert row(p, "fc-plain").locator(".fcount-error").count() == 0
     warnings = expected["fc-plain"]["warning"]
-    expect(row(p, "fc-plain").locator(".fcount-warning")).to_have_text(f"{warnings} warning{'s' if warnings > 1 else ''}")
+    expect(row(p, "fc-plain").locator(".fcount-warning")).to_have_text(
+        f"{warnings} warning{'s' if warnings > 1 else ''}"
+    )
 
 
 def test_select_two_runs_and_compare(dash: ServerProcess, page: Page) -> None:
@@ -228,9 +232,12 @@ def test_delete_asks_first(dash: ServerProcess, page: Page, http: httpx.Client) 
     assert listed_ids(p) == ["kept"]
 
 
-def test_writes_ask_for_the_token_of_a_guarded_server(browser: sync_api.Browser, tmp_path_factory: pytest.TempPathFactory) -> None:
-    server = start_server(tmp_path_factory.mktemp("guarded"), token="s3cret",
-                          env={"GRADWATCH_FRONTEND_DIR": str(REPO / "frontend")})
+def test_writes_ask_for_the_token_of_a_guarded_server(
+    browser: sync_api.Browser, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    server = start_server(
+        tmp_path_factory.mktemp("guarded"), token="s3cret", env={"GRADWATCH_FRONTEND_DIR": str(REPO / "frontend")}
+    )
     page = Page(browser)
     try:
         run = SyntheticRun("guarded", "guarded-run", total_steps=5)
@@ -266,6 +273,7 @@ def test_writes_ask_for_the_token_of_a_guarded_server(browser: sync_api.Browser,
 
 
 # -- compare ----------------------------------------------------------------------------------------
+
 
 def test_compare_settings_layouts_alignment_and_parameters(dash: ServerProcess, page: Page, http: httpx.Client) -> None:
     no_head = [(name, shape) for name, shape in _shapes() if name != "head.weight"]
@@ -307,7 +315,8 @@ def test_compare_settings_layouts_alignment_and_parameters(dash: ServerProcess, 
     ranges = panels.evaluate_all("els => els.map(e => [e.layout.xaxis.range, e.layout.yaxis.range])")
     assert ranges[0] == ranges[1] and ranges[0][0] == [1, 40]
     log_ranges = p.locator('[data-card="compare-grad-norm-total"] .panels [data-chart]').evaluate_all(
-        "els => els.map(e => [e.layout.yaxis.type, e.layout.yaxis.range])")
+        "els => els.map(e => [e.layout.yaxis.type, e.layout.yaxis.range])"
+    )
     assert log_ranges[0] == log_ranges[1] and log_ranges[0][0] == "log"
 
     # Wall time: seconds since each run's first step (the synthetic runs step every 0.1 s).
@@ -336,9 +345,13 @@ def test_compare_settings_layouts_alignment_and_parameters(dash: ServerProcess, 
     p.keyboard.press("Enter")
     head = p.locator('[data-card^="compare-param-"][data-param="head.weight"]')
     expect(head).to_contain_text("In 1 of 2 runs; not in run-y")
-    p.wait_for_function("""() => +document.querySelector('[data-card][data-param="head.weight"] [data-chart]').dataset.points === 40""")
+    p.wait_for_function(
+        """() => +document.querySelector('[data-card][data-param="head.weight"] [data-chart]').dataset.points === 40"""
+    )
     assert "param=head.weight" in p.url and "param=tok_emb.weight" in p.url
-    p.wait_for_function("""() => +document.querySelector('[data-card][data-param="tok_emb.weight"] [data-chart]').dataset.points === 65""")
+    p.wait_for_function(
+        """() => +document.querySelector('[data-card][data-param="tok_emb.weight"] [data-chart]').dataset.points === 65"""
+    )
     p.fill('[data-card="compare-params"] input[type="search"]', "no.such.param")
     p.keyboard.press("Enter")
     expect(p.locator('[data-card="compare-params"] .picker-error')).to_contain_text("No run has a parameter named")

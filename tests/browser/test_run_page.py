@@ -10,6 +10,7 @@ as hand-built protocol v1 messages over /ws/ingest). What is checked:
 
 Run: .venv/bin/python -m pytest tests/browser/test_run_page.py
 """
+
 from __future__ import annotations
 
 import base64
@@ -17,10 +18,11 @@ import math
 
 import numpy as np
 import pytest
-from support.server import ServerProcess
 from playwright import sync_api
-from support.synthetic import SyntheticRun
 from test_dashboard import Page, browser, dash, page, seed  # noqa: F401  (browser, dash, page: fixtures)
+
+from support.server import ServerProcess
+from support.synthetic import SyntheticRun
 
 pytestmark = pytest.mark.browser
 
@@ -29,16 +31,23 @@ INTERLEAVED = [
     ("blocks.1.attn.qkv.weight", [8, 8]),
     ("head.weight", [8, 8]),
     ("blocks.0.attn.qkv.weight", [8, 8]),
-    ("blocks.1.attn.qkv.bias", [8]),        # NaN where the run says (synthetic.py)
+    ("blocks.1.attn.qkv.bias", [8]),  # NaN where the run says (synthetic.py)
     ("blocks.0.mlp.fc1.weight", [8, 8]),
     ("scale", [1]),
-    ("blocks.1.mlp.fc1.weight", [8, 8]),    # +Inf there
+    ("blocks.1.mlp.fc1.weight", [8, 8]),  # +Inf there
     ("blocks.0.attn.qkv.bias", [8]),
 ]
 #: Grouped: each module's parameters, and its submodules', together, in order of first appearance.
-GROUPED = ["blocks.1.attn.qkv.weight", "blocks.1.attn.qkv.bias", "blocks.1.mlp.fc1.weight",
-           "blocks.0.attn.qkv.weight", "blocks.0.attn.qkv.bias", "blocks.0.mlp.fc1.weight",
-           "head.weight", "scale"]
+GROUPED = [
+    "blocks.1.attn.qkv.weight",
+    "blocks.1.attn.qkv.bias",
+    "blocks.1.mlp.fc1.weight",
+    "blocks.0.attn.qkv.weight",
+    "blocks.0.attn.qkv.bias",
+    "blocks.0.mlp.fc1.weight",
+    "head.weight",
+    "scale",
+]
 
 
 def chart(p: sync_api.Page, name: str) -> sync_api.Locator:
@@ -52,11 +61,14 @@ def test_heatmap_rows_are_grouped_by_module(dash: ServerProcess, page: Page) -> 
     for name in ("grad-norm-heatmap", "grad-status"):
         chart(p, name).scroll_into_view_if_needed()
         page.wait_points(name, len(GROUPED) * 30)
-        rows = p.evaluate("c => document.querySelector(`[data-chart=\"${c}\"]`).data[0].y", name)
+        rows = p.evaluate('c => document.querySelector(`[data-chart="${c}"]`).data[0].y', name)
         assert rows == GROUPED, name
         # Separators between the modules two levels down: blocks.1 | blocks.0 | head | (top level).
-        lines = p.evaluate("""c => document.querySelector(`[data-chart="${c}"]`).layout.shapes
-            .filter((s) => s.name === 'module-separator').map((s) => s.y0)""", name)
+        lines = p.evaluate(
+            """c => document.querySelector(`[data-chart="${c}"]`).layout.shapes
+            .filter((s) => s.name === 'module-separator').map((s) => s.y0)""",
+            name,
+        )
         assert lines == [2.5, 5.5, 6.5], name
         assert chart(p, name).get_attribute("data-modules") == "4"
         # Every row is tall enough for its name: the y axis lists them, in the grouped order.
@@ -67,7 +79,9 @@ def test_heatmap_rows_are_grouped_by_module(dash: ServerProcess, page: Page) -> 
     # Hover names the parameter, the step and the value (the stored float32, 4 significant digits).
     want = grads_at(INTERLEAVED, 30, 20)["blocks.0.mlp.fc1.weight"]
     assert hover_text(p, "grad-norm-heatmap", 20, GROUPED.index("blocks.0.mlp.fc1.weight")) == [
-        "blocks.0.mlp.fc1.weight", f"step 20: {significant(want)}"]
+        "blocks.0.mlp.fc1.weight",
+        f"step 20: {significant(want)}",
+    ]
     nan_row = GROUPED.index("blocks.1.attn.qkv.bias")
     assert hover_text(p, "grad-norm-heatmap", 12, nan_row) == ["blocks.1.attn.qkv.bias", "step 12: NaN"]
     assert hover_text(p, "grad-status", 12, nan_row) == ["blocks.1.attn.qkv.bias", "step 12: nonfinite"]
@@ -91,13 +105,16 @@ def hover_text(p: sync_api.Page, name: str, step: int, row: int) -> list[str]:
     """Move the mouse over the cell (step, row) of a heatmap; the hover label's lines."""
     el = chart(p, name)
     el.scroll_into_view_if_needed()
-    x, y = p.evaluate(f"""([c, step, row]) => {{
+    x, y = p.evaluate(
+        f"""([c, step, row]) => {{
         const el = document.querySelector(`[data-chart="${{c}}"]`);
         const fl = el._fullLayout;
         const box = el.getBoundingClientRect();
         const [, x] = ({COLUMNS})(c).find(([s]) => s === step);
         return [box.left + fl._size.l + fl.xaxis.l2p(x), box.top + fl._size.t + fl.yaxis.l2p(row)];
-    }}""", [name, step, row])
+    }}""",
+        [name, step, row],
+    )
     p.mouse.move(x, y)
     label = el.locator(".hoverlayer .hovertext").first
     sync_api.expect(label).to_be_visible()
@@ -147,11 +164,11 @@ def test_zoom_fetches_the_window_at_full_resolution(dash: ServerProcess, page: P
     chart(p, "loss").scroll_into_view_if_needed()
 
     # A zoom overtaken by a newer one: its late answers are dropped, the newer window stays.
-    set_zoom(p, 600.6, 700.4)        # steps 601-700: answers held back 1.5 s
-    p.wait_for_timeout(300)          # its requests are out
-    set_zoom(p, 1100.6, 1200.4)      # steps 1101-1200
+    set_zoom(p, 600.6, 700.4)  # steps 601-700: answers held back 1.5 s
+    p.wait_for_timeout(300)  # its requests are out
+    set_zoom(p, 1100.6, 1200.4)  # steps 1101-1200
     p.wait_for_function("document.body.dataset.zoom === '1101-1200'")
-    p.wait_for_timeout(2000)         # the older answers have come (and gone)
+    p.wait_for_timeout(2000)  # the older answers have come (and gone)
     assert any("/series?key=loss&start=601&end=700&" in u for u in p.evaluate("window.__heldBack"))
     assert p.evaluate("document.body.dataset.zoom") == "1101-1200"
     assert chart(p, "loss").get_attribute("data-window") == "1101-1200"
@@ -179,13 +196,16 @@ def drag(p: sync_api.Page, name: str, x0: float, x1: float) -> None:
     """Drag across a chart's plot area from step x0 to step x1 (Plotly's zoom box)."""
     el = chart(p, name)
     el.scroll_into_view_if_needed()
-    px = p.evaluate("""([c, x0, x1]) => {
+    px = p.evaluate(
+        """([c, x0, x1]) => {
         const el = document.querySelector(`[data-chart="${c}"]`);
         const fl = el._fullLayout;
         const box = el.getBoundingClientRect();
         const y = box.top + fl._size.t + fl._size.h / 2;
         return [box.left + fl._size.l + fl.xaxis.l2p(x0), box.left + fl._size.l + fl.xaxis.l2p(x1), y];
-    }""", [name, x0, x1])
+    }""",
+        [name, x0, x1],
+    )
     p.mouse.move(px[0], px[2])
     p.mouse.down()
     p.mouse.move((px[0] + px[1]) / 2, px[2], steps=4)
@@ -195,8 +215,11 @@ def drag(p: sync_api.Page, name: str, x0: float, x1: float) -> None:
 
 def set_zoom(p: sync_api.Page, a: float, b: float) -> None:
     """Zoom as Plotly reports a zoom box: a relayout of the loss chart's x range."""
-    p.evaluate("""([a, b]) => window.Plotly.relayout(document.querySelector('[data-chart="loss"]'),
-        {'xaxis.range[0]': a, 'xaxis.range[1]': b})""", [a, b])
+    p.evaluate(
+        """([a, b]) => window.Plotly.relayout(document.querySelector('[data-chart="loss"]'),
+        {'xaxis.range[0]': a, 'xaxis.range[1]': b})""",
+        [a, b],
+    )
 
 
 def zoom_window(p: sync_api.Page) -> tuple[int, int]:
@@ -225,16 +248,34 @@ def test_picker_shows_a_whole_module_and_the_top_k_smallest(dash: ServerProcess,
     seed(dash, run, 25)
     p = page.open(dash.url + "/runs/modules")
     modules = p.locator('[data-role="module"] option').evaluate_all("els => els.map((e) => e.value)")
-    assert modules == ["", "embed", "blocks", "blocks.0", "blocks.0.attn", "blocks.0.attn.qkv", "blocks.0.mlp",
-                       "blocks.0.mlp.fc1", "blocks.0.mlp.fc2", "blocks.1", "blocks.1.attn", "blocks.1.attn.qkv",
-                       "blocks.1.mlp", "blocks.1.mlp.fc1", "blocks.1.mlp.fc2", "head"]
+    assert modules == [
+        "",
+        "embed",
+        "blocks",
+        "blocks.0",
+        "blocks.0.attn",
+        "blocks.0.attn.qkv",
+        "blocks.0.mlp",
+        "blocks.0.mlp.fc1",
+        "blocks.0.mlp.fc2",
+        "blocks.1",
+        "blocks.1.attn",
+        "blocks.1.attn.qkv",
+        "blocks.1.mlp",
+        "blocks.1.mlp.fc1",
+        "blocks.1.mlp.fc2",
+        "head",
+    ]
 
     # A whole module: every parameter under the prefix, in the gradient norms and the moments.
     p.select_option('[data-role="module"]', "blocks.0")
     want = [n for n, _ in MODULES if n.startswith("blocks.0.")]
     sync_api.expect(p.locator(".chip-name")).to_have_text(want)
-    p.wait_for_function("""n => +document.querySelector('[data-chart="param-grad-norm"]').dataset.series === n
-        && +document.querySelector('[data-chart="exp-avg-norm"]').dataset.series === n""", arg=len(want))
+    p.wait_for_function(
+        """n => +document.querySelector('[data-chart="param-grad-norm"]').dataset.series === n
+        && +document.querySelector('[data-chart="exp-avg-norm"]').dataset.series === n""",
+        arg=len(want),
+    )
     names = p.evaluate("""() => document.querySelector('[data-chart="exp-avg-norm"]').data
         .filter((t) => t.showlegend !== false && t.mode !== 'markers').map((t) => t.name)""")
     assert names == want
@@ -289,7 +330,7 @@ def test_module_grouping_rules(dash: ServerProcess, page: Page) -> None:
         "order": ["scale", "enc.1.w", "enc.1.b", "enc.0.a.w", "enc.0.a.b", "enc.0.w", "dec.w", "dec.b", "bias"],
         "kept": [0, 1, 2],
         "depth1": [["", 0, 1], ["enc", 1, 6], ["dec", 6, 8], ["", 8, 9]],
-        "coarse": 2,   # depth 2: 5 groups (enc.1, enc.0 apart); depth 3: 6 (enc.0.a apart from enc.0.w)
+        "coarse": 2,  # depth 2: 5 groups (enc.1, enc.0 apart); depth 3: 6 (enc.0.a apart from enc.0.w)
         "fine": 3,
         "list": ["enc:5", "enc.1:2", "enc.0:3", "enc.0.a:2", "dec:2"],
         "of": ["a.b.c", ""],

@@ -15,6 +15,7 @@ Same set-up as test_dashboard.py (its fixtures). What is checked:
 
 Run: .venv/bin/python -m pytest tests/browser/test_run_page_loading.py
 """
+
 from __future__ import annotations
 
 import base64
@@ -24,11 +25,12 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from support.server import REPO, ServerProcess
 from playwright import sync_api
-from support.synthetic import SyntheticRun
 from test_dashboard import CHARTS, Page, browser, dash, page, seed  # noqa: F401  (browser, dash, page: fixtures)
 from test_run_page import GROUPED, INTERLEAVED, chart, hover_text
+
+from support.server import REPO, ServerProcess
+from support.synthetic import SyntheticRun
 
 FRONTEND = REPO / "frontend"
 
@@ -107,8 +109,12 @@ def test_charts_in_view_draw_first_and_the_rest_without_scrolling(dash: ServerPr
     plotly = p.evaluate("performance.getEntriesByName('gradwatch:plotly')[0].startTime")
     assert plotly < min(drawn.values())
     near = max(p.evaluate(ASKED_AT, "/series?key=loss") + p.evaluate(ASKED_AT, "/series?key=grad_norm_total"))
-    for part in ("/heatmap?metric=grad_status", "/heatmap?metric=grad_norm", "/series?key=lr%2F0",
-                 "/params/series?metric=exp_avg_norm"):
+    for part in (
+        "/heatmap?metric=grad_status",
+        "/heatmap?metric=grad_norm",
+        "/series?key=lr%2F0",
+        "/params/series?metric=exp_avg_norm",
+    ):
         asked = p.evaluate(ASKED_AT, part)
         assert len(asked) == 1 and near <= asked[0] < plotly, (part, asked, near, plotly)
     assert p.evaluate("window.scrollY") == 0
@@ -149,12 +155,14 @@ def test_each_chart_draws_once_while_the_page_loads(dash: ServerProcess, page: P
 
 def heatmap_hovers(p: sync_api.Page) -> list[list[str]]:
     """Hover texts of a few cells of both heatmaps: a value, NaN, +Inf, each status."""
-    cells = [("grad-norm-heatmap", 20, GROUPED.index("blocks.0.mlp.fc1.weight")),
-             ("grad-norm-heatmap", 12, GROUPED.index("blocks.1.attn.qkv.bias")),
-             ("grad-norm-heatmap", 12, GROUPED.index("blocks.1.mlp.fc1.weight")),
-             ("grad-norm-heatmap", 5, GROUPED.index("head.weight")),
-             ("grad-status", 12, GROUPED.index("blocks.1.attn.qkv.bias")),
-             ("grad-status", 7, GROUPED.index("scale"))]
+    cells = [
+        ("grad-norm-heatmap", 20, GROUPED.index("blocks.0.mlp.fc1.weight")),
+        ("grad-norm-heatmap", 12, GROUPED.index("blocks.1.attn.qkv.bias")),
+        ("grad-norm-heatmap", 12, GROUPED.index("blocks.1.mlp.fc1.weight")),
+        ("grad-norm-heatmap", 5, GROUPED.index("head.weight")),
+        ("grad-status", 12, GROUPED.index("blocks.1.attn.qkv.bias")),
+        ("grad-status", 7, GROUPED.index("scale")),
+    ]
     return [hover_text(p, name, step, row) for name, step, row in cells]
 
 
@@ -195,7 +203,8 @@ def test_grid_cells_keep_every_float_apart(dash: ServerProcess, page: Page) -> N
     """grid.js: the f32 cells and the JSON cells give the same bits; merging keeps the rule."""
     empty, nan, inf, ninf, neg_zero, one_half = 0x7FC00001, 0x7FC00000, 0x7F800000, 0xFF800000, 0x80000000, 0x3FC00000
     p = page.open(dash.url + "/")
-    got = p.evaluate("""async ([b64, json]) => {
+    got = p.evaluate(
+        """async ([b64, json]) => {
         const g = await import('/static/js/grid.js');
         const bits = (cells) => Array.from(g.bitsOf(cells));
         const res = {params: ['a', 'b', 'c'], step: [1, 2]};
@@ -207,7 +216,9 @@ def test_grid_cells_keep_every_float_apart(dash: ServerProcess, page: Page) -> N
         const live = g.liveColumn(['NaN', null, 2.5], [2, 1, 0, undefined], false);
         return {f32: bits(fromF32), json: bits(fromJson), cols: cols.map(bits), merged: bits(merged),
                 status: Array.from(status), live: bits(live)};
-    }""", [f32(one_half, empty, nan, inf, ninf, neg_zero), [[1.5, None], ["NaN", "Infinity"], ["-Infinity", -0.0]]])
+    }""",
+        [f32(one_half, empty, nan, inf, ninf, neg_zero), [[1.5, None], ["NaN", "Infinity"], ["-Infinity", -0.0]]],
+    )
     assert got["f32"] == got["json"] == [one_half, empty, nan, inf, ninf, neg_zero]
     # Rows in the order asked (c, a, b), a column per step.
     assert got["cols"] == [[ninf, one_half, nan], [neg_zero, empty, inf]]
@@ -258,14 +269,31 @@ CELL_COLOUR = """async ([c, row, column, name]) => {
 def test_heatmap_cells_take_the_theme_colours(dash: ServerProcess, page: Page) -> None:
     """The cells painted in the heatmaps' images: a status, NaN and an exact zero in the theme's
     colours; switching to the dark theme paints them again in its colours."""
-    seed(dash, SyntheticRun("cell-colours", "cell-colours", params=INTERLEAVED + [("pos_emb.weight", [4, 4])],
-                            nan_steps={12}, total_steps=30), 30)
+    seed(
+        dash,
+        SyntheticRun(
+            "cell-colours",
+            "cell-colours",
+            params=INTERLEAVED + [("pos_emb.weight", [4, 4])],
+            nan_steps={12},
+            total_steps=30,
+        ),
+        30,
+    )
     p = page.open(dash.url + "/runs/cell-colours")
     rows = GROUPED + ["pos_emb.weight"]
-    nan_row, zero_row, ok_row = rows.index("blocks.1.attn.qkv.bias"), rows.index("pos_emb.weight"), rows.index("head.weight")
-    checks = [("grad-status", ok_row, 0, "--status-nonzero"), ("grad-status", nan_row, 11, "--status-nonfinite"),
-              ("grad-status", zero_row, 0, "--status-zero"), ("grad-norm-heatmap", nan_row, 11, "--nonfinite"),
-              ("grad-norm-heatmap", zero_row, 0, "--zero")]
+    nan_row, zero_row, ok_row = (
+        rows.index("blocks.1.attn.qkv.bias"),
+        rows.index("pos_emb.weight"),
+        rows.index("head.weight"),
+    )
+    checks = [
+        ("grad-status", ok_row, 0, "--status-nonzero"),
+        ("grad-status", nan_row, 11, "--status-nonfinite"),
+        ("grad-status", zero_row, 0, "--status-zero"),
+        ("grad-norm-heatmap", nan_row, 11, "--nonfinite"),
+        ("grad-norm-heatmap", zero_row, 0, "--zero"),
+    ]
     for scheme in ("light", "dark"):
         if scheme == "dark":
             sources = "() => ['grad-status', 'grad-norm-heatmap'].map((c) => document.querySelector(`[data-chart=\"${c}\"]`).layout.images[0].source)"

@@ -10,6 +10,7 @@ never an error or a warning. `mistake_*` scripts make one classic mistake each.
 
 Add a script to add a case: nothing here lists them.
 """
+
 from __future__ import annotations
 
 import ast
@@ -24,8 +25,9 @@ from typing import Any
 
 import httpx
 import pytest
-from support.server import ServerProcess, server_env, start_server
+
 from gradwatch_server.diagnostics import CODES
+from support.server import ServerProcess, server_env, start_server
 
 CORPUS = Path(__file__).parent / "corpus"
 SCRIPTS = sorted(CORPUS.glob("*.py"))
@@ -66,10 +68,12 @@ class Outcome:
 
 
 def run_script(script: Path, server: ServerProcess, folder: Path) -> Outcome:
-    env = server_env({"GRADWATCH_SERVER": server.url, "GRADWATCH_SPOOL": str(folder / "spool"),
-                      "PYTHONWARNINGS": "default"})
-    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=240, env=env,
-                          cwd=folder)
+    env = server_env(
+        {"GRADWATCH_SERVER": server.url, "GRADWATCH_SPOOL": str(folder / "spool"), "PYTHONWARNINGS": "default"}
+    )
+    done = subprocess.run(
+        [sys.executable, str(script)], capture_output=True, text=True, timeout=240, env=env, cwd=folder
+    )
     return Outcome(script, done.returncode, done.stdout, done.stderr)
 
 
@@ -123,8 +127,11 @@ def test_each_finding_is_one_warning_in_the_training_process(corpus: dict[str, O
     """The hook shows each code once, as a GradwatchWarning on stderr (once more if it turned
     graver while the run went on), with the fix and the run's page."""
     outcome = corpus[name]
-    shown = re.findall(r"GradwatchWarning: gradwatch (\w+): (.+) \[(\w+), (?:step \d+|from the start); "
-                       r"(http://\S+/runs/\w+)\]", outcome.stderr)
+    shown = re.findall(
+        r"GradwatchWarning: gradwatch (\w+): (.+) \[(\w+), (?:step \d+|from the start); "
+        r"(http://\S+/runs/\w+)\]",
+        outcome.stderr,
+    )
     found = {f["code"]: f for run in outcome.findings.values() for f in run}
     assert {code for *_, code, _ in shown} == set(found)
     for _, message, code, page in shown:
@@ -139,14 +146,23 @@ def test_precision_and_recall_are_100_percent(corpus: dict[str, Outcome]) -> Non
     """Over the whole corpus: every expected finding is found, nothing else is; and no clean
     script gets an error or a warning."""
     expected = {(o.script.stem, run_id, code) for o in corpus.values() for run_id in o.findings for code in o.expected}
-    got = {(o.script.stem, run_id, f["code"]) for o in corpus.values() for run_id, found in o.findings.items()
-           for f in found}
+    got = {
+        (o.script.stem, run_id, f["code"])
+        for o in corpus.values()
+        for run_id, found in o.findings.items()
+        for f in found
+    }
     true = expected & got
     precision = len(true) / len(got) if got else 1.0
     recall = len(true) / len(expected) if expected else 1.0
     assert (precision, recall) == (1.0, 1.0), {"missed": expected - got, "spurious": got - expected}
-    clean = [(name, f["code"], f["severity"]) for name, o in corpus.items() if name.startswith("clean_")
-             for found in o.findings.values() for f in found]
+    clean = [
+        (name, f["code"], f["severity"])
+        for name, o in corpus.items()
+        if name.startswith("clean_")
+        for found in o.findings.values()
+        for f in found
+    ]
     assert all(severity == "info" for _, _, severity in clean), clean
     assert sum(1 for name in corpus if name.startswith("clean_")) >= 8
 
@@ -161,7 +177,7 @@ def test_exploding_and_vanishing_stay_quiet_on_a_converging_run(corpus: dict[str
     more than halves, with the usual noise and bumps), and neither exploding_grad nor
     vanishing_grad is found."""
     outcome = corpus["clean_converging"]
-    (run_id, found), = outcome.findings.items()
+    ((run_id, found),) = outcome.findings.items()
     assert not {"exploding_grad", "vanishing_grad"} & {f["code"] for f in found}
     loss = outcome.loss[run_id]
     assert len(loss) == 200

@@ -1,10 +1,12 @@
 """examples/accelerate_accumulation.py against a real server: one stored step per optimizer step of 4
 micro-batches, the accumulation reported as intended (info), no error or warning finding."""
+
 from __future__ import annotations
 
 from pathlib import Path
 
 import pytest
+
 from support.examples import findings, run_example, series
 from support.server import start_server
 
@@ -14,8 +16,9 @@ pytest.importorskip("accelerate", reason="accelerate is installed by requirement
 def test_the_accelerate_example_runs_clean(tmp_path: Path) -> None:
     server = start_server(tmp_path)
     try:
-        run_id, run = run_example("accelerate_accumulation.py", server, tmp_path,
-                                  "--cpu", "--batches", "48", "--accumulate", "4")
+        run_id, run = run_example(
+            "accelerate_accumulation.py", server, tmp_path, "--cpu", "--batches", "48", "--accumulate", "4"
+        )
         assert run["steps"] == 12 and run["optimizer"] == "AdamW"
         assert run["config"]["wrappers"] == [["accelerate.optimizer.AcceleratedOptimizer"]]
         found = findings(server, run_id)

@@ -1,5 +1,6 @@
 """examples/lbfgs.py against a real server: every step stored with this step's gradients, the
 closure's evaluations counted, and no error or warning finding on a correct LBFGS loop."""
+
 from __future__ import annotations
 
 from pathlib import Path

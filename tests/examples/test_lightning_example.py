@@ -1,6 +1,7 @@
 """examples/lightning_trainer.py against a real server: the Lightning Trainer with accumulation
 over 2 batches and clipping, every optimizer step stored, the module's self.log scalars with them,
 no error or warning finding."""
+
 from __future__ import annotations
 
 from pathlib import Path

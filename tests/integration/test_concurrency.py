@@ -1,5 +1,6 @@
 """16 training runs streaming at once into one server on SQLite while 4 dashboards watch live:
 every step of every run stored, no "database is locked", every dashboard kept up. Prints its figure."""
+
 from __future__ import annotations
 
 import json
@@ -63,7 +64,10 @@ def test_sixteen_runs_and_four_dashboards(tmp_path: Path) -> None:
         stop.set()
         for t in watchers:
             t.join(timeout=10)
-        runs = {r["id"]: r for r in httpx.get(f"{server.url}/api/runs", params={"project": "load", "limit": 100}).json()["data"]}
+        runs = {
+            r["id"]: r
+            for r in httpx.get(f"{server.url}/api/runs", params={"project": "load", "limit": 100}).json()["data"]
+        }
         stored = sum(runs[i]["steps"] for i in ids)
         assert len(ids) == RUNS and set(ids) <= set(runs)
         assert all(runs[i]["status"] == "finished" for i in ids)
@@ -73,5 +77,7 @@ def test_sixteen_runs_and_four_dashboards(tmp_path: Path) -> None:
         assert all(len(s) >= RUNS for s in seen)  # each dashboard saw every run appear (and finish)
     finally:
         server.stop()
-    print(f"\n{RUNS} concurrent runs x {STEPS} steps, {DASHBOARDS} live dashboards: {stored}/{RUNS * STEPS} steps stored "
-          f"in {elapsed:.1f} s, 0 'database is locked'")
+    print(
+        f"\n{RUNS} concurrent runs x {STEPS} steps, {DASHBOARDS} live dashboards: {stored}/{RUNS * STEPS} steps stored "
+        f"in {elapsed:.1f} s, 0 'database is locked'"
+    )

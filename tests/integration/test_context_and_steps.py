@@ -2,6 +2,7 @@
 served and exported (JSON, Parquet metadata); the per-step table of scalars (CSV, JSON lines,
 Parquet, the CLI) against values taken in the training loop; the smoothed series endpoint against a
 reference EMA computed here."""
+
 from __future__ import annotations
 
 import csv
@@ -12,12 +13,13 @@ import subprocess
 from collections.abc import Iterator
 from typing import Any
 
-import gradwatch
 import httpx
 import numpy as np
 import pyarrow.parquet as pq
 import pytest
 import torch
+
+import gradwatch
 from support.ema import reference_ema
 from support.server import ServerProcess, server_command, start_server
 
@@ -28,7 +30,9 @@ CONFIG = {"lr": 0.05, "batch_size": 8, "dataset": {"name": "noise", "seed": 0}, 
 
 
 @pytest.fixture(scope="module")
-def trained(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[ServerProcess, str, dict[str, Any], dict[int, dict[str, float]]]]:
+def trained(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Iterator[tuple[ServerProcess, str, dict[str, Any], dict[int, dict[str, float]]]]:
     """One run: the server, its id, the hello's config, and per step the scalars seen in the loop."""
     server = start_server(tmp_path_factory.mktemp("steps"))
     torch.manual_seed(0)
@@ -39,8 +43,11 @@ def trained(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[ServerPr
 
     def before(o: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:  # registered first: sees the same grads
         norms = [float(torch.linalg.vector_norm(p.grad)) for p in model.parameters()]
-        oracle[len(oracle) + 1] = {"grad_norm_total": math.sqrt(sum(n * n for n in norms)),
-                                   "lr/0": o.param_groups[0]["lr"], "norms": norms}  # type: ignore[dict-item]
+        oracle[len(oracle) + 1] = {
+            "grad_norm_total": math.sqrt(sum(n * n for n in norms)),
+            "lr/0": o.param_groups[0]["lr"],
+            "norms": norms,
+        }  # type: ignore[dict-item]
 
     opt.register_step_pre_hook(before)
     w = gradwatch.watch(opt, model=model, run="ctx", project="tests", server=server.url, warn=False, config=CONFIG)
@@ -123,8 +130,14 @@ def test_the_steps_table_holds_every_scalar_of_every_step(trained: Any) -> None:
 
 def test_the_cli_exports_the_same_steps_table(trained: Any) -> None:
     server, run_id, _, _ = trained
-    done = subprocess.run([*server_command(), "export", run_id, "--table", "steps", "--db", server.db_url],
-                          capture_output=True, text=True, timeout=120, env=server.env, check=False)
+    done = subprocess.run(
+        [*server_command(), "export", run_id, "--table", "steps", "--db", server.db_url],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=server.env,
+        check=False,
+    )
     assert done.returncode == 0, done.stderr
     online = httpx.get(f"{server.url}/api/runs/{run_id}/export", params={"table": "steps"}, timeout=30).text
     assert done.stdout == online
@@ -132,18 +145,24 @@ def test_the_cli_exports_the_same_steps_table(trained: Any) -> None:
 
 def test_the_per_parameter_csv_keeps_its_contract_columns(trained: Any) -> None:
     server, run_id, _, _ = trained
-    text = httpx.get(f"{server.url}/api/runs/{run_id}/export", params={"format": "csv", "table": "params"},
-                     timeout=30).text
+    text = httpx.get(
+        f"{server.url}/api/runs/{run_id}/export", params={"format": "csv", "table": "params"}, timeout=30
+    ).text
     header = text.splitlines()[0].split(",")
     assert header[:7] == ["step", "param", "grad_norm", "grad_status", "param_norm", "exp_avg_norm", "exp_avg_sq_norm"]
     assert "loss" not in header
 
 
-@pytest.mark.parametrize("params, status, detail", [
-    ({"table": "scalars"}, 422, "table: Input should be 'params' or 'steps'"),
-    ({"table": "steps", "format": "xlsx"}, 400, "format must be one of csv, json, parquet"),
-])
-def test_bad_export_requests_say_what_is_allowed(trained: Any, params: dict[str, str], status: int, detail: str) -> None:
+@pytest.mark.parametrize(
+    "params, status, detail",
+    [
+        ({"table": "scalars"}, 422, "table: Input should be 'params' or 'steps'"),
+        ({"table": "steps", "format": "xlsx"}, 400, "format must be one of csv, json, parquet"),
+    ],
+)
+def test_bad_export_requests_say_what_is_allowed(
+    trained: Any, params: dict[str, str], status: int, detail: str
+) -> None:
     server, run_id, _, _ = trained
     response = httpx.get(f"{server.url}/api/runs/{run_id}/export", params=params, timeout=30)
     assert response.status_code == status
@@ -159,6 +178,7 @@ def test_the_series_endpoint_smooths_the_raw_series_then_downsamples(trained: An
     raw = [oracle[s]["loss"] for s in range(1, STEPS + 1)]
     want = reference_ema(raw, 0.8)
     with httpx.Client(base_url=server.url, timeout=30) as http:
+
         def get(**params: Any) -> dict[str, Any]:
             response = http.get(f"/api/runs/{run_id}/series", params={"key": "loss", **params})
             assert response.status_code == 200, response.text
@@ -174,8 +194,11 @@ def test_the_series_endpoint_smooths_the_raw_series_then_downsamples(trained: An
             assert response.status_code == 422 and "smooth" in response.json()["detail"]
     got = values_of(full)
     assert math.isnan(got[NAN_STEP - 1])  # a NaN stays visible and stays out of the average
-    np.testing.assert_allclose([g for i, g in enumerate(got) if i != NAN_STEP - 1],
-                               [w for i, w in enumerate(want) if i != NAN_STEP - 1], rtol=1e-9)
+    np.testing.assert_allclose(
+        [g for i, g in enumerate(got) if i != NAN_STEP - 1],
+        [w for i, w in enumerate(want) if i != NAN_STEP - 1],
+        rtol=1e-9,
+    )
     # a window is smoothed with the steps before it, not restarted at its first step
     assert window["step"] == list(range(21, 31))
     np.testing.assert_allclose(values_of(window), want[20:30], rtol=1e-9)
@@ -183,7 +206,7 @@ def test_the_series_endpoint_smooths_the_raw_series_then_downsamples(trained: An
     assert small["downsampled"] and len(small["step"]) == 8
     bounds = small["step"] + [STEPS + 1]
     for j in range(8):
-        bucket = [w for w in want[bounds[j] - 1:bounds[j + 1] - 1] if math.isfinite(w)]
+        bucket = [w for w in want[bounds[j] - 1 : bounds[j + 1] - 1] if math.isfinite(w)]
         assert small["value"][j] == pytest.approx(float(np.mean(bucket)), rel=1e-9)
         assert small["min"][j] == pytest.approx(min(bucket), rel=1e-9)
     assert values_of(small) != pytest.approx(reference_ema(values_of(plain), 0.8), rel=1e-3)  # not smoothed after
@@ -217,7 +240,7 @@ def test_the_spread_across_parameters_matches_numpy_on_the_oracle_norms(trained:
     assert small["downsampled"] and len(small["step"]) == 6 and small["step"][0] == 5
     bounds = small["step"] + [STEPS + 1]
     for j in range(6):
-        means = norms[bounds[j] - 1:bounds[j + 1] - 1].mean(axis=0)
+        means = norms[bounds[j] - 1 : bounds[j + 1] - 1].mean(axis=0)
         assert small["median"][j] == pytest.approx(float(np.median(means)), rel=1e-6)
         assert small["max"][j] == pytest.approx(float(means.max()), rel=1e-6)
     assert missing.status_code == status.status_code == 404

@@ -1,5 +1,6 @@
 """Nothing is lost: no server at all, a server SIGKILLed mid-run, a training process SIGKILLed.
 Real processes on loopback; each test prints its figure."""
+
 from __future__ import annotations
 
 import json
@@ -16,14 +17,16 @@ import httpx
 import torch
 
 import gradwatch
-from support.server import ServerProcess, find_free_port, start_server
 from gradwatch.spool import read_records
+from support.server import ServerProcess, find_free_port, start_server
 from support.wiresteps import spooled_steps
 
 GRADWATCH = [sys.executable, "-m", "gradwatch_server"]
 
 
-def train(w: gradwatch.Watcher, model: torch.nn.Module, opt: torch.optim.Optimizer, steps: int, pause: float = 0.0) -> None:
+def train(
+    w: gradwatch.Watcher, model: torch.nn.Module, opt: torch.optim.Optimizer, steps: int, pause: float = 0.0
+) -> None:
     for _ in range(steps):
         opt.zero_grad()
         model(torch.randn(4, 8)).pow(2).mean().backward()
@@ -38,8 +41,9 @@ def stored_steps(url: str, run_id: str) -> list[int]:
 
 
 def sync(url: str, spool: Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([*GRADWATCH, "sync", "--server", url, "--spool", str(spool)],
-                          capture_output=True, text=True, timeout=120)
+    return subprocess.run(
+        [*GRADWATCH, "sync", "--server", url, "--spool", str(spool)], capture_output=True, text=True, timeout=120
+    )
 
 
 def test_a_run_with_no_server_arrives_whole_after_sync(tmp_path: Path, spool_dir: Path) -> None:
@@ -83,8 +87,12 @@ def test_sync_without_a_server_fails_clearly_and_keeps_the_spool(tmp_path: Path,
     assert out.returncode == 1
     assert "could not be delivered" in out.stderr and "gradwatch serve" in out.stderr
     assert len(list(spool_dir.glob("*.spool"))) == 1
-    bad = subprocess.run([*GRADWATCH, "sync", "--server", "ftp://x", "--spool", str(spool_dir)],
-                         capture_output=True, text=True, timeout=60)
+    bad = subprocess.run(
+        [*GRADWATCH, "sync", "--server", "ftp://x", "--spool", str(spool_dir)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert bad.returncode == 2 and "http(s)://" in bad.stderr  # bad usage
 
 
@@ -143,8 +151,12 @@ for i in range(1, 1000):
 def test_training_process_sigkilled_replays_every_complete_record(tmp_path: Path, spool_dir: Path) -> None:
     port = find_free_port()
     url = f"http://127.0.0.1:{port}"
-    proc = subprocess.Popen([sys.executable, "-c", TRAINER, url], stdout=subprocess.PIPE, text=True,
-                            env={**os.environ, "GRADWATCH_SPOOL": str(spool_dir)})
+    proc = subprocess.Popen(
+        [sys.executable, "-c", TRAINER, url],
+        stdout=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "GRADWATCH_SPOOL": str(spool_dir)},
+    )
     assert proc.stdout is not None
     run_id = proc.stdout.readline().strip()
     assert proc.stdout.readline().strip() == "40"

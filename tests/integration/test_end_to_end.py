@@ -1,5 +1,6 @@
 """A real training loop with the hook, a real `gradwatch serve` on SQLite, then what the server
 stores and exports compared, step by step, with a naive torch oracle."""
+
 from __future__ import annotations
 
 import csv
@@ -48,8 +49,9 @@ def train_with_oracle(server_url: str) -> tuple[str, list[str], dict[tuple[int, 
     def after(opt, args, kwargs):
         for n, p in params.items():
             st = opt.state.get(p, {})
-            oracle[(step, n)].update(param_norm=norm(p), exp_avg_norm=norm(st.get("exp_avg")),
-                                     exp_avg_sq_norm=norm(st.get("exp_avg_sq")))
+            oracle[(step, n)].update(
+                param_norm=norm(p), exp_avg_norm=norm(st.get("exp_avg")), exp_avg_sq_norm=norm(st.get("exp_avg_sq"))
+            )
 
     opt.register_step_pre_hook(before)
     opt.register_step_post_hook(after)
@@ -134,8 +136,7 @@ def test_unsampled_steps_store_their_cheap_facts_and_raise_no_findings(server) -
     model = Net()
     opt = torch.optim.SGD(model.parameters(), lr=0.05)
     sched = torch.optim.lr_scheduler.StepLR(opt, step_size=1, gamma=0.5)
-    with gradwatch.watch(opt, model=model, run="sampled", project="tests", server=server.url, every=5,
-                         warn=False) as w:
+    with gradwatch.watch(opt, model=model, run="sampled", project="tests", server=server.url, every=5, warn=False) as w:
         for _ in range(20):
             opt.zero_grad()
             model(torch.randn(8, 10)).pow(2).mean().backward()
@@ -146,12 +147,14 @@ def test_unsampled_steps_store_their_cheap_facts_and_raise_no_findings(server) -
         assert run["steps"] == 20
         lr = http.get(f"/api/runs/{w.run_id}/series", params={"key": "lr/0"}).json()
         assert lr["step"] == list(range(1, 21))
-        assert lr["value"] == pytest.approx([0.05 * 0.5 ** i for i in range(20)])
-        passes = http.get(f"/api/runs/{w.run_id}/params/series",
-                          params={"metric": "backward_passes", "param": "head.weight"}).json()
+        assert lr["value"] == pytest.approx([0.05 * 0.5**i for i in range(20)])
+        passes = http.get(
+            f"/api/runs/{w.run_id}/params/series", params={"metric": "backward_passes", "param": "head.weight"}
+        ).json()
         assert passes["step"] == list(range(1, 21)) and passes["series"][0]["value"] == [1.0] * 20
-        norms = http.get(f"/api/runs/{w.run_id}/params/series",
-                         params={"metric": "grad_norm", "param": "head.weight"}).json()
+        norms = http.get(
+            f"/api/runs/{w.run_id}/params/series", params={"metric": "grad_norm", "param": "head.weight"}
+        ).json()
         assert norms["step"] == [1, 6, 11, 16]
         cost = http.get(f"/api/runs/{w.run_id}/series", params={"key": "hook/sender_cpu_s"}).json()
         assert cost["step"] == [1, 6, 11, 16] and all(v > 0 for v in cost["value"])

@@ -4,6 +4,7 @@ thread does not. Real sockets on loopback; each test prints its figure.
 The reference is the same hook pointed at a port that refuses connections at once (the same
 measuring, no network wait). The bound asserted is loose (1.5x): it catches a training thread
 that waits on the network (seconds per step), not noise; the printed ratio is the figure."""
+
 from __future__ import annotations
 
 import socket
@@ -52,6 +53,7 @@ def reference(steps: int) -> float:
 
 def stalled_after_welcome(port_holder: list[int], stop: threading.Event) -> None:
     """Answers hello, then never reads again: the hook's sends block once the socket buffers fill."""
+
     def handler(ws) -> None:
         hello = ws.recv()
         assert '"type":"hello"' in hello
@@ -79,7 +81,9 @@ def test_a_server_that_never_answers_the_handshake(spool_dir: Path) -> None:
     closing = time.monotonic() - started
     listener.close()
     ratio = statistics.median(hooked) / base
-    print(f"\nserver that never answers: training completed, median step x{ratio:.2f} of a refused port, close() {closing:.1f} s")
+    print(
+        f"\nserver that never answers: training completed, median step x{ratio:.2f} of a refused port, close() {closing:.1f} s"
+    )
     assert closing < 4.5
     assert ratio < 1.5
     records, _ = read_records(spool_dir / f"{w.run_id}.spool")
@@ -102,7 +106,9 @@ def test_a_server_that_stops_reading_mid_run(spool_dir: Path) -> None:
     closing = time.monotonic() - started
     stop.set()
     ratio = statistics.median(hooked[-40:]) / base
-    print(f"\nserver that stops reading: training completed, median step x{ratio:.2f} of a refused port, close() {closing:.1f} s")
+    print(
+        f"\nserver that stops reading: training completed, median step x{ratio:.2f} of a refused port, close() {closing:.1f} s"
+    )
     assert closing < 3.5
     assert ratio < 1.5
     records, _ = read_records(spool_dir / f"{w.run_id}.spool")

@@ -1,6 +1,7 @@
 """`gradwatch serve --notify URL`: each new error or warning finding of a real training run is
 POSTed to real local HTTP receivers (http.server on free ports): one that answers, one that fails
 twice before answering, one that is slow, one that is down; ingest never waits for any of them."""
+
 from __future__ import annotations
 
 import base64
@@ -14,10 +15,11 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
-import gradwatch
 import httpx
 import pytest
 import torch
+
+import gradwatch
 from gradwatch_server.notify import Notifier, RunRef
 from support.server import find_free_port, server_command, server_env, start_server
 
@@ -76,8 +78,9 @@ def sloppy_training(server: str) -> tuple[gradwatch.Watcher, float]:
     """No zero_grad() and an unused layer: an error and a warning finding. Returns the watcher and
     the seconds that close() took to have every step acknowledged."""
     torch.manual_seed(0)
-    model = torch.nn.ModuleDict({"body": torch.nn.Linear(4, 8), "unused": torch.nn.Linear(8, 8),
-                                 "head": torch.nn.Linear(8, 1)})
+    model = torch.nn.ModuleDict(
+        {"body": torch.nn.Linear(4, 8), "unused": torch.nn.Linear(8, 8), "head": torch.nn.Linear(8, 1)}
+    )
     opt = torch.optim.SGD(model.parameters(), lr=1e-3)
     w = gradwatch.watch(opt, model=model, server=server, run="notified", project="alerts", warn=False)
     for _ in range(20):
@@ -99,8 +102,16 @@ def wait_for(condition: Any, timeout: float) -> None:
 def test_findings_reach_every_webhook_and_ingest_never_waits(tmp_path: Path, receivers: dict[str, Receiver]) -> None:
     urls = {name: r.start() + f"/hook/{name}" for name, r in receivers.items()}
     down = f"http://127.0.0.1:{find_free_port()}/hook/down"
-    args = ["--notify", urls["ok"] + "#gw-alerts", "--notify", urls["flaky"], "--notify", urls["slow"],
-            "--notify", down]
+    args = [
+        "--notify",
+        urls["ok"] + "#gw-alerts",
+        "--notify",
+        urls["flaky"],
+        "--notify",
+        urls["slow"],
+        "--notify",
+        down,
+    ]
     server = start_server(tmp_path, args=args)
     try:
         w, close_s = sloppy_training(server.url)
@@ -194,13 +205,23 @@ def test_the_environment_names_webhooks_and_info_findings_stay_quiet(tmp_path: P
         two.stop()
 
 
-@pytest.mark.parametrize("args, env", [
-    (["--notify", "ftp://example.org/hook"], {}),
-    ([], {"GRADWATCH_NOTIFY": "http://127.0.0.1:9/ok,not a url"}),
-])
-def test_a_bad_webhook_url_stops_serve_with_a_clear_message(tmp_path: Path, args: list[str], env: dict[str, str]) -> None:
-    done = subprocess.run([*server_command(), "serve", "--db", str(tmp_path / "x.db"), "--port", str(find_free_port()),
-                           *args], capture_output=True, text=True, timeout=60, env=server_env(env), check=False)
+@pytest.mark.parametrize(
+    "args, env",
+    [
+        (["--notify", "ftp://example.org/hook"], {}),
+        ([], {"GRADWATCH_NOTIFY": "http://127.0.0.1:9/ok,not a url"}),
+    ],
+)
+def test_a_bad_webhook_url_stops_serve_with_a_clear_message(
+    tmp_path: Path, args: list[str], env: dict[str, str]
+) -> None:
+    done = subprocess.run(
+        [*server_command(), "serve", "--db", str(tmp_path / "x.db"), "--port", str(find_free_port()), *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=server_env(env),
+        check=False,
+    )
     assert done.returncode == 2
     assert "invalid setting: notify" in done.stderr and "must be http:// or https:// with a host" in done.stderr
-

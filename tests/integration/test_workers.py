@@ -6,6 +6,7 @@ handshake names the worker that serves it (`X-Gradwatch-Worker`), so the tests p
 browsers on both workers (the kernel hands each connection on the shared socket to one of them)
 and know that every path between them is crossed.
 """
+
 from __future__ import annotations
 
 import base64
@@ -24,9 +25,10 @@ from typing import Any
 import httpx
 import numpy as np
 import pytest
+from websockets.sync.client import ClientConnection, connect
+
 from support.databases import new_database
 from support.server import ServerProcess, server_command, server_env, start_server
-from websockets.sync.client import ClientConnection, connect
 
 WORKERS = 2
 WORKER_HEADER = "x-gradwatch-worker"
@@ -37,6 +39,7 @@ DEADLINE_S = 90.0
 
 
 # -- the server ------------------------------------------------------------------------------
+
 
 @pytest.fixture
 def pg_url(request: pytest.FixtureRequest, postgres: object, tmp_path: Path) -> Iterator[str]:
@@ -70,8 +73,11 @@ def serve_workers(tmp_path: Path, pg_url: str) -> Iterator[Callable[..., Workers
     started: list[Workers] = []
 
     def serve(crash_grace_s: float = 1.0) -> Workers:
-        started.append(Workers(start_server(tmp_path, db_url=pg_url, args=("--workers", str(WORKERS)),
-                                            crash_grace_s=crash_grace_s)))
+        started.append(
+            Workers(
+                start_server(tmp_path, db_url=pg_url, args=("--workers", str(WORKERS)), crash_grace_s=crash_grace_s)
+            )
+        )
         return started[-1]
 
     yield serve
@@ -81,17 +87,20 @@ def serve_workers(tmp_path: Path, pg_url: str) -> Iterator[Callable[..., Workers
 
 # -- clients -----------------------------------------------------------------------------------
 
+
 def open_ws(workers: Workers, path: str) -> tuple[ClientConnection, int]:
-    ws = workers.sockets.enter_context(connect(workers.server.ws_url + path, open_timeout=10, close_timeout=2,
-                                               max_size=None))
+    ws = workers.sockets.enter_context(
+        connect(workers.server.ws_url + path, open_timeout=10, close_timeout=2, max_size=None)
+    )
     assert ws.response is not None
     pid = int(ws.response.headers[WORKER_HEADER])
     workers.seen.add(pid)
     return ws, pid
 
 
-def spread(open_one: Callable[[], tuple[ClientConnection, int]], per_worker: int,
-           pids: int = WORKERS) -> list[tuple[ClientConnection, int]]:
+def spread(
+    open_one: Callable[[], tuple[ClientConnection, int]], per_worker: int, pids: int = WORKERS
+) -> list[tuple[ClientConnection, int]]:
     """Open connections until `per_worker` of them are on each of `pids` workers (all are kept)."""
     opened: list[tuple[ClientConnection, int]] = []
     counts: collections.Counter[int] = collections.Counter()
@@ -155,16 +164,25 @@ def sent_values(run_index: int, step: int) -> dict[str, Any]:
     status = [2, 2, 2]
     if nan_at is not None:
         grad_norm[nan_at], status[nan_at] = float("nan"), 3
-    return {"scalars": {"loss": 1.0 / step, "lr/0": 0.001 * run_index},
-            "params": {"grad_norm": grad_norm, "exp_avg_norm": [step * 0.5, 1.0, 2.0]},
-            "grad_status": status}
+    return {
+        "scalars": {"loss": 1.0 / step, "lr/0": 0.001 * run_index},
+        "params": {"grad_norm": grad_norm, "exp_avg_norm": [step * 0.5, 1.0, 2.0]},
+        "grad_status": status,
+    }
 
 
 def expected_step(run_id: str, run_index: int, step: int) -> dict[str, Any]:
     values = sent_values(run_index, step)
     params = {m: ["NaN" if v != v else v for v in vs] for m, vs in values["params"].items()}
-    return {"type": "step", "run_id": run_id, "step": step, "time": 1_700_000_000.0 + step,
-            "scalars": values["scalars"], "params": params, "grad_status": values["grad_status"]}
+    return {
+        "type": "step",
+        "run_id": run_id,
+        "step": step,
+        "time": 1_700_000_000.0 + step,
+        "scalars": values["scalars"],
+        "params": params,
+        "grad_status": values["grad_status"],
+    }
 
 
 class Hook:
@@ -189,15 +207,24 @@ class Hook:
         self.ws = ws
         self.pids.append(served_by)
         self.findings.append([])
-        params = [{"name": n, "shape": [4], "numel": 4, "dtype": "float32", "group": 0, "optimizer": 0}
-                  for n in PARAMS]
-        welcome = self.call({
-            "v": 1, "type": "hello",
-            "run": {"id": self.run_id, "name": self.run_id, "project": "workers", "started_at": 1_700_000_000.0,
-                    "hook_version": "0.1.0", "optimizer": "AdamW", "config": {"every": 1}},
-            "params": params,
-            "groups": [{"optimizer": 0, "index": 0, "name": None, "hparams": {"lr": 0.001}}],
-        })
+        params = [{"name": n, "shape": [4], "numel": 4, "dtype": "float32", "group": 0, "optimizer": 0} for n in PARAMS]
+        welcome = self.call(
+            {
+                "v": 1,
+                "type": "hello",
+                "run": {
+                    "id": self.run_id,
+                    "name": self.run_id,
+                    "project": "workers",
+                    "started_at": 1_700_000_000.0,
+                    "hook_version": "0.1.0",
+                    "optimizer": "AdamW",
+                    "config": {"every": 1},
+                },
+                "params": params,
+                "groups": [{"optimizer": 0, "index": 0, "name": None, "hparams": {"lr": 0.001}}],
+            }
+        )
         assert welcome["type"] == "welcome", welcome
         self.last_seq = welcome["last_seq"]
 
@@ -221,20 +248,30 @@ class Hook:
             burst = range(start, min(start + BURST, last + 1))
             for step in burst:
                 values = sent_values(self.run_index, step)
-                self.ws.send(json.dumps({
-                    "v": 1, "type": "step", "seq": step, "step": step, "time": 1_700_000_000.0 + step,
-                    "scalars": values["scalars"],
-                    "params": {m: b64(vs, "<f4") for m, vs in values["params"].items()},
-                    "grad_status": b64(values["grad_status"], "u1"),
-                }))
+                self.ws.send(
+                    json.dumps(
+                        {
+                            "v": 1,
+                            "type": "step",
+                            "seq": step,
+                            "step": step,
+                            "time": 1_700_000_000.0 + step,
+                            "scalars": values["scalars"],
+                            "params": {m: b64(vs, "<f4") for m, vs in values["params"].items()},
+                            "grad_status": b64(values["grad_status"], "u1"),
+                        }
+                    )
+                )
             while self.last_seq < burst[-1]:
                 ack = self.reply()
                 assert ack["type"] == "ack", ack
                 self.last_seq = ack["seq"]
 
     def finish(self) -> None:
-        assert self.call({"v": 1, "type": "close", "seq": STEPS + 1, "status": "finished"}) == \
-            {"type": "ack", "seq": STEPS + 1}
+        assert self.call({"v": 1, "type": "close", "seq": STEPS + 1, "status": "finished"}) == {
+            "type": "ack",
+            "seq": STEPS + 1,
+        }
         self.drop()
 
     def drop(self) -> None:
@@ -258,6 +295,7 @@ def get_run(workers: Workers, run_id: str) -> dict[str, Any]:
 
 
 # -- tests -------------------------------------------------------------------------------------
+
 
 def test_postgresql_workers_deliver_every_step_to_every_browser_once(serve_workers: Callable[..., Workers]) -> None:
     """Three runs: one ingested by each worker, one that moves from the first to the second half
@@ -291,8 +329,10 @@ def test_postgresql_workers_deliver_every_step_to_every_browser_once(serve_worke
         except BaseException as exc:  # reported by the test below
             errors.append(exc)
 
-    threads = [threading.Thread(target=run_hook, args=args) for args in
-               [(hooks[0], pids[0], None), (hooks[1], pids[1], None), (hooks[2], pids[0], pids[1])]]
+    threads = [
+        threading.Thread(target=run_hook, args=args)
+        for args in [(hooks[0], pids[0], None), (hooks[1], pids[1], None), (hooks[2], pids[0], pids[1])]
+    ]
     for t in threads:
         t.start()
     for t in threads:
@@ -301,8 +341,13 @@ def test_postgresql_workers_deliver_every_step_to_every_browser_once(serve_worke
     assert [h.pids for h in hooks] == [[pids[0]], [pids[1]], [pids[0], pids[1]]]
 
     every = [b for group in watchers.values() for b in group] + listers
-    wait_until(lambda: all(len(b.steps()) >= STEPS for group in watchers.values() for b in group)
-               and all(len(b.runs(run)) >= 2 for b in every for run in runs), "every browser's messages")
+    wait_until(
+        lambda: (
+            all(len(b.steps()) >= STEPS for group in watchers.values() for b in group)
+            and all(len(b.runs(run)) >= 2 for b in every for run in runs)
+        ),
+        "every browser's messages",
+    )
     time.sleep(1.0)  # anything sent twice would arrive now
     for b in every:
         b.stop()
@@ -326,7 +371,8 @@ def test_postgresql_workers_deliver_every_step_to_every_browser_once(serve_worke
 
 
 def test_postgresql_workers_mark_a_vanished_hook_crashed_once_and_never_a_live_one(
-        serve_workers: Callable[..., Workers]) -> None:
+    serve_workers: Callable[..., Workers],
+) -> None:
     """A worker that (re)starts watches every running run: it must leave alone a run whose hook
     is connected to another worker, however long that hook stays quiet."""
     workers = serve_workers(crash_grace_s=1.0)
@@ -402,7 +448,8 @@ def test_postgresql_workers_keep_a_moving_runs_findings_whole(serve_workers: Cal
 
 
 def test_postgresql_workers_recover_when_their_database_connections_drop(
-        serve_workers: Callable[..., Workers], pg_url: str) -> None:
+    serve_workers: Callable[..., Workers], pg_url: str
+) -> None:
     """Notifications sent while a relay connection is down are lost: the browsers are closed with
     1013 (reconnect and catch up over REST), and live updates flow again once reconnected."""
     import psycopg
@@ -415,8 +462,9 @@ def test_postgresql_workers_recover_when_their_database_connections_drop(
     hook.send_steps(1, 5)
     wait_until(lambda: all(len(b.steps()) == 5 for b in watching), "the first steps")
     with psycopg.connect(pg_url, autocommit=True) as conn:
-        ended = conn.execute("SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "
-                             "WHERE application_name = 'gradwatch relay'").fetchone()
+        ended = conn.execute(
+            "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity WHERE application_name = 'gradwatch relay'"
+        ).fetchone()
     assert ended == (2 * WORKERS,)  # a listening and a notifying connection per worker
     wait_until(lambda: all(b.closed_with == 1013 for b in watching), "the browsers closed with 1013")
     wait_until(lambda: workers.server.log().count("live relay: listening again") == WORKERS, "the listeners")
@@ -441,9 +489,13 @@ def test_postgresql_workers_recover_when_their_database_connections_drop(
 
 # -- the command line ---------------------------------------------------------------------------
 
-def gradwatch(*args: str, env: dict[str, str] | None = None, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([*server_command(), *args], capture_output=True, text=True, timeout=60,
-                          env=server_env(env), cwd=cwd)
+
+def gradwatch(
+    *args: str, env: dict[str, str] | None = None, cwd: Path | None = None
+) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [*server_command(), *args], capture_output=True, text=True, timeout=60, env=server_env(env), cwd=cwd
+    )
 
 
 def test_workers_on_sqlite_are_refused_with_what_to_do(tmp_path: Path) -> None:
@@ -456,8 +508,10 @@ def test_workers_on_sqlite_are_refused_with_what_to_do(tmp_path: Path) -> None:
     assert result.returncode == 2 and "--workers 3 needs PostgreSQL" in result.stderr
 
 
-@pytest.mark.parametrize(("value", "message"), [("0", "must be at least 1"), ("-2", "must be at least 1"),
-                                                ("two", "not a whole number: 'two'")])
+@pytest.mark.parametrize(
+    ("value", "message"),
+    [("0", "must be at least 1"), ("-2", "must be at least 1"), ("two", "not a whole number: 'two'")],
+)
 def test_bad_worker_counts_are_usage_errors(value: str, message: str, tmp_path: Path) -> None:
     result = gradwatch("serve", f"--workers={value}", "--db", f"sqlite:///{tmp_path / 'runs.db'}")
     assert result.returncode == 2

@@ -14,6 +14,7 @@ websocket handling, signals, several workers, the CLI) stays with `support.serve
 The app runs on an event loop of its own, in a thread (`anyio.from_thread`), as under uvicorn;
 the test's calls wait for their answers there.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -49,8 +50,13 @@ class _PortalTransport(httpx.BaseTransport):
     async def _send(self, request: httpx.Request) -> httpx.Response:
         response = await self._asgi.handle_async_request(request)
         body = await response.aread()
-        return httpx.Response(response.status_code, headers=response.headers, content=body,
-                              extensions=response.extensions, request=request)
+        return httpx.Response(
+            response.status_code,
+            headers=response.headers,
+            content=body,
+            extensions=response.extensions,
+            request=request,
+        )
 
 
 class _AsgiWebSocket:
@@ -62,10 +68,18 @@ class _AsgiWebSocket:
         self._to_app, self._app_receives = portal.call(_channel)
         self._app_sends, self._from_app = portal.call(_channel)
         scope = {
-            "type": "websocket", "asgi": {"version": "3.0"}, "http_version": "1.1", "scheme": "ws",
-            "path": path, "raw_path": path.encode(), "root_path": "", "query_string": b"",
+            "type": "websocket",
+            "asgi": {"version": "3.0"},
+            "http_version": "1.1",
+            "scheme": "ws",
+            "path": path,
+            "raw_path": path.encode(),
+            "root_path": "",
+            "query_string": b"",
             "headers": [(b"host", b"127.0.0.1:8765"), *((k.lower().encode(), v.encode()) for k, v in headers.items())],
-            "client": ("127.0.0.1", 50000), "server": ("127.0.0.1", 8765), "subprotocols": [],
+            "client": ("127.0.0.1", 50000),
+            "server": ("127.0.0.1", 8765),
+            "subprotocols": [],
         }
         self._done = portal.start_task_soon(self._run, app, scope)
         self._closed: Close | None = None
@@ -147,8 +161,7 @@ class InProcessServer:
         self._stack.enter_context(self.portal.wrap_async_context_manager(lifespan))
         return self
 
-    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None,
-                 tb: TracebackType | None) -> None:
+    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
         self._stack.__exit__(kind, exc, tb)
 
     def client(self, **kwargs: Any) -> httpx.Client:

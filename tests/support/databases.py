@@ -1,4 +1,5 @@
 """An empty database of each kind the server supports, for the `db_url` fixtures of conftest.py."""
+
 from __future__ import annotations
 
 import contextlib

@@ -1,4 +1,5 @@
 """TensorBoard's smoothing written out step by step: the oracle of every smoothing test."""
+
 from __future__ import annotations
 
 import math
@@ -14,5 +15,5 @@ def reference_ema(values: list[float], weight: float, missing: list[bool] | None
             continue
         last = last * weight + (1 - weight) * y
         n += 1
-        out.append(last / (1 - weight ** n))
+        out.append(last / (1 - weight**n))
     return out

@@ -1,4 +1,5 @@
 """Run an example script as a user would (its own process) against a real `gradwatch serve`."""
+
 from __future__ import annotations
 
 import re
@@ -8,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+
 from support.server import REPO, ServerProcess, server_env
 
 
@@ -15,8 +17,14 @@ def run_example(name: str, server: ServerProcess, folder: Path, *args: str) -> t
     """Run examples/`name` with $GRADWATCH_SERVER pointing at `server` (no --server: the default
     path a user takes); return its run id and the run as the server stored it."""
     env = server_env({"GRADWATCH_SERVER": server.url, "GRADWATCH_SPOOL": str(folder / "spool")})
-    done = subprocess.run([sys.executable, str(REPO / "examples" / name), *args], capture_output=True, text=True,
-                          timeout=120, env=env, cwd=folder)
+    done = subprocess.run(
+        [sys.executable, str(REPO / "examples" / name), *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+        cwd=folder,
+    )
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
     run_id = re.search(r"^gradwatch run id: (\w+)$", done.stdout, re.M)
     assert run_id, done.stdout

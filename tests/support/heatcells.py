@@ -1,6 +1,7 @@
 """A heatmap's cells as float32 bit patterns, read from either encoding of the API
 (docs/api.md, Heatmap): `z_f32` (base64 of little-endian float32) and `z` (JSON numbers, with
 "NaN"/"Infinity"/"-Infinity" and null), so that a test compares the two bit for bit."""
+
 from __future__ import annotations
 
 import base64
@@ -47,8 +48,9 @@ def json_bits(body: dict[str, Any]) -> np.ndarray:
 def assert_same_cells(as_json: dict[str, Any], as_f32: dict[str, Any]) -> np.ndarray:
     """The two answers hold the same grid (the f32 one with `z` null); returns its bits."""
     assert as_f32["z"] is None and "z_f32" not in as_json
-    assert {k: v for k, v in as_f32.items() if k not in ("z", "z_f32")} == \
-        {k: v for k, v in as_json.items() if k != "z"}
+    assert {k: v for k, v in as_f32.items() if k not in ("z", "z_f32")} == {
+        k: v for k, v in as_json.items() if k != "z"
+    }
     bits = f32_bits(as_f32)
     assert np.array_equal(bits, json_bits(as_json))
     return bits

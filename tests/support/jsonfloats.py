@@ -1,5 +1,6 @@
 """Reading the API's JSON numbers back: non-finite values travel as "NaN", "Infinity" and
 "-Infinity" (JSON has no tokens for them), absent ones as null. Shared by tests and benchmarks."""
+
 from __future__ import annotations
 
 import math

@@ -14,6 +14,7 @@ the same on the server named by GRADWATCH_TEST_POSTGRES_URL, whose role must be 
 create databases. A session that is killed cannot stop its cluster (`pg_ctl` detaches it): the
 next session stops and deletes it (`reap_stale_clusters`).
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -32,10 +33,12 @@ from typing import Protocol
 
 from sqlalchemy.engine import make_url
 
-INSTALL_HINT = ("`make test` installs it (scripts/install-system-deps.sh installs Debian's postgresql, "
-                "the Makefile installs ./backend[postgres]); or set GRADWATCH_TEST_POSTGRES_URL to a "
-                "server where that role may create databases; `pytest -m 'not postgres'` leaves "
-                "these tests out")
+INSTALL_HINT = (
+    "`make test` installs it (scripts/install-system-deps.sh installs Debian's postgresql, "
+    "the Makefile installs ./backend[postgres]); or set GRADWATCH_TEST_POSTGRES_URL to a "
+    "server where that role may create databases; `pytest -m 'not postgres'` leaves "
+    "these tests out"
+)
 DB_PREFIX = "gradwatch_test"
 CLUSTER_PREFIX = "gradwatch-pg-"
 OWNER_FILE = "owner.pid"  # the test session's pid: a cluster whose session is gone is stale
@@ -148,16 +151,39 @@ class TempCluster(_Databases):
         return subprocess.run(command, capture_output=True, text=True, timeout=timeout, cwd=self.root)
 
     def start(self) -> TempCluster:
-        result = self._run("initdb", "-D", str(self.data), "-U", "postgres", "--auth=trust",
-                           "--encoding=UTF8", "--locale=C", "--no-sync")
+        result = self._run(
+            "initdb",
+            "-D",
+            str(self.data),
+            "-U",
+            "postgres",
+            "--auth=trust",
+            "--encoding=UTF8",
+            "--locale=C",
+            "--no-sync",
+        )
         if result.returncode != 0:
             raise PostgresUnavailable(f"initdb failed ({result.returncode}):\n{result.stdout}{result.stderr}")
         for _ in range(3):  # the port was free a moment ago; another process may take it first
             self.port = _free_port()
-            options = (f"-c listen_addresses=127.0.0.1 -p {self.port} -k {shlex.quote(str(self.root))} -c fsync=off "
-                       "-c synchronous_commit=off -c full_page_writes=off -c max_connections=200")
-            result = self._run("pg_ctl", "-D", str(self.data), "-l", str(self.log_path), "-o", options,
-                               "-w", "-t", str(START_TIMEOUT_S), "start", timeout=START_TIMEOUT_S + 10)
+            options = (
+                f"-c listen_addresses=127.0.0.1 -p {self.port} -k {shlex.quote(str(self.root))} -c fsync=off "
+                "-c synchronous_commit=off -c full_page_writes=off -c max_connections=200"
+            )
+            result = self._run(
+                "pg_ctl",
+                "-D",
+                str(self.data),
+                "-l",
+                str(self.log_path),
+                "-o",
+                options,
+                "-w",
+                "-t",
+                str(START_TIMEOUT_S),
+                "start",
+                timeout=START_TIMEOUT_S + 10,
+            )
             if result.returncode == 0:
                 with _connect(f"postgresql://postgres@127.0.0.1:{self.port}/postgres") as conn:
                     conn.execute(f'CREATE DATABASE "{DB_PREFIX}"')
@@ -166,8 +192,7 @@ class TempCluster(_Databases):
             time.sleep(0.2)
         log = self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
         self.stop()
-        raise PostgresUnavailable(f"pg_ctl start failed ({result.returncode}):\n{result.stdout}"
-                                  f"{result.stderr}\n{log}")
+        raise PostgresUnavailable(f"pg_ctl start failed ({result.returncode}):\n{result.stdout}{result.stderr}\n{log}")
 
     def stop(self) -> None:
         if (self.data / "postmaster.pid").exists():
@@ -204,8 +229,9 @@ def start_server(env_url: str | None) -> Server:
         return ExternalServer(env_url)
     bin_dir = find_bin_dir()
     if bin_dir is None:
-        raise PostgresUnavailable(f"PostgreSQL is not installed (no initdb under /usr/lib/postgresql/*/bin "
-                                  f"nor on PATH); {INSTALL_HINT}")
+        raise PostgresUnavailable(
+            f"PostgreSQL is not installed (no initdb under /usr/lib/postgresql/*/bin nor on PATH); {INSTALL_HINT}"
+        )
     try:  # check the driver before making a cluster for nothing
         import psycopg  # noqa: F401
     except ModuleNotFoundError:

@@ -1,4 +1,5 @@
 """Read back what a Watcher queued for the server (its unacknowledged messages), decoded."""
+
 from __future__ import annotations
 
 import base64

@@ -4,6 +4,7 @@
 database URL) and waits until /api/health answers; `ServerProcess.stop()` ends it gracefully.
 The server runs from the installed package, or from this checkout's backend/ when none is.
 """
+
 from __future__ import annotations
 
 import importlib.util
@@ -70,9 +71,17 @@ def server_env(extra: Mapping[str, str] | None = None) -> dict[str, str]:
     return env
 
 
-def start_server(tmp_path: Path, *, db_url: str | None = None, db_path: Path | None = None,
-                 token: str | None = None, crash_grace_s: float = 1.0, env: Mapping[str, str] | None = None,
-                 port: int | None = None, args: Sequence[str] = ()) -> ServerProcess:
+def start_server(
+    tmp_path: Path,
+    *,
+    db_url: str | None = None,
+    db_path: Path | None = None,
+    token: str | None = None,
+    crash_grace_s: float = 1.0,
+    env: Mapping[str, str] | None = None,
+    port: int | None = None,
+    args: Sequence[str] = (),
+) -> ServerProcess:
     """Start `gradwatch serve` on a free port and wait for health.
 
     The database is `db_url`, else the SQLite file `db_path`, else `tmp_path/gradwatch.db`;
@@ -89,8 +98,15 @@ def start_server(tmp_path: Path, *, db_url: str | None = None, db_path: Path | N
     full_env = server_env({"GRADWATCH_CRASH_GRACE_S": str(crash_grace_s), **(env or {})})
     with open(log_path, "wb") as log:
         proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, env=full_env, cwd=tmp_path)
-    server = ServerProcess(url=f"http://127.0.0.1:{port}", ws_url=f"ws://127.0.0.1:{port}",
-                           db_url=db_url, db_path=db_path, proc=proc, log_path=log_path, env=full_env)
+    server = ServerProcess(
+        url=f"http://127.0.0.1:{port}",
+        ws_url=f"ws://127.0.0.1:{port}",
+        db_url=db_url,
+        db_path=db_path,
+        proc=proc,
+        log_path=log_path,
+        env=full_env,
+    )
     deadline = time.monotonic() + READY_TIMEOUT_S
     while time.monotonic() < deadline:
         if proc.poll() is not None:

@@ -8,6 +8,7 @@ a warmup-then-cosine learning rate, memory figures, and NaN/Inf where `nan_steps
 
     python tests/support/synthetic.py ws://127.0.0.1:8765   # seed a running server by hand
 """
+
 from __future__ import annotations
 
 import base64
@@ -30,10 +31,15 @@ def _shapes(width: int = 128, vocab: int = 512, blocks: int = 2) -> list[tuple[s
     out: list[tuple[str, list[int]]] = [("tok_emb.weight", [vocab, width]), ("pos_emb.weight", [64, width])]
     for b in range(blocks):
         p = f"blocks.{b}."
-        out += [(p + "ln1.weight", [width]), (p + "attn.qkv.weight", [3 * width, width]),
-                (p + "attn.qkv.bias", [3 * width]), (p + "attn.proj.weight", [width, width]),
-                (p + "ln2.weight", [width]), (p + "mlp.fc1.weight", [4 * width, width]),
-                (p + "mlp.fc2.weight", [width, 4 * width])]
+        out += [
+            (p + "ln1.weight", [width]),
+            (p + "attn.qkv.weight", [3 * width, width]),
+            (p + "attn.qkv.bias", [3 * width]),
+            (p + "attn.proj.weight", [width, width]),
+            (p + "ln2.weight", [width]),
+            (p + "mlp.fc1.weight", [4 * width, width]),
+            (p + "mlp.fc2.weight", [width, 4 * width]),
+        ]
     out += [("ln_f.weight", [width]), ("head.weight", [vocab, width]), ("adapter.weight", [width, width])]
     return out
 
@@ -77,7 +83,7 @@ class SyntheticRun:
         self.nan_steps = set(self.nan_steps)
         rng = np.random.default_rng(self.seed)
         n = len(self.params)
-        self.scale = rng.uniform(0.3, 2.5, n)          # each parameter's gradient size
+        self.scale = rng.uniform(0.3, 2.5, n)  # each parameter's gradient size
         self.phase = rng.uniform(0, 2 * math.pi, n)
         self.noise = rng.standard_normal((self.total_steps + 200, n)) * 0.12
         self.loss_noise = rng.standard_normal(self.total_steps + 200) * 0.03
@@ -88,15 +94,32 @@ class SyntheticRun:
 
     def hello(self) -> dict[str, Any]:
         return {
-            "v": 1, "type": "hello",
-            "run": {"id": self.run_id, "name": self.name, "project": self.project,
-                    "started_at": self.started_at, "hook_version": "0.1.0", "optimizer": "AdamW",
-                    "config": {"every": 1}},
-            "params": [{"name": name, "shape": shape, "numel": self.numel[i], "dtype": "float32",
-                        "group": 1 if name.endswith((".bias", "ln1.weight", "ln2.weight", "ln_f.weight")) else 0,
-                        "optimizer": 0} for i, (name, shape) in enumerate(self.params)],
-            "groups": [{"optimizer": 0, "index": 0, "name": None, "hparams": {"lr": 3e-4, "weight_decay": 0.1}},
-                       {"optimizer": 0, "index": 1, "name": "no_decay", "hparams": {"lr": 3e-4, "weight_decay": 0.0}}],
+            "v": 1,
+            "type": "hello",
+            "run": {
+                "id": self.run_id,
+                "name": self.name,
+                "project": self.project,
+                "started_at": self.started_at,
+                "hook_version": "0.1.0",
+                "optimizer": "AdamW",
+                "config": {"every": 1},
+            },
+            "params": [
+                {
+                    "name": name,
+                    "shape": shape,
+                    "numel": self.numel[i],
+                    "dtype": "float32",
+                    "group": 1 if name.endswith((".bias", "ln1.weight", "ln2.weight", "ln_f.weight")) else 0,
+                    "optimizer": 0,
+                }
+                for i, (name, shape) in enumerate(self.params)
+            ],
+            "groups": [
+                {"optimizer": 0, "index": 0, "name": None, "hparams": {"lr": 3e-4, "weight_decay": 0.1}},
+                {"optimizer": 0, "index": 1, "name": "no_decay", "hparams": {"lr": 3e-4, "weight_decay": 0.0}},
+            ],
         }
 
     def lr(self, step: int) -> float:
@@ -112,17 +135,17 @@ class SyntheticRun:
         grad: list[float | None] = []
         status: list[int] = []
         for i, (name, _) in enumerate(self.params):
-            if name == "adapter.weight":            # in the optimizer, never gets a gradient
+            if name == "adapter.weight":  # in the optimizer, never gets a gradient
                 grad.append(None)
                 status.append(NONE)
                 continue
-            if name == "pos_emb.weight":            # frozen, buffer kept zero-filled
+            if name == "pos_emb.weight":  # frozen, buffer kept zero-filled
                 grad.append(0.0)
                 status.append(ZERO)
                 continue
             g = self.scale[i] * decay * (1 + 0.3 * math.sin(step / 9 + self.phase[i])) * math.exp(self.noise[step, i])
             if step == int(self.total_steps * 0.55) and "mlp" in name:
-                g *= 6.0                              # a spike
+                g *= 6.0  # a spike
             if step in self.nan_steps and name == "blocks.1.attn.qkv.bias":
                 g = math.nan
             if step in self.nan_steps and name == "blocks.1.mlp.fc1.weight":
@@ -155,21 +178,32 @@ class SyntheticRun:
         if step in self.nan_steps:
             loss = math.nan
         scalars = {
-            "loss": wire_scalar(loss), "grad_norm_total": wire_scalar(total),
-            "lr/0": lr, "lr/1": lr,
-            "mem/params_bytes": 4 * numel, "mem/grads_bytes": 4 * (numel - self.numel[-1]),
-            "mem/optimizer_bytes": 8 * numel, "mem/zero_grad_bytes": 4 * self.numel[1],
+            "loss": wire_scalar(loss),
+            "grad_norm_total": wire_scalar(total),
+            "lr/0": lr,
+            "lr/1": lr,
+            "mem/params_bytes": 4 * numel,
+            "mem/grads_bytes": 4 * (numel - self.numel[-1]),
+            "mem/optimizer_bytes": 8 * numel,
+            "mem/zero_grad_bytes": 4 * self.numel[1],
             "mem/cuda:0/allocated": 4 * numel * 4 + 2.0e7 + 3e5 * math.sin(step / 5),
-            "mem/cuda:0/reserved": 6.4e7, "mem/cuda:0/peak": 5.2e7 + 1e4 * min(step, 100),
+            "mem/cuda:0/reserved": 6.4e7,
+            "mem/cuda:0/peak": 5.2e7 + 1e4 * min(step, 100),
         }
         return {
-            "v": 1, "type": "step", "seq": seq, "step": step, "time": self.started_at + step * 0.1,
+            "v": 1,
+            "type": "step",
+            "seq": seq,
+            "step": step,
+            "time": self.started_at + step * 0.1,
             "scalars": scalars,
-            "params": {"grad_norm": b64(f32_with_absent(grad)),
-                       "param_norm": b64(f32_with_absent(param_norm)),
-                       "exp_avg_norm": b64(f32_with_absent(exp_avg)),
-                       "exp_avg_sq_norm": b64(f32_with_absent(exp_avg_sq)),
-                       "update_ratio": b64(f32_with_absent(ratio))},
+            "params": {
+                "grad_norm": b64(f32_with_absent(grad)),
+                "param_norm": b64(f32_with_absent(param_norm)),
+                "exp_avg_norm": b64(f32_with_absent(exp_avg)),
+                "exp_avg_sq_norm": b64(f32_with_absent(exp_avg_sq)),
+                "update_ratio": b64(f32_with_absent(ratio)),
+            },
             "grad_status": b64(np.array(status, dtype="u1")),
         }
 

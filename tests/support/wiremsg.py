@@ -3,6 +3,7 @@
 Deliberately independent of the `gradwatch` hook: these tests check the server against
 docs/protocol.md, not against the hook's own encoder.
 """
+
 from __future__ import annotations
 
 import base64
@@ -34,22 +35,47 @@ def b64(array: np.ndarray) -> str:
 
 def hello(run_id: str, params: Sequence[str] = ("fc.weight", "fc.bias"), **run: Any) -> dict[str, Any]:
     return {
-        "v": 1, "type": "hello",
-        "run": {"id": run_id, "name": run.pop("name", run_id), "project": run.pop("project", "tests"),
-                "started_at": run.pop("started_at", 1_700_000_000.0), "hook_version": "0.1.0",
-                "optimizer": "AdamW", "config": {"every": 1}, **run},
-        "params": [{"name": n, "shape": [2, 3] if n.endswith("weight") else [3],
-                    "numel": 6 if n.endswith("weight") else 3, "dtype": "float32", "group": 0, "optimizer": 0}
-                   for n in params],
+        "v": 1,
+        "type": "hello",
+        "run": {
+            "id": run_id,
+            "name": run.pop("name", run_id),
+            "project": run.pop("project", "tests"),
+            "started_at": run.pop("started_at", 1_700_000_000.0),
+            "hook_version": "0.1.0",
+            "optimizer": "AdamW",
+            "config": {"every": 1},
+            **run,
+        },
+        "params": [
+            {
+                "name": n,
+                "shape": [2, 3] if n.endswith("weight") else [3],
+                "numel": 6 if n.endswith("weight") else 3,
+                "dtype": "float32",
+                "group": 0,
+                "optimizer": 0,
+            }
+            for n in params
+        ],
         "groups": [{"optimizer": 0, "index": 0, "name": None, "hparams": {"lr": 0.001, "betas": [0.9, 0.999]}}],
     }
 
 
-def step(seq: int, step_index: int, *, scalars: Mapping[str, float | str] | None = None,
-         arrays: Mapping[str, np.ndarray] | None = None, grad_status: Sequence[int] | None = None,
-         time: float | None = None) -> dict[str, Any]:
+def step(
+    seq: int,
+    step_index: int,
+    *,
+    scalars: Mapping[str, float | str] | None = None,
+    arrays: Mapping[str, np.ndarray] | None = None,
+    grad_status: Sequence[int] | None = None,
+    time: float | None = None,
+) -> dict[str, Any]:
     message: dict[str, Any] = {
-        "v": 1, "type": "step", "seq": seq, "step": step_index,
+        "v": 1,
+        "type": "step",
+        "seq": seq,
+        "step": step_index,
         "time": 1_700_000_000.0 + step_index if time is None else time,
         "scalars": dict(scalars or {}),
         "params": {k: b64(v.astype("<f4")) for k, v in (arrays or {}).items()},
@@ -68,8 +94,9 @@ class Hook:
 
     def __init__(self, ws_url: str, token: str | None = None) -> None:
         headers = {"Authorization": f"Bearer {token}"} if token else None
-        self._connect = connect(f"{ws_url}/ws/ingest", additional_headers=headers,
-                                open_timeout=10, close_timeout=5, max_size=None)
+        self._connect = connect(
+            f"{ws_url}/ws/ingest", additional_headers=headers, open_timeout=10, close_timeout=5, max_size=None
+        )
         self.ws: ClientConnection
         self.findings: list[dict[str, Any]] = []
         self.costs: list[float] = []
@@ -113,12 +140,21 @@ class Hook:
             return (rcvd.code if rcvd else None), (rcvd.reason if rcvd else ""), error
 
 
-def steps(seq: int, step_indices: Sequence[int], *, scalars: Mapping[str, Sequence[float | str]] | None = None,
-          arrays: Mapping[str, np.ndarray] | None = None, grad_status: Sequence[Sequence[int]] | None = None,
-          times: Sequence[float] | None = None) -> dict[str, Any]:
+def steps(
+    seq: int,
+    step_indices: Sequence[int],
+    *,
+    scalars: Mapping[str, Sequence[float | str]] | None = None,
+    arrays: Mapping[str, np.ndarray] | None = None,
+    grad_status: Sequence[Sequence[int]] | None = None,
+    times: Sequence[float] | None = None,
+) -> dict[str, Any]:
     """A `steps` message; each array in `arrays` is steps x parameters."""
     message: dict[str, Any] = {
-        "v": 1, "type": "steps", "seq": seq, "step": list(step_indices),
+        "v": 1,
+        "type": "steps",
+        "seq": seq,
+        "step": list(step_indices),
         "time": list(times) if times is not None else [1700000000.0 + s for s in step_indices],
         "scalars": {k: list(v) for k, v in (scalars or {}).items()},
         "params": {k: b64(np.asarray(v, dtype="<f4")) for k, v in (arrays or {}).items()},
@@ -126,4 +162,3 @@ def steps(seq: int, step_indices: Sequence[int], *, scalars: Mapping[str, Sequen
     if grad_status is not None:
         message["grad_status"] = b64(np.asarray(grad_status, dtype="u1"))
     return message
-

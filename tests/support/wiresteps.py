@@ -1,10 +1,11 @@
 """Messages as steps: the `step` messages a `step` or `steps` message (protocol v1) stands for."""
+
 from __future__ import annotations
 
 import base64
 import json
-from typing import Any
 from collections.abc import Iterable
+from typing import Any
 
 
 def split(msg: dict[str, Any]) -> list[dict[str, Any]]:
@@ -18,15 +19,23 @@ def split(msg: dict[str, Any]) -> list[dict[str, Any]]:
     def rows(b64: str) -> list[str]:
         raw = base64.b64decode(b64)
         width = len(raw) // k
-        return [base64.b64encode(raw[i * width:(i + 1) * width]).decode() for i in range(k)]
+        return [base64.b64encode(raw[i * width : (i + 1) * width]).decode() for i in range(k)]
 
     params = {m: rows(v) for m, v in msg["params"].items()}
     status = rows(msg["grad_status"]) if "grad_status" in msg else None
-    return [{"v": msg["v"], "type": "step", "seq": msg["seq"], "step": step, "time": msg["time"][i],
-             "scalars": {key: values[i] for key, values in msg["scalars"].items()},
-             "params": {m: r[i] for m, r in params.items()},
-             **({} if status is None else {"grad_status": status[i]})}
-            for i, step in enumerate(msg["step"])]
+    return [
+        {
+            "v": msg["v"],
+            "type": "step",
+            "seq": msg["seq"],
+            "step": step,
+            "time": msg["time"][i],
+            "scalars": {key: values[i] for key, values in msg["scalars"].items()},
+            "params": {m: r[i] for m, r in params.items()},
+            **({} if status is None else {"grad_status": status[i]}),
+        }
+        for i, step in enumerate(msg["step"])
+    ]
 
 
 def spooled_steps(records: Iterable[str]) -> list[int]:

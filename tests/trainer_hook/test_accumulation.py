@@ -1,4 +1,5 @@
 """Backward passes per step and how .grad was cleared, for each way people clear (or forget to)."""
+
 from __future__ import annotations
 
 from collections.abc import Callable
@@ -43,14 +44,18 @@ def set_none(p: torch.nn.Module) -> None:
         q.grad = None
 
 
-@pytest.mark.parametrize("clear, code", [
-    (lambda m, o: o.zero_grad(), 1.0),
-    (lambda m, o: o.zero_grad(set_to_none=True), 1.0),
-    (lambda m, o: m.zero_grad(), 1.0),
-    (lambda m, o: set_none(m), 1.0),
-    (lambda m, o: o.zero_grad(set_to_none=False), 2.0),
-    (lambda m, o: None, 0.0),
-], ids=["zero_grad", "set_to_none", "model.zero_grad", "p.grad=None", "zero-filled", "never-cleared"])
+@pytest.mark.parametrize(
+    "clear, code",
+    [
+        (lambda m, o: o.zero_grad(), 1.0),
+        (lambda m, o: o.zero_grad(set_to_none=True), 1.0),
+        (lambda m, o: m.zero_grad(), 1.0),
+        (lambda m, o: set_none(m), 1.0),
+        (lambda m, o: o.zero_grad(set_to_none=False), 2.0),
+        (lambda m, o: None, 0.0),
+    ],
+    ids=["zero_grad", "set_to_none", "model.zero_grad", "p.grad=None", "zero-filled", "never-cleared"],
+)
 def test_how_grads_were_cleared(clear, code) -> None:
     msgs = run(clear)
     first, rest = msgs[0], msgs[1:]
@@ -92,8 +97,11 @@ def test_every_n_samples_but_counts_per_step() -> None:
     assert all(m["params"]["grad_clear"]["fc.weight"] == 1.0 for m in msgs[1:])  # zero_grad() sets None
 
 
-@pytest.mark.parametrize("make", [lambda p: torch.optim.SparseAdam(p, lr=0.01), lambda p: torch.optim.SGD(p, lr=0.1)],
-                         ids=["SparseAdam", "SGD"])
+@pytest.mark.parametrize(
+    "make",
+    [lambda p: torch.optim.SparseAdam(p, lr=0.01), lambda p: torch.optim.SGD(p, lr=0.1)],
+    ids=["SparseAdam", "SGD"],
+)
 def test_sparse_gradients_are_measured_not_fatal(make) -> None:
     """nn.Embedding(sparse=True) gives a sparse `.grad`, whose `nbytes` raises and which fused
     norms refuse: the hook must measure it (its norm, the bytes of its indices and values) at
@@ -111,7 +119,9 @@ def test_sparse_gradients_are_measured_not_fatal(make) -> None:
         norms.append(float(g.to_dense().norm()))
         sizes.append(g._indices().nbytes + g._values().nbytes)
         opt.step()
-        states.append(float(opt.state[model.weight]["exp_avg"].norm()) if "exp_avg" in opt.state[model.weight] else None)
+        states.append(
+            float(opt.state[model.weight]["exp_avg"].norm()) if "exp_avg" in opt.state[model.weight] else None
+        )
     msgs = sent_steps(w)
     w.close(timeout=0.1)
     assert [m["step"] for m in msgs] == [1, 2, 3, 4]

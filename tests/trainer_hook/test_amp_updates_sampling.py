@@ -1,4 +1,5 @@
 """GradScaler (unscaled norms, skipped steps), exact update sizes, and every="auto"."""
+
 from __future__ import annotations
 
 import pytest
@@ -57,8 +58,12 @@ def test_update_norm_and_ratio_are_exact() -> None:
         model(torch.randn(3, 5)).sum().backward()
         before = {n: p.detach().clone() for n, p in model.named_parameters()}
         opt.step()
-        oracle.append({n: (float(torch.linalg.vector_norm(p.detach() - before[n])), float(torch.linalg.vector_norm(before[n])))
-                       for n, p in model.named_parameters()})
+        oracle.append(
+            {
+                n: (float(torch.linalg.vector_norm(p.detach() - before[n])), float(torch.linalg.vector_norm(before[n])))
+                for n, p in model.named_parameters()
+            }
+        )
     msgs = sent_steps(w)
     w.close(timeout=0.1)
     for m, want in zip(msgs, oracle):

@@ -2,10 +2,11 @@
 optimization): the gradients measured are those the closure's first evaluation produced, after
 what it does to them (clipping here), checked against norms the closure itself takes (torch's
 own `vector_norm`); closure evaluations are counted and never added to."""
+
 from __future__ import annotations
 
-from typing import Any
 from collections.abc import Callable
+from typing import Any
 
 import pytest
 import torch
@@ -21,8 +22,9 @@ def norm(t: torch.Tensor) -> float:
     return float(torch.linalg.vector_norm(t.detach().float()))
 
 
-def train(make_opt: Callable[[Any], torch.optim.Optimizer], as_kwarg: bool = False, watch: bool = True,
-          every: int = 1) -> tuple[list[dict[str, Any]], list[list[dict[str, float]]], torch.nn.Module]:
+def train(
+    make_opt: Callable[[Any], torch.optim.Optimizer], as_kwarg: bool = False, watch: bool = True, every: int = 1
+) -> tuple[list[dict[str, Any]], list[list[dict[str, float]]], torch.nn.Module]:
     """A small regression stepped with a closure that zeroes, backpropagates and clips. Returns
     the steps sent, and per step the grad norms each closure evaluation left (the oracle)."""
     torch.manual_seed(0)

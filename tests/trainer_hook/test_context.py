@@ -1,5 +1,6 @@
 """The run's context in the hello (gradwatch/context.py): each field against an independent
 oracle, git read from a real checkout (and never failing watch()), and `config=` checked."""
+
 from __future__ import annotations
 
 import json
@@ -43,9 +44,14 @@ def test_context_fields_match_independent_oracles() -> None:
     model = Net()
     decay = [model.body.weight, model.head.weight]
     no_decay = [model.body.bias, model.norm.weight, model.norm.bias, model.head.bias]
-    opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.1, "name": "decay"},
-                             {"params": no_decay, "weight_decay": 0.0, "name": "no_decay", "lr": 1e-4}],
-                            lr=3e-4, betas=(0.9, 0.95))
+    opt = torch.optim.AdamW(
+        [
+            {"params": decay, "weight_decay": 0.1, "name": "decay"},
+            {"params": no_decay, "weight_decay": 0.0, "name": "no_decay", "lr": 1e-4},
+        ],
+        lr=3e-4,
+        betas=(0.9, 0.95),
+    )
     w = gradwatch.watch(opt, model=model, server=NOWHERE, warn=False)
     try:
         ctx = hello_config(w)["context"]
@@ -62,8 +68,12 @@ def test_context_fields_match_independent_oracles() -> None:
         assert group["numel"] == sum(p.numel() for p in given)
     watched = decay + no_decay
     model_numel = 6 * 5 + 5 + 5 + 5 + 5 * 3 + 3 + 3 * 3 + 3
-    assert ctx["parameters"] == {"tensors": len(watched), "numel": sum(p.numel() for p in watched),
-                                 "model_numel": model_numel, "model_trainable_numel": model_numel - 12}
+    assert ctx["parameters"] == {
+        "tensors": len(watched),
+        "numel": sum(p.numel() for p in watched),
+        "model_numel": model_numel,
+        "model_trainable_numel": model_numel - 12,
+    }
     assert ctx["model"] == f"{__name__}.Net"
     assert ctx["versions"]["torch"] == torch.__version__
     assert ctx["versions"]["python"] == "{}.{}.{}".format(*sys.version_info[:3])
@@ -82,21 +92,29 @@ def test_user_config_is_recorded_as_given() -> None:
     w = gradwatch.watch(torch.optim.SGD(model.parameters(), lr=0.1), model=model, server=NOWHERE, config=given)
     given["lr"] = 1.0  # a later change by the script is not what the run started with
     try:
-        assert hello_config(w)["user"] == {"lr": 3e-4, "batch_size": 64, "data": {"name": "tiny", "shards": [1, 2]},
-                                           "note": None, "aug": True}
+        assert hello_config(w)["user"] == {
+            "lr": 3e-4,
+            "batch_size": 64,
+            "data": {"name": "tiny", "shards": [1, 2]},
+            "note": None,
+            "aug": True,
+        }
     finally:
         w.close(timeout=0.1)
 
 
-@pytest.mark.parametrize("config, error, match", [
-    ([("lr", 1)], TypeError, "config must be a mapping of names to JSON values"),
-    ("lr=1", TypeError, "config must be a mapping"),
-    ({"lr": math.nan}, TypeError, "config must hold only JSON values"),
-    ({"lr": math.inf}, TypeError, "no NaN or infinity"),
-    ({"model": torch.nn.Linear(2, 2)}, TypeError, "config must hold only JSON values"),
-    ({"ids": {1, 2}}, TypeError, "config must hold only JSON values"),
-    ({"blob": "x" * (1 << 20)}, ValueError, "at most 1048576"),
-])
+@pytest.mark.parametrize(
+    "config, error, match",
+    [
+        ([("lr", 1)], TypeError, "config must be a mapping of names to JSON values"),
+        ("lr=1", TypeError, "config must be a mapping"),
+        ({"lr": math.nan}, TypeError, "config must hold only JSON values"),
+        ({"lr": math.inf}, TypeError, "no NaN or infinity"),
+        ({"model": torch.nn.Linear(2, 2)}, TypeError, "config must hold only JSON values"),
+        ({"ids": {1, 2}}, TypeError, "config must hold only JSON values"),
+        ({"blob": "x" * (1 << 20)}, ValueError, "at most 1048576"),
+    ],
+)
 def test_bad_config_is_refused_at_watch(config: Any, error: type[Exception], match: str) -> None:
     model = torch.nn.Linear(2, 2)
     with pytest.raises(error, match=match):
@@ -111,9 +129,11 @@ def test_bad_on_finding_is_refused_at_watch() -> None:
 
 # -- git ------------------------------------------------------------------------------------------
 
+
 def git(repo: Path, *args: str) -> None:
-    subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@t", *args], cwd=repo, check=True,
-                   capture_output=True)
+    subprocess.run(
+        ["git", "-c", "user.name=t", "-c", "user.email=t@t", *args], cwd=repo, check=True, capture_output=True
+    )
 
 
 @pytest.fixture
@@ -153,17 +173,25 @@ def test_a_script_in_a_checkout_records_its_commit(checkout: Path) -> None:
         "m = torch.nn.Linear(2, 2)\n"
         "w = gradwatch.watch(torch.optim.SGD(m.parameters(), lr=0.1), model=m, server='http://127.0.0.1:9')\n"
         "print(json.dumps(w._sender.hello['run']['config']['context']))\n"
-        "w.close(timeout=0.1)\n")
-    done = subprocess.run([sys.executable, str(checkout / "train.py"), "--lr", "3e-4"], cwd=checkout.parent,
-                          capture_output=True, text=True, timeout=120, check=False)
+        "w.close(timeout=0.1)\n"
+    )
+    done = subprocess.run(
+        [sys.executable, str(checkout / "train.py"), "--lr", "3e-4"],
+        cwd=checkout.parent,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
     assert done.returncode == 0, done.stderr
     ctx = json.loads(done.stdout.strip().splitlines()[-1])
     assert ctx["git"] == {"commit": head_commit(checkout), "dirty": True}  # train.py was rewritten
     assert ctx["argv"] == [str(checkout / "train.py"), "--lr", "3e-4"]
 
 
-def test_a_hanging_or_missing_git_never_fails_watch(checkout: Path, tmp_path: Path,
-                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_hanging_or_missing_git_never_fails_watch(
+    checkout: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     slow = bin_dir / "git"
@@ -192,16 +220,56 @@ def test_credential_flags_are_redacted_from_the_command_line(tmp_path: Path) -> 
         "m = torch.nn.Linear(2, 2)\n"
         "w = gradwatch.watch(torch.optim.SGD(m.parameters(), lr=0.1), model=m, server='http://127.0.0.1:9')\n"
         "print(json.dumps(w._sender.hello['run']['config']['context']))\n"
-        "w.close(timeout=0.1)\n")
-    args = ["--hub_token", "hf_abcdef", "--lr", "3e-4", "--api-key=sk-123", "--DB_PASSWORD", "hunter2",
-            "--passwd=pw", "--aws-secret-access-key", "AKIA", "--credentials-file=/c.json",
-            "--use-token", "--epochs", "3", "-k", "visible", "--monkey-key"]
-    done = subprocess.run([sys.executable, str(tmp_path / "train.py"), *args], cwd=tmp_path,
-                          capture_output=True, text=True, timeout=120, check=False)
+        "w.close(timeout=0.1)\n"
+    )
+    args = [
+        "--hub_token",
+        "hf_abcdef",
+        "--lr",
+        "3e-4",
+        "--api-key=sk-123",
+        "--DB_PASSWORD",
+        "hunter2",
+        "--passwd=pw",
+        "--aws-secret-access-key",
+        "AKIA",
+        "--credentials-file=/c.json",
+        "--use-token",
+        "--epochs",
+        "3",
+        "-k",
+        "visible",
+        "--monkey-key",
+    ]
+    done = subprocess.run(
+        [sys.executable, str(tmp_path / "train.py"), *args],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
     assert done.returncode == 0, done.stderr
     ctx = json.loads(done.stdout.strip().splitlines()[-1])
-    assert ctx["argv"] == [str(tmp_path / "train.py"), "--hub_token", "***", "--lr", "3e-4", "--api-key=***",
-                           "--DB_PASSWORD", "***", "--passwd=***", "--aws-secret-access-key", "***",
-                           "--credentials-file=***", "--use-token", "--epochs", "3", "-k", "visible", "--monkey-key"]
+    assert ctx["argv"] == [
+        str(tmp_path / "train.py"),
+        "--hub_token",
+        "***",
+        "--lr",
+        "3e-4",
+        "--api-key=***",
+        "--DB_PASSWORD",
+        "***",
+        "--passwd=***",
+        "--aws-secret-access-key",
+        "***",
+        "--credentials-file=***",
+        "--use-token",
+        "--epochs",
+        "3",
+        "-k",
+        "visible",
+        "--monkey-key",
+    ]
     for secret in ("hf_abcdef", "sk-123", "hunter2", "AKIA", "/c.json"):
         assert secret not in done.stdout

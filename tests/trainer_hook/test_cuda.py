@@ -1,5 +1,6 @@
 """The CUDA path: pinned non-blocking copies, no synchronisation on the training thread, memory
 counters. Runs wherever a CUDA device is present; skipped with the reason elsewhere."""
+
 from __future__ import annotations
 
 import pytest
@@ -8,8 +9,10 @@ import torch
 import gradwatch
 from support.sent import sent_steps
 
-pytestmark = [pytest.mark.cuda,
-              pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (none on this machine)")]
+pytestmark = [
+    pytest.mark.cuda,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (none on this machine)"),
+]
 
 
 def test_steps_never_synchronise_and_match_the_oracle() -> None:

@@ -2,6 +2,7 @@
 all-reduced gradient into `.grad` in place (its version moves), which is no clear. A real DDP on
 CPU (gloo, world size 1, in this process) with 4 backward passes per step reads as 4 passes, and a
 zero-fill between passes is still seen as one."""
+
 from __future__ import annotations
 
 from collections.abc import Iterator

@@ -1,6 +1,7 @@
 """The hook shows the server's findings in the training process: one GradwatchWarning per code
 (again only if it turns graver), none with watch(warn=False), and never an exception into the
 sender or the training loop. A real training loop, a real server."""
+
 from __future__ import annotations
 
 import threading
@@ -58,8 +59,10 @@ def test_each_code_is_one_warning(srv: ServerProcess) -> None:
     found = httpx.get(f"{srv.url}/api/runs/{w.run_id}/diagnostics", timeout=10).json()
     assert sorted(f["code"] for f in found) == ["grad_accumulation_unbounded", "param_never_gets_grad"]
     assert sorted(shown) == sorted(describe(f, page) for f in found)
-    assert any(s.startswith("gradwatch error: Gradients pile up across steps") and s.endswith(f"step 2; {page}]")
-               for s in shown)
+    assert any(
+        s.startswith("gradwatch error: Gradients pile up across steps") and s.endswith(f"step 2; {page}]")
+        for s in shown
+    )
 
 
 def test_warn_false_is_silent(srv: ServerProcess) -> None:
@@ -81,8 +84,13 @@ def test_warnings_as_errors_never_break_the_sender(srv: ServerProcess, caplog: p
 
 def test_the_warner_deduplicates_and_ignores_garbage() -> None:
     warner = FindingWarner(page="http://127.0.0.1:8765/runs/abc")
-    finding = {"code": "amp_skipped_steps", "severity": "info", "message": "GradScaler skipped 1 step.",
-               "params": [], "first_step": 3}
+    finding = {
+        "code": "amp_skipped_steps",
+        "severity": "info",
+        "message": "GradScaler skipped 1 step.",
+        "params": [],
+        "first_step": 3,
+    }
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         for bad in (None, "x", {"severity": "info"}, {"code": 3}):
@@ -93,10 +101,13 @@ def test_the_warner_deduplicates_and_ignores_garbage() -> None:
     assert [str(c.message) for c in caught] == [
         "gradwatch info: GradScaler skipped 1 step. [amp_skipped_steps, step 3; http://127.0.0.1:8765/runs/abc]",
         "gradwatch warning: GradScaler skipped 40 of 80 steps. [amp_skipped_steps, step 3; "
-        "http://127.0.0.1:8765/runs/abc]"]
+        "http://127.0.0.1:8765/runs/abc]",
+    ]
     assert warner.findings["amp_skipped_steps"]["severity"] == "warning"
-    assert describe({"code": "param_not_in_optimizer", "severity": "warning", "message": "m", "first_step": None}) \
+    assert (
+        describe({"code": "param_not_in_optimizer", "severity": "warning", "message": "m", "first_step": None})
         == "gradwatch warning: m [param_not_in_optimizer, from the start]"
+    )
 
 
 def test_run_page() -> None:
@@ -146,8 +157,9 @@ class Sloppy:
         torch.manual_seed(0)
         self.model = Net()
         self.opt = torch.optim.SGD(self.model.parameters(), lr=1e-3)
-        self.w = gradwatch.watch(self.opt, model=self.model, server=server, project="tests", run=run, warn=False,
-                                 on_finding=on_finding)
+        self.w = gradwatch.watch(
+            self.opt, model=self.model, server=server, project="tests", run=run, warn=False, on_finding=on_finding
+        )
 
     def step(self) -> None:
         self.model(torch.randn(8, 4)).pow(2).mean().backward()

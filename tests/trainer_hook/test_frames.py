@@ -2,6 +2,7 @@
 export (read here with the csv module: columns, and every value, ABSENT, NaN and inf included),
 the runs list equals `GET /api/runs`; clear errors for an unknown run, a server that is away,
 missing pandas, bad arguments."""
+
 from __future__ import annotations
 
 import csv
@@ -9,18 +10,18 @@ import io
 import math
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
-from collections.abc import Iterator
 
 import httpx
 import numpy as np
 import pandas as pd
 import pytest
 import torch
-from support.server import ServerProcess, start_server
 
 import gradwatch
+from support.server import ServerProcess, start_server
 
 NOWHERE = "http://127.0.0.1:9"
 
@@ -36,8 +37,7 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[ServerPro
             torch.manual_seed(0)
             model = torch.nn.ModuleDict({"fc": torch.nn.Linear(4, 3), "unused": torch.nn.Linear(3, 3)})
             opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
-            w = gradwatch.watch(opt, model=model, server=server.url, run=name, project=project, every=every,
-                                warn=False)
+            w = gradwatch.watch(opt, model=model, server=server.url, run=name, project=project, every=every, warn=False)
             for step in range(6):
                 opt.zero_grad()
                 model["fc"](torch.randn(2, 4)).pow(2).sum().backward()
@@ -90,8 +90,9 @@ def test_load_equals_the_csv_export(served: tuple[ServerProcess, list[gradwatch.
         if column in ("step", "param", "grad_status"):
             continue
         values = df[column].tolist()
-        mismatched = [(rows[i][0], rows[i][1], rows[i][c], values[i]) for i in range(len(rows))
-                      if not same(rows[i][c], values[i])]
+        mismatched = [
+            (rows[i][0], rows[i][1], rows[i][c], values[i]) for i in range(len(rows)) if not same(rows[i][c], values[i])
+        ]
         assert not mismatched, (column, mismatched[:5])
     grad = df.set_index(["step", "param"])["grad_norm"]
     assert math.isnan(grad[(3, "fc.bias")]) and grad[(5, "fc.bias")] == math.inf  # measured, not ABSENT
@@ -133,12 +134,16 @@ def test_a_server_that_is_away_is_a_connection_error_naming_it() -> None:
         gradwatch.runs(server=NOWHERE)
 
 
-@pytest.mark.parametrize("call, error, says", [
-    (lambda: gradwatch.load(42, server=NOWHERE), TypeError, "run id \\(str\\) or a gradwatch Watcher, not int"),
-    (lambda: gradwatch.load("", server=NOWHERE), ValueError, "empty string"),
-    (lambda: gradwatch.load("abc", server="ftp://x"), ValueError, "http\\(s\\):// URL"),
-    (lambda: gradwatch.runs(server=NOWHERE, project=3), TypeError, "project must be a string"),
-], ids=["run-int", "run-empty", "server-scheme", "project-int"])
+@pytest.mark.parametrize(
+    "call, error, says",
+    [
+        (lambda: gradwatch.load(42, server=NOWHERE), TypeError, "run id \\(str\\) or a gradwatch Watcher, not int"),
+        (lambda: gradwatch.load("", server=NOWHERE), ValueError, "empty string"),
+        (lambda: gradwatch.load("abc", server="ftp://x"), ValueError, "http\\(s\\):// URL"),
+        (lambda: gradwatch.runs(server=NOWHERE, project=3), TypeError, "project must be a string"),
+    ],
+    ids=["run-int", "run-empty", "server-scheme", "project-int"],
+)
 def test_bad_arguments_are_clear_errors(call: Any, error: type, says: str) -> None:
     with pytest.raises(error, match=says):
         call()
@@ -152,14 +157,22 @@ def test_without_pandas_the_error_says_what_to_install(monkeypatch: pytest.Monke
 
 def test_import_gradwatch_stays_light(tmp_path: Path) -> None:
     """Neither pandas nor a training framework is imported by `import gradwatch`, nor by watch()."""
-    code = ("import sys, gradwatch, torch\n"
-            "w = gradwatch.watch(torch.optim.SGD(torch.nn.Linear(2, 1).parameters(), lr=0.1), "
-            "server='http://127.0.0.1:9', warn=False)\n"
-            "w.close(timeout=0.1)\n"
-            "heavy = [m for m in ('pandas', 'pyarrow', 'transformers', 'lightning', 'pytorch_lightning', "
-            "'accelerate', 'IPython') if m in sys.modules]\n"
-            "print(heavy)\n")
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=tmp_path,
-                          env={**__import__("os").environ, "GRADWATCH_SPOOL": str(tmp_path / "spool")})
+    code = (
+        "import sys, gradwatch, torch\n"
+        "w = gradwatch.watch(torch.optim.SGD(torch.nn.Linear(2, 1).parameters(), lr=0.1), "
+        "server='http://127.0.0.1:9', warn=False)\n"
+        "w.close(timeout=0.1)\n"
+        "heavy = [m for m in ('pandas', 'pyarrow', 'transformers', 'lightning', 'pytorch_lightning', "
+        "'accelerate', 'IPython') if m in sys.modules]\n"
+        "print(heavy)\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=tmp_path,
+        env={**__import__("os").environ, "GRADWATCH_SPOOL": str(tmp_path / "spool")},
+    )
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "[]"

@@ -1,4 +1,5 @@
 """Parameters in the optimizer with requires_grad=False are reported as frozen in hello."""
+
 from __future__ import annotations
 
 import torch

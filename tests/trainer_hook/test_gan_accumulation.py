@@ -10,6 +10,7 @@ How each backward pass of one round is attributed, for D's parameters:
 For G's parameters only pass 2 lands, after `opt_g.zero_grad()`: one pass, cleared.
 Gradient norms are checked against an oracle: step pre-hooks registered before gradwatch's.
 """
+
 from __future__ import annotations
 
 from typing import Any
@@ -38,7 +39,8 @@ def gan_rounds(watch_both: bool, clear_d: str = "zero_grad") -> tuple[list[dict[
     opt_g = torch.optim.Adam(gen.parameters(), lr=1e-3)
     oracle: list[dict[str, Any]] = []
     opt_d.register_step_pre_hook(
-        lambda o, a, k: oracle.append({f"disc.{n}": norm(p.grad) for n, p in disc.named_parameters()}))
+        lambda o, a, k: oracle.append({f"disc.{n}": norm(p.grad) for n, p in disc.named_parameters()})
+    )
     if watch_both:
         w = gradwatch.watch([opt_d, opt_g], model=model, server=NOWHERE, warn=False)
     else:

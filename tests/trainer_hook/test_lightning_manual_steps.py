@@ -3,6 +3,7 @@
 ran before the step, so gradwatch treats it as a plain step: no `closure_calls` scalar, one pass per
 step, and gradient norms equal to those an independent step pre-hook takes with torch's own
 `vector_norm`. The real Lightning package, `watch()` called from the module (not the integration)."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -32,8 +33,11 @@ class Manual(L.LightningModule):
 
     def on_train_start(self) -> None:
         opt = self.optimizers()
-        opt.optimizer.register_step_pre_hook(lambda o, a, k: self.oracle.append(
-            {n: float(torch.linalg.vector_norm(p.grad)) for n, p in self.net.named_parameters()}))
+        opt.optimizer.register_step_pre_hook(
+            lambda o, a, k: self.oracle.append(
+                {n: float(torch.linalg.vector_norm(p.grad)) for n, p in self.net.named_parameters()}
+            )
+        )
         self.watcher = gradwatch.watch(opt, model=self.net, server=NOWHERE, warn=False)
 
     def training_step(self, batch: Any, batch_idx: int) -> None:
@@ -57,8 +61,15 @@ def test_a_manual_step_is_a_plain_step(tmp_path: Path) -> None:
     x = torch.randn(64, 8, generator=g)
     data = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x, x.sum(1, keepdim=True)), batch_size=4)
     module = Manual()
-    L.Trainer(accelerator="cpu", devices=1, max_steps=STEPS, logger=False, enable_checkpointing=False,
-              enable_progress_bar=False, enable_model_summary=False).fit(module, train_dataloaders=data)
+    L.Trainer(
+        accelerator="cpu",
+        devices=1,
+        max_steps=STEPS,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+    ).fit(module, train_dataloaders=data)
     msgs = module.sent
     assert [m["step"] for m in msgs] == list(range(1, STEPS + 1))
     assert len(module.oracle) == STEPS
@@ -75,11 +86,13 @@ def test_does_nothing_knows_lightnings_closure_by_identity_and_by_name() -> None
     from lightning.pytorch.core.optimizer import do_nothing_closure
 
     from gradwatch.closures import does_nothing
+
     assert does_nothing(do_nothing_closure)
     assert does_nothing(partial(lambda model, opt, closure: closure(), None, None, do_nothing_closure))
 
     def do_nothing_closure_elsewhere() -> None:
         return None
+
     do_nothing_closure_elsewhere.__module__ = "pytorch_lightning.core.optimizer"
     do_nothing_closure_elsewhere.__qualname__ = "do_nothing_closure"
     assert does_nothing(do_nothing_closure_elsewhere)  # pytorch_lightning, not imported here

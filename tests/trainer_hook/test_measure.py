@@ -1,4 +1,5 @@
 """The hook's measurements against a naive oracle: torch.linalg.vector_norm per tensor."""
+
 from __future__ import annotations
 
 import math
@@ -50,12 +51,16 @@ def measured_step(model: torch.nn.Module, opt: torch.optim.Optimizer, probe: Pro
     return metrics, status, scalars, grads, params
 
 
-@pytest.mark.parametrize("make_opt", [
-    lambda p: torch.optim.AdamW(p, lr=1e-2),
-    lambda p: torch.optim.AdamW(p, lr=1e-2, foreach=False),
-    lambda p: torch.optim.Adam(p, lr=1e-2, amsgrad=True),
-    lambda p: torch.optim.SGD(p, lr=1e-2, momentum=0.9),
-], ids=["adamw-foreach", "adamw-forloop", "adam-amsgrad", "sgd-momentum"])
+@pytest.mark.parametrize(
+    "make_opt",
+    [
+        lambda p: torch.optim.AdamW(p, lr=1e-2),
+        lambda p: torch.optim.AdamW(p, lr=1e-2, foreach=False),
+        lambda p: torch.optim.Adam(p, lr=1e-2, amsgrad=True),
+        lambda p: torch.optim.SGD(p, lr=1e-2, momentum=0.9),
+    ],
+    ids=["adamw-foreach", "adamw-forloop", "adam-amsgrad", "sgd-momentum"],
+)
 def test_norms_match_oracle_with_none_zero_and_nan_grads(make_opt) -> None:
     torch.manual_seed(0)
     model = Net()
@@ -81,9 +86,14 @@ def test_norms_match_oracle_with_none_zero_and_nan_grads(make_opt) -> None:
                 continue
             assert_close(metrics[f"{key}_norm"], oracle(states), [s is None for s in states])
 
-        expected = {"fc1.weight": GRAD_STATUS_NONZERO, "fc1.bias": GRAD_STATUS_ZERO,
-                    "fc2.weight": GRAD_STATUS_NONFINITE if step == 3 else GRAD_STATUS_NONZERO,
-                    "fc2.bias": GRAD_STATUS_NONZERO, "unused.weight": GRAD_STATUS_NONE, "unused.bias": GRAD_STATUS_NONE}
+        expected = {
+            "fc1.weight": GRAD_STATUS_NONZERO,
+            "fc1.bias": GRAD_STATUS_ZERO,
+            "fc2.weight": GRAD_STATUS_NONFINITE if step == 3 else GRAD_STATUS_NONZERO,
+            "fc2.bias": GRAD_STATUS_NONZERO,
+            "unused.weight": GRAD_STATUS_NONE,
+            "unused.bias": GRAD_STATUS_NONE,
+        }
         assert dict(zip(names, status.tolist())) == expected
 
         present = [g for g in grads if g is not None]
@@ -96,7 +106,9 @@ def test_norms_match_oracle_with_none_zero_and_nan_grads(make_opt) -> None:
         assert scalars["mem/params_bytes"] == sum(p.numel() * 4 for p in params)
         assert scalars["mem/grads_bytes"] == sum(g.numel() * 4 for g in present)
         assert scalars["mem/zero_grad_bytes"] == model.fc1.bias.numel() * 4
-        state_bytes = sum(v.numel() * v.element_size() for s in opt.state.values() for v in s.values() if isinstance(v, torch.Tensor))
+        state_bytes = sum(
+            v.numel() * v.element_size() for s in opt.state.values() for v in s.values() if isinstance(v, torch.Tensor)
+        )
         assert scalars["mem/optimizer_bytes"] == state_bytes
 
 
@@ -106,15 +118,16 @@ def test_bf16_params_are_measured_in_float32() -> None:
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     probe = Probe(build_layout([opt], model))
     model(torch.randn(4, 64, dtype=torch.bfloat16)).float().sum().backward()
-    metrics, *_ , grads, params = measured_step(model, opt, probe, 1)
+    metrics, *_, grads, params = measured_step(model, opt, probe, 1)
     want = [float(torch.linalg.vector_norm(g.float())) for g in grads]
     assert metrics["grad_norm"].tolist() == pytest.approx(want, rel=1e-5)
 
 
 def test_several_param_groups_report_each_learning_rate() -> None:
     model = Net()
-    opt = torch.optim.SGD([{"params": model.fc1.parameters(), "lr": 0.1},
-                           {"params": model.fc2.parameters(), "lr": 0.01, "name": "head"}])
+    opt = torch.optim.SGD(
+        [{"params": model.fc1.parameters(), "lr": 0.1}, {"params": model.fc2.parameters(), "lr": 0.01, "name": "head"}]
+    )
     probe = Probe(build_layout([opt], model))
     model(torch.randn(2, 6)).sum().backward()
     _, _, scalars, *_ = measured_step(model, opt, probe, 1)
@@ -152,7 +165,8 @@ def test_state_read_again_when_an_optimizer_replaces_or_adds_state_tensors() -> 
     i = params.index(fc1)
     assert metrics["extra_norm"][i] == pytest.approx(float(torch.linalg.vector_norm(opt.state[fc1]["extra"])))
     assert metrics["momentum_buffer_norm"][i] == pytest.approx(
-        float(torch.linalg.vector_norm(opt.state[fc1]["momentum_buffer"])), rel=1e-5)
+        float(torch.linalg.vector_norm(opt.state[fc1]["momentum_buffer"])), rel=1e-5
+    )
     opt.load_state_dict(opt.state_dict())  # new state dicts, new tensors
     for p in params:
         if "momentum_buffer" in opt.state.get(p, {}):
@@ -183,7 +197,8 @@ def test_state_read_once_a_parameter_without_state_gets_some() -> None:
         return measured_step(model, opt, probe, n)
 
     metrics, *_ = step(1, reach_fc2=False)
-    assert not opt.state.get(fc2) and is_absent(metrics["exp_avg_norm"][i:i + 1]).all()
+    assert not opt.state.get(fc2) and is_absent(metrics["exp_avg_norm"][i : i + 1]).all()
     metrics, *_ = step(2, reach_fc2=True)
-    assert metrics["exp_avg_norm"][i] == pytest.approx(float(torch.linalg.vector_norm(opt.state[fc2]["exp_avg"])),
-                                                       rel=1e-5)
+    assert metrics["exp_avg_norm"][i] == pytest.approx(
+        float(torch.linalg.vector_norm(opt.state[fc2]["exp_avg"])), rel=1e-5
+    )

@@ -1,5 +1,6 @@
 """In Jupyter: a watcher displays as a link to its run page, and `w.show()` embeds the live page
 (a real `IPython.display.IFrame`); without IPython, a clear error."""
+
 from __future__ import annotations
 
 import html
@@ -18,8 +19,14 @@ SERVER = "http://127.0.0.1:9"
 @pytest.fixture
 def watcher() -> Iterator[gradwatch.Watcher]:
     model = torch.nn.Linear(2, 1)
-    w = gradwatch.watch(torch.optim.SGD(model.parameters(), lr=0.1), model=model, server=SERVER,
-                        run='lr <1e-3> & "quotes"', project="nb", warn=False)
+    w = gradwatch.watch(
+        torch.optim.SGD(model.parameters(), lr=0.1),
+        model=model,
+        server=SERVER,
+        run='lr <1e-3> & "quotes"',
+        project="nb",
+        warn=False,
+    )
     yield w
     w.close(timeout=0.1)
 
@@ -51,6 +58,9 @@ def test_show_refuses_a_height_that_is_not_pixels(watcher: gradwatch.Watcher, he
 def test_show_without_ipython_says_what_to_do(watcher: gradwatch.Watcher, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setitem(sys.modules, "IPython", None)  # what `import IPython` meets where it is not installed
     monkeypatch.setitem(sys.modules, "IPython.display", None)
-    with pytest.raises(ImportError, match=rf"needs IPython \(pip install ipython\); outside a notebook open "
-                                          rf"{re.escape(watcher.url)}"):
+    with pytest.raises(
+        ImportError,
+        match=rf"needs IPython \(pip install ipython\); outside a notebook open "
+        rf"{re.escape(watcher.url)}",
+    ):
         watcher.show()

@@ -1,5 +1,6 @@
 """Every torch.optim optimizer (for-loop, foreach and fused forms): each state tensor shaped like
 its parameter is reported under `<key>_norm` and equals torch.linalg.vector_norm."""
+
 from __future__ import annotations
 
 import math
@@ -59,8 +60,12 @@ def test_every_state_tensor_is_measured_exactly(make) -> None:
         probe.before_step(step)
         opt.step()
         metrics, *_ = probe.after_step({}).resolve()
-    keys = {k for p in params for k, v in opt.state[p].items()
-            if isinstance(v, torch.Tensor) and v.shape == p.shape and k != "step"}
+    keys = {
+        k
+        for p in params
+        for k, v in opt.state[p].items()
+        if isinstance(v, torch.Tensor) and v.shape == p.shape and k != "step"
+    }
     assert keys, "the optimizer keeps per-element state"
     assert {f"{k}_norm" for k in keys} <= set(metrics)
     for key in keys:
@@ -68,10 +73,12 @@ def test_every_state_tensor_is_measured_exactly(make) -> None:
         for i, p in enumerate(params):
             want = opt.state[p].get(key)
             if want is None:
-                assert is_absent(got[i:i + 1])[0]
+                assert is_absent(got[i : i + 1])[0]
                 continue
             norm = float(torch.linalg.vector_norm(want.float()))
-            assert float(got[i]) == pytest.approx(norm, rel=1e-5, abs=1e-30) or (math.isnan(norm) and math.isnan(got[i]))
+            assert float(got[i]) == pytest.approx(norm, rel=1e-5, abs=1e-30) or (
+                math.isnan(norm) and math.isnan(got[i])
+            )
 
 
 class Counting(Custom):
@@ -88,13 +95,23 @@ class Counting(Custom):
                 p.sub_(p.grad * moved, alpha=group["lr"])
 
 
-@pytest.mark.parametrize("dtype, make", [
-    (torch.float64, lambda p: optim.Adam(p, lr=0.01, foreach=True)),
-    (torch.float64, lambda p: optim.AdamW(p, lr=0.01, fused=True)),
-    (torch.complex64, lambda p: optim.Adam(p, lr=0.01, foreach=False)),
-    (torch.complex128, lambda p: optim.SGD(p, lr=0.01, momentum=0.9)),
-    (torch.float32, Counting),
-], ids=["float64-adam-foreach", "float64-adamw-fused", "complex64-adam-forloop", "complex128-sgd", "int-and-bool-state"])
+@pytest.mark.parametrize(
+    "dtype, make",
+    [
+        (torch.float64, lambda p: optim.Adam(p, lr=0.01, foreach=True)),
+        (torch.float64, lambda p: optim.AdamW(p, lr=0.01, fused=True)),
+        (torch.complex64, lambda p: optim.Adam(p, lr=0.01, foreach=False)),
+        (torch.complex128, lambda p: optim.SGD(p, lr=0.01, momentum=0.9)),
+        (torch.float32, Counting),
+    ],
+    ids=[
+        "float64-adam-foreach",
+        "float64-adamw-fused",
+        "complex64-adam-forloop",
+        "complex128-sgd",
+        "int-and-bool-state",
+    ],
+)
 def test_tensors_of_every_dtype_get_their_norms(dtype, make) -> None:
     """The fused float32 norm refuses float64 and complex tensors (it would narrow them) and
     integer or bool ones: those get their own norm, exact to float32 rounding."""
@@ -109,8 +126,11 @@ def test_tensors_of_every_dtype_get_their_norms(dtype, make) -> None:
         probe.before_step(step)
         opt.step()
         metrics, *_ = probe.after_step({}).resolve()
-    want = {"grad_norm": grad, "param_norm": p.detach(),
-            **{f"{k}_norm": v for k, v in opt.state[p].items() if isinstance(v, torch.Tensor) and v.shape == p.shape}}
+    want = {
+        "grad_norm": grad,
+        "param_norm": p.detach(),
+        **{f"{k}_norm": v for k, v in opt.state[p].items() if isinstance(v, torch.Tensor) and v.shape == p.shape},
+    }
     assert len(want) > 2
     for key, tensor in want.items():
         exact = torch.linalg.vector_norm(tensor.to(torch.complex128 if tensor.is_complex() else torch.float64))

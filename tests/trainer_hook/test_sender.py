@@ -1,5 +1,6 @@
 """The sender's pacing: steps submitted within one `linger` go out as `steps` messages, in order,
 and the server sets the pace (short while a browser watches the run)."""
+
 from __future__ import annotations
 
 import json
@@ -12,9 +13,9 @@ import torch
 from websockets.sync.client import connect
 
 import gradwatch
-from support.server import start_server
 from gradwatch.sender import MAX_LINGER_S, MIN_LINGER_S, SPOOL_EVERY_S, Sender
 from gradwatch_server.live import IDLE_LINGER_S, LIVE_LINGER_S
+from support.server import start_server
 from support.wiresteps import split
 
 
@@ -47,8 +48,9 @@ def test_fast_steps_go_out_batched_in_order_and_arrive_whole(tmp_path: Path) -> 
             assert len(measured) == 1 and ("grad_status" in msg) == measured.pop()
         stored = httpx.get(f"{server.url}/api/runs/{w.run_id}/series", params={"key": "loss"}).json()
         assert stored["step"] == list(range(1, 61))
-        norms = httpx.get(f"{server.url}/api/runs/{w.run_id}/params/series",
-                          params={"metric": "grad_norm", "param": ["0.weight"]}).json()
+        norms = httpx.get(
+            f"{server.url}/api/runs/{w.run_id}/params/series", params={"metric": "grad_norm", "param": ["0.weight"]}
+        ).json()
         assert norms["step"] == list(range(1, 61, 3)) and all(v > 0 for v in norms["series"][0]["value"])
         assert w._sender.linger == IDLE_LINGER_S  # nobody watched: the server asked for the idle pace
     finally:
@@ -86,9 +88,15 @@ def test_the_server_sets_the_pace_while_a_browser_watches(tmp_path: Path) -> Non
 def test_a_pace_out_of_bounds_or_malformed_is_clamped_or_ignored() -> None:
     sender = Sender("ws://127.0.0.1:9/ws/ingest", {"type": "hello"}, linger=0.25)
     try:
-        for reply, linger in (({"linger": 1e9}, MAX_LINGER_S), ({"linger": -1}, MIN_LINGER_S),
-                              ({"linger": "fast"}, MIN_LINGER_S), ({"linger": float("nan")}, MIN_LINGER_S),
-                              ({"linger": True}, MIN_LINGER_S), ({}, MIN_LINGER_S), ({"linger": 0.5}, 0.5)):
+        for reply, linger in (
+            ({"linger": 1e9}, MAX_LINGER_S),
+            ({"linger": -1}, MIN_LINGER_S),
+            ({"linger": "fast"}, MIN_LINGER_S),
+            ({"linger": float("nan")}, MIN_LINGER_S),
+            ({"linger": True}, MIN_LINGER_S),
+            ({}, MIN_LINGER_S),
+            ({"linger": 0.5}, 0.5),
+        ):
             sender._pace(reply)
             assert sender.linger == linger, reply
     finally:
@@ -101,18 +109,26 @@ def test_the_servers_cost_is_kept_only_when_sane() -> None:
     sender = Sender("ws://127.0.0.1:9/ws/ingest", {"type": "hello"}, linger=0.25)
     try:
         assert sender.server_cpu_per_step == 0.0
-        for reply, kept in (({"cpu_per_step": 0.0002}, 0.0002), ({"cpu_per_step": -1}, 0.0002),
-                            ({"cpu_per_step": float("nan")}, 0.0002), ({"cpu_per_step": float("inf")}, 0.0002),
-                            ({"cpu_per_step": "1e-4"}, 0.0002), ({"cpu_per_step": True}, 0.0002), ({}, 0.0002),
-                            ({"cpu_per_step": 1e9}, 0.0002), ({"cpu_per_step": 0}, 0.0)):
+        for reply, kept in (
+            ({"cpu_per_step": 0.0002}, 0.0002),
+            ({"cpu_per_step": -1}, 0.0002),
+            ({"cpu_per_step": float("nan")}, 0.0002),
+            ({"cpu_per_step": float("inf")}, 0.0002),
+            ({"cpu_per_step": "1e-4"}, 0.0002),
+            ({"cpu_per_step": True}, 0.0002),
+            ({}, 0.0002),
+            ({"cpu_per_step": 1e9}, 0.0002),
+            ({"cpu_per_step": 0}, 0.0),
+        ):
             sender._note_cost(reply)
             assert sender.server_cpu_per_step == kept, reply
     finally:
         sender.close(timeout=0.1)
 
 
-def test_a_step_is_spooled_within_a_second_whatever_the_servers_pace(tmp_path: Path,
-                                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_step_is_spooled_within_a_second_whatever_the_servers_pace(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """The server asks a run nobody watches for one send every IDLE_LINGER_S, but a training
     process killed outright must lose at most SPOOL_EVERY_S of steps: the hook serializes and
     spools that often, and sends at the server's pace."""

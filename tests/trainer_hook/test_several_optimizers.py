@@ -1,6 +1,7 @@
 """Several optimizers in one run (`watch([opt_d, opt_g])`): a step is a round in which each
 optimizer stepped; each one's gradients are read before its own step and its state after,
 checked against a naive torch oracle taken by hooks registered before gradwatch's."""
+
 from __future__ import annotations
 
 import math
@@ -25,8 +26,12 @@ class Gan(torch.nn.Module):
         self.disc = torch.nn.Sequential(torch.nn.Linear(5, 8), torch.nn.Tanh(), torch.nn.Linear(8, 1))
 
 
-def oracle_hooks(opt: torch.optim.Optimizer, params: dict[str, torch.Tensor],
-                 oracle: dict[tuple[int, str], dict[str, float | None]], round_of: list[int]) -> None:
+def oracle_hooks(
+    opt: torch.optim.Optimizer,
+    params: dict[str, torch.Tensor],
+    oracle: dict[tuple[int, str], dict[str, float | None]],
+    round_of: list[int],
+) -> None:
     """Record, at the first step of `opt` in each round, grad norms before and state after."""
     seen: set[int] = set()
 
@@ -42,8 +47,10 @@ def oracle_hooks(opt: torch.optim.Optimizer, params: dict[str, torch.Tensor],
         seen.add(round_of[0])
         for n, p in params.items():
             st = o.state.get(p, {})
-            oracle[(round_of[0], n)].update(param_norm=norm(p), **{f"{k}_norm": norm(v) for k, v in st.items()
-                                                                  if isinstance(v, torch.Tensor) and v.shape == p.shape})
+            oracle[(round_of[0], n)].update(
+                param_norm=norm(p),
+                **{f"{k}_norm": norm(v) for k, v in st.items() if isinstance(v, torch.Tensor) and v.shape == p.shape},
+            )
 
     opt.register_step_pre_hook(before)
     opt.register_step_post_hook(after)
@@ -79,7 +86,9 @@ def test_gan_rounds_match_the_oracle(critic_steps: int) -> None:
     assert [m["step"] for m in msgs] == list(range(1, rounds + 1))
     assert len(measured(msgs)) == rounds
     names = {p.name for p in w.layout.params}
-    assert names == {f"gen.{n}" for n, _ in gan.gen.named_parameters()} | {f"disc.{n}" for n, _ in gan.disc.named_parameters()}
+    assert names == {f"gen.{n}" for n, _ in gan.gen.named_parameters()} | {
+        f"disc.{n}" for n, _ in gan.disc.named_parameters()
+    }
     for m in msgs:
         r = m["step"]
         assert m["scalars"]["opt/0/steps"] == r * critic_steps
@@ -169,11 +178,14 @@ def test_names_from_named_parameters_pairs() -> None:
     assert w.layout.unoptimized == ["extra"]
 
 
-@pytest.mark.parametrize("bad, error, match", [
-    ([], ValueError, "empty list"),
-    ("twice", ValueError, "same optimizer twice"),
-    ("not-an-optimizer", TypeError, "a list of them"),
-])
+@pytest.mark.parametrize(
+    "bad, error, match",
+    [
+        ([], ValueError, "empty list"),
+        ("twice", ValueError, "same optimizer twice"),
+        ("not-an-optimizer", TypeError, "a list of them"),
+    ],
+)
 def test_bad_optimizer_lists(bad, error, match) -> None:
     model = torch.nn.Linear(2, 2)
     opt = torch.optim.SGD(model.parameters(), lr=0.1)

@@ -1,4 +1,5 @@
 """The spool's framing: complete records read back exactly; a torn or corrupted tail is dropped."""
+
 from __future__ import annotations
 
 import json

@@ -6,6 +6,7 @@ made unimportable: the shared test environment has them all installed, so a clea
 torch and numpy again from the network (closed here); blocking the imports (`sys.modules[name] =
 None` in a `sitecustomize` loaded at start) proves the same thing in a few seconds.
 """
+
 from __future__ import annotations
 
 import json
@@ -22,14 +23,26 @@ import pytest
 import torch
 
 import gradwatch
-from support.server import REPO, find_free_port, start_server
 from gradwatch.spool import frame, read_records
+from support.server import REPO, find_free_port, start_server
 from support.wiresteps import spooled_steps
 
 HOOK = [sys.executable, "-m", "gradwatch"]
 #: What the server distribution needs and the hook must not: importing any of them fails.
-SERVER_ONLY = ("gradwatch_server", "fastapi", "starlette", "uvicorn", "sqlalchemy", "alembic", "pydantic",
-               "pyarrow", "plotly", "psycopg", "httpx", "tqdm")
+SERVER_ONLY = (
+    "gradwatch_server",
+    "fastapi",
+    "starlette",
+    "uvicorn",
+    "sqlalchemy",
+    "alembic",
+    "pydantic",
+    "pyarrow",
+    "plotly",
+    "psycopg",
+    "httpx",
+    "tqdm",
+)
 BLOCKER = "import sys\nfor name in {names!r}:\n    sys.modules[name] = None  # import fails\n"
 
 
@@ -47,8 +60,9 @@ def offline_run(server: str, steps: int, run: str) -> gradwatch.Watcher:
 
 
 def hook_sync(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([*HOOK, "sync", *args], capture_output=True, text=True, timeout=120,
-                          env={**os.environ, **(env or {})})
+    return subprocess.run(
+        [*HOOK, "sync", *args], capture_output=True, text=True, timeout=120, env={**os.environ, **(env or {})}
+    )
 
 
 def test_sync_delivers_each_run_and_reports_progress(tmp_path: Path, spool_dir: Path) -> None:
@@ -141,8 +155,9 @@ def rewrite_spool(path: Path, change: dict[int, str]) -> int:
     return len(texts)
 
 
-def test_a_refused_message_or_a_corrupt_record_moves_its_file_aside_and_the_others_go(tmp_path: Path,
-                                                                                       spool_dir: Path) -> None:
+def test_a_refused_message_or_a_corrupt_record_moves_its_file_aside_and_the_others_go(
+    tmp_path: Path, spool_dir: Path
+) -> None:
     port = find_free_port()
     url = f"http://127.0.0.1:{port}"
     corrupt, refused, good = (offline_run(url, 3, name) for name in ("corrupt", "refused", "good"))
@@ -171,12 +186,15 @@ def test_a_refused_message_or_a_corrupt_record_moves_its_file_aside_and_the_othe
         server.stop()
 
 
-@pytest.mark.parametrize("args, message", [
-    (["--server", "ftp://x"], "http(s):// or ws(s):// URL"),
-    (["--server", "http://"], "with a host"),
-    (["--spool", "{missing}"], "no spool folder"),
-    (["--timeout", "0"], "--timeout must be more than 0"),
-])
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--server", "ftp://x"], "http(s):// or ws(s):// URL"),
+        (["--server", "http://"], "with a host"),
+        (["--spool", "{missing}"], "no spool folder"),
+        (["--timeout", "0"], "--timeout must be more than 0"),
+    ],
+)
 def test_bad_input_exits_2_with_a_message(tmp_path: Path, args: list[str], message: str) -> None:
     args = [a.format(missing=tmp_path / "missing") for a in args]
     out = hook_sync(*args, env={"GRADWATCH_SPOOL": str(tmp_path)})
@@ -201,26 +219,52 @@ def test_help(argv: list[str]) -> None:
 def test_the_hook_installed_alone_syncs(tmp_path: Path, spool_dir: Path) -> None:
     """The wheel of ./trainer_hook, with no server dependency importable, delivers a real spool to
     a real server, through both `python -m gradwatch sync` and the `gradwatch-sync` script."""
-    build = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q",
-                            "-w", str(tmp_path), str(REPO / "trainer_hook")], capture_output=True, text=True,
-                           timeout=300)
+    build = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "--no-deps",
+            "--no-build-isolation",
+            "-q",
+            "-w",
+            str(tmp_path),
+            str(REPO / "trainer_hook"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert build.returncode == 0, build.stderr
     wheel = next(tmp_path.glob("gradwatch-*.whl"))
-    entry_points = zipfile.ZipFile(wheel).read(
-        next(n for n in zipfile.ZipFile(wheel).namelist() if n.endswith("entry_points.txt"))).decode()
+    entry_points = (
+        zipfile.ZipFile(wheel)
+        .read(next(n for n in zipfile.ZipFile(wheel).namelist() if n.endswith("entry_points.txt")))
+        .decode()
+    )
     assert "gradwatch-sync = gradwatch.__main__:sync_main" in entry_points
     site = tmp_path / "site"
-    install = subprocess.run([sys.executable, "-m", "pip", "install", "--no-deps", "-q", "--target", str(site),
-                              str(wheel)], capture_output=True, text=True, timeout=300)
+    install = subprocess.run(
+        [sys.executable, "-m", "pip", "install", "--no-deps", "-q", "--target", str(site), str(wheel)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert install.returncode == 0, install.stderr
     blocker = tmp_path / "blocker"
     blocker.mkdir()
     (blocker / "sitecustomize.py").write_text(BLOCKER.format(names=SERVER_ONLY))
     env = {k: v for k, v in os.environ.items() if not k.startswith("GRADWATCH_")}
     env.update(PYTHONPATH=os.pathsep.join([str(blocker), str(site)]), GRADWATCH_SPOOL=str(spool_dir))
-    probe = subprocess.run([sys.executable, "-c", "import gradwatch, gradwatch.__main__, sys\n"
-                            "print(gradwatch.__file__)\nimport fastapi"],
-                           capture_output=True, text=True, timeout=60, env=env, cwd=tmp_path)
+    probe = subprocess.run(
+        [sys.executable, "-c", "import gradwatch, gradwatch.__main__, sys\nprint(gradwatch.__file__)\nimport fastapi"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=env,
+        cwd=tmp_path,
+    )
     assert probe.stdout.startswith(str(site)) and "ModuleNotFoundError" in probe.stderr, probe.stderr
 
     port = find_free_port()
@@ -230,14 +274,21 @@ def test_the_hook_installed_alone_syncs(tmp_path: Path, spool_dir: Path) -> None
     assert spooled_steps(list(records)) == [1, 2, 3, 4]
     server = start_server(tmp_path, port=port)
     try:
-        out = subprocess.run([sys.executable, "-m", "gradwatch", "sync", "--server", url], capture_output=True,
-                             text=True, timeout=120, env=env, cwd=tmp_path)
+        out = subprocess.run(
+            [sys.executable, "-m", "gradwatch", "sync", "--server", url],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            env=env,
+            cwd=tmp_path,
+        )
         assert out.returncode == 0, out.stderr
         assert f"run {first.run_id}: " in out.stdout
         second = offline_run(f"http://127.0.0.1:{find_free_port()}", 6, "alone-2")
         script = site / "bin" / "gradwatch-sync"
-        out = subprocess.run([str(script), "--server", url], capture_output=True, text=True, timeout=120,
-                             env=env, cwd=tmp_path)
+        out = subprocess.run(
+            [str(script), "--server", url], capture_output=True, text=True, timeout=120, env=env, cwd=tmp_path
+        )
         assert out.returncode == 0, out.stderr
         assert f"run {second.run_id}: " in out.stdout
         for w, steps in ((first, 4), (second, 6)):
@@ -272,8 +323,13 @@ print("trained")
 
 def test_without_fcntl_the_hook_imports_and_trains_without_a_spool(tmp_path: Path) -> None:
     (tmp_path / "old.spool").write_bytes(b"")
-    out = subprocess.run([sys.executable, "-c", WITHOUT_FCNTL, str(tmp_path), f"http://127.0.0.1:{find_free_port()}"],
-                         capture_output=True, text=True, timeout=120, env={**os.environ, "GRADWATCH_SPOOL": str(tmp_path)})
+    out = subprocess.run(
+        [sys.executable, "-c", WITHOUT_FCNTL, str(tmp_path), f"http://127.0.0.1:{find_free_port()}"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "GRADWATCH_SPOOL": str(tmp_path)},
+    )
     assert out.returncode == 0, out.stderr
     assert "refused: spool files need file locking (fcntl)" in out.stdout
     assert "pending: []" in out.stdout and "trained" in out.stdout

@@ -5,6 +5,7 @@ the test defines classes that carry DeepSpeed's module and class names, shaped a
 wrapper that is not a hookable torch optimizer and keeps a real torch optimizer, over a flat
 partition, in `.optimizer`. What the refusal reads is the type's module and name, which these carry.
 """
+
 from __future__ import annotations
 
 import pytest
@@ -18,6 +19,7 @@ NOWHERE = "http://127.0.0.1:9"
 def zero_like(module: str, name: str) -> type:
     """A class named `name` in `module`, holding its inner torch optimizer in `.optimizer` and
     showing its `param_groups`."""
+
     def __init__(self: object, model: torch.nn.Module) -> None:
         flat = torch.nn.Parameter(torch.cat([p.detach().reshape(-1) for p in model.parameters()]))
         self.optimizer = torch.optim.Adam([flat])  # type: ignore[attr-defined]
@@ -28,12 +30,15 @@ def zero_like(module: str, name: str) -> type:
     return type(name, (), {"__module__": module, "__init__": __init__, "param_groups": property(param_groups)})
 
 
-@pytest.mark.parametrize("module, name", [
-    ("deepspeed.runtime.zero.stage_1_and_2", "DeepSpeedZeroOptimizer"),
-    ("deepspeed.runtime.zero.stage3", "DeepSpeedZeroOptimizer_Stage3"),
-    ("deepspeed.runtime.bf16_optimizer", "BF16_Optimizer"),
-    ("somewhere.else", "DeepSpeedZeroOptimizer"),  # re-exported or subclassed elsewhere: the name says it
-])
+@pytest.mark.parametrize(
+    "module, name",
+    [
+        ("deepspeed.runtime.zero.stage_1_and_2", "DeepSpeedZeroOptimizer"),
+        ("deepspeed.runtime.zero.stage3", "DeepSpeedZeroOptimizer_Stage3"),
+        ("deepspeed.runtime.bf16_optimizer", "BF16_Optimizer"),
+        ("somewhere.else", "DeepSpeedZeroOptimizer"),  # re-exported or subclassed elsewhere: the name says it
+    ],
+)
 def test_zero_optimizers_are_refused(module: str, name: str) -> None:
     model = torch.nn.Linear(3, 2)
     optimizer = zero_like(module, name)(model)

@@ -1,4 +1,5 @@
 """watch(): argument checking, and training that never waits on an absent server."""
+
 from __future__ import annotations
 
 import time
@@ -17,22 +18,25 @@ def make() -> tuple[torch.nn.Module, torch.optim.Optimizer]:
     return model, torch.optim.SGD(model.parameters(), lr=0.1)
 
 
-@pytest.mark.parametrize("kwargs, error, match", [
-    ({"every": 0}, ValueError, "every must be a whole number >= 1"),
-    ({"every": 2.5}, ValueError, "every must be a whole number >= 1"),
-    ({"every": True}, ValueError, "every must be a whole number >= 1"),
-    ({"server": "ftp://example"}, ValueError, "http"),
-    ({"server": "not a url"}, ValueError, "http"),
-    ({"server": "http://127.0.0.1:99999"}, ValueError, "invalid port"),
-    ({"server": 8765}, TypeError, "URL string"),
-    ({"model": "resnet"}, TypeError, "torch.nn.Module"),
-    ({"model": [("fc.weight", 3)]}, TypeError, r"\(name, parameter\) pairs"),
-    ({"run": ""}, ValueError, "run must be 1 to 200 printable characters"),
-    ({"run": "a\nb"}, ValueError, "run must be"),
-    ({"project": 3}, TypeError, "project must be a string"),
-    ({"scaler": object()}, TypeError, "GradScaler"),
-    ({"token": 123}, TypeError, "token must be a string"),
-])
+@pytest.mark.parametrize(
+    "kwargs, error, match",
+    [
+        ({"every": 0}, ValueError, "every must be a whole number >= 1"),
+        ({"every": 2.5}, ValueError, "every must be a whole number >= 1"),
+        ({"every": True}, ValueError, "every must be a whole number >= 1"),
+        ({"server": "ftp://example"}, ValueError, "http"),
+        ({"server": "not a url"}, ValueError, "http"),
+        ({"server": "http://127.0.0.1:99999"}, ValueError, "invalid port"),
+        ({"server": 8765}, TypeError, "URL string"),
+        ({"model": "resnet"}, TypeError, "torch.nn.Module"),
+        ({"model": [("fc.weight", 3)]}, TypeError, r"\(name, parameter\) pairs"),
+        ({"run": ""}, ValueError, "run must be 1 to 200 printable characters"),
+        ({"run": "a\nb"}, ValueError, "run must be"),
+        ({"project": 3}, TypeError, "project must be a string"),
+        ({"scaler": object()}, TypeError, "GradScaler"),
+        ({"token": 123}, TypeError, "token must be a string"),
+    ],
+)
 def test_bad_arguments_raise_clear_errors(kwargs, error, match) -> None:
     model, opt = make()
     with pytest.raises(error, match=match):
@@ -57,11 +61,14 @@ def test_bad_logged_values() -> None:
         w.close(timeout=0.1)
 
 
-@pytest.mark.parametrize("server, url", [
-    ("http://127.0.0.1:8765", "ws://127.0.0.1:8765/ws/ingest"),
-    ("https://gw.example.org/base/", "wss://gw.example.org/base/ws/ingest"),
-    ("ws://localhost:1", "ws://localhost:1/ws/ingest"),
-])
+@pytest.mark.parametrize(
+    "server, url",
+    [
+        ("http://127.0.0.1:8765", "ws://127.0.0.1:8765/ws/ingest"),
+        ("https://gw.example.org/base/", "wss://gw.example.org/base/ws/ingest"),
+        ("ws://localhost:1", "ws://localhost:1/ws/ingest"),
+    ],
+)
 def test_ingest_url(server: str, url: str) -> None:
     assert ingest_url(server) == url
 
@@ -93,8 +100,9 @@ def test_training_with_no_server_never_blocks_and_close_is_bounded() -> None:
     assert w.step == 20
 
 
-def test_an_error_inside_the_hook_stops_watching_not_training(monkeypatch: pytest.MonkeyPatch,
-                                                              caplog: pytest.LogCaptureFixture) -> None:
+def test_an_error_inside_the_hook_stops_watching_not_training(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
     """If gradwatch's own work fails mid-run (here torch runs out of memory for its norms at the
     third step), the error is logged with its traceback, watching stops, and the training goes on
     exactly as it would have without gradwatch."""
@@ -128,10 +136,17 @@ def test_an_error_inside_the_hook_stops_watching_not_training(monkeypatch: pytes
     w.close(timeout=0.1)
 
 
-@pytest.mark.parametrize("url, here", [
-    ("ws://127.0.0.1:8765/ws/ingest", True), ("ws://localhost:8765/ws/ingest", True), ("ws://[::1]:8765/ws/ingest", True),
-    ("ws://0.0.0.0:8765/ws/ingest", True), ("ws://10.0.0.7:8765/ws/ingest", False), ("wss://gw.example.com/ws/ingest", False),
-])
+@pytest.mark.parametrize(
+    "url, here",
+    [
+        ("ws://127.0.0.1:8765/ws/ingest", True),
+        ("ws://localhost:8765/ws/ingest", True),
+        ("ws://[::1]:8765/ws/ingest", True),
+        ("ws://0.0.0.0:8765/ws/ingest", True),
+        ("ws://10.0.0.7:8765/ws/ingest", False),
+        ("wss://gw.example.com/ws/ingest", False),
+    ],
+)
 def test_a_server_on_this_machine_is_told_apart(url: str, here: bool) -> None:
     """every="auto" counts a server's CPU per step as part of what watching costs only when the
     server is on the training's machine (reached over loopback)."""
@@ -148,12 +163,15 @@ def test_config_is_recorded_in_the_hello() -> None:
         w.close(timeout=0.1)
 
 
-@pytest.mark.parametrize("config, error, match", [
-    ("lr=0.1", TypeError, "config must be a mapping"),
-    ({"lr": float("nan")}, ValueError, "no NaN or infinity"),
-    ({"model": torch.nn.Linear(1, 1)}, ValueError, "config must hold only JSON values"),
-    ({(1, 2): "a"}, ValueError, "config must hold only JSON values"),
-])
+@pytest.mark.parametrize(
+    "config, error, match",
+    [
+        ("lr=0.1", TypeError, "config must be a mapping"),
+        ({"lr": float("nan")}, ValueError, "no NaN or infinity"),
+        ({"model": torch.nn.Linear(1, 1)}, ValueError, "config must hold only JSON values"),
+        ({(1, 2): "a"}, ValueError, "config must hold only JSON values"),
+    ],
+)
 def test_bad_config(config, error, match) -> None:
     model, opt = make()
     with pytest.raises(error, match=match):

@@ -5,10 +5,11 @@ accelerate is the real package (`Accelerator(cpu=True)`); the oracle is a step p
 inner torch optimizer, registered before gradwatch's, taking torch's own `vector_norm` of the
 gradients the step uses.
 """
+
 from __future__ import annotations
 
-from typing import Any
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 import torch
@@ -90,7 +91,7 @@ def test_the_accelerated_optimizers_scaler_is_found_and_its_skips_counted() -> N
     torch.manual_seed(2)
     model = torch.nn.Linear(6, 1)
     inner = torch.optim.SGD(model.parameters(), lr=0.1)
-    scaler = torch.amp.GradScaler("cpu", init_scale=2.0 ** 10)
+    scaler = torch.amp.GradScaler("cpu", init_scale=2.0**10)
     opt = AcceleratedOptimizer(inner, scaler=scaler)
     oracle = grad_oracle(inner, model)
     w = gradwatch.watch(opt, model=model, server=NOWHERE, warn=False)
@@ -125,7 +126,8 @@ def test_nested_wrappers_are_unwrapped_and_recorded_outermost_first() -> None:
     w.close(timeout=0.1)
     assert w.layout.optimizers == [inner]
     assert w._sender.hello["run"]["config"]["wrappers"] == [
-        [f"{__name__}.Holder", "accelerate.optimizer.AcceleratedOptimizer"]]
+        [f"{__name__}.Holder", "accelerate.optimizer.AcceleratedOptimizer"]
+    ]
 
 
 def test_a_plain_optimizer_records_no_wrappers() -> None:
@@ -148,11 +150,15 @@ class WrapsNothingUseful:
         self.optimizer.param_groups = []  # type: ignore[misc]
 
 
-@pytest.mark.parametrize("thing, says", [
-    (lambda m: HollowOptimizer(m.parameters()), r"cannot hook HollowOptimizer: .*Optimizer.__init__ never ran"),
-    (lambda m: WrapsNothingUseful(), r"unwrapped WrapsNothingUseful down to HollowOptimizer"),
-    (lambda m: object(), r"not object; .*pass the torch.optim.Optimizer itself"),
-], ids=["hollow-optimizer", "wrapper-of-hollow", "no-optimizer"])
+@pytest.mark.parametrize(
+    "thing, says",
+    [
+        (lambda m: HollowOptimizer(m.parameters()), r"cannot hook HollowOptimizer: .*Optimizer.__init__ never ran"),
+        (lambda m: WrapsNothingUseful(), r"unwrapped WrapsNothingUseful down to HollowOptimizer"),
+        (lambda m: object(), r"not object; .*pass the torch.optim.Optimizer itself"),
+    ],
+    ids=["hollow-optimizer", "wrapper-of-hollow", "no-optimizer"],
+)
 def test_what_cannot_be_unwrapped_is_a_clear_type_error(thing: Any, says: str) -> None:
     model = torch.nn.Linear(2, 1)
     with pytest.raises(TypeError, match=says):
@@ -170,8 +176,9 @@ def test_the_same_optimizer_twice_through_its_wrapper_is_refused() -> None:
 def test_lightnings_optimizer_wrapper_is_unwrapped() -> None:
     """LightningOptimizer imitates its optimizer's class (isinstance passes) without its step
     hooks; the optimizer it wraps is in `._optimizer`."""
-    core = pytest.importorskip("lightning.pytorch.core.optimizer",
-                               reason="lightning is installed by requirements-test.txt")
+    core = pytest.importorskip(
+        "lightning.pytorch.core.optimizer", reason="lightning is installed by requirements-test.txt"
+    )
     model = torch.nn.Linear(2, 1)
     inner = torch.optim.Adam(model.parameters(), lr=0.1)
     wrapped = core.LightningOptimizer(inner)

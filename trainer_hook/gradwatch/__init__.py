@@ -1,9 +1,10 @@
 """gradwatch: see, live, what your PyTorch optimizer sees.
 
-    import gradwatch
-    w = gradwatch.watch(optimizer, model=model, run="lr3e-4", project="gpt-small")
-    df = gradwatch.load(w.run_id)  # a notebook: the run as a pandas DataFrame (gradwatch[pandas])
+import gradwatch
+w = gradwatch.watch(optimizer, model=model, run="lr3e-4", project="gpt-small")
+df = gradwatch.load(w.run_id)  # a notebook: the run as a pandas DataFrame (gradwatch[pandas])
 """
+
 from typing import Any
 
 __version__ = "0.1.0"

@@ -2,14 +2,15 @@
 
 Runs on the training machine with the hook alone installed: no torch, no server package.
 """
+
 from __future__ import annotations
 
 import argparse
 import os
 import sys
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Optional, TextIO
-from collections.abc import Mapping, Sequence
 
 from websockets.exceptions import WebSocketException
 
@@ -30,24 +31,30 @@ corrupt (that file is moved aside to NAME.rejected, never deleted)."""
 
 
 def _sync_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--server", metavar="URL",
-                        help=f"server URL (default: $GRADWATCH_SERVER, then {DEFAULT_SERVER})")
+    parser.add_argument(
+        "--server", metavar="URL", help=f"server URL (default: $GRADWATCH_SERVER, then {DEFAULT_SERVER})"
+    )
     parser.add_argument("--token", metavar="T", help="the server's token (default: $GRADWATCH_TOKEN)")
-    parser.add_argument("--spool", metavar="DIR",
-                        help="spool folder (default: $GRADWATCH_SPOOL, then ~/.gradwatch/spool)")
-    parser.add_argument("--timeout", metavar="S", type=float, default=30.0,
-                        help="seconds to wait for the server's answers (default 30)")
+    parser.add_argument(
+        "--spool", metavar="DIR", help="spool folder (default: $GRADWATCH_SPOOL, then ~/.gradwatch/spool)"
+    )
+    parser.add_argument(
+        "--timeout", metavar="S", type=float, default=30.0, help="seconds to wait for the server's answers (default 30)"
+    )
 
 
-_SYNC_DESCRIPTION = ("Send the telemetry that runs spooled while no server was reachable (or when their "
-                     "process was killed) to a gradwatch server, then delete what it acknowledged.")
+_SYNC_DESCRIPTION = (
+    "Send the telemetry that runs spooled while no server was reachable (or when their "
+    "process was killed) to a gradwatch server, then delete what it acknowledged."
+)
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m gradwatch", description="gradwatch hook commands.")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
-    sync = commands.add_parser("sync", help="send spooled data to a server", description=_SYNC_DESCRIPTION,
-                               epilog=_EPILOG)
+    sync = commands.add_parser(
+        "sync", help="send spooled data to a server", description=_SYNC_DESCRIPTION, epilog=_EPILOG
+    )
     _sync_arguments(sync)
     return parser
 
@@ -58,8 +65,7 @@ def sync_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def sync(args: argparse.Namespace, env: Mapping[str, str], out: TextIO = sys.stdout,
-         err: TextIO = sys.stderr) -> int:
+def sync(args: argparse.Namespace, env: Mapping[str, str], out: TextIO = sys.stdout, err: TextIO = sys.stderr) -> int:
     server = args.server or env.get("GRADWATCH_SERVER") or DEFAULT_SERVER
     try:
         ws_url = ingest_url(server)
@@ -71,8 +77,11 @@ def sync(args: argparse.Namespace, env: Mapping[str, str], out: TextIO = sys.std
         return EXIT_USAGE
     directory = Path(args.spool) if args.spool else spool_dir(env)
     if args.spool and not directory.is_dir():
-        print(f"gradwatch sync: error: no spool folder {directory}; runs spool under $GRADWATCH_SPOOL "
-              "(default ~/.gradwatch/spool)", file=err)
+        print(
+            f"gradwatch sync: error: no spool folder {directory}; runs spool under $GRADWATCH_SPOOL "
+            "(default ~/.gradwatch/spool)",
+            file=err,
+        )
         return EXIT_USAGE
     files = pending_spools(directory)
     if not files:
@@ -87,8 +96,11 @@ def sync(args: argparse.Namespace, env: Mapping[str, str], out: TextIO = sys.std
             done = replay(path, ws_url, token, timeout=args.timeout)
         except Rejected as exc:
             rejected += 1
-            print(f"{counter} run {path.stem}: rejected: {exc.reason}; moved aside to {exc.moved} (not deleted)",
-                  file=err, flush=True)
+            print(
+                f"{counter} run {path.stem}: rejected: {exc.reason}; moved aside to {exc.moved} (not deleted)",
+                file=err,
+                flush=True,
+            )
         except Refused as exc:
             refused += 1
             print(f"{counter} run {path.stem}: refused: {exc}; the spool file stays", file=err, flush=True)
@@ -96,8 +108,11 @@ def sync(args: argparse.Namespace, env: Mapping[str, str], out: TextIO = sys.std
             # OSError: unreachable; WebSocketException/ValueError/KeyError: an answer that is not
             # the protocol's. Either way this file stays and the next one is tried.
             undelivered += 1
-            why = f"{type(exc).__name__}: {exc}" if isinstance(exc, (WebSocketException, ValueError, KeyError)) \
+            why = (
+                f"{type(exc).__name__}: {exc}"
+                if isinstance(exc, (WebSocketException, ValueError, KeyError))
                 else str(exc) or type(exc).__name__
+            )
             print(f"{counter} run {path.stem}: not delivered ({why}); the spool file stays", file=err, flush=True)
         else:
             if not done.claimed:
@@ -106,15 +121,23 @@ def sync(args: argparse.Namespace, env: Mapping[str, str], out: TextIO = sys.std
             note = f"; dropped {done.torn} at its end" if done.torn else ""
             print(f"{counter} run {path.stem}: {done.sent} messages delivered{note}", file=out, flush=True)
     if rejected:
-        print(f"gradwatch sync: error: {rejected} of {len(files)} spooled runs could not be sent (a message the "
-              f"server refused, or a corrupt record); their files are moved aside to NAME{REJECTED}, not deleted",
-              file=err)
+        print(
+            f"gradwatch sync: error: {rejected} of {len(files)} spooled runs could not be sent (a message the "
+            f"server refused, or a corrupt record); their files are moved aside to NAME{REJECTED}, not deleted",
+            file=err,
+        )
     if refused:
-        print(f"gradwatch sync: error: {server} refused {refused} of {len(files)} spooled runs: check the token "
-              "(--token or $GRADWATCH_TOKEN) and that the server is as new as the hook", file=err)
+        print(
+            f"gradwatch sync: error: {server} refused {refused} of {len(files)} spooled runs: check the token "
+            "(--token or $GRADWATCH_TOKEN) and that the server is as new as the hook",
+            file=err,
+        )
     if undelivered:
-        print(f"gradwatch sync: error: {undelivered} of {len(files)} spooled runs could not be delivered to "
-              f"{server}: is the server up (gradwatch serve)? Their files stay; run this again.", file=err)
+        print(
+            f"gradwatch sync: error: {undelivered} of {len(files)} spooled runs could not be delivered to "
+            f"{server}: is the server up (gradwatch serve)? Their files stay; run this again.",
+            file=err,
+        )
     if refused or rejected:
         return EXIT_REFUSED
     return EXIT_UNDELIVERED if undelivered else EXIT_OK

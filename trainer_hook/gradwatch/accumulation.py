@@ -24,6 +24,7 @@ taken when that backward ends: the first hook of a backward queues an autograd f
 which queues one more, so that it runs after the callbacks queued during the backward (DDP's), and
 that one notes the version of each `.grad` the backward touched.
 """
+
 from __future__ import annotations
 
 import logging
@@ -67,8 +68,11 @@ class GradTracker:
         self._touched: list[int] = []  # parameters the running backward accumulated into
         self._settling = False  # the end-of-backward callback of the running backward is queued
         self._can_settle = True  # the autograd engine takes final callbacks
-        self._handles = [p.register_post_accumulate_grad_hook(self._counter(i))
-                         for i, p in enumerate(params) if p.requires_grad and p.is_leaf]
+        self._handles = [
+            p.register_post_accumulate_grad_hook(self._counter(i))
+            for i, p in enumerate(params)
+            if p.requires_grad and p.is_leaf
+        ]
         self._params = params
 
     def _counter(self, i: int) -> Any:
@@ -112,6 +116,7 @@ class GradTracker:
                 pass_refs[i], pass_versions[i] = ref_to(grad), version
                 if ref is not None:
                     clear[i] = CLEAR_NONE
+
         return on_accumulate
 
     def _settle_at_end(self) -> None:

@@ -3,10 +3,11 @@
 GradScaler has no public way to ask whether an optimizer's gradients are unscaled yet, nor whether
 `scaler.step(opt)` skipped the step; the rest of the hook asks `AmpScaler` and never the scaler.
 """
+
 from __future__ import annotations
 
-from typing import Any, Callable, Optional
 from collections.abc import Sequence
+from typing import Any, Callable, Optional
 
 import torch
 
@@ -53,8 +54,9 @@ class AmpScaler:
         if scale is not None:
             logged.setdefault("amp/scale", scale)
 
-    def inverse_scale(self, device: torch.device,
-                      optimizers: Sequence[torch.optim.Optimizer]) -> Optional[torch.Tensor]:
+    def inverse_scale(
+        self, device: torch.device, optimizers: Sequence[torch.optim.Optimizer]
+    ) -> Optional[torch.Tensor]:
         """1/scale on `device`, unless the scaler is off or the user already unscaled the gradients
         of any of `optimizers` (`scaler.unscale_(opt)` before clipping): then they are true as they are."""
         scaler, scale = self.scaler, self.scale()
@@ -73,8 +75,9 @@ class AmpScaler:
             del self.scaler.__dict__["step"]
         self._step = None
 
-    def watch_steps(self, optimizers: Sequence[torch.optim.Optimizer],
-                    on_skip: Callable[[torch.optim.Optimizer], None]) -> None:
+    def watch_steps(
+        self, optimizers: Sequence[torch.optim.Optimizer], on_skip: Callable[[torch.optim.Optimizer], None]
+    ) -> None:
         """Wrap `scaler.step` to count the steps of `optimizers` it skips."""
         original = self.scaler.step
         watched = list(optimizers)

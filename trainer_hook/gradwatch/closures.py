@@ -19,6 +19,7 @@ without one passes its `do_nothing_closure`, which the precision plugin wraps in
 measured in the pre-hook, with no `closure_calls`. It is known by identity when Lightning is
 already imported (gradwatch never imports it) and otherwise by its qualified name.
 """
+
 from __future__ import annotations
 
 import functools
@@ -37,8 +38,10 @@ def _is_do_nothing(obj: object) -> bool:
         module = sys.modules.get(name)
         if module is not None and obj is getattr(module, "do_nothing_closure", None):
             return True
-    return (getattr(obj, "__qualname__", None) == "do_nothing_closure"
-            and getattr(obj, "__module__", None) in DO_NOTHING_MODULES)
+    return (
+        getattr(obj, "__qualname__", None) == "do_nothing_closure"
+        and getattr(obj, "__module__", None) in DO_NOTHING_MODULES
+    )
 
 
 def does_nothing(closure: object) -> bool:
@@ -62,8 +65,9 @@ def step_closure(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Optional[Clos
     return closure if callable(closure) and not does_nothing(closure) else None
 
 
-def with_closure(args: tuple[Any, ...], kwargs: dict[str, Any],
-                 closure: Closure) -> tuple[tuple[Any, ...], dict[str, Any]]:
+def with_closure(
+    args: tuple[Any, ...], kwargs: dict[str, Any], closure: Closure
+) -> tuple[tuple[Any, ...], dict[str, Any]]:
     """The step's arguments with its closure replaced by `closure`."""
     if "closure" in kwargs:
         return args, {**kwargs, "closure": closure}

@@ -4,14 +4,15 @@ The live sender (sender.py) and spool replay (replay.py) both talk to the server
 functions, so both speak the handshake the same way and read a refusal the same way. Needs
 `websockets` only (no torch): `python -m gradwatch sync` runs on machines without it.
 """
+
 from __future__ import annotations
 
 import contextlib
 import json
 import socket
 import struct
-from typing import Any, Optional
 from collections.abc import Iterator
+from typing import Any, Optional
 
 from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidStatus
 from websockets.sync.client import ClientConnection, connect
@@ -35,9 +36,16 @@ def token_headers(token: Optional[str]) -> Optional[dict[str, str]]:
     return {"Authorization": f"Bearer {token}"} if token else None
 
 
-def handshake(ws_url: str, hello: str, token: Optional[str], scope: contextlib.ExitStack, *,
-              open_timeout: float = 2.0, welcome_timeout: float = 5.0,
-              send_timeout: Optional[float] = None) -> tuple[ClientConnection, dict[str, Any]]:
+def handshake(
+    ws_url: str,
+    hello: str,
+    token: Optional[str],
+    scope: contextlib.ExitStack,
+    *,
+    open_timeout: float = 2.0,
+    welcome_timeout: float = 5.0,
+    send_timeout: Optional[float] = None,
+) -> tuple[ClientConnection, dict[str, Any]]:
     """Connect, send the serialized `hello`, and return the connection with the server's `welcome`.
 
     The connection is entered into `scope`, which closes it. `send_timeout` bounds each send: a
@@ -46,14 +54,26 @@ def handshake(ws_url: str, hello: str, token: Optional[str], scope: contextlib.E
     reached, does not answer, or the address does not speak HTTP/websocket.
     """
     try:
-        ws = scope.enter_context(connect(ws_url, additional_headers=token_headers(token), open_timeout=open_timeout,
-                                         close_timeout=2, max_size=MAX_FRAME_BYTES, compression=None))
+        ws = scope.enter_context(
+            connect(
+                ws_url,
+                additional_headers=token_headers(token),
+                open_timeout=open_timeout,
+                close_timeout=2,
+                max_size=MAX_FRAME_BYTES,
+                compression=None,
+            )
+        )
     except InvalidStatus as exc:  # answered over HTTP, but not with a websocket
-        raise Refused(f"the server answered HTTP {exc.response.status_code} at {ws_url}: is it a gradwatch "
-                      "server, and is the URL its address?") from None
+        raise Refused(
+            f"the server answered HTTP {exc.response.status_code} at {ws_url}: is it a gradwatch "
+            "server, and is the URL its address?"
+        ) from None
     except InvalidHandshake as exc:  # something answered, but not HTTP (another service on that port)
-        raise ConnectionError(f"{ws_url} does not speak HTTP/websocket ({type(exc).__name__}: {exc}): is the URL "
-                              "the gradwatch server's address?") from None
+        raise ConnectionError(
+            f"{ws_url} does not speak HTTP/websocket ({type(exc).__name__}: {exc}): is the URL "
+            "the gradwatch server's address?"
+        ) from None
     if send_timeout is not None:
         seconds = int(send_timeout)
         micros = int((send_timeout - seconds) * 1e6)
@@ -94,8 +114,10 @@ def refusal(exc: ConnectionClosed) -> Optional[str]:
     if rcvd is None:
         return None
     if rcvd.code == CLOSE_POLICY:
-        return f"the server refused the connection ({rcvd.reason}): check the token (--token, watch(token=...) " \
-               "or GRADWATCH_TOKEN)"
+        return (
+            f"the server refused the connection ({rcvd.reason}): check the token (--token, watch(token=...) "
+            "or GRADWATCH_TOKEN)"
+        )
     if rcvd.code == CLOSE_INVALID:
         return f"the server refused a message as invalid ({rcvd.reason})"
     return None

@@ -6,6 +6,7 @@ flags such as `--hub_token` redacted) and working directory, and the git commit 
 here may fail `watch()`: each fact that cannot be read is left out (git runs with a short timeout).
 The user's own `config=` mapping is checked by `user_config` and recorded beside it.
 """
+
 from __future__ import annotations
 
 import json
@@ -50,16 +51,21 @@ def user_config(config: Any) -> dict[str, Any] | None:
     if config is None:
         return None
     if not isinstance(config, Mapping):
-        raise TypeError(f"config must be a mapping of names to JSON values (e.g. config={{'lr': 3e-4}}), "
-                        f"not {type(config).__name__}")
+        raise TypeError(
+            f"config must be a mapping of names to JSON values (e.g. config={{'lr': 3e-4}}), "
+            f"not {type(config).__name__}"
+        )
     try:
         text = json.dumps(dict(config), allow_nan=False)
     except (TypeError, ValueError) as exc:
-        raise ConfigError(f"config must hold only JSON values (numbers, strings, booleans, None, lists and dicts "
-                          f"of them, keyed by strings; no NaN or infinity): {exc}") from None
+        raise ConfigError(
+            f"config must hold only JSON values (numbers, strings, booleans, None, lists and dicts "
+            f"of them, keyed by strings; no NaN or infinity): {exc}"
+        ) from None
     if len(text.encode()) > MAX_CONFIG_BYTES:
-        raise ValueError(f"config is {len(text.encode())} bytes as JSON; at most {MAX_CONFIG_BYTES} "
-                         "(record the settings, not data)")
+        raise ValueError(
+            f"config is {len(text.encode())} bytes as JSON; at most {MAX_CONFIG_BYTES} (record the settings, not data)"
+        )
     plain: dict[str, Any] = json.loads(text)  # a copy: later changes by the script are not recorded
     return plain
 
@@ -67,11 +73,18 @@ def user_config(config: Any) -> dict[str, Any] | None:
 def run_context(layout: Layout, model: Any) -> dict[str, Any]:
     """The run's context as JSON values (see the module docstring); never raises."""
     out: dict[str, Any] = {}
-    for key, read in (("optimizers", lambda: _optimizers(layout)), ("parameters", lambda: _parameters(layout, model)),
-                      ("model", lambda: _class_name(model) if isinstance(model, torch.nn.Module) else None),
-                      ("versions", _versions), ("host", socket.gethostname), ("platform", platform.platform),
-                      ("devices", lambda: _devices(layout)), ("argv", lambda: redact_argv(sys.argv)),
-                      ("cwd", os.getcwd), ("git", lambda: git_state(_script_dir()))):
+    for key, read in (
+        ("optimizers", lambda: _optimizers(layout)),
+        ("parameters", lambda: _parameters(layout, model)),
+        ("model", lambda: _class_name(model) if isinstance(model, torch.nn.Module) else None),
+        ("versions", _versions),
+        ("host", socket.gethostname),
+        ("platform", platform.platform),
+        ("devices", lambda: _devices(layout)),
+        ("argv", lambda: redact_argv(sys.argv)),
+        ("cwd", os.getcwd),
+        ("git", lambda: git_state(_script_dir())),
+    ):
         try:
             out[key] = read()
         except Exception as exc:  # noqa: BLE001  (one missing fact must not cost the others, nor watch())
@@ -104,9 +117,15 @@ def _optimizers(layout: Layout) -> list[dict[str, Any]]:
     """Each optimizer's class and its param groups: name, hyperparameters, parameter count."""
     out = []
     for opt in layout.optimizers:
-        groups = [{"name": g.get("name") if isinstance(g.get("name"), str) else None, "hparams": hparams(g),
-                   "params": len(g["params"]), "numel": sum(p.numel() for p in g["params"])}
-                  for g in opt.param_groups]
+        groups = [
+            {
+                "name": g.get("name") if isinstance(g.get("name"), str) else None,
+                "hparams": hparams(g),
+                "params": len(g["params"]),
+                "numel": sum(p.numel() for p in g["params"]),
+            }
+            for g in opt.param_groups
+        ]
         out.append({"class": _class_name(opt), "groups": groups})
     return out
 
@@ -122,8 +141,12 @@ def _parameters(layout: Layout, model: Any) -> dict[str, int]:
 
 
 def _versions() -> dict[str, str | None]:
-    return {"gradwatch": __version__, "torch": torch.__version__, "python": platform.python_version(),
-            "cuda": torch.version.cuda}
+    return {
+        "gradwatch": __version__,
+        "torch": torch.__version__,
+        "python": platform.python_version(),
+        "cuda": torch.version.cuda,
+    }
 
 
 def _devices(layout: Layout) -> list[str]:
@@ -150,10 +173,19 @@ def _script_dir() -> Path:
 def git_state(directory: Path, timeout: float = GIT_TIMEOUT_S) -> dict[str, Any] | None:
     """`{"commit": sha, "dirty": bool}` of the git checkout holding `directory`, None outside one
     (or without git, or past `timeout`). Dirty: tracked files differ from the commit."""
+
     def git(*args: str) -> str | None:
         try:
-            done = subprocess.run(["git", *args], cwd=directory, capture_output=True, text=True, timeout=timeout, check=False,
-                                  stdin=subprocess.DEVNULL, env={**os.environ, "GIT_OPTIONAL_LOCKS": "0"})
+            done = subprocess.run(
+                ["git", *args],
+                cwd=directory,
+                capture_output=True,
+                text=True,
+                timeout=timeout,
+                check=False,
+                stdin=subprocess.DEVNULL,
+                env={**os.environ, "GIT_OPTIONAL_LOCKS": "0"},
+            )
         except (OSError, subprocess.SubprocessError) as exc:
             log.debug("gradwatch: git %s: %s", args[0], exc)
             return None

@@ -17,6 +17,7 @@ on it, or it would stop spooling and sending, and steps would be dropped once it
 finding that arrives while the queue is full is dropped, with one log line. What the callback
 raises is logged.
 """
+
 from __future__ import annotations
 
 import logging
@@ -49,7 +50,9 @@ def describe(finding: dict[str, Any], page: Optional[str] = None) -> str:
     """How a finding reads in the terminal: 'gradwatch error: <message> [code, step 5; page]'."""
     where = f"step {finding['first_step']}" if isinstance(finding.get("first_step"), int) else "from the start"
     tail = f"; {page}" if page else ""
-    return f"gradwatch {finding.get('severity', 'info')}: {finding.get('message', '')} [{finding['code']}, {where}{tail}]"
+    return (
+        f"gradwatch {finding.get('severity', 'info')}: {finding.get('message', '')} [{finding['code']}, {where}{tail}]"
+    )
 
 
 class CallbackThread:
@@ -70,8 +73,11 @@ class CallbackThread:
         try:
             self._queue.put_nowait(finding)
         except queue.Full:
-            log.warning("gradwatch: the on_finding callback is %d findings behind; %s is not passed to it",
-                        self._queue.maxsize, finding.get("code"))
+            log.warning(
+                "gradwatch: the on_finding callback is %d findings behind; %s is not passed to it",
+                self._queue.maxsize,
+                finding.get("code"),
+            )
 
     def is_current(self) -> bool:
         """Whether the caller runs on this thread (inside the user's callback)."""
@@ -100,8 +106,12 @@ class FindingWarner:
     """Called with each `finding` the server sends; warns once per code (if `enabled`) and has
     `callback` called, on its own thread, with each new one (a new code, or one turned graver)."""
 
-    def __init__(self, enabled: bool = True, page: Optional[str] = None,
-                 callback: Optional[Callable[[dict[str, Any]], Any]] = None) -> None:
+    def __init__(
+        self,
+        enabled: bool = True,
+        page: Optional[str] = None,
+        callback: Optional[Callable[[dict[str, Any]], Any]] = None,
+    ) -> None:
         self.enabled = enabled
         self.page = page
         self.callback = callback
@@ -125,5 +135,8 @@ class FindingWarner:
             if new and self.enabled:
                 warnings.warn(describe(finding, self.page), GradwatchWarning, stacklevel=2)
         except Exception as exc:  # e.g. -W error: the sender thread must carry on
-            log.warning("gradwatch: %s (%s)", describe(finding, self.page) if isinstance(finding, dict)
-                        and "code" in finding else finding, exc)
+            log.warning(
+                "gradwatch: %s (%s)",
+                describe(finding, self.page) if isinstance(finding, dict) and "code" in finding else finding,
+                exc,
+            )

@@ -4,6 +4,7 @@ Read over the server's REST API with the standard library (urllib): the hook add
 pandas and pyarrow are imported when these are called, never by `import gradwatch`
 (`pip install gradwatch[pandas]`).
 """
+
 from __future__ import annotations
 
 import io
@@ -18,8 +19,24 @@ from .wire import DEFAULT_SERVER
 
 PAGE = 1000  # runs per request, the API's largest `limit`
 #: RunPublic's fields (docs/api.md): the columns of `runs()`, also when no run matches
-RUN_COLUMNS = ["id", "name", "project", "status", "steps", "last_step", "created_at", "updated_at", "finished_at",
-               "param_count", "param_numel", "optimizer", "config", "hook_version", "tags", "findings"]
+RUN_COLUMNS = [
+    "id",
+    "name",
+    "project",
+    "status",
+    "steps",
+    "last_step",
+    "created_at",
+    "updated_at",
+    "finished_at",
+    "param_count",
+    "param_numel",
+    "optimizer",
+    "config",
+    "hook_version",
+    "tags",
+    "findings",
+]
 TIME_COLUMNS = ("created_at", "updated_at", "finished_at")
 
 
@@ -28,8 +45,10 @@ def _pandas() -> Any:
         import pandas
         import pyarrow  # noqa: F401  (pandas reads the Parquet export with it)
     except ImportError as exc:
-        raise ImportError(f"gradwatch.load() and gradwatch.runs() need pandas and pyarrow ({exc.name} is missing): "
-                          "pip install gradwatch[pandas]") from exc
+        raise ImportError(
+            f"gradwatch.load() and gradwatch.runs() need pandas and pyarrow ({exc.name} is missing): "
+            "pip install gradwatch[pandas]"
+        ) from exc
     return pandas
 
 
@@ -45,8 +64,9 @@ def _server(server: Optional[str]) -> str:
     return urllib.parse.urlunsplit((scheme, parts.netloc, parts.path.rstrip("/"), "", ""))
 
 
-def _get(base: str, path: str, params: Optional[dict[str, Any]] = None, *, run: Optional[str] = None,
-         timeout: float = 60.0) -> bytes:
+def _get(
+    base: str, path: str, params: Optional[dict[str, Any]] = None, *, run: Optional[str] = None, timeout: float = 60.0
+) -> bytes:
     """GET `path` on the server; clear errors for a server that does not answer and an unknown run."""
     query = urllib.parse.urlencode({k: v for k, v in (params or {}).items() if v is not None})
     url = base + path + (f"?{query}" if query else "")
@@ -57,13 +77,16 @@ def _get(base: str, path: str, params: Optional[dict[str, Any]] = None, *, run: 
     except urllib.error.HTTPError as exc:
         detail = _detail(exc)
         if exc.code == 404 and run is not None:
-            raise LookupError(f"gradwatch server {base} has no run {run!r} ({detail}); "
-                              "gradwatch.runs() lists the runs it has") from None
+            raise LookupError(
+                f"gradwatch server {base} has no run {run!r} ({detail}); gradwatch.runs() lists the runs it has"
+            ) from None
         raise RuntimeError(f"gradwatch server {base} answered {exc.code} to GET {path}: {detail}") from None
     except (urllib.error.URLError, OSError) as exc:
         reason = getattr(exc, "reason", exc)
-        raise ConnectionError(f"cannot reach the gradwatch server at {base} ({reason}); is it running "
-                              "(`gradwatch serve`)? Pass server=... or set GRADWATCH_SERVER") from None
+        raise ConnectionError(
+            f"cannot reach the gradwatch server at {base} ({reason}); is it running "
+            "(`gradwatch serve`)? Pass server=... or set GRADWATCH_SERVER"
+        ) from None
 
 
 def _detail(exc: urllib.error.HTTPError) -> str:
@@ -114,8 +137,14 @@ def load(run: Any, server: Optional[str] = None, *, timeout: float = 60.0) -> An
     return frame
 
 
-def runs(server: Optional[str] = None, project: Optional[str] = None, *, status: Optional[str] = None,
-         tag: Optional[str] = None, timeout: float = 60.0) -> Any:
+def runs(
+    server: Optional[str] = None,
+    project: Optional[str] = None,
+    *,
+    status: Optional[str] = None,
+    tag: Optional[str] = None,
+    timeout: float = 60.0,
+) -> Any:
     """The server's runs as a DataFrame, newest first, one row per run (`GET /api/runs`).
 
     Columns: the run fields of docs/api.md (`id`, `name`, `project`, `status`, `steps`, ...);
@@ -129,8 +158,14 @@ def runs(server: Optional[str] = None, project: Optional[str] = None, *, status:
     base = _server(server)
     rows: list[dict[str, Any]] = []
     while True:
-        page = json.loads(_get(base, "/api/runs", {"project": project, "status": status, "tag": tag,
-                                                    "limit": PAGE, "offset": len(rows)}, timeout=timeout))
+        page = json.loads(
+            _get(
+                base,
+                "/api/runs",
+                {"project": project, "status": status, "tag": tag, "limit": PAGE, "offset": len(rows)},
+                timeout=timeout,
+            )
+        )
         rows.extend(page["data"])
         if not page["data"] or len(rows) >= page["count"]:
             break

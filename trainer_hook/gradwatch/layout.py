@@ -2,11 +2,12 @@
 
 The order fixed here is the order of every per-parameter array on the wire and in storage.
 """
+
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
-from collections.abc import Sequence
 
 import torch
 
@@ -35,8 +36,14 @@ class Layout:
 
     def hello_params(self) -> list[dict[str, Any]]:
         return [
-            {"name": w.name, "shape": list(w.param.shape), "numel": w.param.numel(),
-             "dtype": str(w.param.dtype).removeprefix("torch."), "group": w.group, "optimizer": w.optimizer}
+            {
+                "name": w.name,
+                "shape": list(w.param.shape),
+                "numel": w.param.numel(),
+                "dtype": str(w.param.dtype).removeprefix("torch."),
+                "group": w.group,
+                "optimizer": w.optimizer,
+            }
             for w in self.params
         ]
 
@@ -44,8 +51,14 @@ class Layout:
         out = []
         for g, (o, i) in enumerate(self.group_keys):
             group = self.optimizers[o].param_groups[i]
-            out.append({"optimizer": o, "index": g, "name": group.get("name") if isinstance(group.get("name"), str) else None,
-                        "hparams": hparams(group)})
+            out.append(
+                {
+                    "optimizer": o,
+                    "index": g,
+                    "name": group.get("name") if isinstance(group.get("name"), str) else None,
+                    "hparams": hparams(group),
+                }
+            )
         return out
 
 
@@ -59,7 +72,9 @@ def hparams(group: dict[str, Any]) -> dict[str, Any]:
             value = float(value)
         if isinstance(value, tuple):
             value = list(value)
-        if isinstance(value, _HPARAM_TYPES) or (isinstance(value, list) and all(isinstance(v, (int, float)) for v in value)):
+        if isinstance(value, _HPARAM_TYPES) or (
+            isinstance(value, list) and all(isinstance(v, (int, float)) for v in value)
+        ):
             if isinstance(value, float) and value != value:
                 continue
             out[key] = value
@@ -74,13 +89,21 @@ def named_parameters(model: Any) -> list[tuple[str, torch.Tensor]]:
     if isinstance(model, torch.nn.Module):
         return list(model.named_parameters())
     if isinstance(model, (str, bytes, torch.Tensor)) or not hasattr(model, "__iter__"):
-        raise TypeError("model must be a torch.nn.Module or (name, parameter) pairs such as "
-                        f"model.named_parameters(), not {type(model).__name__}")
+        raise TypeError(
+            "model must be a torch.nn.Module or (name, parameter) pairs such as "
+            f"model.named_parameters(), not {type(model).__name__}"
+        )
     pairs = list(model)
     for pair in pairs:
-        if not (isinstance(pair, tuple) and len(pair) == 2 and isinstance(pair[0], str)
-                and isinstance(pair[1], torch.Tensor)):
-            raise TypeError(f"model: expected (name, parameter) pairs such as model.named_parameters(); got {pair!r:.80}")
+        if not (
+            isinstance(pair, tuple)
+            and len(pair) == 2
+            and isinstance(pair[0], str)
+            and isinstance(pair[1], torch.Tensor)
+        ):
+            raise TypeError(
+                f"model: expected (name, parameter) pairs such as model.named_parameters(); got {pair!r:.80}"
+            )
     return pairs
 
 

@@ -9,12 +9,13 @@ into per-parameter arrays. The norms stay a list of 0-d tensors until one stack 
 the training thread (on the sender thread the stack costs that thread more than it saves this
 one). Why: docs/design.md, The hook; figures: docs/benchmarks.md.
 """
+
 from __future__ import annotations
 
 import operator
 import time
-from dataclasses import dataclass, field
 from collections.abc import Callable, Collection, Iterable, Sequence
+from dataclasses import dataclass, field
 from typing import Any, Optional
 
 import numpy as np
@@ -62,10 +63,20 @@ def norm_preps(tensors: list[torch.Tensor]) -> list[Optional[Prep]]:
     on CPU is reduced by rows; one the fused float32 norm refuses (float64 and complex, which it
     would have to narrow; integers and bools, a custom optimizer's per-element counts or masks)
     gets its own norm, in its own precision."""
-    return [_norm_apart if t.dtype not in _FUSED_DTYPES
-            else _rows_norms if (t.numel() >= _CPU_ROWS_MIN_NUMEL and t.numel() % _CPU_ROW == 0
-                                 and t.device.type == "cpu" and t.dtype == torch.float32 and t.is_contiguous())
-            else None for t in tensors]
+    return [
+        _norm_apart
+        if t.dtype not in _FUSED_DTYPES
+        else _rows_norms
+        if (
+            t.numel() >= _CPU_ROWS_MIN_NUMEL
+            and t.numel() % _CPU_ROW == 0
+            and t.device.type == "cpu"
+            and t.dtype == torch.float32
+            and t.is_contiguous()
+        )
+        else None
+        for t in tensors
+    ]
 
 
 #: The dtypes whose norms `_foreach_norm` computes as float32.
@@ -95,7 +106,10 @@ class _StatePlan:
     small tensors. A plan is used only while every parameter's state dict, its size and every
     listed tensor are still the ones it was built from (identity checks), else it is rebuilt.
     """
-    checks: list[tuple[dict[Any, Any], torch.Tensor, Optional[dict[str, Any]], int, tuple[str, ...], tuple[torch.Tensor, ...]]]
+
+    checks: list[
+        tuple[dict[Any, Any], torch.Tensor, Optional[dict[str, Any]], int, tuple[str, ...], tuple[torch.Tensor, ...]]
+    ]
     #: per device: the tensors in reading order, what `fused_norms` does to each first
     #: (`norm_preps`), and the segments they make: (metric, parameter indices, count)
     reads: list[tuple[list[torch.Tensor], list[Optional[Prep]], list[tuple[str, np.ndarray, int]]]]
@@ -116,6 +130,7 @@ class _StatePlan:
 class _Segment:
     """`values[k]` (a float32 0-d tensor, not yet stacked) is metric `metric` of parameter
     `index[k]` (a scalar when `index` is None)."""
+
     metric: str
     index: Optional[np.ndarray]
     values: list[torch.Tensor]
@@ -126,6 +141,7 @@ class _DeviceBuffer:
     """One device's norms on the host: (metric, parameter indices, count) per stretch of `host`.
     Only counts, not the segments: their hundreds of 0-d tensors are freed on the training
     thread, as soon as they are joined, rather than on the sender thread."""
+
     segments: list[tuple[str, Optional[np.ndarray], int]]
     host: torch.Tensor
     event: Optional[torch.cuda.Event] = None
@@ -134,6 +150,7 @@ class _DeviceBuffer:
 @dataclass
 class Snapshot:
     """One sampled step's measurements, on their way from the device to the sender thread."""
+
     step: int
     time: float
     num_params: int
@@ -153,7 +170,7 @@ class Snapshot:
             host = buf.host.numpy()
             offset = 0
             for metric, index, n in buf.segments:
-                chunk = host[offset:offset + n]
+                chunk = host[offset : offset + n]
                 offset += n
                 if index is None:
                     scalars[metric] = float(chunk[0])
@@ -218,8 +235,9 @@ class Probe:
         self.begin(step)
         self.read_grads()
 
-    def after_step(self, extra_scalars: dict[str, Any],
-                   host_metrics: Optional[dict[str, np.ndarray]] = None) -> Optional[Snapshot]:
+    def after_step(
+        self, extra_scalars: dict[str, Any], host_metrics: Optional[dict[str, np.ndarray]] = None
+    ) -> Optional[Snapshot]:
         """Read every parameter and optimizer state, then `finish` the step."""
         self.read_state()
         return self.finish(extra_scalars, host_metrics)
@@ -281,21 +299,24 @@ class Probe:
             norms = fused_norms(tensors, prep)
             offset = 0
             for metric, idx, count in segments:
-                pending.segments.append(_Segment(metric, idx, norms[offset:offset + count]))
+                pending.segments.append(_Segment(metric, idx, norms[offset : offset + count]))
                 offset += count
         pending.cost_s += time.perf_counter() - started
 
     @torch.no_grad()
-    def finish(self, extra_scalars: dict[str, Any],
-               host_metrics: Optional[dict[str, np.ndarray]] = None) -> Optional[Snapshot]:
+    def finish(
+        self, extra_scalars: dict[str, Any], host_metrics: Optional[dict[str, np.ndarray]] = None
+    ) -> Optional[Snapshot]:
         """Add the step's scalars and enqueue the one device-to-host copy per device."""
         pending, self._pending = self._pending, None
         if pending is None:
             return None
         started = time.perf_counter()
         segments = pending.segments
-        scalars: dict[str, float] = {"mem/params_bytes": self.params_bytes,
-                                     "mem/optimizer_bytes": float(pending.optimizer_bytes)}
+        scalars: dict[str, float] = {
+            "mem/params_bytes": self.params_bytes,
+            "mem/optimizer_bytes": float(pending.optimizer_bytes),
+        }
         for key, value in self.group_lrs(extra_scalars).items():
             if isinstance(value, torch.Tensor):
                 if value.device.type == "cpu":
@@ -306,10 +327,16 @@ class Probe:
                 scalars[key] = float(value)
         scalars.update(cuda_memory({s.values[0].device for s in segments if s.values}))
         buffers = self._to_host(segments)
-        return Snapshot(step=pending.step, time=pending.time, num_params=len(self.params),
-                        buffers=buffers, scalars=scalars,
-                        grad_bytes=pending.grad_bytes if pending.grad_bytes is not None else np.zeros(0),
-                        host_metrics=host_metrics or {}, cost_s=pending.cost_s + time.perf_counter() - started)
+        return Snapshot(
+            step=pending.step,
+            time=pending.time,
+            num_params=len(self.params),
+            buffers=buffers,
+            scalars=scalars,
+            grad_bytes=pending.grad_bytes if pending.grad_bytes is not None else np.zeros(0),
+            host_metrics=host_metrics or {},
+            cost_s=pending.cost_s + time.perf_counter() - started,
+        )
 
     def group_lrs(self, scalars: dict[str, Any]) -> dict[str, Any]:
         """`scalars` with `lr/G` of every param group added (read now: schedulers change them)."""
@@ -321,11 +348,19 @@ class Probe:
         """What a step not measured still records, from host-side metadata only (no device work):
         learning rates, bytes and count of `.grad` buffers that exist (`grad_nbytes` per
         parameter, -1 for None, as GradTracker noted them at the step), CUDA allocator counters."""
-        out = {k: float(v) for k, v in self.group_lrs(scalars).items()
-               if (isinstance(v, (int, float)) and not isinstance(v, bool))
-               or (isinstance(v, torch.Tensor) and v.device.type == "cpu" and v.numel() == 1)}
-        out.update({"mem/params_bytes": self.params_bytes, "mem/grads_bytes": float(sum(b for b in grad_nbytes if b > 0)),
-                    "grads/none": float(sum(1 for b in grad_nbytes if b < 0))})
+        out = {
+            k: float(v)
+            for k, v in self.group_lrs(scalars).items()
+            if (isinstance(v, (int, float)) and not isinstance(v, bool))
+            or (isinstance(v, torch.Tensor) and v.device.type == "cpu" and v.numel() == 1)
+        }
+        out.update(
+            {
+                "mem/params_bytes": self.params_bytes,
+                "mem/grads_bytes": float(sum(b for b in grad_nbytes if b > 0)),
+                "grads/none": float(sum(1 for b in grad_nbytes if b < 0)),
+            }
+        )
         out.update(cuda_memory(self._devices))
         return out
 
@@ -339,7 +374,11 @@ class Probe:
     def _state_plan(self, indices: Iterable[int]) -> _StatePlan:
         """Parameter norms of `indices`, then each state key's (named `<key>_norm`), grouped by device."""
         by_device: dict[torch.device, dict[str, tuple[list[int], list[torch.Tensor]]]] = {}
-        checks: list[tuple[dict[Any, Any], torch.Tensor, Optional[dict[str, Any]], int, tuple[str, ...], tuple[torch.Tensor, ...]]] = []
+        checks: list[
+            tuple[
+                dict[Any, Any], torch.Tensor, Optional[dict[str, Any]], int, tuple[str, ...], tuple[torch.Tensor, ...]
+            ]
+        ] = []
         nbytes = 0
         for i in indices:
             w = self.layout.params[i]
@@ -362,7 +401,9 @@ class Probe:
         reads = []
         for metrics in by_device.values():
             on_device = [t for _, ts in metrics.values() for t in ts]
-            reads.append((on_device, norm_preps(on_device), [(m, np.asarray(idx), len(ts)) for m, (idx, ts) in metrics.items()]))
+            reads.append(
+                (on_device, norm_preps(on_device), [(m, np.asarray(idx), len(ts)) for m, (idx, ts) in metrics.items()])
+            )
         return _StatePlan(checks, reads, nbytes)
 
     def _updates(self, before: dict[int, torch.Tensor]) -> list[_Segment]:

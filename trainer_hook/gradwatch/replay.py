@@ -11,6 +11,7 @@ record in it is not a message with a `seq`) is moved aside to `<name>.rejected`,
 so that no later replay sends it again and again; a refused token or an unreachable server
 leaves the file where it is, for the next try.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -122,8 +123,9 @@ def _deliver(path: Path, ws_url: str, token: Optional[str], timeout: float) -> D
     _check_hello(hello)
     sent = last = 0
     with contextlib.ExitStack() as scope:
-        ws, welcome = handshake(ws_url, hello, token, scope, open_timeout=10, welcome_timeout=timeout,
-                                send_timeout=timeout)
+        ws, welcome = handshake(
+            ws_url, hello, token, scope, open_timeout=10, welcome_timeout=timeout, send_timeout=timeout
+        )
         acked = int(welcome.get("last_seq", 0))
         number = 1
         try:
@@ -142,13 +144,18 @@ def _deliver(path: Path, ws_url: str, token: Optional[str], timeout: float) -> D
             _refused_message(ws, f"the server refused a spooled message of run {path.stem}: {exc}")
         except ConnectionClosed as exc:
             if exc.rcvd is not None and exc.rcvd.code in _MESSAGE_REFUSED:
-                raise _Unsendable(f"the server refused a spooled message of run {path.stem} "
-                                  f"({exc.rcvd.reason or exc.rcvd.code})") from None
+                raise _Unsendable(
+                    f"the server refused a spooled message of run {path.stem} ({exc.rcvd.reason or exc.rcvd.code})"
+                ) from None
             raise closed(exc, "the server closed the connection before acknowledging everything") from None
     path.unlink(missing_ok=True)
     if report.torn:
-        log.warning("gradwatch: %s ended in %s; the %d complete records before it were replayed",
-                    path.name, report.torn, report.records)
+        log.warning(
+            "gradwatch: %s ended in %s; the %d complete records before it were replayed",
+            path.name,
+            report.torn,
+            report.records,
+        )
     return Delivery(path.stem, sent, report.torn)
 
 

@@ -1,4 +1,5 @@
 """Which optimizer steps are measured: every N-th, or as often as a cost budget allows."""
+
 from __future__ import annotations
 
 import math
@@ -124,7 +125,9 @@ def make_sampler(every: object) -> Sampler:
     if every == "auto":
         return AutoInterval()
     if isinstance(every, bool) or not isinstance(every, int) or every < 1:
-        raise ValueError(f'every must be a whole number >= 1 (sample every N-th optimizer step) or "auto"; got {every!r}')
+        raise ValueError(
+            f'every must be a whole number >= 1 (sample every N-th optimizer step) or "auto"; got {every!r}'
+        )
     return EveryN(every)
 
 

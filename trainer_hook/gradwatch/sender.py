@@ -18,6 +18,7 @@ submitted (consecutive steps with the same keys as one `steps` message, docs/pro
 writes it to the spool, so a training process killed outright loses at most its last
 SPOOL_EVERY_S of steps, however long the server lets the hook gather them.
 """
+
 from __future__ import annotations
 
 import collections
@@ -47,6 +48,7 @@ MessageFactory = Callable[[int], dict[str, Any]]
 class _StepItem:
     """A submitted step: `make` runs on the sender thread (it may wait for the device-to-host
     copy and resolves the measurements), so the training thread does neither."""
+
     __slots__ = ("make",)
 
     def __init__(self, make: Callable[[], StepRecord]) -> None:
@@ -71,9 +73,16 @@ class Sender:
     #: Called on this thread with each diagnostic the server finds (watcher sets a FindingWarner).
     on_finding: Callable[[Any], None] = staticmethod(lambda finding: None)
 
-    def __init__(self, ws_url: str, hello: dict[str, Any], token: Optional[str] = None,
-                 max_queue: int = 4096, max_unacked_bytes: int = 64 << 20,
-                 spool: Optional[SpoolWriter] = None, linger: float = 0.25) -> None:
+    def __init__(
+        self,
+        ws_url: str,
+        hello: dict[str, Any],
+        token: Optional[str] = None,
+        max_queue: int = 4096,
+        max_unacked_bytes: int = 64 << 20,
+        spool: Optional[SpoolWriter] = None,
+        linger: float = 0.25,
+    ) -> None:
         """`linger`: seconds between sends until the server says otherwise (`_pace`)."""
         self.ws_url = ws_url
         self.linger = linger
@@ -225,8 +234,9 @@ class Sender:
             except Exception:
                 log.exception("gradwatch: could not build a step; skipped")
                 continue
-            if run and (record.keys() != run[0].keys() or len(run) >= MAX_BATCH_STEPS
-                        or size + record.nbytes > MAX_BATCH_BYTES):
+            if run and (
+                record.keys() != run[0].keys() or len(run) >= MAX_BATCH_STEPS or size + record.nbytes > MAX_BATCH_BYTES
+            ):
                 flush()
             run.append(record)
             size += record.nbytes
@@ -366,8 +376,12 @@ class Sender:
         if self.spool is not None:
             self.spool.flush()
         if not delivered and self.spool is not None:
-            log.warning("gradwatch: %d messages not acknowledged yet; kept in %s: run `gradwatch-sync` "
-                        "or the next watch() to deliver them", self.pending, self.spool.path)
+            log.warning(
+                "gradwatch: %d messages not acknowledged yet; kept in %s: run `gradwatch-sync` "
+                "or the next watch() to deliver them",
+                self.pending,
+                self.spool.path,
+            )
         self._close_spool(delete=delivered)
 
     def _close_spool(self, delete: bool) -> None:

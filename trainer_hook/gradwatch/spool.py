@@ -15,6 +15,7 @@ This module is the file format and its locking only, and needs no torch. Where `
 (Windows) the files cannot be locked, so no run spools there: `SpoolWriter` refuses with an
 OSError that says why, and the watcher keeps unsent data in memory only.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -22,9 +23,9 @@ import logging
 import os
 import struct
 import zlib
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import IO, Optional
-from collections.abc import Iterator, Mapping
 
 try:
     import fcntl

@@ -9,6 +9,7 @@ DeepSpeed's ZeRO optimizers (and its BF16_Optimizer) are refused: the torch opti
 steps flat fp32 partitions, not the model's parameters, so its norms would be of partitions and
 every parameter of the model would read as left out of the optimizer.
 """
+
 from __future__ import annotations
 
 from typing import Any, Optional
@@ -48,10 +49,12 @@ def _check_not_partitioned(obj: object) -> None:
     cls = type(obj)
     module, name = getattr(cls, "__module__", "") or "", cls.__name__
     if module.startswith(PARTITIONED_MODULES) or name.startswith(PARTITIONED_CLASSES):
-        raise TypeError(f"watch() cannot measure {module}.{name}: DeepSpeed's ZeRO optimizers step flat "
-                        "partitions of the parameters, and ZeRO partitions are not supported yet; watch a run "
-                        "without ZeRO (zero_optimization stage 0 and no bf16 optimizer), or pass a plain "
-                        "torch.optim.Optimizer over the model's parameters")
+        raise TypeError(
+            f"watch() cannot measure {module}.{name}: DeepSpeed's ZeRO optimizers step flat "
+            "partitions of the parameters, and ZeRO partitions are not supported yet; watch a run "
+            "without ZeRO (zero_optimization stage 0 and no bf16 optimizer), or pass a plain "
+            "torch.optim.Optimizer over the model's parameters"
+        )
 
 
 def _hookable(obj: object) -> bool:
@@ -78,15 +81,21 @@ def unwrap(optimizer: Any) -> tuple[torch.optim.Optimizer, list[Any]]:
         return obj, wrappers
     what = type(optimizer).__name__
     if wrappers:
-        raise TypeError(f"watch() unwrapped {what} down to {type(obj).__name__}, which is not a torch.optim.Optimizer "
-                        "it can hook; pass the torch.optim.Optimizer that steps the parameters")
+        raise TypeError(
+            f"watch() unwrapped {what} down to {type(obj).__name__}, which is not a torch.optim.Optimizer "
+            "it can hook; pass the torch.optim.Optimizer that steps the parameters"
+        )
     if isinstance(optimizer, torch.optim.Optimizer):
-        raise TypeError(f"watch() cannot hook {what}: it is a torch.optim.Optimizer whose Optimizer.__init__ never "
-                        "ran (a wrapper?) and it keeps no optimizer in .optimizer or ._optimizer; pass the "
-                        "torch.optim.Optimizer it wraps")
-    raise TypeError(f"watch() needs a torch.optim.Optimizer (or a list of them) as its first argument, not {what}; "
-                    "a framework's wrapper works when it keeps the torch optimizer in .optimizer or ._optimizer, "
-                    "otherwise pass the torch.optim.Optimizer itself")
+        raise TypeError(
+            f"watch() cannot hook {what}: it is a torch.optim.Optimizer whose Optimizer.__init__ never "
+            "ran (a wrapper?) and it keeps no optimizer in .optimizer or ._optimizer; pass the "
+            "torch.optim.Optimizer it wraps"
+        )
+    raise TypeError(
+        f"watch() needs a torch.optim.Optimizer (or a list of them) as its first argument, not {what}; "
+        "a framework's wrapper works when it keeps the torch optimizer in .optimizer or ._optimizer, "
+        "otherwise pass the torch.optim.Optimizer itself"
+    )
 
 
 def find_scaler(wrappers: list[Any]) -> Optional[Any]:

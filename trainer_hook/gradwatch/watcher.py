@@ -1,4 +1,5 @@
 """`watch()`: attach gradwatch to an optimizer through its step hooks."""
+
 from __future__ import annotations
 
 import atexit
@@ -55,12 +56,22 @@ class Watcher:
     waiting a few seconds at most.
     """
 
-    def __init__(self, optimizer: Union[torch.optim.Optimizer, Sequence[torch.optim.Optimizer]], *,
-                 model: Union[torch.nn.Module, Iterable[tuple[str, torch.Tensor]], None] = None,
-                 run: Optional[str] = None, project: Optional[str] = None, server: Optional[str] = None,
-                 every: Union[int, str] = 1, scaler: Any = None, token: Optional[str] = None,
-                 updates: bool = False, warn: bool = True, config: Optional[Mapping[str, Any]] = None,
-                 on_finding: Optional[Callable[[dict[str, Any]], Any]] = None) -> None:
+    def __init__(
+        self,
+        optimizer: Union[torch.optim.Optimizer, Sequence[torch.optim.Optimizer]],
+        *,
+        model: Union[torch.nn.Module, Iterable[tuple[str, torch.Tensor]], None] = None,
+        run: Optional[str] = None,
+        project: Optional[str] = None,
+        server: Optional[str] = None,
+        every: Union[int, str] = 1,
+        scaler: Any = None,
+        token: Optional[str] = None,
+        updates: bool = False,
+        warn: bool = True,
+        config: Optional[Mapping[str, Any]] = None,
+        on_finding: Optional[Callable[[dict[str, Any]], Any]] = None,
+    ) -> None:
         optimizers, wrappers = _optimizers(optimizer)
         if scaler is None:  # accelerate's AcceleratedOptimizer steps with its own GradScaler
             scaler = next((s for s in map(find_scaler, wrappers) if s is not None), None)
@@ -96,8 +107,10 @@ class Watcher:
         self._tracker = GradTracker(self._probe.params)
         #: parameter indices of each optimizer; None stands for all (one optimizer)
         self._members: list[Optional[list[int]]] = (
-            [None] if len(optimizers) == 1 else
-            [[i for i, w in enumerate(self.layout.params) if w.optimizer == k] for k in range(len(optimizers))])
+            [None]
+            if len(optimizers) == 1
+            else [[i for i, w in enumerate(self.layout.params) if w.optimizer == k] for k in range(len(optimizers))]
+        )
         self._round: dict[int, int] = {}  # optimizer -> its steps in the open round
         self._opt_steps = [0] * len(optimizers)
         n = len(self.layout.params)
@@ -111,14 +124,27 @@ class Watcher:
         self._close_requested = False  # by close() inside the on_finding callback
         self._sampled = False
         hello = wire.hello(
-            run={"id": self.run_id, "name": self.name, "project": self.project,
-                 "started_at": time.time(), "hook_version": __version__,
-                 "optimizer": "+".join(type(o).__name__ for o in optimizers),
-                 "config": {"every": every, "amp": scaler is not None, "updates": updates,
-                            "optimizers": [type(o).__name__ for o in optimizers],
-                            "unoptimized_params": self.layout.unoptimized, "frozen_params": self.layout.frozen,
-                            **_wrapper_config(wrappers), **context_config(self.layout, model, user)}},
-            params=self.layout.hello_params(), groups=self.layout.hello_groups())
+            run={
+                "id": self.run_id,
+                "name": self.name,
+                "project": self.project,
+                "started_at": time.time(),
+                "hook_version": __version__,
+                "optimizer": "+".join(type(o).__name__ for o in optimizers),
+                "config": {
+                    "every": every,
+                    "amp": scaler is not None,
+                    "updates": updates,
+                    "optimizers": [type(o).__name__ for o in optimizers],
+                    "unoptimized_params": self.layout.unoptimized,
+                    "frozen_params": self.layout.frozen,
+                    **_wrapper_config(wrappers),
+                    **context_config(self.layout, model, user),
+                },
+            },
+            params=self.layout.hello_params(),
+            groups=self.layout.hello_groups(),
+        )
         self._sender = Sender(url, hello, token=token, spool=_open_spool(self.run_id, hello))
         # a server on this machine: its CPU per step is part of what watching costs
         self._cost = CostMeter(self._sampler, _on_this_machine(url), lambda: self._sender.server_cpu_per_step)
@@ -127,8 +153,10 @@ class Watcher:
         self._sender.on_finding = self._findings
         self._handles = []
         for k, opt in enumerate(optimizers):
-            self._handles += [opt.register_step_pre_hook(functools.partial(self._before_step, k)),
-                              opt.register_step_post_hook(functools.partial(self._after_step, k))]
+            self._handles += [
+                opt.register_step_pre_hook(functools.partial(self._before_step, k)),
+                opt.register_step_post_hook(functools.partial(self._after_step, k)),
+            ]
         if self._amp is not None:
             self._amp.watch_steps(optimizers, self._skipped_step)
         self_ref = weakref.ref(self)
@@ -198,8 +226,7 @@ class Watcher:
                 if counted.calls == 0 and self._sampled and first:  # the optimizer ignored its closure
                     self._read_grads(k)
             # every step: it marks where the next one starts (a closure evaluated once already did)
-            self._end_passes(k, keep=first, taken=self._taken.pop(k, None),
-                             again=counted is None or counted.calls != 1)
+            self._end_passes(k, keep=first, taken=self._taken.pop(k, None), again=counted is None or counted.calls != 1)
             if self._sampled and first:
                 self._probe.read_state(self._members[k])
             if len(self._round) == len(self._members):
@@ -212,12 +239,18 @@ class Watcher:
     def _give_up(self, exc: Exception) -> None:
         """A failure inside gradwatch must not end the training: say so, with the traceback, and
         stop watching (the steps sent so far stay; `close()` still finishes the run)."""
-        log.error("gradwatch: stopped watching run %s at step %d after an error of its own; the training goes "
-                  "on. Please report it with this traceback.", self.run_id, self.step, exc_info=exc)
+        log.error(
+            "gradwatch: stopped watching run %s at step %d after an error of its own; the training goes "
+            "on. Please report it with this traceback.",
+            self.run_id,
+            self.step,
+            exc_info=exc,
+        )
         self._detach()
 
-    def _end_passes(self, k: int, keep: bool,
-                    taken: Optional[tuple[list[int], list[Optional[float]]]] = None, again: bool = True) -> None:
+    def _end_passes(
+        self, k: int, keep: bool, taken: Optional[tuple[list[int], list[Optional[float]]]] = None, again: bool = True
+    ) -> None:
         """End optimizer `k`'s backward passes; keep them as the round's when `keep`. `taken`: the
         passes of a closure step up to its first evaluation, which are the step's in their place;
         they are ended again only if `again` (later evaluations' passes belong to no step)."""
@@ -286,7 +319,9 @@ class Watcher:
                     raise ValueError(f"{key}: a logged tensor must have one element, not shape {tuple(value.shape)}")
                 value = value.detach()
             elif isinstance(value, bool) or not isinstance(value, (int, float)):
-                raise TypeError(f"{key}: logged values must be numbers or one-element tensors, not {type(value).__name__}")
+                raise TypeError(
+                    f"{key}: logged values must be numbers or one-element tensors, not {type(value).__name__}"
+                )
             self._logged[key] = value
 
     def close(self, timeout: float = 5.0, status: str = "finished") -> None:
@@ -337,8 +372,10 @@ class Watcher:
     def _repr_html_(self) -> str:
         """In Jupyter, a watcher shows as a link to its run's page."""
         url = html.escape(self.url, quote=True)
-        return (f'<a href="{url}" target="_blank" rel="noopener">gradwatch run {html.escape(self.name)}</a> '
-                f'<span>({html.escape(self.project)}, id {self.run_id}, step {self.step})</span>')
+        return (
+            f'<a href="{url}" target="_blank" rel="noopener">gradwatch run {html.escape(self.name)}</a> '
+            f"<span>({html.escape(self.project)}, id {self.run_id}, step {self.step})</span>"
+        )
 
     def show(self, height: int = 800) -> Any:
         """The live run page, embedded in a notebook: an `IPython.display.IFrame` (display it, or
@@ -348,8 +385,10 @@ class Watcher:
         try:
             from IPython.display import IFrame
         except ImportError as exc:
-            raise ImportError("Watcher.show() embeds the run page in a Jupyter notebook and needs IPython "
-                              f"(pip install ipython); outside a notebook open {self.url}") from exc
+            raise ImportError(
+                "Watcher.show() embeds the run page in a Jupyter notebook and needs IPython "
+                f"(pip install ipython); outside a notebook open {self.url}"
+            ) from exc
         return IFrame(self.url, width="100%", height=height)
 
     @property
@@ -382,8 +421,10 @@ class Watcher:
 
 def _host_arrays(passes: list[int], clear: list[Optional[float]]) -> dict[str, np.ndarray]:
     """`backward_passes` and `grad_clear` per parameter (NaN where nothing accumulated)."""
-    return {"backward_passes": np.array(passes, dtype=np.float32),
-            "grad_clear": np.array([np.nan if c is None else c for c in clear], dtype=np.float32)}
+    return {
+        "backward_passes": np.array(passes, dtype=np.float32),
+        "grad_clear": np.array([np.nan if c is None else c for c in clear], dtype=np.float32),
+    }
 
 
 def _open_spool(run_id: str, hello: dict[str, Any]) -> Optional[SpoolWriter]:
@@ -391,8 +432,12 @@ def _open_spool(run_id: str, hello: dict[str, Any]) -> Optional[SpoolWriter]:
     try:
         return SpoolWriter(directory, run_id, wire.dumps(hello))
     except OSError as exc:
-        log.warning("gradwatch: no spool in %s (%s): unsent data will live in memory only; "
-                    "set GRADWATCH_SPOOL to a writable folder", directory, exc)
+        log.warning(
+            "gradwatch: no spool in %s (%s): unsent data will live in memory only; "
+            "set GRADWATCH_SPOOL to a writable folder",
+            directory,
+            exc,
+        )
         return None
 
 
@@ -463,12 +508,21 @@ def _wrapper_config(wrappers: list[list[Any]]) -> dict[str, Any]:
     return {"wrappers": [[qualified_name(w) for w in ws] for ws in wrappers]}
 
 
-def watch(optimizer: Union[torch.optim.Optimizer, Sequence[torch.optim.Optimizer]], *,
-          model: Union[torch.nn.Module, Iterable[tuple[str, torch.Tensor]], None] = None,
-          run: Optional[str] = None, project: Optional[str] = None, server: Optional[str] = None,
-          every: Union[int, str] = 1, scaler: Any = None, token: Optional[str] = None,
-          updates: bool = False, warn: bool = True, config: Optional[Mapping[str, Any]] = None,
-          on_finding: Optional[Callable[[dict[str, Any]], Any]] = None) -> Watcher:
+def watch(
+    optimizer: Union[torch.optim.Optimizer, Sequence[torch.optim.Optimizer]],
+    *,
+    model: Union[torch.nn.Module, Iterable[tuple[str, torch.Tensor]], None] = None,
+    run: Optional[str] = None,
+    project: Optional[str] = None,
+    server: Optional[str] = None,
+    every: Union[int, str] = 1,
+    scaler: Any = None,
+    token: Optional[str] = None,
+    updates: bool = False,
+    warn: bool = True,
+    config: Optional[Mapping[str, Any]] = None,
+    on_finding: Optional[Callable[[dict[str, Any]], Any]] = None,
+) -> Watcher:
     """Watch `optimizer` (or a list of optimizers); see `Watcher`. Raises TypeError/ValueError on bad arguments.
 
     Several optimizers (`watch([opt_d, opt_g], ...)`) make one run: a step is a round in which
@@ -487,6 +541,17 @@ def watch(optimizer: Union[torch.optim.Optimizer, Sequence[torch.optim.Optimizer
         thread (a slow callback delays no step's delivery); what it raises is logged. `close()`
         inside it stops the watching; the script's `close()` delivers.
     """
-    return Watcher(optimizer, model=model, run=run, project=project, server=server, every=every,
-                   scaler=scaler, token=token, updates=updates, warn=warn, config=config, on_finding=on_finding)
-
+    return Watcher(
+        optimizer,
+        model=model,
+        run=run,
+        project=project,
+        server=server,
+        every=every,
+        scaler=scaler,
+        token=token,
+        updates=updates,
+        warn=warn,
+        config=config,
+        on_finding=on_finding,
+    )

@@ -3,14 +3,15 @@
 The server's pydantic models in ``gradwatch_server.protocol`` are the one definition; a test
 validates every message built here against them.
 """
+
 from __future__ import annotations
 
 import base64
 import json
 import math
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Optional
-from collections.abc import Mapping, Sequence
 from urllib.parse import urlsplit, urlunsplit
 
 import numpy as np
@@ -40,15 +41,27 @@ def json_scalar(value: float) -> float | str:
     return "Infinity" if value > 0 else "-Infinity"
 
 
-def hello(run: Mapping[str, Any], params: Sequence[Mapping[str, Any]], groups: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+def hello(
+    run: Mapping[str, Any], params: Sequence[Mapping[str, Any]], groups: Sequence[Mapping[str, Any]]
+) -> dict[str, Any]:
     return {"v": PROTOCOL_VERSION, "type": "hello", "run": dict(run), "params": list(params), "groups": list(groups)}
 
 
-def step(seq: int, step_index: int, time: float, scalars: Mapping[str, float],
-         metrics: Mapping[str, np.ndarray], grad_status: np.ndarray | None) -> dict[str, Any]:
+def step(
+    seq: int,
+    step_index: int,
+    time: float,
+    scalars: Mapping[str, float],
+    metrics: Mapping[str, np.ndarray],
+    grad_status: np.ndarray | None,
+) -> dict[str, Any]:
     """A step; `grad_status` is None for a step whose gradients were not measured."""
     message = {
-        "v": PROTOCOL_VERSION, "type": "step", "seq": seq, "step": step_index, "time": time,
+        "v": PROTOCOL_VERSION,
+        "type": "step",
+        "seq": seq,
+        "step": step_index,
+        "time": time,
         "scalars": {k: json_scalar(float(v)) for k, v in scalars.items()},
         "params": {k: b64_array(v.astype(np.float32, copy=False)) for k, v in metrics.items()},
     }
@@ -61,6 +74,7 @@ def step(seq: int, step_index: int, time: float, scalars: Mapping[str, float],
 class StepRecord:
     """One step's data before it has a `seq`: the sender sends consecutive records with the same
     keys as one `steps` message."""
+
     step: int
     time: float
     scalars: Mapping[str, float]
@@ -73,7 +87,9 @@ class StepRecord:
     @property
     def nbytes(self) -> int:
         """About what it adds to a message (base64 arrays, scalars)."""
-        arrays = sum(v.size * 4 for v in self.metrics.values()) + (0 if self.grad_status is None else self.grad_status.size)
+        arrays = sum(v.size * 4 for v in self.metrics.values()) + (
+            0 if self.grad_status is None else self.grad_status.size
+        )
         return arrays * 4 // 3 + 24 * len(self.scalars) + 32
 
 
@@ -84,14 +100,21 @@ def steps(seq: int, records: Sequence[StepRecord]) -> dict[str, Any]:
     if len(records) == 1:
         return step(seq, first.step, first.time, first.scalars, first.metrics, first.grad_status)
     message = {
-        "v": PROTOCOL_VERSION, "type": "steps", "seq": seq,
-        "step": [r.step for r in records], "time": [r.time for r in records],
+        "v": PROTOCOL_VERSION,
+        "type": "steps",
+        "seq": seq,
+        "step": [r.step for r in records],
+        "time": [r.time for r in records],
         "scalars": {k: [json_scalar(float(r.scalars[k])) for r in records] for k in first.scalars},
-        "params": {k: b64_array(np.stack([r.metrics[k] for r in records]).astype(np.float32, copy=False))
-                   for k in first.metrics},
+        "params": {
+            k: b64_array(np.stack([r.metrics[k] for r in records]).astype(np.float32, copy=False))
+            for k in first.metrics
+        },
     }
     if first.grad_status is not None:
-        message["grad_status"] = b64_array(np.stack([r.grad_status for r in records if r.grad_status is not None]).astype(np.uint8, copy=False))
+        message["grad_status"] = b64_array(
+            np.stack([r.grad_status for r in records if r.grad_status is not None]).astype(np.uint8, copy=False)
+        )
     return message
 
 
@@ -111,7 +134,9 @@ def ingest_url(server: str) -> str:
     parts = urlsplit(server.strip())
     scheme = {"http": "ws", "https": "wss", "ws": "ws", "wss": "wss"}.get(parts.scheme)
     if scheme is None or not parts.hostname:
-        raise ValueError(f"server must be an http(s):// or ws(s):// URL with a host, like {DEFAULT_SERVER!r}; got {server!r}")
+        raise ValueError(
+            f"server must be an http(s):// or ws(s):// URL with a host, like {DEFAULT_SERVER!r}; got {server!r}"
+        )
     try:
         parts.port  # noqa: B018  (raises ValueError on a bad port)
     except ValueError as exc:

@@ -1,4 +1,5 @@
 """HTTP and websocket routes, one module per resource; `router` holds them all."""
+
 from __future__ import annotations
 
 from fastapi import APIRouter

@@ -1,4 +1,5 @@
 """Diagnostics: findings about a run (the codes: docs/diagnostics.md)."""
+
 from __future__ import annotations
 
 from fastapi import APIRouter

@@ -1,4 +1,5 @@
 """Export a run as a streamed download: CSV, JSON lines or Parquet; per parameter or per step."""
+
 from __future__ import annotations
 
 from typing import Annotated, Literal
@@ -16,18 +17,29 @@ Table = Literal["params", "steps"]
 
 
 @router.get("/export", response_class=StreamingResponse)
-def export(run: RunDep, store: StoreDep,
-           format_name: Annotated[str, Query(alias="format", description="csv, json (JSON lines) or parquet")] = "csv",
-           table: Annotated[Table, Query(description=(
-               "params: one row per (step, parameter), the per-parameter metrics (json: the whole run, "
-               "re-importable); steps: one row per step, one column per scalar (loss, learning rates, "
-               "grad_norm_total, memory, user scalars)"))] = "params",
-           ) -> StreamingResponse:
+def export(
+    run: RunDep,
+    store: StoreDep,
+    format_name: Annotated[str, Query(alias="format", description="csv, json (JSON lines) or parquet")] = "csv",
+    table: Annotated[
+        Table,
+        Query(
+            description=(
+                "params: one row per (step, parameter), the per-parameter metrics (json: the whole run, "
+                "re-importable); steps: one row per step, one column per scalar (loss, learning rates, "
+                "grad_norm_total, memory, user scalars)"
+            )
+        ),
+    ] = "params",
+) -> StreamingResponse:
     """The run's data, streamed as a download (docs/api.md, Export)."""
     formats = STEP_FORMATS if table == "steps" else FORMATS
     fmt = formats.get(format_name)
     if fmt is None:
         raise HTTPException(400, f"format must be one of {', '.join(formats)}")
     filename = safe_filename(run, f"steps.{fmt.suffix}" if table == "steps" else fmt.suffix)
-    return StreamingResponse(fmt.write(store, run, None), media_type=fmt.media_type,
-                             headers={"Content-Disposition": f'attachment; filename="{filename}"'})
+    return StreamingResponse(
+        fmt.write(store, run, None),
+        media_type=fmt.media_type,
+        headers={"Content-Disposition": f'attachment; filename="{filename}"'},
+    )

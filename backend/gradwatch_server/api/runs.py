@@ -1,5 +1,6 @@
 """Runs: list, one run, its parameters, param groups and series names; rename, tag and delete
 (token-guarded)."""
+
 from __future__ import annotations
 
 from typing import Annotated

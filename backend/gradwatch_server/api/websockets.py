@@ -1,4 +1,5 @@
 """Websockets: /ws/ingest (hooks send telemetry) and /ws/live (browsers follow runs)."""
+
 from __future__ import annotations
 
 from typing import Annotated
@@ -13,15 +14,23 @@ router = APIRouter(tags=["websockets"])
 
 
 @router.websocket("/ws/ingest")
-async def ingest(websocket: WebSocket, store: StoreDep, hub: HubDep, sessions: SessionsDep,
-                 settings: SettingsDep, diagnostics: DiagnosticsDep, step_cost: StepCostDep,
-                 notifier: NotifierDep) -> None:
+async def ingest(
+    websocket: WebSocket,
+    store: StoreDep,
+    hub: HubDep,
+    sessions: SessionsDep,
+    settings: SettingsDep,
+    diagnostics: DiagnosticsDep,
+    step_cost: StepCostDep,
+    notifier: NotifierDep,
+) -> None:
     await IngestConnection(websocket, store, hub, sessions, settings, diagnostics, step_cost, notifier).serve()
 
 
 @router.websocket("/ws/live")
-async def live(websocket: WebSocket, hub: HubDep,
-               run: Annotated[str | None, Query(pattern=r"^[A-Za-z0-9_-]{1,64}$")] = None) -> None:
+async def live(
+    websocket: WebSocket, hub: HubDep, run: Annotated[str | None, Query(pattern=r"^[A-Za-z0-9_-]{1,64}$")] = None
+) -> None:
     """Run events for every browser; with `run`, that run's steps too."""
     await websocket.accept(headers=worker_headers())
     sub = hub.subscribe(run)

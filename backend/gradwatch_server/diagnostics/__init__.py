@@ -11,6 +11,7 @@ thresholds:
 The checks read `StepView`s (data.py) and know nothing of storage or the network; the engine
 (engine.py) feeds them live steps and stored ones alike, and keeps the findings in the store.
 """
+
 from .check import Check
 from .data import RunContext, StepView
 from .engine import CHECKS, RULES_VERSION, Diagnostics, RunDiagnosis
@@ -18,5 +19,15 @@ from .finding import Figure, Finding
 
 CODES = tuple(check.code for check in CHECKS)
 
-__all__ = ["CHECKS", "CODES", "RULES_VERSION", "Check", "Diagnostics", "Figure", "Finding", "RunContext",
-           "RunDiagnosis", "StepView"]
+__all__ = [
+    "CHECKS",
+    "CODES",
+    "RULES_VERSION",
+    "Check",
+    "Diagnostics",
+    "Figure",
+    "Finding",
+    "RunContext",
+    "RunDiagnosis",
+    "StepView",
+]

@@ -1,4 +1,5 @@
 """Mixed precision: steps that a `torch.amp.GradScaler` skipped."""
+
 from __future__ import annotations
 
 import math
@@ -34,13 +35,28 @@ class AmpSkippedSteps(Check):
         scale = step.scalar("amp/scale")
         at = "" if scale is None else f" (scale now {fmt_num(scale)})"
         if many:
-            message = (f"GradScaler skipped {count} of {attempted} optimizer steps because the gradients kept "
-                       f"overflowing{at}; look for NaN or Inf in the loss, lower the learning rate, or train "
-                       "in bfloat16.")
+            message = (
+                f"GradScaler skipped {count} of {attempted} optimizer steps because the gradients kept "
+                f"overflowing{at}; look for NaN or Inf in the loss, lower the learning rate, or train "
+                "in bfloat16."
+            )
         else:
-            message = (f"GradScaler skipped {count} optimizer step{'s' if count != 1 else ''} because the "
-                       f"gradients overflowed{at}; a few skips while the scale settles are normal, and need no fix.")
+            message = (
+                f"GradScaler skipped {count} optimizer step{'s' if count != 1 else ''} because the "
+                f"gradients overflowed{at}; a few skips while the scale settles are normal, and need no fix."
+            )
         first = self.finding.first_step if self.finding else step.step
-        self.finding = Finding(self.code, "warning" if many else "info", message, (), first,
-                               Figure("skipped steps", float(count), "steps",
-                                      f"{count}{'' if scale is None else ' · scale ' + fmt_num(scale)}", step.step))
+        self.finding = Finding(
+            self.code,
+            "warning" if many else "info",
+            message,
+            (),
+            first,
+            Figure(
+                "skipped steps",
+                float(count),
+                "steps",
+                f"{count}{'' if scale is None else ' · scale ' + fmt_num(scale)}",
+                step.step,
+            ),
+        )

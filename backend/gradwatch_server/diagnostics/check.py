@@ -1,4 +1,5 @@
 """The one interface every diagnostic implements (a check per finding code)."""
+
 from __future__ import annotations
 
 from typing import ClassVar

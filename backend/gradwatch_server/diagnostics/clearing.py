@@ -6,6 +6,7 @@ All three read the hook's exact per-parameter counters (docs/protocol.md): `back
 1 set to None, 2 zero-filled; ABSENT on the first step and when nothing accumulated). Runs from
 hooks that do not send them get none of these findings: nothing is guessed from norms.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -41,8 +42,9 @@ class UnclearedGradients(Check):
             held = passes.copy() if step.step == 1 else np.full(len(passes), np.nan)
         else:
             before = self.held if consecutive else np.full(len(passes), np.nan)
-            held = np.where(step.clear == NOT_CLEARED, before + passes,
-                            np.where(step.clear == NOT_SEEN, before, passes))
+            held = np.where(
+                step.clear == NOT_CLEARED, before + passes, np.where(step.clear == NOT_SEEN, before, passes)
+            )
         held[step.status == NONE] = 0
         self.held, self.prev_step = held, step.step
         piled = (step.clear == NOT_CLEARED) & (step.status != NONE)
@@ -52,23 +54,34 @@ class UnclearedGradients(Check):
         if self.finding is not None:
             if len(names) > len(self.finding.params):  # more parameters found piling up
                 ordered = tuple(n for n in run.params if n in names)
-                self.finding = Finding(self.code, "error", self.finding.message, ordered,
-                                       self.finding.first_step, self.finding.figure)
+                self.finding = Finding(
+                    self.code, "error", self.finding.message, ordered, self.finding.first_step, self.finding.figure
+                )
             return
         counts = held[piled]
         batches = int(np.max(counts)) if counts.size and np.isfinite(counts).all() else None
-        used = (f"step {step.step} used the sum of {batches} batches' gradients" if batches
-                else f"step {step.step} used gradients summed over earlier steps")
+        used = (
+            f"step {step.step} used the sum of {batches} batches' gradients"
+            if batches
+            else f"step {step.step} used gradients summed over earlier steps"
+        )
         with_grad = int((step.status != NONE).sum())
         if int(piled.sum()) == with_grad:
-            message = (f"Gradients pile up across steps: .grad was never cleared, so {used}. "
-                       "Call optimizer.zero_grad() once per step.")
+            message = (
+                f"Gradients pile up across steps: .grad was never cleared, so {used}. "
+                "Call optimizer.zero_grad() once per step."
+            )
         else:
-            message = (f"Gradients pile up across steps in {plural(int(piled.sum()), 'parameter')} "
-                       f"({name_list(run.names(piled))}): their .grad was not cleared, so {used}. "
-                       "Clear them once per step (zero_grad() on every optimizer that holds them).")
-        figure = None if batches is None else Figure("backward passes summed in .grad", float(batches), "passes",
-                                                    str(batches), step.step)
+            message = (
+                f"Gradients pile up across steps in {plural(int(piled.sum()), 'parameter')} "
+                f"({name_list(run.names(piled))}): their .grad was not cleared, so {used}. "
+                "Clear them once per step (zero_grad() on every optimizer that holds them)."
+            )
+        figure = (
+            None
+            if batches is None
+            else Figure("backward passes summed in .grad", float(batches), "passes", str(batches), step.step)
+        )
         self.finding = Finding(self.code, "error", message, run.names(piled), step.step, figure)
 
 
@@ -102,12 +115,20 @@ class GradAccumulation(Check):
         self.k_min = k if self.k_min is None else min(self.k_min, k)
         self.k_max = k if self.k_max is None else max(self.k_max, k)
         text = str(self.k_max) if self.k_min == self.k_max else f"{self.k_min} to {self.k_max}"
-        message = (f"Gradient accumulation: each optimizer step sums {text} backward passes (micro-batches) "
-                   f"into .grad and clears it after the step, which is intended; divide each micro-batch's "
-                   f"loss by {self.k_max} so the step uses their mean.")
+        message = (
+            f"Gradient accumulation: each optimizer step sums {text} backward passes (micro-batches) "
+            f"into .grad and clears it after the step, which is intended; divide each micro-batch's "
+            f"loss by {self.k_max} so the step uses their mean."
+        )
         first = self.finding.first_step if self.finding else step.step
-        self.finding = Finding(self.code, "info", message, (), first,
-                               Figure("backward passes per step", float(self.k_max), "passes", text, step.step))
+        self.finding = Finding(
+            self.code,
+            "info",
+            message,
+            (),
+            first,
+            Figure("backward passes per step", float(self.k_max), "passes", text, step.step),
+        )
 
 
 class ZeroFilledGradBuffers(Check):
@@ -131,15 +152,26 @@ class ZeroFilledGradBuffers(Check):
         held = max(held, step.scalar("mem/zero_grad_bytes") or 0.0)
         before = self.finding
         names = set(before.params if before else ()) | set(run.names(filled))
-        if before is not None and before.figure is not None and held <= before.figure.value \
-                and len(names) == len(before.params):
+        if (
+            before is not None
+            and before.figure is not None
+            and held <= before.figure.value
+            and len(names) == len(before.params)
+        ):
             return
         at: int | None = step.step  # the step at which the figure holds
         if before is not None and before.figure is not None and before.figure.value >= held:
             held, at = before.figure.value, before.figure.step
-        message = (f"zero_grad(set_to_none=False) keeps {fmt_bytes(held)} of gradient buffers allocated between "
-                   "steps, zero-filled instead of freed; call zero_grad() with the default set_to_none=True "
-                   "to free them.")
-        self.finding = Finding(self.code, "warning", message, tuple(n for n in run.params if n in names),
-                               before.first_step if before else step.step,
-                               Figure("bytes held between steps", held, "bytes", fmt_bytes(held), at))
+        message = (
+            f"zero_grad(set_to_none=False) keeps {fmt_bytes(held)} of gradient buffers allocated between "
+            "steps, zero-filled instead of freed; call zero_grad() with the default set_to_none=True "
+            "to free them."
+        )
+        self.finding = Finding(
+            self.code,
+            "warning",
+            message,
+            tuple(n for n in run.params if n in names),
+            before.first_step if before else step.step,
+            Figure("bytes held between steps", held, "bytes", fmt_bytes(held), at),
+        )

@@ -1,5 +1,6 @@
 """Which parameters take part in training: some are in no optimizer, some in the optimizer
 never get a gradient, and some steps run with no gradient at all."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -26,11 +27,13 @@ class ParamNotInOptimizer(Check):
         if not names:
             return
         n = len(names)
-        message = (f"{plural(n, 'parameter')} of the model ({name_list(names)}) "
-                   f"require{'s' if n == 1 else ''} gradients but {'is' if n == 1 else 'are'} in no optimizer "
-                   f"param group, so {'it gets' if n == 1 else 'they get'} gradients but never "
-                   f"{'changes' if n == 1 else 'change'}; add {'it' if n == 1 else 'them'} to the optimizer, "
-                   "or set requires_grad=False to freeze on purpose.")
+        message = (
+            f"{plural(n, 'parameter')} of the model ({name_list(names)}) "
+            f"require{'s' if n == 1 else ''} gradients but {'is' if n == 1 else 'are'} in no optimizer "
+            f"param group, so {'it gets' if n == 1 else 'they get'} gradients but never "
+            f"{'changes' if n == 1 else 'change'}; add {'it' if n == 1 else 'them'} to the optimizer, "
+            "or set requires_grad=False to freeze on purpose."
+        )
         self.finding = Finding(self.code, "warning", message, names, None)
 
 
@@ -67,10 +70,12 @@ class ParamNeverGetsGrad(Check):
             return
         names = run.names(never)
         n = len(names)
-        message = (f"{plural(n, 'parameter')} in the optimizer ({name_list(names)}) got no gradient in the first "
-                   f"{self.SAMPLES} steps: the loss does not depend on {'it' if n == 1 else 'them'} (an unused "
-                   f"branch or a detached graph); use {'it' if n == 1 else 'them'} in the forward pass, or leave "
-                   f"{'it' if n == 1 else 'them'} out of the model and the optimizer.")
+        message = (
+            f"{plural(n, 'parameter')} in the optimizer ({name_list(names)}) got no gradient in the first "
+            f"{self.SAMPLES} steps: the loss does not depend on {'it' if n == 1 else 'them'} (an unused "
+            f"branch or a detached graph); use {'it' if n == 1 else 'them'} in the forward pass, or leave "
+            f"{'it' if n == 1 else 'them'} out of the model and the optimizer."
+        )
         self.finding = Finding(self.code, "warning", message, names, self.first_step)
 
 
@@ -90,12 +95,17 @@ class StepWithoutGrad(Check):
             return
         if (step.status == NONE).all():
             held = "every .grad was None"
-        elif step.passes_known is not None and not (step.passes_known > 0).any() \
-                and ((step.status == NONE) | (step.status == ZERO)).all():
+        elif (
+            step.passes_known is not None
+            and not (step.passes_known > 0).any()
+            and ((step.status == NONE) | (step.status == ZERO)).all()
+        ):
             held = "no backward pass since the previous step, every .grad was zero"
         else:
             return
-        message = (f"optimizer.step() ran at step {step.step} with no gradient at all ({held}), so it updated "
-                   "nothing; call loss.backward() before optimizer.step(), and zero_grad() before backward() "
-                   "or after step(), never between them.")
+        message = (
+            f"optimizer.step() ran at step {step.step} with no gradient at all ({held}), so it updated "
+            "nothing; call loss.backward() before optimizer.step(), and zero_grad() before backward() "
+            "or after step(), never between them."
+        )
         self.finding = Finding(self.code, "error", message, (), step.step)

@@ -5,6 +5,7 @@ Per-parameter arrays arrive as raw little-endian bytes (wire, store) or numpy ar
 ABSENT (the NaN with bits 0x7FDEAD00) is resolved here, on the bits, so that checks never see
 it as a number: float metrics become float64 arrays with NaN where ABSENT, plus a mask.
 """
+
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
@@ -24,9 +25,23 @@ NOT_CLEARED, SET_TO_NONE, ZERO_FILLED, NOT_SEEN = 0, 1, 2, -1
 METRICS = ("grad_norm", GRAD_STATUS, "backward_passes", "grad_clear")
 SCALARS = ("mem/zero_grad_bytes", "amp/scale", "amp/skipped_steps")
 
-_DTYPE_BYTES = {"float64": 8, "double": 8, "float32": 4, "float": 4, "float16": 2, "half": 2,
-                "bfloat16": 2, "int64": 8, "int32": 4, "int16": 2, "int8": 1, "uint8": 1,
-                "complex64": 8, "complex128": 16, "bool": 1}
+_DTYPE_BYTES = {
+    "float64": 8,
+    "double": 8,
+    "float32": 4,
+    "float": 4,
+    "float16": 2,
+    "half": 2,
+    "bfloat16": 2,
+    "int64": 8,
+    "int32": 4,
+    "int16": 2,
+    "int8": 1,
+    "uint8": 1,
+    "complex64": 8,
+    "complex128": 16,
+    "bool": 1,
+}
 
 
 @dataclass(frozen=True)
@@ -43,8 +58,12 @@ class RunContext:
         """From (name, numel, dtype) per parameter, in the order of the per-parameter arrays."""
         numel = np.array([n for _, n, _ in params], dtype=np.int64)
         size = np.array([_DTYPE_BYTES.get(d, 4) for _, _, d in params], dtype=np.int64)
-        return cls(params=tuple(name for name, _, _ in params), numel=numel,
-                   bytes_per_param=numel * size, config=dict(config or {}))
+        return cls(
+            params=tuple(name for name, _, _ in params),
+            numel=numel,
+            bytes_per_param=numel * size,
+            config=dict(config or {}),
+        )
 
     def names(self, mask: np.ndarray) -> tuple[str, ...]:
         """The names of the parameters where `mask` is true."""
@@ -60,8 +79,11 @@ class RunContext:
 
 def _floats(raw: bytes | np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """(float64 values with NaN where ABSENT, ABSENT mask) of a float32 per-parameter array."""
-    arr = np.frombuffer(raw, dtype="<f4") if isinstance(raw, (bytes, bytearray, memoryview)) \
+    arr = (
+        np.frombuffer(raw, dtype="<f4")
+        if isinstance(raw, (bytes, bytearray, memoryview))
         else np.asarray(raw, dtype="<f4")
+    )
     absent = absent_mask(arr)
     values = arr.astype(np.float64)
     values[absent] = np.nan
@@ -87,8 +109,9 @@ class StepView:
     passes_known: np.ndarray | None = None
 
     @classmethod
-    def of(cls, step: int, scalars: Mapping[str, float], arrays: Mapping[str, bytes | np.ndarray],
-           count: int) -> StepView:
+    def of(
+        cls, step: int, scalars: Mapping[str, float], arrays: Mapping[str, bytes | np.ndarray], count: int
+    ) -> StepView:
         """From a step's scalars and raw arrays (`count` parameters)."""
         if "grad_norm" in arrays:
             norm, no_grad = _floats(arrays["grad_norm"])
@@ -96,8 +119,11 @@ class StepView:
             norm, no_grad = np.full(count, np.nan), np.ones(count, dtype=bool)
         raw_status = arrays.get(GRAD_STATUS)
         if raw_status is not None:
-            status = np.frombuffer(raw_status, dtype="u1") if isinstance(raw_status, (bytes, bytearray, memoryview)) \
+            status = (
+                np.frombuffer(raw_status, dtype="u1")
+                if isinstance(raw_status, (bytes, bytearray, memoryview))
                 else np.asarray(raw_status, dtype="u1")
+            )
         else:  # as the hook derives it
             status = np.full(count, NONZERO, dtype=np.uint8)
             status[norm == 0] = ZERO
@@ -108,8 +134,15 @@ class StepView:
         if "grad_clear" in arrays:
             values, absent = _floats(arrays["grad_clear"])
             clear = np.where(absent | ~np.isfinite(values), NOT_SEEN, values).astype(np.int64)
-        return cls(step=step, scalars=scalars, grad_norm=norm, status=status, passes=passes, clear=clear,
-                   passes_known=None if passes is None else np.nan_to_num(passes))
+        return cls(
+            step=step,
+            scalars=scalars,
+            grad_norm=norm,
+            status=status,
+            passes=passes,
+            clear=clear,
+            passes_known=None if passes is None else np.nan_to_num(passes),
+        )
 
     def scalar(self, key: str) -> float | None:
         value = self.scalars.get(key)

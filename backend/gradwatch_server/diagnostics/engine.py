@@ -10,6 +10,7 @@ are asked for; a finished run whose stored findings are current is answered from
 Cost: the checks are vectorised over parameters and run in a worker thread, once per stored
 step; the medians of exploding/vanishing dominate (docs/benchmarks.md).
 """
+
 from __future__ import annotations
 
 import collections
@@ -33,9 +34,16 @@ RULES_VERSION = 1
 
 #: Every check, one per finding code (docs/diagnostics.md).
 CHECKS: tuple[type[Check], ...] = (
-    UnclearedGradients, GradAccumulation, ZeroFilledGradBuffers,
-    ParamNotInOptimizer, ParamNeverGetsGrad, StepWithoutGrad,
-    NonfiniteGrad, AmpSkippedSteps, ExplodingGrad, VanishingGrad,
+    UnclearedGradients,
+    GradAccumulation,
+    ZeroFilledGradBuffers,
+    ParamNotInOptimizer,
+    ParamNeverGetsGrad,
+    StepWithoutGrad,
+    NonfiniteGrad,
+    AmpSkippedSteps,
+    ExplodingGrad,
+    VanishingGrad,
 )
 
 
@@ -80,13 +88,27 @@ class RunDiagnosis:
 
 
 def _stored(f: Finding) -> StoredFinding:
-    return StoredFinding(code=f.code, severity=f.severity, message=f.message, params=list(f.params),
-                         first_step=f.first_step, figure=None if f.figure is None else f.figure.to_dict())
+    return StoredFinding(
+        code=f.code,
+        severity=f.severity,
+        message=f.message,
+        params=list(f.params),
+        first_step=f.first_step,
+        figure=None if f.figure is None else f.figure.to_dict(),
+    )
 
 
 def _from_stored(f: StoredFinding) -> Finding:
-    return Finding.from_dict({"code": f.code, "severity": f.severity, "message": f.message, "params": f.params,
-                              "first_step": f.first_step, "figure": f.figure})
+    return Finding.from_dict(
+        {
+            "code": f.code,
+            "severity": f.severity,
+            "message": f.message,
+            "params": f.params,
+            "first_step": f.first_step,
+            "figure": f.figure,
+        }
+    )
 
 
 class Diagnostics:

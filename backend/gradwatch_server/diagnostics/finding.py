@@ -1,5 +1,6 @@
 """What a check reports: a `Finding` (code, severity, one-sentence message, parameters, first
 step, figure), and the small text helpers the messages share."""
+
 from __future__ import annotations
 
 import math
@@ -24,14 +25,24 @@ class Figure:
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-safe: a non-finite value is "NaN", "Infinity" or "-Infinity", as everywhere in the API."""
-        return {"label": self.label, "value": json_float(self.value), "unit": self.unit, "text": self.text,
-                "step": self.step}
+        return {
+            "label": self.label,
+            "value": json_float(self.value),
+            "unit": self.unit,
+            "text": self.text,
+            "step": self.step,
+        }
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Figure:
         step = data.get("step")
-        return cls(label=str(data["label"]), value=float(data["value"]), unit=str(data["unit"]), text=str(data["text"]),
-                   step=None if step is None else int(step))
+        return cls(
+            label=str(data["label"]),
+            value=float(data["value"]),
+            unit=str(data["unit"]),
+            text=str(data["text"]),
+            step=None if step is None else int(step),
+        )
 
 
 @dataclass(frozen=True)
@@ -47,17 +58,27 @@ class Finding:
 
     def to_dict(self) -> dict[str, Any]:
         """The public JSON shape (GET .../diagnostics, the `finding` websocket messages)."""
-        return {"code": self.code, "severity": self.severity, "message": self.message,
-                "params": list(self.params), "first_step": self.first_step,
-                "figure": None if self.figure is None else self.figure.to_dict()}
+        return {
+            "code": self.code,
+            "severity": self.severity,
+            "message": self.message,
+            "params": list(self.params),
+            "first_step": self.first_step,
+            "figure": None if self.figure is None else self.figure.to_dict(),
+        }
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Finding:
         fig = data.get("figure")
         severity: Severity = data["severity"] if data["severity"] in SEVERITIES else "info"
-        return cls(code=data["code"], severity=severity, message=data["message"],
-                   params=tuple(data.get("params") or ()), first_step=data.get("first_step"),
-                   figure=None if not fig else Figure.from_dict(fig))
+        return cls(
+            code=data["code"],
+            severity=severity,
+            message=data["message"],
+            params=tuple(data.get("params") or ()),
+            first_step=data.get("first_step"),
+            figure=None if not fig else Figure.from_dict(fig),
+        )
 
 
 def json_float(x: float) -> float | str:

@@ -1,4 +1,5 @@
 """Gradient values: non-finite gradients, and norms far above or below a parameter's own history."""
+
 from __future__ import annotations
 
 from dataclasses import replace
@@ -31,9 +32,11 @@ class NonfiniteGrad(Check):
             return
         ordered = tuple(n for n in run.params if n in names)
         first = before.first_step if before is not None and before.first_step is not None else step.step
-        message = (f"Gradients became NaN or Inf at step {first} in {name_list(ordered)}; look for NaN/Inf in "
-                   "the inputs and the loss (log, division, overflow in float16), lower the learning rate, or "
-                   "clip gradients with torch.nn.utils.clip_grad_norm_.")
+        message = (
+            f"Gradients became NaN or Inf at step {first} in {name_list(ordered)}; look for NaN/Inf in "
+            "the inputs and the loss (log, division, overflow in float16), lower the learning rate, or "
+            "clip gradients with torch.nn.utils.clip_grad_norm_."
+        )
         self.finding = Finding(self.code, "error", message, ordered, first)
 
 
@@ -148,11 +151,17 @@ class _NormJump(Check):
         if before is not None and len(names) == len(before.params):
             return
         ordered = tuple(p for p in run.params if p in names)
-        first = int(self.began[flagged].min()) if before is None or before.first_step is None \
+        first = (
+            int(self.began[flagged].min())
+            if before is None or before.first_step is None
             else min(before.first_step, int(self.began[flagged].min()))
+        )
         ratios = self.ratio[flagged]
-        worst = before.figure.value if before is not None and before.figure is not None \
+        worst = (
+            before.figure.value
+            if before is not None and before.figure is not None
             else float(ratios.max() if self.ABOVE else ratios.min())
+        )
         message, figure = self._message(ordered, first, worst)
         at = before.figure.step if before is not None and before.figure is not None else step.step
         self.finding = Finding(self.code, "warning", message, ordered, first, replace(figure, step=at))
@@ -178,9 +187,11 @@ class ExplodingGrad(_NormJump):
 
     def _message(self, names: tuple[str, ...], first: int, ratio: float) -> tuple[str, Figure]:
         text = f"{ratio:.0f}×"
-        message = (f"The gradient norm of {name_list(names)} jumped to {text} its recent median at step {first} "
-                   "and stayed up: training is diverging; lower the learning rate, add warm-up, or clip gradients "
-                   "with torch.nn.utils.clip_grad_norm_.")
+        message = (
+            f"The gradient norm of {name_list(names)} jumped to {text} its recent median at step {first} "
+            "and stayed up: training is diverging; lower the learning rate, add warm-up, or clip gradients "
+            "with torch.nn.utils.clip_grad_norm_."
+        )
         return message, Figure("gradient norm / its recent median", float(ratio), "ratio", text)
 
 
@@ -212,7 +223,9 @@ class VanishingGrad(_NormJump):
 
     def _message(self, names: tuple[str, ...], first: int, ratio: float) -> tuple[str, Figure]:
         text = "0×" if ratio == 0 else f"{ratio:.1e}×"
-        message = (f"The gradient norm of {name_list(names)} collapsed to {text} its recent median at step {first}, "
-                   "so it has stopped learning (its input became zero, dead ReLUs, saturated activations, or a loss "
-                   "scaled to nothing); check the data, the activations and the learning rate.")
+        message = (
+            f"The gradient norm of {name_list(names)} collapsed to {text} its recent median at step {first}, "
+            "so it has stopped learning (its input became zero, dead ReLUs, saturated activations, or a loss "
+            "scaled to nothing); check the data, the activations and the learning rate."
+        )
         return message, Figure("gradient norm / its recent median", float(ratio), "ratio", text)

@@ -1,4 +1,5 @@
 """Alembic migrations of the schema in `gradwatch_server.schema`, applied at every start."""
+
 from __future__ import annotations
 
 from importlib import resources

@@ -3,6 +3,7 @@
 For `alembic revision --autogenerate` during development, set ``sqlalchemy.url`` in
 backend/alembic.ini (or pass ``-x url=...``) instead.
 """
+
 from __future__ import annotations
 
 from alembic import context

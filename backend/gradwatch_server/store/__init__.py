@@ -13,6 +13,7 @@ Writes are serialized by one lock per store: SQLite allows one writer at a time,
 turns in-process is cheaper than meeting a locked database. On PostgreSQL the run's row is
 locked (`FOR UPDATE`) instead, so concurrent writers to one run cannot double-count a step.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -53,9 +54,27 @@ from .steps import NotifyInTransaction
 from .values import SPECIAL_NAN, SPECIAL_NEG_ZERO
 
 __all__ = [
-    "RUN_STATUSES", "SEVERITIES", "SPECIAL_NAN", "SPECIAL_NEG_ZERO", "DiagnosisMark", "Group", "NotifyInTransaction",
-    "OpenedRun", "Param", "ParamsMismatch", "Run", "StepData", "StepRecord", "Store", "StoreError", "StoredFinding",
-    "UnknownRun", "backfill_blocks", "create_db_engine", "display_url", "open_store",
+    "RUN_STATUSES",
+    "SEVERITIES",
+    "SPECIAL_NAN",
+    "SPECIAL_NEG_ZERO",
+    "DiagnosisMark",
+    "Group",
+    "NotifyInTransaction",
+    "OpenedRun",
+    "Param",
+    "ParamsMismatch",
+    "Run",
+    "StepData",
+    "StepRecord",
+    "Store",
+    "StoreError",
+    "StoredFinding",
+    "UnknownRun",
+    "backfill_blocks",
+    "create_db_engine",
+    "display_url",
+    "open_store",
 ]
 
 
@@ -146,8 +165,9 @@ class Store:
         with self._read() as conn:
             return _runs.deleted_at(conn, run_id)
 
-    def runs_to_collect(self, *, created_before: float | None = None, status: str | None = None,
-                        project: str | None = None) -> list[Run]:
+    def runs_to_collect(
+        self, *, created_before: float | None = None, status: str | None = None, project: str | None = None
+    ) -> list[Run]:
         """The runs `gradwatch gc` may delete, oldest first (never a running one)."""
         if not storable(project):
             return []
@@ -160,8 +180,16 @@ class Store:
         with self._read() as conn:
             return _runs.get_run(conn, run_id)
 
-    def list_runs(self, *, project: str | None = None, q: str | None = None, status: str | None = None,
-                  tag: str | None = None, limit: int = 100, offset: int = 0) -> tuple[list[Run], int]:
+    def list_runs(
+        self,
+        *,
+        project: str | None = None,
+        q: str | None = None,
+        status: str | None = None,
+        tag: str | None = None,
+        limit: int = 100,
+        offset: int = 0,
+    ) -> tuple[list[Run], int]:
         """Matching runs, newest first, and how many match in all."""
         if not storable(project, q, tag):
             return [], 0
@@ -187,8 +215,9 @@ class Store:
 
     # -- steps -----------------------------------------------------------------------------
 
-    def write_steps(self, run_id: str, batch: Sequence[StepData],
-                    notify: NotifyInTransaction | None = None) -> list[bool]:
+    def write_steps(
+        self, run_id: str, batch: Sequence[StepData], notify: NotifyInTransaction | None = None
+    ) -> list[bool]:
         """Store step messages in one transaction; per message, False if it was stored already
         (steps.write_steps). `notify` (PostgreSQL, `serve --workers N`) names the NOTIFY to send
         in that transaction."""
@@ -203,19 +232,34 @@ class Store:
         with self._read() as conn:
             return _steps.step_times(conn, run_id, wanted)
 
-    def iter_steps(self, run_id: str, *, with_scalars: bool = True, chunk: int = 256,
-                   metrics: Iterable[str] | None = None, scalar_keys: Iterable[str] | None = None,
-                   after: int | None = None) -> Iterator[list[StepRecord]]:
-        return _steps.iter_steps(self.engine, run_id, with_scalars=with_scalars, chunk=chunk, metrics=metrics,
-                                 scalar_keys=scalar_keys, after=after)
+    def iter_steps(
+        self,
+        run_id: str,
+        *,
+        with_scalars: bool = True,
+        chunk: int = 256,
+        metrics: Iterable[str] | None = None,
+        scalar_keys: Iterable[str] | None = None,
+        after: int | None = None,
+    ) -> Iterator[list[StepRecord]]:
+        return _steps.iter_steps(
+            self.engine,
+            run_id,
+            with_scalars=with_scalars,
+            chunk=chunk,
+            metrics=metrics,
+            scalar_keys=scalar_keys,
+            after=after,
+        )
 
     def batch_steps(self, run_id: str, steps_range: tuple[int, int], seq_range: tuple[int, int]) -> list[StepRecord]:
         return _steps.batch_steps(self.engine, run_id, steps_range, seq_range)
 
     # -- series ----------------------------------------------------------------------------
 
-    def scalar_series(self, run_id: str, key: str, start: int | None = None,
-                      end: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+    def scalar_series(
+        self, run_id: str, key: str, start: int | None = None, end: int | None = None
+    ) -> tuple[np.ndarray, np.ndarray]:
         with self._read() as conn:
             return _series.scalar_series(conn, run_id, key, start, end)
 
@@ -223,23 +267,27 @@ class Store:
         with self._read() as conn:
             return _series.metric_steps(conn, run_id, metric, start, end)
 
-    def metric_rows(self, run_id: str, metric: str, start: int | None = None,
-                    end: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+    def metric_rows(
+        self, run_id: str, metric: str, start: int | None = None, end: int | None = None
+    ) -> tuple[np.ndarray, np.ndarray]:
         with self._read() as conn:
             return _series.metric_rows(conn, run_id, metric, start, end)
 
-    def last_metric_row(self, run_id: str, metric: str, start: int | None = None,
-                        end: int | None = None) -> tuple[int, np.ndarray] | None:
+    def last_metric_row(
+        self, run_id: str, metric: str, start: int | None = None, end: int | None = None
+    ) -> tuple[int, np.ndarray] | None:
         with self._read() as conn:
             return _series.last_metric_row(conn, run_id, metric, start, end)
 
-    def metric_columns(self, run_id: str, metric: str, indices: Sequence[int], start: int | None = None,
-                       end: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+    def metric_columns(
+        self, run_id: str, metric: str, indices: Sequence[int], start: int | None = None, end: int | None = None
+    ) -> tuple[np.ndarray, np.ndarray]:
         with self._read() as conn:
             return _series.metric_columns(conn, run_id, metric, indices, start, end)
 
-    def series_bounds(self, run_id: str, name: str, start: int | None = None, end: int | None = None,
-                      kind: str = "param") -> tuple[int, int] | None:
+    def series_bounds(
+        self, run_id: str, name: str, start: int | None = None, end: int | None = None, kind: str = "param"
+    ) -> tuple[int, int] | None:
         with self._read() as conn:
             return _series.series_bounds(conn, run_id, name, start, end, kind)
 
@@ -247,15 +295,24 @@ class Store:
         with self._read() as conn:
             return _series.series_count(conn, run_id, name, lo, hi, kind)
 
-    def series_pieces(self, run_id: str, name: str, lo: int, hi: int, size: int,
-                      indices: Sequence[int] | None = None, kind: str = "param") -> blocks.Pieces:
+    def series_pieces(
+        self,
+        run_id: str,
+        name: str,
+        lo: int,
+        hi: int,
+        size: int,
+        indices: Sequence[int] | None = None,
+        kind: str = "param",
+    ) -> blocks.Pieces:
         with self._read() as conn:
             return _series.series_pieces(conn, run_id, name, lo, hi, size, indices, kind)
 
     # -- findings (diagnostics) ------------------------------------------------------------
 
-    def save_findings(self, run_id: str, found: Sequence[StoredFinding], mark: DiagnosisMark | None = None,
-                      *, replace: bool = False) -> None:
+    def save_findings(
+        self, run_id: str, found: Sequence[StoredFinding], mark: DiagnosisMark | None = None, *, replace: bool = False
+    ) -> None:
         """Store findings and the mark in one transaction (findings.save_findings)."""
         with self._write() as conn:
             _findings.save_findings(conn, run_id, found, mark, replace, self._clock())

@@ -1,5 +1,6 @@
 """The SQL of step blocks (blocks.py): keep the closed blocks of every series up to date as steps
 are stored, and read a series' summaries back from blocks and raw rows."""
+
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping, Sequence
@@ -32,8 +33,14 @@ def _ranges(numbers: Sequence[int]) -> list[tuple[int, int]]:
     return out
 
 
-def update_blocks(conn: Connection, run_id: str, new_steps: list[int], before: int | None, after: int,
-                  stored: Sequence[Step] | None = None) -> None:
+def update_blocks(
+    conn: Connection,
+    run_id: str,
+    new_steps: list[int],
+    before: int | None,
+    after: int,
+    stored: Sequence[Step] | None = None,
+) -> None:
     """Recompute the closed blocks that storing `new_steps` changed or closed (blocks.dirty),
     of every series of the run, in the caller's transaction: per kind and size, one query reads
     what they are made of (raw rows for the smallest size, blocks of the size below for the
@@ -51,40 +58,81 @@ def update_blocks(conn: Connection, run_id: str, new_steps: list[int], before: i
         for i, size in enumerate(blocks.SIZES):
             numbers = todo[size] if mine else []
             for lo in range(0, len(numbers), _BLOCK_BATCH):
-                ranges = _ranges(numbers[lo:lo + _BLOCK_BATCH])
+                ranges = _ranges(numbers[lo : lo + _BLOCK_BATCH])
                 if i == 0:
                     spans = [(a * size, (b + 1) * size - 1) for a, b in ranges]
                     if stored is not None:
                         found = _memory_pieces_of(stored, kind, spans, size)
                     else:
-                        found = (_raw_pieces_of if kind == "param" else _raw_scalar_pieces_of)(conn, run_id, mine, spans, size)
+                        found = (_raw_pieces_of if kind == "param" else _raw_scalar_pieces_of)(
+                            conn, run_id, mine, spans, size
+                        )
                 else:
                     ratio = size // blocks.SIZES[i - 1]
-                    found = _block_pieces_of(conn, run_id, kind, mine, blocks.SIZES[i - 1],
-                                             [(a * ratio, (b + 1) * ratio - 1) for a, b in ranges])
-                _put_blocks(conn, run_id, kind, mine, size, ranges, {m: blocks.group(p, size) for m, p in found.items()},
-                            blocks.closed(size, before))
+                    found = _block_pieces_of(
+                        conn,
+                        run_id,
+                        kind,
+                        mine,
+                        blocks.SIZES[i - 1],
+                        [(a * ratio, (b + 1) * ratio - 1) for a, b in ranges],
+                    )
+                _put_blocks(
+                    conn,
+                    run_id,
+                    kind,
+                    mine,
+                    size,
+                    ranges,
+                    {m: blocks.group(p, size) for m, p in found.items()},
+                    blocks.closed(size, before),
+                )
 
 
-def _put_blocks(conn: Connection, run_id: str, kind: str, names: list[str], size: int, ranges: list[tuple[int, int]],
-                found: Mapping[str, blocks.Pieces], fresh: int = 0) -> None:
+def _put_blocks(
+    conn: Connection,
+    run_id: str,
+    kind: str,
+    names: list[str],
+    size: int,
+    ranges: list[tuple[int, int]],
+    found: Mapping[str, blocks.Pieces],
+    fresh: int = 0,
+) -> None:
     """Replace the stored blocks of a size numbered in `ranges` by `found` (per series, one
     piece per block holding data); those numbered from `fresh` on are known not to be stored."""
     stale = [(a, b) for a, b in ranges if a < fresh]
     if stale:
-        conn.execute(delete(metric_blocks).where(
-            metric_blocks.c.run_id == run_id, metric_blocks.c.kind == kind, metric_blocks.c.metric.in_(names),
-            metric_blocks.c.size == size, or_(*[metric_blocks.c.block.between(a, b) for a, b in stale])))
+        conn.execute(
+            delete(metric_blocks).where(
+                metric_blocks.c.run_id == run_id,
+                metric_blocks.c.kind == kind,
+                metric_blocks.c.metric.in_(names),
+                metric_blocks.c.size == size,
+                or_(*[metric_blocks.c.block.between(a, b) for a, b in stale]),
+            )
+        )
     rows = []
     for name, pieces in found.items():
         if not len(pieces):
             continue
         records = blocks.to_records(pieces, blocks.RECORDS[kind])
         parts = -(-records.shape[1] // blocks.PART)
-        rows += [(run_id, kind, name, size, first // size, part, first, count,
-                  records[j, part * blocks.PART:(part + 1) * blocks.PART].tobytes())
-                 for j, (first, count) in enumerate(zip(pieces.first.tolist(), pieces.rows.tolist()))
-                 for part in range(parts)]
+        rows += [
+            (
+                run_id,
+                kind,
+                name,
+                size,
+                first // size,
+                part,
+                first,
+                count,
+                records[j, part * blocks.PART : (part + 1) * blocks.PART].tobytes(),
+            )
+            for j, (first, count) in enumerate(zip(pieces.first.tolist(), pieces.rows.tolist()))
+            for part in range(parts)
+        ]
     insert_plain(conn, metric_blocks, rows)
 
 
@@ -112,13 +160,20 @@ def _pieces_of_scalars(rows: list[Any], starts: np.ndarray | None = None) -> blo
     return blocks.from_values(steps_, values.reshape(-1, 1), None, dtype=np.float64, starts=starts)
 
 
-def _raw_pieces_of(conn: Connection, run_id: str, metrics: list[str], spans: list[tuple[int, int]],
-                   size: int) -> dict[str, blocks.Pieces]:
+def _raw_pieces_of(
+    conn: Connection, run_id: str, metrics: list[str], spans: list[tuple[int, int]], size: int
+) -> dict[str, blocks.Pieces]:
     """Per parameter metric, one piece per block of `size` steps in the step ranges `spans`."""
-    rows = plain_rows(conn, select(param_metrics.c.metric, param_metrics.c.step, param_metrics.c.data).where(
-        param_metrics.c.run_id == run_id, param_metrics.c.metric.in_(metrics),
-        or_(*[param_metrics.c.step.between(a, b) for a, b in spans])
-    ).order_by(param_metrics.c.metric, param_metrics.c.step))
+    rows = plain_rows(
+        conn,
+        select(param_metrics.c.metric, param_metrics.c.step, param_metrics.c.data)
+        .where(
+            param_metrics.c.run_id == run_id,
+            param_metrics.c.metric.in_(metrics),
+            or_(*[param_metrics.c.step.between(a, b) for a, b in spans]),
+        )
+        .order_by(param_metrics.c.metric, param_metrics.c.step),
+    )
     found = {}
     for metric, mine in _split(rows):
         width = len(mine[0][2]) // np.dtype(array_dtype(metric)).itemsize
@@ -126,14 +181,18 @@ def _raw_pieces_of(conn: Connection, run_id: str, metrics: list[str], spans: lis
     return found
 
 
-def _raw_scalar_pieces_of(conn: Connection, run_id: str, keys: list[str], spans: list[tuple[int, int]],
-                          size: int) -> dict[str, blocks.Pieces]:
+def _raw_scalar_pieces_of(
+    conn: Connection, run_id: str, keys: list[str], spans: list[tuple[int, int]], size: int
+) -> dict[str, blocks.Pieces]:
     """Per scalar, one piece per block of `size` steps in the step ranges `spans`: all scalars
     in one pass (a run logs a few dozen, a few values each per block)."""
     s = scalars_table.c
-    rows = plain_rows(conn, select(s.key, s.step, s.value, s.special).where(
-        s.run_id == run_id, s.key.in_(keys), or_(*[s.step.between(a, b) for a, b in spans])
-    ).order_by(s.key, s.step))
+    rows = plain_rows(
+        conn,
+        select(s.key, s.step, s.value, s.special)
+        .where(s.run_id == run_id, s.key.in_(keys), or_(*[s.step.between(a, b) for a, b in spans]))
+        .order_by(s.key, s.step),
+    )
     if not rows:
         return {}
     key_of = {k: i for i, k in enumerate(dict.fromkeys(r[0] for r in rows))}
@@ -149,8 +208,9 @@ def _raw_scalar_pieces_of(conn: Connection, run_id: str, keys: list[str], spans:
     return out
 
 
-def _memory_pieces_of(stored: Sequence[Step], kind: str, spans: list[tuple[int, int]],
-                      size: int) -> dict[str, blocks.Pieces]:
+def _memory_pieces_of(
+    stored: Sequence[Step], kind: str, spans: list[tuple[int, int]], size: int
+) -> dict[str, blocks.Pieces]:
     """What `_raw_pieces_of` / `_raw_scalar_pieces_of` read for the steps in `spans`, from step
     messages in memory instead (every stored step of those spans).
 
@@ -176,26 +236,43 @@ def _memory_pieces_of(stored: Sequence[Step], kind: str, spans: list[tuple[int, 
             matrix = np.array([series[n][1] for n in names], dtype=np.float64).T
             pieces = blocks.from_values(np.array(at, dtype=np.int64), matrix, None, size, dtype=np.float64)
         else:
-            matrix = np.concatenate([np.frombuffer(b"".join(series[n][1]), dtype=dtype).reshape(len(at), width)
-                                     for n in names], axis=1)
+            matrix = np.concatenate(
+                [np.frombuffer(b"".join(series[n][1]), dtype=dtype).reshape(len(at), width) for n in names], axis=1
+            )
             missing = absent_mask(matrix) if dtype.kind == "f" else None
             pieces = blocks.from_values(np.array(at, dtype=np.int64), matrix, missing, size)
         for j, name in enumerate(names):
             cols = slice(j * width, (j + 1) * width)
-            found[name] = blocks.Pieces(pieces.first, pieces.rows, pieces.low[:, cols], pieces.high[:, cols],
-                                        pieces.total[:, cols], pieces.finite[:, cols], pieces.nan[:, cols])
+            found[name] = blocks.Pieces(
+                pieces.first,
+                pieces.rows,
+                pieces.low[:, cols],
+                pieces.high[:, cols],
+                pieces.total[:, cols],
+                pieces.finite[:, cols],
+                pieces.nan[:, cols],
+            )
     return found
 
 
-def _block_pieces_of(conn: Connection, run_id: str, kind: str, names: list[str], size: int,
-                     ranges: list[tuple[int, int]]) -> dict[str, blocks.Pieces]:
+def _block_pieces_of(
+    conn: Connection, run_id: str, kind: str, names: list[str], size: int, ranges: list[tuple[int, int]]
+) -> dict[str, blocks.Pieces]:
     """Per series, its stored blocks of a size numbered in `ranges`, all parameters (each
     block's parts, in order, joined)."""
     b = metric_blocks.c
-    rows = plain_rows(conn, select(b.metric, b.first_step, b.step_count, b.data).where(
-        b.run_id == run_id, b.kind == kind, b.metric.in_(names), b.size == size,
-        or_(*[b.block.between(lo, hi) for lo, hi in ranges])
-    ).order_by(b.metric, b.block, b.part))
+    rows = plain_rows(
+        conn,
+        select(b.metric, b.first_step, b.step_count, b.data)
+        .where(
+            b.run_id == run_id,
+            b.kind == kind,
+            b.metric.in_(names),
+            b.size == size,
+            or_(*[b.block.between(lo, hi) for lo, hi in ranges]),
+        )
+        .order_by(b.metric, b.block, b.part),
+    )
     return {name: _joined_blocks([r[1:] for r in mine], blocks.RECORDS[kind]) for name, mine in _split(rows)}
 
 
@@ -203,34 +280,49 @@ def _joined_blocks(rows: list[Any], record: np.dtype) -> blocks.Pieces:
     """(first_step, step_count, data) rows of whole blocks, ordered by block and part."""
     heads = [i for i, r in enumerate(rows) if i == 0 or r[0] != rows[i - 1][0]]
     records = np.frombuffer(joined(rows, 2), dtype=record).reshape(len(heads), -1)
-    return blocks.from_records(np.array([rows[i][0] for i in heads], dtype=np.int64),
-                               np.array([rows[i][1] for i in heads], dtype=np.int64), records)
+    return blocks.from_records(
+        np.array([rows[i][0] for i in heads], dtype=np.int64),
+        np.array([rows[i][1] for i in heads], dtype=np.int64),
+        records,
+    )
 
 
-def raw_pieces(conn: Connection, run_id: str, kind: str, name: str, a: int, b: int,
-               indices: Sequence[int] | None) -> blocks.Pieces:
+def raw_pieces(
+    conn: Connection, run_id: str, kind: str, name: str, a: int, b: int, indices: Sequence[int] | None
+) -> blocks.Pieces:
     """One piece per stored step of a series in [a, b]: a scalar, or a parameter metric for the
     parameters `indices` (read as blob slices) or all of them."""
     if kind == "scalar":
         s = scalars_table.c
-        return _pieces_of_scalars(plain_rows(conn, select(s.step, s.value, s.special).where(
-            s.run_id == run_id, s.key == name, s.step.between(a, b)).order_by(s.step)))
+        return _pieces_of_scalars(
+            plain_rows(
+                conn,
+                select(s.step, s.value, s.special)
+                .where(s.run_id == run_id, s.key == name, s.step.between(a, b))
+                .order_by(s.step),
+            )
+        )
     where = [*metric_where(run_id, name), param_metrics.c.step.between(a, b)]
     if indices is None:
-        rows = plain_rows(conn, select(param_metrics.c.step, param_metrics.c.data).where(*where)
-                           .order_by(param_metrics.c.step))
+        rows = plain_rows(
+            conn, select(param_metrics.c.step, param_metrics.c.data).where(*where).order_by(param_metrics.c.step)
+        )
         width = len(rows[0][1]) // np.dtype(array_dtype(name)).itemsize if rows else 0
     else:
         size = np.dtype(array_dtype(name)).itemsize
-        rows = plain_rows(conn,
+        rows = plain_rows(
+            conn,
             select(param_metrics.c.step, *[func.substr(param_metrics.c.data, i * size + 1, size) for i in indices])
-            .where(*where).order_by(param_metrics.c.step))
+            .where(*where)
+            .order_by(param_metrics.c.step),
+        )
         width = len(indices)
     return _pieces_of_values(name, [r[0] for r in rows], joined(rows, 1), width)
 
 
-def stored_pieces(conn: Connection, run_id: str, kind: str, name: str, size: int, a: int, b: int,
-                  indices: Sequence[int] | None) -> blocks.Pieces:
+def stored_pieces(
+    conn: Connection, run_id: str, kind: str, name: str, size: int, a: int, b: int, indices: Sequence[int] | None
+) -> blocks.Pieces:
     """The stored blocks of a series of a size numbered a..b, for the parameters `indices` (a
     query per part, reading record slices) or all of them (one query)."""
     c = metric_blocks.c
@@ -253,18 +345,31 @@ def stored_pieces(conn: Connection, run_id: str, kind: str, name: str, size: int
     if not columns:
         return blocks.empty(0)
     records = np.concatenate(columns, axis=1)[:, np.argsort(order)]
-    return blocks.from_records(np.array([r[0] for r in rows], dtype=np.int64),
-                               np.array([r[1] for r in rows], dtype=np.int64), records)
+    return blocks.from_records(
+        np.array([r[0] for r in rows], dtype=np.int64), np.array([r[1] for r in rows], dtype=np.int64), records
+    )
 
 
 def backfill_blocks(conn: Connection) -> None:
     """Compute the closed blocks of every stored run (migration 0004), a range of the largest
     block size at a time (into the table the migration just made: none is stored yet)."""
     top = blocks.SIZES[-1]
-    for run_id, last_step in conn.execute(select(runs.c.id, runs.c.last_step).where(runs.c.last_step.is_not(None))).all():
-        ranges = conn.execute(select((steps.c.step // top).label("r")).where(steps.c.run_id == run_id)
-                              .distinct()).scalars().all()
+    for run_id, last_step in conn.execute(
+        select(runs.c.id, runs.c.last_step).where(runs.c.last_step.is_not(None))
+    ).all():
+        ranges = (
+            conn.execute(select((steps.c.step // top).label("r")).where(steps.c.run_id == run_id).distinct())
+            .scalars()
+            .all()
+        )
         for r in sorted(int(r) for r in ranges):
-            found = conn.execute(select(steps.c.step).where(
-                steps.c.run_id == run_id, steps.c.step.between(r * top, (r + 1) * top - 1))).scalars().all()
+            found = (
+                conn.execute(
+                    select(steps.c.step).where(
+                        steps.c.run_id == run_id, steps.c.step.between(r * top, (r + 1) * top - 1)
+                    )
+                )
+                .scalars()
+                .all()
+            )
             update_blocks(conn, run_id, list(found), None, last_step)

@@ -1,4 +1,5 @@
 """The database engine: URLs, SQLite's pragmas and write-ahead log, size and compaction."""
+
 from __future__ import annotations
 
 import re
@@ -87,8 +88,9 @@ def database_bytes(engine: Engine) -> int:
         name = engine.url.database
         if not name or name == ":memory:":
             return 0
-        return sum(Path(f"{name}{suffix}").stat().st_size for suffix in ("", "-wal")
-                   if Path(f"{name}{suffix}").exists())
+        return sum(
+            Path(f"{name}{suffix}").stat().st_size for suffix in ("", "-wal") if Path(f"{name}{suffix}").exists()
+        )
     with engine.connect() as conn:
         return int(conn.execute(text("SELECT pg_database_size(current_database())")).scalar_one())
 
@@ -112,5 +114,7 @@ def compact(engine: Engine) -> None:
                 names = ", ".join(f'"{t.name}"' for t in metadata.sorted_tables)
                 conn.exec_driver_sql(f"VACUUM (ANALYZE) {names}")
     except OperationalError as exc:
-        raise StoreError(f"could not compact the database ({exc.orig}); another process may be writing "
-                         "to it (a server): run `gradwatch gc` again when it is idle or stopped") from exc
+        raise StoreError(
+            f"could not compact the database ({exc.orig}); another process may be writing "
+            "to it (a server): run `gradwatch gc` again when it is idle or stopped"
+        ) from exc

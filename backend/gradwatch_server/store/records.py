@@ -1,4 +1,5 @@
 """What the store takes and returns: plain records, and the errors it raises."""
+
 from __future__ import annotations
 
 from collections.abc import Mapping

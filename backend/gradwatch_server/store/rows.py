@@ -1,4 +1,5 @@
 """Query helpers shared by the store's modules: driver-level rows, bulk inserts, conditions."""
+
 from __future__ import annotations
 
 from collections.abc import Sequence
@@ -32,8 +33,7 @@ def insert_plain(conn: Connection, table: Any, rows: list[tuple[Any, ...]]) -> N
         return
     mark = "?" if conn.dialect.paramstyle == "qmark" else "%s"
     names = ", ".join(c.name for c in table.columns)
-    conn.exec_driver_sql(f"INSERT INTO {table.name} ({names}) VALUES ({', '.join([mark] * len(table.columns))})",
-                         rows)
+    conn.exec_driver_sql(f"INSERT INTO {table.name} ({names}) VALUES ({', '.join([mark] * len(table.columns))})", rows)
 
 
 def storable(*texts: str | None) -> bool:

@@ -1,5 +1,6 @@
 """Runs: open (create or resume from a `hello`), close, crash, rename and tag, delete, list, and
 choose what `gradwatch gc` collects; with their parameters, groups and series names."""
+
 from __future__ import annotations
 
 import json
@@ -28,7 +29,8 @@ def lock_run(conn: Connection, run_id: str) -> Any:
     """The run's row, locked for this transaction (FOR UPDATE on PostgreSQL)."""
     row = conn.execute(
         select(runs.c.last_seq, runs.c.status, runs.c.last_step, runs.c.steps)
-        .where(runs.c.id == run_id).with_for_update()
+        .where(runs.c.id == run_id)
+        .with_for_update()
     ).one_or_none()
     if row is None:
         raise UnknownRun(f"no run {run_id!r}")
@@ -40,34 +42,67 @@ def open_run(conn: Connection, hello: Hello, now: float) -> OpenedRun:
     info = hello.run
     existing = conn.execute(select(runs.c.status).where(runs.c.id == info.id).with_for_update()).one_or_none()
     if existing is not None:
-        stored = conn.execute(
-            select(params.c.name).where(params.c.run_id == info.id).order_by(params.c.idx)
-        ).scalars().all()
+        stored = (
+            conn.execute(select(params.c.name).where(params.c.run_id == info.id).order_by(params.c.idx)).scalars().all()
+        )
         sent = [p.name for p in hello.params]
         if stored != sent:
             raise ParamsMismatch(_describe_mismatch(info.id, list(stored), sent))
-        conn.execute(update(runs).where(runs.c.id == info.id).values(status="running", finished_at=None, updated_at=now))
+        conn.execute(
+            update(runs).where(runs.c.id == info.id).values(status="running", finished_at=None, updated_at=now)
+        )
     else:
         conn.execute(delete(deleted_runs).where(deleted_runs.c.id == info.id))  # here again: not deleted
-        conn.execute(insert(runs).values(
-            id=info.id, name=info.name or info.id, project=info.project or "default",
-            status="running", created_at=info.started_at, updated_at=now, finished_at=None,
-            last_seq=0, steps=0, last_step=None, param_count=len(hello.params),
-            param_numel=sum(p.numel for p in hello.params), optimizer=info.optimizer,
-            config=json.dumps(info.config, allow_nan=False), hook_version=info.hook_version,
-        ))
+        conn.execute(
+            insert(runs).values(
+                id=info.id,
+                name=info.name or info.id,
+                project=info.project or "default",
+                status="running",
+                created_at=info.started_at,
+                updated_at=now,
+                finished_at=None,
+                last_seq=0,
+                steps=0,
+                last_step=None,
+                param_count=len(hello.params),
+                param_numel=sum(p.numel for p in hello.params),
+                optimizer=info.optimizer,
+                config=json.dumps(info.config, allow_nan=False),
+                hook_version=info.hook_version,
+            )
+        )
         if hello.params:
-            conn.execute(insert(params), [
-                {"run_id": info.id, "idx": i, "name": p.name, "shape": json.dumps(p.shape),
-                 "numel": p.numel, "dtype": p.dtype, "group_idx": p.group, "optimizer_idx": p.optimizer}
-                for i, p in enumerate(hello.params)
-            ])
+            conn.execute(
+                insert(params),
+                [
+                    {
+                        "run_id": info.id,
+                        "idx": i,
+                        "name": p.name,
+                        "shape": json.dumps(p.shape),
+                        "numel": p.numel,
+                        "dtype": p.dtype,
+                        "group_idx": p.group,
+                        "optimizer_idx": p.optimizer,
+                    }
+                    for i, p in enumerate(hello.params)
+                ],
+            )
         if hello.groups:
-            conn.execute(insert(groups), [
-                {"run_id": info.id, "optimizer_idx": g.optimizer, "idx": g.index,
-                 "name": g.name, "hparams": json.dumps(g.hparams, allow_nan=False)}
-                for g in hello.groups
-            ])
+            conn.execute(
+                insert(groups),
+                [
+                    {
+                        "run_id": info.id,
+                        "optimizer_idx": g.optimizer,
+                        "idx": g.index,
+                        "name": g.name,
+                        "hparams": json.dumps(g.hparams, allow_nan=False),
+                    }
+                    for g in hello.groups
+                ],
+            )
     run = to_run(conn.execute(select(runs).where(runs.c.id == info.id)).one(), *run_details(conn, [info.id]))
     return OpenedRun(run=run, created=existing is None, resumed_from=None if existing is None else existing.status)
 
@@ -77,9 +112,16 @@ def close_run(conn: Connection, run_id: str, seq: int, status: str, now: float) 
     run = lock_run(conn, run_id)
     if seq <= run.last_seq:
         return False
-    conn.execute(update(runs).where(runs.c.id == run_id).values(
-        last_seq=seq, status=status, finished_at=now, updated_at=now,
-    ))
+    conn.execute(
+        update(runs)
+        .where(runs.c.id == run_id)
+        .values(
+            last_seq=seq,
+            status=status,
+            finished_at=now,
+            updated_at=now,
+        )
+    )
     return True
 
 
@@ -132,8 +174,9 @@ def deleted_at(conn: Connection, run_id: str) -> float | None:
     return None if found is None else float(found)
 
 
-def runs_to_collect(conn: Connection, created_before: float | None, status: str | None,
-                    project: str | None) -> list[Run]:
+def runs_to_collect(
+    conn: Connection, created_before: float | None, status: str | None, project: str | None
+) -> list[Run]:
     """The runs `gradwatch gc` may delete, oldest first: never a running one (it is being
     written), and only those created before `created_before` (Unix seconds), of `status`
     and of `project`, for each one given."""
@@ -152,8 +195,9 @@ def get_run(conn: Connection, run_id: str) -> Run | None:
     return None if row is None else to_run(row, *run_details(conn, [run_id]))
 
 
-def list_runs(conn: Connection, project: str | None, q: str | None, status: str | None, tag: str | None,
-              limit: int, offset: int) -> tuple[list[Run], int]:
+def list_runs(
+    conn: Connection, project: str | None, q: str | None, status: str | None, tag: str | None, limit: int, offset: int
+) -> tuple[list[Run], int]:
     """Matching runs, newest first, and how many match in all; each with its tags and
     findings counts (two more queries for the page, not two per run)."""
     where = []
@@ -181,10 +225,16 @@ def get_params(conn: Connection, run_id: str) -> list[Param]:
     """The run's parameters by index; plain rows, and each distinct shape decoded once (the run
     page asks for them several times)."""
     c = params.c
-    rows = plain_rows(conn, select(c.idx, c.name, c.shape, c.numel, c.dtype, c.group_idx, c.optimizer_idx)
-                      .where(c.run_id == run_id).order_by(c.idx))
-    return [Param(index=r[0], name=r[1], shape=list(shape(r[2])), numel=r[3], dtype=r[4], group=r[5],
-                  optimizer=r[6]) for r in rows]
+    rows = plain_rows(
+        conn,
+        select(c.idx, c.name, c.shape, c.numel, c.dtype, c.group_idx, c.optimizer_idx)
+        .where(c.run_id == run_id)
+        .order_by(c.idx),
+    )
+    return [
+        Param(index=r[0], name=r[1], shape=list(shape(r[2])), numel=r[3], dtype=r[4], group=r[5], optimizer=r[6])
+        for r in rows
+    ]
 
 
 def get_groups(conn: Connection, run_id: str) -> list[Group]:
@@ -196,16 +246,19 @@ def get_groups(conn: Connection, run_id: str) -> list[Group]:
 
 def get_series_names(conn: Connection, run_id: str, kind: str) -> list[str]:
     """Sorted names of a run's scalar series (`kind="scalar"`) or parameter metrics ("param")."""
-    names = conn.execute(
-        select(series_names.c.name).where(series_names.c.run_id == run_id, series_names.c.kind == kind)
-    ).scalars().all()
+    names = (
+        conn.execute(select(series_names.c.name).where(series_names.c.run_id == run_id, series_names.c.kind == kind))
+        .scalars()
+        .all()
+    )
     # Sorted here, not by ORDER BY: code-point order on every database, whatever the collation
     # of a PostgreSQL server (en_US sorts "alpha" before "Zeta"; SQLite and Python after).
     return sorted(names)
 
 
-def to_run(row: Any, tags: Mapping[str, list[str]] | None = None,
-           counts: Mapping[str, dict[str, int]] | None = None) -> Run:
+def to_run(
+    row: Any, tags: Mapping[str, list[str]] | None = None, counts: Mapping[str, dict[str, int]] | None = None
+) -> Run:
     data = row._asdict()
     data["config"] = json.loads(data["config"])
     data["tags"] = list((tags or {}).get(data["id"], []))
@@ -219,14 +272,16 @@ def run_details(conn: Connection, run_ids: Sequence[str]) -> tuple[dict[str, lis
         return {}, {}
     tags: dict[str, list[str]] = {}
     for r in conn.execute(
-        select(run_tags.c.run_id, run_tags.c.tag).where(run_tags.c.run_id.in_(run_ids))
+        select(run_tags.c.run_id, run_tags.c.tag)
+        .where(run_tags.c.run_id.in_(run_ids))
         .order_by(run_tags.c.run_id, run_tags.c.position)
     ):
         tags.setdefault(r.run_id, []).append(r.tag)
     counts: dict[str, dict[str, int]] = {}
     for r in conn.execute(
         select(findings.c.run_id, findings.c.severity, func.count().label("n"))
-        .where(findings.c.run_id.in_(run_ids)).group_by(findings.c.run_id, findings.c.severity)
+        .where(findings.c.run_id.in_(run_ids))
+        .group_by(findings.c.run_id, findings.c.severity)
     ):
         if r.severity in SEVERITIES:
             counts.setdefault(r.run_id, no_findings())[r.severity] = int(r.n)
@@ -239,5 +294,7 @@ def _describe_mismatch(run_id: str, stored: list[str], sent: list[str]) -> str:
     else:
         i = next(i for i, (a, b) in enumerate(zip(stored, sent)) if a != b)
         detail = f"parameter {i} is {stored[i]!r}, the hello says {sent[i]!r}"
-    return (f"run {run_id!r} already exists with different parameters ({detail}); "
-            "start a new run (another run id) for a changed model")
+    return (
+        f"run {run_id!r} already exists with different parameters ({detail}); "
+        "start a new run (another run id) for a changed model"
+    )

@@ -4,6 +4,7 @@ few), and the summaries (blocks and raw steps) that serve the long windows of ch
 A series is a parameter metric (`kind` "param", one value per parameter) or a scalar ("scalar",
 `name` its key).
 """
+
 from __future__ import annotations
 
 from collections.abc import Sequence
@@ -20,32 +21,43 @@ from .rows import joined, metric_where, plain_rows, window
 from .values import scalar_columns
 
 
-def scalar_series(conn: Connection, run_id: str, key: str, start: int | None,
-                  end: int | None) -> tuple[np.ndarray, np.ndarray]:
+def scalar_series(
+    conn: Connection, run_id: str, key: str, start: int | None, end: int | None
+) -> tuple[np.ndarray, np.ndarray]:
     """(steps, float64 values) of one scalar in [start, end], by step."""
     s = scalars_table.c
-    rows = plain_rows(conn, select(s.step, s.value, s.special)
-                      .where(s.run_id == run_id, s.key == key, *window(s.step, start, end)).order_by(s.step))
+    rows = plain_rows(
+        conn,
+        select(s.step, s.value, s.special)
+        .where(s.run_id == run_id, s.key == key, *window(s.step, start, end))
+        .order_by(s.step),
+    )
     return scalar_columns(rows)
 
 
 def metric_steps(conn: Connection, run_id: str, metric: str, start: int | None, end: int | None) -> np.ndarray:
     """The steps at which a parameter metric is stored, in [start, end]."""
-    found = conn.execute(
-        select(param_metrics.c.step)
-        .where(*metric_where(run_id, metric), *window(param_metrics.c.step, start, end))
-        .order_by(param_metrics.c.step)
-    ).scalars().all()
+    found = (
+        conn.execute(
+            select(param_metrics.c.step)
+            .where(*metric_where(run_id, metric), *window(param_metrics.c.step, start, end))
+            .order_by(param_metrics.c.step)
+        )
+        .scalars()
+        .all()
+    )
     return np.array(found, dtype=np.int64)
 
 
-def metric_rows(conn: Connection, run_id: str, metric: str, start: int | None,
-                end: int | None) -> tuple[np.ndarray, np.ndarray]:
+def metric_rows(
+    conn: Connection, run_id: str, metric: str, start: int | None, end: int | None
+) -> tuple[np.ndarray, np.ndarray]:
     """(steps, array of shape steps x parameters) of one metric in [start, end]."""
-    rows = plain_rows(conn,
+    rows = plain_rows(
+        conn,
         select(param_metrics.c.step, param_metrics.c.data)
         .where(*metric_where(run_id, metric), *window(param_metrics.c.step, start, end))
-        .order_by(param_metrics.c.step)
+        .order_by(param_metrics.c.step),
     )
     dtype = "<" + array_dtype(metric)
     width = len(rows[0][1]) // np.dtype(dtype).itemsize if rows else 0
@@ -53,40 +65,48 @@ def metric_rows(conn: Connection, run_id: str, metric: str, start: int | None,
     return np.array([r[0] for r in rows], dtype=np.int64), matrix
 
 
-def last_metric_row(conn: Connection, run_id: str, metric: str, start: int | None,
-                    end: int | None) -> tuple[int, np.ndarray] | None:
+def last_metric_row(
+    conn: Connection, run_id: str, metric: str, start: int | None, end: int | None
+) -> tuple[int, np.ndarray] | None:
     """The metric's array at the last stored step in [start, end]."""
     row = conn.execute(
         select(param_metrics.c.step, param_metrics.c.data)
         .where(*metric_where(run_id, metric), *window(param_metrics.c.step, start, end))
-        .order_by(param_metrics.c.step.desc()).limit(1)
+        .order_by(param_metrics.c.step.desc())
+        .limit(1)
     ).one_or_none()
     if row is None:
         return None
     return row.step, np.frombuffer(row.data, dtype="<" + array_dtype(metric))
 
 
-def metric_columns(conn: Connection, run_id: str, metric: str, indices: Sequence[int], start: int | None,
-                   end: int | None) -> tuple[np.ndarray, np.ndarray]:
+def metric_columns(
+    conn: Connection, run_id: str, metric: str, indices: Sequence[int], start: int | None, end: int | None
+) -> tuple[np.ndarray, np.ndarray]:
     """(steps, array of shape steps x len(indices)): a few parameters, read as blob slices."""
     dtype = np.dtype("<" + array_dtype(metric))
     size = dtype.itemsize
     slices = [func.substr(param_metrics.c.data, i * size + 1, size).label(f"c{n}") for n, i in enumerate(indices)]
-    rows = plain_rows(conn,
+    rows = plain_rows(
+        conn,
         select(param_metrics.c.step, *slices)
         .where(*metric_where(run_id, metric), *window(param_metrics.c.step, start, end))
-        .order_by(param_metrics.c.step)
+        .order_by(param_metrics.c.step),
     )
     matrix = np.frombuffer(joined(rows, 1), dtype=dtype).reshape(len(rows), len(indices))
     return np.array([r[0] for r in rows], dtype=np.int64), matrix
 
 
-def series_bounds(conn: Connection, run_id: str, name: str, start: int | None, end: int | None,
-                  kind: str) -> tuple[int, int] | None:
+def series_bounds(
+    conn: Connection, run_id: str, name: str, start: int | None, end: int | None, kind: str
+) -> tuple[int, int] | None:
     """The first and last steps at which a series is stored in [start, end]."""
     table = param_metrics if kind == "param" else scalars_table
-    where = [table.c.run_id == run_id, (table.c.metric if kind == "param" else table.c.key) == name,
-             *window(table.c.step, start, end)]
+    where = [
+        table.c.run_id == run_id,
+        (table.c.metric if kind == "param" else table.c.key) == name,
+        *window(table.c.step, start, end),
+    ]
     # two queries: each is one index probe
     lo = conn.execute(select(func.min(table.c.step)).where(*where)).scalar()
     hi = conn.execute(select(func.max(table.c.step)).where(*where)).scalar()
@@ -105,26 +125,33 @@ def series_count(conn: Connection, run_id: str, name: str, lo: int, hi: int, kin
     stored = [and_(c.size == size, c.block.between(a, b)) for size, a, b in segments if size != blocks.RAW]
     total = 0
     if raw:
-        total += conn.execute(select(func.count()).select_from(table).where(
-            table.c.run_id == run_id, named, or_(*raw))).scalar_one()
+        total += conn.execute(
+            select(func.count()).select_from(table).where(table.c.run_id == run_id, named, or_(*raw))
+        ).scalar_one()
     if stored:  # every block has a part 0 (a run without parameters has no param blocks)
-        total += conn.execute(select(func.coalesce(func.sum(c.step_count), 0)).where(
-            c.run_id == run_id, c.kind == kind, c.metric == name, c.part == 0, or_(*stored))).scalar_one()
+        total += conn.execute(
+            select(func.coalesce(func.sum(c.step_count), 0)).where(
+                c.run_id == run_id, c.kind == kind, c.metric == name, c.part == 0, or_(*stored)
+            )
+        ).scalar_one()
     return int(total)
 
 
-def series_pieces(conn: Connection, run_id: str, name: str, lo: int, hi: int, size: int,
-                  indices: Sequence[int] | None, kind: str) -> blocks.Pieces:
+def series_pieces(
+    conn: Connection, run_id: str, name: str, lo: int, hi: int, size: int, indices: Sequence[int] | None, kind: str
+) -> blocks.Pieces:
     """Summaries covering steps [lo, hi] of a series, in step order: its closed blocks of at
     most `size` steps lying wholly inside, and single raw steps elsewhere (blocks.cover), for
     the parameters `indices` or all of them (a scalar has one column)."""
     run = conn.execute(select(runs.c.last_step, runs.c.param_count).where(runs.c.id == run_id)).one_or_none()
-    width = 1 if kind == "scalar" else len(indices) if indices is not None else \
-        (run.param_count if run is not None else 0)
+    width = (
+        1 if kind == "scalar" else len(indices) if indices is not None else (run.param_count if run is not None else 0)
+    )
     if run is None:
         return blocks.empty(width)
     found = [
-        raw_pieces(conn, run_id, kind, name, a, b, indices) if size_ == blocks.RAW
+        raw_pieces(conn, run_id, kind, name, a, b, indices)
+        if size_ == blocks.RAW
         else stored_pieces(conn, run_id, kind, name, size_, a, b, indices)
         for size_, a, b in blocks.cover(lo, hi, run.last_step, size)
     ]

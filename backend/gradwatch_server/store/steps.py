@@ -1,5 +1,6 @@
 """Steps: store step messages (idempotently, with their series names and blocks), and read
 stored steps back whole (exports, the diagnostics replay, another worker's batch)."""
+
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -37,8 +38,15 @@ class Written:
     changed: bool = False
 
 
-def write_steps(conn: Connection, run_id: str, batch: Sequence[StepData], now: float, known: set[SeriesName],
-                run_tails: tails.Tails, notify: NotifyInTransaction | None) -> Written:
+def write_steps(
+    conn: Connection,
+    run_id: str,
+    batch: Sequence[StepData],
+    now: float,
+    known: set[SeriesName],
+    run_tails: tails.Tails,
+    notify: NotifyInTransaction | None,
+) -> Written:
     """Store step messages in the caller's transaction; per message, False if it was stored already.
 
     A message is skipped when its seq is not above the run's committed seq, or its step is
@@ -56,8 +64,11 @@ def write_steps(conn: Connection, run_id: str, batch: Sequence[StepData], now: f
             fresh.append(i)  # the steps of one `steps` message share its seq
     if not fresh:
         return Written(stored)
-    have = set(conn.execute(select(steps.c.step).where(
-        steps.c.run_id == run_id, steps.c.step.in_({batch[i].step for i in fresh}))).scalars())
+    have = set(
+        conn.execute(
+            select(steps.c.step).where(steps.c.run_id == run_id, steps.c.step.in_({batch[i].step for i in fresh}))
+        ).scalars()
+    )
     for i in fresh:
         if batch[i].step not in have:
             have.add(batch[i].step)
@@ -66,10 +77,12 @@ def write_steps(conn: Connection, run_id: str, batch: Sequence[StepData], now: f
     names: set[SeriesName] = set()
     if new:  # driver rows (insert_plain): SQLAlchemy's per-row work costs more than SQLite's
         insert_plain(conn, steps, [(run_id, d.step, d.seq, d.time) for d in new])
-        insert_plain(conn, scalars_table, [(run_id, k, d.step, *encode_scalar(x))
-                                           for d in new for k, x in d.scalars.items()])
-        insert_plain(conn, param_metrics, [(run_id, m, d.step, raw, array_dtype(m))
-                                           for d in new for m, raw in d.arrays.items()])
+        insert_plain(
+            conn, scalars_table, [(run_id, k, d.step, *encode_scalar(x)) for d in new for k, x in d.scalars.items()]
+        )
+        insert_plain(
+            conn, param_metrics, [(run_id, m, d.step, raw, array_dtype(m)) for d in new for m, raw in d.arrays.items()]
+        )
         names |= add_names(conn, run_id, "scalar", {k for d in new for k in d.scalars}, known)
         names |= add_names(conn, run_id, "param", {m for d in new for m in d.arrays}, known)
         told = None if notify is None else notify(new)
@@ -80,27 +93,48 @@ def write_steps(conn: Connection, run_id: str, batch: Sequence[StepData], now: f
     tail = run_tails.get(run_id, (locked.steps, last_step_before))
     tail = tail if tails.covers(tail, new) else None
     if top is not None:
-        update_blocks(conn, run_id, [d.step for d in new], last_step_before, after,
-                      None if tail is None else (*tail.steps, *new))
-    last_step = runs.c.last_step if top is None else case(
-        (or_(runs.c.last_step.is_(None), runs.c.last_step < top), top), else_=runs.c.last_step)
-    conn.execute(update(runs).where(runs.c.id == run_id).values(
-        last_seq=last_seq, steps=runs.c.steps + len(new), last_step=last_step, updated_at=now,
-    ))
-    return Written(stored, names, tails.next_tail(tail, new, last_step_before, after, (locked.steps + len(new), after)),
-                   changed=True)
+        update_blocks(
+            conn, run_id, [d.step for d in new], last_step_before, after, None if tail is None else (*tail.steps, *new)
+        )
+    last_step = (
+        runs.c.last_step
+        if top is None
+        else case((or_(runs.c.last_step.is_(None), runs.c.last_step < top), top), else_=runs.c.last_step)
+    )
+    conn.execute(
+        update(runs)
+        .where(runs.c.id == run_id)
+        .values(
+            last_seq=last_seq,
+            steps=runs.c.steps + len(new),
+            last_step=last_step,
+            updated_at=now,
+        )
+    )
+    return Written(
+        stored,
+        names,
+        tails.next_tail(tail, new, last_step_before, after, (locked.steps + len(new), after)),
+        changed=True,
+    )
 
 
-def add_names(conn: Connection, run_id: str, kind: str, names: Iterable[str], known: set[SeriesName]) -> set[SeriesName]:
+def add_names(
+    conn: Connection, run_id: str, kind: str, names: Iterable[str], known: set[SeriesName]
+) -> set[SeriesName]:
     """Store the series names not stored yet; returns those to know from now on."""
     todo = {(run_id, kind, n) for n in names} - known
     if not todo:
         return set()
-    stored = set(conn.execute(
-        select(series_names.c.name).where(
-            series_names.c.run_id == run_id, series_names.c.kind == kind,
-            series_names.c.name.in_([n for _, _, n in todo]))
-    ).scalars())
+    stored = set(
+        conn.execute(
+            select(series_names.c.name).where(
+                series_names.c.run_id == run_id,
+                series_names.c.kind == kind,
+                series_names.c.name.in_([n for _, _, n in todo]),
+            )
+        ).scalars()
+    )
     missing = [{"run_id": r, "kind": k, "name": n} for r, k, n in todo if n not in stored]
     if missing:
         conn.execute(insert(series_names), missing)
@@ -131,9 +165,16 @@ def step_times(conn: Connection, run_id: str, wanted: Sequence[int] | np.ndarray
     return out, first
 
 
-def iter_steps(engine: Engine, run_id: str, *, with_scalars: bool = True, chunk: int = 256,
-               metrics: Iterable[str] | None = None, scalar_keys: Iterable[str] | None = None,
-               after: int | None = None) -> Iterator[list[StepRecord]]:
+def iter_steps(
+    engine: Engine,
+    run_id: str,
+    *,
+    with_scalars: bool = True,
+    chunk: int = 256,
+    metrics: Iterable[str] | None = None,
+    scalar_keys: Iterable[str] | None = None,
+    after: int | None = None,
+) -> Iterator[list[StepRecord]]:
     """Every stored step of a run (after step `after`), in order, `chunk` steps at a time.
 
     Each chunk is its own short query, so an export never holds the run in memory nor a
@@ -162,7 +203,9 @@ def iter_steps(engine: Engine, run_id: str, *, with_scalars: bool = True, chunk:
         after = hi
 
 
-def batch_steps(engine: Engine, run_id: str, steps_range: tuple[int, int], seq_range: tuple[int, int]) -> list[StepRecord]:
+def batch_steps(
+    engine: Engine, run_id: str, steps_range: tuple[int, int], seq_range: tuple[int, int]
+) -> list[StepRecord]:
     """The steps one `write_steps` stored, every series, by step: those with step and seq in
     these ranges (the lowest and highest of the batch). No other write stores a seq in the
     batch's range (seqs are stored only above the run's committed seq); the step range keeps
@@ -184,20 +227,31 @@ def _names(engine: Engine, run_id: str, with_scalars: bool) -> tuple[list[str], 
         return keys, get_series_names(conn, run_id, "param")
 
 
-def _fill(conn: Connection, run_id: str, records: dict[int, StepRecord], keys: Sequence[str], names: Sequence[str],
-          lo: int, hi: int) -> None:
+def _fill(
+    conn: Connection,
+    run_id: str,
+    records: dict[int, StepRecord],
+    keys: Sequence[str],
+    names: Sequence[str],
+    lo: int,
+    hi: int,
+) -> None:
     """Read the scalars `keys` and parameter metrics `names` of steps lo..hi into `records`, for
     the steps it holds only (not a step written since they were read)."""
     if keys:
         s = scalars_table.c
-        rows = conn.execute(select(s.key, s.step, s.value, s.special)
-                            .where(s.run_id == run_id, s.key.in_(keys), s.step.between(lo, hi))).all()
+        rows = conn.execute(
+            select(s.key, s.step, s.value, s.special).where(s.run_id == run_id, s.key.in_(keys), s.step.between(lo, hi))
+        ).all()
         for r, value in zip(rows, decode_scalars(rows).tolist()):
             if r.step in records:
                 records[r.step].scalars[r.key] = value
     if names:
         p = param_metrics.c
-        for r in conn.execute(select(p.metric, p.step, p.data, p.dtype)
-                              .where(p.run_id == run_id, p.metric.in_(names), p.step.between(lo, hi))):
+        for r in conn.execute(
+            select(p.metric, p.step, p.data, p.dtype).where(
+                p.run_id == run_id, p.metric.in_(names), p.step.between(lo, hi)
+            )
+        ):
             if r.step in records:
                 records[r.step].arrays[r.metric] = np.frombuffer(r.data, dtype="<" + r.dtype)

@@ -1,4 +1,5 @@
 """How values are kept in columns: scalars with their NaN and -0.0 marked, shapes as JSON."""
+
 from __future__ import annotations
 
 import functools

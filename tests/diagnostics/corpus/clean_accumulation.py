@@ -2,6 +2,7 @@
 
 gradwatch reports it as `grad_accumulation` (info, K = 4), never as an error.
 """
+
 import torch
 
 import gradwatch

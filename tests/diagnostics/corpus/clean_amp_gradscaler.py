@@ -1,4 +1,5 @@
 """Clean: mixed precision on the CPU, bfloat16 autocast with a GradScaler, the documented recipe."""
+
 import torch
 
 import gradwatch

@@ -1,4 +1,5 @@
 """Clean: fine-tuning a head on a frozen backbone (requires_grad=False, not in the optimizer)."""
+
 import torch
 
 import gradwatch

@@ -2,6 +2,7 @@
 D's step, and D's zero_grad() clears it before D's own backward. Two runs: one watcher on D alone,
 and watch([opt_d, opt_g]) on a twin. No finding: the pass that lands before a clear counts toward
 no step (it is not accumulation)."""
+
 import torch
 
 import gradwatch
@@ -17,8 +18,12 @@ def train(watch_both: bool) -> gradwatch.Watcher:
     opt_g = torch.optim.Adam(gen.parameters(), lr=2e-4, betas=(0.5, 0.999))
     bce = torch.nn.BCEWithLogitsLoss()
     if watch_both:
-        w = gradwatch.watch([opt_d, opt_g], model=torch.nn.ModuleDict({"gen": gen, "disc": disc}),
-                            run="clean_gan-both", project="corpus")
+        w = gradwatch.watch(
+            [opt_d, opt_g],
+            model=torch.nn.ModuleDict({"gen": gen, "disc": disc}),
+            run="clean_gan-both",
+            project="corpus",
+        )
     else:
         w = gradwatch.watch(opt_d, model=disc, run="clean_gan-d", project="corpus")
     for step in range(30):

@@ -1,6 +1,7 @@
 """Clean: LBFGS, which steps with a closure that zeroes, backpropagates and clips; the closure is
 evaluated several times per step. No finding: every step has this step's gradients (none is a
 `step_without_grad`), one backward pass each (LBFGS' re-evaluations are no accumulation)."""
+
 import torch
 
 import gradwatch

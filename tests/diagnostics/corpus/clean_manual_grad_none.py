@@ -1,4 +1,5 @@
 """Clean: clearing by hand, `p.grad = None` for every parameter, after the step."""
+
 import torch
 
 import gradwatch

@@ -1,4 +1,5 @@
 """Clean: clearing through the model (model.zero_grad()) rather than the optimizer."""
+
 import torch
 
 import gradwatch

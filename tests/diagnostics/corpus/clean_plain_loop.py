@@ -1,4 +1,5 @@
 """Clean: the canonical loop (zero_grad, forward, backward, step) with AdamW."""
+
 import torch
 
 import gradwatch

@@ -1,4 +1,5 @@
 """Clean: the plain loop, measured on every 3rd step only (watch(every=3))."""
+
 import torch
 
 import gradwatch

@@ -1,4 +1,5 @@
 """Clean: SGD with momentum, clearing with zero_grad(set_to_none=True) right after the step."""
+
 import torch
 
 import gradwatch

@@ -1,6 +1,7 @@
 """Mistake: AMP where the gradients overflow on most steps (here an Inf every other step, as a
 loss that keeps overflowing float16 would give): GradScaler skips half the training. Many
 skips make `amp_skipped_steps` a warning."""
+
 import torch
 
 import gradwatch

@@ -1,6 +1,7 @@
 """AMP with a GradScaler on the CPU where a few steps overflow (an Inf injected into a gradient,
 as a float16 overflow would make one): the scaler skips those steps and halves its scale.
 A few skips are normal: `amp_skipped_steps` is info, not an error."""
+
 import torch
 
 import gradwatch

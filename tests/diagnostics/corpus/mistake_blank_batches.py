@@ -1,6 +1,7 @@
 """Mistake: from step 25 a broken augmentation (a brightness factor of 0) blanks every batch.
 The loss still moves (the biases learn the mean), but the first layer's weight gradient, which
 is proportional to its input, is exactly zero from then on: that layer has stopped learning."""
+
 import torch
 
 import gradwatch

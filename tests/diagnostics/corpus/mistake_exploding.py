@@ -1,5 +1,6 @@
 """Mistake: a learning-rate schedule bug multiplies the learning rate by 30 at step 25 (a warm-up
 that never stops); plain SGD then diverges and the gradient norms grow step after step."""
+
 import torch
 
 import gradwatch

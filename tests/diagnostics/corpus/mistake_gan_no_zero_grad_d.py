@@ -1,5 +1,6 @@
 """Mistake: a GAN whose discriminator is never cleared: each D step uses D's gradients summed over
 every round, G's passes through D included."""
+
 import torch
 
 import gradwatch

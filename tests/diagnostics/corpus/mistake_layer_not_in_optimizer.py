@@ -1,5 +1,6 @@
 """Mistake: a head added to the model after the optimizer was built: it gets gradients, but the
 optimizer never updates it."""
+
 import torch
 
 import gradwatch

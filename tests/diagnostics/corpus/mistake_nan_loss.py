@@ -1,5 +1,6 @@
 """Mistake: a log of the raw output; once an output goes negative the loss and the gradients
 are NaN (and Adam's state with them)."""
+
 import torch
 
 import gradwatch

@@ -1,4 +1,5 @@
 """Mistake: zero_grad() is never called, so every step uses the sum of all earlier gradients."""
+
 import torch
 
 import gradwatch

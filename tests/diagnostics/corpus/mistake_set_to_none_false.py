@@ -1,4 +1,5 @@
 """Mistake: zero_grad(set_to_none=False) keeps every gradient buffer allocated between steps."""
+
 import torch
 
 import gradwatch

@@ -1,5 +1,6 @@
 """Mistake: optimizer.step() comes before loss.backward(), right after zero_grad(): every step
 runs with no gradient at all, and each backward pass is thrown away by the next zero_grad()."""
+
 import torch
 
 import gradwatch

@@ -1,5 +1,6 @@
 """Mistake: an auxiliary branch that forward() computes but never uses in the output, so the
 loss does not depend on it and its parameters never get a gradient."""
+
 import torch
 
 import gradwatch

@@ -1,5 +1,6 @@
 """A tiny Hugging Face training for the tests, importable by a script the tests run (it imports
 nothing from the test support)."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -34,5 +35,13 @@ class FailAtStep(TrainerCallback):  # type: ignore[misc]
 
 
 def trainer_args(tmp_path: Path) -> TrainingArguments:
-    return TrainingArguments(output_dir=str(tmp_path / "out"), max_steps=STEPS, per_device_train_batch_size=2,
-                             report_to=[], use_cpu=True, save_strategy="no", disable_tqdm=True, seed=0)
+    return TrainingArguments(
+        output_dir=str(tmp_path / "out"),
+        max_steps=STEPS,
+        per_device_train_batch_size=2,
+        report_to=[],
+        use_cpu=True,
+        save_strategy="no",
+        disable_tqdm=True,
+        seed=0,
+    )

@@ -1,5 +1,6 @@
 """What the server stored for a run, read back through its public API, and the checks every
 framework test makes against its oracle."""
+
 from __future__ import annotations
 
 import csv
@@ -17,8 +18,11 @@ Norms = dict[tuple[int, str], float]
 
 def grad_norms(params: dict[str, torch.Tensor], step: int) -> Norms:
     """The oracle: torch.linalg.vector_norm of each `.grad` as it stands now (None left out)."""
-    return {(step, name): float(torch.linalg.vector_norm(p.grad.detach().float()))
-            for name, p in params.items() if p.grad is not None}
+    return {
+        (step, name): float(torch.linalg.vector_norm(p.grad.detach().float()))
+        for name, p in params.items()
+        if p.grad is not None
+    }
 
 
 def run_info(server_url: str, run_id: str) -> dict[str, Any]:
@@ -43,8 +47,11 @@ def stored_norms(server_url: str, run_id: str) -> Norms:
     """The run's CSV export: grad_norm per (step, param), where one was measured."""
     with httpx.Client(base_url=server_url, timeout=30) as http:
         text = http.get(f"/api/runs/{run_id}/export", params={"format": "csv"}).raise_for_status().text
-    return {(int(r["step"]), r["param"]): float(r["grad_norm"])
-            for r in csv.DictReader(io.StringIO(text)) if r["grad_norm"] != ""}
+    return {
+        (int(r["step"]), r["param"]): float(r["grad_norm"])
+        for r in csv.DictReader(io.StringIO(text))
+        if r["grad_norm"] != ""
+    }
 
 
 def scalar_series(server_url: str, run_id: str, key: str) -> dict[str, Any]:
@@ -55,8 +62,9 @@ def scalar_series(server_url: str, run_id: str, key: str) -> dict[str, Any]:
 def assert_equal_norms(stored: Norms, oracle: Norms, rel: float = 1e-5) -> None:
     """The same (step, param) keys, each norm equal to the oracle's to `rel` (float32)."""
     assert sorted(stored) == sorted(oracle)
-    wrong = {k: (stored[k], oracle[k]) for k in oracle
-             if not math.isclose(stored[k], oracle[k], rel_tol=rel, abs_tol=1e-12)}
+    wrong = {
+        k: (stored[k], oracle[k]) for k in oracle if not math.isclose(stored[k], oracle[k], rel_tol=rel, abs_tol=1e-12)
+    }
     assert not wrong, f"stored != oracle at {len(wrong)} (step, param): {dict(list(wrong.items())[:5])}"
 
 

@@ -1,4 +1,5 @@
 """What the framework callbacks share: JSON-safe configs, run names, logged numbers."""
+
 from __future__ import annotations
 
 import enum
@@ -19,8 +20,18 @@ class Color(enum.Enum):
 
 
 def test_json_safe_makes_any_config_strict_json() -> None:
-    config = {"lr": 0.1, "nan": float("nan"), "inf": float("-inf"), "color": Color.RED, "path": Path("/tmp/x"),
-              "t": torch.tensor(2.5), "nested": {1: (1, 2), "set": {3}}, "obj": object, "none": None, "flag": True}
+    config = {
+        "lr": 0.1,
+        "nan": float("nan"),
+        "inf": float("-inf"),
+        "color": Color.RED,
+        "path": Path("/tmp/x"),
+        "t": torch.tensor(2.5),
+        "nested": {1: (1, 2), "set": {3}},
+        "obj": object,
+        "none": None,
+        "flag": True,
+    }
     safe = json_safe(config)
     json.dumps(safe, allow_nan=False)  # raises if anything is left that strict JSON cannot carry
     assert safe["lr"] == 0.1 and safe["nan"] == "nan" and safe["inf"] == "-inf"
@@ -34,17 +45,32 @@ def test_json_safe_stops_at_a_cycle() -> None:
     json.dumps(json_safe(loop), allow_nan=False)
 
 
-@pytest.mark.parametrize("name, expected", [
-    (None, None), ("", None), ("  ", None), ("lightning_logs/version_3", "lightning_logs/version_3"),
-    ("a\nb", "a b"), ("/very/long/" + "x" * 300 + "/end", ("x" * 300 + "/end")[-200:]),
-])
+@pytest.mark.parametrize(
+    "name, expected",
+    [
+        (None, None),
+        ("", None),
+        ("  ", None),
+        ("lightning_logs/version_3", "lightning_logs/version_3"),
+        ("a\nb", "a b"),
+        ("/very/long/" + "x" * 300 + "/end", ("x" * 300 + "/end")[-200:]),
+    ],
+)
 def test_run_name(name: object, expected: object) -> None:
     assert run_name(name) == expected
 
 
 def test_scalars_keep_numbers_under_valid_names() -> None:
-    logs = {"loss": 1.5, "step": 3, "flag": True, "text": "x", "bad name": 1.0, "t": torch.tensor(0.5),
-            "vec": torch.ones(3), "lr/pg0": 1e-3}
+    logs = {
+        "loss": 1.5,
+        "step": 3,
+        "flag": True,
+        "text": "x",
+        "bad name": 1.0,
+        "t": torch.tensor(0.5),
+        "vec": torch.ones(3),
+        "lr/pg0": 1e-3,
+    }
     out = scalars(logs)
     assert set(out) == {"loss", "step", "t", "lr/pg0"} and out["step"] == 3.0 and float(out["t"]) == 0.5
 

@@ -1,5 +1,6 @@
 """gradwatch.integrations.transformers: a real `transformers.Trainer` on a tiny GPT-2 (built from
 a config, nothing downloaded) streaming to a real server, against an independent oracle."""
+
 from __future__ import annotations
 
 import subprocess
@@ -51,9 +52,21 @@ class Oracle(TrainerCallback):  # type: ignore[misc]
 
 def train(tmp_path: Path, server_url: str, **callback_args: Any) -> tuple[GradwatchCallback, Oracle, Trainer]:
     args = TrainingArguments(
-        output_dir=str(tmp_path / "out"), run_name="tiny-gpt2", max_steps=STEPS, per_device_train_batch_size=2,
-        gradient_accumulation_steps=ACCUMULATE, max_grad_norm=1.0, learning_rate=1e-3, logging_steps=1,
-        report_to=[], use_cpu=True, save_strategy="no", disable_tqdm=True, seed=0, dataloader_num_workers=0)
+        output_dir=str(tmp_path / "out"),
+        run_name="tiny-gpt2",
+        max_steps=STEPS,
+        per_device_train_batch_size=2,
+        gradient_accumulation_steps=ACCUMULATE,
+        max_grad_norm=1.0,
+        learning_rate=1e-3,
+        logging_steps=1,
+        report_to=[],
+        use_cpu=True,
+        save_strategy="no",
+        disable_tqdm=True,
+        seed=0,
+        dataloader_num_workers=0,
+    )
     oracle, watching = Oracle(), GradwatchCallback(project="hf", server=server_url, warn=False, **callback_args)
     trainer = Trainer(model=tiny_gpt2(), args=args, train_dataset=token_dataset(), callbacks=[oracle, watching])
     trainer.train()
@@ -134,15 +147,18 @@ def test_a_train_that_raised_is_closed_as_crashed_by_the_next_train(tmp_path: Pa
     """The Trainer tells callbacks nothing when `train()` raises: the callback's next train begin
     closes the unfinished run as crashed, and the new run ends as finished."""
     watching = GradwatchCallback(server=sqlite_server.url, warn=False)
-    failing = Trainer(model=tiny_gpt2(), args=trainer_args(tmp_path), train_dataset=token_dataset(),
-                      callbacks=[FailAtStep(3), watching])
+    failing = Trainer(
+        model=tiny_gpt2(),
+        args=trainer_args(tmp_path),
+        train_dataset=token_dataset(),
+        callbacks=[FailAtStep(3), watching],
+    )
     with pytest.raises(RuntimeError, match="the user's bug"):
         failing.train()
     crashed = watching.watcher
     assert crashed is not None
     assert listed_status(sqlite_server.url, crashed.run_id, wait_s=10) == "running", "nothing closed it yet"
-    Trainer(model=tiny_gpt2(), args=trainer_args(tmp_path), train_dataset=token_dataset(),
-            callbacks=[watching]).train()
+    Trainer(model=tiny_gpt2(), args=trainer_args(tmp_path), train_dataset=token_dataset(), callbacks=[watching]).train()
     finished = watching.watcher
     assert finished is not None and finished is not crashed and crashed.pending == finished.pending == 0
     assert listed_status(sqlite_server.url, crashed.run_id) == "crashed"
@@ -170,16 +186,19 @@ finally:
 
 
 @pytest.mark.parametrize("how, status, steps", [("raise", "crashed", 2), ("end", "finished", STEPS)])
-def test_a_script_whose_train_raised_ends_its_run_as_crashed(tmp_path: Path, sqlite_server, how: str, status: str,
-                                                               steps: int) -> None:
+def test_a_script_whose_train_raised_ends_its_run_as_crashed(
+    tmp_path: Path, sqlite_server, how: str, status: str, steps: int
+) -> None:
     """A script whose `train()` raises exits with the traceback: the exit hook closes the run as
     crashed (before the watcher's own exit hook, which would close it as finished). A script whose
     training ended closes it as finished."""
     script = tmp_path / "train.py"
-    script.write_text(textwrap.dedent(TRAIN_SCRIPT.format(tests=str(Path(__file__).parent), server=sqlite_server.url,
-                                                          out=str(tmp_path))))
-    done = subprocess.run([sys.executable, str(script), how], capture_output=True, text=True, timeout=300,
-                          cwd=tmp_path)
+    script.write_text(
+        textwrap.dedent(
+            TRAIN_SCRIPT.format(tests=str(Path(__file__).parent), server=sqlite_server.url, out=str(tmp_path))
+        )
+    )
+    done = subprocess.run([sys.executable, str(script), how], capture_output=True, text=True, timeout=300, cwd=tmp_path)
     assert (done.returncode != 0) == (how == "raise"), done.stderr[-3000:]
     if how == "raise":
         assert "RuntimeError: the user's bug" in done.stderr
@@ -188,11 +207,18 @@ def test_a_script_whose_train_raised_ends_its_run_as_crashed(tmp_path: Path, sql
     assert run_info(sqlite_server.url, run_id)["steps"] == steps
 
 
-@pytest.mark.parametrize("kwargs, error", [
-    ({"every": 0}, ValueError), ({"every": "sometimes"}, ValueError), ({"run": ""}, ValueError),
-    ({"project": 3}, TypeError), ({"server": "ftp://x"}, ValueError), ({"token": 5}, TypeError),
-    ({"warn": "yes"}, TypeError),
-])
+@pytest.mark.parametrize(
+    "kwargs, error",
+    [
+        ({"every": 0}, ValueError),
+        ({"every": "sometimes"}, ValueError),
+        ({"run": ""}, ValueError),
+        ({"project": 3}, TypeError),
+        ({"server": "ftp://x"}, ValueError),
+        ({"token": 5}, TypeError),
+        ({"warn": "yes"}, TypeError),
+    ],
+)
 def test_bad_arguments_fail_when_the_callback_is_made(kwargs: dict[str, Any], error: type) -> None:
     with pytest.raises(error):
         GradwatchCallback(**kwargs)
@@ -212,8 +238,9 @@ def test_only_the_first_process_watches(tmp_path: Path) -> None:
     model = tiny_gpt2()
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
     callback = GradwatchCallback(server="http://127.0.0.1:9")
-    callback.on_train_begin(args, TrainerState(is_world_process_zero=False), TrainerControl(), model=model,
-                            optimizer=optimizer)
+    callback.on_train_begin(
+        args, TrainerState(is_world_process_zero=False), TrainerControl(), model=model, optimizer=optimizer
+    )
     assert callback.watcher is None and not optimizer._optimizer_step_pre_hooks
     callback.on_train_begin(args, TrainerState(), TrainerControl(), model=model, optimizer=optimizer)
     assert callback.watcher is not None and optimizer._optimizer_step_pre_hooks

@@ -1,6 +1,7 @@
 """`import gradwatch` (and its integration modules) imports no framework: each integration
 imports its framework when its callback is first used. Checked in one fresh interpreter, step by
 step (each framework import is slow: one interpreter keeps this test short)."""
+
 from __future__ import annotations
 
 import json
@@ -26,8 +27,10 @@ STEPS = {
 def test_frameworks_are_imported_only_by_their_callback() -> None:
     lines = ["import json, sys", "loaded = {}"]
     for name, code in STEPS.items():
-        lines += [textwrap.dedent(code).strip(),
-                  f"loaded[{name!r}] = sorted(m for m in {FRAMEWORKS!r} if m in sys.modules)"]
+        lines += [
+            textwrap.dedent(code).strip(),
+            f"loaded[{name!r}] = sorted(m for m in {FRAMEWORKS!r} if m in sys.modules)",
+        ]
     lines.append("print(json.dumps(loaded))")
     out = subprocess.run([sys.executable, "-c", "\n".join(lines)], capture_output=True, text=True, timeout=180)
     assert out.returncode == 0, out.stderr[-3000:]

@@ -1,6 +1,7 @@
 """gradwatch.integrations.lightning: a real Lightning `Trainer` (automatic optimization with
 accumulation and clipping; a GAN with manual optimization and two optimizers) streaming to a
 real server, against oracles taken where the step's gradients are final."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -61,8 +62,9 @@ class Regressor(L.LightningModule):
         self.log("train_loss", loss)
         return loss
 
-    def configure_gradient_clipping(self, optimizer: Any, gradient_clip_val: Any = None,
-                                    gradient_clip_algorithm: Any = None) -> None:
+    def configure_gradient_clipping(
+        self, optimizer: Any, gradient_clip_val: Any = None, gradient_clip_algorithm: Any = None
+    ) -> None:
         super().configure_gradient_clipping(optimizer, gradient_clip_val, gradient_clip_algorithm)
         self.oracle_steps += 1
         self.oracle.update(grad_norms(dict(self.named_parameters()), self.oracle_steps))
@@ -73,9 +75,17 @@ class Regressor(L.LightningModule):
 
 def fit(module: Any, tmp_path: Path, callbacks: list[Any], **trainer_args: Any) -> Any:
     trainer_args.setdefault("max_steps", STEPS)
-    trainer = L.Trainer(accelerator="cpu", devices=1, enable_checkpointing=False,
-                        enable_progress_bar=False, enable_model_summary=False, log_every_n_steps=1,
-                        logger=CSVLogger(str(tmp_path), name="tiny"), callbacks=callbacks, **trainer_args)
+    trainer = L.Trainer(
+        accelerator="cpu",
+        devices=1,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        log_every_n_steps=1,
+        logger=CSVLogger(str(tmp_path), name="tiny"),
+        callbacks=callbacks,
+        **trainer_args,
+    )
     trainer.fit(module, train_dataloaders=batches(64))
     return trainer
 
@@ -130,10 +140,16 @@ def test_precision_plugin_scaler_is_found(tmp_path: Path, sqlite_server) -> None
     from lightning.pytorch.plugins import MixedPrecision
 
     torch.manual_seed(0)
-    scaler = torch.amp.GradScaler("cpu", init_scale=2.0 ** 12)
+    scaler = torch.amp.GradScaler("cpu", init_scale=2.0**12)
     module, watching = Regressor(), GradwatchCallback(server=sqlite_server.url, warn=False)
-    trainer = fit(module, tmp_path, [watching], accumulate_grad_batches=ACCUMULATE, gradient_clip_val=CLIP,
-                  plugins=[MixedPrecision("16-mixed", "cpu", scaler=scaler)])
+    trainer = fit(
+        module,
+        tmp_path,
+        [watching],
+        accumulate_grad_batches=ACCUMULATE,
+        gradient_clip_val=CLIP,
+        plugins=[MixedPrecision("16-mixed", "cpu", scaler=scaler)],
+    )
     w = watching.watcher
     assert w is not None and w.pending == 0 and trainer.precision_plugin.scaler is scaler
     run = run_info(sqlite_server.url, w.run_id)
@@ -159,7 +175,9 @@ class GAN(L.LightningModule):
         opt_d, opt_g = self.optimizers()
         bce = nn.functional.binary_cross_entropy_with_logits
         fake = self.g(torch.randn(real.shape[0], 4))
-        d_loss = bce(self.d(real), torch.ones(real.shape[0], 1)) + bce(self.d(fake.detach()), torch.zeros(real.shape[0], 1))
+        d_loss = bce(self.d(real), torch.ones(real.shape[0], 1)) + bce(
+            self.d(fake.detach()), torch.zeros(real.shape[0], 1)
+        )
         opt_d.zero_grad()
         self.manual_backward(d_loss)
         opt_d.step()
@@ -217,7 +235,8 @@ class ProgBarLogged(Regressor):
 
 
 def test_prog_bar_values_are_forwarded_exactly_without_reading_them_on_the_training_thread(
-        tmp_path: Path, sqlite_server, monkeypatch: pytest.MonkeyPatch) -> None:
+    tmp_path: Path, sqlite_server, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """`trainer.callback_metrics` turns every `prog_bar=True` value into a number
     (`convert_tensors_to_scalars`, `.item()`): a device synchronisation per step on a GPU. The
     callback must do neither; Lightning's own batch-end bookkeeping does (which proves the
@@ -263,7 +282,8 @@ def test_prog_bar_values_are_forwarded_exactly_without_reading_them_on_the_train
 
 
 def test_unreadable_lightning_internals_forward_nothing_and_training_goes_on(
-        tmp_path: Path, sqlite_server, caplog: pytest.LogCaptureFixture) -> None:
+    tmp_path: Path, sqlite_server, caplog: pytest.LogCaptureFixture
+) -> None:
     """Where Lightning's result collection is not what the callback reads (another version), the
     callback warns once, forwards nothing and the run is still watched to the end."""
     from gradwatch.integrations.lightning import step_logged_values
@@ -296,10 +316,16 @@ def test_unreadable_lightning_internals_forward_nothing_and_training_goes_on(
         assert http.get(f"/api/runs/{w.run_id}/series", params={"key": "loss"}).status_code == 404
 
 
-@pytest.mark.parametrize("kwargs, error", [
-    ({"every": 0}, ValueError), ({"run": "x" * 201}, ValueError), ({"project": 3}, TypeError),
-    ({"server": "no-scheme"}, ValueError), ({"updates": 1}, TypeError),
-])
+@pytest.mark.parametrize(
+    "kwargs, error",
+    [
+        ({"every": 0}, ValueError),
+        ({"run": "x" * 201}, ValueError),
+        ({"project": 3}, TypeError),
+        ({"server": "no-scheme"}, ValueError),
+        ({"updates": 1}, TypeError),
+    ],
+)
 def test_bad_arguments_fail_when_the_callback_is_made(kwargs: dict[str, Any], error: type) -> None:
     with pytest.raises(error):
         GradwatchCallback(**kwargs)
@@ -328,8 +354,9 @@ def test_each_package_gets_a_callback_of_its_own_base(tmp_path: Path, sqlite_ser
         def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
             return nn.functional.mse_loss(self.net(batch[0]), batch[1])
 
-        def configure_gradient_clipping(self, optimizer: Any, gradient_clip_val: Any = None,
-                                        gradient_clip_algorithm: Any = None) -> None:
+        def configure_gradient_clipping(
+            self, optimizer: Any, gradient_clip_val: Any = None, gradient_clip_algorithm: Any = None
+        ) -> None:
             super().configure_gradient_clipping(optimizer, gradient_clip_val, gradient_clip_algorithm)
             self.oracle.update(grad_norms(dict(self.named_parameters()), self.trainer.global_step + 1))
 
@@ -338,9 +365,16 @@ def test_each_package_gets_a_callback_of_its_own_base(tmp_path: Path, sqlite_ser
 
     torch.manual_seed(0)
     module, watching = Module(), for_pl.GradwatchCallback(server=sqlite_server.url, warn=False)
-    trainer = pl.Trainer(accelerator="cpu", max_steps=STEPS, logger=False, enable_checkpointing=False,
-                         enable_progress_bar=False, enable_model_summary=False, gradient_clip_val=CLIP,
-                         callbacks=[watching])
+    trainer = pl.Trainer(
+        accelerator="cpu",
+        max_steps=STEPS,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        gradient_clip_val=CLIP,
+        callbacks=[watching],
+    )
     trainer.fit(module, train_dataloaders=batches(32))
     w = watching.watcher
     assert w is not None and w.pending == 0

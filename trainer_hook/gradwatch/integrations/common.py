@@ -1,15 +1,16 @@
 """What the framework callbacks share: `watch()`'s options checked up front, the framework's
 configuration made JSON-safe, and the framework's logged numbers forwarded as user scalars."""
+
 from __future__ import annotations
 
 import enum
 import logging
 import math
 import re
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import PurePath
 from typing import Any, Callable, Optional, Union
-from collections.abc import Mapping, Sequence
 
 import torch
 
@@ -48,15 +49,32 @@ class WatchOptions:
         if not isinstance(self.updates, bool) or not isinstance(self.warn, bool):
             raise TypeError("updates and warn must be True or False")
 
-    def watch(self, optimizers: Sequence[Any], *, model: Optional[torch.nn.Module], run: Optional[str],
-              config: Mapping[str, Any], scaler: Any = None) -> Watcher:
+    def watch(
+        self,
+        optimizers: Sequence[Any],
+        *,
+        model: Optional[torch.nn.Module],
+        run: Optional[str],
+        config: Mapping[str, Any],
+        scaler: Any = None,
+    ) -> Watcher:
         """Watch the framework's optimizers (`watch()` unwraps the framework's wrappers and finds
         the GradScaler accelerate's wrapper steps with); `run` is the framework's name for the
         run, used when the user gave none."""
         opts = list(optimizers)
-        return watch(opts if len(opts) > 1 else opts[0], model=model, run=self.run or run_name(run),
-                     project=self.project, server=self.server, every=self.every, scaler=scaler,
-                     token=self.token, updates=self.updates, warn=self.warn, config=config)
+        return watch(
+            opts if len(opts) > 1 else opts[0],
+            model=model,
+            run=self.run or run_name(run),
+            project=self.project,
+            server=self.server,
+            every=self.every,
+            scaler=scaler,
+            token=self.token,
+            updates=self.updates,
+            warn=self.warn,
+            config=config,
+        )
 
 
 def run_name(name: Any) -> Optional[str]:
@@ -100,9 +118,12 @@ def forward(watcher: Watcher, read_logs: Callable[[], Mapping[str, Any]]) -> boo
         watcher.log(scalars(read_logs()))
         return True
     except Exception as exc:
-        log.error("gradwatch: stopped recording the framework's logged numbers of run %s after an error of its "
-                  "own; the training and the watching go on. Please report it with this traceback.",
-                  watcher.run_id, exc_info=exc)
+        log.error(
+            "gradwatch: stopped recording the framework's logged numbers of run %s after an error of its "
+            "own; the training and the watching go on. Please report it with this traceback.",
+            watcher.run_id,
+            exc_info=exc,
+        )
         return False
 
 

@@ -18,6 +18,7 @@ with `self.log(..., on_step=True)` (the default in `training_step`) are recorded
 as the detached tensors Lightning holds: `trainer.callback_metrics` would build the progress-bar
 dict, calling `.item()` on each `prog_bar=True` value, a device synchronisation per step.
 """
+
 from __future__ import annotations
 
 import functools
@@ -47,12 +48,21 @@ class LightningWatching:
     checked here.
     """
 
-    def __init__(self, *, project: Optional[str] = None, run: Optional[str] = None, server: Optional[str] = None,
-                 every: Union[int, str] = 1, token: Optional[str] = None, updates: bool = False,
-                 warn: bool = True) -> None:
+    def __init__(
+        self,
+        *,
+        project: Optional[str] = None,
+        run: Optional[str] = None,
+        server: Optional[str] = None,
+        every: Union[int, str] = 1,
+        token: Optional[str] = None,
+        updates: bool = False,
+        warn: bool = True,
+    ) -> None:
         super().__init__()
-        self.options = WatchOptions(project=project, run=run, server=server, every=every, token=token,
-                                    updates=updates, warn=warn)
+        self.options = WatchOptions(
+            project=project, run=run, server=server, every=every, token=token, updates=updates, warn=warn
+        )
         self.watcher: Optional[Watcher] = None
         self._forwarding = True
 
@@ -63,20 +73,28 @@ class LightningWatching:
             return  # distributed: one process watches (gradwatch's runs are one process's, for now)
         optimizers = list(trainer.optimizers)
         if not optimizers:
-            raise ValueError("GradwatchCallback: the Trainer has no optimizer to watch (configure_optimizers returned none)")
+            raise ValueError(
+                "GradwatchCallback: the Trainer has no optimizer to watch (configure_optimizers returned none)"
+            )
         precision = getattr(trainer, "precision_plugin", None)
         package = type(trainer).__module__.split(".")[0]  # "lightning" or "pytorch_lightning"
         self._forwarding = True
         self.watcher = self.options.watch(
-            optimizers, model=pl_module, run=_logger_run_name(trainer),
+            optimizers,
+            model=pl_module,
+            run=_logger_run_name(trainer),
             scaler=getattr(precision, "scaler", None),
-            config={"framework": package, "lightning_version": getattr(sys.modules.get(package), "__version__", None),
-                    "accumulate_grad_batches": trainer.accumulate_grad_batches,
-                    "gradient_clip_val": json_safe(trainer.gradient_clip_val),
-                    "gradient_clip_algorithm": json_safe(trainer.gradient_clip_algorithm),
-                    "precision": json_safe(getattr(trainer, "precision", None)),
-                    "automatic_optimization": bool(getattr(pl_module, "automatic_optimization", True)),
-                    "hparams": json_safe(dict(getattr(pl_module, "hparams", {}) or {}))})
+            config={
+                "framework": package,
+                "lightning_version": getattr(sys.modules.get(package), "__version__", None),
+                "accumulate_grad_batches": trainer.accumulate_grad_batches,
+                "gradient_clip_val": json_safe(trainer.gradient_clip_val),
+                "gradient_clip_algorithm": json_safe(trainer.gradient_clip_algorithm),
+                "precision": json_safe(getattr(trainer, "precision", None)),
+                "automatic_optimization": bool(getattr(pl_module, "automatic_optimization", True)),
+                "hparams": json_safe(dict(getattr(pl_module, "hparams", {}) or {})),
+            },
+        )
 
     def on_before_optimizer_step(self, trainer: Any, pl_module: Any, optimizer: Any) -> None:
         if self.watcher is not None and self._forwarding:
@@ -100,14 +118,18 @@ def step_logged_values(trainer: Any) -> Optional[dict[str, torch.Tensor]]:
     try:
         results = trainer._results
         values: dict[str, torch.Tensor] = {}
-        for _, metric in ([] if results is None else results.valid_items()):
+        for _, metric in [] if results is None else results.valid_items():
             cache = metric._forward_cache
             if metric.meta.on_step and isinstance(cache, torch.Tensor):
                 values[str(metric.meta.name)] = cache.detach()
         return values
     except Exception as exc:  # Lightning's internals differ: forward nothing rather than fail
-        log.warning("gradwatch: cannot read the values logged with self.log from this Lightning version (%s: %s); "
-                    "they are not recorded with the run", type(exc).__name__, exc)
+        log.warning(
+            "gradwatch: cannot read the values logged with self.log from this Lightning version (%s: %s); "
+            "they are not recorded with the run",
+            type(exc).__name__,
+            exc,
+        )
         return None
 
 
@@ -131,15 +153,19 @@ def callback_class(package: str = "lightning") -> type:
     try:
         base = importlib.import_module(PACKAGES[package]).Callback
     except ImportError as exc:
-        raise ImportError(f"gradwatch's Lightning callback needs the {package!r} package: "
-                          "pip install gradwatch[lightning]") from exc
+        raise ImportError(
+            f"gradwatch's Lightning callback needs the {package!r} package: pip install gradwatch[lightning]"
+        ) from exc
     module = __name__ if package == "lightning" else f"{__package__}.pytorch_lightning"
-    return type("GradwatchCallback", (LightningWatching, base),
-                {"__module__": module, "__qualname__": "GradwatchCallback", "__doc__": LightningWatching.__doc__})
+    return type(
+        "GradwatchCallback",
+        (LightningWatching, base),
+        {"__module__": module, "__qualname__": "GradwatchCallback", "__doc__": LightningWatching.__doc__},
+    )
 
 
 def installed_package() -> str:
-    """"lightning" if it is installed, else "pytorch_lightning"; ImportError with neither."""
+    """ "lightning" if it is installed, else "pytorch_lightning"; ImportError with neither."""
     for package in PACKAGES:
         if importlib.util.find_spec(package) is not None:
             return package

@@ -7,13 +7,12 @@ The same callback as `gradwatch.integrations.lightning`'s (see there), subclassi
 `pytorch_lightning.Callback`: the one to use where both packages are installed and the Trainer
 is `pytorch_lightning`'s. Built on first use: importing this module imports no Lightning.
 """
+
 from __future__ import annotations
 
 from typing import Any
 
 from .lightning import callback_class
-
-
 
 
 def __getattr__(name: str) -> Any:

@@ -14,6 +14,7 @@ The Trainer tells its callbacks nothing when `train()` raises. A run whose train
 closed as crashed: at interpreter exit (an exit hook registered after the watcher's own, so run
 before it), or at the next train begin of the same callback.
 """
+
 from __future__ import annotations
 
 import atexit
@@ -39,18 +40,28 @@ class GradwatchCallback(TrainerCallback):
     Arguments are `gradwatch.watch()`'s, checked here.
     """
 
-    def __init__(self, *, project: Optional[str] = None, run: Optional[str] = None, server: Optional[str] = None,
-                 every: Union[int, str] = 1, token: Optional[str] = None, updates: bool = False,
-                 warn: bool = True) -> None:
-        self.options = WatchOptions(project=project, run=run, server=server, every=every, token=token,
-                                    updates=updates, warn=warn)
+    def __init__(
+        self,
+        *,
+        project: Optional[str] = None,
+        run: Optional[str] = None,
+        server: Optional[str] = None,
+        every: Union[int, str] = 1,
+        token: Optional[str] = None,
+        updates: bool = False,
+        warn: bool = True,
+    ) -> None:
+        self.options = WatchOptions(
+            project=project, run=run, server=server, every=every, token=token, updates=updates, warn=warn
+        )
         self.watcher: Optional[Watcher] = None
         self._forwarding = True
         self._ended = True  # train end came for the watcher's run (or there is none)
         self._exit_hook: Optional[Callable[[], None]] = None
 
-    def on_train_begin(self, args: Any, state: Any, control: Any, model: Any = None, optimizer: Any = None,
-                       **kwargs: Any) -> None:
+    def on_train_begin(
+        self, args: Any, state: Any, control: Any, model: Any = None, optimizer: Any = None, **kwargs: Any
+    ) -> None:
         self._close_unfinished()  # a second `train()` on the same Trainer is a run of its own
         if optimizer is None:
             raise TypeError("GradwatchCallback got no optimizer at train begin: use it with transformers.Trainer")
@@ -59,16 +70,21 @@ class GradwatchCallback(TrainerCallback):
         model_config = getattr(getattr(model, "config", None), "to_dict", None)
         self._forwarding = True
         self.watcher = self.options.watch(
-            [optimizer], model=model, run=getattr(args, "run_name", None),
-            config={"framework": "transformers", "transformers_version": transformers.__version__,
-                    "gradient_accumulation_steps": args.gradient_accumulation_steps,
-                    "training_args": json_safe(args.to_dict()),
-                    "model_config": json_safe(model_config()) if callable(model_config) else None})
+            [optimizer],
+            model=model,
+            run=getattr(args, "run_name", None),
+            config={
+                "framework": "transformers",
+                "transformers_version": transformers.__version__,
+                "gradient_accumulation_steps": args.gradient_accumulation_steps,
+                "training_args": json_safe(args.to_dict()),
+                "model_config": json_safe(model_config()) if callable(model_config) else None,
+            },
+        )
         self._ended = False
         self._register_exit_hook()
 
-    def on_log(self, args: Any, state: Any, control: Any, logs: Optional[dict[str, Any]] = None,
-               **kwargs: Any) -> None:
+    def on_log(self, args: Any, state: Any, control: Any, logs: Optional[dict[str, Any]] = None, **kwargs: Any) -> None:
         if self.watcher is not None and logs and self._forwarding:
             self._forwarding = forward(self.watcher, lambda: logs)
 

@@ -4,6 +4,7 @@ Revision ID: 0001
 Revises:
 Create Date: 2025-11-22
 """
+
 from __future__ import annotations
 
 import sqlalchemy as sa

@@ -5,6 +5,7 @@ Revision ID: 0004
 Revises: 0003
 Create Date: 2025-12-06
 """
+
 from __future__ import annotations
 
 import sqlalchemy as sa
