@@ -152,6 +152,17 @@ def server(tmp_path: Path, db_url: str) -> Iterator[ServerProcess]:
         proc.stop()
 
 
+@pytest.fixture(scope="session", autouse=True)
+def session_spool_dir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """Module- and session-scoped fixtures are set up before `spool_dir` below: their hooks spool
+    into a folder of this session's, never into ~/.gradwatch, whose leftovers every `watch()`
+    would replay into the test's server."""
+    directory = tmp_path_factory.mktemp("session-spool")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("GRADWATCH_SPOOL", str(directory))
+        yield directory
+
+
 @pytest.fixture(autouse=True)
 def spool_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     """Each test's hook spools into its own folder, never into ~/.gradwatch or another test's."""

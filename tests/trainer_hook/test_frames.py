@@ -32,6 +32,8 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[ServerPro
     folder = tmp_path_factory.mktemp("frames")
     server = start_server(folder)
     watchers = []
+    spool = pytest.MonkeyPatch()
+    spool.setenv("GRADWATCH_SPOOL", str(folder / "spool"))  # replays nothing of other tests into this server
     try:
         for name, project, every in (("plain", "frames", 1), ("sampled", "frames", 2), ("other", "elsewhere", 1)):
             torch.manual_seed(0)
@@ -54,6 +56,7 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[ServerPro
             watchers.append(w)
         yield server, watchers
     finally:
+        spool.undo()
         server.stop()
 
 
