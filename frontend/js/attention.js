@@ -81,7 +81,7 @@ export function notificationToggle() {
   button.hidden = !supported;
   const show = (on) => {
     button.setAttribute("aria-pressed", String(on));
-    button.textContent = on ? "🔔 Notifying" : "🔕 Notify me";
+    button.textContent = on ? "Notifying: on" : "Notify me";
     button.title = on ? "Desktop notifications for new errors and warnings are on; press to turn them off"
       : "Show a desktop notification when this run gets a new error or warning";
   };
