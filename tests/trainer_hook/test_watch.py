@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 import time
 
 import httpx
@@ -11,6 +14,7 @@ import torch
 import gradwatch
 from gradwatch.watcher import _on_this_machine, ingest_url
 from support.sent import sent_steps
+from support.server import start_server
 
 
 def make() -> tuple[torch.nn.Module, torch.optim.Optimizer]:
@@ -201,3 +205,42 @@ def test_close_records_how_the_run_ended(server) -> None:
     with httpx.Client(base_url=server.url, timeout=30) as http:
         listed = {r["id"]: r["status"] for r in http.get("/api/runs").raise_for_status().json()["data"]}
     assert {run_id: listed[run_id] for run_id in ids} == ids
+
+
+SCRIPT = """
+import sys, torch, gradwatch
+model = torch.nn.Linear(4, 2)
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+w = gradwatch.watch(opt, model=model, server=sys.argv[1], run=sys.argv[2], warn=False)
+print(w.run_id, flush=True)
+for _ in range(3):
+    opt.zero_grad()
+    model(torch.randn(3, 4)).sum().backward()
+    opt.step()
+if sys.argv[2] == "raises":
+    raise RuntimeError("the training failed")
+"""
+
+
+def test_a_script_that_dies_of_an_exception_ends_its_run_crashed(tmp_path, spool_dir) -> None:
+    """The run closed at interpreter exit says how the script ended: "crashed" when an uncaught
+    exception ended it, "finished" otherwise (a real script in a subprocess, a real server)."""
+    server = start_server(tmp_path)
+    try:
+        script = tmp_path / "train.py"
+        script.write_text(SCRIPT)
+        env = {**os.environ, "GRADWATCH_SPOOL": str(spool_dir)}
+        ended = {}
+        for name, code in (("raises", 1), ("ends", 0)):
+            proc = subprocess.run(
+                [sys.executable, str(script), server.url, name], capture_output=True, text=True, env=env, timeout=120
+            )
+            assert proc.returncode == code, proc.stderr
+            assert ("RuntimeError: the training failed" in proc.stderr) == (name == "raises")  # the user's hook ran too
+            ended[proc.stdout.split()[0]] = "crashed" if name == "raises" else "finished"
+        with httpx.Client(base_url=server.url, timeout=30) as http:
+            runs = http.get("/api/runs").raise_for_status().json()["data"]
+        assert {r["id"]: r["status"] for r in runs if r["id"] in ended} == ended
+        assert all(r["steps"] == 3 for r in runs if r["id"] in ended)
+    finally:
+        server.stop()

@@ -10,10 +10,12 @@ import logging
 import os
 import re
 import secrets
+import sys
 import threading
 import time
 import weakref
 from collections.abc import Iterable, Mapping, Sequence
+from types import TracebackType
 from typing import Any, Callable, Optional, Union
 from urllib.parse import urlsplit
 
@@ -164,8 +166,9 @@ class Watcher:
         def close_at_exit() -> None:
             w = self_ref()
             if w is not None:
-                w.close()
+                w.close(status="crashed" if _died_of_an_exception else "finished")
 
+        _note_uncaught_exceptions()
         atexit.register(close_at_exit)
 
     # -- hooks (training thread) -----------------------------------------------------------
@@ -477,6 +480,27 @@ def _on_this_machine(url: str) -> bool:
     except ValueError:
         return False
     return address.is_loopback or address.is_unspecified
+
+
+#: an uncaught exception is ending the interpreter: the runs closed at exit crashed
+_died_of_an_exception = False
+
+
+def _note_uncaught_exceptions() -> None:
+    """Chain `sys.excepthook` once, so that a script that dies of an exception (Ctrl-C
+    included) closes its runs as "crashed": Python calls the hook before the atexit hooks that
+    close them. Notebooks do not use the hook, so a failed cell ends nothing."""
+    previous = sys.excepthook
+    if getattr(previous, "_gradwatch", False):
+        return
+
+    def note(kind: type[BaseException], value: BaseException, tb: Optional[TracebackType]) -> None:
+        global _died_of_an_exception
+        _died_of_an_exception = True
+        previous(kind, value, tb)
+
+    note._gradwatch = True  # type: ignore[attr-defined]
+    sys.excepthook = note
 
 
 def _rss_bytes() -> Optional[float]:
