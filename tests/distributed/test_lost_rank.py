@@ -1,0 +1,139 @@
+"""A rank SIGKILLed in the middle of a real 2-rank job: the run is marked, nothing the surviving
+rank sent is lost, the steps after the dead rank's last one are partial, and the dead rank's
+spool, replayed by `python -m gradwatch sync`, completes its own child run.
+
+No collective after setup (each rank trains its own copy), so the survivor goes on as a real job
+would until its launcher noticed. The dead rank makes its death deterministic: it waits until
+the server has acknowledged its first steps, takes two more, which its spool holds (written
+every second) but which it has not sent yet (the server lets an unwatched hook hold steps 5 s),
+and kills itself with SIGKILL.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import pickle
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import torch
+from torch import nn
+
+import gradwatch
+from support.dist import _rank_main
+from support.distruns import exported, get, job_of, settled, wait_for
+from support.server import find_free_port, server_env, start_server
+
+DELIVERED, SPOOLED, SURVIVOR_STEPS = 3, 5, 10
+RANK_TIMEOUT_S = 2
+
+
+def lost_rank_job(rank: int, world_size: int, url: str, folder: str) -> tuple[str, list[float]]:
+    """Rank 1 dies by SIGKILL after step SPOOLED; rank 0 trains on to SURVIVOR_STEPS and returns its
+    run id and its losses."""
+    torch.manual_seed(rank)
+    model = nn.Sequential(nn.Linear(4, 8), nn.Tanh(), nn.Linear(8, 1))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    died = Path(folder) / "rank1-died"
+    losses = []
+    w = gradwatch.watch(opt, model=model, run="lost-rank", project="dist", server=url, warn=False)
+
+    def step() -> None:
+        opt.zero_grad()
+        loss = model(torch.randn(16, 4)).pow(2).mean()
+        loss.backward()
+        w.log(loss=loss)
+        opt.step()
+        losses.append(loss.item())
+
+    for _ in range(DELIVERED):
+        step()
+    if rank == 1:
+        deadline = time.monotonic() + 30
+        while w.pending and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert not w.pending, "the server did not acknowledge rank 1's first steps"
+        for _ in range(SPOOLED - DELIVERED):
+            step()
+        time.sleep(1.5)  # the sender writes its spool every second
+        died.write_text(w.run_id)
+        os.kill(os.getpid(), signal.SIGKILL)
+    while not died.exists():
+        time.sleep(0.05)
+    for _ in range(SURVIVOR_STEPS - DELIVERED):
+        step()
+    w.close(timeout=30)
+    return w.run_id, losses
+
+
+def test_a_killed_rank_marks_the_run_and_its_spool_completes_it(tmp_path: Path) -> None:
+    server = start_server(tmp_path, args=("--rank-timeout", str(RANK_TIMEOUT_S)))
+    spool = tmp_path / "spool"
+    try:
+        context = multiprocessing.get_context("spawn")
+        port = find_free_port()
+        ranks = [
+            context.Process(
+                target=_rank_main, args=(rank, 2, port, str(tmp_path), lost_rank_job, (server.url, str(tmp_path)))
+            )
+            for rank in range(2)
+        ]
+        for process in ranks:
+            process.start()
+        for process in ranks:
+            process.join(120)
+        assert [p.exitcode for p in ranks] == [0, -signal.SIGKILL]
+        status, result = pickle.loads((tmp_path / "rank0.pickle").read_bytes())
+        assert status == "ok", result
+        run_id, losses = result
+        job = job_of(run_id)
+
+        parent = settled(server.url, job, ("crashed",))
+        assert (parent["world_size"], parent["steps"]) == (2, SURVIVOR_STEPS)
+        view = get(server.url, f"/api/runs/{job}/ranks")
+        dead = view["ranks"][1]
+        assert (dead["rank"], dead["last_step"], dead["steps"]) == (1, DELIVERED, DELIVERED), view
+        assert dead["lost"] or dead["status"] == "crashed", view
+        assert view["ranks"][0]["status"] == "finished" and view["ranks"][0]["steps"] == SURVIVOR_STEPS, view
+        partial = {
+            "steps": SURVIVOR_STEPS - DELIVERED,
+            "ranges": [{"first": DELIVERED + 1, "last": SURVIVOR_STEPS, "missing": [1]}],
+        }
+        assert view["partial"] == partial
+
+        # nothing rank 0 sent is lost: every step of the parent, its loss rank 0's
+        stored = exported(server.url, job)
+        assert sorted(stored) == list(range(1, SURVIVOR_STEPS + 1))
+        assert [stored[s]["scalars"]["loss"] for s in sorted(stored)] == losses
+        assert [stored[s]["scalars"]["dist/ranks"] for s in sorted(stored)] == [2] * DELIVERED + [1] * (
+            SURVIVOR_STEPS - DELIVERED
+        )
+        assert len(exported(server.url, f"{job}.r0")) == SURVIVOR_STEPS
+
+        # the dead rank's spool holds the two steps it never sent: replayed, they reach its child run
+        assert sorted(exported(server.url, f"{job}.r1")) == list(range(1, DELIVERED + 1))
+        assert list(spool.glob("*.spool")), "the killed rank left no spool"
+        synced = subprocess.run(
+            [sys.executable, "-m", "gradwatch", "sync", "--server", server.url],
+            env=server_env({"GRADWATCH_SPOOL": str(spool)}),
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert synced.returncode == 0, synced.stdout + synced.stderr
+        child = wait_for(
+            "rank 1's replayed steps",
+            lambda: (s := exported(server.url, f"{job}.r1")) and len(s) == SPOOLED and s,
+            timeout=30,
+        )
+        assert sorted(child) == list(range(1, SPOOLED + 1))
+        assert not list(spool.glob("*.spool"))  # delivered, deleted
+        # a rank's data that arrives after its steps were assembled stays in its child run
+        assert get(server.url, f"/api/runs/{job}/ranks")["partial"] == partial
+        assert get(server.url, f"/api/runs/{job}")["steps"] == SURVIVOR_STEPS
+    finally:
+        server.stop()

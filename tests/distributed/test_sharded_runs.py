@@ -1,0 +1,174 @@
+"""FSDP2, HSDP and FSDP1 on a real 2-rank gloo job against a real server: every per-parameter
+norm the run stores (gradient, parameter, Adam's two moments) equals the norm of the full tensor,
+gathered here in the test (`full_tensor()`, `summon_full_params`, `optim_state_dict`, an
+all-gather of FSDP1's flat gradient): collectives of the test's own, beside the watched steps.
+
+One job trains the same small model (one layer whose single row leaves rank 1 an empty shard)
+under each sharding in turn, each watched as its own run.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.fsdp import FullyShardedDataParallel, fully_shard
+
+import gradwatch
+from support.dist import run_ranks
+from support.distruns import ADAM_METRICS, assert_norms, exported, get, job_of, settled
+from support.server import ServerProcess, start_server
+
+STEPS, BATCH = 3, 8
+#: name -> (FSDP version, the mesh: its shape, FSDP1's use_orig_params)
+CONFIGS: dict[str, tuple[int, Any]] = {
+    "fsdp2": (2, (2,)),
+    "hsdp-2x1": (2, (2, 1)),  # two replicas of an unsharded model: counted once
+    "hsdp-1x2": (2, (1, 2)),  # one replica sharded over both ranks
+    "fsdp1": (1, True),
+    "fsdp1-flat": (1, False),
+}
+
+Oracle = dict[int, dict[str, dict[str, float]]]
+
+
+def build() -> nn.Module:
+    torch.manual_seed(0)
+    return nn.Sequential(
+        nn.Linear(8, 16), nn.Tanh(), nn.LayerNorm(16), nn.Linear(16, 3), nn.Tanh(), nn.Linear(3, 1)
+    )  # the last layer: one row, which rank 0's shard holds whole
+
+
+def wrap(model: nn.Module, version: int, setting: Any) -> nn.Module:
+    if version == 1:
+        return FullyShardedDataParallel(model, use_orig_params=setting, device_id=torch.device("cpu"))
+    names = ("rep", "shard") if len(setting) == 2 else None
+    mesh = init_device_mesh("cpu", setting, mesh_dim_names=names)
+    for layer in model:
+        if isinstance(layer, nn.Linear):
+            fully_shard(layer, mesh=mesh)
+    fully_shard(model, mesh=mesh)
+    return model
+
+
+def clean(name: str) -> str:
+    return name.replace("_fsdp_wrapped_module.", "")
+
+
+def norm(t: torch.Tensor) -> float:
+    return torch.linalg.vector_norm(t).item()
+
+
+def full(t: torch.Tensor) -> torch.Tensor:
+    return t.full_tensor() if hasattr(t, "full_tensor") else t
+
+
+def gathered_grads(model: nn.Module, version: int, setting: Any) -> dict[str, float]:
+    if version == 2:
+        return {n: norm(full(p.grad)) for n, p in model.named_parameters()}
+    if setting:  # use_orig_params=True
+        with FullyShardedDataParallel.summon_full_params(model, with_grads=True):
+            return {clean(n): norm(p.grad) for n, p in model.named_parameters()}
+    # use_orig_params=False: every rank holds an equal slice of the padded flat gradient
+    flat = model._handle.flat_param  # type: ignore[union-attr]
+    pieces = [torch.empty_like(flat.grad) for _ in range(dist.get_world_size())]
+    dist.all_gather(pieces, flat.grad)
+    whole = torch.cat(pieces)
+    grads, offset = {}, 0
+    for fqn, numel in zip(flat._fqns, flat._numels):
+        grads[clean(fqn)] = norm(whole[offset : offset + numel])
+        offset += numel
+    return grads
+
+
+def gathered_state(model: nn.Module, opt: torch.optim.Optimizer, version: int) -> dict[str, dict[str, float]]:
+    if version == 2:
+        named = list(model.named_parameters())
+        out = {"param_norm": {n: norm(full(p)) for n, p in named}}
+        for key in ("exp_avg", "exp_avg_sq"):
+            out[f"{key}_norm"] = {n: norm(full(opt.state[p][key])) for n, p in named}
+        return out
+    with FullyShardedDataParallel.summon_full_params(model):
+        out = {"param_norm": {clean(n): norm(p) for n, p in model.named_parameters()}}
+    state = FullyShardedDataParallel.optim_state_dict(model, opt)["state"]
+    for key in ("exp_avg", "exp_avg_sq"):
+        out[f"{key}_norm"] = {clean(n): norm(s[key]) for n, s in state.items()}
+    return out
+
+
+def local_grads(model: nn.Module) -> dict[str, float]:
+    """This rank's own piece of each gradient (FSDP2: the DTensor's local shard)."""
+    return {n: norm(p.grad.to_local()) for n, p in model.named_parameters()}
+
+
+def train(rank: int, url: str, name: str) -> tuple[str, Oracle, Oracle]:
+    """A watched training under `name`'s sharding: run id, the full tensors' norms per step, and
+    this rank's own gradient pieces' norms (FSDP2 only)."""
+    version, setting = CONFIGS[name]
+    model = wrap(build(), version, setting)
+    opt = torch.optim.Adam(model.parameters(), lr=1e-2)
+    g = torch.Generator().manual_seed(1)
+    x, y = torch.randn(STEPS, BATCH, 8, generator=g), torch.randn(STEPS, BATCH, 1, generator=g)
+    mine = slice(rank * BATCH // 2, (rank + 1) * BATCH // 2)
+    oracle: Oracle = {}
+    local: Oracle = {}
+    with gradwatch.watch(opt, model=model, run=name, project="dist", server=url, warn=False) as w:
+        for step in range(1, STEPS + 1):
+            opt.zero_grad(set_to_none=True)
+            nn.functional.mse_loss(model(x[step - 1, mine]), y[step - 1, mine]).backward()
+            grads = gathered_grads(model, version, setting)
+            if name == "fsdp2":
+                local[step] = {"grad_norm": local_grads(model)}
+            opt.step()
+            oracle[step] = {"grad_norm": grads, **gathered_state(model, opt, version)}
+    return w.run_id, oracle, local
+
+
+def sharded_job(rank: int, world_size: int, url: str) -> dict[str, tuple[str, Oracle, Oracle]]:
+    return {name: train(rank, url, name) for name in CONFIGS}
+
+
+Job = tuple[ServerProcess, list[dict[str, tuple[str, Oracle, Oracle]]]]
+
+
+@pytest.fixture(scope="module")
+def job(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Job]:
+    folder = tmp_path_factory.mktemp("sharded")
+    server = start_server(folder)
+    try:
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setenv("GRADWATCH_SPOOL", str(folder / "spool"))
+            ranks = run_ranks(sharded_job, 2, args=(server.url,))
+        for name in CONFIGS:
+            settled(server.url, job_of(ranks[0][name][0]))
+        yield server, ranks
+    finally:
+        server.stop()
+
+
+@pytest.mark.parametrize("name", list(CONFIGS))
+def test_every_stored_norm_equals_the_full_tensors(job: Job, name: str) -> None:
+    server, ranks = job
+    run_id, oracle, _ = ranks[0][name]
+    assert job_of(ranks[1][name][0]) == job_of(run_id)
+    run = get(server.url, f"/api/runs/{job_of(run_id)}")
+    assert (run["world_size"], run["steps"], run["name"]) == (2, STEPS, name)
+    names = [p["name"] for p in get(server.url, f"/api/runs/{job_of(run_id)}/params")["data"]]
+    assert names == [n for n, _ in build().named_parameters()]  # the module's own names, no FSDP prefix
+    stored = exported(server.url, job_of(run_id))
+    assert assert_norms(stored, oracle, name) == STEPS * len(ADAM_METRICS) * len(names)
+
+
+def test_each_fsdp2_rank_stores_its_own_shards_norms(job: Job) -> None:
+    """Rank 1's shard of the one-row layer is empty: its norm is 0, not absent."""
+    server, ranks = job
+    for rank, results in enumerate(ranks):
+        run_id, _, local = results["fsdp2"]
+        stored = exported(server.url, f"{job_of(run_id)}.r{rank}")
+        assert_norms({s: {"grad_norm": stored[s]["grad_norm"]} for s in stored}, local, f"fsdp2 rank {rank}")
+    assert ranks[1]["fsdp2"][2][1]["grad_norm"]["5.bias"] == 0.0
