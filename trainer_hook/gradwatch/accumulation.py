@@ -28,6 +28,7 @@ that one notes the version of each `.grad` the backward touched.
 from __future__ import annotations
 
 import logging
+import time
 import weakref
 from collections.abc import Collection
 from typing import Any, Optional
@@ -68,6 +69,8 @@ class GradTracker:
         self._touched: list[int] = []  # parameters the running backward accumulated into
         self._settling = False  # the end-of-backward callback of the running backward is queued
         self._can_settle = True  # the autograd engine takes final callbacks
+        #: perf_counter of the first gradient since the watcher last cleared it (its step timing)
+        self.first_grad: list[float] = []
         self._handles = [
             p.register_post_accumulate_grad_hook(self._counter(i))
             for i, p in enumerate(params)
@@ -121,6 +124,8 @@ class GradTracker:
 
     def _settle_at_end(self) -> None:
         """Queue `_settled` to run when the running backward has ended (see the module docstring)."""
+        if not self.first_grad:  # the first hook of a backward: once per pass, not per parameter
+            self.first_grad.append(time.perf_counter())
         queue = torch.autograd.Variable._execution_engine.queue_callback
         try:
             queue(lambda: queue(self._settled))
