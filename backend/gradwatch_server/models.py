@@ -49,6 +49,11 @@ class RunPublic(BaseModel):
     optimizer: str | None
     config: dict[str, Any]
     hook_version: str | None
+    world_size: int | None = Field(
+        None, description="a distributed job's number of ranks (null for a single-process run)"
+    )
+    parent_id: str | None = Field(None, description="a rank's run (JOB.rRANK): the id of its job's run")
+    rank: int | None = Field(None, description="a rank's run: its rank")
     tags: list[str] = Field(default_factory=list, description="set with PATCH; filter with ?tag=")
     findings: FindingCounts = Field(
         default_factory=FindingCounts, description="stored findings by severity (GET .../diagnostics lists them)"
