@@ -292,7 +292,7 @@ def _progress(total: int, enabled: bool, unit: str = "step") -> Iterator[Callabl
 
 
 def cmd_export(args: argparse.Namespace, env: Mapping[str, str], out: IO[str]) -> int:
-    from .exporters import FORMATS
+    from .exporters import FORMATS, export_steps
     from .step_table import STEP_FORMATS
 
     if args.output is None and args.format == "parquet" and out.isatty():
@@ -301,7 +301,7 @@ def cmd_export(args: argparse.Namespace, env: Mapping[str, str], out: IO[str]) -
     try:
         run = _find_run(store, args.run)
         fmt = (STEP_FORMATS if args.table == "steps" else FORMATS)[args.format]
-        with _progress(run.steps, args.output is not None) as progress:
+        with _progress(export_steps(store, run), args.output is not None) as progress:
             chunks = fmt.write(store, run, progress)
             if args.output is None:
                 sink = out.buffer if hasattr(out, "buffer") else None
@@ -335,7 +335,12 @@ def cmd_import(args: argparse.Namespace, env: Mapping[str, str], out: IO[str]) -
         raise CommandFailed(f"cannot read {args.file}: {exc.strerror}") from None
     finally:
         store.close()
-    print(f"imported run {result.run_id}: {result.stored} steps stored, {result.skipped} already there", file=out)
+    ranks = f"; {result.rank_lines} steps of its ranks left out (the job's global steps are imported)"
+    print(
+        f"imported run {result.run_id}: {result.stored} steps stored, {result.skipped} already there"
+        + (ranks if result.rank_lines else ""),
+        file=out,
+    )
     return EXIT_OK
 
 

@@ -7,9 +7,11 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Optional
 
 import torch
+
+from .pieces import View, job_rank, pieces, strip_names
 
 #: Hyperparameters worth showing per param group; others (e.g. `params`, callables) are skipped.
 _HPARAM_TYPES = (int, float, bool, str, type(None))
@@ -18,9 +20,22 @@ _HPARAM_TYPES = (int, float, bool, str, type(None))
 @dataclass(frozen=True)
 class WatchedParam:
     name: str
-    param: torch.Tensor
+    param: torch.Tensor  # what the optimizer steps (several FSDP1 pieces share one FlatParameter)
     optimizer: int
     group: int  # index counting across optimizers, as in the `lr/G` scalars
+    #: the full (unsharded) parameter's shape and elements; this rank's elements of it, and
+    #: whether they count toward the global value (pieces.py)
+    shape: tuple[int, ...] = ()
+    numel: int = 0
+    local_numel: int = 0
+    counted: bool = True
+    #: from `param` (or its `.grad`, or a state tensor) to this rank's piece; None: itself
+    view: Optional[View] = None
+    owns_bytes: bool = True  # `param`'s bytes (and its grad's) are counted with this entry
+
+    def local(self, t: torch.Tensor) -> torch.Tensor:
+        """This rank's piece of `t` (the param, its grad or a state tensor)."""
+        return t if self.view is None else self.view(t)
 
 
 @dataclass
@@ -33,19 +48,33 @@ class Layout:
     unoptimized: list[str] = field(default_factory=list)
     #: optimizer parameters with requires_grad=False: no gradient is expected for them
     frozen: list[str] = field(default_factory=list)
+    #: this process's rank in a distributed job (`pieces.job_rank()`), None when it runs alone
+    rank: Optional[int] = None
+
+    @property
+    def sharded(self) -> bool:
+        """Some parameter is measured on a view of its tensor (DTensor, FSDP1)."""
+        return any(w.view is not None for w in self.params)
 
     def hello_params(self) -> list[dict[str, Any]]:
-        return [
-            {
+        """The `params` of the hello: `local_numel` and `counted` where they say something (a
+        distributed job, or a piece that is not the whole parameter), so a single-process
+        hello is what it always was."""
+        out = []
+        for w in self.params:
+            entry: dict[str, Any] = {
                 "name": w.name,
-                "shape": list(w.param.shape),
-                "numel": w.param.numel(),
+                "shape": list(w.shape),
+                "numel": w.numel,
                 "dtype": str(w.param.dtype).removeprefix("torch."),
                 "group": w.group,
                 "optimizer": w.optimizer,
             }
-            for w in self.params
-        ]
+            if self.rank is not None or w.local_numel != w.numel or not w.counted:
+                entry["local_numel"] = w.local_numel
+                entry["counted"] = w.counted
+            out.append(entry)
+        return out
 
     def hello_groups(self) -> list[dict[str, Any]]:
         out = []
@@ -107,13 +136,22 @@ def named_parameters(model: Any) -> list[tuple[str, torch.Tensor]]:
     return pairs
 
 
-def build_layout(optimizers: Sequence[torch.optim.Optimizer], model: Any) -> Layout:
+_UNSET: Any = object()
+
+
+def build_layout(optimizers: Sequence[torch.optim.Optimizer], model: Any, rank: Optional[int] = _UNSET) -> Layout:
+    """The reported parameters of `optimizers` (each FSDP1 FlatParameter expanded into its
+    original parameters), named from `model` with wrapper components stripped. `rank`: this
+    process's rank in a distributed job, None alone (default: `pieces.job_rank()`)."""
+    if rank is _UNSET:
+        rank = job_rank()
     named = named_parameters(model)
     names: dict[int, str] = {}
     for name, p in named:
         names.setdefault(id(p), name)
-    layout = Layout(optimizers=list(optimizers), params=[])
+    layout = Layout(optimizers=list(optimizers), params=[], rank=rank)
     seen: set[int] = set()
+    where: list[tuple[torch.Tensor, int, int]] = []
     for o, opt in enumerate(optimizers):
         for i, group in enumerate(opt.param_groups):
             g = len(layout.group_keys)
@@ -122,8 +160,27 @@ def build_layout(optimizers: Sequence[torch.optim.Optimizer], model: Any) -> Lay
                 if id(p) in seen:
                     continue  # torch forbids this within one optimizer; across two, watch it once
                 seen.add(id(p))
-                fallback = f"opt{o}.group{i}.param{j}" if len(optimizers) > 1 else f"group{i}.param{j}"
-                layout.params.append(WatchedParam(names.get(id(p), fallback), p, o, g))
+                names.setdefault(id(p), f"opt{o}.group{i}.param{j}" if len(optimizers) > 1 else f"group{i}.param{j}")
+                where.append((p, o, g))
+    expanded = pieces([p for p, _, _ in where], names, model, rank)
+    found = [(piece, o, g) for (_, o, g), each in zip(where, expanded) for piece in each]
+    unoptimized = [n for n, p in named if p.requires_grad and id(p) not in seen]
+    shown = strip_names([piece.raw_name for piece, _, _ in found] + unoptimized)
+    for (piece, o, g), name in zip(found, shown):
+        layout.params.append(
+            WatchedParam(
+                name,
+                piece.tensor,
+                o,
+                g,
+                shape=piece.shape,
+                numel=piece.numel,
+                local_numel=piece.local_numel,
+                counted=piece.counted,
+                view=piece.view,
+                owns_bytes=piece.owns_bytes,
+            )
+        )
     layout.frozen = [w.name for w in layout.params if not w.param.requires_grad]
-    layout.unoptimized = [n for n, p in named if p.requires_grad and id(p) not in seen]
+    layout.unoptimized = shown[len(found) :]
     return layout

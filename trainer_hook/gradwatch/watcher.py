@@ -22,7 +22,7 @@ from urllib.parse import urlsplit
 import numpy as np
 import torch
 
-from . import __version__, wire
+from . import __version__, distributed, wire
 from .accumulation import GradTracker
 from .amp import AmpScaler, check_scaler
 from .closures import CountedClosure, step_closure, with_closure
@@ -93,7 +93,6 @@ class Watcher:
             raise TypeError("token must be a string")
         token = token or os.environ.get("GRADWATCH_TOKEN") or None
 
-        self.run_id: str = secrets.token_hex(6)
         self.name: str = run or time.strftime("run-%Y%m%d-%H%M%S")
         self.project: str = project or "default"
         self.server = server
@@ -103,6 +102,10 @@ class Watcher:
         self.layout: Layout = build_layout(optimizers, model)
         if not self.layout.params:
             raise ValueError("the optimizer has no parameters to watch")
+        #: this rank's place in a distributed job (None: a run of one process); the job is the run
+        self.dist: Optional[distributed.Rank] = distributed.join()
+        #: the run's id on the server: the job's in a distributed job (each rank streams as `dist.stream_id`)
+        self.run_id: str = secrets.token_hex(6) if self.dist is None else self.dist.job
         self.warn = warn
         self._amp = None if scaler is None else AmpScaler(scaler)
         self._probe = Probe(self.layout, amp=self._amp, updates=updates)
@@ -127,7 +130,7 @@ class Watcher:
         self._sampled = False
         hello = wire.hello(
             run={
-                "id": self.run_id,
+                "id": self.run_id if self.dist is None else self.dist.stream_id,
                 "name": self.name,
                 "project": self.project,
                 "started_at": time.time(),
@@ -142,17 +145,20 @@ class Watcher:
                     "frozen_params": self.layout.frozen,
                     **_wrapper_config(wrappers),
                     **context_config(self.layout, model, user),
+                    **({} if self.dist is None else {"dist": self.dist.config(self._probe.params)}),
                 },
             },
             params=self.layout.hello_params(),
             groups=self.layout.hello_groups(),
+            dist=None if self.dist is None else self.dist.hello(),
         )
-        self._sender = Sender(url, hello, token=token, spool=_open_spool(self.run_id, hello))
+        self._sender = Sender(url, hello, token=token, spool=_open_spool(hello["run"]["id"], hello))
         # a server on this machine: its CPU per step is part of what watching costs
         self._cost = CostMeter(self._sampler, _on_this_machine(url), lambda: self._sender.server_cpu_per_step)
         _replay_in_background(url, token)
         self._findings = FindingWarner(warn, self.url, callback=on_finding)
         self._sender.on_finding = self._findings
+        self._step_began = time.perf_counter()  # where the first step's `time/step_s` starts
         self._handles = []
         for k, opt in enumerate(optimizers):
             self._handles += [
@@ -233,7 +239,7 @@ class Watcher:
             if self._sampled and first:
                 self._probe.read_state(self._members[k])
             if len(self._round) == len(self._members):
-                self._emit()
+                self._emit(started)
                 if not self._sampled:  # what this hook costs every step, for every="auto"
                     self._cost.light_hook(time.perf_counter() - started)
         except Exception as exc:
@@ -270,10 +276,13 @@ class Watcher:
             for j, i in enumerate(members):
                 self._passes[i], self._clear[i] = passes[j], clear[j]
 
-    def _emit(self) -> None:
-        """The round is complete: send the measured step, or the cheap facts of an unmeasured one."""
+    def _emit(self, ended: Optional[float] = None) -> None:
+        """The round is complete (its last `optimizer.step()` returned at perf_counter `ended`,
+        default now): send the measured step, or the cheap facts of an unmeasured one."""
         self._round.clear()
         logged, self._logged = self._logged, {}
+        if self.dist is not None:
+            self._time_step(logged, time.perf_counter() if ended is None else ended)
         if self._amp is not None:
             self._amp.scalars(logged)
         if self._closure_calls is not None:
@@ -298,6 +307,17 @@ class Watcher:
         step, now = self.step, time.time()
         # the arrays are made on the sender thread: the training thread only hands over lists
         self._sender.submit_step(lambda: wire.StepRecord(step, now, scalars, _host_arrays(passes, clear), None))
+
+    def _time_step(self, logged: dict[str, Any], ended: float) -> None:
+        """A rank's step times (perf_counter reads only, no device work): `time/step_s` since the
+        previous step ended (or watch()), and of that `time/before_backward_s`, until the step's
+        first gradient (forward pass, data loading): the straggler's is the longest."""
+        began, self._step_began = self._step_began, ended
+        logged["time/step_s"] = ended - began
+        first = self._tracker.first_grad
+        if first:  # no backward since the last step (a step without gradients) leaves it out
+            logged["time/before_backward_s"] = min(max(first[0] - began, 0.0), ended - began)
+            first.clear()
 
     def _skipped_step(self, optimizer: torch.optim.Optimizer) -> None:
         """A GradScaler skipped `optimizer`'s step: its backward passes end there all the same."""

@@ -42,9 +42,17 @@ def json_scalar(value: float) -> float | str:
 
 
 def hello(
-    run: Mapping[str, Any], params: Sequence[Mapping[str, Any]], groups: Sequence[Mapping[str, Any]]
+    run: Mapping[str, Any],
+    params: Sequence[Mapping[str, Any]],
+    groups: Sequence[Mapping[str, Any]],
+    dist: Optional[Mapping[str, Any]] = None,
 ) -> dict[str, Any]:
-    return {"v": PROTOCOL_VERSION, "type": "hello", "run": dict(run), "params": list(params), "groups": list(groups)}
+    """`dist` (`{"job", "rank", "world_size"}`): this stream is one rank of a distributed job,
+    whose `run["id"]` is then `f"{job}.r{rank}"`; a single-process run's hello has no `dist`."""
+    message = {"v": PROTOCOL_VERSION, "type": "hello", "run": dict(run), "params": list(params), "groups": list(groups)}
+    if dist is not None:
+        message["dist"] = dict(dist)
+    return message
 
 
 def step(

@@ -9,6 +9,7 @@ from fastapi import APIRouter, Query, WebSocket
 from ..deps import DiagnosticsDep, HubDep, NotifierDep, SessionsDep, SettingsDep, StepCostDep, StoreDep
 from ..ingest import IngestConnection
 from ..live import pump, worker_headers
+from ..protocol import RUN_ID_PATTERN
 
 router = APIRouter(tags=["websockets"])
 
@@ -29,7 +30,7 @@ async def ingest(
 
 @router.websocket("/ws/live")
 async def live(
-    websocket: WebSocket, hub: HubDep, run: Annotated[str | None, Query(pattern=r"^[A-Za-z0-9_-]{1,64}$")] = None
+    websocket: WebSocket, hub: HubDep, run: Annotated[str | None, Query(pattern=RUN_ID_PATTERN)] = None
 ) -> None:
     """Run events for every browser; with `run`, that run's steps too."""
     await websocket.accept(headers=worker_headers())

@@ -29,11 +29,13 @@ from .. import blocks, migrations, tails
 from ..protocol import Hello
 from . import engine as _engine
 from . import findings as _findings
+from . import ranks as _ranks
 from . import runs as _runs
 from . import series as _series
 from . import steps as _steps
 from .blocks_sql import backfill_blocks
 from .engine import create_db_engine, display_url
+from .ranks import PartialRange
 from .records import (
     RUN_STATUSES,
     SEVERITIES,
@@ -63,6 +65,7 @@ __all__ = [
     "NotifyInTransaction",
     "OpenedRun",
     "Param",
+    "PartialRange",
     "ParamsMismatch",
     "Run",
     "StepData",
@@ -212,6 +215,18 @@ class Store:
         """Sorted names of a run's scalar series (`kind="scalar"`) or parameter metrics ("param")."""
         with self._read() as conn:
             return _runs.get_series_names(conn, run_id, kind)
+
+    # -- a distributed job's ranks (reads; ingest writes them) -------------------------------
+
+    def child_runs(self, parent_id: str) -> list[Run]:
+        """The runs of a job's ranks, by rank (none for any other run)."""
+        with self._read() as conn:
+            return _ranks.child_runs(conn, parent_id)
+
+    def partial_ranges(self, run_id: str) -> list[PartialRange]:
+        """A job's steps stored without some rank, as ranges (store/ranks.py)."""
+        with self._read() as conn:
+            return _ranks.partial_ranges(conn, run_id)
 
     # -- steps -----------------------------------------------------------------------------
 

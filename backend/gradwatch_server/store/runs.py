@@ -7,7 +7,7 @@ import json
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from sqlalchemy import Connection, delete, func, insert, or_, select, update
+from sqlalchemy import ColumnElement, Connection, delete, func, insert, or_, select, update
 
 from ..protocol import Hello
 from ..schema import deleted_runs, findings, groups, params, run_tags, runs, series_names
@@ -178,9 +178,9 @@ def runs_to_collect(
     conn: Connection, created_before: float | None, status: str | None, project: str | None
 ) -> list[Run]:
     """The runs `gradwatch gc` may delete, oldest first: never a running one (it is being
-    written), and only those created before `created_before` (Unix seconds), of `status`
+    written), never a rank's run (deleting its job's run deletes it), and only those created before `created_before` (Unix seconds), of `status`
     and of `project`, for each one given."""
-    where = [runs.c.status != "running"]
+    where: list[ColumnElement[bool]] = [runs.c.status != "running", runs.c.parent_id.is_(None)]  # ranks' runs go with their job's
     if created_before is not None:
         where.append(runs.c.created_at < created_before)
     if status is not None:
@@ -199,8 +199,9 @@ def list_runs(
     conn: Connection, project: str | None, q: str | None, status: str | None, tag: str | None, limit: int, offset: int
 ) -> tuple[list[Run], int]:
     """Matching runs, newest first, and how many match in all; each with its tags and
-    findings counts (two more queries for the page, not two per run)."""
-    where = []
+    findings counts (two more queries for the page, not two per run). A rank's run of a
+    distributed job is never listed: its job's run stands for it."""
+    where: list[ColumnElement[bool]] = [runs.c.parent_id.is_(None)]
     if project is not None:
         where.append(runs.c.project == project)
     if status is not None:

@@ -29,6 +29,7 @@ import { byId, h, notice, setChildren } from "../dom.js";
 import { fmtTime, toNumber } from "../format.js";
 import { LiveSocket, renderLiveStatus } from "../live.js";
 import { firstScalar } from "../names.js";
+import { parseRanks } from "../ranks.js";
 import { queryValue, readQuery, writeQuery } from "../url.js";
 import { headerView } from "../views/header.js";
 import { smoothingControl } from "../views/smoothing-control.js";
@@ -77,6 +78,7 @@ export function init() {
     xRange: urlRange(queryValue(q, "from"), queryValue(q, "to")),
     otherScalar: queryValue(q, "scalar"),
     smooth: smoothWeight(queryValue(q, "smooth")), // the line charts' EMA weight (?smooth=), 0: off
+    ranksChosen: parseRanks(queryValue(q, "ranks")), // a big job's ranks to draw (?ranks=0-3,17), null: the default
   };
   ctx = { state };
   header = headerView(byId("run-header"), [smoothingControl(state.smooth, setSmoothing)]);
@@ -96,6 +98,7 @@ export function init() {
       saveUrl();
       loadViews([views.other]).then(() => { if (state.xRange) scheduleZoom(); }).catch(showError);
     },
+    onRanks: saveUrl,
     onFindings: (list) => {
       drawMarkers(list);
       if (state.run) alerts.update(list, state.run.name || state.run.id);
@@ -193,6 +196,7 @@ function saveUrl() {
     to: state.xRange ? Math.round(state.xRange[1]) : null,
     scalar: state.otherScalar,
     smooth: state.smooth || null,
+    ranks: state.ranksChosen ? state.ranksChosen.join(",") : null,
   });
 }
 

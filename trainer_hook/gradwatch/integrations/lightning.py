@@ -12,7 +12,8 @@ At fit start it watches every optimizer of `trainer.optimizers` as one run (a GA
 run, as `watch([...])` does), with the LightningModule as the model, under the logger's
 name/version unless given a run name, and records the module's `hparams` and the Trainer's
 `accumulate_grad_batches`, clipping and precision with the run. The precision plugin's
-GradScaler (`precision="16-mixed"`) is found there. At each optimizer step (Lightning's
+GradScaler (`precision="16-mixed"`) is found there. Under DDP or FSDP every process watches and
+the ranks of the job make one run (gradwatch/distributed.py). At each optimizer step (Lightning's
 `on_before_optimizer_step`, after this step's backward passes) the values the module logged
 with `self.log(..., on_step=True)` (the default in `training_step`) are recorded with that step,
 as the detached tensors Lightning holds: `trainer.callback_metrics` would build the progress-bar
@@ -69,8 +70,6 @@ class LightningWatching:
     def on_fit_start(self, trainer: Any, pl_module: Any) -> None:
         if self.watcher is not None:  # a second `fit()` is a run of its own
             self.watcher.close()
-        if not getattr(trainer, "is_global_zero", True):
-            return  # distributed: one process watches (gradwatch's runs are one process's, for now)
         optimizers = list(trainer.optimizers)
         if not optimizers:
             raise ValueError(

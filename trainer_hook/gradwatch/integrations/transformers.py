@@ -10,6 +10,9 @@ fp16 training is the one accelerate's optimizer wrapper steps with: `watch()` fi
 accumulation needs nothing: the hook counts the backward passes of each step and sees the Trainer
 clear `.grad` after it, which the server reports as `grad_accumulation` (info), never an error.
 
+Under torchrun every process runs the callbacks and every one watches: the ranks of the job
+make one run (gradwatch/distributed.py), each streaming what its own optimizer sees.
+
 The Trainer tells its callbacks nothing when `train()` raises. A run whose train end never came is
 closed as crashed: at interpreter exit (an exit hook registered after the watcher's own, so run
 before it), or at the next train begin of the same callback.
@@ -65,8 +68,6 @@ class GradwatchCallback(TrainerCallback):
         self._close_unfinished()  # a second `train()` on the same Trainer is a run of its own
         if optimizer is None:
             raise TypeError("GradwatchCallback got no optimizer at train begin: use it with transformers.Trainer")
-        if not getattr(state, "is_world_process_zero", True):
-            return  # distributed: one process watches (gradwatch's runs are one process's, for now)
         model_config = getattr(getattr(model, "config", None), "to_dict", None)
         self._forwarding = True
         self.watcher = self.options.watch(

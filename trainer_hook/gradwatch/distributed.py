@@ -1,0 +1,183 @@
+"""Which rank of which distributed job this process is, and the job's one run id.
+
+Every rank of a `torchrun` (or any `torch.distributed`) job calls `watch()`; the job is one run
+on the server, each rank one stream of it (docs/design.md, "How the ranks of a job agree on one
+run"). The ranks agree on the run id once, inside `watch()`, and never again:
+
+- with the default process group initialised, rank 0 draws the id and writes it to the group's
+  c10d store under `gradwatch/job/{n}`, where n counts this process's distributed `watch()`
+  calls (every rank calls `watch()` in the same order); the others wait for that key, at most
+  `STORE_TIMEOUT_S` seconds. A store read is a request to the store's server, not a collective:
+  no rank's training waits for another's because of it, and no process group sees it.
+- without one, under torchrun (`WORLD_SIZE` > 1 and a `TORCHELASTIC_RUN_ID`), the id is a hash
+  of the launcher's run id and n, which every rank computes alike.
+- otherwise, or when the key never comes, this rank warns once and is watched as a run of its own.
+
+A world of one process is no distributed job: `join()` returns None and the run is a plain one.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import re
+import secrets
+import threading
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any, Callable, Optional
+
+import torch
+
+log = logging.getLogger("gradwatch")
+
+#: Seconds the other ranks wait for rank 0's job id in the store; rank 0 may reach `watch()`
+#: later than they do (it loads a checkpoint, say). Tests set it shorter.
+STORE_TIMEOUT_S = 60.0
+#: The store key of the n-th distributed `watch()` of a job.
+STORE_KEY = "gradwatch/job/{n}"
+#: What a job id is (the run id the user sees; the protocol's, docs/protocol.md).
+JOB_ID = re.compile(r"^[A-Za-z0-9_-]{1,56}$")
+
+
+@dataclass(frozen=True)
+class Rank:
+    """This process's place in a distributed job whose run is `job`."""
+
+    job: str
+    rank: int
+    world_size: int
+    local_rank: Optional[int] = None
+    backend: Optional[str] = None
+
+    @property
+    def stream_id(self) -> str:
+        """The id of this rank's stream (its hello's `run.id`, its spool file's name)."""
+        return f"{self.job}.r{self.rank}"
+
+    def hello(self) -> dict[str, Any]:
+        """The hello's `dist` object."""
+        return {"job": self.job, "rank": self.rank, "world_size": self.world_size}
+
+    def config(self, params: Iterable[torch.Tensor]) -> dict[str, Any]:
+        """The run config's `dist` entry (informational): backend, local rank, and the distinct
+        device meshes of `params` that are DTensors."""
+        return {"backend": self.backend, "local_rank": self.local_rank, "meshes": meshes(params)}
+
+
+@dataclass(frozen=True)
+class _Place:
+    rank: int
+    world_size: int
+    local_rank: Optional[int]
+    backend: Optional[str]
+    initialised: bool  # the default process group exists (its store holds the job id)
+
+
+_lock = threading.Lock()
+_calls = 0  # distributed watch() calls so far in this process: the n of the store key
+_warned = False
+
+
+def join(env: Mapping[str, str] = os.environ, new_id: Callable[[], str] = lambda: secrets.token_hex(6)) -> Optional[Rank]:
+    """This process's `Rank` in the job it belongs to, with the job's run id agreed with the
+    other ranks; None when it is not part of a job of several processes, or when the ranks could
+    not agree (warned once): then it is watched as a run of its own. Never raises."""
+    global _calls
+    try:
+        place = _place(env)
+    except Exception as exc:  # a torch.distributed without what we read: no job to join
+        log.debug("gradwatch: cannot read the distributed setup: %s", exc)
+        return None
+    if place is None:
+        return None
+    with _lock:
+        n = _calls
+        _calls += 1
+    try:
+        job = _agree(place, n, env, new_id)
+    except Exception as exc:
+        job, why = None, f"{type(exc).__name__}: {exc}"
+    else:
+        why = "torch.distributed is not initialised and the launcher set no TORCHELASTIC_RUN_ID"
+    if job is None:
+        _warn_once(place, why)
+        return None
+    return Rank(job, place.rank, place.world_size, place.local_rank, place.backend)
+
+
+def _place(env: Mapping[str, str]) -> Optional[_Place]:
+    """Rank, world size, local rank and backend, from the default process group if there is one,
+    else from torchrun's environment; None for a single process."""
+    local_rank = _int(env.get("LOCAL_RANK"))
+    dist = torch.distributed
+    if dist.is_available() and dist.is_initialized():
+        world_size = dist.get_world_size()
+        if world_size <= 1:
+            return None
+        return _Place(dist.get_rank(), world_size, local_rank, str(dist.get_backend()), True)
+    rank, world_size = _int(env.get("RANK")), _int(env.get("WORLD_SIZE"))
+    if rank is None or world_size is None or world_size <= 1 or not 0 <= rank < world_size:
+        return None
+    return _Place(rank, world_size, local_rank, None, False)
+
+
+def _agree(place: _Place, n: int, env: Mapping[str, str], new_id: Callable[[], str]) -> Optional[str]:
+    """The job id every rank of the job gets for its n-th distributed watch(); None if none can be agreed."""
+    if place.initialised:
+        store = torch.distributed.distributed_c10d._get_default_store()
+        key = STORE_KEY.format(n=n)
+        if place.rank == 0:
+            job = new_id()
+            store.set(key, job)
+            return job
+        store.wait([key], timedelta(seconds=STORE_TIMEOUT_S))
+        job = bytes(store.get(key)).decode("ascii", "replace")
+        if not JOB_ID.match(job):
+            raise ValueError(f"the store's {key} holds {job[:80]!r}, not a job id")
+        return job
+    launch = env.get("TORCHELASTIC_RUN_ID")
+    if not launch or launch == "none":
+        return None
+    return hashlib.sha1(f"{launch}/{n}".encode()).hexdigest()[:12]
+
+
+def _warn_once(place: _Place, why: str) -> None:
+    global _warned
+    with _lock:
+        if _warned:
+            return
+        _warned = True
+    log.warning(
+        "gradwatch: rank %d of %d could not agree on one run with the other ranks (%s); it is watched as "
+        "a run of its own. Call watch() on every rank after torch.distributed.init_process_group().",
+        place.rank,
+        place.world_size,
+        why,
+    )
+
+
+def meshes(params: Iterable[torch.Tensor]) -> list[dict[str, Any]]:
+    """The distinct device meshes (shape, dimension names) of the DTensors among `params`."""
+    try:
+        from torch.distributed.tensor import DTensor
+    except ImportError:  # torch without DTensor: no parameter can be one
+        return []
+    out: list[dict[str, Any]] = []
+    for p in params:
+        if isinstance(p, DTensor):
+            mesh = p.device_mesh
+            names = mesh.mesh_dim_names
+            entry = {"shape": list(mesh.shape), "dim_names": None if names is None else list(names)}
+            if entry not in out:
+                out.append(entry)
+    return out
+
+
+def _int(text: Optional[str]) -> Optional[int]:
+    try:
+        return None if text is None else int(text)
+    except ValueError:
+        return None
