@@ -186,3 +186,21 @@ def test_the_ranks_leave_no_spool(job: Job) -> None:
     server, _ = job
     assert server.db_path is not None
     assert not list((server.db_path.parent / "spool").glob("*.spool"))
+
+
+def test_each_rank_times_its_steps_and_the_run_keeps_the_slowest(job: Job) -> None:
+    """Every step of each child run has the rank's own step time, time before backward and
+    memory; the job's run has the maximum over the ranks."""
+    server, ranks = job
+    run_id = job_of(ranks[0]["plain"][0])
+    children = [exported(server.url, f"{run_id}.r{rank}") for rank in range(2)]
+    parent = exported(server.url, run_id)
+    for key in ("time/step_s", "time/before_backward_s", "mem/rss_bytes"):
+        for step in range(1, STEPS + 1):
+            mine = [child[step]["scalars"][key] for child in children]
+            assert all(v > 0 for v in mine), (key, step, mine)
+            assert parent[step]["scalars"][key] == max(mine), (key, step)
+    for step in range(1, STEPS + 1):
+        assert all(c[step]["scalars"]["time/before_backward_s"] < c[step]["scalars"]["time/step_s"] for c in children)
+        footprint = [c[step]["scalars"]["mem/params_bytes"] for c in children]
+        assert parent[step]["scalars"]["mem/params_bytes"] == sum(footprint)
