@@ -27,7 +27,7 @@ import threading
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any, Callable, Optional
+from typing import Any, Optional
 
 import torch
 
@@ -81,7 +81,7 @@ _calls = 0  # distributed watch() calls so far in this process: the n of the sto
 _warned = False
 
 
-def join(env: Mapping[str, str] = os.environ, new_id: Callable[[], str] = lambda: secrets.token_hex(6)) -> Optional[Rank]:
+def join(env: Mapping[str, str] = os.environ) -> Optional[Rank]:
     """This process's `Rank` in the job it belongs to, with the job's run id agreed with the
     other ranks; None when it is not part of a job of several processes, or when the ranks could
     not agree (warned once): then it is watched as a run of its own. Never raises."""
@@ -97,7 +97,7 @@ def join(env: Mapping[str, str] = os.environ, new_id: Callable[[], str] = lambda
         n = _calls
         _calls += 1
     try:
-        job = _agree(place, n, env, new_id)
+        job = _agree(place, n, env)
     except Exception as exc:
         job, why = None, f"{type(exc).__name__}: {exc}"
     else:
@@ -114,23 +114,21 @@ def _place(env: Mapping[str, str]) -> Optional[_Place]:
     local_rank = _int(env.get("LOCAL_RANK"))
     dist = torch.distributed
     if dist.is_available() and dist.is_initialized():
-        world_size = dist.get_world_size()
-        if world_size <= 1:
-            return None
-        return _Place(dist.get_rank(), world_size, local_rank, str(dist.get_backend()), True)
+        size = dist.get_world_size()
+        return None if size <= 1 else _Place(dist.get_rank(), size, local_rank, str(dist.get_backend()), True)
     rank, world_size = _int(env.get("RANK")), _int(env.get("WORLD_SIZE"))
     if rank is None or world_size is None or world_size <= 1 or not 0 <= rank < world_size:
         return None
     return _Place(rank, world_size, local_rank, None, False)
 
 
-def _agree(place: _Place, n: int, env: Mapping[str, str], new_id: Callable[[], str]) -> Optional[str]:
+def _agree(place: _Place, n: int, env: Mapping[str, str]) -> Optional[str]:
     """The job id every rank of the job gets for its n-th distributed watch(); None if none can be agreed."""
     if place.initialised:
         store = torch.distributed.distributed_c10d._get_default_store()
         key = STORE_KEY.format(n=n)
         if place.rank == 0:
-            job = new_id()
+            job = secrets.token_hex(6)
             store.set(key, job)
             return job
         store.wait([key], timedelta(seconds=STORE_TIMEOUT_S))
