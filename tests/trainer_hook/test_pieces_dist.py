@@ -11,7 +11,7 @@ oracle's norm, at every one of several Adam steps.
 from __future__ import annotations
 
 import math
-from typing import Any, Optional
+from typing import Any
 
 import pytest
 import torch
@@ -64,9 +64,9 @@ def _wrap(kind: str, net: Net) -> torch.nn.Module:
     return FSDP(net, use_orig_params=orig, device_id=torch.device("cpu"))
 
 
-def _gather_cat(local: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
+def _gather_cat(local: torch.Tensor | None) -> torch.Tensor | None:
     """Every rank's 1-D piece (None where it has none), concatenated in rank order."""
-    pieces: list[Optional[torch.Tensor]] = [None] * dist.get_world_size()
+    pieces: list[torch.Tensor | None] = [None] * dist.get_world_size()
     dist.all_gather_object(pieces, None if local is None else local.detach().reshape(-1).clone())
     present = [p for p in pieces if p is not None]
     return torch.cat(present) if present else None
@@ -76,7 +76,7 @@ def _full(kind: str, model: torch.nn.Module, opt: torch.optim.Optimizer) -> dict
     """The oracle: per original parameter, its FULL param, grad and Adam state, gathered here."""
     out: dict[str, dict[str, Any]] = {}
 
-    def add(name: str, **tensors: Optional[torch.Tensor]) -> None:
+    def add(name: str, **tensors: torch.Tensor | None) -> None:
         out[name] = tensors
 
     if kind == "ddp":
@@ -121,11 +121,11 @@ def _clean(name: str) -> str:
     return ".".join(c for c in name.split(".") if c not in ("_fsdp_wrapped_module", "module"))
 
 
-def _norm(t: Optional[torch.Tensor]) -> Optional[float]:
+def _norm(t: torch.Tensor | None) -> float | None:
     return None if t is None else float(torch.linalg.vector_norm(t.detach().double()))
 
 
-def _status(t: Optional[torch.Tensor]) -> int:
+def _status(t: torch.Tensor | None) -> int:
     if t is None:
         return 0
     if not bool(torch.isfinite(t).all()):
@@ -176,7 +176,7 @@ def _local(t: torch.Tensor) -> torch.Tensor:
     return t.to_local() if hasattr(t, "to_local") else t  # type: ignore[no-any-return]
 
 
-def _combined(ranks: list[dict[str, Any]], step: int, metric: str, name: str) -> Optional[float]:
+def _combined(ranks: list[dict[str, Any]], step: int, metric: str, name: str) -> float | None:
     """The server's rule: sqrt of the sum of squares over counted pieces; None where all are ABSENT."""
     values = [
         r["steps"][step]["params"][metric][name]
