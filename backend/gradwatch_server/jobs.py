@@ -19,7 +19,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Sequence
 
 from .diagnostics import Diagnostics, Finding
 from .live import LiveHub
@@ -60,14 +61,17 @@ class JobAssembler:
         diagnostics: Diagnostics,
         rank_timeout_s: float,
         notifier: Notifier | None = None,
+        clock: Callable[[], float] = time.time,
     ) -> None:
         self._store = store
+        self._clock = clock
         self._hub = hub
         self._diagnostics = diagnostics
         self._notifier = notifier
         self.rank_timeout_s = rank_timeout_s
         self.interval_s = min(rank_timeout_s / 4, MAX_INTERVAL_S)
         self._locks: dict[str, asyncio.Lock] = {}
+        self._first_seen: dict[str, float] = {}  # job -> when this process first saw it
         self._announced: dict[str, dict[str, dict[str, object]]] = {}  # job -> code -> finding
         self._timer: asyncio.Task[None] | None = None
 
@@ -75,10 +79,11 @@ class JobAssembler:
         """Assemble what is ready of `job`; its current findings if steps were added, else None."""
         async with self._locks.setdefault(job, asyncio.Lock()):
             notify = self._hub.steps_notice(job)
+            first_seen = self._first_seen.setdefault(job, self._clock())
             new: list[StepData] = []
             status: str | None = None
             while True:
-                done = await asyncio.to_thread(self._store.assemble, job, self.rank_timeout_s, notify)
+                done = await asyncio.to_thread(self._store.assemble, job, self.rank_timeout_s, first_seen, notify)
                 new += done.steps
                 status = done.status or status
                 if done.partial:
@@ -90,6 +95,7 @@ class JobAssembler:
                 found = await self._judge(job, new)
                 self._hub.publish_steps(job, as_steps(new))
             if status is not None:
+                self._first_seen.pop(job, None)
                 log.info("job %s %s: every rank closed or was lost", job, status)
                 try:
                     await asyncio.to_thread(self._diagnostics.close_run, job)
@@ -129,6 +135,7 @@ class JobAssembler:
 
     def opened(self, job: str, found: list[Finding]) -> None:
         """A rank's hello: the job's findings so far were news when they were found, not now."""
+        self._first_seen.setdefault(job, self._clock())
         known = self._announced.setdefault(job, {})
         for finding in found:
             known.setdefault(finding.code, finding.to_dict())

@@ -144,10 +144,14 @@ class Store:
             with self._write() as conn:
                 return _jobs.open_rank(conn, hello, self._clock())
 
-    def assemble(self, job: str, rank_timeout: float, notify: NotifyInTransaction | None = None) -> Assembly:
+    def assemble(
+        self, job: str, rank_timeout: float, first_seen: float, notify: NotifyInTransaction | None = None
+    ) -> Assembly:
         """Assemble the job's ready steps into its run, in one transaction (jobs.assemble)."""
         with self._write() as conn:
-            done = _jobs.assemble(conn, job, self._clock(), rank_timeout, self._known_names, self._tails, notify)
+            done = _jobs.assemble(
+                conn, job, self._clock(), rank_timeout, first_seen, self._known_names, self._tails, notify
+            )
         written = done.written
         if written is not None and written.changed:  # only once committed
             self._known_names |= written.names

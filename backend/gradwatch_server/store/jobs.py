@@ -125,7 +125,7 @@ def _check_params(conn: Connection, job: str, rank: int, hello: Hello) -> None:
     raise ParamsMismatch(f"rank {rank}'s parameters differ from those of job {job!r}: " + "; ".join(differ[:5]) + more)
 
 
-def _ranks(conn: Connection, job: str, world_size: int, created_at: float) -> list[_Rank]:
+def _ranks(conn: Connection, job: str, world_size: int, first_seen: float) -> list[_Rank]:
     found = {
         r.rank: _Rank(r.rank, r.id, r.status, r.last_step, r.updated_at)
         for r in conn.execute(
@@ -134,7 +134,7 @@ def _ranks(conn: Connection, job: str, world_size: int, created_at: float) -> li
             )
         )
     }
-    return [found.get(r) or _Rank(r, None, None, None, created_at) for r in range(world_size)]
+    return [found.get(r) or _Rank(r, None, None, None, first_seen) for r in range(world_size)]
 
 
 def _lost(rank: _Rank, ranks: Sequence[_Rank], now: float, rank_timeout: float) -> bool:
@@ -190,22 +190,27 @@ def assemble(
     job: str,
     now: float,
     rank_timeout: float,
+    first_seen: float,
     known: set[SeriesName],
     run_tails: tails.Tails,
     notify: NotifyInTransaction | None,
 ) -> Assembly:
     """Store in the job's run the steps ready to assemble (at most ASSEMBLE_CHUNK), mark those
     missing a rank in `partial_steps`, and once every rank has closed or is lost (and nothing is
-    left), set the job's status: finished if every rank finished, else crashed."""
+    left), set the job's status: finished if every rank finished, else crashed.
+
+    A rank is last heard of when its run was last written (server time); one that never said
+    hello, at `first_seen`: when the caller first saw the job (server time: the job's
+    `created_at` is the hook's clock)."""
     parent: Any = conn.execute(
-        select(runs.c.status, runs.c.world_size, runs.c.last_seq, runs.c.last_step, runs.c.created_at, runs.c.parent_id)
+        select(runs.c.status, runs.c.world_size, runs.c.last_seq, runs.c.last_step, runs.c.parent_id)
         .where(runs.c.id == job)
         .with_for_update()
     ).one_or_none()
     done = Assembly()
     if parent is None or parent.world_size is None or parent.parent_id is not None:
         return done
-    ranks = _ranks(conn, job, parent.world_size, parent.created_at)
+    ranks = _ranks(conn, job, parent.world_size, first_seen)
     lost = {r.rank for r in ranks if _lost(r, ranks, now, rank_timeout)}
     waited = [r for r in ranks if r.status in (None, "running") and r.rank not in lost]
     present = [r for r in ranks if r.run_id is not None]
