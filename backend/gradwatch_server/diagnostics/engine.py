@@ -18,6 +18,7 @@ import logging
 import threading
 from collections.abc import Callable, Iterable, Sequence
 
+from ..assemble import DESYNC_PREFIX
 from ..store import DiagnosisMark, StepData, Store, StoredFinding, UnknownRun
 from .amp import AmpSkippedSteps
 from .check import Check
@@ -25,6 +26,7 @@ from .clearing import GradAccumulation, UnclearedGradients, ZeroFilledGradBuffer
 from .coverage import ParamNeverGetsGrad, ParamNotInOptimizer, StepWithoutGrad
 from .data import METRICS, SCALARS, RunContext, StepView
 from .finding import Finding
+from .ranks import RankDesync
 from .values import ExplodingGrad, NonfiniteGrad, VanishingGrad
 
 log = logging.getLogger("gradwatch.diagnostics")
@@ -44,6 +46,7 @@ CHECKS: tuple[type[Check], ...] = (
     AmpSkippedSteps,
     ExplodingGrad,
     VanishingGrad,
+    RankDesync,
 )
 
 
@@ -236,7 +239,8 @@ class Diagnostics:
             self._save(run_id, diag)
 
     def _feed(self, run_id: str, diag: RunDiagnosis, after: int | None, skip: set[int]) -> None:
-        for chunk in self.store.iter_steps(run_id, metrics=METRICS, scalar_keys=SCALARS, after=after):
+        desync = [k for k in self.store.series_names(run_id, "scalar") if k.startswith(DESYNC_PREFIX)]
+        for chunk in self.store.iter_steps(run_id, metrics=METRICS, scalar_keys=(*SCALARS, *desync), after=after):
             for record in chunk:
                 if record.step in skip:
                     continue
