@@ -1,7 +1,7 @@
 """FSDP2, HSDP and FSDP1 on a real 2-rank gloo job against a real server: every per-parameter
 norm the run stores (gradient, parameter, Adam's two moments) equals the norm of the full tensor,
-gathered here in the test (`full_tensor()`, `summon_full_params`, `optim_state_dict`, an
-all-gather of FSDP1's flat gradient): collectives of the test's own, beside the watched steps.
+gathered here in the test (`full_tensor()`, `summon_full_params`, all-gathers of FSDP1's
+slices of gradients and optimizer state): collectives of the test's own, beside the watched steps.
 
 One job trains the same small model (one layer whose single row leaves rank 1 an empty shard)
 under each sharding in turn, each watched as its own run.
@@ -74,30 +74,57 @@ def gathered_grads(model: nn.Module, version: int, setting: Any) -> dict[str, fl
     if setting:  # use_orig_params=True
         with FullyShardedDataParallel.summon_full_params(model, with_grads=True):
             return {clean(n): norm(p.grad) for n, p in model.named_parameters()}
-    # use_orig_params=False: every rank holds an equal slice of the padded flat gradient
     flat = model._handle.flat_param  # type: ignore[union-attr]
-    pieces = [torch.empty_like(flat.grad) for _ in range(dist.get_world_size())]
-    dist.all_gather(pieces, flat.grad)
+    return {n: norm(t) for n, t in unflatten(flat, flat.grad).items()}
+
+
+def unflatten(flat: Any, local: torch.Tensor) -> dict[str, torch.Tensor]:
+    """FSDP1's flat parameter (use_orig_params=False) of which every rank holds an equal slice
+    (`local`: of the parameter, its gradient or a state tensor): all-gathered and cut into the
+    original parameters (the padding at the end left out)."""
+    pieces = [torch.empty_like(local) for _ in range(dist.get_world_size())]
+    dist.all_gather(pieces, local.contiguous())
     whole = torch.cat(pieces)
-    grads, offset = {}, 0
+    out, offset = {}, 0
     for fqn, numel in zip(flat._fqns, flat._numels):
-        grads[clean(fqn)] = norm(whole[offset : offset + numel])
+        out[clean(fqn)] = whole[offset : offset + numel]
         offset += numel
-    return grads
+    return out
 
 
-def gathered_state(model: nn.Module, opt: torch.optim.Optimizer, version: int) -> dict[str, dict[str, float]]:
+def gathered_pieces(local: torch.Tensor, numel: int) -> torch.Tensor:
+    """FSDP1 with use_orig_params=True: each rank holds a contiguous 1-D slice of each original
+    parameter (possibly empty), in rank order; all-gathered and joined, the whole tensor."""
+    pieces: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(pieces, local.detach().reshape(-1))
+    whole = torch.cat(pieces)
+    assert whole.numel() == numel, (whole.numel(), numel)
+    return whole
+
+
+def gathered_state(
+    model: nn.Module, opt: torch.optim.Optimizer, version: int, setting: Any
+) -> dict[str, dict[str, float]]:
+    named = list(model.named_parameters())
+    keys = ("exp_avg", "exp_avg_sq")
     if version == 2:
-        named = list(model.named_parameters())
         out = {"param_norm": {n: norm(full(p)) for n, p in named}}
-        for key in ("exp_avg", "exp_avg_sq"):
+        for key in keys:
             out[f"{key}_norm"] = {n: norm(full(opt.state[p][key])) for n, p in named}
         return out
     with FullyShardedDataParallel.summon_full_params(model):
         out = {"param_norm": {clean(n): norm(p) for n, p in model.named_parameters()}}
-    state = FullyShardedDataParallel.optim_state_dict(model, opt)["state"]
-    for key in ("exp_avg", "exp_avg_sq"):
-        out[f"{key}_norm"] = {clean(n): norm(s[key]) for n, s in state.items()}
+    if not setting:  # one flat parameter, its state flat too
+        flat = model._handle.flat_param  # type: ignore[union-attr]
+        for key in keys:
+            out[f"{key}_norm"] = {n: norm(t) for n, t in unflatten(flat, opt.state[flat][key]).items()}
+        return out
+    numels = {clean(n): p.numel() for n, p in build().named_parameters()}
+    for key in keys:
+        out[f"{key}_norm"] = {}
+        for n, p in named:
+            local = opt.state[p][key] if key in opt.state.get(p, {}) else torch.zeros(0)  # no state: an empty slice
+            out[f"{key}_norm"][clean(n)] = norm(gathered_pieces(local, numels[clean(n)]))
     return out
 
 
@@ -125,7 +152,7 @@ def train(rank: int, url: str, name: str) -> tuple[str, Oracle, Oracle]:
             if name == "fsdp2":
                 local[step] = {"grad_norm": local_grads(model)}
             opt.step()
-            oracle[step] = {"grad_norm": grads, **gathered_state(model, opt, version)}
+            oracle[step] = {"grad_norm": grads, **gathered_state(model, opt, version, setting)}
     return w.run_id, oracle, local
 
 
