@@ -72,7 +72,9 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=30)
     ap.add_argument("--accumulate", type=int, default=1, help="micro-batches per step (no_sync() on all but the last)")
     ap.add_argument("--batch", type=int, default=64, help="rows per micro-batch, over all ranks")
-    ap.add_argument("--run", default="ddp-mlp")
+    ap.add_argument(
+        "--name", default="ddp-mlp", help="the run's name (not --run: torchrun would take it for its --run-path)"
+    )
     ap.add_argument("--project", default="examples")
     ap.add_argument("--oracle", type=Path, default=None, help="rank 0 writes its own norms per step here")
     args = ap.parse_args()
@@ -89,7 +91,7 @@ def main() -> None:
     mine = slice(rank * args.batch // world, (rank + 1) * args.batch // world)  # this rank's rows
     records = []
 
-    with gradwatch.watch(opt, model=model, run=args.run, project=args.project, server=args.server) as w:
+    with gradwatch.watch(opt, model=model, run=args.name, project=args.project, server=args.server) as w:
         if rank == 0:
             print(f"gradwatch run id: {w.run_id}", flush=True)
         for step in range(args.steps):

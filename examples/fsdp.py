@@ -93,7 +93,11 @@ def main() -> None:
     ap.add_argument("--batch", type=int, default=64, help="rows per step, over all ranks")
     ap.add_argument("--fsdp1", action="store_true", help="FullyShardedDataParallel instead of fully_shard")
     ap.add_argument("--flat", action="store_true", help="with --fsdp1: use_orig_params=False (one flat parameter)")
-    ap.add_argument("--run", default=None, help="the run's name (default: fsdp2-mlp, fsdp1-mlp...)")
+    ap.add_argument(
+        "--name",
+        default=None,
+        help="the run's name (default: fsdp2-mlp, fsdp1-mlp...; not --run, which torchrun takes for its --run-path)",
+    )
     ap.add_argument("--project", default="examples")
     ap.add_argument("--oracle", type=Path, default=None, help="gather the full tensors; rank 0 writes their norms")
     args = ap.parse_args()
@@ -114,7 +118,7 @@ def main() -> None:
     x = torch.randn(args.steps, args.batch, FEATURES, generator=g)
     y = torch.randint(0, CLASSES, (args.steps, args.batch), generator=g)
     mine = slice(rank * args.batch // world, (rank + 1) * args.batch // world)  # this rank's rows
-    run = args.run or ("fsdp1-flat-mlp" if args.flat else "fsdp1-mlp" if args.fsdp1 else "fsdp2-mlp")
+    run = args.name or ("fsdp1-flat-mlp" if args.flat else "fsdp1-mlp" if args.fsdp1 else "fsdp2-mlp")
     records: list[dict[str, Any]] = []
 
     with gradwatch.watch(opt, model=model, run=run, project=args.project, server=args.server) as w:

@@ -63,7 +63,7 @@ def test_the_example_is_one_run_equal_to_its_oracle(
     oracle_file = tmp_path / "oracle.jsonl"
     run_name = f"example-{script}"
     job = torchrun(
-        server, tmp_path, script, "--steps", str(STEPS), "--run", run_name, "--oracle", str(oracle_file), *args
+        server, tmp_path, script, "--steps", str(STEPS), "--name", run_name, "--oracle", str(oracle_file), *args
     )
     settled(server.url, job)
     listed = [r for r in get(server.url, "/api/runs", limit=100)["data"] if r["name"] == run_name]
