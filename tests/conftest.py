@@ -68,6 +68,7 @@ def _code_names(func: Callable[..., object], seen: set[object]) -> set[str]:
     module_globals = getattr(func, "__globals__", {})
     for name in list(names):
         target = module_globals.get(name)
+        target = getattr(target, "__wrapped__", target)  # a decorated helper (@contextmanager): its own code
         if target is None or not callable(target) or not _ours(target):
             continue
         if isinstance(target, type):

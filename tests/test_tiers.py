@@ -21,6 +21,7 @@ MODULES = [
     "tests/backend/test_live.py",
     "tests/integration/test_workers.py",
     "tests/browser/test_dashboard.py",
+    "tests/distributed/test_ddp_runs.py",
 ]
 COLLECT = """
 import json, sys, pytest
@@ -56,3 +57,5 @@ def test_what_starts_a_server_needs_postgres_or_a_browser_is_not(tiers: dict[str
     # start_server and the postgres fixture in fixtures of the module, in a folder of its own
     assert tiers["test_postgresql_workers_keep_a_moving_runs_findings_whole"] == {"server", "postgres", "integration"}
     assert tiers["test_compare_page"] == {"browser", "server"}
+    # start_server behind a @contextmanager helper of tests/support, in a module fixture
+    assert tiers["test_global_norms_equal_one_process_on_the_full_batch"] == {"server"}

@@ -19,9 +19,8 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
 import gradwatch
-from support.dist import run_ranks
-from support.distruns import assert_norms, exported, get, job_of, settled
-from support.server import ServerProcess, start_server
+from support.distruns import assert_norms, exported, get, job_of, job_on_server, settled
+from support.server import ServerProcess
 
 STEPS, BATCH, ACCUMULATE = 4, 16, 4
 
@@ -100,18 +99,11 @@ Job = tuple[ServerProcess, list[dict[str, tuple[str, Oracle]]]]
 
 @pytest.fixture(scope="module")
 def job(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Job]:
-    """The job, run once for the module's tests, its ranks spooling into a folder of its own."""
-    folder = tmp_path_factory.mktemp("ddp")
-    server = start_server(folder)
-    try:
-        with pytest.MonkeyPatch.context() as mp:
-            mp.setenv("GRADWATCH_SPOOL", str(folder / "spool"))
-            ranks = run_ranks(ddp_job, 2, args=(server.url,))
+    """The job, run once for the module's tests."""
+    with job_on_server(tmp_path_factory.mktemp("ddp"), ddp_job) as (server, ranks):
         for name in ranks[0]:
             settled(server.url, job_of(ranks[0][name][0]))
         yield server, ranks
-    finally:
-        server.stop()
 
 
 def test_each_ddp_job_is_one_run_of_two_ranks(job: Job) -> None:

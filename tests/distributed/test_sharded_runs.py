@@ -20,9 +20,8 @@ from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import FullyShardedDataParallel, fully_shard
 
 import gradwatch
-from support.dist import run_ranks
-from support.distruns import ADAM_METRICS, assert_norms, exported, get, job_of, settled
-from support.server import ServerProcess, start_server
+from support.distruns import ADAM_METRICS, assert_norms, exported, get, job_of, job_on_server, settled
+from support.server import ServerProcess
 
 STEPS, BATCH = 3, 8
 #: name -> (FSDP version, the mesh: its shape, FSDP1's use_orig_params)
@@ -165,17 +164,11 @@ Job = tuple[ServerProcess, list[dict[str, tuple[str, Oracle, Oracle]]]]
 
 @pytest.fixture(scope="module")
 def job(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Job]:
-    folder = tmp_path_factory.mktemp("sharded")
-    server = start_server(folder)
-    try:
-        with pytest.MonkeyPatch.context() as mp:
-            mp.setenv("GRADWATCH_SPOOL", str(folder / "spool"))
-            ranks = run_ranks(sharded_job, 2, args=(server.url,))
+    """The job, run once for the module's tests."""
+    with job_on_server(tmp_path_factory.mktemp("sharded"), sharded_job) as (server, ranks):
         for name in CONFIGS:
             settled(server.url, job_of(ranks[0][name][0]))
         yield server, ranks
-    finally:
-        server.stop()
 
 
 @pytest.mark.parametrize("name", list(CONFIGS))

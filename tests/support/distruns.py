@@ -3,14 +3,20 @@ child run, the ranks and partial steps, and the comparisons the tests make again
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
+import os
 import re
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 import httpx
+
+from support.dist import run_ranks
+from support.server import ServerProcess, start_server
 
 #: Relative tolerance of a stored float32 norm against an oracle computed in float32 by torch.
 REL = 1e-5
@@ -18,6 +24,25 @@ REL = 1e-5
 ADAM_METRICS = ("grad_norm", "param_norm", "exp_avg_norm", "exp_avg_sq_norm")
 
 Steps = dict[int, dict[str, Any]]
+
+
+@contextlib.contextmanager
+def job_on_server(
+    folder: Path, fn: Callable[..., Any], args: Sequence[Any] = ()
+) -> Iterator[tuple[ServerProcess, list[Any]]]:
+    """A `gradwatch serve` in `folder`, and what every rank of a 2-rank job returned from
+    `fn(rank, world_size, server_url, *args)`; the ranks spool into `folder`/spool."""
+    server = start_server(folder)
+    spool, before = folder / "spool", os.environ.get("GRADWATCH_SPOOL")
+    try:
+        os.environ["GRADWATCH_SPOOL"] = str(spool)  # the spawned ranks inherit it
+        try:
+            ranks = run_ranks(fn, 2, args=(server.url, *args))
+        finally:
+            os.environ.pop("GRADWATCH_SPOOL") if before is None else os.environ.update(GRADWATCH_SPOOL=before)
+        yield server, ranks
+    finally:
+        server.stop()
 
 
 def job_of(run_id: str) -> str:
