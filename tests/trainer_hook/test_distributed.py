@@ -149,13 +149,21 @@ def collectives_of_watched_steps(rank: int, world_size: int) -> dict[str, Any]:
     sent = sent_steps(w)
     w.close(timeout=0.5)
     dist.barrier()  # the test's own collective: seen, and not gradwatch's
-    return {"control": control, "calls": counted.calls, "steps": [m["step"] for m in sent], "dist": w.dist}
+    return {
+        "control": control,
+        "calls": counted.calls,
+        "steps": [m["step"] for m in sent],
+        "timed": [m["step"] for m in sent if m["scalars"]["time/step_s"] > 0],
+        "measured": [m["step"] for m in sent if "grad_norm" in m["params"]],
+        "dist": w.dist,
+    }
 
 
 def test_the_hook_makes_no_collective(spool_dir: Path) -> None:
     for out in run_ranks(collectives_of_watched_steps, world_size=2):
         assert out["control"] == ["torch.distributed.all_reduce", "ProcessGroup.allreduce"]
-        assert out["dist"] is not None and out["steps"] == list(range(1, STEPS + 1))
+        assert out["dist"] is not None and out["steps"] == out["timed"] == list(range(1, STEPS + 1))
+        assert out["measured"] == [1, 3], "every=2: the step times ride with the unmeasured steps too"
         assert ("torch.distributed.barrier", False) in out["calls"], "the counters see the test's own barrier"
         assert [name for name, ours in out["calls"] if ours] == [], "gradwatch made a collective"
 
