@@ -9,12 +9,16 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import re
 import statistics
+import subprocess
+import sys
 import time
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 import torch
 import torch.distributed as dist
@@ -26,6 +30,7 @@ from gradwatch.spool import pending_spools, read_records
 from support.collectives import GRADWATCH_DIR, count_collectives
 from support.dist import run_ranks
 from support.sent import sent_steps
+from support.server import find_free_port, start_server
 
 NOWHERE = "http://127.0.0.1:9"
 STEPS = 4
@@ -129,6 +134,48 @@ def test_every_rank_sends_its_step_times_and_the_straggler_shows(spool_dir: Path
     assert statistics.median(s["time/before_backward_s"] for s in fast) < STRAGGLE_S / 2
     assert statistics.median(s["time/step_s"] for s in fast[1:]) > STRAGGLE_S / 2
     assert statistics.median(s["time/before_backward_s"] for s in slow) >= STRAGGLE_S
+
+
+# -- replay: each rank's spool, by gradwatch-sync, into one run -------------------------------
+def offline_ddp_job(rank: int, world_size: int, server: str) -> str:
+    model = ddp_model()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    w = gradwatch.watch(opt, model=model.module, run="offline-job", server=server, warn=False)
+    for _ in range(STEPS):
+        model(torch.randn(8, 4)).square().mean().backward()
+        opt.step()
+        opt.zero_grad()
+    w.close(timeout=0.3)
+    return w.run_id
+
+
+def test_gradwatch_sync_replays_each_ranks_spool_into_one_run(tmp_path: Path, spool_dir: Path) -> None:
+    url = f"http://127.0.0.1:{find_free_port()}"
+    job = run_ranks(offline_ddp_job, world_size=2, args=(url,))[0]
+    assert sorted(p.name for p in pending_spools(spool_dir)) == [f"{job}.r0.spool", f"{job}.r1.spool"]
+    server = start_server(tmp_path, port=int(url.rsplit(":", 1)[1]))
+    try:
+        done = subprocess.run(
+            [sys.executable, "-m", "gradwatch", "sync", "--server", url], capture_output=True, text=True, timeout=120
+        )
+        assert done.returncode == 0, done.stdout + done.stderr
+        for rank in (0, 1):
+            assert re.search(rf"run {job}\.r{rank}: \d+ messages delivered", done.stdout), done.stdout
+        assert not list(spool_dir.glob("*.spool"))
+        with httpx.Client(base_url=url, timeout=30) as http:
+            run = http.get(f"/api/runs/{job}").json()
+            assert (run["name"], run["world_size"], run["steps"], run["status"]) == (
+                "offline-job",
+                2,
+                STEPS,
+                "finished",
+            )
+            for rank in (0, 1):  # each rank's stream is a run of its own, under the job's
+                child = http.get(f"/api/runs/{job}.r{rank}").json()
+                assert (child["parent_id"], child["rank"], child["steps"]) == (job, rank, STEPS), child
+            assert [r["id"] for r in http.get("/api/runs").json()["data"]] == [job]
+    finally:
+        server.stop()
 
 
 # -- no collective ----------------------------------------------------------------------------
