@@ -5,33 +5,21 @@ GradwatchCallback on every rank. Run by test_torchrun.py as
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 
-import torch
-from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainingArguments
+from transformers import Trainer
 
 from gradwatch.integrations.transformers import GradwatchCallback
 
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from hf_training import tiny_gpt2, token_dataset, trainer_args  # noqa: E402
+
 
 def main(out: str, steps: int) -> None:
-    torch.manual_seed(0)
-    model = GPT2LMHeadModel(GPT2Config(n_layer=1, n_embd=32, n_head=2, n_positions=8, vocab_size=16))
-    g = torch.Generator().manual_seed(0)
-    ids = (torch.randint(0, 16, (64, 1), generator=g) + torch.arange(8)) % 16
-    args = TrainingArguments(
-        output_dir=out,
-        run_name="hf-ddp",
-        max_steps=steps,
-        per_device_train_batch_size=4,
-        report_to=[],
-        use_cpu=True,
-        save_strategy="no",
-        disable_tqdm=True,
-        logging_steps=1,
-    )
+    args = trainer_args(Path(out))
+    args.run_name, args.max_steps = "hf-ddp", steps
     watching = GradwatchCallback(project="torchrun", server="http://127.0.0.1:9", warn=False)
-    trainer = Trainer(
-        model=model, args=args, train_dataset=[{"input_ids": r, "labels": r} for r in ids], callbacks=[watching]
-    )
+    trainer = Trainer(model=tiny_gpt2(), args=args, train_dataset=token_dataset(), callbacks=[watching])
     trainer.train()
     w = watching.watcher
     assert w is not None and w.dist is not None
