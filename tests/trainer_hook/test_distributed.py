@@ -285,6 +285,8 @@ def test_under_torchrun_without_a_process_group_the_job_id_is_the_launchers(
         assert hello_of(w)["run"]["id"] == f"{job}.r1"
         assert hello_of(w)["run"]["config"]["dist"] == {"backend": None, "local_rank": 1, "meshes": []}
         assert (spool_dir / f"{job}.r1.spool").exists()
+        assert w.url == f"{NOWHERE}/runs/{job}" and f'href="{NOWHERE}/runs/{job}"' in w._repr_html_()
+        assert f"id {job}, rank 1 of 2, step 0" in w._repr_html_()
 
 
 @pytest.mark.parametrize("run_id", ["none", ""])

@@ -396,9 +396,10 @@ class Watcher:
     def _repr_html_(self) -> str:
         """In Jupyter, a watcher shows as a link to its run's page."""
         url = html.escape(self.url, quote=True)
+        rank = "" if self.dist is None else f", rank {self.dist.rank} of {self.dist.world_size}"
         return (
             f'<a href="{url}" target="_blank" rel="noopener">gradwatch run {html.escape(self.name)}</a> '
-            f"<span>({html.escape(self.project)}, id {self.run_id}, step {self.step})</span>"
+            f"<span>({html.escape(self.project)}, id {self.run_id}{rank}, step {self.step})</span>"
         )
 
     def show(self, height: int = 800) -> Any:
