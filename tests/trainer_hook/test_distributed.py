@@ -350,3 +350,15 @@ def test_the_config_lists_the_distinct_device_meshes_of_dtensor_parameters(tmp_p
         assert distributed.meshes([torch.ones(2)]) == []
     finally:
         dist.destroy_process_group()
+
+
+def test_a_process_group_of_one_is_a_plain_run(tmp_path: Path, fresh_counts: None) -> None:
+    dist.init_process_group("gloo", store=dist.FileStore(str(tmp_path / "store"), 1), rank=0, world_size=1)
+    try:
+        opt = torch.optim.SGD(nn.Linear(2, 2).parameters(), lr=0.1)
+        w = gradwatch.watch(opt, server=NOWHERE, warn=False)
+        w.close(timeout=0.1)
+    finally:
+        dist.destroy_process_group()
+    assert w.dist is None and "dist" not in hello_of(w) and hello_of(w)["run"]["id"] == w.run_id
+    assert distributed._calls == 0
