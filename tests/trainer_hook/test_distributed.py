@@ -7,14 +7,19 @@ back from its sender (tests/support/sent.py) and from its spool file."""
 from __future__ import annotations
 
 import hashlib
+import importlib.util
 import json
 import logging
+import re
 import statistics
+import subprocess
+import sys
 import time
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 import torch
 import torch.distributed as dist
@@ -23,9 +28,11 @@ from torch import nn
 import gradwatch
 from gradwatch import distributed
 from gradwatch.spool import pending_spools, read_records
+from gradwatch_server import protocol
 from support.collectives import GRADWATCH_DIR, count_collectives
 from support.dist import run_ranks
 from support.sent import sent_steps
+from support.server import find_free_port, start_server
 
 NOWHERE = "http://127.0.0.1:9"
 STEPS = 4
@@ -131,17 +138,73 @@ def test_every_rank_sends_its_step_times_and_the_straggler_shows(spool_dir: Path
     assert statistics.median(s["time/before_backward_s"] for s in slow) >= STRAGGLE_S
 
 
+# -- replay: each rank's spool, by gradwatch-sync, into one run -------------------------------
+def offline_ddp_job(rank: int, world_size: int, server: str) -> str:
+    model = ddp_model()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    w = gradwatch.watch(opt, model=model.module, run="offline-job", server=server, warn=False)
+    for _ in range(STEPS):
+        model(torch.randn(8, 4)).square().mean().backward()
+        opt.step()
+        opt.zero_grad()
+    w.close(timeout=0.3)
+    return w.run_id
+
+
+def test_gradwatch_sync_replays_each_ranks_spool_into_one_run(tmp_path: Path, spool_dir: Path) -> None:
+    if "dist" not in protocol.Hello.model_fields:
+        pytest.skip("this server does not take distributed jobs yet (its hello has no dist)")
+    url = f"http://127.0.0.1:{find_free_port()}"
+    job = run_ranks(offline_ddp_job, world_size=2, args=(url,))[0]
+    assert sorted(p.name for p in pending_spools(spool_dir)) == [f"{job}.r0.spool", f"{job}.r1.spool"]
+    server = start_server(tmp_path, port=int(url.rsplit(":", 1)[1]))
+    try:
+        done = subprocess.run(
+            [sys.executable, "-m", "gradwatch", "sync", "--server", url], capture_output=True, text=True, timeout=120
+        )
+        assert done.returncode == 0, done.stdout + done.stderr
+        for rank in (0, 1):
+            assert re.search(rf"run {job}\.r{rank}: \d+ messages delivered", done.stdout), done.stdout
+        assert not list(spool_dir.glob("*.spool"))
+        with httpx.Client(base_url=url, timeout=30) as http:
+            run = http.get(f"/api/runs/{job}").json()
+            assert (run["name"], run["world_size"], run["steps"], run["status"]) == (
+                "offline-job",
+                2,
+                STEPS,
+                "finished",
+            )
+            for rank in (0, 1):  # each rank's stream is a run of its own, under the job's
+                child = http.get(f"/api/runs/{job}.r{rank}").json()
+                assert (child["parent_id"], child["rank"], child["steps"]) == (job, rank, STEPS), child
+            assert [r["id"] for r in http.get("/api/runs").json()["data"]] == [job]
+    finally:
+        server.stop()
+
+
 # -- no collective ----------------------------------------------------------------------------
-def collectives_of_watched_steps(rank: int, world_size: int) -> dict[str, Any]:
+def fsdp2_model(world_size: int) -> nn.Module:
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 8), nn.Tanh(), nn.Linear(8, 2))
+    mesh = init_device_mesh("cpu", (world_size,))
+    for layer in (model[0], model[2]):
+        fully_shard(layer, mesh=mesh)
+    return fully_shard(model, mesh=mesh)
+
+
+def collectives_of_watched_steps(rank: int, world_size: int, kind: str) -> dict[str, Any]:
     counted = count_collectives()
     # the counters see a collective of gradwatch's: one made from a frame of the package's own files
     probe = compile("dist.all_reduce(torch.ones(1))", str(Path(GRADWATCH_DIR) / "probe.py"), "exec")
     exec(probe, {"dist": dist, "torch": torch})
     control = counted.by_gradwatch()
     counted.calls.clear()
-    model = ddp_model()
+    model = ddp_model() if kind == "ddp" else fsdp2_model(world_size)
     opt = torch.optim.Adam(model.parameters(), lr=0.01)
-    w = gradwatch.watch(opt, model=model.module, server=NOWHERE, warn=False, every=2, updates=True)
+    w = gradwatch.watch(opt, model=model, server=NOWHERE, warn=False, every=2, updates=True)
     for _ in range(STEPS):
         model(torch.randn(8, 4)).square().mean().backward()
         opt.step()
@@ -149,13 +212,24 @@ def collectives_of_watched_steps(rank: int, world_size: int) -> dict[str, Any]:
     sent = sent_steps(w)
     w.close(timeout=0.5)
     dist.barrier()  # the test's own collective: seen, and not gradwatch's
-    return {"control": control, "calls": counted.calls, "steps": [m["step"] for m in sent], "dist": w.dist}
+    return {
+        "control": control,
+        "calls": counted.calls,
+        "steps": [m["step"] for m in sent],
+        "timed": [m["step"] for m in sent if m["scalars"]["time/step_s"] > 0],
+        "measured": [m["step"] for m in sent if "grad_norm" in m["params"]],
+        "dist": w.dist,
+    }
 
 
-def test_the_hook_makes_no_collective(spool_dir: Path) -> None:
-    for out in run_ranks(collectives_of_watched_steps, world_size=2):
+@pytest.mark.parametrize("kind", ["ddp", "fsdp2"])
+def test_the_hook_makes_no_collective(spool_dir: Path, kind: str) -> None:
+    if kind == "fsdp2" and importlib.util.find_spec("gradwatch.pieces") is None:
+        pytest.skip("FSDP2's DTensor parameters are measured on their local pieces from gradwatch.pieces on")
+    for out in run_ranks(collectives_of_watched_steps, world_size=2, args=(kind,)):
         assert out["control"] == ["torch.distributed.all_reduce", "ProcessGroup.allreduce"]
-        assert out["dist"] is not None and out["steps"] == list(range(1, STEPS + 1))
+        assert out["dist"] is not None and out["steps"] == out["timed"] == list(range(1, STEPS + 1))
+        assert out["measured"] == [1, 3], "every=2: the step times ride with the unmeasured steps too"
         assert ("torch.distributed.barrier", False) in out["calls"], "the counters see the test's own barrier"
         assert [name for name, ours in out["calls"] if ours] == [], "gradwatch made a collective"
 
@@ -230,6 +304,8 @@ def test_under_torchrun_without_a_process_group_the_job_id_is_the_launchers(
         assert hello_of(w)["run"]["id"] == f"{job}.r1"
         assert hello_of(w)["run"]["config"]["dist"] == {"backend": None, "local_rank": 1, "meshes": []}
         assert (spool_dir / f"{job}.r1.spool").exists()
+        assert w.url == f"{NOWHERE}/runs/{job}" and f'href="{NOWHERE}/runs/{job}"' in w._repr_html_()
+        assert f"id {job}, rank 1 of 2, step 0" in w._repr_html_()
 
 
 @pytest.mark.parametrize("run_id", ["none", ""])
@@ -293,3 +369,15 @@ def test_the_config_lists_the_distinct_device_meshes_of_dtensor_parameters(tmp_p
         assert distributed.meshes([torch.ones(2)]) == []
     finally:
         dist.destroy_process_group()
+
+
+def test_a_process_group_of_one_is_a_plain_run(tmp_path: Path, fresh_counts: None) -> None:
+    dist.init_process_group("gloo", store=dist.FileStore(str(tmp_path / "store"), 1), rank=0, world_size=1)
+    try:
+        opt = torch.optim.SGD(nn.Linear(2, 2).parameters(), lr=0.1)
+        w = gradwatch.watch(opt, server=NOWHERE, warn=False)
+        w.close(timeout=0.1)
+    finally:
+        dist.destroy_process_group()
+    assert w.dist is None and "dist" not in hello_of(w) and hello_of(w)["run"]["id"] == w.run_id
+    assert distributed._calls == 0

@@ -99,13 +99,14 @@ class Watcher:
         self.every = every
         self.step = 0  # optimizer.step() calls so far (rounds, with several optimizers: see `watch`)
         self.measured_steps = 0  # of those, the ones measured in full (every="auto": how often it measures)
-        self.layout: Layout = build_layout(optimizers, model)
-        if not self.layout.params:
-            raise ValueError("the optimizer has no parameters to watch")
-        #: this rank's place in a distributed job (None: a run of one process); the job is the run
+        #: this rank's place in a distributed job (None: a run of one process); the job is the run.
+        #: Agreed with the other ranks before anything that differs between ranks can raise.
         self.dist: Optional[distributed.Rank] = distributed.join()
         #: the run's id on the server: the job's in a distributed job (each rank streams as `dist.stream_id`)
         self.run_id: str = secrets.token_hex(6) if self.dist is None else self.dist.job
+        self.layout: Layout = build_layout(optimizers, model)
+        if not self.layout.params:
+            raise ValueError("the optimizer has no parameters to watch")
         self.warn = warn
         self._amp = None if scaler is None else AmpScaler(scaler)
         self._probe = Probe(self.layout, amp=self._amp, updates=updates)
@@ -395,9 +396,10 @@ class Watcher:
     def _repr_html_(self) -> str:
         """In Jupyter, a watcher shows as a link to its run's page."""
         url = html.escape(self.url, quote=True)
+        rank = "" if self.dist is None else f", rank {self.dist.rank} of {self.dist.world_size}"
         return (
             f'<a href="{url}" target="_blank" rel="noopener">gradwatch run {html.escape(self.name)}</a> '
-            f"<span>({html.escape(self.project)}, id {self.run_id}, step {self.step})</span>"
+            f"<span>({html.escape(self.project)}, id {self.run_id}{rank}, step {self.step})</span>"
         )
 
     def show(self, height: int = 800) -> Any:
