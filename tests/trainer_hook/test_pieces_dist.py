@@ -139,12 +139,13 @@ def _job(rank: int, world_size: int, kind: str) -> dict[str, Any]:
     opt = torch.optim.Adam(model.parameters(), lr=0.05)
     w = gradwatch.watch(opt, model=model, server=NOWHERE, warn=False, updates=True)
     data = torch.Generator().manual_seed(100 + rank)
-    oracle = []
+    oracle, grads_bytes = [], []
     before = {n: q["param"].clone() for n, q in _full(kind, model, opt).items()}
     for _ in range(STEPS):
         opt.zero_grad()
         model(torch.randn(6, 4, generator=data)).pow(2).sum().backward()
         grads = {n: (_norm(q["grad"]), _status(q["grad"])) for n, q in _full(kind, model, opt).items()}
+        grads_bytes.append(sum(_local(p.grad).nbytes for p in model.parameters() if p.grad is not None))
         opt.step()
         after = _full(kind, model, opt)
         oracle.append(
@@ -169,6 +170,7 @@ def _job(rank: int, world_size: int, kind: str) -> dict[str, Any]:
         "optimizer": sum(_local(t).nbytes for s in opt.state.values() for t in s.values()),
     }
     w.close(timeout=0.1)
+    local_bytes["grads"] = grads_bytes
     return {"hello": w._sender.hello["params"], "steps": msgs, "oracle": oracle, "bytes": local_bytes}
 
 
@@ -221,9 +223,13 @@ def _check(kind: str) -> list[dict[str, Any]]:
                 assert got == pytest.approx(want, rel=1e-5, abs=1e-30), (kind, step, name, metric)
             assert _combined_status(ranks, step, name) == oracle[step][name]["grad_status"], (kind, step, name)
     for r in ranks:
-        for m in r["steps"]:
+        for step, m in enumerate(r["steps"]):
             assert m["scalars"]["mem/params_bytes"] == r["bytes"]["params"], kind
             assert m["scalars"]["mem/optimizer_bytes"] == r["bytes"]["optimizer"], kind
+            assert m["scalars"]["mem/grads_bytes"] == r["bytes"]["grads"][step], kind
+            # one backward pass per step, after a zero_grad() that set the grads to None
+            assert set(m["params"]["backward_passes"].values()) == {1.0}, (kind, m["step"])
+            assert set(m["params"]["grad_clear"].values()) == ({None} if step == 0 else {1.0}), (kind, m["step"])
     return ranks
 
 

@@ -32,6 +32,9 @@ class WatchedParam:
     #: from `param` (or its `.grad`, or a state tensor) to this rank's piece; None: itself
     view: Optional[View] = None
     owns_bytes: bool = True  # `param`'s bytes (and its grad's) are counted with this entry
+    #: the tensor autograd accumulates gradients into: `param`, or the FSDP1 FlatParameter of
+    #: a `use_orig_params=True` parameter (backward passes are counted on it)
+    accumulates: Optional[torch.Tensor] = None
 
     def local(self, t: torch.Tensor) -> torch.Tensor:
         """This rank's piece of `t` (the param, its grad or a state tensor)."""
@@ -179,6 +182,7 @@ def build_layout(optimizers: Sequence[torch.optim.Optimizer], model: Any, rank: 
                 counted=piece.counted,
                 view=piece.view,
                 owns_bytes=piece.owns_bytes,
+                accumulates=piece.accumulates,
             )
         )
     layout.frozen = [w.name for w in layout.params if not w.param.requires_grad]

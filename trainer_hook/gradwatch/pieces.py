@@ -46,6 +46,9 @@ class Piece:
     view: Optional[View] = None
     #: the first piece of its tensor: the tensor's bytes (param, grad) are counted with it
     owns_bytes: bool = True
+    #: the tensor autograd accumulates into, when not `tensor` (an FSDP1 `use_orig_params=True`
+    #: parameter's FlatParameter): backward passes are counted on it
+    accumulates: Optional[torch.Tensor] = None
 
 
 def job_rank() -> Optional[int]:
@@ -197,4 +200,4 @@ def _orig_piece(p: torch.Tensor, name: str, flat: Any, k: int, counted: bool) ->
     """An FSDP1 `use_orig_params=True` parameter: the tensor is this rank's 1-D slice already;
     its full shape is the FlatParameter's record of it."""
     shape = tuple(flat._shapes[k])
-    return Piece(name, p, shape, int(torch.Size(shape).numel()), p.numel(), counted)
+    return Piece(name, p, shape, int(torch.Size(shape).numel()), p.numel(), counted, accumulates=flat)
