@@ -57,11 +57,20 @@ def _wrap(kind: str, net: Net) -> torch.nn.Module:
         fully_shard(net.b, mesh=mesh)
         fully_shard(net, mesh=mesh)
         return net
+    from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+    from torch.distributed.fsdp import ShardingStrategy
 
-    orig = kind == "fsdp1o"
-    net.a = FSDP(net.a, use_orig_params=orig, device_id=torch.device("cpu"))  # type: ignore[assignment]
-    return FSDP(net, use_orig_params=orig, device_id=torch.device("cpu"))
+    options: dict[str, Any] = {"use_orig_params": kind == "fsdp1o", "device_id": torch.device("cpu")}
+    if kind == "fsdp1h":  # two replicas of one shard each
+        options.update(
+            sharding_strategy=ShardingStrategy.HYBRID_SHARD,
+            device_mesh=init_device_mesh("cpu", (2, 1), mesh_dim_names=("rep", "shard")),
+        )
+    elif kind == "fsdp1n":
+        options.update(sharding_strategy=ShardingStrategy.NO_SHARD)
+    net.a = FSDP(net.a, **options)  # type: ignore[assignment]
+    return FSDP(net, **options)
 
 
 def _gather_cat(local: torch.Tensor | None) -> torch.Tensor | None:
@@ -99,14 +108,15 @@ def _full(kind: str, model: torch.nn.Module, opt: torch.optim.Optimizer) -> dict
                 exp_avg_sq=_gather_cat(state.get("exp_avg_sq")),
             )
     else:  # fsdp1: the padded flat shards, concatenated, split as FSDP unflattens them
+        gather = _gather_cat if kind == "fsdp1" else lambda t: t  # the others hold the whole on each rank
         for name, flat in model.named_parameters():
             prefix = _clean(name.removesuffix("_flat_param"))
             state = opt.state.get(flat, {})
             whole = {
-                "param": _gather_cat(flat),
-                "grad": _gather_cat(flat.grad),
-                "exp_avg": _gather_cat(state.get("exp_avg")),
-                "exp_avg_sq": _gather_cat(state.get("exp_avg_sq")),
+                "param": gather(flat),
+                "grad": gather(flat.grad),
+                "exp_avg": gather(state.get("exp_avg")),
+                "exp_avg_sq": gather(state.get("exp_avg_sq")),
             }
             sizes = flat._numels_with_padding  # type: ignore[attr-defined]
             # the shards' padding to a multiple of the world size is at the end
@@ -273,3 +283,13 @@ def test_fsdp1_pieces_without_padding(kind: str) -> None:
     # an empty piece whose tensor exists has norm 0 (the param of a use_orig_params slice, or the
     # flat slices of the flat parameter and its grad)
     assert all(m["params"]["param_norm"]["a.bias"] == 0.0 for m in ranks[0]["steps"])
+
+
+@pytest.mark.parametrize("kind", ["fsdp1h", "fsdp1n"])
+def test_fsdp1_replicas_count_once(kind: str) -> None:
+    """HYBRID_SHARD with shard groups of one rank, and NO_SHARD: each rank holds the whole."""
+    ranks = _check(kind)
+    assert [[(p["local_numel"] == p["numel"], p["counted"]) for p in r["hello"]] for r in ranks] == [
+        [(True, True)] * 4,
+        [(True, False)] * 4,
+    ]
