@@ -18,6 +18,7 @@ import torch
 import torch.distributed as dist
 
 import gradwatch
+from gradwatch.layout import build_layout
 from support.dist import run_ranks
 from support.sent import measured, sent_steps
 
@@ -181,7 +182,15 @@ def _job(rank: int, world_size: int, kind: str) -> dict[str, Any]:
     }
     w.close(timeout=0.1)
     local_bytes["grads"] = grads_bytes
-    return {"hello": w._sender.hello["params"], "steps": msgs, "oracle": oracle, "bytes": local_bytes}
+    # without model=, a FlatParameter is still split into its original parameters
+    alone = [(p["name"], p["local_numel"]) for p in build_layout([opt], None).hello_params()]
+    return {
+        "hello": w._sender.hello["params"],
+        "steps": msgs,
+        "oracle": oracle,
+        "bytes": local_bytes,
+        "alone": alone,
+    }
 
 
 def _local(t: torch.Tensor) -> torch.Tensor:
@@ -280,6 +289,15 @@ def test_fsdp1_pieces_without_padding(kind: str) -> None:
         {"a.weight": 13, "a.bias": 0, "b.weight": b0, "b.bias": 0},
         {"a.weight": 7, "a.bias": 5, "b.weight": 15 - b0, "b.bias": 3},
     ]
+    if kind == "fsdp1":  # without model=: the optimizer's order (the root's b, then a), fallback names
+        for r in ranks:
+            local = {p["name"]: p["local_numel"] for p in r["hello"]}
+            assert r["alone"] == [
+                ("group0.param0.b.weight", local["b.weight"]),  # the root's FQNs name its submodule
+                ("group0.param0.b.bias", local["b.bias"]),
+                ("group0.param1.weight", local["a.weight"]),
+                ("group0.param1.bias", local["a.bias"]),
+            ]
     # an empty piece whose tensor exists has norm 0 (the param of a use_orig_params slice, or the
     # flat slices of the flat parameter and its grad)
     assert all(m["params"]["param_norm"]["a.bias"] == 0.0 for m in ranks[0]["steps"])

@@ -11,12 +11,15 @@ torch keeps on this rank. The rules: docs/design.md, "Exact global norms from lo
 
 from __future__ import annotations
 
+import logging
 import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Optional
 
 import torch
+
+log = logging.getLogger("gradwatch")
 
 #: Path components that wrappers add to parameter names (DDP/DataParallel, FSDP1, activation
 #: checkpointing, torch.compile): reported names are the original module's.
@@ -95,10 +98,12 @@ def pieces(params: Sequence[torch.Tensor], names: dict[int, str], model: Any, ra
     `model` is searched for FSDP1 modules; `rank` is `job_rank()`."""
     fsdp1 = _fsdp1_handles(model)
     out: list[list[Piece]] = []
+    unfound = False
     for p in params:
         name = names[id(p)]
         flat = fsdp1.flat.get(id(p))
         if flat is not None or getattr(p, "_is_flat_param", False):
+            unfound = unfound or flat is None
             out.append(_flat_pieces(p, name, flat))
         elif id(p) in fsdp1.orig:
             out.append([_orig_piece(p, name, *fsdp1.orig[id(p)])])
@@ -106,6 +111,12 @@ def pieces(params: Sequence[torch.Tensor], names: dict[int, str], model: Any, ra
             out.append([_dtensor_piece(p, name)])
         else:  # a replica in a distributed job (DDP, or left out of FSDP): rank 0's counts
             out.append([Piece(name, p, tuple(p.shape), p.numel(), p.numel(), rank is None or rank == 0)])
+    if unfound:
+        log.warning(
+            "gradwatch: FSDP1 FlatParameters whose modules are not in model=: their pieces are named "
+            "after the optimizer's parameters and counted on every rank (wrong under NO_SHARD or "
+            "HYBRID_SHARD); pass the FSDP model to watch(model=...)"
+        )
     return out
 
 
