@@ -229,10 +229,10 @@ class Probe:
         self.params = [w.param for w in layout.params]
         #: per parameter, the view of this rank's piece (pieces.py); None: the tensor itself
         self.views: list[Optional[View]] = [w.view for w in layout.params]
-        self._owns_bytes = [w.owns_bytes for w in layout.params]
+        self._owns_bytes = [w.piece.owns_bytes for w in layout.params]
         #: with updates, a distributed run also sends `param_before_norm` (the server's update_ratio)
         self._before_norms = layout.rank is not None
-        self.params_bytes = float(sum(local_nbytes(w.param) for w in layout.params if w.owns_bytes))
+        self.params_bytes = float(sum(local_nbytes(w.param) for w in layout.params if w.piece.owns_bytes))
         self._devices = {p.device for p in self.params}
         self._plans: dict[Optional[tuple[int, ...]], _StatePlan] = {}  # by the indices read_state is given
         self._pending: Optional[_Pending] = None
@@ -411,7 +411,7 @@ class Probe:
                 checks.append((states, p, None, 0, (), ()))
                 continue
             tensors, size = _state_tensors(p, state)
-            if w.owns_bytes:  # the pieces of one FSDP1 FlatParameter share its state
+            if w.piece.owns_bytes:  # the pieces of one FSDP1 FlatParameter share its state
                 nbytes += size
             checks.append((states, p, state, len(state), tuple(k for k, _ in tensors), tuple(t for _, t in tensors)))
             for k, t in tensors:

@@ -53,6 +53,11 @@ class Piece:
     #: parameter's FlatParameter): backward passes are counted on it
     accumulates: Optional[torch.Tensor] = None
 
+    @property
+    def accumulated(self) -> torch.Tensor:
+        """The tensor whose backward passes are this piece's."""
+        return self.tensor if self.accumulates is None else self.accumulates
+
 
 def job_rank() -> Optional[int]:
     """This process's rank in a distributed job, or None when it runs alone: the default
