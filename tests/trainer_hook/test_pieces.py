@@ -8,6 +8,7 @@ import torch
 from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
 
 from gradwatch.layout import build_layout
+from gradwatch.measure import Probe
 from gradwatch.pieces import job_rank, strip_names
 
 SINGLE_PROCESS_KEYS = {"name", "shape", "numel", "dtype", "group", "optimizer"}
@@ -85,3 +86,21 @@ def test_job_rank_from_torchrun_environment(monkeypatch: pytest.MonkeyPatch, env
     for key, value in env.items():
         monkeypatch.setenv(key, value)
     assert job_rank() == rank
+
+
+def test_param_before_norm_only_in_a_distributed_job() -> None:
+    """With updates=True a rank also sends the local norm before the update (the server divides
+    the global norms for update_ratio); a single process sends what it always sent."""
+    for rank, sent in ((None, False), (0, True)):
+        torch.manual_seed(0)
+        model = torch.nn.Linear(3, 2)
+        opt = torch.optim.SGD(model.parameters(), lr=0.5)
+        probe = Probe(build_layout([opt], model, rank=rank), updates=True)
+        before = [torch.linalg.vector_norm(p.detach()).item() for p in model.parameters()]
+        model(torch.randn(4, 3)).sum().backward()
+        probe.before_step(1)
+        opt.step()
+        metrics, _, _ = probe.after_step({}).resolve()
+        assert ("param_before_norm" in metrics) is sent
+        if sent:
+            assert metrics["param_before_norm"].tolist() == pytest.approx(before, rel=1e-6)
