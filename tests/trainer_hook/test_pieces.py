@@ -7,10 +7,13 @@ import pytest
 import torch
 from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
 
+import gradwatch
 from gradwatch.layout import build_layout
 from gradwatch.measure import Probe
 from gradwatch.pieces import job_rank, strip_names
+from support.sent import measured, sent_steps
 
+NOWHERE = "http://127.0.0.1:9"
 SINGLE_PROCESS_KEYS = {"name", "shape", "numel", "dtype", "group", "optimizer"}
 
 
@@ -104,3 +107,24 @@ def test_param_before_norm_only_in_a_distributed_job() -> None:
         assert ("param_before_norm" in metrics) is sent
         if sent:
             assert metrics["param_before_norm"].tolist() == pytest.approx(before, rel=1e-6)
+
+
+@pytest.mark.slow
+@pytest.mark.filterwarnings("ignore::DeprecationWarning")  # torch.compile's own imports
+def test_compiled_model_trains_under_its_original_names() -> None:
+    """A real torch.compile'd model (inductor on CPU, a few seconds) stepped under watch()."""
+    torch.manual_seed(0)
+    model = torch.compile(torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.Tanh(), torch.nn.Linear(4, 2)))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    w = gradwatch.watch(opt, model=model, server=NOWHERE, warn=False)
+    want = []
+    for _ in range(2):
+        opt.zero_grad()
+        model(torch.randn(5, 3)).pow(2).sum().backward()
+        want.append({n.removeprefix("_orig_mod."): p.grad.norm().item() for n, p in model.named_parameters()})
+        opt.step()
+    msgs = measured(sent_steps(w))
+    w.close(timeout=0.1)
+    assert [p["name"] for p in w._sender.hello["params"]] == ["0.weight", "0.bias", "2.weight", "2.bias"]
+    for m, grads in zip(msgs, want):
+        assert m["params"]["grad_norm"] == pytest.approx(grads, rel=1e-6)

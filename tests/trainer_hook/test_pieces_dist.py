@@ -22,6 +22,8 @@ from gradwatch.layout import build_layout
 from support.dist import run_ranks
 from support.sent import measured, sent_steps
 
+pytestmark = pytest.mark.slow  # each test spawns a 2-rank job (seconds)
+
 NOWHERE = "http://127.0.0.1:9"
 STEPS = 3
 QUANTITIES = ("grad_norm", "param_norm", "exp_avg_norm", "exp_avg_sq_norm", "update_norm", "param_before_norm")
