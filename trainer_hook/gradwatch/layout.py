@@ -49,11 +49,6 @@ class Layout:
     #: this process's rank in a distributed job (`pieces.job_rank()`), None when it runs alone
     rank: Optional[int] = None
 
-    @property
-    def sharded(self) -> bool:
-        """Some parameter is measured on a view of its tensor (DTensor, FSDP1)."""
-        return any(w.view is not None for w in self.params)
-
     def hello_params(self) -> list[dict[str, Any]]:
         """The `params` of the hello: `local_numel` and `counted` where they say something (a
         distributed job, or a piece that is not the whole parameter), so a single-process
