@@ -8,6 +8,9 @@ GPU. `Snapshot.resolve` (on the sender thread) waits for that copy and scatters 
 into per-parameter arrays. The norms stay a list of 0-d tensors until one stack per device, on
 the training thread (on the sender thread the stack costs that thread more than it saves this
 one). Why: docs/design.md, The hook; figures: docs/benchmarks.md.
+
+Every norm is of this rank's local piece of a parameter (`WatchedParam.view`: a DTensor's local
+tensor, an FSDP1 FlatParameter's slice; pieces.py), never of a gathered tensor: no collective.
 """
 
 from __future__ import annotations
