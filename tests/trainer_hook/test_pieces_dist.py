@@ -18,8 +18,11 @@ import torch
 import torch.distributed as dist
 
 import gradwatch
+from gradwatch.layout import build_layout
 from support.dist import run_ranks
 from support.sent import measured, sent_steps
+
+pytestmark = pytest.mark.slow  # each test spawns a 2-rank job (seconds)
 
 NOWHERE = "http://127.0.0.1:9"
 STEPS = 3
@@ -57,11 +60,20 @@ def _wrap(kind: str, net: Net) -> torch.nn.Module:
         fully_shard(net.b, mesh=mesh)
         fully_shard(net, mesh=mesh)
         return net
+    from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+    from torch.distributed.fsdp import ShardingStrategy
 
-    orig = kind == "fsdp1o"
-    net.a = FSDP(net.a, use_orig_params=orig, device_id=torch.device("cpu"))  # type: ignore[assignment]
-    return FSDP(net, use_orig_params=orig, device_id=torch.device("cpu"))
+    options: dict[str, Any] = {"use_orig_params": kind == "fsdp1o", "device_id": torch.device("cpu")}
+    if kind == "fsdp1h":  # two replicas of one shard each
+        options.update(
+            sharding_strategy=ShardingStrategy.HYBRID_SHARD,
+            device_mesh=init_device_mesh("cpu", (2, 1), mesh_dim_names=("rep", "shard")),
+        )
+    elif kind == "fsdp1n":
+        options.update(sharding_strategy=ShardingStrategy.NO_SHARD)
+    net.a = FSDP(net.a, **options)  # type: ignore[assignment]
+    return FSDP(net, **options)
 
 
 def _gather_cat(local: torch.Tensor | None) -> torch.Tensor | None:
@@ -99,14 +111,15 @@ def _full(kind: str, model: torch.nn.Module, opt: torch.optim.Optimizer) -> dict
                 exp_avg_sq=_gather_cat(state.get("exp_avg_sq")),
             )
     else:  # fsdp1: the padded flat shards, concatenated, split as FSDP unflattens them
+        gather = _gather_cat if kind == "fsdp1" else lambda t: t  # the others hold the whole on each rank
         for name, flat in model.named_parameters():
             prefix = _clean(name.removesuffix("_flat_param"))
             state = opt.state.get(flat, {})
             whole = {
-                "param": _gather_cat(flat),
-                "grad": _gather_cat(flat.grad),
-                "exp_avg": _gather_cat(state.get("exp_avg")),
-                "exp_avg_sq": _gather_cat(state.get("exp_avg_sq")),
+                "param": gather(flat),
+                "grad": gather(flat.grad),
+                "exp_avg": gather(state.get("exp_avg")),
+                "exp_avg_sq": gather(state.get("exp_avg_sq")),
             }
             sizes = flat._numels_with_padding  # type: ignore[attr-defined]
             # the shards' padding to a multiple of the world size is at the end
@@ -139,12 +152,13 @@ def _job(rank: int, world_size: int, kind: str) -> dict[str, Any]:
     opt = torch.optim.Adam(model.parameters(), lr=0.05)
     w = gradwatch.watch(opt, model=model, server=NOWHERE, warn=False, updates=True)
     data = torch.Generator().manual_seed(100 + rank)
-    oracle = []
+    oracle, grads_bytes = [], []
     before = {n: q["param"].clone() for n, q in _full(kind, model, opt).items()}
     for _ in range(STEPS):
         opt.zero_grad()
         model(torch.randn(6, 4, generator=data)).pow(2).sum().backward()
         grads = {n: (_norm(q["grad"]), _status(q["grad"])) for n, q in _full(kind, model, opt).items()}
+        grads_bytes.append(sum(_local(p.grad).nbytes for p in model.parameters() if p.grad is not None))
         opt.step()
         after = _full(kind, model, opt)
         oracle.append(
@@ -169,7 +183,16 @@ def _job(rank: int, world_size: int, kind: str) -> dict[str, Any]:
         "optimizer": sum(_local(t).nbytes for s in opt.state.values() for t in s.values()),
     }
     w.close(timeout=0.1)
-    return {"hello": w._sender.hello["params"], "steps": msgs, "oracle": oracle, "bytes": local_bytes}
+    local_bytes["grads"] = grads_bytes
+    # without model=, a FlatParameter is still split into its original parameters
+    alone = [(p["name"], p["local_numel"]) for p in build_layout([opt], None).hello_params()]
+    return {
+        "hello": w._sender.hello["params"],
+        "steps": msgs,
+        "oracle": oracle,
+        "bytes": local_bytes,
+        "alone": alone,
+    }
 
 
 def _local(t: torch.Tensor) -> torch.Tensor:
@@ -221,9 +244,13 @@ def _check(kind: str) -> list[dict[str, Any]]:
                 assert got == pytest.approx(want, rel=1e-5, abs=1e-30), (kind, step, name, metric)
             assert _combined_status(ranks, step, name) == oracle[step][name]["grad_status"], (kind, step, name)
     for r in ranks:
-        for m in r["steps"]:
+        for step, m in enumerate(r["steps"]):
             assert m["scalars"]["mem/params_bytes"] == r["bytes"]["params"], kind
             assert m["scalars"]["mem/optimizer_bytes"] == r["bytes"]["optimizer"], kind
+            assert m["scalars"]["mem/grads_bytes"] == r["bytes"]["grads"][step], kind
+            # one backward pass per step, after a zero_grad() that set the grads to None
+            assert set(m["params"]["backward_passes"].values()) == {1.0}, (kind, m["step"])
+            assert set(m["params"]["grad_clear"].values()) == ({None} if step == 0 else {1.0}), (kind, m["step"])
     return ranks
 
 
@@ -264,6 +291,25 @@ def test_fsdp1_pieces_without_padding(kind: str) -> None:
         {"a.weight": 13, "a.bias": 0, "b.weight": b0, "b.bias": 0},
         {"a.weight": 7, "a.bias": 5, "b.weight": 15 - b0, "b.bias": 3},
     ]
+    if kind == "fsdp1":  # without model=: the optimizer's order (the root's b, then a), fallback names
+        for r in ranks:
+            local = {p["name"]: p["local_numel"] for p in r["hello"]}
+            assert r["alone"] == [
+                ("group0.param0.b.weight", local["b.weight"]),  # the root's FQNs name its submodule
+                ("group0.param0.b.bias", local["b.bias"]),
+                ("group0.param1.weight", local["a.weight"]),
+                ("group0.param1.bias", local["a.bias"]),
+            ]
     # an empty piece whose tensor exists has norm 0 (the param of a use_orig_params slice, or the
     # flat slices of the flat parameter and its grad)
     assert all(m["params"]["param_norm"]["a.bias"] == 0.0 for m in ranks[0]["steps"])
+
+
+@pytest.mark.parametrize("kind", ["fsdp1h", "fsdp1n"])
+def test_fsdp1_replicas_count_once(kind: str) -> None:
+    """HYBRID_SHARD with shard groups of one rank, and NO_SHARD: each rank holds the whole."""
+    ranks = _check(kind)
+    assert [[(p["local_numel"] == p["numel"], p["counted"]) for p in r["hello"]] for r in ranks] == [
+        [(True, True)] * 4,
+        [(True, False)] * 4,
+    ]

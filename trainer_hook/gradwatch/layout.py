@@ -11,7 +11,7 @@ from typing import Any, Optional
 
 import torch
 
-from .pieces import View, job_rank, pieces, strip_names
+from .pieces import Piece, View, job_rank, pieces, strip_names
 
 #: Hyperparameters worth showing per param group; others (e.g. `params`, callables) are skipped.
 _HPARAM_TYPES = (int, float, bool, str, type(None))
@@ -20,22 +20,20 @@ _HPARAM_TYPES = (int, float, bool, str, type(None))
 @dataclass(frozen=True)
 class WatchedParam:
     name: str
-    param: torch.Tensor  # what the optimizer steps (several FSDP1 pieces share one FlatParameter)
     optimizer: int
     group: int  # index counting across optimizers, as in the `lr/G` scalars
-    #: the full (unsharded) parameter's shape and elements; this rank's elements of it, and
-    #: whether they count toward the global value (pieces.py)
-    shape: tuple[int, ...] = ()
-    numel: int = 0
-    local_numel: int = 0
-    counted: bool = True
-    #: from `param` (or its `.grad`, or a state tensor) to this rank's piece; None: itself
-    view: Optional[View] = None
-    owns_bytes: bool = True  # `param`'s bytes (and its grad's) are counted with this entry
+    #: this rank's piece of the parameter: the tensor the optimizer steps, the full shape, the
+    #: local view and whether it counts (pieces.py)
+    piece: Piece
 
-    def local(self, t: torch.Tensor) -> torch.Tensor:
-        """This rank's piece of `t` (the param, its grad or a state tensor)."""
-        return t if self.view is None else self.view(t)
+    @property
+    def param(self) -> torch.Tensor:
+        """What the optimizer steps (several FSDP1 pieces share one FlatParameter)."""
+        return self.piece.tensor
+
+    @property
+    def view(self) -> Optional[View]:
+        return self.piece.view
 
 
 @dataclass
@@ -51,28 +49,24 @@ class Layout:
     #: this process's rank in a distributed job (`pieces.job_rank()`), None when it runs alone
     rank: Optional[int] = None
 
-    @property
-    def sharded(self) -> bool:
-        """Some parameter is measured on a view of its tensor (DTensor, FSDP1)."""
-        return any(w.view is not None for w in self.params)
-
     def hello_params(self) -> list[dict[str, Any]]:
         """The `params` of the hello: `local_numel` and `counted` where they say something (a
         distributed job, or a piece that is not the whole parameter), so a single-process
         hello is what it always was."""
         out = []
         for w in self.params:
+            piece = w.piece
             entry: dict[str, Any] = {
                 "name": w.name,
-                "shape": list(w.shape),
-                "numel": w.numel,
-                "dtype": str(w.param.dtype).removeprefix("torch."),
+                "shape": list(piece.shape),
+                "numel": piece.numel,
+                "dtype": str(piece.tensor.dtype).removeprefix("torch."),
                 "group": w.group,
                 "optimizer": w.optimizer,
             }
-            if self.rank is not None or w.local_numel != w.numel or not w.counted:
-                entry["local_numel"] = w.local_numel
-                entry["counted"] = w.counted
+            if self.rank is not None or piece.local_numel != piece.numel or not piece.counted:
+                entry["local_numel"] = piece.local_numel
+                entry["counted"] = piece.counted
             out.append(entry)
         return out
 
@@ -166,21 +160,7 @@ def build_layout(optimizers: Sequence[torch.optim.Optimizer], model: Any, rank: 
     found = [(piece, o, g) for (_, o, g), each in zip(where, expanded) for piece in each]
     unoptimized = [n for n, p in named if p.requires_grad and id(p) not in seen]
     shown = strip_names([piece.raw_name for piece, _, _ in found] + unoptimized)
-    for (piece, o, g), name in zip(found, shown):
-        layout.params.append(
-            WatchedParam(
-                name,
-                piece.tensor,
-                o,
-                g,
-                shape=piece.shape,
-                numel=piece.numel,
-                local_numel=piece.local_numel,
-                counted=piece.counted,
-                view=piece.view,
-                owns_bytes=piece.owns_bytes,
-            )
-        )
+    layout.params = [WatchedParam(name, o, g, piece) for (piece, o, g), name in zip(found, shown)]
     layout.frozen = [w.name for w in layout.params if not w.param.requires_grad]
     layout.unoptimized = shown[len(found) :]
     return layout

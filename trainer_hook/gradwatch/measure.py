@@ -8,6 +8,9 @@ GPU. `Snapshot.resolve` (on the sender thread) waits for that copy and scatters 
 into per-parameter arrays. The norms stay a list of 0-d tensors until one stack per device, on
 the training thread (on the sender thread the stack costs that thread more than it saves this
 one). Why: docs/design.md, The hook; figures: docs/benchmarks.md.
+
+Every norm is of this rank's local piece of a parameter (`WatchedParam.view`: a DTensor's local
+tensor, an FSDP1 FlatParameter's slice; pieces.py), never of a gathered tensor: no collective.
 """
 
 from __future__ import annotations
@@ -229,10 +232,10 @@ class Probe:
         self.params = [w.param for w in layout.params]
         #: per parameter, the view of this rank's piece (pieces.py); None: the tensor itself
         self.views: list[Optional[View]] = [w.view for w in layout.params]
-        self._owns_bytes = [w.owns_bytes for w in layout.params]
+        self._owns_bytes = [w.piece.owns_bytes for w in layout.params]
         #: with updates, a distributed run also sends `param_before_norm` (the server's update_ratio)
         self._before_norms = layout.rank is not None
-        self.params_bytes = float(sum(local_nbytes(w.param) for w in layout.params if w.owns_bytes))
+        self.params_bytes = float(sum(local_nbytes(w.param) for w in layout.params if w.piece.owns_bytes))
         self._devices = {p.device for p in self.params}
         self._plans: dict[Optional[tuple[int, ...]], _StatePlan] = {}  # by the indices read_state is given
         self._pending: Optional[_Pending] = None
@@ -411,7 +414,7 @@ class Probe:
                 checks.append((states, p, None, 0, (), ()))
                 continue
             tensors, size = _state_tensors(p, state)
-            if w.owns_bytes:  # the pieces of one FSDP1 FlatParameter share its state
+            if w.piece.owns_bytes:  # the pieces of one FSDP1 FlatParameter share its state
                 nbytes += size
             checks.append((states, p, state, len(state), tuple(k for k, _ in tensors), tuple(t for _, t in tensors)))
             for k, t in tensors:

@@ -11,12 +11,15 @@ torch keeps on this rank. The rules: docs/design.md, "Exact global norms from lo
 
 from __future__ import annotations
 
+import logging
 import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Optional
 
 import torch
+
+log = logging.getLogger("gradwatch")
 
 #: Path components that wrappers add to parameter names (DDP/DataParallel, FSDP1, activation
 #: checkpointing, torch.compile): reported names are the original module's.
@@ -46,6 +49,14 @@ class Piece:
     view: Optional[View] = None
     #: the first piece of its tensor: the tensor's bytes (param, grad) are counted with it
     owns_bytes: bool = True
+    #: the tensor autograd accumulates into, when not `tensor` (an FSDP1 `use_orig_params=True`
+    #: parameter's FlatParameter): backward passes are counted on it
+    accumulates: Optional[torch.Tensor] = None
+
+    @property
+    def accumulated(self) -> torch.Tensor:
+        """The tensor whose backward passes are this piece's."""
+        return self.tensor if self.accumulates is None else self.accumulates
 
 
 def job_rank() -> Optional[int]:
@@ -92,10 +103,12 @@ def pieces(params: Sequence[torch.Tensor], names: dict[int, str], model: Any, ra
     `model` is searched for FSDP1 modules; `rank` is `job_rank()`."""
     fsdp1 = _fsdp1_handles(model)
     out: list[list[Piece]] = []
+    unfound = False
     for p in params:
         name = names[id(p)]
         flat = fsdp1.flat.get(id(p))
         if flat is not None or getattr(p, "_is_flat_param", False):
+            unfound = unfound or flat is None
             out.append(_flat_pieces(p, name, flat))
         elif id(p) in fsdp1.orig:
             out.append([_orig_piece(p, name, *fsdp1.orig[id(p)])])
@@ -103,6 +116,12 @@ def pieces(params: Sequence[torch.Tensor], names: dict[int, str], model: Any, ra
             out.append([_dtensor_piece(p, name)])
         else:  # a replica in a distributed job (DDP, or left out of FSDP): rank 0's counts
             out.append([Piece(name, p, tuple(p.shape), p.numel(), p.numel(), rank is None or rank == 0)])
+    if unfound:
+        log.warning(
+            "gradwatch: FSDP1 FlatParameters whose modules are not in model=: their pieces are named "
+            "after the optimizer's parameters and counted on every rank (wrong under NO_SHARD or "
+            "HYBRID_SHARD); pass the FSDP model to watch(model=...)"
+        )
     return out
 
 
@@ -197,4 +216,4 @@ def _orig_piece(p: torch.Tensor, name: str, flat: Any, k: int, counted: bool) ->
     """An FSDP1 `use_orig_params=True` parameter: the tensor is this rank's 1-D slice already;
     its full shape is the FlatParameter's record of it."""
     shape = tuple(flat._shapes[k])
-    return Piece(name, p, shape, int(torch.Size(shape).numel()), p.numel(), counted)
+    return Piece(name, p, shape, int(torch.Size(shape).numel()), p.numel(), counted, accumulates=flat)
