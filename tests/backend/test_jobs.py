@@ -266,7 +266,8 @@ def test_deleting_the_jobs_run_deletes_the_ranks_runs(srv: ServerProcess, http: 
         r1.call(close(2))
     assert http.delete("/api/runs/j-delete").status_code in (200, 204)
     for run_id in ("j-delete", "j-delete.r0", "j-delete.r1"):
-        assert http.get(f"/api/runs/{run_id}").status_code == 404
+        gone = http.get(f"/api/runs/{run_id}")
+        assert gone.status_code == 404 and gone.json()["run"] == "deleted"
     store = open_store(srv.db_url)
     try:
         assert store.rank_runs("j-delete") == [] and store.partial_steps("j-delete") == []

@@ -200,7 +200,8 @@ class Store:
         """Delete a run and everything stored for it, in one transaction; its id is remembered (deleted_at)."""
         with self._write() as conn:
             deleted = _runs.delete_run(conn, run_id, self._clock())
-        self._known_names = {k for k in self._known_names if k[0] != run_id}
+        ranks = f"{run_id}.r"  # a job's ranks' runs go with it (ON DELETE CASCADE)
+        self._known_names = {k for k in self._known_names if k[0] != run_id and not k[0].startswith(ranks)}
         return deleted
 
     def deleted_at(self, run_id: str) -> float | None:
