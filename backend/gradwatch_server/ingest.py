@@ -14,9 +14,10 @@ this connection resumed the run.
 A rank of a distributed job (a hello with `dist`) streams into its own run `JOB.rRANK` the same
 way, but that run gets no diagnostics and is never announced to the run list; after each of its
 committed batches (and its close) the job's ready steps are assembled into the job's run
-(jobs.py), and the job's new findings are sent to this hook ahead of the ack. A frame that breaks the protocol
-gets an `error` frame and a close code once the messages before it are committed; nothing of it
-is stored, and every other connection carries on.
+(jobs.py), and the job's new findings are sent to this hook ahead of the ack.
+
+A frame that breaks the protocol gets an `error` frame and a close code once the messages before
+it are committed; nothing of it is stored, and every other connection carries on.
 """
 
 from __future__ import annotations
@@ -296,7 +297,11 @@ class IngestConnection:
         new findings (before the ack that follows)."""
         if self.jobs is None or self.job is None:
             return
-        found = await self.jobs.assemble(self.job)
+        try:
+            found = await self.jobs.assemble(self.job)
+        except Exception:  # the rank's steps are committed: the job's timer assembles them later
+            log.exception("assembly of job %s failed", self.job)
+            return
         if found is not None:
             await self._send_findings(found)
 

@@ -82,8 +82,10 @@ class JobAssembler:
             first_seen = self._first_seen.setdefault(job, self._clock())
             new: list[StepData] = []
             status: str | None = None
+            before: int | None = None
             while True:
                 done = await asyncio.to_thread(self._store.assemble, job, self.rank_timeout_s, first_seen, notify)
+                before = done.steps_before if before is None else before
                 new += done.steps
                 status = done.status or status
                 if done.partial:
@@ -92,7 +94,7 @@ class JobAssembler:
                     break
             found = None
             if new:
-                found = await self._judge(job, new)
+                found = await self._judge(job, new, before or 0)
                 self._hub.publish_steps(job, as_steps(new))
             if status is not None:
                 self._first_seen.pop(job, None)
@@ -106,9 +108,9 @@ class JobAssembler:
                     self._hub.publish_run(run)
             return found
 
-    async def _judge(self, job: str, new: list[StepData]) -> list[Finding] | None:
+    async def _judge(self, job: str, new: list[StepData], before: int) -> list[Finding] | None:
         try:
-            found = await asyncio.to_thread(self._diagnostics.observe, job, new)
+            found = await asyncio.to_thread(self._diagnostics.observe, job, new, before)
         except UnknownRun:
             return None
         except Exception:  # diagnostics must never stop assembly: log, and carry on

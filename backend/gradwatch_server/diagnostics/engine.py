@@ -149,10 +149,16 @@ class Diagnostics:
                 self._catch_up(run_id, diag)
             return diag.findings()
 
-    def observe(self, run_id: str, steps: Sequence[StepData]) -> list[Finding]:
-        """Judge newly stored steps; store what changed; the run's current findings."""
+    def observe(self, run_id: str, steps: Sequence[StepData], stored_before: int | None = None) -> list[Finding]:
+        """Judge newly stored steps; store what changed; the run's current findings.
+
+        `stored_before` is the run's stored step count before these: state held from earlier that
+        is behind it (another worker stored steps meanwhile: a distributed job's run, whose ranks
+        may stream to several) is caught up from the store first."""
         with self._run_lock(run_id):
             diag = self._ensure(run_id, replayed=steps)
+            if stored_before is not None and diag.steps < stored_before:
+                self._feed(run_id, diag, after=diag.last_step, skip={d.step for d in steps})
             for data in steps:
                 diag.observe_data(data)
             self._save(run_id, diag, mark=False)

@@ -172,6 +172,13 @@ class Store:
         with self._read() as conn:
             return _jobs.rank_runs(conn, job)
 
+    def lost_ranks(self, job: str, rank_timeout: float) -> list[int]:
+        """The ranks of a job that are lost now (jobs.lost_ranks): `--rank-timeout` is the setting's."""
+        if not storable(job):
+            return []
+        with self._read() as conn:
+            return _jobs.lost_ranks(conn, job, self._clock(), rank_timeout)
+
     def partial_steps(self, job: str) -> list[tuple[int, list[int]]]:
         """A job's steps assembled without some rank: (step, missing ranks), by step."""
         if not storable(job):
@@ -203,7 +210,8 @@ class Store:
         """Delete a run and everything stored for it, in one transaction; its id is remembered (deleted_at)."""
         with self._write() as conn:
             deleted = _runs.delete_run(conn, run_id, self._clock())
-        self._known_names = {k for k in self._known_names if k[0] != run_id}
+        ranks = f"{run_id}.r"  # a job's ranks' runs go with it (ON DELETE CASCADE)
+        self._known_names = {k for k in self._known_names if k[0] != run_id and not k[0].startswith(ranks)}
         return deleted
 
     def deleted_at(self, run_id: str) -> float | None:

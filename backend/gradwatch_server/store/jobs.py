@@ -51,6 +51,7 @@ class Assembly:
     partial: dict[int, list[int]] = field(default_factory=dict)
     more: bool = False
     status: str | None = None
+    steps_before: int = 0  # the job's run's stored steps before these
     written: Written | None = None
 
 
@@ -203,13 +204,14 @@ def assemble(
     hello, at `first_seen`: when the caller first saw the job (server time: the job's
     `created_at` is the hook's clock)."""
     parent: Any = conn.execute(
-        select(runs.c.status, runs.c.world_size, runs.c.last_seq, runs.c.last_step, runs.c.parent_id)
+        select(runs.c.status, runs.c.world_size, runs.c.last_seq, runs.c.last_step, runs.c.steps, runs.c.parent_id)
         .where(runs.c.id == job)
         .with_for_update()
     ).one_or_none()
     done = Assembly()
     if parent is None or parent.world_size is None or parent.parent_id is not None:
         return done
+    done.steps_before = parent.steps
     ranks = _ranks(conn, job, parent.world_size, first_seen)
     lost = {r.rank for r in ranks if _lost(r, ranks, now, rank_timeout)}
     waited = [r for r in ranks if r.status in (None, "running") and r.rank not in lost]
@@ -318,3 +320,15 @@ def get_partial_steps(conn: Connection, job: str) -> list[tuple[int, list[int]]]
             .order_by(partial_steps.c.step)
         )
     ]
+
+
+def lost_ranks(conn: Connection, job: str, now: float, rank_timeout: float) -> list[int]:
+    """The job's ranks that are lost now: running, silent for `rank_timeout` while another rank
+    is ahead (a rank that never said hello is timed from the job's start, the hook's clock)."""
+    parent = conn.execute(
+        select(runs.c.world_size, runs.c.created_at).where(runs.c.id == job, runs.c.parent_id.is_(None))
+    ).one_or_none()
+    if parent is None or parent.world_size is None:
+        return []
+    ranks = _ranks(conn, job, parent.world_size, parent.created_at)
+    return [r.rank for r in ranks if _lost(r, ranks, now, rank_timeout)]

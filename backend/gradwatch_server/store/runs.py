@@ -179,11 +179,14 @@ def update_run(conn: Connection, run_id: str, name: str | None, tags: Sequence[s
 def delete_run(conn: Connection, run_id: str, now: float) -> bool:
     """Delete a run and everything stored for it: every table's rows reference the run with ON
     DELETE CASCADE, on an index that starts with run_id. The id is kept in `deleted_runs` (with
-    the time), so that it can be told from one never stored."""
+    the time), so that it can be told from one never stored. A distributed job's run takes its
+    ranks' runs with it (their parent_id cascades), and their ids are kept too."""
+    ranks = list(conn.execute(select(runs.c.id).where(runs.c.parent_id == run_id)).scalars())
     if conn.execute(delete(runs).where(runs.c.id == run_id)).rowcount == 0:
         return False
-    conn.execute(delete(deleted_runs).where(deleted_runs.c.id == run_id))
-    conn.execute(insert(deleted_runs).values(id=run_id, deleted_at=now))
+    gone = [run_id, *ranks]
+    conn.execute(delete(deleted_runs).where(deleted_runs.c.id.in_(gone)))
+    conn.execute(insert(deleted_runs), [{"id": i, "deleted_at": now} for i in gone])
     return True
 
 
