@@ -52,6 +52,16 @@ def _workers(text: str) -> int:
     return value
 
 
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
+    if not value > 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a positive number of seconds, not {text}")
+    return value
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="gradwatch",
@@ -97,6 +107,14 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="URL",
         help="the dashboard's address as people reach it, for the links in notifications "
         f"(default: ${ENV_VARS['public_url']}, then the address served)",
+    )
+    serve.add_argument(
+        "--rank-timeout",
+        type=_seconds,
+        metavar="SECONDS",
+        help="a rank of a distributed job that sends nothing this long while another rank is "
+        "ahead is lost: the job's steps go on without it, marked partial "
+        f"(default: ${ENV_VARS['rank_timeout_s']}, then 30)",
     )
     serve.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
 
@@ -214,6 +232,7 @@ def cmd_serve(args: argparse.Namespace, env: Mapping[str, str], out: IO[str]) ->
         workers=args.workers,
         notify=args.notify,
         public_url=args.public_url,
+        rank_timeout_s=args.rank_timeout,
     )
     problem = workers.refusal(settings)
     if problem:

@@ -383,9 +383,7 @@ def test_migrations_create_exactly_the_schema(store: Store) -> None:
             # table constraint to a table it keeps); SQLAlchemy reflects ON DELETE only from the
             # FOREIGN KEY (...) form, so the database itself is asked for the rule.
             diff = [d for d in diff if not _parent_fk(d)]
-            rules = {
-                (r[3], r[2], r[4], r[6]) for r in conn.exec_driver_sql("PRAGMA foreign_key_list(runs)").fetchall()
-            }
+            rules = {(r[3], r[2], r[4], r[6]) for r in conn.exec_driver_sql("PRAGMA foreign_key_list(runs)").fetchall()}
             assert rules == {("parent_id", "runs", "id", "CASCADE")}
     assert diff == []
 

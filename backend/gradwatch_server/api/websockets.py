@@ -6,7 +6,7 @@ from typing import Annotated
 
 from fastapi import APIRouter, Query, WebSocket
 
-from ..deps import DiagnosticsDep, HubDep, NotifierDep, SessionsDep, SettingsDep, StepCostDep, StoreDep
+from ..deps import DiagnosticsDep, HubDep, JobsDep, NotifierDep, SessionsDep, SettingsDep, StepCostDep, StoreDep
 from ..ingest import IngestConnection
 from ..live import pump, worker_headers
 from ..protocol import RUN_ID_PATTERN
@@ -24,8 +24,9 @@ async def ingest(
     diagnostics: DiagnosticsDep,
     step_cost: StepCostDep,
     notifier: NotifierDep,
+    jobs: JobsDep,
 ) -> None:
-    await IngestConnection(websocket, store, hub, sessions, settings, diagnostics, step_cost, notifier).serve()
+    await IngestConnection(websocket, store, hub, sessions, settings, diagnostics, step_cost, notifier, jobs).serve()
 
 
 @router.websocket("/ws/live")
