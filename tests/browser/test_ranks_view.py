@@ -117,6 +117,14 @@ def test_ranks_section_draws_a_line_per_rank_with_what_each_sent(
         if chart == "rank-memory":
             assert el.get_attribute("data-keys") == "mem/cuda:0/allocated,mem/cuda:1/allocated"
 
+    # The job's own charts shade the partial steps (a band from 38 to 60, named on hover).
+    for chart in ("grad-norm-total", "loss"):
+        p.wait_for_function(
+            """c => JSON.stringify((document.querySelector(`[data-chart="${c}"]`).layout.shapes || [])
+            .filter((s) => s.type === 'rect').map((s) => [s.x0, s.x1])) === '[[37.5,60.5]]'""",
+            arg=chart,
+        )
+
     # The straggler stands apart in time before backward.
     sync_api.expect(card).to_have_attribute("data-straggler", "1")
     sync_api.expect(card.locator(".ranks-straggler")).to_contain_text("Rank 1 is the straggler")

@@ -42,10 +42,11 @@ const CHARTS = [
 
 /**
  * @param {object} state  the run page's state (read only here; `state.ranksChosen` is this section's)
- * @param {{onXRange: Function, onRanks?: () => void}} on  onRanks: the user chose the ranks to draw
+ * @param {{onXRange: Function, onRanks?: () => void, onPartial?: (ranges: object[]) => void}} on
+ *   onRanks: the user chose the ranks to draw; onPartial: the partial ranges, after each load
  * @returns {Object<string, object>} the views, in page order: `ranks` (the card) and a chart view per CHARTS entry
  */
-export function createRanksViews(state, { onXRange, onRanks = () => {} }) {
+export function createRanksViews(state, { onXRange, onRanks = () => {}, onPartial = () => {} }) {
   const body = h("div", { class: "ranks-body" });
   const pick = h("input", {
     class: "input input-small", type: "text", placeholder: "0-7", size: 10, "aria-label": "Ranks to draw",
@@ -107,6 +108,7 @@ export function createRanksViews(state, { onXRange, onRanks = () => {} }) {
       lastLoad = Date.now();
       const a = await fetchRanks(ctx);
       renderTable(a, ctx.state);
+      onPartial((a.partial && a.partial.ranges) || []);
       pickLabel.hidden = (a.ranks || []).length <= MAX_SHOWN_RANKS;
       card.dataset.worldSize = String(a.world_size);
       card.dataset.shown = a.shown.join(",");
