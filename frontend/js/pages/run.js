@@ -423,7 +423,10 @@ function onMessage(msg) {
     state.run = { ...msg.run, ...drawn };
     header.render(state);
     alerts.title();
-    if (before !== state.run.status) views.findings.load(ctx);
+    if (before !== state.run.status) {
+      views.findings.load(ctx);
+      for (const v of Object.values(views)) if (v.onStatus && !v.card.hidden) v.onStatus();
+    }
   }
 }
 
