@@ -54,7 +54,7 @@ def export_sources(store: Store, run: Run) -> list[Source]:
     then each rank's own run, by rank."""
     if not is_job(run):
         return [(run, None)]
-    return [(run, None), *((child, child.rank) for child in store.child_runs(run.id))]
+    return [(run, None), *((child, child.rank) for child in store.rank_runs(run.id))]
 
 
 def export_steps(store: Store, run: Run) -> int:

@@ -42,7 +42,7 @@ def job_ranks(store: Store, run: Run) -> RanksPublic:
         )
     if not is_job(run):
         return RanksPublic(world_size=1, ranks=[], partial=PartialPublic(steps=0, ranges=[]))
-    children = store.child_runs(run.id)
+    children = store.rank_runs(run.id)
     ranges = store.partial_ranges(run.id)
     lost = lost_ranks(children, ranges)
     return RanksPublic(

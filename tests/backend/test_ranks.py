@@ -28,6 +28,8 @@ from support.synthetic_dist import RankRun, rank_runs, send_job
 
 JOB = "job2ranks"
 STEPS, LOST_AFTER = 60, 37
+#: A job of three ranks that loses rank 2 after step 10, then rank 1 after step 20, of 30.
+JOB3 = "job3ranks"
 RANK_TIMEOUT_S = 1.0
 
 
@@ -39,10 +41,12 @@ def job(module_db_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterato
     try:
         ranks = rank_runs(JOB, "ddp-two", 2, straggler=1)
         send_job(server.ws_url, ranks, STEPS, lost={1: LOST_AFTER})
+        send_job(server.ws_url, rank_runs(JOB3, "three", 3), 30, lost={2: 10, 1: 20})
         with Ingest(server.ws_url, SyntheticRun("single", "one-process", params=ranks[0].params)) as hook:
             hook.steps(5)
             hook.close()
         wait_assembled(server.url, JOB, STEPS)
+        wait_assembled(server.url, JOB3, 30)
         yield server, ranks
     finally:
         server.stop()
@@ -96,6 +100,19 @@ def test_ranks_lists_each_rank_the_lost_one_and_the_partial_steps(http: httpx.Cl
         assert rank["updated_at"] == http.get(f"/api/runs/{rank['run_id']}").json()["updated_at"]
 
 
+def test_partial_ranges_follow_each_rank_lost(http: httpx.Client) -> None:
+    body = http.get(f"/api/runs/{JOB3}/ranks").json()
+    assert body["partial"] == {
+        "steps": 20,
+        "ranges": [{"first": 11, "last": 20, "missing": [2]}, {"first": 21, "last": 30, "missing": [1, 2]}],
+    }
+    assert [(r["rank"], r["last_step"], r["lost"]) for r in body["ranks"]] == [
+        (0, 30, False),
+        (1, 20, True),
+        (2, 10, True),
+    ]
+
+
 def test_ranks_of_a_single_process_run_and_bad_ids(http: httpx.Client) -> None:
     assert http.get("/api/runs/single/ranks").json() == {
         "world_size": 1,
@@ -114,7 +131,7 @@ def test_ranks_of_a_single_process_run_and_bad_ids(http: httpx.Client) -> None:
 
 def test_run_list_shows_the_job_with_its_world_size_and_never_its_ranks(http: httpx.Client) -> None:
     runs = {r["id"]: r for r in http.get("/api/runs").json()["data"]}
-    assert set(runs) == {JOB, "single"}
+    assert set(runs) == {JOB, JOB3, "single"}
     assert runs[JOB]["world_size"] == 2
     assert runs["single"]["world_size"] is None
 

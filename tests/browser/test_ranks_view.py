@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator
+from urllib.parse import parse_qs, urlsplit
 
 import httpx
 import pytest
@@ -20,7 +21,7 @@ from playwright import sync_api
 from test_dashboard import Page, browser, page, seed  # noqa: F401  (browser, page: fixtures)
 
 from support.server import REPO, ServerProcess, start_server
-from support.synthetic import SyntheticRun
+from support.synthetic import Ingest, SyntheticRun
 from support.synthetic_dist import RankRun, rank_runs, send_job
 
 pytestmark = pytest.mark.browser
@@ -117,6 +118,14 @@ def test_ranks_section_draws_a_line_per_rank_with_what_each_sent(
         if chart == "rank-memory":
             assert el.get_attribute("data-keys") == "mem/cuda:0/allocated,mem/cuda:1/allocated"
 
+    # The job's own charts shade the partial steps (a band from 38 to 60, named on hover).
+    for chart in ("grad-norm-total", "loss"):
+        p.wait_for_function(
+            """c => JSON.stringify((document.querySelector(`[data-chart="${c}"]`).layout.shapes || [])
+            .filter((s) => s.type === 'rect').map((s) => [s.x0, s.x1])) === '[[37.5,60.5]]'""",
+            arg=chart,
+        )
+
     # The straggler stands apart in time before backward.
     sync_api.expect(card).to_have_attribute("data-straggler", "1")
     sync_api.expect(card.locator(".ranks-straggler")).to_contain_text("Rank 1 is the straggler")
@@ -145,3 +154,59 @@ def test_a_single_process_run_has_no_ranks_section(dist: tuple[ServerProcess, li
     for card in ("ranks", *RANK_CHARTS):
         assert p.locator(f'[data-card="{card}"]').is_hidden(), card
     assert p.locator('[data-field="ranks"], [data-field="rank"]').count() == 0
+
+
+def test_a_big_job_draws_eight_ranks_and_takes_another_choice(
+    dist: tuple[ServerProcess, list[RankRun]], page: Page
+) -> None:
+    server = dist[0]
+    big = "bigjob"
+    send_job(server.ws_url, rank_runs(big, "twelve-ranks", 12), 10, lost={11: 5})
+    requests: list[str] = []
+    page.page.on("request", lambda r: requests.append(r.url))
+    p = page.open(server.url + f"/runs/{big}")
+    sync_api.expect(p.locator('[data-card="ranks"] tbody tr')).to_have_count(12)
+    # Rank 0, the lost rank 11, and the lowest others: 8 lines a chart, one request each.
+    for chart in RANK_CHARTS:
+        p.wait_for_function(
+            "c => document.querySelector(`[data-chart=\"${c}\"]`).dataset.ranks === '0,1,2,3,4,5,6,11'", arg=chart
+        )
+    # Each load of the page (it may load twice: its live socket can open before the first load
+    # ends) asks for 4 x 8 series and, once, each drawn rank's metric names.
+    asked = [u for u in requests if f"/api/runs/{big}.r" in u]
+    series = [(u.split("/")[5], parse_qs(urlsplit(u).query)["key"][0]) for u in asked if "/series?" in u]
+    assert len(set(series)) == 4 * 8 and len(series) % (4 * 8) == 0, series
+    assert len({u for u in asked if u.endswith("/metrics")}) == 8
+    assert not any(f"{big}.r{r}/" in u for u in asked for r in (7, 8, 9, 10))
+
+    # Another choice, kept in the URL.
+    pick = p.locator('[data-card="ranks"] input[aria-label="Ranks to draw"]')
+    sync_api.expect(pick).to_have_value("0,1,2,3,4,5,6,11")
+    pick.fill("8-10")
+    pick.press("Enter")
+    p.wait_for_function("() => document.querySelector('[data-chart=\"rank-step-time\"]').dataset.ranks === '8,9,10'")
+    page.wait_points("rank-step-time", 30)
+    assert "ranks=8%2C9%2C10" in p.url or "ranks=8,9,10" in p.url
+    names = [s["name"] for s in p.evaluate(SERIES, "rank-step-time")]
+    assert names == ["rank 8", "rank 9", "rank 10"]
+
+
+def test_the_ranks_section_follows_a_running_job(dist: tuple[ServerProcess, list[RankRun]], page: Page) -> None:
+    server = dist[0]
+    ranks = rank_runs("livejob", "live-ranks", 2)
+    hooks = [Ingest(server.ws_url, r) for r in ranks]
+    try:
+        for hook in hooks:
+            hook.steps(5)
+        p = page.open(server.url + "/runs/livejob")
+        page.wait_points("rank-step-time", 10)
+        for hook in hooks:
+            hook.steps(5)
+        # The job's live steps bring the ranks' new steps within the refresh period (5 s).
+        page.wait_points("rank-step-time", 20)
+        for hook in hooks:
+            hook.close("finished")
+        sync_api.expect(p.locator('[data-card="ranks"] tr[data-rank="1"] .badge')).to_have_text("finished")
+    finally:
+        for hook in hooks:
+            hook.__exit__(None, None, None)

@@ -69,3 +69,19 @@ test("findStraggler: the rank whose time before backward stands apart, by its me
   // One rank with values is no comparison.
   assert.equal(findStraggler([{ rank: 0, values: flat(0.01) }, { rank: 1, values: [] }]), null);
 });
+
+test("partialMarkers and markerLayout: a partial range is a faint band over its steps, named on hover", async () => {
+  const { markerLayout, partialMarkers, sameMarkers } = await import("../../frontend/js/charts/markers.js");
+  const markers = partialMarkers([{ first: 38, last: 60, missing: [1] }]);
+  assert.deepEqual(markers, [{ step: 38, last: 60, code: "partial", severity: "warning", message: "steps 38-60 are missing rank 1" }]);
+  const t = { severity: { warning: "#a86400", info: "#00f", error: "#f00" }, card: "#fff" };
+  const { shapes, annotations } = markerLayout([...markers, { step: 5, code: "nonfinite_grad", severity: "error", message: "m" }], t);
+  assert.equal(shapes[0].type, "rect");
+  assert.deepEqual([shapes[0].x0, shapes[0].x1, shapes[0].fillcolor], [37.5, 60.5, "#a86400"]);
+  assert.equal(shapes[1].type, "line");
+  assert.equal(annotations[0].hovertext, "steps 38-60 are missing rank 1");
+  assert.equal(annotations[1].hovertext, "step 5: m");
+  // A range that grew is not the same marker.
+  assert.equal(sameMarkers(markers, partialMarkers([{ first: 38, last: 61, missing: [1] }])), false);
+  assert.equal(sameMarkers(markers, partialMarkers([{ first: 38, last: 60, missing: [1] }])), true);
+});

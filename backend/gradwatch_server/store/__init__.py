@@ -269,12 +269,7 @@ class Store:
         with self._read() as conn:
             return _runs.get_series_names(conn, run_id, kind)
 
-    # -- a distributed job's ranks (reads; ingest writes them) -------------------------------
-
-    def child_runs(self, parent_id: str) -> list[Run]:
-        """The runs of a job's ranks, by rank (none for any other run)."""
-        with self._read() as conn:
-            return _ranks.child_runs(conn, parent_id)
+    # -- a distributed job's partial steps, as ranges (reads) ---------------------------------
 
     def partial_ranges(self, run_id: str) -> list[PartialRange]:
         """A job's steps stored without some rank, as ranges (store/ranks.py)."""

@@ -1,5 +1,5 @@
-"""Reads of a distributed job's run (docs/api.md, Ranks): its ranks' runs, and its partial
-steps as ranges. The writes (each rank's stream, the assembly) belong to ingest."""
+"""A distributed job's partial steps as ranges (docs/api.md, Ranks): the steps of the job's run
+assembled without some rank, grouped by the database. The writes belong to the assembly (jobs.py)."""
 
 from __future__ import annotations
 
@@ -8,9 +8,7 @@ from dataclasses import dataclass
 
 from sqlalchemy import Connection, func, select
 
-from ..schema import partial_steps, runs, steps
-from .records import Run
-from .runs import run_details, to_run
+from ..schema import partial_steps, steps
 
 
 @dataclass(frozen=True)
@@ -22,13 +20,6 @@ class PartialRange:
     last: int
     steps: int
     missing: list[int]
-
-
-def child_runs(conn: Connection, parent_id: str) -> list[Run]:
-    """The runs of a job's ranks (`JOB.rRANK`), by rank."""
-    rows = conn.execute(select(runs).where(runs.c.parent_id == parent_id).order_by(runs.c.rank)).all()
-    details = run_details(conn, [r.id for r in rows])
-    return [to_run(r, *details) for r in rows]
 
 
 def partial_ranges(conn: Connection, run_id: str) -> list[PartialRange]:

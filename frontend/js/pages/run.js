@@ -22,7 +22,7 @@ import { api, ApiError, liveUrl, UnreachableError } from "../api.js";
 import { findingAlerts } from "../attention.js";
 import { LineChart } from "../charts/line.js";
 import { smoothWeight } from "../smoothing.js";
-import { markersOf } from "../charts/markers.js";
+import { markersOf, partialMarkers } from "../charts/markers.js";
 import { whenPlotly } from "../charts/theme.js";
 import { inViewFirst, nearView } from "../charts/turns.js";
 import { byId, h, notice, setChildren } from "../dom.js";
@@ -57,6 +57,8 @@ let socket;
 let ctx;        // what views load with
 let note;       // the zoom, said in the top bar
 let alerts;     // the finding count in a hidden tab's title, and desktop notifications
+let findingsShown = []; // the findings marked on the charts
+let partial = [];       // a distributed run's partial steps, shaded on the charts (markers.js)
 
 /** Read the URL, lay out the cards, load the run and follow /ws/live. */
 export function init() {
@@ -99,7 +101,12 @@ export function init() {
       loadViews([views.other]).then(() => { if (state.xRange) scheduleZoom(); }).catch(showError);
     },
     onRanks: saveUrl,
+    onPartial: (ranges) => {
+      partial = partialMarkers(ranges);
+      drawMarkers(findingsShown);
+    },
     onFindings: (list) => {
+      findingsShown = list;
       drawMarkers(list);
       if (state.run) alerts.update(list, state.run.name || state.run.id);
     },
@@ -156,9 +163,9 @@ const addParam = (name) => {
   views.paramNorms.card.scrollIntoView({ behavior: "smooth", block: "start" });
 };
 
-/** Mark where each finding began on every chart with a step axis. */
+/** Mark where each finding began, and a distributed run's partial steps, on every chart with a step axis. */
 function drawMarkers(findings) {
-  const markers = markersOf(findings);
+  const markers = [...markersOf(findings), ...partial].sort((a, b) => a.step - b.step || a.code.localeCompare(b.code));
   for (const v of Object.values(views)) {
     if (v.chart && v.chart.setMarkers) v.chart.setMarkers(markers).catch((err) => console.warn("gradwatch: markers:", err));
   }
@@ -416,7 +423,10 @@ function onMessage(msg) {
     state.run = { ...msg.run, ...drawn };
     header.render(state);
     alerts.title();
-    if (before !== state.run.status) views.findings.load(ctx);
+    if (before !== state.run.status) {
+      views.findings.load(ctx);
+      for (const v of Object.values(views)) if (v.onStatus && !v.card.hidden) v.onStatus();
+    }
   }
 }
 

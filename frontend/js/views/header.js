@@ -41,7 +41,8 @@ export function headerView(root, tools = []) {
       const run = state.run;
       document.title = `${run.name || run.id} · gradwatch`;
       root.querySelector(".crumb-project").textContent = run.project || "default";
-      setChildren(title, h("span", { class: "run-name-text" }, run.name || run.id), " ", statusBadge(run.status));
+      setChildren(title, h("span", { class: "run-name-text" }, run.name || run.id), " ",
+        run.parent_id != null ? [h("span", { class: "ranks-badge" }, `rank ${run.rank}`), " "] : null, statusBadge(run.status));
       const numel = run.param_numel ? ` (${fmtCount(run.param_numel, true)} values)` : "";
       setChildren(facts,
         distFact(run),

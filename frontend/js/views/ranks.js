@@ -7,8 +7,8 @@
 // (and one /metrics per rank, for the memory chart's key). Up to MAX_SHOWN_RANKS ranks are drawn
 // (ranks.js, shownRanks): at most 8 x 5 requests a refresh, whatever the world size; a bigger job
 // draws rank 0, its lost ranks and the lowest others, and the card takes another choice (?ranks=).
-// The page's live steps are the job's, not the ranks': while the run runs, the section fetches
-// again at most every REFRESH_MS.
+// The page's live steps are the job's, not the ranks': when steps come, or the job's status
+// changes, the section fetches again, at most every REFRESH_MS.
 
 import { api, runPageUrl } from "../api.js";
 import { LineChart } from "../charts/line.js";
@@ -42,10 +42,11 @@ const CHARTS = [
 
 /**
  * @param {object} state  the run page's state (read only here; `state.ranksChosen` is this section's)
- * @param {{onXRange: Function, onRanks?: () => void}} on  onRanks: the user chose the ranks to draw
+ * @param {{onXRange: Function, onRanks?: () => void, onPartial?: (ranges: object[]) => void}} on
+ *   onRanks: the user chose the ranks to draw; onPartial: the partial ranges, after each load
  * @returns {Object<string, object>} the views, in page order: `ranks` (the card) and a chart view per CHARTS entry
  */
-export function createRanksViews(state, { onXRange, onRanks = () => {} }) {
+export function createRanksViews(state, { onXRange, onRanks = () => {}, onPartial = () => {} }) {
   const body = h("div", { class: "ranks-body" });
   const pick = h("input", {
     class: "input input-small", type: "text", placeholder: "0-7", size: 10, "aria-label": "Ranks to draw",
@@ -92,12 +93,15 @@ export function createRanksViews(state, { onXRange, onRanks = () => {} }) {
     for (const v of Object.values(views)) v.load(ctx).catch((err) => { if (v.fail) v.fail(err); });
   }
 
-  /** Live steps of the job: fetch again, at most every REFRESH_MS, while the run runs. */
+  let refreshTimer = 0;
+
+  /** The job moved on (live steps, a new status): fetch again, at most every REFRESH_MS. */
   function maybeRefresh() {
-    if (!ctxSaved || !ctxSaved.state.run || ctxSaved.state.run.status !== "running") return;
-    if (Date.now() - lastLoad < REFRESH_MS || inFlight) return;
-    lastLoad = Date.now();
-    reloadAll(ctxSaved);
+    if (!ctxSaved || refreshTimer) return;
+    refreshTimer = setTimeout(() => {
+      refreshTimer = 0;
+      reloadAll(ctxSaved);
+    }, Math.max(0, lastLoad + REFRESH_MS - Date.now()));
   }
 
   const tableView = {
@@ -107,11 +111,13 @@ export function createRanksViews(state, { onXRange, onRanks = () => {} }) {
       lastLoad = Date.now();
       const a = await fetchRanks(ctx);
       renderTable(a, ctx.state);
+      onPartial((a.partial && a.partial.ranges) || []);
       pickLabel.hidden = (a.ranks || []).length <= MAX_SHOWN_RANKS;
       card.dataset.worldSize = String(a.world_size);
       card.dataset.shown = a.shown.join(",");
     },
     append: maybeRefresh,
+    onStatus: maybeRefresh,
     fail(err) { setChildren(body, notice("error", "The ranks could not be loaded", h("p", {}, String(err.message || err)))); },
   };
 

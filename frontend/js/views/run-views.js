@@ -25,13 +25,14 @@ const lrGroup = (k) => Number(k.slice(3));
  * @param {{onXRange: Function, onSelect: (names: string[]) => void, onParam: (name: string) => void,
  *          onModule: (path: string) => void, onTop: (k: number, order: string) => void,
  *          onOtherScalar: (key: string) => void, onFindings: (list: object[]) => void,
- *          onRanks: () => void}} on   onRanks: the ranks drawn were chosen (state.ranksChosen)
+ *          onRanks: () => void, onPartial: (ranges: object[]) => void}} on
+ *   onRanks: the ranks drawn were chosen (state.ranksChosen); onPartial: a distributed run's partial ranges
  * @returns {{views: Object<string, object>, present: Object<string, () => boolean>,
  *            otherSelect: HTMLSelectElement, otherScalars: () => string[],
  *            addStateViews: (params: string[]) => object[]}}
  *   The optimizer-state cards are made by addStateViews once the run's metric names are known.
  */
-export function createRunViews(state, { onXRange, onSelect, onParam, onModule, onTop, onOtherScalar, onFindings, onRanks }) {
+export function createRunViews(state, { onXRange, onSelect, onParam, onModule, onTop, onOtherScalar, onFindings, onRanks, onPartial }) {
   const otherSelect = h("select", {
     class: "input input-small", "aria-label": "Scalar to show",
     onchange: (e) => onOtherScalar(e.target.value),
@@ -82,7 +83,7 @@ export function createRunViews(state, { onXRange, onSelect, onParam, onModule, o
       logWhenSpread: 100, // process RSS beside a small model's parameters: both readable
     }),
     // A distributed run's ranks: a card and a chart per per-rank figure (views/ranks.js).
-    ...createRanksViews(state, { onXRange, onRanks }),
+    ...createRanksViews(state, { onXRange, onRanks, onPartial }),
     other: scalarView({
       id: "other-scalars", title: "Other scalars", help: "Any other value the run reports",
       keys: (s) => (state.otherScalar && s.includes(state.otherScalar) ? [state.otherScalar] : []),
