@@ -183,6 +183,9 @@ def test_gradwatch_sync_replays_each_ranks_spool_into_one_run(tmp_path: Path, sp
                 child = http.get(f"/api/runs/{job}.r{rank}").json()
                 assert (child["parent_id"], child["rank"], child["steps"]) == (job, rank, STEPS), child
             assert [r["id"] for r in http.get("/api/runs").json()["data"]] == [job]
+            for key in ("time/step_s", "time/before_backward_s"):  # the job's slowest rank's, per step
+                values = http.get(f"/api/runs/{job}/series", params={"key": key}).json()["value"]
+                assert len(values) == STEPS and all(v > 0 for v in values), (key, values)
     finally:
         server.stop()
 
