@@ -72,8 +72,11 @@ def watched_ddp_job(rank: int, world_size: int) -> dict[str, Any]:
         opt.zero_grad()
     steps = sent_steps(w)
     w.close(timeout=0.1)  # no server: what was sent stays in the spool
-    again = gradwatch.watch(opt, model=model.module, run="ddp-job", server=NOWHERE, warn=False)
+    if rank == 1:  # its own default name would be a later second's
+        time.sleep(1.1)
+    again = gradwatch.watch(opt, model=model.module, server=NOWHERE, warn=False)
     again.close(timeout=0.1)
+    dist.barrier()  # rank 0 holds the store: it stays until rank 1 has read the second job's id
     return {
         "run_id": w.run_id,
         "url": w.url,
@@ -103,6 +106,8 @@ def test_a_ddp_job_is_one_run_with_a_stream_per_rank(spool_dir: Path) -> None:
     again = [out["again"] for out in ranks]
     assert again[0][0] == again[1][0] != job
     assert [hello["run"]["id"] for _, hello in again] == [f"{again[0][0]}.r0", f"{again[0][0]}.r1"]
+    names = [hello["run"]["name"] for _, hello in again]
+    assert names[0] == names[1] and re.match(r"^run-\d{8}-\d{6}$", names[0]), "rank 0's default name on every rank"
 
     # each rank's own spool file, named by its stream id, the dist hello first
     files = {p.name for p in pending_spools(spool_dir)}
@@ -178,6 +183,9 @@ def test_gradwatch_sync_replays_each_ranks_spool_into_one_run(tmp_path: Path, sp
                 child = http.get(f"/api/runs/{job}.r{rank}").json()
                 assert (child["parent_id"], child["rank"], child["steps"]) == (job, rank, STEPS), child
             assert [r["id"] for r in http.get("/api/runs").json()["data"]] == [job]
+            for key in ("time/step_s", "time/before_backward_s"):  # the job's slowest rank's, per step
+                values = http.get(f"/api/runs/{job}/series", params={"key": key}).json()["value"]
+                assert len(values) == STEPS and all(v > 0 for v in values), (key, values)
     finally:
         server.stop()
 

@@ -51,6 +51,8 @@ class Rank:
     world_size: int
     local_rank: Optional[int] = None
     backend: Optional[str] = None
+    #: the run's name as rank 0 gave it to `join()` (None where no store carried it)
+    name: Optional[str] = None
 
     @property
     def stream_id(self) -> str:
@@ -81,10 +83,13 @@ _calls = 0  # distributed watch() calls so far in this process: the n of the sto
 _warned = False
 
 
-def join(env: Mapping[str, str] = os.environ) -> Optional[Rank]:
+def join(name: Optional[str] = None, env: Mapping[str, str] = os.environ) -> Optional[Rank]:
     """This process's `Rank` in the job it belongs to, with the job's run id agreed with the
     other ranks; None when it is not part of a job of several processes, or when the ranks could
-    not agree (warned once): then it is watched as a run of its own. Never raises."""
+    not agree (warned once): then it is watched as a run of its own. Never raises.
+
+    `name` is this rank's name for the run; rank 0's comes back as `Rank.name` on every rank
+    where the store carries it, so that a default (dated) name is the same on every rank."""
     global _calls
     try:
         place = _place(env)
@@ -97,7 +102,7 @@ def join(env: Mapping[str, str] = os.environ) -> Optional[Rank]:
         n = _calls
         _calls += 1
     try:
-        job = _agree(place, n, env)
+        job, name = _agree(place, n, env, name)
     except Exception as exc:
         job, why = None, f"{type(exc).__name__}: {exc}"
     else:
@@ -105,7 +110,7 @@ def join(env: Mapping[str, str] = os.environ) -> Optional[Rank]:
     if job is None:
         _warn_once(place, why)
         return None
-    return Rank(job, place.rank, place.world_size, place.local_rank, place.backend)
+    return Rank(job, place.rank, place.world_size, place.local_rank, place.backend, name)
 
 
 def _place(env: Mapping[str, str]) -> Optional[_Place]:
@@ -122,24 +127,28 @@ def _place(env: Mapping[str, str]) -> Optional[_Place]:
     return _Place(rank, world_size, local_rank, None, False)
 
 
-def _agree(place: _Place, n: int, env: Mapping[str, str]) -> Optional[str]:
-    """The job id every rank of the job gets for its n-th distributed watch(); None if none can be agreed."""
+def _agree(place: _Place, n: int, env: Mapping[str, str], name: Optional[str]) -> tuple[Optional[str], Optional[str]]:
+    """The job id every rank of the job gets for its n-th distributed watch() (None if none can be
+    agreed), and rank 0's run name (None where there is no store to carry it)."""
     if place.initialised:
         store = torch.distributed.distributed_c10d._get_default_store()
         key = STORE_KEY.format(n=n)
         if place.rank == 0:
             job = secrets.token_hex(6)
+            if name is not None:
+                store.set(f"{key}/name", name)  # before the id: a rank that sees the id finds the name
             store.set(key, job)
-            return job
+            return job, name
         store.wait([key], timedelta(seconds=STORE_TIMEOUT_S))
         job = bytes(store.get(key)).decode("ascii", "replace")
         if not JOB_ID.match(job):
             raise ValueError(f"the store's {key} holds {job[:80]!r}, not a job id")
-        return job
+        named = store.check([f"{key}/name"])
+        return job, bytes(store.get(f"{key}/name")).decode("utf-8", "replace") if named else None
     launch = env.get("TORCHELASTIC_RUN_ID")
     if not launch or launch == "none":
-        return None
-    return hashlib.sha1(f"{launch}/{n}".encode()).hexdigest()[:12]
+        return None, None
+    return hashlib.sha1(f"{launch}/{n}".encode()).hexdigest()[:12], None
 
 
 def _warn_once(place: _Place, why: str) -> None:
