@@ -243,3 +243,35 @@ def test_cli_export_writes_what_the_server_serves(
         )
         served = http.get(f"/api/runs/{JOB}/export", params={"format": "csv", "table": table}).content
         assert out.read_bytes() == served, table
+
+
+def test_import_of_a_jobs_export_restores_its_global_steps_and_leaves_the_ranks_out(
+    http: httpx.Client, job: tuple[ServerProcess, list[RankRun]], tmp_path: Path
+) -> None:
+    exported = tmp_path / "job.jsonl"
+    exported.write_bytes(http.get(f"/api/runs/{JOB}/export", params={"format": "json"}).content)
+    db = f"sqlite:///{tmp_path / 'imported.db'}"
+    done = subprocess.run(
+        [*server_command(), "import", str(exported), "--db", db],
+        check=True,
+        capture_output=True,
+        text=True,
+        env=job[0].env,
+        timeout=120,
+    )
+    assert done.stdout.strip() == (
+        f"imported run {JOB}: {STEPS} steps stored, 0 already there; "
+        f"{STEPS + LOST_AFTER} steps of its ranks left out (the job's global steps are imported)"
+    )
+    again = subprocess.run(
+        [*server_command(), "export", JOB, "--db", db, "--table", "steps"],
+        check=True,
+        capture_output=True,
+        text=True,
+        env=job[0].env,
+        timeout=120,
+    )
+    rows = list(csv.DictReader(io.StringIO(again.stdout)))
+    served = [r for r in _csv(http, JOB, "steps") if r["rank"] == ""]
+    assert [r["grad_norm_total"] for r in rows] == [r["grad_norm_total"] for r in served]
+    assert [int(r["step"]) for r in rows] == list(range(1, STEPS + 1))
