@@ -175,10 +175,29 @@ def combine(pieces: Sequence[Piece]) -> Assembled:
             result.arrays["update_ratio"] = from_lowest(
                 [p.arrays["update_ratio"] for p in having], [p.counted for p in having]
             )
+    unknown = _unmeasured(pieces)
+    if unknown is not None:
+        for metric, array in result.arrays.items():
+            if metric.endswith("_norm") or metric == "update_ratio":
+                array[unknown] = _absent(int(unknown.sum()))
     if "grad_norm_total" in result.scalars and "grad_norm" in result.arrays:
         result.scalars["grad_norm_total"] = total_norm(result.arrays["grad_norm"])
     result.scalars[RANKS_SCALAR] = float(len(pieces))
     return result
+
+
+def _unmeasured(pieces: Sequence[Piece]) -> np.ndarray | None:
+    """Where a norm cannot be known: the parameters whose counted piece is on a rank that did
+    not measure this step (no `grad_norm`: cheap facts only) while another rank did. Their
+    global norms are ABSENT rather than the sum of the other pieces, which would be too small."""
+    measured = ["grad_norm" in p.arrays for p in pieces]
+    if all(measured) or not any(measured):
+        return None
+    unknown = np.zeros(len(pieces[0].counted), dtype=bool)
+    for piece, was in zip(pieces, measured):
+        if not was:
+            unknown |= piece.counted
+    return unknown if unknown.any() else None
 
 
 def _same(a: np.ndarray, b: np.ndarray) -> np.ndarray:

@@ -109,6 +109,20 @@ def test_squares_are_added_in_float64() -> None:
     assert float(got[1]) == pytest.approx(math.sqrt(2) * float(big[1]), rel=1e-6)
 
 
+def test_a_norm_is_absent_where_a_counted_piece_was_not_measured() -> None:
+    """A rank that sent only cheap facts at a step another rank measured: its pieces' norms are
+    unknown, so the global norm is ABSENT there, never the smaller sum of the other pieces."""
+    counted = np.array([True, False, True])
+    measured = Piece(0, 0.0, {}, {"grad_norm": f32s(3.0, 4.0, 5.0), "backward_passes": f32s(1, 1, 1)}, np.ones(3, bool))
+    cheap = Piece(1, 0.0, {}, {"backward_passes": f32s(1, 1, 1)}, counted)
+    got = combine([measured, cheap]).arrays["grad_norm"]
+    assert is_absent(got[0]) and float(got[1]) == 4.0 and is_absent(got[2])
+
+
+def f32s(*values: float) -> np.ndarray:
+    return np.array(values, dtype="<f4")
+
+
 def test_update_ratio_is_the_ratio_of_the_global_norms() -> None:
     rng = np.random.default_rng(7)
     pieces = random_pieces(rng, 2, 100)

@@ -172,6 +172,13 @@ class Store:
         with self._read() as conn:
             return _jobs.rank_runs(conn, job)
 
+    def lost_ranks(self, job: str, rank_timeout: float) -> list[int]:
+        """The ranks of a job that are lost now (jobs.lost_ranks): `--rank-timeout` is the setting's."""
+        if not storable(job):
+            return []
+        with self._read() as conn:
+            return _jobs.lost_ranks(conn, job, self._clock(), rank_timeout)
+
     def partial_steps(self, job: str) -> list[tuple[int, list[int]]]:
         """A job's steps assembled without some rank: (step, missing ranks), by step."""
         if not storable(job):

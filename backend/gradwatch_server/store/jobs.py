@@ -320,3 +320,15 @@ def get_partial_steps(conn: Connection, job: str) -> list[tuple[int, list[int]]]
             .order_by(partial_steps.c.step)
         )
     ]
+
+
+def lost_ranks(conn: Connection, job: str, now: float, rank_timeout: float) -> list[int]:
+    """The job's ranks that are lost now: running, silent for `rank_timeout` while another rank
+    is ahead (a rank that never said hello is timed from the job's start, the hook's clock)."""
+    parent = conn.execute(
+        select(runs.c.world_size, runs.c.created_at).where(runs.c.id == job, runs.c.parent_id.is_(None))
+    ).one_or_none()
+    if parent is None or parent.world_size is None:
+        return []
+    ranks = _ranks(conn, job, parent.world_size, parent.created_at)
+    return [r.rank for r in ranks if _lost(r, ranks, now, rank_timeout)]
