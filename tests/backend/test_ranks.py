@@ -113,6 +113,32 @@ def test_partial_ranges_follow_each_rank_lost(http: httpx.Client) -> None:
     ]
 
 
+def test_a_running_rank_silent_past_the_timeout_is_lost(job: tuple[ServerProcess, list[RankRun]]) -> None:
+    server = job[0]
+    hooks = [Ingest(server.ws_url, r) for r in rank_runs("silentjob", "silent", 2)]
+    try:
+        for hook in hooks:
+            hook.steps(3)
+        hooks[0].steps(3)
+        deadline = time.monotonic() + 15
+        while time.monotonic() < deadline:
+            body = httpx.get(f"{server.url}/api/runs/silentjob/ranks", timeout=10).json()
+            if body["ranks"][1]["lost"]:
+                break
+            time.sleep(0.1)
+        assert [(r["rank"], r["status"], r["lost"]) for r in body["ranks"]] == [
+            (0, "running", False),
+            (1, "running", True),
+        ]
+        # Not before the timeout: the rank is lost only once silent for --rank-timeout.
+        heard = body["ranks"][1]["updated_at"]
+        assert time.time() - heard >= RANK_TIMEOUT_S
+    finally:
+        for hook in hooks:
+            hook.close("finished")
+            hook.__exit__(None, None, None)
+
+
 def test_ranks_of_a_single_process_run_and_bad_ids(http: httpx.Client) -> None:
     assert http.get("/api/runs/single/ranks").json() == {
         "world_size": 1,
@@ -131,7 +157,8 @@ def test_ranks_of_a_single_process_run_and_bad_ids(http: httpx.Client) -> None:
 
 def test_run_list_shows_the_job_with_its_world_size_and_never_its_ranks(http: httpx.Client) -> None:
     runs = {r["id"]: r for r in http.get("/api/runs").json()["data"]}
-    assert set(runs) == {JOB, JOB3, "single"}
+    assert {JOB, JOB3, "single"} <= set(runs)
+    assert not any(".r" in run_id for run_id in runs)
     assert runs[JOB]["world_size"] == 2
     assert runs["single"]["world_size"] is None
 
