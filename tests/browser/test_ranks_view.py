@@ -146,6 +146,7 @@ def test_a_ranks_page_names_its_job_and_links_back(dist: tuple[ServerProcess, li
     sync_api.expect(p.locator('[data-field="steps"]')).to_have_text(str(LOST_AFTER))
     page.wait_points("grad-norm-total", LOST_AFTER)
     assert p.locator('[data-card="ranks"]').is_hidden()
+    sync_api.expect(p.locator(".findings-ok")).to_contain_text("a rank's own run is not diagnosed")
     rank.locator("a.job-link").click()
     p.wait_for_url(f"**/runs/{JOB}")
     sync_api.expect(p.locator('[data-card="ranks"]')).to_be_visible()
