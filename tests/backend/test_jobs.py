@@ -216,6 +216,11 @@ def test_a_refused_rank_harms_nothing_else(srv: ServerProcess, http: httpx.Clien
     ]
     assert http.get("/api/runs/j-refuse").json()["status"] == "finished"
     assert [p["name"] for p in http.get("/api/runs/j-refuse/params").json()["data"]] == ["fc.weight", "fc.bias"]
+    with Hook(srv.ws_url) as plain:  # a job's run takes no single-process hook
+        plain.send(hello("j-refuse", name="j-refuse"))
+        code, _, error = plain.refused()
+    assert code == 1003 and error is not None and "is a distributed job's run" in error
+    assert http.get("/api/runs/j-refuse").json()["steps"] == 1
     # a single-process run's id is no job's
     with Hook(srv.ws_url) as plain:
         plain.call(hello("j-plain"))

@@ -56,7 +56,14 @@ def open_run(
     info = hello.run
     run_id = info.id if run_id is None else run_id
     pieces = parent_id is not None
-    existing = conn.execute(select(runs.c.status).where(runs.c.id == run_id).with_for_update()).one_or_none()
+    existing = conn.execute(
+        select(runs.c.status, runs.c.world_size).where(runs.c.id == run_id).with_for_update()
+    ).one_or_none()
+    if existing is not None and world_size is None and existing.world_size is not None:
+        raise ParamsMismatch(
+            f"run {run_id!r} is a distributed job's run: only its ranks write to it (a hello with "
+            '"dist"); give this run another id'
+        )
     if existing is not None:
         stored = (
             conn.execute(select(params.c.name).where(params.c.run_id == run_id).order_by(params.c.idx)).scalars().all()
