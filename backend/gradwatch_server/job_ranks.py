@@ -16,10 +16,10 @@ def is_job(run: Run) -> bool:
     return run.world_size is not None and run.parent_id is None
 
 
-def lost_ranks(ranks: list[Run], ranges: list[PartialRange]) -> set[int]:
-    """Ranks that stopped sending while others went on: not finished, and missing from the job's
-    last partial range, which lies after the rank's last step (a rank that fell behind and came
-    back is missing from earlier ranges only; one that closed early finished)."""
+def left_behind(ranks: list[Run], ranges: list[PartialRange]) -> set[int]:
+    """Ranks that stopped while others went on and were assembled without: not finished, and
+    missing from the job's last partial range, which lies after the rank's last step (a rank that
+    fell behind and came back is missing from earlier ranges only; one that closed early finished)."""
     if not ranges:
         return set()
     last = ranges[-1]
@@ -33,8 +33,11 @@ def lost_ranks(ranks: list[Run], ranges: list[PartialRange]) -> set[int]:
     }
 
 
-def job_ranks(store: Store, run: Run) -> RanksPublic:
-    """The job's ranks by rank, and its partial steps; a single-process run has none."""
+def job_ranks(store: Store, run: Run, rank_timeout: float) -> RanksPublic:
+    """The job's ranks by rank, and its partial steps; a single-process run has none. A rank is
+    lost when it is running but silent for `rank_timeout` while another is ahead (the assembly's
+    rule, `Store.lost_ranks`), or when it was left behind (`left_behind`: it crashed or timed out
+    and the job went on without it)."""
     if run.parent_id is not None:
         raise NotAJob(
             f"run {run.id!r} is rank {run.rank} of job {run.parent_id!r}: "
@@ -44,7 +47,7 @@ def job_ranks(store: Store, run: Run) -> RanksPublic:
         return RanksPublic(world_size=1, ranks=[], partial=PartialPublic(steps=0, ranges=[]))
     children = store.rank_runs(run.id)
     ranges = store.partial_ranges(run.id)
-    lost = lost_ranks(children, ranges)
+    lost = left_behind(children, ranges) | set(store.lost_ranks(run.id, rank_timeout))
     return RanksPublic(
         world_size=run.world_size or 1,
         ranks=[

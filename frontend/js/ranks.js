@@ -23,6 +23,14 @@ export function rankMemoryKey(scalars) {
   return scalars.includes("mem/rss_bytes") ? "mem/rss_bytes" : null;
 }
 
+/** The ranks of a job of `worldSize` that have not reached the server (no run of theirs in `ranks`). */
+export function absentRanks(worldSize, ranks) {
+  const here = new Set(ranks.map((r) => r.rank));
+  const out = [];
+  for (let r = 0; r < worldSize; r++) if (!here.has(r)) out.push(r);
+  return out;
+}
+
 /** "1", "1 and 3", "1, 3 and 4". */
 export function listRanks(ranks) {
   const r = ranks.map(String);

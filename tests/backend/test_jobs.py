@@ -78,9 +78,10 @@ def send(
 
 
 def job_steps(base_url: str, run_id: str) -> dict[int, dict[str, Any]]:
-    """The stored steps of a run, by step, from its JSON export."""
+    """The stored steps of a run, by step, from its JSON export (a job's global steps: its ranks'
+    own lines, with a `rank`, follow them)."""
     lines = httpx.get(f"{base_url}/api/runs/{run_id}/export", params={"format": "json"}, timeout=10).text
-    return {d["step"]: d for d in map(json.loads, lines.splitlines()) if d["type"] == "step"}
+    return {d["step"]: d for d in map(json.loads, lines.splitlines()) if d["type"] == "step" and d.get("rank") is None}
 
 
 def global_norm(pieces: list[tuple[float, bool]]) -> float:

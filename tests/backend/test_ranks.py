@@ -113,6 +113,32 @@ def test_partial_ranges_follow_each_rank_lost(http: httpx.Client) -> None:
     ]
 
 
+def test_a_running_rank_silent_past_the_timeout_is_lost(job: tuple[ServerProcess, list[RankRun]]) -> None:
+    server = job[0]
+    hooks = [Ingest(server.ws_url, r) for r in rank_runs("silentjob", "silent", 2)]
+    try:
+        for hook in hooks:
+            hook.steps(3)
+        hooks[0].steps(3)
+        deadline = time.monotonic() + 15
+        while time.monotonic() < deadline:
+            body = httpx.get(f"{server.url}/api/runs/silentjob/ranks", timeout=10).json()
+            if body["ranks"][1]["lost"]:
+                break
+            time.sleep(0.1)
+        assert [(r["rank"], r["status"], r["lost"]) for r in body["ranks"]] == [
+            (0, "running", False),
+            (1, "running", True),
+        ]
+        # Not before the timeout: the rank is lost only once silent for --rank-timeout.
+        heard = body["ranks"][1]["updated_at"]
+        assert time.time() - heard >= RANK_TIMEOUT_S
+    finally:
+        for hook in hooks:
+            hook.close("finished")
+            hook.__exit__(None, None, None)
+
+
 def test_ranks_of_a_single_process_run_and_bad_ids(http: httpx.Client) -> None:
     assert http.get("/api/runs/single/ranks").json() == {
         "world_size": 1,
@@ -131,7 +157,8 @@ def test_ranks_of_a_single_process_run_and_bad_ids(http: httpx.Client) -> None:
 
 def test_run_list_shows_the_job_with_its_world_size_and_never_its_ranks(http: httpx.Client) -> None:
     runs = {r["id"]: r for r in http.get("/api/runs").json()["data"]}
-    assert set(runs) == {JOB, JOB3, "single"}
+    assert {JOB, JOB3, "single"} <= set(runs)
+    assert not any(".r" in run_id for run_id in runs)
     assert runs[JOB]["world_size"] == 2
     assert runs["single"]["world_size"] is None
 
@@ -243,3 +270,35 @@ def test_cli_export_writes_what_the_server_serves(
         )
         served = http.get(f"/api/runs/{JOB}/export", params={"format": "csv", "table": table}).content
         assert out.read_bytes() == served, table
+
+
+def test_import_of_a_jobs_export_restores_its_global_steps_and_leaves_the_ranks_out(
+    http: httpx.Client, job: tuple[ServerProcess, list[RankRun]], tmp_path: Path
+) -> None:
+    exported = tmp_path / "job.jsonl"
+    exported.write_bytes(http.get(f"/api/runs/{JOB}/export", params={"format": "json"}).content)
+    db = f"sqlite:///{tmp_path / 'imported.db'}"
+    done = subprocess.run(
+        [*server_command(), "import", str(exported), "--db", db],
+        check=True,
+        capture_output=True,
+        text=True,
+        env=job[0].env,
+        timeout=120,
+    )
+    assert done.stdout.strip() == (
+        f"imported run {JOB}: {STEPS} steps stored, 0 already there; "
+        f"{STEPS + LOST_AFTER} steps of its ranks left out (the job's global steps are imported)"
+    )
+    again = subprocess.run(
+        [*server_command(), "export", JOB, "--db", db, "--table", "steps"],
+        check=True,
+        capture_output=True,
+        text=True,
+        env=job[0].env,
+        timeout=120,
+    )
+    rows = list(csv.DictReader(io.StringIO(again.stdout)))
+    served = [r for r in _csv(http, JOB, "steps") if r["rank"] == ""]
+    assert [r["grad_norm_total"] for r in rows] == [r["grad_norm_total"] for r in served]
+    assert [int(r["step"]) for r in rows] == list(range(1, STEPS + 1))

@@ -85,3 +85,9 @@ test("partialMarkers and markerLayout: a partial range is a faint band over its 
   assert.equal(sameMarkers(markers, partialMarkers([{ first: 38, last: 61, missing: [1] }])), false);
   assert.equal(sameMarkers(markers, partialMarkers([{ first: 38, last: 60, missing: [1] }])), true);
 });
+
+test("absentRanks: the job's ranks without a run on the server", async () => {
+  const { absentRanks } = await import("../../frontend/js/ranks.js");
+  assert.deepEqual(absentRanks(4, [{ rank: 0 }, { rank: 2 }]), [1, 3]);
+  assert.deepEqual(absentRanks(2, [{ rank: 0 }, { rank: 1 }]), []);
+});

@@ -15,7 +15,7 @@ import { LineChart } from "../charts/line.js";
 import { h, notice, setChildren, statusBadge } from "../dom.js";
 import { byteUnit, fmtAgo, fmtCount, fmtNum, fmtTime, isNonFinite, toNumbers } from "../format.js";
 import {
-  findStraggler, listRanks, MAX_SHOWN_RANKS, parseRanks, partialText, rankMemoryKey, shownRanks,
+  absentRanks, findStraggler, listRanks, MAX_SHOWN_RANKS, parseRanks, partialText, rankMemoryKey, shownRanks,
 } from "../ranks.js";
 import { chartCard } from "./card.js";
 import { pointsFor } from "./scalars.js";
@@ -132,6 +132,12 @@ export function createRanksViews(state, { onXRange, onRanks = () => {}, onPartia
         lost.map((r, i) => [i ? "; " : "", `rank ${r.rank} sent nothing after step ${r.last_step ?? "—"}`]),
         "."));
     }
+    const absent = absentRanks(a.world_size, ranks);
+    if (absent.length) {
+      const named = absent.length > MAX_RANGES_LISTED ? [...absent.slice(0, MAX_RANGES_LISTED), `${absent.length - MAX_RANGES_LISTED} more`] : absent;
+      notices.push(h("li", { dataset: { absent: absent.join(",") } },
+        `Rank${absent.length === 1 ? "" : "s"} ${listRanks(named)} ${absent.length === 1 ? "has" : "have"} not reached this server.`));
+    }
     const ranges = partial.ranges || [];
     for (const r of ranges.slice(0, MAX_RANGES_LISTED)) notices.push(h("li", { dataset: { partial: `${r.first}-${r.last}` } }, `${partialText(r)}.`));
     if (ranges.length > MAX_RANGES_LISTED) notices.push(h("li", {}, `… and ${ranges.length - MAX_RANGES_LISTED} more ranges.`));
@@ -141,7 +147,7 @@ export function createRanksViews(state, { onXRange, onRanks = () => {}, onPartia
         dataset: { partialSteps: String(partial.steps || 0) } },
       h("p", { class: "notice-title" }, partial.steps
         ? `${fmtCount(partial.steps)} step${partial.steps === 1 ? " was" : "s were"} stored without every rank: their global values leave those ranks out`
-        : "A rank was lost"),
+        : lost.length ? "A rank was lost" : "Not every rank is here"),
       h("ul", {}, notices)) : null,
       h("div", { class: "table-wrap" }, h("table", { class: "ranks-table" },
         h("thead", {}, h("tr", {},

@@ -39,7 +39,12 @@ export function createRunViews(state, { onXRange, onSelect, onParam, onModule, o
   });
 
   const views = {
-    findings: findingsView({ onParam, onFindings }),
+    findings: findingsView({
+      onParam, onFindings,
+      // A rank's own run of a distributed job is not diagnosed: its job's run is, on the global values.
+      emptyText: () => (state.run && state.run.parent_id != null
+        ? "No findings: a rank's own run is not diagnosed; its job's run has the findings" : "No problems found"),
+    }),
     context: runContextView(),
     gradTotal: scalarView({
       id: "grad-norm-total", title: "Total gradient norm", help: "‖grad‖₂ over all parameters, as the step used it",
