@@ -11,8 +11,9 @@ training (no collective of gradwatch's own). Parameters keep their module names 
 `_fsdp_wrapped_module.` is stripped; with `--flat` the flat parameter is mapped back to them).
 
 `--oracle FILE` makes the example gather the full tensors itself at every step (FSDP2:
-`full_tensor()`; FSDP1: `summon_full_params` and `optim_state_dict`: collectives, for checking
-only) and rank 0 write their norms (JSON lines), which the run's values equal.
+`full_tensor()`; FSDP1: `summon_full_params`, and its optimizer state's slices all-gathered:
+collectives, for checking only) and rank 0 write their norms (JSON lines), which the run's
+values equal.
 """
 
 from __future__ import annotations
@@ -68,16 +69,25 @@ def gathered_state(model: nn.Module, opt: torch.optim.Optimizer, fsdp1: bool) ->
     norms: dict[str, dict[str, float]] = {"param_norm": {}, "exp_avg_norm": {}, "exp_avg_sq_norm": {}}
     if fsdp1:
         with FullyShardedDataParallel.summon_full_params(model):
-            params = {clean(n): torch.linalg.vector_norm(p).item() for n, p in model.named_parameters()}
-        state = FullyShardedDataParallel.optim_state_dict(model, opt)["state"]
+            norms["param_norm"] = {clean(n): torch.linalg.vector_norm(p).item() for n, p in model.named_parameters()}
     else:
-        params = {n: torch.linalg.vector_norm(full(p)).item() for n, p in model.named_parameters()}
-        state = {n: {k: full(v) for k, v in opt.state[p].items()} for n, p in model.named_parameters()}
-    norms["param_norm"] = params
-    for name, s in state.items():
+        norms["param_norm"] = {n: torch.linalg.vector_norm(full(p)).item() for n, p in model.named_parameters()}
+    for name, p in model.named_parameters():
         for key in ("exp_avg", "exp_avg_sq"):
-            norms[f"{key}_norm"][clean(name)] = torch.linalg.vector_norm(s[key]).item()
+            state = opt.state.get(p, {}).get(key, torch.zeros(0))  # FSDP1: a rank with no slice has no state
+            norms[f"{key}_norm"][clean(name)] = torch.linalg.vector_norm(
+                full(state) if not fsdp1 else joined(state)
+            ).item()
     return norms
+
+
+def joined(piece: torch.Tensor) -> torch.Tensor:
+    """FSDP1 (use_orig_params=True): every rank's 1-D slice of a parameter's state, joined in rank
+    order: the whole tensor. (`FullyShardedDataParallel.optim_state_dict` would gather it too,
+    but on CPU with torch 2.13 it returned `exp_avg_sq` under `exp_avg` as well.)"""
+    pieces: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(pieces, piece.detach().reshape(-1))
+    return torch.cat(pieces)
 
 
 def clean(name: str) -> str:

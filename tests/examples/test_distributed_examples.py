@@ -56,12 +56,14 @@ def torchrun(server: ServerProcess, folder: Path, script: str, *args: str) -> st
     return job_of(found[0])
 
 
-@pytest.mark.parametrize("script, args", [("ddp.py", ()), ("fsdp.py", ())], ids=["ddp", "fsdp2"])
+@pytest.mark.parametrize(
+    "script, args", [("ddp.py", ()), ("fsdp.py", ()), ("fsdp.py", ("--fsdp1",))], ids=["ddp", "fsdp2", "fsdp1"]
+)
 def test_the_example_is_one_run_equal_to_its_oracle(
     server: ServerProcess, tmp_path: Path, script: str, args: tuple[str, ...]
 ) -> None:
     oracle_file = tmp_path / "oracle.jsonl"
-    run_name = f"example-{script}"
+    run_name = f"example-{script}{''.join(args)}"
     job = torchrun(
         server, tmp_path, script, "--steps", str(STEPS), "--name", run_name, "--oracle", str(oracle_file), *args
     )
