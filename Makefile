@@ -11,7 +11,7 @@ TORCH  := torch==2.13.0
 # pointed at PostgreSQL and the tests run on it too.
 PKGS   := ./trainer_hook './backend[postgres]'
 
-.PHONY: demo test test-fast check format screenshot bench bench-dashboard bench-storage setup setup-test system-deps clean
+.PHONY: demo test test-fast check format screenshot bench bench-dashboard bench-storage bench-distributed setup setup-test system-deps clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -90,8 +90,13 @@ $(BENCH_VENV)/.stamp: benchmarks/requirements-mlflow.txt
 
 bench: setup-test $(VENV)/.stamp-bench-peers $(BENCH_VENV)/.stamp
 	$(BIN)/python benchmarks/overhead.py
+	$(BIN)/python benchmarks/distributed.py
 	$(BIN)/python benchmarks/dashboard.py
 	$(BIN)/python benchmarks/storage.py
+
+# A 2-rank CPU job (DDP, FSDP2) watched vs unwatched, alone.
+bench-distributed: setup-test
+	$(BIN)/python benchmarks/distributed.py
 
 # Storage at scale alone: ingest (SQLite, PostgreSQL, MLflow), reads, export, disk, run management.
 bench-storage: setup-test $(BENCH_VENV)/.stamp
