@@ -25,8 +25,9 @@ def torchrun(script: str, tmp_path: Path) -> list[list[dict[str, Any]]]:
     """Run torchrun/`script` on 2 ranks; each rank's spooled messages (its hello first), by rank."""
     spool = tmp_path / "spool"
     env = dict(os.environ, GRADWATCH_SPOOL=str(spool), OMP_NUM_THREADS="1")
+    # --standalone: the rendezvous on a free port (torchrun's default 29500 may be another job's)
     done = subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", str(SCRIPTS / script)]
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", str(SCRIPTS / script)]
         + [str(tmp_path / "out"), str(STEPS)],
         capture_output=True,
         text=True,
