@@ -106,7 +106,7 @@ class Watcher:
         self.warn = warn
         self._amp = None if scaler is None else AmpScaler(scaler)
         self._probe = Probe(self.layout, amp=self._amp, updates=updates)
-        self._tracker = GradTracker(self._probe.params)
+        self._tracker = GradTracker([w.piece.accumulated for w in self.layout.params])
         #: parameter indices of each optimizer; None stands for all (one optimizer)
         self._members: list[Optional[list[int]]] = (
             [None]
