@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 import numpy as np
+import pytest
 import torch
 
 from gradwatch import wire
@@ -96,3 +97,28 @@ def test_hook_steps_batches_validate_and_stand_for_their_steps() -> None:
         assert protocol.decode_status(step.arrays()["grad_status"]).tolist() == [2, 3]
     single = protocol.parse_message(wire.dumps(wire.steps(10, records[:1])), param_count=2)
     assert isinstance(single, protocol.Step) and single.step == 4  # one record: a plain `step`
+
+
+@pytest.mark.skipif(
+    "local_numel" not in protocol.ParamInfo.model_fields,
+    reason="this server's protocol has no distributed fields yet (params' local_numel/counted, issue 17)",
+)
+def test_distributed_rank_params_and_update_norms_validate() -> None:
+    """A rank's `params` (local_numel, counted) and, with updates, `param_before_norm`."""
+    model = torch.nn.Linear(3, 2)
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+    layout = build_layout([opt], model, rank=1)
+    params = layout.hello_params()
+    assert [(p["local_numel"], p["counted"]) for p in params] == [(6, False), (2, False)]
+    for p in params:
+        parsed = protocol.ParamInfo.model_validate(p)
+        assert (parsed.local_numel, parsed.counted) == (p["local_numel"], False)
+    probe = Probe(layout, updates=True)
+    model(torch.randn(2, 3)).sum().backward()
+    probe.before_step(1)
+    opt.step()
+    metrics, status, scalars = probe.after_step({}).resolve()
+    assert set(metrics) >= {"update_norm", "update_ratio", "param_before_norm"}
+    step = protocol.parse_message(wire.dumps(wire.step(1, 1, 0.0, scalars, metrics, status)), param_count=2)
+    assert isinstance(step, protocol.Step)
+    assert step.arrays()["param_before_norm"] == metrics["param_before_norm"].tobytes()

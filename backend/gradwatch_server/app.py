@@ -16,6 +16,7 @@ from .charts import NotFound, TooLong
 from .cost import StepCost
 from .deps import RunNotFound
 from .diagnostics import Diagnostics
+from .jobs import JobAssembler
 from .live import LiveHub
 from .notify import Notifier
 from .security import HostGuard, default_allowed_hosts
@@ -73,10 +74,14 @@ def create_app(settings: Settings) -> FastAPI:
         app.state.step_cost = StepCost()
         notifier = Notifier(settings.notify, settings.dashboard_url()) if settings.notify else None
         app.state.notifier = notifier
+        jobs = JobAssembler(store, hub, app.state.diagnostics, settings.rank_timeout_s, notifier)
+        app.state.jobs = jobs
         sessions.watch(await asyncio.to_thread(store.running_run_ids))
+        jobs.start()
         try:
             yield
         finally:
+            await jobs.close()
             await sessions.close()
             if notifier is not None:  # what is queued gets a moment to go out
                 await asyncio.to_thread(notifier.close, 2.0)

@@ -52,6 +52,16 @@ def _workers(text: str) -> int:
     return value
 
 
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
+    if not value > 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a positive number of seconds, not {text}")
+    return value
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="gradwatch",
@@ -97,6 +107,14 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="URL",
         help="the dashboard's address as people reach it, for the links in notifications "
         f"(default: ${ENV_VARS['public_url']}, then the address served)",
+    )
+    serve.add_argument(
+        "--rank-timeout",
+        type=_seconds,
+        metavar="SECONDS",
+        help="a rank of a distributed job that sends nothing this long while another rank is "
+        "ahead is lost: the job's steps go on without it, marked partial "
+        f"(default: ${ENV_VARS['rank_timeout_s']}, then 30)",
     )
     serve.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
 
@@ -214,6 +232,7 @@ def cmd_serve(args: argparse.Namespace, env: Mapping[str, str], out: IO[str]) ->
         workers=args.workers,
         notify=args.notify,
         public_url=args.public_url,
+        rank_timeout_s=args.rank_timeout,
     )
     problem = workers.refusal(settings)
     if problem:
@@ -292,7 +311,7 @@ def _progress(total: int, enabled: bool, unit: str = "step") -> Iterator[Callabl
 
 
 def cmd_export(args: argparse.Namespace, env: Mapping[str, str], out: IO[str]) -> int:
-    from .exporters import FORMATS
+    from .exporters import FORMATS, export_steps
     from .step_table import STEP_FORMATS
 
     if args.output is None and args.format == "parquet" and out.isatty():
@@ -301,7 +320,7 @@ def cmd_export(args: argparse.Namespace, env: Mapping[str, str], out: IO[str]) -
     try:
         run = _find_run(store, args.run)
         fmt = (STEP_FORMATS if args.table == "steps" else FORMATS)[args.format]
-        with _progress(run.steps, args.output is not None) as progress:
+        with _progress(export_steps(store, run), args.output is not None) as progress:
             chunks = fmt.write(store, run, progress)
             if args.output is None:
                 sink = out.buffer if hasattr(out, "buffer") else None
@@ -335,7 +354,12 @@ def cmd_import(args: argparse.Namespace, env: Mapping[str, str], out: IO[str]) -
         raise CommandFailed(f"cannot read {args.file}: {exc.strerror}") from None
     finally:
         store.close()
-    print(f"imported run {result.run_id}: {result.stored} steps stored, {result.skipped} already there", file=out)
+    ranks = f"; {result.rank_lines} steps of its ranks left out (the job's global steps are imported)"
+    print(
+        f"imported run {result.run_id}: {result.stored} steps stored, {result.skipped} already there"
+        + (ranks if result.rank_lines else ""),
+        file=out,
+    )
     return EXIT_OK
 
 

@@ -14,6 +14,7 @@ from starlette.requests import HTTPConnection
 
 from .cost import StepCost
 from .diagnostics import Diagnostics
+from .jobs import JobAssembler
 from .live import LiveHub
 from .notify import Notifier
 from .sessions import Sessions
@@ -57,6 +58,11 @@ def get_notifier(conn: HTTPConnection) -> Notifier | None:
     return notifier
 
 
+def get_jobs(conn: HTTPConnection) -> JobAssembler:
+    jobs: JobAssembler = conn.app.state.jobs
+    return jobs
+
+
 SettingsDep = Annotated[Settings, Depends(get_settings)]
 StoreDep = Annotated[Store, Depends(get_store)]
 HubDep = Annotated[LiveHub, Depends(get_hub)]
@@ -64,6 +70,7 @@ SessionsDep = Annotated[Sessions, Depends(get_sessions)]
 DiagnosticsDep = Annotated[Diagnostics, Depends(get_diagnostics)]
 StepCostDep = Annotated[StepCost, Depends(get_step_cost)]
 NotifierDep = Annotated[Notifier | None, Depends(get_notifier)]
+JobsDep = Annotated[JobAssembler, Depends(get_jobs)]
 
 RunIdPath = Annotated[str, Path(description="the run's id, chosen by the hook")]
 

@@ -4,6 +4,10 @@ Each exporter is a generator that reads the run a chunk of steps at a time (`Sto
 and yields encoded bytes, so neither the server nor the CLI ever holds a whole run in memory.
 NaN and infinities are written as data: `nan`/`inf` in CSV, "NaN"/"Infinity" in JSON lines,
 IEEE values in Parquet; ABSENT is an empty CSV cell, null in JSON, a null in Parquet.
+
+A distributed job's run (`export_sources`) exports its global rows, then each rank's own rows
+(its child run's, by rank), with a last column `rank`: empty (null) on the global rows, the
+rank on the others. A single-process run's export has no `rank` column.
 """
 
 from __future__ import annotations
@@ -16,11 +20,13 @@ import tempfile
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import TypeVar
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from .job_ranks import is_job
 from .jsonvalues import metric_list, word
 from .models import ParamPublic, RunPublic
 from .protocol import GRAD_STATUS, GRAD_STATUS_NAMES, absent_mask
@@ -31,6 +37,39 @@ FIXED_METRICS = ("grad_norm", GRAD_STATUS, "param_norm", "exp_avg_norm", "exp_av
 
 Progress = Callable[[int], None]
 """Called with the number of steps just written (for a progress bar)."""
+
+#: The last column of a distributed job's export: the rank of the row's child run, empty on the
+#: job's global rows.
+RANK_COLUMN = "rank"
+
+#: A run whose rows an export holds, and the rank they carry (None: the job's global rows, or
+#: a single-process run's).
+Source = tuple[Run, int | None]
+
+T = TypeVar("T")
+
+
+def export_sources(store: Store, run: Run) -> list[Source]:
+    """The runs an export of `run` reads, in order: the run itself; for a distributed job's run,
+    then each rank's own run, by rank."""
+    if not is_job(run):
+        return [(run, None)]
+    return [(run, None), *((child, child.rank) for child in store.rank_runs(run.id))]
+
+
+def export_steps(store: Store, run: Run) -> int:
+    """The steps an export of `run` writes (for a progress bar): its own and its ranks'."""
+    return sum(source.steps for source, _ in export_sources(store, run))
+
+
+def series_union(store: Store, sources: list[Source], kind: str) -> list[str]:
+    """The names of the series (`kind` "scalar" or "param") any of `sources` has, sorted."""
+    return sorted({name for source, _ in sources for name in store.series_names(source.id, kind)})
+
+
+def rank_cell(rank: int | None) -> str:
+    return "" if rank is None else str(rank)
+
 
 #: (step, parameter) rows read and encoded at once: bounds an export's memory whatever the
 #: model's width (a chunk of steps would grow with the number of parameters).
@@ -80,16 +119,17 @@ def _text_column(values: np.ndarray | None, count: int) -> np.ndarray:
 
 def csv_chunks(
     header: list[str],
-    chunks: Iterable[list[StepRecord]],
-    rows: Callable[[list[StepRecord]], Iterable[Iterable[object]]],
+    chunks: Iterable[tuple[int | None, list[T]]],
+    rows: Callable[[int | None, list[T]], Iterable[Iterable[object]]],
     progress: Progress | None = None,
 ) -> Iterator[bytes]:
-    """CSV bytes: the header, then `rows(chunk)` for each chunk of steps, one piece per chunk."""
+    """CSV bytes: the header, then `rows(rank, chunk)` for each chunk of steps (with the rank its
+    rows carry), one piece per chunk."""
     buffer = io.StringIO()
     writer = csv.writer(buffer, lineterminator="\n")
     writer.writerow(header)
-    for chunk in chunks:
-        writer.writerows(rows(chunk))
+    for rank, chunk in chunks:
+        writer.writerows(rows(rank, chunk))
         yield buffer.getvalue().encode()
         buffer.seek(0)
         buffer.truncate()
@@ -99,29 +139,46 @@ def csv_chunks(
         yield buffer.getvalue().encode()
 
 
+def ranked_chunks(
+    sources: list[Source], read: Callable[[Run], Iterable[list[T]]]
+) -> Iterator[tuple[int | None, list[T]]]:
+    """Each source's chunks of steps (`read(run)`), in order, with the rank its rows carry."""
+    for source, rank in sources:
+        for chunk in read(source):
+            yield rank, chunk
+
+
 def export_csv(store: Store, run: Run, progress: Progress | None = None) -> Iterator[bytes]:
     params = store.get_params(run.id)
     names = np.array([safe_cell(p.name) for p in params], dtype=object)
-    header = csv_columns(store.series_names(run.id, "param"))
+    sources = export_sources(store, run)
+    columns = csv_columns(series_union(store, sources, "param"))
+    ranked = is_job(run)
 
-    def rows(chunk: list[StepRecord]) -> Iterator[Iterable[object]]:
+    def rows(rank: int | None, chunk: list[StepRecord]) -> Iterator[Iterable[object]]:
         for record in chunk:
-            columns = [np.full(len(params), str(record.step), dtype=object), names]
-            columns += [_text_column(record.arrays.get(m), len(params)) for m in header[2:]]
-            yield from zip(*columns)
+            cells = [np.full(len(params), str(record.step), dtype=object), names]
+            cells += [_text_column(record.arrays.get(m), len(params)) for m in columns[2:]]
+            if ranked:
+                cells.append(np.full(len(params), rank_cell(rank), dtype=object))
+            yield from zip(*cells)
 
-    chunks = store.iter_steps(run.id, with_scalars=False, chunk=chunk_steps(len(params)))
-    return csv_chunks(header, chunks, rows, progress)
+    def read(source: Run) -> Iterator[list[StepRecord]]:
+        return store.iter_steps(source.id, with_scalars=False, chunk=chunk_steps(len(params)))
+
+    header = [*columns, RANK_COLUMN] if ranked else columns
+    return csv_chunks(header, ranked_chunks(sources, read), rows, progress)
 
 
 def _json_line(obj: object) -> bytes:
     return json.dumps(obj, allow_nan=False, separators=(",", ":")).encode() + b"\n"
 
 
-def _step_line(record: StepRecord) -> dict[str, object]:
+def _step_line(record: StepRecord, rank: dict[str, int | None]) -> dict[str, object]:
     status = record.arrays.get(GRAD_STATUS)
     return {
         "type": "step",
+        **rank,
         "step": record.step,
         "seq": record.seq,
         "time": record.time,
@@ -155,28 +212,39 @@ def parquet_metadata(store: Store, run: Run) -> dict[bytes, bytes]:
 
 
 def export_jsonl(store: Store, run: Run, progress: Progress | None = None) -> Iterator[bytes]:
-    """First a run line (run, params, groups), then one line per step; `gradwatch import` reads it."""
+    """First a run line (run, params, groups), then one line per step; `gradwatch import` reads it.
+    A job's step lines carry `rank` (null on its global steps), its ranks' steps after its own."""
     params = store.get_params(run.id)
+    ranked = is_job(run)
     yield _json_line(_run_line(store, run, params))
-    for chunk in store.iter_steps(run.id, chunk=chunk_steps(len(params))):
-        yield b"".join(_json_line(_step_line(r)) for r in chunk)
+    for rank, chunk in ranked_chunks(
+        export_sources(store, run), lambda source: store.iter_steps(source.id, chunk=chunk_steps(len(params)))
+    ):
+        field = {RANK_COLUMN: rank} if ranked else {}
+        yield b"".join(_json_line(_step_line(r, field)) for r in chunk)
         if progress:
             progress(len(chunk))
 
 
-def _arrow_schema(columns: list[str]) -> pa.Schema:
+def _arrow_schema(columns: list[str], ranked: bool) -> pa.Schema:
     fields = [pa.field("step", pa.int64()), pa.field("param", pa.string())]
     fields += [pa.field(c, pa.string() if c == GRAD_STATUS else pa.float32()) for c in columns[2:]]
+    if ranked:
+        fields.append(pa.field(RANK_COLUMN, pa.int32()))
     return pa.schema(fields)
 
 
-def _arrow_chunk(schema: pa.Schema, params: list[Param], chunk: list[StepRecord]) -> pa.Table:
+def _arrow_chunk(schema: pa.Schema, params: list[Param], rank: int | None, chunk: list[StepRecord]) -> pa.Table:
     n, p = len(chunk), len(params)
     data: dict[str, pa.Array] = {
         "step": pa.array(np.repeat([r.step for r in chunk], p).astype(np.int64)),
         "param": pa.array([param.name for param in params] * n, type=pa.string()),
     }
+    if RANK_COLUMN in schema.names:
+        data[RANK_COLUMN] = pa.array([rank] * (n * p), type=pa.int32())
     for name in schema.names[2:]:
+        if name == RANK_COLUMN:
+            continue
         present = [r.arrays.get(name) for r in chunk]
         if name == GRAD_STATUS:
             words = np.array(GRAD_STATUS_NAMES + (None,), dtype=object)
@@ -197,14 +265,20 @@ def export_parquet(store: Store, run: Run, progress: Progress | None = None) -> 
     Parquet needs its footer last, and a native file keeps pyarrow off Python file objects.
     """
     params = store.get_params(run.id)
-    schema = _arrow_schema(csv_columns(store.series_names(run.id, "param"))).with_metadata(parquet_metadata(store, run))
+    sources = export_sources(store, run)
+    schema = _arrow_schema(csv_columns(series_union(store, sources, "param")), is_job(run))
+    schema = schema.with_metadata(parquet_metadata(store, run))
     with tempfile.TemporaryDirectory(prefix="gradwatch-export-") as tmp:
         path = Path(tmp) / "run.parquet"
         writer = pq.ParquetWriter(str(path), schema)
         with open(path, "rb") as landed:
             try:
-                for chunk in store.iter_steps(run.id, with_scalars=False, chunk=chunk_steps(len(params))):
-                    writer.write_table(_arrow_chunk(schema, params, chunk))
+                chunks = ranked_chunks(
+                    sources,
+                    lambda source: store.iter_steps(source.id, with_scalars=False, chunk=chunk_steps(len(params))),
+                )
+                for rank, chunk in chunks:
+                    writer.write_table(_arrow_chunk(schema, params, rank, chunk))
                     if progress:
                         progress(len(chunk))
                     if data := landed.read():

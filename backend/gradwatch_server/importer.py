@@ -2,7 +2,9 @@
 
 The file is replayed through the wire protocol's models (a `hello` from the run line, a `step`
 per step line), so an import is checked exactly like live ingest, and importing the same file
-twice stores nothing the second time.
+twice stores nothing the second time. A distributed job's export holds its global steps and then
+its ranks' own (step lines with a `rank`): the job's run is imported with its global steps, and
+the ranks' lines are counted and left out (their streams are not rebuilt).
 """
 
 from __future__ import annotations
@@ -30,6 +32,8 @@ class Imported:
     run_id: str
     stored: int
     skipped: int
+    #: Step lines of a job's ranks (with a `rank`), left out.
+    rank_lines: int = 0
 
 
 def _b64(array: np.ndarray) -> str:
@@ -85,7 +89,7 @@ def import_jsonl(store: Store, lines: Iterable[str], batch_size: int = 256) -> I
     hello: Hello | None = None
     final: dict[str, Any] = {}
     batch: list[StepData] = []
-    stored = skipped = 0
+    stored = skipped = rank_lines = 0
     tags: list[str] | None = None
 
     def flush() -> None:
@@ -109,6 +113,9 @@ def import_jsonl(store: Store, lines: Iterable[str], batch_size: int = 256) -> I
                 tags = RunUpdate.model_validate({"tags": final.get("tags") or []}).tags
                 store.open_run(hello)
                 continue
+            if isinstance(line, dict) and line.get("rank") is not None:
+                rank_lines += 1
+                continue
             step = _step(line, number - 1, len(hello.params))
         except ImportFailed as exc:
             raise ImportFailed(f"line {number}: {exc}") from None
@@ -125,4 +132,4 @@ def import_jsonl(store: Store, lines: Iterable[str], batch_size: int = 256) -> I
     store.set_status(hello.run.id, status, final.get("finished_at"))
     if tags:
         store.update_run(hello.run.id, tags=tags)
-    return Imported(run_id=hello.run.id, stored=stored, skipped=skipped)
+    return Imported(run_id=hello.run.id, stored=stored, skipped=skipped, rank_lines=rank_lines)

@@ -9,9 +9,15 @@ diagnostics engine before it is acknowledged: a new finding (or one whose severi
 sent to the hook (`finding`) ahead of the ack that covers its step, so a hook that has its acks
 has its findings; new or changed findings go to the browsers, and a new (or graver) error or
 warning to the `--notify` webhooks (notify.py: queued, never awaited), unless it was known before
-this connection resumed the run. A frame that breaks the protocol
-gets an `error` frame and a close code once the messages before it are committed; nothing of it
-is stored, and every other connection carries on.
+this connection resumed the run.
+
+A rank of a distributed job (a hello with `dist`) streams into its own run `JOB.rRANK` the same
+way, but that run gets no diagnostics and is never announced to the run list; after each of its
+committed batches (and its close) the job's ready steps are assembled into the job's run
+(jobs.py), and the job's new findings are sent to this hook ahead of the ack.
+
+A frame that breaks the protocol gets an `error` frame and a close code once the messages before
+it are committed; nothing of it is stored, and every other connection carries on.
 """
 
 from __future__ import annotations
@@ -28,6 +34,7 @@ from starlette.websockets import WebSocketDisconnected
 from .cost import StepCost
 from .deps import token_ok
 from .diagnostics import Diagnostics, Finding
+from .jobs import JobAssembler
 from .live import LiveHub, worker_headers
 from .notify import Notifier, RunRef
 from .protocol import Close, Hello, ProtocolError, Step, Steps, parse_message
@@ -93,8 +100,10 @@ class IngestConnection:
         diagnostics: Diagnostics,
         step_cost: StepCost,
         notifier: Notifier | None = None,
+        jobs: JobAssembler | None = None,
     ) -> None:
         self.ws = websocket
+        self.jobs = jobs
         self.store = store
         self.hub = hub
         self.sessions = sessions
@@ -105,6 +114,7 @@ class IngestConnection:
         self.run_ref: RunRef | None = None  # the run, as notifications name it
         self.state = State.AWAIT_HELLO
         self.run_id = ""
+        self.job: str | None = None  # the job's run id, for a rank of a distributed job
         self.param_count = 0
         self.reported: dict[str, dict[str, object]] = {}  # findings this connection has passed on
 
@@ -160,24 +170,47 @@ class IngestConnection:
         self.run_id = hello.run.id
         self.sessions.attach(self.run_id)  # before the write: a crash timer must not overrule it
         self.state = State.STREAMING
+        if hello.dist is not None:
+            await self._hello_rank(hello)
+            return
         try:
             opened = await asyncio.to_thread(self.store.open_run, hello)
         except ParamsMismatch as exc:
             raise Refusal(CLOSE_INVALID, str(exc)) from None
         self.param_count = len(hello.params)
-        await self._send(
-            {
-                "type": "welcome",
-                "run_id": self.run_id,
-                "last_seq": opened.run.last_seq,
-                "linger": self.hub.linger(self.run_id),
-            }
-        )
+        await self._welcome(opened.run.last_seq)
         if opened.created or opened.resumed_from != "running":
             self.hub.publish_run(opened.run)
         self.run_ref = RunRef(opened.run.id, opened.run.name, opened.run.project)
         # A resumed run's findings were news when they were found, not now.
         await self._report(lambda run_id: self.diagnostics.open_run(run_id, opened.run.steps), notify=opened.created)
+
+    async def _hello_rank(self, hello: Hello) -> None:
+        """A rank's hello: open its run and its job's; the run list hears of the job only."""
+        assert hello.dist is not None
+        try:
+            opened = await asyncio.to_thread(self.store.open_rank, hello)
+        except ParamsMismatch as exc:
+            raise Refusal(CLOSE_INVALID, str(exc)) from None
+        self.job = hello.dist.job
+        self.param_count = len(hello.params)
+        await self._welcome(opened.rank.run.last_seq)
+        if opened.job_created or opened.job_resumed:
+            self.hub.publish_run(opened.job)
+        job = self.job
+        try:
+            found = await asyncio.to_thread(self.diagnostics.open_run, job, opened.job.steps)
+        except Exception:
+            log.exception("diagnostics of job %s failed", job)
+            return
+        if self.jobs is not None:
+            self.jobs.opened(job, found)
+        await self._send_findings(found)
+
+    async def _welcome(self, last_seq: int) -> None:
+        await self._send(
+            {"type": "welcome", "run_id": self.run_id, "last_seq": last_seq, "linger": self.hub.linger(self.run_id)}
+        )
 
     async def _read(self, pending: asyncio.Queue[Pending]) -> None:
         """Validate frames in arrival order; a refusal or the end of the socket is queued last."""
@@ -224,7 +257,9 @@ class IngestConnection:
         except UnknownRun:
             raise _deleted(self.run_id) from None
         new = [data for data, is_new in zip(batch, stored) if is_new]
-        if new:
+        if self.job is not None:
+            await self._assemble()
+        elif new:
             await self._report(lambda run_id: self.diagnostics.observe(run_id, new))
         ack: dict[str, object] = {
             "type": "ack",
@@ -257,12 +292,38 @@ class IngestConnection:
             self.reported[finding.code] = public
             self.hub.publish_finding(self.run_id, public)
 
+    async def _assemble(self) -> None:
+        """A rank's batch is committed: assemble the job's ready steps; send this hook the job's
+        new findings (before the ack that follows)."""
+        if self.jobs is None or self.job is None:
+            return
+        try:
+            found = await self.jobs.assemble(self.job)
+        except Exception:  # the rank's steps are committed: the job's timer assembles them later
+            log.exception("assembly of job %s failed", self.job)
+            return
+        if found is not None:
+            await self._send_findings(found)
+
+    async def _send_findings(self, found: list[Finding]) -> None:
+        """Send this hook each of the job's findings it was not sent (again if graver)."""
+        for finding in found:
+            public = finding.to_dict()
+            known = self.reported.get(finding.code)
+            if known is None or known["severity"] != public["severity"]:
+                await self._send({"type": "finding", "finding": public})
+            self.reported[finding.code] = public
+
     async def _close(self, close: Close) -> None:
         try:
             changed = await asyncio.to_thread(self.store.close_run, self.run_id, seq=close.seq, status=close.status)
         except UnknownRun:
             raise _deleted(self.run_id) from None
         self.state = State.CLOSED
+        if self.job is not None:  # a closed rank is waited for no more
+            await self._assemble()
+            await self._send({"type": "ack", "seq": close.seq})
+            return
         try:
             await asyncio.to_thread(self.diagnostics.close_run, self.run_id)
         except Exception:

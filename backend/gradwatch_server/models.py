@@ -49,6 +49,11 @@ class RunPublic(BaseModel):
     optimizer: str | None
     config: dict[str, Any]
     hook_version: str | None
+    world_size: int | None = Field(
+        None, description="a distributed job's number of ranks (null for a single-process run)"
+    )
+    parent_id: str | None = Field(None, description="a rank's run (JOB.rRANK): the id of its job's run")
+    rank: int | None = Field(None, description="a rank's run: its rank")
     tags: list[str] = Field(default_factory=list, description="set with PATCH; filter with ?tag=")
     findings: FindingCounts = Field(
         default_factory=FindingCounts, description="stored findings by severity (GET .../diagnostics lists them)"
@@ -229,3 +234,36 @@ class Finding(BaseModel):
     params: list[str] = Field(description="the parameters concerned (none for run-wide findings)")
     first_step: int | None = Field(description="the step where it began (null: known from the start)")
     figure: FindingFigure | None = Field(default=None, description="the number that sizes it, where one does")
+
+
+class RankPublic(BaseModel):
+    rank: int
+    run_id: str = Field(description="the rank's own run (JOB.rRANK): every run endpoint reads it")
+    status: RunStatus
+    last_step: int | None = Field(description="the last step the rank sent (null before its first)")
+    steps: int = Field(description="steps the rank sent")
+    updated_at: float = Field(description="when the rank's run last changed, Unix seconds")
+    lost: bool = Field(
+        description="the rank stopped sending while others went on: the job's steps after its last one are partial"
+    )
+
+
+class PartialRangePublic(BaseModel):
+    first: int
+    last: int
+    missing: list[int] = Field(description="the ranks the steps first..last were assembled without")
+
+
+class PartialPublic(BaseModel):
+    steps: int = Field(description="how many of the job's stored steps are partial")
+    ranges: list[PartialRangePublic] = Field(
+        description="runs of consecutive stored steps missing the same ranks, in step order"
+    )
+
+
+class RanksPublic(BaseModel):
+    world_size: int = Field(description="the job's ranks; 1 for a single-process run")
+    ranks: list[RankPublic] = Field(
+        description="by rank, those that have reached the server (empty for a single process)"
+    )
+    partial: PartialPublic

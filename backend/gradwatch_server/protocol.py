@@ -62,7 +62,16 @@ def _no_nul(value: str) -> str:
     return value
 
 
-RunId = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9_-]{1,64}$")]
+#: A job id: the run id a distributed job's ranks share (the parent run), at most 56 characters so
+#: that every stream id `JOB.rRANK` (rank < 65536) fits in 64.
+JOB_ID_PATTERN = r"^[A-Za-z0-9_-]{1,56}$"
+#: Every stored run id: a single-process run's or a job's (1-64 of [A-Za-z0-9_-]), or a rank's
+#: stream `JOB.rRANK` (only with `dist` in the hello; `Hello._stream_id` checks which).
+RUN_ID_PATTERN = r"^(?:[A-Za-z0-9_-]{1,64}|[A-Za-z0-9_-]{1,56}\.r(?:0|[1-9][0-9]{0,4}))$"
+#: Most ranks a job may have.
+MAX_WORLD_SIZE = 65536
+
+RunId = Annotated[str, StringConstraints(pattern=RUN_ID_PATTERN)]
 SeriesName = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9_./:-]{1,128}$")]
 Label = Annotated[str, StringConstraints(min_length=1, max_length=256), AfterValidator(_no_nul)]
 
@@ -118,6 +127,10 @@ class RunInfo(BaseModel):
 
 
 class ParamInfo(BaseModel):
+    """One parameter. `shape`/`numel` are the full (unsharded) tensor's; in a distributed run
+    `local_numel` is this rank's piece and `counted` whether it counts toward the global value
+    (a replica counts once): the server adds the counted pieces' squared norms."""
+
     model_config = ConfigDict(strict=True, extra="forbid", frozen=True)
 
     name: Annotated[str, StringConstraints(min_length=1, max_length=512), AfterValidator(_no_nul)]
@@ -126,12 +139,21 @@ class ParamInfo(BaseModel):
     dtype: Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9_.]{1,32}$")]
     group: int = Field(ge=0)
     optimizer: int = Field(ge=0)
+    local_numel: int | None = Field(default=None, ge=0, description="elements of this rank's piece (default: numel)")
+    counted: bool = Field(default=True, description="whether this rank's piece counts toward the global value")
 
     @model_validator(mode="after")
     def _numel_matches_shape(self) -> ParamInfo:
         if self.numel != math.prod(self.shape):
             raise ValueError(f"numel {self.numel} does not match shape {self.shape}")
+        if self.local_numel is not None and self.local_numel > self.numel:
+            raise ValueError(f"local_numel {self.local_numel} is above numel {self.numel} (a piece of the tensor)")
         return self
+
+    @property
+    def piece_numel(self) -> int:
+        """Elements of this rank's piece: `local_numel`, or the whole tensor."""
+        return self.numel if self.local_numel is None else self.local_numel
 
 
 class GroupInfo(BaseModel):
@@ -143,11 +165,56 @@ class GroupInfo(BaseModel):
     hparams: dict[str, Any] = Field(default_factory=dict)
 
 
+class DistInfo(BaseModel):
+    """The job a rank's stream belongs to: every rank of a job sends the same `job` and
+    `world_size`; the server assembles their steps into the run `job`."""
+
+    model_config = ConfigDict(strict=True, extra="forbid", frozen=True)
+
+    job: Annotated[str, StringConstraints(pattern=JOB_ID_PATTERN)]
+    rank: int = Field(ge=0, lt=MAX_WORLD_SIZE)
+    world_size: int = Field(ge=1, le=MAX_WORLD_SIZE)
+
+    @model_validator(mode="after")
+    def _rank_in_world(self) -> DistInfo:
+        if self.rank >= self.world_size:
+            raise ValueError(f"rank {self.rank} is not below world_size {self.world_size}")
+        return self
+
+    @property
+    def stream_id(self) -> str:
+        """The run id this rank's hello must carry: its child run's."""
+        return stream_id(self.job, self.rank)
+
+
+def stream_id(job: str, rank: int) -> str:
+    """The id of rank `rank`'s stream (its child run) in job `job`."""
+    return f"{job}.r{rank}"
+
+
 class Hello(_Message):
     type: Literal["hello"]
     run: RunInfo
     params: list[ParamInfo]
     groups: list[GroupInfo] = Field(default_factory=list)
+    dist: DistInfo | None = None
+
+    @model_validator(mode="after")
+    def _stream_id(self) -> Hello:
+        # A stream id belongs to one rank of one job: without `dist` a run could take a child's
+        # id, and with it a rank could write into another rank's stream.
+        if self.dist is None:
+            if "." in self.run.id:
+                raise ValueError(
+                    f"run id {self.run.id!r} is a rank's stream id (JOB.rRANK): send it with "
+                    '"dist": {"job", "rank", "world_size"}, or use an id of [A-Za-z0-9_-] only'
+                )
+        elif self.run.id != self.dist.stream_id:
+            raise ValueError(
+                f"run id {self.run.id!r} must be the stream id {self.dist.stream_id!r} "
+                f"(job {self.dist.job!r}, rank {self.dist.rank})"
+            )
+        return self
 
     @field_validator("params")
     @classmethod

@@ -11,7 +11,8 @@ a second index and a lookup. `param_metrics` keeps its rowid because its rows ar
 advises WITHOUT ROWID only for rows well under a twentieth of a page).
 
 Changing this file needs a new migration under migrations/versions/ (0002 added `findings` and
-`diagnoses`, 0003 `run_tags`, 0004 `metric_blocks`); a test checks that the migrations produce
+`diagnoses`, 0003 `run_tags`, 0004 `metric_blocks`, 0005 `deleted_runs`, 0006 distributed jobs:
+`runs.parent_id/rank/world_size`, `params.local_numel/counted`, `partial_steps`); a test checks that the migrations produce
 exactly these tables.
 """
 
@@ -19,6 +20,7 @@ from __future__ import annotations
 
 from sqlalchemy import (
     BigInteger,
+    Boolean,
     Column,
     Double,
     ForeignKey,
@@ -57,6 +59,13 @@ runs = Table(
     Column("optimizer", Text),
     Column("config", Text, nullable=False),  # JSON object
     Column("hook_version", String(64)),
+    # A distributed job (docs/protocol.md, "Distributed training") is a parent run (id = the job,
+    # world_size set, parent_id NULL) holding the assembled global steps, and a child run per
+    # rank (id JOB.rRANK, parent_id = JOB, rank, world_size) holding what that rank sent.
+    # Deleting the parent deletes its children. All three are NULL for a single-process run.
+    Column("parent_id", String(64), ForeignKey("runs.id", ondelete="CASCADE"), index=True),
+    Column("rank", Integer),
+    Column("world_size", Integer),
 )
 
 # Runs deleted (DELETE /api/runs/{id}, `gradwatch gc`), by id: a request for one is answered
@@ -80,6 +89,10 @@ params = Table(
     Column("dtype", String(32), nullable=False),
     Column("group_idx", Integer, nullable=False),
     Column("optimizer_idx", Integer, nullable=False),
+    # A rank's piece of the parameter (child runs of a distributed job only; NULL elsewhere):
+    # its element count, and whether it counts toward the global value (a replica counts once).
+    Column("local_numel", BigInteger),
+    Column("counted", Boolean),
     sqlite_with_rowid=False,
 )
 
@@ -149,6 +162,18 @@ metric_blocks = Table(
     Column("first_step", BigInteger, nullable=False),
     Column("step_count", Integer, nullable=False),
     Column("data", LargeBinary, nullable=False),
+)
+
+# The steps of a job's parent run assembled without some rank (it had sent nothing for
+# --rank-timeout while others went on, or it closed early): `missing` is the JSON list of the
+# ranks that had not sent the step when it was assembled. A step sent late stays in its child run.
+partial_steps = Table(
+    "partial_steps",
+    metadata,
+    _run_id(),
+    Column("step", BigInteger, primary_key=True),
+    Column("missing", Text, nullable=False),
+    sqlite_with_rowid=False,
 )
 
 # The names of a run's series, so that listing them does not scan every stored value.

@@ -109,7 +109,7 @@ class Sessions:
             if await asyncio.to_thread(self._store.mark_crashed, run_id, idle_since):
                 log.info("run %s marked crashed: no hook for %.0f s", run_id, self._grace_s)
                 run = await asyncio.to_thread(self._store.get_run, run_id)
-                if run is not None:
+                if run is not None and run.parent_id is None:  # a rank's run: its job's stands for it
                     self._hub.publish_run(run)
         except Exception:  # a timer has no caller to report to: log, and keep serving
             log.exception("could not mark run %s crashed", run_id)

@@ -32,6 +32,7 @@ ENV_VARS = {
     "workers": "GRADWATCH_WORKERS",
     "notify": "GRADWATCH_NOTIFY",
     "public_url": "GRADWATCH_PUBLIC_URL",
+    "rank_timeout_s": "GRADWATCH_RANK_TIMEOUT_S",
 }
 
 
@@ -56,6 +57,9 @@ class Settings(BaseModel):
     token: str | None = None
     #: Seconds a run may stay disconnected (without a `close`) before it is marked crashed.
     crash_grace_s: float = Field(10.0, ge=0)
+    #: Seconds a rank of a distributed job may send nothing while another rank is ahead before
+    #: it is lost: the job's steps are then assembled without it and marked partial.
+    rank_timeout_s: float = Field(30.0, gt=0)
     #: Largest websocket frame accepted from a hook; bigger ones are closed with 1009.
     max_frame_bytes: int = Field(16 * 1024 * 1024, ge=1024)
     #: Messages queued per browser on /ws/live before that browser is dropped (1013).

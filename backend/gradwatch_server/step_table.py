@@ -4,7 +4,8 @@ column per scalar (loss, learning rates, total gradient norm, memory, user scala
 Columns are `step`, `time`, then every scalar the run has, sorted; a scalar a step lacks is an
 empty CSV cell, null in JSON and Parquet. NaN and infinities are data: `nan`/`inf` in CSV,
 "NaN"/"Infinity" in JSON lines, IEEE values in Parquet. Like the per-parameter table it is read
-a chunk of steps at a time and streamed.
+a chunk of steps at a time and streamed, and a distributed job's has its ranks' rows after its
+own, with a last column `rank` (exporters.py).
 """
 
 from __future__ import annotations
@@ -18,7 +19,20 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from .exporters import Format, Progress, csv_chunks, parquet_metadata, safe_cell
+from .exporters import (
+    RANK_COLUMN,
+    Format,
+    Progress,
+    Source,
+    csv_chunks,
+    export_sources,
+    parquet_metadata,
+    rank_cell,
+    ranked_chunks,
+    safe_cell,
+    series_union,
+)
+from .job_ranks import is_job
 from .jsonvalues import word
 from .store import Run, StepRecord, Store
 
@@ -31,8 +45,8 @@ def step_columns(keys: list[str]) -> list[str]:
     return ["step", "time", *sorted(keys)]
 
 
-def _chunks(store: Store, run: Run) -> Iterator[list[StepRecord]]:
-    return store.iter_steps(run.id, metrics=[], chunk=CHUNK_STEPS)
+def _chunks(store: Store, sources: list[Source]) -> Iterator[tuple[int | None, list[StepRecord]]]:
+    return ranked_chunks(sources, lambda source: store.iter_steps(source.id, metrics=[], chunk=CHUNK_STEPS))
 
 
 def _cell(value: float | None) -> str:
@@ -42,21 +56,28 @@ def _cell(value: float | None) -> str:
 
 
 def steps_csv(store: Store, run: Run, progress: Progress | None = None) -> Iterator[bytes]:
-    keys = sorted(store.series_names(run.id, "scalar"))
+    sources = export_sources(store, run)
+    keys = series_union(store, sources, "scalar")
+    ranked = is_job(run)
 
-    def rows(chunk: list[StepRecord]) -> Iterator[list[object]]:
+    def rows(rank: int | None, chunk: list[StepRecord]) -> Iterator[list[object]]:
         for r in chunk:
-            yield [r.step, repr(r.time), *(_cell(r.scalars.get(k)) for k in keys)]
+            row: list[object] = [r.step, repr(r.time), *(_cell(r.scalars.get(k)) for k in keys)]
+            yield [*row, rank_cell(rank)] if ranked else row
 
-    return csv_chunks([safe_cell(c) for c in step_columns(keys)], _chunks(store, run), rows, progress)
+    header = [safe_cell(c) for c in step_columns(keys)] + ([RANK_COLUMN] if ranked else [])
+    return csv_chunks(header, _chunks(store, sources), rows, progress)
 
 
 def steps_jsonl(store: Store, run: Run, progress: Progress | None = None) -> Iterator[bytes]:
-    """One JSON object a line: {"step", "time", then each scalar the step has}."""
-    for chunk in _chunks(store, run):
+    """One JSON object a line: {"step", "time", then each scalar the step has}; a job's lines
+    have `rank` after `time` (null on its global steps)."""
+    ranked = is_job(run)
+    for rank, chunk in _chunks(store, export_sources(store, run)):
+        field = {RANK_COLUMN: rank} if ranked else {}
         lines = [
             json.dumps(
-                {"step": r.step, "time": r.time, **{k: word(v) for k, v in r.scalars.items()}},
+                {"step": r.step, "time": r.time, **field, **{k: word(v) for k, v in r.scalars.items()}},
                 allow_nan=False,
                 separators=(",", ":"),
             )
@@ -68,25 +89,30 @@ def steps_jsonl(store: Store, run: Run, progress: Progress | None = None) -> Ite
 
 
 def steps_parquet(store: Store, run: Run, progress: Progress | None = None) -> Iterator[bytes]:
-    """The table as Parquet (float64 scalars, null where a step lacks one), the run's description
-    in the file's metadata; streamed from a temporary file as the per-parameter Parquet is."""
-    keys = sorted(store.series_names(run.id, "scalar"))
-    schema = pa.schema(
-        [pa.field("step", pa.int64()), pa.field("time", pa.float64()), *(pa.field(k, pa.float64()) for k in keys)],
-        metadata=parquet_metadata(store, run),
-    )
+    """The table as Parquet (float64 scalars, null where a step lacks one; a job's `rank` int32,
+    null on its global rows), the run's description in the file's metadata; streamed from a
+    temporary file as the per-parameter Parquet is."""
+    sources = export_sources(store, run)
+    keys = series_union(store, sources, "scalar")
+    ranked = is_job(run)
+    fields = [pa.field("step", pa.int64()), pa.field("time", pa.float64()), *(pa.field(k, pa.float64()) for k in keys)]
+    if ranked:
+        fields.append(pa.field(RANK_COLUMN, pa.int32()))
+    schema = pa.schema(fields, metadata=parquet_metadata(store, run))
     with tempfile.TemporaryDirectory(prefix="gradwatch-export-") as tmp:
         path = Path(tmp) / "steps.parquet"
         writer = pq.ParquetWriter(str(path), schema)
         with open(path, "rb") as landed:
             try:
-                for chunk in _chunks(store, run):
+                for rank, chunk in _chunks(store, sources):
                     data = {
                         "step": pa.array([r.step for r in chunk], pa.int64()),
                         "time": pa.array([r.time for r in chunk], pa.float64()),
                     }
                     for k in keys:
                         data[k] = pa.array([r.scalars.get(k) for r in chunk], pa.float64())
+                    if ranked:
+                        data[RANK_COLUMN] = pa.array([rank] * len(chunk), pa.int32())
                     writer.write_table(pa.table(data, schema=schema))
                     if progress:
                         progress(len(chunk))

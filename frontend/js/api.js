@@ -12,6 +12,7 @@
 //   GET  /api/runs/{id}/params/spread?metric=&start=&end=&max_points=  spread across parameters (spread)
 //   GET  /api/runs/{id}/heatmap?metric=&start=&end=&max_steps=&encoding=f32  parameter x step  (heatmap)
 //   GET  /api/runs/{id}/diagnostics                             findings          (diagnostics)
+//   GET  /api/runs/{id}/ranks                                   a job's ranks, partial steps (ranks)
 //   GET  /api/runs/{id}/export?format=csv|json|parquet&table=params|steps  download link (exportUrl)
 //   WS   /ws/live                                               run events        (liveUrl)
 //   WS   /ws/live?run={id}                                      run events + steps (liveUrl)
@@ -126,6 +127,8 @@ export const api = {
   heatmap: (id, metric, { start, end, maxSteps } = {}, opts) =>
     getJSON(`${runPath(id)}/heatmap`, { metric, start, end, max_steps: maxSteps, encoding: "f32" }, opts),
   diagnostics: (id, opts) => getJSON(`${runPath(id)}/diagnostics`, {}, opts),
+  /** A distributed run's ranks (each one's child run) and its partial steps (docs/api.md, Ranks). */
+  ranks: (id, opts) => getJSON(`${runPath(id)}/ranks`, {}, opts),
 };
 
 /** The download link of a run's export: per parameter (`table` "params", the default) or per step ("steps"). */

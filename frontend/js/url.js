@@ -1,6 +1,7 @@
 // View state in the address bar, so that a view can be shared by copying its URL.
 // Run page: ?param=NAME (repeatable: the parameters shown) or ?module=PATH (every parameter of a
-// module) or ?top=K&order=asc|desc (the K largest/smallest), &from=STEP&to=STEP (the zoom).
+// module) or ?top=K&order=asc|desc (the K largest/smallest), &from=STEP&to=STEP (the zoom),
+// &ranks=0-3,17 (a distributed run's ranks to draw, beyond 8 ranks).
 // Run list: ?q=TEXT&project=NAME&status=STATUS&tag=TAG&sort=COLUMN&dir=asc|desc.
 // Compare: ?runs=ID,ID&x=step|time&layout=overlay|side&scalar=KEY&metric=METRIC&param=NAME (repeatable).
 

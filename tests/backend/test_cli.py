@@ -149,6 +149,17 @@ def test_import_refuses_what_is_not_an_export(tmp_path: Path) -> None:
     assert result.returncode == 1 and "cannot read" in result.stderr
 
 
+def test_serve_takes_a_rank_timeout() -> None:
+    help_text = " ".join(gradwatch("serve", "--help").stdout.split())
+    assert "--rank-timeout SECONDS" in help_text and "then 30" in help_text and "partial" in help_text
+    for bad in ("0", "-1", "soon", "inf"):
+        result = gradwatch("serve", "--rank-timeout", bad)
+        assert result.returncode == 2 and "--rank-timeout" in result.stderr, result.stderr
+    assert Settings.from_env({}).rank_timeout_s == 30.0
+    assert Settings.from_env({"GRADWATCH_RANK_TIMEOUT_S": "2.5"}).rank_timeout_s == 2.5
+    assert Settings.from_env({"GRADWATCH_RANK_TIMEOUT_S": "2.5"}, rank_timeout_s=4.0).rank_timeout_s == 4.0
+
+
 def test_settings_come_from_an_injected_environment() -> None:
     settings = Settings.from_env(
         {"GRADWATCH_DB": "runs.db", "GRADWATCH_PORT": "9000", "GRADWATCH_TOKEN": ""}, host="0.0.0.0"

@@ -18,6 +18,7 @@ from gradwatch_server.diagnostics.check import Check
 from gradwatch_server.diagnostics.clearing import GradAccumulation, UnclearedGradients, ZeroFilledGradBuffers
 from gradwatch_server.diagnostics.coverage import ParamNeverGetsGrad, ParamNotInOptimizer, StepWithoutGrad
 from gradwatch_server.diagnostics.finding import fmt_bytes, name_list
+from gradwatch_server.diagnostics.ranks import RankDesync
 from gradwatch_server.diagnostics.values import ExplodingGrad, NonfiniteGrad, VanishingGrad
 
 ABSENT_BITS = 0x7FDEAD00
@@ -66,6 +67,15 @@ def feed(check: Check, steps: Sequence[StepView], run: RunContext = RUN) -> list
     return seen
 
 
+def job_step(n: int, desync: Sequence[float | None] | None, ranks: dict[int, float] | None = None) -> StepView:
+    """A job's assembled step with the `rank_desync` evidence the assembly stores (assemble.py)."""
+    arrays: dict[str, bytes] = {"grad_norm": f32([1.0, 1.0, 1.0]), "grad_status": bytes([NONZERO] * 3)}
+    if desync is not None:
+        arrays["desync_ranks"] = f32(desync)
+    scalars = {f"dist/desync/r{r}": v for r, v in (ranks or {}).items()}
+    return StepView.of(n, {"loss": 1.0, "dist/ranks": 3.0, **scalars}, arrays, 3)
+
+
 def plain(n: int, k: int = 1, clear: int | None = 1) -> StepView:
     """A healthy step: every parameter got `k` backward passes after `.grad` was set to None."""
     return step(n, [NONZERO] * 3, passes=[k] * 3, clear=[None if n == 1 else clear] * 3)
@@ -84,6 +94,7 @@ def test_every_code_of_the_design_has_one_check() -> None:
             "exploding_grad",
             "vanishing_grad",
             "step_without_grad",
+            "rank_desync",
         ]
     )
     for check in CHECKS:
@@ -419,3 +430,26 @@ def test_norm_history_medians_match_a_naive_oracle() -> None:
                     assert got[i] == pytest.approx(float(np.median(window)))
                 else:
                     assert np.isnan(got[i])
+
+
+def test_rank_desync_names_the_parameters_the_ranks_and_the_first_step() -> None:
+    check = RankDesync()
+    steps = [
+        job_step(1, [0.0, 0.0, None]),
+        job_step(2, None),  # a single-process step, or one the rule does not apply to
+        job_step(3, [0.0, 1.0, None], {2: 1.0}),
+        job_step(4, [1.0, 2.0, None], {1: 1.0, 2: 2.0}),
+        job_step(5, [0.0, 0.0, None]),
+    ]
+    assert feed(check, steps) == [None, None, 3, 3, 3]
+    finding = check.finding
+    assert finding is not None and finding.severity == "error"
+    assert finding.params == ("enc.weight", "enc.bias")  # head.weight is sharded: never judged
+    assert "ranks 1 and 2" in finding.message and "from step 3" in finding.message
+    assert "no_sync()" in finding.message and "static_graph" in finding.message
+    assert finding.figure is not None and finding.figure.value == 2.0
+
+
+def test_rank_desync_is_quiet_while_the_replicas_agree() -> None:
+    check = RankDesync()
+    assert feed(check, [job_step(n, [0.0, 0.0, None]) for n in range(1, 30)]) == [None] * 29

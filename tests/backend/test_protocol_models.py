@@ -20,7 +20,7 @@ from gradwatch_server.protocol import (
     decode_floats,
     parse_message,
 )
-from support.wiremsg import b64, close, f32, hello, step, steps, with_absent
+from support.wiremsg import b64, close, f32, hello, rank_hello, step, steps, with_absent
 
 
 def parse(message: dict[str, object], param_count: int | None = 2) -> object:
@@ -132,6 +132,56 @@ def test_invalid_hellos() -> None:
     for message, text in ((bad_id, "run.id"), (twice, "appears twice"), (wrong_numel, "does not match shape")):
         with pytest.raises(ProtocolError, match=text):
             parse(message, None)
+
+
+def test_a_ranks_hello_carries_its_job_and_its_pieces() -> None:
+    message = parse(rank_hello("job-1", 1, 2, local_numel=[3, 0], counted=[True, False]), None)
+    assert isinstance(message, Hello) and message.dist is not None
+    assert (message.run.id, message.dist.job, message.dist.rank, message.dist.world_size) == ("job-1.r1", "job-1", 1, 2)
+    assert [(p.piece_numel, p.counted) for p in message.params] == [(3, True), (0, False)]
+    plain = parse(hello("x"), None)
+    assert isinstance(plain, Hello) and plain.dist is None
+    assert [(p.piece_numel, p.counted) for p in plain.params] == [(6, True), (3, True)]
+
+
+def _with(message: dict[str, object], **changes: object) -> dict[str, object]:
+    out = json.loads(json.dumps(message))
+    for path, value in changes.items():
+        *parents, leaf = path.split("__")
+        node = out
+        for key in parents:
+            node = node[int(key)] if isinstance(node, list) else node[key]
+        node[leaf] = value
+    return out
+
+
+@pytest.mark.parametrize(
+    ("message", "text"),
+    [
+        (_with(rank_hello("job", 1, 2), run__id="job.r0"), "must be the stream id 'job.r1'"),
+        (_with(rank_hello("job", 1, 2), run__id="other"), "must be the stream id 'job.r1'"),
+        (_with(hello("x"), run__id="job.r1"), "is a rank's stream id"),
+        (_with(rank_hello("job", 1, 2), dist__rank=2), "rank 2 is not below world_size 2"),
+        (_with(rank_hello("job", 1, 2), dist__world_size=0), "dist.world_size"),
+        (_with(rank_hello("job", 1, 2), dist__world_size=65537), "dist.world_size"),
+        (_with(rank_hello("job", 0, 2), dist__job="j" * 57, run__id="j" * 57 + ".r0"), "dist.job"),
+        (_with(rank_hello("job", 0, 2), dist__job="a.b", run__id="a.b.r0"), "run.id"),
+        (_with(rank_hello("job", 0, 2), dist__extra=1), "dist.extra"),
+        (_with(rank_hello("job", 0, 2), params__0__local_numel=7), "local_numel 7 is above numel 6"),
+        (_with(rank_hello("job", 0, 2), params__0__local_numel=-1), "local_numel"),
+        (_with(rank_hello("job", 0, 2), params__0__counted=1), "counted"),
+    ],
+)
+def test_invalid_rank_hellos_are_refused_with_a_clear_message(message: dict[str, object], text: str) -> None:
+    with pytest.raises(ProtocolError) as info:
+        parse(message, None)
+    assert text in str(info.value)
+
+
+def test_job_ids_leave_room_for_every_rank_in_64_characters() -> None:
+    job = "j" * 56
+    message = parse(_with(rank_hello(job, 65535, 65536)), None)
+    assert isinstance(message, Hello) and len(message.run.id) == 63
 
 
 def test_frames_that_are_not_json_objects() -> None:

@@ -62,6 +62,28 @@ def hello(run_id: str, params: Sequence[str] = ("fc.weight", "fc.bias"), **run: 
     }
 
 
+def rank_hello(
+    job: str,
+    rank: int,
+    world_size: int,
+    params: Sequence[str] = ("fc.weight", "fc.bias"),
+    *,
+    local_numel: Sequence[int] | None = None,
+    counted: Sequence[bool] | None = None,
+    **run: Any,
+) -> dict[str, Any]:
+    """The hello of rank `rank` of a distributed job (docs/protocol.md, "Distributed training"):
+    run id `JOB.rRANK`, the `dist` object, and each parameter's piece where given."""
+    message = hello(f"{job}.r{rank}", params, **{"name": job, **run})
+    message["dist"] = {"job": job, "rank": rank, "world_size": world_size}
+    for i, p in enumerate(message["params"]):
+        if local_numel is not None:
+            p["local_numel"] = local_numel[i]
+        if counted is not None:
+            p["counted"] = counted[i]
+    return message
+
+
 def step(
     seq: int,
     step_index: int,

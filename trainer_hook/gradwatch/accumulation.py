@@ -35,6 +35,8 @@ from typing import Any, Optional
 
 import torch
 
+from .pieces import is_dtensor, to_local
+
 log = logging.getLogger("gradwatch")
 
 #: `grad_clear` codes (see docs/protocol.md); None (sent as ABSENT) when nothing accumulated since the last step.
@@ -52,8 +54,26 @@ def grad_nbytes(grad: torch.Tensor) -> int:
         return grad._indices().nbytes + grad._values().nbytes
 
 
+def local_nbytes(t: torch.Tensor) -> int:
+    """Bytes this rank holds for `t`: a DTensor's local tensor's (`grad_nbytes` otherwise)."""
+    return grad_nbytes(to_local(t))
+
+
 class GradTracker:
+    """Backward passes and clears per reported parameter. Several reported parameters may share
+    one tensor (the original parameters of an FSDP1 FlatParameter): the tensor is hooked once,
+    each of them reads its counts, and its `.grad` bytes count once, with the first of them."""
+
     def __init__(self, params: list[torch.Tensor]) -> None:
+        slots: dict[int, int] = {}
+        #: per reported parameter, the index of its tensor among the distinct ones
+        self._slot = [slots.setdefault(id(p), len(slots)) for p in params]
+        self._shared = len(slots) != len(params)
+        first: dict[int, int] = {}
+        self._first = [first.setdefault(u, i) == i for i, u in enumerate(self._slot)]
+        params = list({id(p): p for p in params}.values())
+        #: a DTensor's `.grad` holds its local tensor's bytes only
+        self._nbytes_of = local_nbytes if any(is_dtensor(p) for p in params) else grad_nbytes
         n = len(params)
         # Changed in place, never replaced: each hook holds these lists.
         self._passes = [0] * n
@@ -64,8 +84,10 @@ class GradTracker:
         # per parameter, the `.grad` the last backward pass since the step left and its version
         self._pass_ref: list[Optional[weakref.ref[torch.Tensor]]] = [None] * n
         self._pass_version = [0] * n
-        #: bytes of each `.grad` as the last step left it; -1 where it was None
-        self.grad_nbytes = [-1] * n
+        #: bytes of each `.grad` as the last step left it; -1 where it was None (per distinct
+        #: tensor; `grad_nbytes` is per reported parameter)
+        self._grad_nbytes = [-1] * n
+        self.grad_nbytes = self._grad_nbytes if not self._shared else [-1] * len(self._slot)
         self._touched: list[int] = []  # parameters the running backward accumulated into
         self._settling = False  # the end-of-backward callback of the running backward is queued
         self._can_settle = True  # the autograd engine takes final callbacks
@@ -147,6 +169,22 @@ class GradTracker:
         self._settling = False
 
     def end_step(self, indices: Optional[Collection[int]] = None) -> tuple[list[int], list[Optional[float]]]:
+        """Passes and clear codes (None = nothing to say) of the reported parameters `indices`
+        (default: all) since the last step; starts a new step. See `_end_step`."""
+        if not self._shared:
+            return self._end_step(indices)
+        reported = range(len(self._slot)) if indices is None else indices
+        slot = self._slot
+        distinct = list(dict.fromkeys(slot[i] for i in reported))
+        passes, clear = self._end_step(distinct)
+        at = {u: k for k, u in enumerate(distinct)}
+        nbytes, first = self._grad_nbytes, self._first
+        for i in reported:
+            b = nbytes[slot[i]]
+            self.grad_nbytes[i] = b if first[i] or b < 0 else 0
+        return [passes[at[slot[i]]] for i in reported], [clear[at[slot[i]]] for i in reported]
+
+    def _end_step(self, indices: Optional[Collection[int]] = None) -> tuple[list[int], list[Optional[float]]]:
         """Passes and clear codes (None = nothing to say) since the last step; starts a new step.
 
         Called after every optimizer step, and for steps a GradScaler skipped, with the
@@ -156,7 +194,7 @@ class GradTracker:
         (docs/benchmarks.md).
         Plain lists, no numpy: this runs on the training thread at every step.
         """
-        params, refs, nbytes = self._params, self._ref, self.grad_nbytes
+        params, refs, nbytes, nbytes_of = self._params, self._ref, self._grad_nbytes, self._nbytes_of
         self._touched.clear()
         if self._can_settle:  # a backward that failed never ran its callback
             self._settling = False
@@ -174,7 +212,7 @@ class GradTracker:
             if g is None:
                 refs[i], nbytes[i] = _NO_GRAD, -1
             else:
-                refs[i], nbytes[i] = (weakref.ref(g), g._version), grad_nbytes(g)
+                refs[i], nbytes[i] = (weakref.ref(g), g._version), nbytes_of(g)
         return passes, clear
 
     def remove(self) -> None:

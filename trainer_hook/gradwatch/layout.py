@@ -7,9 +7,11 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Optional
 
 import torch
+
+from .pieces import Piece, View, job_rank, pieces, strip_names
 
 #: Hyperparameters worth showing per param group; others (e.g. `params`, callables) are skipped.
 _HPARAM_TYPES = (int, float, bool, str, type(None))
@@ -18,9 +20,20 @@ _HPARAM_TYPES = (int, float, bool, str, type(None))
 @dataclass(frozen=True)
 class WatchedParam:
     name: str
-    param: torch.Tensor
     optimizer: int
     group: int  # index counting across optimizers, as in the `lr/G` scalars
+    #: this rank's piece of the parameter: the tensor the optimizer steps, the full shape, the
+    #: local view and whether it counts (pieces.py)
+    piece: Piece
+
+    @property
+    def param(self) -> torch.Tensor:
+        """What the optimizer steps (several FSDP1 pieces share one FlatParameter)."""
+        return self.piece.tensor
+
+    @property
+    def view(self) -> Optional[View]:
+        return self.piece.view
 
 
 @dataclass
@@ -33,19 +46,29 @@ class Layout:
     unoptimized: list[str] = field(default_factory=list)
     #: optimizer parameters with requires_grad=False: no gradient is expected for them
     frozen: list[str] = field(default_factory=list)
+    #: this process's rank in a distributed job (`pieces.job_rank()`), None when it runs alone
+    rank: Optional[int] = None
 
     def hello_params(self) -> list[dict[str, Any]]:
-        return [
-            {
+        """The `params` of the hello: `local_numel` and `counted` where they say something (a
+        distributed job, or a piece that is not the whole parameter), so a single-process
+        hello is what it always was."""
+        out = []
+        for w in self.params:
+            piece = w.piece
+            entry: dict[str, Any] = {
                 "name": w.name,
-                "shape": list(w.param.shape),
-                "numel": w.param.numel(),
-                "dtype": str(w.param.dtype).removeprefix("torch."),
+                "shape": list(piece.shape),
+                "numel": piece.numel,
+                "dtype": str(piece.tensor.dtype).removeprefix("torch."),
                 "group": w.group,
                 "optimizer": w.optimizer,
             }
-            for w in self.params
-        ]
+            if self.rank is not None or piece.local_numel != piece.numel or not piece.counted:
+                entry["local_numel"] = piece.local_numel
+                entry["counted"] = piece.counted
+            out.append(entry)
+        return out
 
     def hello_groups(self) -> list[dict[str, Any]]:
         out = []
@@ -107,13 +130,22 @@ def named_parameters(model: Any) -> list[tuple[str, torch.Tensor]]:
     return pairs
 
 
-def build_layout(optimizers: Sequence[torch.optim.Optimizer], model: Any) -> Layout:
+_UNSET: Any = object()
+
+
+def build_layout(optimizers: Sequence[torch.optim.Optimizer], model: Any, rank: Optional[int] = _UNSET) -> Layout:
+    """The reported parameters of `optimizers` (each FSDP1 FlatParameter expanded into its
+    original parameters), named from `model` with wrapper components stripped. `rank`: this
+    process's rank in a distributed job, None alone (default: `pieces.job_rank()`)."""
+    if rank is _UNSET:
+        rank = job_rank()
     named = named_parameters(model)
     names: dict[int, str] = {}
     for name, p in named:
         names.setdefault(id(p), name)
-    layout = Layout(optimizers=list(optimizers), params=[])
+    layout = Layout(optimizers=list(optimizers), params=[], rank=rank)
     seen: set[int] = set()
+    where: list[tuple[torch.Tensor, int, int]] = []
     for o, opt in enumerate(optimizers):
         for i, group in enumerate(opt.param_groups):
             g = len(layout.group_keys)
@@ -122,8 +154,13 @@ def build_layout(optimizers: Sequence[torch.optim.Optimizer], model: Any) -> Lay
                 if id(p) in seen:
                     continue  # torch forbids this within one optimizer; across two, watch it once
                 seen.add(id(p))
-                fallback = f"opt{o}.group{i}.param{j}" if len(optimizers) > 1 else f"group{i}.param{j}"
-                layout.params.append(WatchedParam(names.get(id(p), fallback), p, o, g))
+                names.setdefault(id(p), f"opt{o}.group{i}.param{j}" if len(optimizers) > 1 else f"group{i}.param{j}")
+                where.append((p, o, g))
+    expanded = pieces([p for p, _, _ in where], names, model, rank)
+    found = [(piece, o, g) for (_, o, g), each in zip(where, expanded) for piece in each]
+    unoptimized = [n for n, p in named if p.requires_grad and id(p) not in seen]
+    shown = strip_names([piece.raw_name for piece, _, _ in found] + unoptimized)
+    layout.params = [WatchedParam(name, o, g, piece) for (piece, o, g), name in zip(found, shown)]
     layout.frozen = [w.name for w in layout.params if not w.param.requires_grad]
-    layout.unoptimized = [n for n, p in named if p.requires_grad and id(p) not in seen]
+    layout.unoptimized = shown[len(found) :]
     return layout

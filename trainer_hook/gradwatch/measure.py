@@ -8,6 +8,9 @@ GPU. `Snapshot.resolve` (on the sender thread) waits for that copy and scatters 
 into per-parameter arrays. The norms stay a list of 0-d tensors until one stack per device, on
 the training thread (on the sender thread the stack costs that thread more than it saves this
 one). Why: docs/design.md, The hook; figures: docs/benchmarks.md.
+
+Every norm is of this rank's local piece of a parameter (`WatchedParam.view`: a DTensor's local
+tensor, an FSDP1 FlatParameter's slice; pieces.py), never of a gathered tensor: no collective.
 """
 
 from __future__ import annotations
@@ -21,9 +24,10 @@ from typing import Any, Optional
 import numpy as np
 import torch
 
-from .accumulation import grad_nbytes
+from .accumulation import grad_nbytes, local_nbytes
 from .amp import AmpScaler
 from .layout import Layout
+from .pieces import View
 from .wire import ABSENT_BITS, GRAD_STATUS_NONE, GRAD_STATUS_NONFINITE, GRAD_STATUS_NONZERO, GRAD_STATUS_ZERO
 
 #: Optimizer state keys that are not per-element buffers even when shaped like a scalar parameter.
@@ -114,6 +118,9 @@ class _StatePlan:
     #: (`norm_preps`), and the segments they make: (metric, parameter indices, count)
     reads: list[tuple[list[torch.Tensor], list[Optional[Prep]], list[tuple[str, np.ndarray, int]]]]
     optimizer_bytes: int  # every tensor in the states, the scalar ones (`step`) included
+    #: per device, parallel to its tensors: the view of this rank's piece (DTensor, FSDP1) to
+    #: take at each step, or None everywhere when no tensor needs one
+    views: list[Optional[list[Optional[View]]]] = field(default_factory=list)
 
     def valid(self) -> bool:
         for states, p, state, size, keys, tensors in self.checks:
@@ -223,7 +230,12 @@ class Probe:
         self.amp = amp
         self.updates = updates
         self.params = [w.param for w in layout.params]
-        self.params_bytes = float(sum(p.numel() * p.element_size() for p in self.params))
+        #: per parameter, the view of this rank's piece (pieces.py); None: the tensor itself
+        self.views: list[Optional[View]] = [w.view for w in layout.params]
+        self._owns_bytes = [w.piece.owns_bytes for w in layout.params]
+        #: with updates, a distributed run also sends `param_before_norm` (the server's update_ratio)
+        self._before_norms = layout.rank is not None
+        self.params_bytes = float(sum(local_nbytes(w.param) for w in layout.params if w.piece.owns_bytes))
         self._devices = {p.device for p in self.params}
         self._plans: dict[Optional[tuple[int, ...]], _StatePlan] = {}  # by the indices read_state is given
         self._pending: Optional[_Pending] = None
@@ -260,10 +272,16 @@ class Probe:
         started = time.perf_counter()
         assert pending.grad_bytes is not None
         by_device: dict[torch.device, tuple[list[int], list[torch.Tensor]]] = {}
+        views, owns = self.views, self._owns_bytes
         for i in range(len(self.params)) if indices is None else indices:
             g = self.params[i].grad
             if g is not None:
-                pending.grad_bytes[i] = grad_nbytes(g)
+                view = views[i]
+                if view is not None:  # this rank's piece; a shared tensor's bytes count once
+                    pending.grad_bytes[i] = local_nbytes(g) if owns[i] else 0
+                    g = view(g)
+                else:
+                    pending.grad_bytes[i] = grad_nbytes(g)
                 if g.is_sparse:  # nn.Embedding(sparse=True): fused norms take dense tensors only
                     g = g.coalesce().values()
                 idx, ts = by_device.setdefault(g.device, ([], []))
@@ -277,7 +295,8 @@ class Probe:
             pending.segments.append(_Segment("grad_norm", np.asarray(idx), norms))
         if self.updates:
             for i in range(len(self.params)) if indices is None else indices:
-                pending.before[i] = self.params[i].detach().clone()
+                p, view = self.params[i].detach(), views[i]
+                pending.before[i] = (p if view is None else view(p)).clone()
         pending.cost_s += time.perf_counter() - started
 
     @torch.no_grad()
@@ -295,7 +314,9 @@ class Probe:
         if plan is None or not plan.valid():
             plan = self._plans[key] = self._state_plan(range(len(self.params)) if indices is None else indices)
         pending.optimizer_bytes += plan.optimizer_bytes
-        for tensors, prep, segments in plan.reads:  # one pass per device over every metric's tensors
+        for (tensors, prep, segments), views in zip(plan.reads, plan.views):  # one pass per device
+            if views is not None:  # pieces' views are taken anew: FSDP swaps its params' storage
+                tensors = [t if v is None else v(t) for t, v in zip(tensors, views)]
             norms = fused_norms(tensors, prep)
             offset = 0
             for metric, idx, count in segments:
@@ -373,7 +394,7 @@ class Probe:
     # -- helpers ---------------------------------------------------------------------------
     def _state_plan(self, indices: Iterable[int]) -> _StatePlan:
         """Parameter norms of `indices`, then each state key's (named `<key>_norm`), grouped by device."""
-        by_device: dict[torch.device, dict[str, tuple[list[int], list[torch.Tensor]]]] = {}
+        by_device: dict[torch.device, dict[str, tuple[list[int], list[torch.Tensor], list[Optional[View]]]]] = {}
         checks: list[
             tuple[
                 dict[Any, Any], torch.Tensor, Optional[dict[str, Any]], int, tuple[str, ...], tuple[torch.Tensor, ...]
@@ -383,28 +404,37 @@ class Probe:
         for i in indices:
             w = self.layout.params[i]
             p = w.param
-            idx, ts = by_device.setdefault(p.device, {}).setdefault("param_norm", ([], []))
+            idx, ts, vs = by_device.setdefault(p.device, {}).setdefault("param_norm", ([], [], []))
             idx.append(i)
             ts.append(p)
+            vs.append(w.view)
             states = self.layout.optimizers[w.optimizer].state
             state = states.get(p)
             if not state:
                 checks.append((states, p, None, 0, (), ()))
                 continue
             tensors, size = _state_tensors(p, state)
-            nbytes += size
+            if w.piece.owns_bytes:  # the pieces of one FSDP1 FlatParameter share its state
+                nbytes += size
             checks.append((states, p, state, len(state), tuple(k for k, _ in tensors), tuple(t for _, t in tensors)))
             for k, t in tensors:
-                idx, ts = by_device.setdefault(t.device, {}).setdefault(f"{k}_norm", ([], []))
+                idx, ts, vs = by_device.setdefault(t.device, {}).setdefault(f"{k}_norm", ([], [], []))
                 idx.append(i)
                 ts.append(t)
-        reads = []
+                vs.append(w.view)
+        reads, views = [], []
         for metrics in by_device.values():
-            on_device = [t for _, ts in metrics.values() for t in ts]
-            reads.append(
-                (on_device, norm_preps(on_device), [(m, np.asarray(idx), len(ts)) for m, (idx, ts) in metrics.items()])
-            )
-        return _StatePlan(checks, reads, nbytes)
+            on_device = [t for _, ts, _ in metrics.values() for t in ts]
+            viewed: Optional[list[Optional[View]]] = [v for _, _, vs in metrics.values() for v in vs]
+            if viewed is not None and any(viewed):
+                on_device = [t if v is None else v(t) for t, v in zip(on_device, viewed)]
+            else:
+                viewed = None
+            segments = [(m, np.asarray(idx), len(ts)) for m, (idx, ts, _) in metrics.items()]
+            # the preps are worked out on the local views: their shapes and layouts stay the same
+            reads.append(([t for _, ts, _ in metrics.values() for t in ts], norm_preps(on_device), segments))
+            views.append(viewed)
+        return _StatePlan(checks, reads, nbytes, views)
 
     def _updates(self, before: dict[int, torch.Tensor]) -> list[_Segment]:
         """`update_norm` = ‖p_after − p_before‖ and `update_ratio` = update_norm / ‖p_before‖."""
@@ -412,14 +442,19 @@ class Probe:
         by_device: dict[torch.device, list[int]] = {}
         for i in before:
             by_device.setdefault(self.params[i].device, []).append(i)
+        views = self.views
         for idx in by_device.values():
             old = [before[i] for i in idx]
             old_norms = torch.stack(fused_norms(old))
-            torch._foreach_sub_(old, [self.params[i].detach() for i in idx])  # old := p_before - p_after
+            after = [self.params[i].detach() for i in idx]
+            after = [p if views[i] is None else views[i](p) for p, i in zip(after, idx)]  # type: ignore[misc]
+            torch._foreach_sub_(old, after)  # old := p_before - p_after
             update = torch.stack(fused_norms(old))
             index = np.asarray(idx)
             segments.append(_Segment("update_norm", index, list(update.unbind())))
             segments.append(_Segment("update_ratio", index, list((update / old_norms).unbind())))
+            if self._before_norms:  # the server divides the global norms: update_ratio is per rank
+                segments.append(_Segment("param_before_norm", index, list(old_norms.unbind())))
         return segments
 
     def _inverse_scale(self, device: torch.device, optimizer: Optional[int] = None) -> Optional[torch.Tensor]:
@@ -458,7 +493,7 @@ def _state_tensors(p: torch.Tensor, state: dict[str, Any]) -> tuple[list[tuple[s
     for key, value in state.items():
         if not isinstance(value, torch.Tensor):
             continue
-        nbytes += value.numel() * value.element_size()
+        nbytes += local_nbytes(value)
         if key not in _SCALAR_STATE_KEYS and value.shape == p.shape:
             tensors.append((key, value))
     return tensors, nbytes

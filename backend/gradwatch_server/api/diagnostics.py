@@ -15,7 +15,10 @@ def diagnostics(run: RunDep, engine: DiagnosticsDep) -> list[Finding]:
     """Findings, in the order they began: each {code, severity, message, params, first_step, figure}.
 
     Live runs are diagnosed as their steps arrive; a stored or imported run whose findings are
-    missing or stale is diagnosed from its stored steps on this request.
+    missing or stale is diagnosed from its stored steps on this request. A rank's run of a
+    distributed job has none (its job's run has the findings).
     """
+    if run.parent_id is not None:
+        return []  # a rank's run is not diagnosed: its job's run is, on the assembled steps
     found = engine.findings(run.id, steps=run.steps, running=run.status == "running")
     return [Finding.model_validate(f.to_dict()) for f in found]

@@ -6,9 +6,10 @@ from typing import Annotated
 
 from fastapi import APIRouter, Query, WebSocket
 
-from ..deps import DiagnosticsDep, HubDep, NotifierDep, SessionsDep, SettingsDep, StepCostDep, StoreDep
+from ..deps import DiagnosticsDep, HubDep, JobsDep, NotifierDep, SessionsDep, SettingsDep, StepCostDep, StoreDep
 from ..ingest import IngestConnection
 from ..live import pump, worker_headers
+from ..protocol import RUN_ID_PATTERN
 
 router = APIRouter(tags=["websockets"])
 
@@ -23,13 +24,14 @@ async def ingest(
     diagnostics: DiagnosticsDep,
     step_cost: StepCostDep,
     notifier: NotifierDep,
+    jobs: JobsDep,
 ) -> None:
-    await IngestConnection(websocket, store, hub, sessions, settings, diagnostics, step_cost, notifier).serve()
+    await IngestConnection(websocket, store, hub, sessions, settings, diagnostics, step_cost, notifier, jobs).serve()
 
 
 @router.websocket("/ws/live")
 async def live(
-    websocket: WebSocket, hub: HubDep, run: Annotated[str | None, Query(pattern=r"^[A-Za-z0-9_-]{1,64}$")] = None
+    websocket: WebSocket, hub: HubDep, run: Annotated[str | None, Query(pattern=RUN_ID_PATTERN)] = None
 ) -> None:
     """Run events for every browser; with `run`, that run's steps too."""
     await websocket.accept(headers=worker_headers())

@@ -7,6 +7,7 @@ thresholds:
     coverage.py   param_not_in_optimizer, param_never_gets_grad, step_without_grad
     values.py     nonfinite_grad, exploding_grad, vanishing_grad
     amp.py        amp_skipped_steps
+    ranks.py      rank_desync (distributed jobs)
 
 The checks read `StepView`s (data.py) and know nothing of storage or the network; the engine
 (engine.py) feeds them live steps and stored ones alike, and keeps the findings in the store.

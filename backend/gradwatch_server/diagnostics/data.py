@@ -14,6 +14,7 @@ from typing import Any
 
 import numpy as np
 
+from ..assemble import DESYNC_METRIC
 from ..protocol import GRAD_STATUS, absent_mask
 
 # grad_status codes (docs/protocol.md)
@@ -22,7 +23,7 @@ NONE, ZERO, NONZERO, NONFINITE = 0, 1, 2, 3
 NOT_CLEARED, SET_TO_NONE, ZERO_FILLED, NOT_SEEN = 0, 1, 2, -1
 
 #: The per-parameter metrics and scalars the checks read (a replay from the store reads only these).
-METRICS = ("grad_norm", GRAD_STATUS, "backward_passes", "grad_clear")
+METRICS = ("grad_norm", GRAD_STATUS, "backward_passes", "grad_clear", DESYNC_METRIC)
 SCALARS = ("mem/zero_grad_bytes", "amp/scale", "amp/skipped_steps")
 
 _DTYPE_BYTES = {
@@ -107,6 +108,9 @@ class StepView:
     clear: np.ndarray | None = None  # int64 codes, NOT_SEEN where ABSENT
     #: `np.nan_to_num(passes)`, made once: three checks read it (a NaN count is not above 0)
     passes_known: np.ndarray | None = None
+    #: A distributed job's step: per parameter, how many ranks' gradient differs from rank 0's
+    #: (assemble.py; NaN where the rule does not apply); None elsewhere.
+    desync: np.ndarray | None = None
 
     @classmethod
     def of(
@@ -142,6 +146,7 @@ class StepView:
             passes=passes,
             clear=clear,
             passes_known=None if passes is None else np.nan_to_num(passes),
+            desync=_floats(arrays[DESYNC_METRIC])[0] if DESYNC_METRIC in arrays else None,
         )
 
     def scalar(self, key: str) -> float | None:

@@ -18,6 +18,7 @@ import logging
 import threading
 from collections.abc import Callable, Iterable, Sequence
 
+from ..assemble import DESYNC_PREFIX
 from ..store import DiagnosisMark, StepData, Store, StoredFinding, UnknownRun
 from .amp import AmpSkippedSteps
 from .check import Check
@@ -25,6 +26,7 @@ from .clearing import GradAccumulation, UnclearedGradients, ZeroFilledGradBuffer
 from .coverage import ParamNeverGetsGrad, ParamNotInOptimizer, StepWithoutGrad
 from .data import METRICS, SCALARS, RunContext, StepView
 from .finding import Finding
+from .ranks import RankDesync
 from .values import ExplodingGrad, NonfiniteGrad, VanishingGrad
 
 log = logging.getLogger("gradwatch.diagnostics")
@@ -44,6 +46,7 @@ CHECKS: tuple[type[Check], ...] = (
     AmpSkippedSteps,
     ExplodingGrad,
     VanishingGrad,
+    RankDesync,
 )
 
 
@@ -146,10 +149,16 @@ class Diagnostics:
                 self._catch_up(run_id, diag)
             return diag.findings()
 
-    def observe(self, run_id: str, steps: Sequence[StepData]) -> list[Finding]:
-        """Judge newly stored steps; store what changed; the run's current findings."""
+    def observe(self, run_id: str, steps: Sequence[StepData], stored_before: int | None = None) -> list[Finding]:
+        """Judge newly stored steps; store what changed; the run's current findings.
+
+        `stored_before` is the run's stored step count before these: state held from earlier that
+        is behind it (another worker stored steps meanwhile: a distributed job's run, whose ranks
+        may stream to several) is caught up from the store first."""
         with self._run_lock(run_id):
             diag = self._ensure(run_id, replayed=steps)
+            if stored_before is not None and diag.steps < stored_before:
+                self._feed(run_id, diag, after=diag.last_step, skip={d.step for d in steps})
             for data in steps:
                 diag.observe_data(data)
             self._save(run_id, diag, mark=False)
@@ -236,7 +245,8 @@ class Diagnostics:
             self._save(run_id, diag)
 
     def _feed(self, run_id: str, diag: RunDiagnosis, after: int | None, skip: set[int]) -> None:
-        for chunk in self.store.iter_steps(run_id, metrics=METRICS, scalar_keys=SCALARS, after=after):
+        desync = [k for k in self.store.series_names(run_id, "scalar") if k.startswith(DESYNC_PREFIX)]
+        for chunk in self.store.iter_steps(run_id, metrics=METRICS, scalar_keys=(*SCALARS, *desync), after=after):
             for record in chunk:
                 if record.step in skip:
                     continue

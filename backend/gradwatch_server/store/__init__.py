@@ -29,11 +29,15 @@ from .. import blocks, migrations, tails
 from ..protocol import Hello
 from . import engine as _engine
 from . import findings as _findings
+from . import jobs as _jobs
+from . import ranks as _ranks
 from . import runs as _runs
 from . import series as _series
 from . import steps as _steps
 from .blocks_sql import backfill_blocks
 from .engine import create_db_engine, display_url
+from .jobs import Assembly, OpenedRank
+from .ranks import PartialRange
 from .records import (
     RUN_STATUSES,
     SEVERITIES,
@@ -55,6 +59,8 @@ from .values import SPECIAL_NAN, SPECIAL_NEG_ZERO
 
 __all__ = [
     "RUN_STATUSES",
+    "Assembly",
+    "OpenedRank",
     "SEVERITIES",
     "SPECIAL_NAN",
     "SPECIAL_NEG_ZERO",
@@ -63,6 +69,7 @@ __all__ = [
     "NotifyInTransaction",
     "OpenedRun",
     "Param",
+    "PartialRange",
     "ParamsMismatch",
     "Run",
     "StepData",
@@ -131,6 +138,54 @@ class Store:
             with self._write() as conn:
                 return _runs.open_run(conn, hello, self._clock())
 
+    def open_rank(self, hello: Hello) -> OpenedRank:
+        """Open a rank's run and its job's run from a hello with `dist` (jobs.open_rank)."""
+        try:
+            with self._write() as conn:
+                return _jobs.open_rank(conn, hello, self._clock())
+        except IntegrityError:  # PostgreSQL: another rank's hello created the job's run meanwhile
+            with self._write() as conn:
+                return _jobs.open_rank(conn, hello, self._clock())
+
+    def assemble(
+        self, job: str, rank_timeout: float, first_seen: float, notify: NotifyInTransaction | None = None
+    ) -> Assembly:
+        """Assemble the job's ready steps into its run, in one transaction (jobs.assemble)."""
+        with self._write() as conn:
+            done = _jobs.assemble(
+                conn, job, self._clock(), rank_timeout, first_seen, self._known_names, self._tails, notify
+            )
+        written = done.written
+        if written is not None and written.changed:  # only once committed
+            self._known_names |= written.names
+            self._tails.keep(job, written.tail)
+        return done
+
+    def running_jobs(self) -> list[str]:
+        with self._read() as conn:
+            return _jobs.running_jobs(conn)
+
+    def rank_runs(self, job: str) -> list[Run]:
+        """The runs of a distributed job's ranks, by rank (none for any other run)."""
+        if not storable(job):
+            return []
+        with self._read() as conn:
+            return _jobs.rank_runs(conn, job)
+
+    def lost_ranks(self, job: str, rank_timeout: float) -> list[int]:
+        """The ranks of a job that are lost now (jobs.lost_ranks): `--rank-timeout` is the setting's."""
+        if not storable(job):
+            return []
+        with self._read() as conn:
+            return _jobs.lost_ranks(conn, job, self._clock(), rank_timeout)
+
+    def partial_steps(self, job: str) -> list[tuple[int, list[int]]]:
+        """A job's steps assembled without some rank: (step, missing ranks), by step."""
+        if not storable(job):
+            return []
+        with self._read() as conn:
+            return _jobs.get_partial_steps(conn, job)
+
     def close_run(self, run_id: str, *, seq: int, status: str) -> bool:
         """Apply a `close` message; False if it was applied already."""
         with self._write() as conn:
@@ -155,7 +210,8 @@ class Store:
         """Delete a run and everything stored for it, in one transaction; its id is remembered (deleted_at)."""
         with self._write() as conn:
             deleted = _runs.delete_run(conn, run_id, self._clock())
-        self._known_names = {k for k in self._known_names if k[0] != run_id}
+        ranks = f"{run_id}.r"  # a job's ranks' runs go with it (ON DELETE CASCADE)
+        self._known_names = {k for k in self._known_names if k[0] != run_id and not k[0].startswith(ranks)}
         return deleted
 
     def deleted_at(self, run_id: str) -> float | None:
@@ -212,6 +268,13 @@ class Store:
         """Sorted names of a run's scalar series (`kind="scalar"`) or parameter metrics ("param")."""
         with self._read() as conn:
             return _runs.get_series_names(conn, run_id, kind)
+
+    # -- a distributed job's partial steps, as ranges (reads) ---------------------------------
+
+    def partial_ranges(self, run_id: str) -> list[PartialRange]:
+        """A job's steps stored without some rank, as ranges (store/ranks.py)."""
+        with self._read() as conn:
+            return _ranks.partial_ranges(conn, run_id)
 
     # -- steps -----------------------------------------------------------------------------
 

@@ -47,6 +47,10 @@ class Run:
     optimizer: str | None
     config: dict[str, Any]
     hook_version: str | None
+    #: A distributed job's parent run has `world_size`; each rank's child run has all three.
+    parent_id: str | None = None
+    rank: int | None = None
+    world_size: int | None = None
     tags: list[str] = field(default_factory=list)
     #: Stored findings by severity ({"error": n, "warning": n, "info": n}).
     findings: dict[str, int] = field(default_factory=no_findings)
@@ -61,6 +65,10 @@ class Param:
     dtype: str
     group: int
     optimizer: int
+    #: A child run's piece of the parameter (None elsewhere): its element count, and whether it
+    #: counts toward the global value.
+    local_numel: int | None = None
+    counted: bool | None = None
 
 
 @dataclass(frozen=True)

@@ -7,7 +7,7 @@ import json
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from sqlalchemy import Connection, delete, func, insert, or_, select, update
+from sqlalchemy import ColumnElement, Connection, delete, func, insert, or_, select, update
 
 from ..protocol import Hello
 from ..schema import deleted_runs, findings, groups, params, run_tags, runs, series_names
@@ -37,26 +37,47 @@ def lock_run(conn: Connection, run_id: str) -> Any:
     return row
 
 
-def open_run(conn: Connection, hello: Hello, now: float) -> OpenedRun:
-    """Create the run of a `hello`, or resume it (same parameter names, same order)."""
+def open_run(
+    conn: Connection,
+    hello: Hello,
+    now: float,
+    *,
+    run_id: str | None = None,
+    parent_id: str | None = None,
+    rank: int | None = None,
+    world_size: int | None = None,
+) -> OpenedRun:
+    """Create the run of a `hello`, or resume it (same parameter names, same order).
+
+    `run_id` stands for the hello's run id (a job's run, opened from a rank's hello); a rank's
+    run has `parent_id`, `rank` and `world_size` and keeps each parameter's piece (local_numel,
+    counted); a job's run has `world_size` only.
+    """
     info = hello.run
-    existing = conn.execute(select(runs.c.status).where(runs.c.id == info.id).with_for_update()).one_or_none()
+    run_id = info.id if run_id is None else run_id
+    pieces = parent_id is not None
+    existing = conn.execute(
+        select(runs.c.status, runs.c.world_size).where(runs.c.id == run_id).with_for_update()
+    ).one_or_none()
+    if existing is not None and world_size is None and existing.world_size is not None:
+        raise ParamsMismatch(
+            f"run {run_id!r} is a distributed job's run: only its ranks write to it (a hello with "
+            '"dist"); give this run another id'
+        )
     if existing is not None:
         stored = (
-            conn.execute(select(params.c.name).where(params.c.run_id == info.id).order_by(params.c.idx)).scalars().all()
+            conn.execute(select(params.c.name).where(params.c.run_id == run_id).order_by(params.c.idx)).scalars().all()
         )
         sent = [p.name for p in hello.params]
         if stored != sent:
-            raise ParamsMismatch(_describe_mismatch(info.id, list(stored), sent))
-        conn.execute(
-            update(runs).where(runs.c.id == info.id).values(status="running", finished_at=None, updated_at=now)
-        )
+            raise ParamsMismatch(_describe_mismatch(run_id, list(stored), sent))
+        conn.execute(update(runs).where(runs.c.id == run_id).values(status="running", finished_at=None, updated_at=now))
     else:
-        conn.execute(delete(deleted_runs).where(deleted_runs.c.id == info.id))  # here again: not deleted
+        conn.execute(delete(deleted_runs).where(deleted_runs.c.id == run_id))  # here again: not deleted
         conn.execute(
             insert(runs).values(
-                id=info.id,
-                name=info.name or info.id,
+                id=run_id,
+                name=info.name or (run_id if parent_id is None else parent_id),
                 project=info.project or "default",
                 status="running",
                 created_at=info.started_at,
@@ -70,6 +91,9 @@ def open_run(conn: Connection, hello: Hello, now: float) -> OpenedRun:
                 optimizer=info.optimizer,
                 config=json.dumps(info.config, allow_nan=False),
                 hook_version=info.hook_version,
+                parent_id=parent_id,
+                rank=rank,
+                world_size=world_size,
             )
         )
         if hello.params:
@@ -77,7 +101,7 @@ def open_run(conn: Connection, hello: Hello, now: float) -> OpenedRun:
                 insert(params),
                 [
                     {
-                        "run_id": info.id,
+                        "run_id": run_id,
                         "idx": i,
                         "name": p.name,
                         "shape": json.dumps(p.shape),
@@ -85,6 +109,8 @@ def open_run(conn: Connection, hello: Hello, now: float) -> OpenedRun:
                         "dtype": p.dtype,
                         "group_idx": p.group,
                         "optimizer_idx": p.optimizer,
+                        "local_numel": p.piece_numel if pieces else None,
+                        "counted": p.counted if pieces else None,
                     }
                     for i, p in enumerate(hello.params)
                 ],
@@ -94,7 +120,7 @@ def open_run(conn: Connection, hello: Hello, now: float) -> OpenedRun:
                 insert(groups),
                 [
                     {
-                        "run_id": info.id,
+                        "run_id": run_id,
                         "optimizer_idx": g.optimizer,
                         "idx": g.index,
                         "name": g.name,
@@ -103,7 +129,7 @@ def open_run(conn: Connection, hello: Hello, now: float) -> OpenedRun:
                     for g in hello.groups
                 ],
             )
-    run = to_run(conn.execute(select(runs).where(runs.c.id == info.id)).one(), *run_details(conn, [info.id]))
+    run = to_run(conn.execute(select(runs).where(runs.c.id == run_id)).one(), *run_details(conn, [run_id]))
     return OpenedRun(run=run, created=existing is None, resumed_from=None if existing is None else existing.status)
 
 
@@ -160,11 +186,14 @@ def update_run(conn: Connection, run_id: str, name: str | None, tags: Sequence[s
 def delete_run(conn: Connection, run_id: str, now: float) -> bool:
     """Delete a run and everything stored for it: every table's rows reference the run with ON
     DELETE CASCADE, on an index that starts with run_id. The id is kept in `deleted_runs` (with
-    the time), so that it can be told from one never stored."""
+    the time), so that it can be told from one never stored. A distributed job's run takes its
+    ranks' runs with it (their parent_id cascades), and their ids are kept too."""
+    ranks = list(conn.execute(select(runs.c.id).where(runs.c.parent_id == run_id)).scalars())
     if conn.execute(delete(runs).where(runs.c.id == run_id)).rowcount == 0:
         return False
-    conn.execute(delete(deleted_runs).where(deleted_runs.c.id == run_id))
-    conn.execute(insert(deleted_runs).values(id=run_id, deleted_at=now))
+    gone = [run_id, *ranks]
+    conn.execute(delete(deleted_runs).where(deleted_runs.c.id.in_(gone)))
+    conn.execute(insert(deleted_runs), [{"id": i, "deleted_at": now} for i in gone])
     return True
 
 
@@ -178,9 +207,12 @@ def runs_to_collect(
     conn: Connection, created_before: float | None, status: str | None, project: str | None
 ) -> list[Run]:
     """The runs `gradwatch gc` may delete, oldest first: never a running one (it is being
-    written), and only those created before `created_before` (Unix seconds), of `status`
+    written), never a rank's run (deleting its job's run deletes it), and only those created before `created_before` (Unix seconds), of `status`
     and of `project`, for each one given."""
-    where = [runs.c.status != "running"]
+    where: list[ColumnElement[bool]] = [
+        runs.c.status != "running",
+        runs.c.parent_id.is_(None),
+    ]  # ranks' runs go with their job's
     if created_before is not None:
         where.append(runs.c.created_at < created_before)
     if status is not None:
@@ -199,8 +231,9 @@ def list_runs(
     conn: Connection, project: str | None, q: str | None, status: str | None, tag: str | None, limit: int, offset: int
 ) -> tuple[list[Run], int]:
     """Matching runs, newest first, and how many match in all; each with its tags and
-    findings counts (two more queries for the page, not two per run)."""
-    where = []
+    findings counts (two more queries for the page, not two per run). A rank's run of a
+    distributed job is never listed: its job's run stands for it."""
+    where: list[ColumnElement[bool]] = [runs.c.parent_id.is_(None)]
     if project is not None:
         where.append(runs.c.project == project)
     if status is not None:
@@ -218,7 +251,14 @@ def list_runs(
 
 
 def running_run_ids(conn: Connection) -> list[str]:
-    return list(conn.execute(select(runs.c.id).where(runs.c.status == "running")).scalars())
+    """The running runs a hook streams to: a job's run is left out (its ranks' runs stand for it)."""
+    return list(
+        conn.execute(
+            select(runs.c.id).where(
+                runs.c.status == "running", or_(runs.c.world_size.is_(None), runs.c.parent_id.is_not(None))
+            )
+        ).scalars()
+    )
 
 
 def get_params(conn: Connection, run_id: str) -> list[Param]:
@@ -227,12 +267,22 @@ def get_params(conn: Connection, run_id: str) -> list[Param]:
     c = params.c
     rows = plain_rows(
         conn,
-        select(c.idx, c.name, c.shape, c.numel, c.dtype, c.group_idx, c.optimizer_idx)
+        select(c.idx, c.name, c.shape, c.numel, c.dtype, c.group_idx, c.optimizer_idx, c.local_numel, c.counted)
         .where(c.run_id == run_id)
         .order_by(c.idx),
     )
     return [
-        Param(index=r[0], name=r[1], shape=list(shape(r[2])), numel=r[3], dtype=r[4], group=r[5], optimizer=r[6])
+        Param(
+            index=r[0],
+            name=r[1],
+            shape=list(shape(r[2])),
+            numel=r[3],
+            dtype=r[4],
+            group=r[5],
+            optimizer=r[6],
+            local_numel=r[7],
+            counted=None if r[8] is None else bool(r[8]),
+        )
         for r in rows
     ]
 

@@ -22,13 +22,14 @@ import { api, ApiError, liveUrl, UnreachableError } from "../api.js";
 import { findingAlerts } from "../attention.js";
 import { LineChart } from "../charts/line.js";
 import { smoothWeight } from "../smoothing.js";
-import { markersOf } from "../charts/markers.js";
+import { markersOf, partialMarkers } from "../charts/markers.js";
 import { whenPlotly } from "../charts/theme.js";
 import { inViewFirst, nearView } from "../charts/turns.js";
 import { byId, h, notice, setChildren } from "../dom.js";
 import { fmtTime, toNumber } from "../format.js";
 import { LiveSocket, renderLiveStatus } from "../live.js";
 import { firstScalar } from "../names.js";
+import { parseRanks } from "../ranks.js";
 import { queryValue, readQuery, writeQuery } from "../url.js";
 import { headerView } from "../views/header.js";
 import { smoothingControl } from "../views/smoothing-control.js";
@@ -56,6 +57,8 @@ let socket;
 let ctx;        // what views load with
 let note;       // the zoom, said in the top bar
 let alerts;     // the finding count in a hidden tab's title, and desktop notifications
+let findingsShown = []; // the findings marked on the charts
+let partial = [];       // a distributed run's partial steps, shaded on the charts (markers.js)
 
 /** Read the URL, lay out the cards, load the run and follow /ws/live. */
 export function init() {
@@ -77,6 +80,7 @@ export function init() {
     xRange: urlRange(queryValue(q, "from"), queryValue(q, "to")),
     otherScalar: queryValue(q, "scalar"),
     smooth: smoothWeight(queryValue(q, "smooth")), // the line charts' EMA weight (?smooth=), 0: off
+    ranksChosen: parseRanks(queryValue(q, "ranks")), // a big job's ranks to draw (?ranks=0-3,17), null: the default
   };
   ctx = { state };
   header = headerView(byId("run-header"), [smoothingControl(state.smooth, setSmoothing)]);
@@ -96,7 +100,13 @@ export function init() {
       saveUrl();
       loadViews([views.other]).then(() => { if (state.xRange) scheduleZoom(); }).catch(showError);
     },
+    onRanks: saveUrl,
+    onPartial: (ranges) => {
+      partial = partialMarkers(ranges);
+      drawMarkers(findingsShown);
+    },
     onFindings: (list) => {
+      findingsShown = list;
       drawMarkers(list);
       if (state.run) alerts.update(list, state.run.name || state.run.id);
     },
@@ -153,9 +163,9 @@ const addParam = (name) => {
   views.paramNorms.card.scrollIntoView({ behavior: "smooth", block: "start" });
 };
 
-/** Mark where each finding began on every chart with a step axis. */
+/** Mark where each finding began, and a distributed run's partial steps, on every chart with a step axis. */
 function drawMarkers(findings) {
-  const markers = markersOf(findings);
+  const markers = [...markersOf(findings), ...partial].sort((a, b) => a.step - b.step || a.code.localeCompare(b.code));
   for (const v of Object.values(views)) {
     if (v.chart && v.chart.setMarkers) v.chart.setMarkers(markers).catch((err) => console.warn("gradwatch: markers:", err));
   }
@@ -193,6 +203,7 @@ function saveUrl() {
     to: state.xRange ? Math.round(state.xRange[1]) : null,
     scalar: state.otherScalar,
     smooth: state.smooth || null,
+    ranks: state.ranksChosen ? state.ranksChosen.join(",") : null,
   });
 }
 
@@ -412,7 +423,10 @@ function onMessage(msg) {
     state.run = { ...msg.run, ...drawn };
     header.render(state);
     alerts.title();
-    if (before !== state.run.status) views.findings.load(ctx);
+    if (before !== state.run.status) {
+      views.findings.load(ctx);
+      for (const v of Object.values(views)) if (v.onStatus && !v.card.hidden) v.onStatus();
+    }
   }
 }
 

@@ -10,7 +10,10 @@ const ORDER = { error: 0, warning: 1, info: 2 };
 const SHOWN_PARAMS = 6;
 const SEVERITIES = ["error", "warning", "info"];
 
-/** @param {{onParam: (name: string) => void, onFindings?: (list: object[]) => void}} o */
+/**
+ * @param {{onParam: (name: string) => void, onFindings?: (list: object[]) => void, emptyText?: () => string}} o
+ *   emptyText: what the panel says when there is no finding ("No problems found")
+ */
 export function findingsView(o) {
   const count = h("span", { class: "count", "aria-live": "polite" });
   const body = h("div", { class: "findings-body" }, h("p", { class: "muted" }, "Loading findings…"));
@@ -29,7 +32,7 @@ export function findingsView(o) {
     else delete count.dataset.severity;
     if (o.onFindings) o.onFindings(list);
     if (!list.length) {
-      setChildren(body, h("p", { class: "findings-ok" }, h("span", { class: "ok-mark", "aria-hidden": "true" }, "✓"), "No problems found"));
+      setChildren(body, h("p", { class: "findings-ok" }, h("span", { class: "ok-mark", "aria-hidden": "true" }, "✓"), o.emptyText ? o.emptyText() : "No problems found"));
       return;
     }
     const sorted = list.slice().sort((a, b) => (ORDER[a.severity] ?? 3) - (ORDER[b.severity] ?? 3)

@@ -1,7 +1,7 @@
 // The run header: name, project, status badge, facts, export links, the live indicator,
 // and a strip with the latest values (step, loss, gradient norm, learning rate, memory).
 
-import { exportUrl } from "../api.js";
+import { exportUrl, runPageUrl } from "../api.js";
 import { notificationToggle } from "../attention.js";
 import { h, setChildren, statusBadge } from "../dom.js";
 import { fmtBytes, fmtCount, fmtDuration, fmtNum, fmtTime, runDuration, toNumber } from "../format.js";
@@ -25,6 +25,15 @@ export function headerView(root, tools = []) {
     return h("div", { class: "fact" }, h("dt", {}, label), h("dd", attrs, value));
   }
 
+  /** A rank's own run says whose rank it is, with a link to the job; a job says its world size. */
+  function distFact(run) {
+    if (run.parent_id != null) {
+      return fact("Rank", [`${run.rank} of ${run.world_size ?? "?"} in job `,
+        h("a", { href: runPageUrl(run.parent_id), class: "job-link" }, run.parent_id)], { dataset: { field: "rank" } });
+    }
+    return run.world_size > 1 ? fact("Ranks", String(run.world_size), { dataset: { field: "ranks" } }) : null;
+  }
+
   return {
     liveEl,
 
@@ -32,9 +41,11 @@ export function headerView(root, tools = []) {
       const run = state.run;
       document.title = `${run.name || run.id} · gradwatch`;
       root.querySelector(".crumb-project").textContent = run.project || "default";
-      setChildren(title, h("span", { class: "run-name-text" }, run.name || run.id), " ", statusBadge(run.status));
+      setChildren(title, h("span", { class: "run-name-text" }, run.name || run.id), " ",
+        run.parent_id != null ? [h("span", { class: "ranks-badge" }, `rank ${run.rank}`), " "] : null, statusBadge(run.status));
       const numel = run.param_numel ? ` (${fmtCount(run.param_numel, true)} values)` : "";
       setChildren(facts,
+        distFact(run),
         fact("Project", run.project || "—"),
         fact("Optimizer", run.optimizer || "—"),
         fact("Steps", fmtCount(run.steps), { dataset: { field: "steps" } }),

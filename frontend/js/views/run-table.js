@@ -5,6 +5,7 @@
 import { runPageUrl } from "../api.js";
 import { h, statusBadge } from "../dom.js";
 import { fmtAgo, fmtCount, fmtDuration, fmtTime, runDuration } from "../format.js";
+import { ranksBadgeText } from "../ranks.js";
 
 export const DEFAULT_SERVER = "http://127.0.0.1:8765"; // where the hook sends unless told otherwise
 
@@ -47,6 +48,8 @@ function runRow(r, view, on) {
     })),
     h("td", { class: "col-name" }, h("a", { href: runPageUrl(r.id), class: "run-link", dataset: { focus: "link" } }, name),
       name !== r.id ? h("span", { class: "run-id" }, r.id) : null,
+      ranksBadgeText(r.world_size) ? h("span", { class: "ranks-badge", dataset: { worldSize: String(r.world_size) },
+        title: `A distributed job: ${r.world_size} processes, one run` }, ranksBadgeText(r.world_size)) : null,
       tags.length ? h("span", { class: "tags" }, tags.map((t) => h("button", {
         type: "button", class: `tag${t === view.tag ? " tag-on" : ""}`, "aria-pressed": String(t === view.tag),
         dataset: { tag: t, focus: `tag:${t}` }, title: `Show only runs tagged ${t}`,

@@ -6,6 +6,7 @@ import { lrLabel } from "../groups.js";
 import { findingsView } from "./findings.js";
 import { heatmapView } from "./heatmaps.js";
 import { paramMetricView } from "./params.js";
+import { createRanksViews } from "./ranks.js";
 import { runContextView } from "./run-context.js";
 import { scalarView } from "./scalars.js";
 import { spreadView } from "./spread.js";
@@ -23,20 +24,27 @@ const lrGroup = (k) => Number(k.slice(3));
  * @param {object} state  the run page's state (read only here)
  * @param {{onXRange: Function, onSelect: (names: string[]) => void, onParam: (name: string) => void,
  *          onModule: (path: string) => void, onTop: (k: number, order: string) => void,
- *          onOtherScalar: (key: string) => void, onFindings: (list: object[]) => void}} on
+ *          onOtherScalar: (key: string) => void, onFindings: (list: object[]) => void,
+ *          onRanks: () => void, onPartial: (ranges: object[]) => void}} on
+ *   onRanks: the ranks drawn were chosen (state.ranksChosen); onPartial: a distributed run's partial ranges
  * @returns {{views: Object<string, object>, present: Object<string, () => boolean>,
  *            otherSelect: HTMLSelectElement, otherScalars: () => string[],
  *            addStateViews: (params: string[]) => object[]}}
  *   The optimizer-state cards are made by addStateViews once the run's metric names are known.
  */
-export function createRunViews(state, { onXRange, onSelect, onParam, onModule, onTop, onOtherScalar, onFindings }) {
+export function createRunViews(state, { onXRange, onSelect, onParam, onModule, onTop, onOtherScalar, onFindings, onRanks, onPartial }) {
   const otherSelect = h("select", {
     class: "input input-small", "aria-label": "Scalar to show",
     onchange: (e) => onOtherScalar(e.target.value),
   });
 
   const views = {
-    findings: findingsView({ onParam, onFindings }),
+    findings: findingsView({
+      onParam, onFindings,
+      // A rank's own run of a distributed job is not diagnosed: its job's run is, on the global values.
+      emptyText: () => (state.run && state.run.parent_id != null
+        ? "No findings: a rank's own run is not diagnosed; its job's run has the findings" : "No problems found"),
+    }),
     context: runContextView(),
     gradTotal: scalarView({
       id: "grad-norm-total", title: "Total gradient norm", help: "‖grad‖₂ over all parameters, as the step used it",
@@ -79,6 +87,8 @@ export function createRunViews(state, { onXRange, onSelect, onParam, onModule, o
       label: (k) => MEM_LABEL[k] || k.slice(4).replace("/", " "), bytes: true, emptyText: "No memory figures in this run", onXRange,
       logWhenSpread: 100, // process RSS beside a small model's parameters: both readable
     }),
+    // A distributed run's ranks: a card and a chart per per-rank figure (views/ranks.js).
+    ...createRanksViews(state, { onXRange, onRanks, onPartial }),
     other: scalarView({
       id: "other-scalars", title: "Other scalars", help: "Any other value the run reports",
       keys: (s) => (state.otherScalar && s.includes(state.otherScalar) ? [state.otherScalar] : []),
@@ -96,6 +106,9 @@ export function createRunViews(state, { onXRange, onSelect, onParam, onModule, o
     memory: () => views.memory.keysFor(state.metrics.scalars).length > 0,
     other: () => otherScalars().length > 0,
   };
+  // The job's run of a distributed run (never a rank's own run) has the Ranks section.
+  const distributed = () => Boolean(state.run && state.run.world_size > 1 && state.run.parent_id == null);
+  for (const name of Object.keys(views)) if (name === "ranks" || name.startsWith("rank-")) present[name] = distributed;
   const otherScalars = () => state.metrics.scalars.filter((k) => !KNOWN_SCALAR.test(k)).sort();
 
   /**

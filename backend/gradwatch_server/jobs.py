@@ -1,0 +1,164 @@
+"""Distributed jobs on the server: assembling the ranks' steps into the job's run, after each
+committed batch of a rank and on a timer that notices lost ranks.
+
+`JobAssembler.assemble(job)` runs the store's assembly (store/jobs.py, in a worker thread) until
+nothing more is ready, then treats the job's new steps as any run's: the diagnostics engine
+judges them, the browsers watching `?run=JOB` get them, a changed status goes to every browser,
+and a new error or warning finding to the `--notify` webhooks. Calls for one job take turns (a
+lock per job), so the engine sees the job's steps in order. The hook whose batch completed a
+step gets the job's findings from its own connection (ingest.py).
+
+The timer (`start`) looks at every running job each `interval` seconds (a quarter of
+`--rank-timeout`, at most 5 s): a rank that sent nothing for `--rank-timeout` while another is
+ahead is lost, the steps waiting on it are assembled without it (`partial_steps`), and once
+every rank has closed or is lost the job's run is finished or crashed. With `serve --workers N`
+every worker runs it; the lock on the job's row makes them take turns.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable, Sequence
+
+from .diagnostics import Diagnostics, Finding
+from .live import LiveHub
+from .notify import Notifier, RunRef
+from .protocol import GRAD_STATUS, PROTOCOL_VERSION, Step
+from .store import StepData, Store, UnknownRun
+
+log = logging.getLogger("gradwatch.jobs")
+
+#: Longest pause between two looks for lost ranks.
+MAX_INTERVAL_S = 5.0
+
+
+def as_steps(batch: Sequence[StepData]) -> list[Step]:
+    """Stored steps as the live hub publishes them (already validated: no second pass)."""
+    return [
+        Step.model_construct(
+            v=PROTOCOL_VERSION,
+            type="step",
+            seq=d.seq,
+            step=d.step,
+            time=d.time,
+            scalars=dict(d.scalars),
+            params={m: raw for m, raw in d.arrays.items() if m != GRAD_STATUS},
+            grad_status=d.arrays.get(GRAD_STATUS),
+        )
+        for d in batch
+    ]
+
+
+class JobAssembler:
+    """Assembles jobs' steps and announces them; used from the event loop only."""
+
+    def __init__(
+        self,
+        store: Store,
+        hub: LiveHub,
+        diagnostics: Diagnostics,
+        rank_timeout_s: float,
+        notifier: Notifier | None = None,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self._store = store
+        self._clock = clock
+        self._hub = hub
+        self._diagnostics = diagnostics
+        self._notifier = notifier
+        self.rank_timeout_s = rank_timeout_s
+        self.interval_s = min(rank_timeout_s / 4, MAX_INTERVAL_S)
+        self._locks: dict[str, asyncio.Lock] = {}
+        self._first_seen: dict[str, float] = {}  # job -> when this process first saw it
+        self._announced: dict[str, dict[str, dict[str, object]]] = {}  # job -> code -> finding
+        self._timer: asyncio.Task[None] | None = None
+
+    async def assemble(self, job: str) -> list[Finding] | None:
+        """Assemble what is ready of `job`; its current findings if steps were added, else None."""
+        async with self._locks.setdefault(job, asyncio.Lock()):
+            notify = self._hub.steps_notice(job)
+            first_seen = self._first_seen.setdefault(job, self._clock())
+            new: list[StepData] = []
+            status: str | None = None
+            before: int | None = None
+            while True:
+                done = await asyncio.to_thread(self._store.assemble, job, self.rank_timeout_s, first_seen, notify)
+                before = done.steps_before if before is None else before
+                new += done.steps
+                status = done.status or status
+                if done.partial:
+                    log.info("job %s: steps %s assembled without ranks %s", job, min(done.partial), done.partial)
+                if not done.more:
+                    break
+            found = None
+            if new:
+                found = await self._judge(job, new, before or 0)
+                self._hub.publish_steps(job, as_steps(new))
+            if status is not None:
+                self._first_seen.pop(job, None)
+                log.info("job %s %s: every rank closed or was lost", job, status)
+                try:
+                    await asyncio.to_thread(self._diagnostics.close_run, job)
+                except Exception:
+                    log.exception("diagnostics of job %s could not be closed", job)
+                run = await asyncio.to_thread(self._store.get_run, job)
+                if run is not None:
+                    self._hub.publish_run(run)
+            return found
+
+    async def _judge(self, job: str, new: list[StepData], before: int) -> list[Finding] | None:
+        try:
+            found = await asyncio.to_thread(self._diagnostics.observe, job, new, before)
+        except UnknownRun:
+            return None
+        except Exception:  # diagnostics must never stop assembly: log, and carry on
+            log.exception("diagnostics of job %s failed", job)
+            return None
+        await self._announce(job, found)
+        return found
+
+    async def _announce(self, job: str, found: list[Finding]) -> None:
+        """Tell the browsers each changed finding, and the webhooks each new (or graver) one, once
+        per job whichever rank's batch found it."""
+        known = self._announced.setdefault(job, {})
+        for finding in found:
+            public = finding.to_dict()
+            before = known.get(finding.code)
+            if before == public:
+                continue
+            if (before is None or before["severity"] != public["severity"]) and self._notifier is not None:
+                run = await asyncio.to_thread(self._store.get_run, job)
+                if run is not None:
+                    self._notifier.finding(RunRef(run.id, run.name, run.project), public)
+            known[finding.code] = public
+            self._hub.publish_finding(job, public)
+
+    def opened(self, job: str, found: list[Finding]) -> None:
+        """A rank's hello: the job's findings so far were news when they were found, not now."""
+        self._first_seen.setdefault(job, self._clock())
+        known = self._announced.setdefault(job, {})
+        for finding in found:
+            known.setdefault(finding.code, finding.to_dict())
+
+    # -- the timer ---------------------------------------------------------------------------
+
+    def start(self) -> None:
+        self._timer = asyncio.create_task(self._sweep())
+
+    async def _sweep(self) -> None:
+        while True:
+            await asyncio.sleep(self.interval_s)
+            try:
+                jobs = await asyncio.to_thread(self._store.running_jobs)
+                for job in jobs:
+                    await self.assemble(job)
+            except Exception:  # a timer has no caller to report to: log, and look again later
+                log.exception("could not assemble the running jobs")
+
+    async def close(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            await asyncio.gather(self._timer, return_exceptions=True)
+            self._timer = None

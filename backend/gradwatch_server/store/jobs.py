@@ -1,0 +1,334 @@
+"""Distributed jobs: open a rank's run and its job's run from a rank's `hello`, and assemble the
+ranks' stored steps into the job's run (docs/protocol.md, "Distributed training").
+
+Each rank streams into its own run `JOB.rRANK` through the ordinary ingest path; `assemble`
+then writes into the job's run `JOB`, through the same `write_steps` as any run, every step
+that every waited-for rank has and the job's run lacks, in step order (the combination itself:
+assemble.py). It runs in one transaction that first locks the job's row (FOR UPDATE on
+PostgreSQL; SQLite has one writer), so ranks that land on different workers never assemble a
+step twice.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+from sqlalchemy import Connection, insert, select, update
+
+from .. import assemble as _assemble
+from .. import tails
+from ..protocol import Hello
+from ..schema import params, partial_steps, runs, steps
+from .records import OpenedRun, ParamsMismatch, Run, StepData, StepRecord
+from .runs import get_series_names, open_run, to_run
+from .steps import NotifyInTransaction, SeriesName, Written, _fill, write_steps
+
+#: Most steps one assembly reads per rank (the caller asks again while `more`).
+ASSEMBLE_CHUNK = 512
+
+
+@dataclass(frozen=True)
+class OpenedRank:
+    """What a rank's hello did: its own run (`rank`), and its job's (`job`: created with this
+    hello, or `job_resumed` from a status other than running)."""
+
+    rank: OpenedRun
+    job: Run
+    job_created: bool
+    job_resumed: bool
+
+
+@dataclass
+class Assembly:
+    """What one `assemble` did: the steps it stored in the job's run, whether more may be ready
+    (ask again), and the job's new status if it changed (every rank closed or lost)."""
+
+    steps: list[StepData] = field(default_factory=list)
+    partial: dict[int, list[int]] = field(default_factory=dict)
+    more: bool = False
+    status: str | None = None
+    steps_before: int = 0  # the job's run's stored steps before these
+    written: Written | None = None
+
+
+@dataclass
+class _Rank:
+    rank: int
+    run_id: str | None  # None: this rank never said hello
+    status: str | None
+    last_step: int | None
+    heard: float  # server time it last wrote (its run's updated_at)
+
+    def behind(self, step: int | None) -> bool:
+        return step is not None and (self.last_step is None or self.last_step < step)
+
+
+def open_rank(conn: Connection, hello: Hello, now: float) -> OpenedRank:
+    """Open a rank's run and its job's run (the first hello of any rank creates the job's run
+    from its own name, project, config, parameters and groups). A rank whose parameters
+    (names, shapes) or world size differ from the job's is refused, saying which."""
+    dist = hello.dist
+    assert dist is not None
+    job = conn.execute(
+        select(runs.c.status, runs.c.world_size, runs.c.parent_id).where(runs.c.id == dist.job).with_for_update()
+    ).one_or_none()
+    if job is not None:
+        if job.world_size is None or job.parent_id is not None:
+            raise ParamsMismatch(
+                f"run {dist.job!r} exists and is not a distributed job's run; give the job another run id"
+            )
+        if job.world_size != dist.world_size:
+            raise ParamsMismatch(
+                f"job {dist.job!r} has world_size {job.world_size}; rank {dist.rank} says {dist.world_size}"
+            )
+        _check_params(conn, dist.job, dist.rank, hello)
+        if job.status != "running":
+            conn.execute(
+                update(runs).where(runs.c.id == dist.job).values(status="running", finished_at=None, updated_at=now)
+            )
+    else:
+        open_run(conn, hello, now, run_id=dist.job, world_size=dist.world_size)
+    rank = open_run(conn, hello, now, parent_id=dist.job, rank=dist.rank, world_size=dist.world_size)
+    parent = to_run(conn.execute(select(runs).where(runs.c.id == dist.job)).one())
+    return OpenedRank(
+        rank=rank,
+        job=parent,
+        job_created=job is None,
+        job_resumed=job is not None and job.status != "running",
+    )
+
+
+def _check_params(conn: Connection, job: str, rank: int, hello: Hello) -> None:
+    stored = [
+        (r.name, json.loads(r.shape))
+        for r in conn.execute(
+            select(params.c.name, params.c.shape).where(params.c.run_id == job).order_by(params.c.idx)
+        )
+    ]
+    sent = [(p.name, list(p.shape)) for p in hello.params]
+    if stored == sent:
+        return
+    differ: list[str] = []
+    known, given = dict(stored), dict(sent)
+    for name, shape in sent:
+        if name not in known:
+            differ.append(f"{name!r} is not in the job")
+        elif known[name] != shape:
+            differ.append(f"{name!r} has shape {shape}, the job's is {known[name]}")
+    differ += [f"{name!r} is missing" for name, _ in stored if name not in given]
+    if not differ:
+        differ.append("the parameters are in another order")
+    more = f" (and {len(differ) - 5} more)" if len(differ) > 5 else ""
+    raise ParamsMismatch(f"rank {rank}'s parameters differ from those of job {job!r}: " + "; ".join(differ[:5]) + more)
+
+
+def _ranks(conn: Connection, job: str, world_size: int, first_seen: float) -> list[_Rank]:
+    found = {
+        r.rank: _Rank(r.rank, r.id, r.status, r.last_step, r.updated_at)
+        for r in conn.execute(
+            select(runs.c.id, runs.c.rank, runs.c.status, runs.c.last_step, runs.c.updated_at).where(
+                runs.c.parent_id == job
+            )
+        )
+    }
+    return [found.get(r) or _Rank(r, None, None, None, first_seen) for r in range(world_size)]
+
+
+def _lost(rank: _Rank, ranks: Sequence[_Rank], now: float, rank_timeout: float) -> bool:
+    """A running rank that sent nothing for `rank_timeout` while another rank is ahead."""
+    if rank.status not in (None, "running") or now - rank.heard < rank_timeout:
+        return False
+    return any(rank.behind(other.last_step) for other in ranks if other.rank != rank.rank)
+
+
+def _pieces_info(conn: Connection, run_ids: Sequence[str]) -> tuple[dict[str, np.ndarray], np.ndarray | None]:
+    """Per rank's run, whether each parameter's piece counts; and which parameters are the
+    full tensor on every rank (DDP replicas: `rank_desync` applies to those)."""
+    counted: dict[str, list[bool]] = {}
+    replicated: list[bool] = []
+    for r in conn.execute(
+        select(params.c.run_id, params.c.idx, params.c.numel, params.c.local_numel, params.c.counted)
+        .where(params.c.run_id.in_(run_ids))
+        .order_by(params.c.run_id, params.c.idx)
+    ):
+        counted.setdefault(r.run_id, []).append(r.counted is None or bool(r.counted))
+        full = r.local_numel is None or r.local_numel == r.numel
+        if r.idx < len(replicated):
+            replicated[r.idx] &= full
+        else:
+            replicated.append(full)
+    return (
+        {k: np.array(v, dtype=bool) for k, v in counted.items()},
+        np.array(replicated, dtype=bool) if replicated else None,
+    )
+
+
+def _read(conn: Connection, run_id: str, wanted: Sequence[int]) -> list[StepRecord]:
+    """A rank's stored steps `wanted` (sorted), every series."""
+    lo, hi = wanted[0], wanted[-1]
+    want = set(wanted)
+    records = {
+        r.step: StepRecord(step=r.step, seq=r.seq, time=r.time)
+        for r in conn.execute(
+            select(steps.c.step, steps.c.seq, steps.c.time).where(
+                steps.c.run_id == run_id, steps.c.step.between(lo, hi)
+            )
+        )
+        if r.step in want
+    }
+    _fill(
+        conn, run_id, records, get_series_names(conn, run_id, "scalar"), get_series_names(conn, run_id, "param"), lo, hi
+    )
+    return [records[s] for s in sorted(records)]
+
+
+def assemble(
+    conn: Connection,
+    job: str,
+    now: float,
+    rank_timeout: float,
+    first_seen: float,
+    known: set[SeriesName],
+    run_tails: tails.Tails,
+    notify: NotifyInTransaction | None,
+) -> Assembly:
+    """Store in the job's run the steps ready to assemble (at most ASSEMBLE_CHUNK), mark those
+    missing a rank in `partial_steps`, and once every rank has closed or is lost (and nothing is
+    left), set the job's status: finished if every rank finished, else crashed.
+
+    A rank is last heard of when its run was last written (server time); one that never said
+    hello, at `first_seen`: when the caller first saw the job (server time: the job's
+    `created_at` is the hook's clock)."""
+    parent: Any = conn.execute(
+        select(runs.c.status, runs.c.world_size, runs.c.last_seq, runs.c.last_step, runs.c.steps, runs.c.parent_id)
+        .where(runs.c.id == job)
+        .with_for_update()
+    ).one_or_none()
+    done = Assembly()
+    if parent is None or parent.world_size is None or parent.parent_id is not None:
+        return done
+    done.steps_before = parent.steps
+    ranks = _ranks(conn, job, parent.world_size, first_seen)
+    lost = {r.rank for r in ranks if _lost(r, ranks, now, rank_timeout)}
+    waited = [r for r in ranks if r.status in (None, "running") and r.rank not in lost]
+    present = [r for r in ranks if r.run_id is not None]
+    have: dict[int, list[int]] = {}
+    bound: int | None = None
+    for r in present:
+        where = [steps.c.run_id == r.run_id] + (
+            [steps.c.step > parent.last_step] if parent.last_step is not None else []
+        )
+        found = list(
+            conn.execute(select(steps.c.step).where(*where).order_by(steps.c.step).limit(ASSEMBLE_CHUNK)).scalars()
+        )
+        have[r.rank] = found
+        if len(found) == ASSEMBLE_CHUNK:  # this rank has more beyond: only steps up to here are known
+            bound = found[-1] if bound is None else min(bound, found[-1])
+    candidates = sorted({s for found in have.values() for s in found if bound is None or s <= bound})
+    sets = {rank: set(found) for rank, found in have.items()}
+    ready: list[int] = []
+    for s in candidates:
+        if not all(s in sets.get(r.rank, ()) or (r.last_step is not None and r.last_step > s) for r in waited):
+            break
+        ready.append(s)
+    if ready:
+        _write(conn, job, parent.world_size, parent.last_seq, ready, present, sets, now, known, run_tails, notify, done)
+    done.more = bool(ready) and len(ready) == len(candidates) and bound is not None
+    if not done.more and not waited and len(ready) == len(candidates):
+        status = "finished" if all(r.status == "finished" for r in ranks) else "crashed"
+        if parent.status != status:
+            conn.execute(update(runs).where(runs.c.id == job).values(status=status, finished_at=now, updated_at=now))
+            done.status = status
+    return done
+
+
+def _write(
+    conn: Connection,
+    job: str,
+    world_size: int,
+    last_seq: int,
+    ready: Sequence[int],
+    present: Sequence[_Rank],
+    sets: dict[int, set[int]],
+    now: float,
+    known: set[SeriesName],
+    run_tails: tails.Tails,
+    notify: NotifyInTransaction | None,
+    done: Assembly,
+) -> None:
+    run_ids = [r.run_id for r in present if r.run_id is not None]
+    counted, replicated = _pieces_info(conn, run_ids)
+    by_step: dict[int, list[_assemble.Piece]] = {s: [] for s in ready}
+    for r in present:
+        wanted = [s for s in ready if s in sets.get(r.rank, ())]
+        if not wanted or r.run_id is None:
+            continue
+        for record in _read(conn, r.run_id, wanted):
+            by_step[record.step].append(
+                _assemble.Piece(r.rank, record.time, record.scalars, record.arrays, counted[r.run_id])
+            )
+    batch: list[StepData] = []
+    missing: dict[int, list[int]] = {}
+    for i, s in enumerate(ready):
+        pieces = by_step[s]
+        step = _assemble.combine(pieces)
+        if replicated is not None:
+            step = _assemble.with_desync(step, pieces, replicated)
+        batch.append(
+            StepData(seq=last_seq + i + 1, step=s, time=step.time, scalars=step.scalars, arrays=step.raw_arrays())
+        )
+        absent = sorted(set(range(world_size)) - set(step.ranks))
+        if absent:
+            missing[s] = absent
+    done.written = write_steps(conn, job, batch, now, known, run_tails, notify)
+    done.steps = [d for d, new in zip(batch, done.written.stored) if new]
+    done.partial = {d.step: missing[d.step] for d in done.steps if d.step in missing}
+    if done.partial:
+        conn.execute(
+            insert(partial_steps),
+            [{"run_id": job, "step": s, "missing": json.dumps(m)} for s, m in done.partial.items()],
+        )
+
+
+def running_jobs(conn: Connection) -> list[str]:
+    """The jobs' runs that are running (their ranks may still send, or be lost)."""
+    return list(
+        conn.execute(
+            select(runs.c.id).where(
+                runs.c.status == "running", runs.c.world_size.is_not(None), runs.c.parent_id.is_(None)
+            )
+        ).scalars()
+    )
+
+
+def rank_runs(conn: Connection, job: str) -> list[Run]:
+    """The runs of a job's ranks, by rank."""
+    return [to_run(r) for r in conn.execute(select(runs).where(runs.c.parent_id == job).order_by(runs.c.rank))]
+
+
+def get_partial_steps(conn: Connection, job: str) -> list[tuple[int, list[int]]]:
+    """The job's steps assembled without some rank: (step, the missing ranks), by step."""
+    return [
+        (int(r.step), [int(x) for x in json.loads(r.missing)])
+        for r in conn.execute(
+            select(partial_steps.c.step, partial_steps.c.missing)
+            .where(partial_steps.c.run_id == job)
+            .order_by(partial_steps.c.step)
+        )
+    ]
+
+
+def lost_ranks(conn: Connection, job: str, now: float, rank_timeout: float) -> list[int]:
+    """The job's ranks that are lost now: running, silent for `rank_timeout` while another rank
+    is ahead (a rank that never said hello is timed from the job's start, the hook's clock)."""
+    parent = conn.execute(
+        select(runs.c.world_size, runs.c.created_at).where(runs.c.id == job, runs.c.parent_id.is_(None))
+    ).one_or_none()
+    if parent is None or parent.world_size is None:
+        return []
+    ranks = _ranks(conn, job, parent.world_size, parent.created_at)
+    return [r.rank for r in ranks if _lost(r, ranks, now, rank_timeout)]

@@ -1,0 +1,226 @@
+"""The combination of a distributed job's per-rank steps (assemble.py) against an oracle written
+here, parameter by parameter in plain Python floats, from the rules of docs/protocol.md."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from gradwatch_server.assemble import (
+    DESYNC_METRIC,
+    DESYNC_PREFIX,
+    RANKS_SCALAR,
+    Piece,
+    combine,
+    desync,
+    with_desync,
+)
+from support.wiremsg import ABSENT_BITS
+
+NONE, ZERO, NONZERO, NONFINITE = 0, 1, 2, 3
+
+
+def is_absent(x: np.float32) -> bool:
+    return int(np.array([x], dtype="<f4").view("<u4")[0]) == ABSENT_BITS
+
+
+def oracle_norm(values: list[np.float32]) -> float | None:
+    """None for ABSENT; else sqrt of the sum of squares in Python floats (float64)."""
+    present = [float(v) for v in values if not is_absent(v)]
+    if not present:
+        return None
+    if any(math.isnan(v) for v in present):
+        return math.nan
+    if any(math.isinf(v) for v in present):
+        return math.inf
+    return math.sqrt(math.fsum(v * v for v in present))
+
+
+def oracle_status(codes: list[int]) -> int:
+    if all(c == NONE for c in codes):
+        return NONE
+    for code in (NONFINITE, NONZERO):
+        if code in codes:
+            return code
+    return ZERO
+
+
+def random_pieces(rng: np.random.Generator, ranks: int, count: int) -> list[Piece]:
+    pieces = []
+    for r in range(ranks):
+        arrays = {}
+        for metric in ("grad_norm", "param_norm", "exp_avg_sq_norm", "update_norm", "param_before_norm"):
+            v = np.exp(rng.uniform(-30, 45, count)).astype("<f4")  # up to 3e19: squares overflow float32
+            special = rng.random(count)
+            v[special < 0.05] = np.nan
+            v[(special >= 0.05) & (special < 0.08)] = np.inf
+            v.view("<u4")[(special >= 0.08) & (special < 0.25)] = ABSENT_BITS
+            v[(special >= 0.25) & (special < 0.3)] = 0.0
+            arrays[metric] = v
+        arrays["grad_status"] = rng.integers(0, 4, count).astype("u1")
+        arrays["backward_passes"] = rng.integers(1, 5, count).astype("<f4")
+        pieces.append(
+            Piece(
+                rank=r,
+                time=1000.0 + rng.random(),
+                scalars={"loss": float(r + 1), "time/step_s": float(rng.random())},
+                arrays=arrays,
+                counted=rng.random(count) < 0.7,
+            )
+        )
+    return pieces
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_norms_statuses_and_per_rank_values_match_the_oracle(seed: int) -> None:
+    rng = np.random.default_rng(seed)
+    count = 200
+    pieces = random_pieces(rng, 3, count)
+    got = combine(list(reversed(pieces)))  # the order given does not matter
+    for metric in ("grad_norm", "param_norm", "exp_avg_sq_norm", "update_norm", "param_before_norm"):
+        out = got.arrays[metric]
+        for i in range(count):
+            want = oracle_norm([p.arrays[metric][i] for p in pieces if p.counted[i]])
+            if want is None:
+                assert is_absent(out[i]), (metric, i)
+            elif math.isnan(want):
+                assert math.isnan(out[i]) and not is_absent(out[i]), (metric, i)
+            else:
+                assert float(out[i]) == pytest.approx(want, rel=1e-6), (metric, i)
+    for i in range(count):
+        counted = [p for p in pieces if p.counted[i]]
+        assert got.arrays["grad_status"][i] == oracle_status([int(p.arrays["grad_status"][i]) for p in counted])
+        passes = got.arrays["backward_passes"][i]
+        if counted:
+            assert passes == counted[0].arrays["backward_passes"][i]
+        else:
+            assert is_absent(passes)
+
+
+def test_squares_are_added_in_float64() -> None:
+    """Local norms above 1.8e19 have squares beyond float32's range; the global norm is finite."""
+    big = np.array([3e19, 1e-30], dtype="<f4")
+    pieces = [Piece(r, 0.0, {}, {"grad_norm": big}, np.ones(2, dtype=bool)) for r in range(2)]
+    got = combine(pieces).arrays["grad_norm"]
+    assert np.isfinite(got).all()
+    assert float(got[0]) == pytest.approx(math.sqrt(2) * float(big[0]), rel=1e-6)
+    assert float(got[1]) == pytest.approx(math.sqrt(2) * float(big[1]), rel=1e-6)
+
+
+def test_a_norm_is_absent_where_a_counted_piece_was_not_measured() -> None:
+    """A rank that sent only cheap facts at a step another rank measured: its pieces' norms are
+    unknown, so the global norm is ABSENT there, never the smaller sum of the other pieces."""
+    counted = np.array([True, False, True])
+    measured = Piece(0, 0.0, {}, {"grad_norm": f32s(3.0, 4.0, 5.0), "backward_passes": f32s(1, 1, 1)}, np.ones(3, bool))
+    cheap = Piece(1, 0.0, {}, {"backward_passes": f32s(1, 1, 1)}, counted)
+    got = combine([measured, cheap]).arrays["grad_norm"]
+    assert is_absent(got[0]) and float(got[1]) == 4.0 and is_absent(got[2])
+
+
+def f32s(*values: float) -> np.ndarray:
+    return np.array(values, dtype="<f4")
+
+
+def test_update_ratio_is_the_ratio_of_the_global_norms() -> None:
+    rng = np.random.default_rng(7)
+    pieces = random_pieces(rng, 2, 100)
+    for p in pieces:
+        p.arrays = {**p.arrays, "update_ratio": np.full(100, 123.0, dtype="<f4")}
+    got = combine(pieces)
+    update, before = got.arrays["update_norm"], got.arrays["param_before_norm"]
+    for i in range(100):
+        u = oracle_norm([p.arrays["update_norm"][i] for p in pieces if p.counted[i]])
+        b = oracle_norm([p.arrays["param_before_norm"][i] for p in pieces if p.counted[i]])
+        ratio = got.arrays["update_ratio"][i]
+        if u is None or b is None:
+            assert is_absent(ratio)
+        else:
+            with np.errstate(divide="ignore", invalid="ignore"):
+                want = np.float64(update[i]) / np.float64(before[i])
+            np.testing.assert_allclose(ratio, want, rtol=1e-6, equal_nan=True)
+
+
+def test_scalars_by_family() -> None:
+    def piece(rank: int, scalars: dict[str, float], grad: list[float]) -> Piece:
+        return Piece(rank, 10.0 + rank, scalars, {"grad_norm": np.array(grad, dtype="<f4")}, np.ones(2, dtype=bool))
+
+    a = piece(
+        0,
+        {
+            "loss": 1.5,
+            "lr/0": 1e-3,
+            "mem/params_bytes": 100,
+            "mem/optimizer_bytes": 10,
+            "mem/rss_bytes": 5e8,
+            "mem/cuda:0/allocated": 7.0,
+            "time/step_s": 0.2,
+            "hook/cpu_s": 0.01,
+            "grad_norm_total": 999.0,
+        },
+        [3.0, 4.0],
+    )
+    b = piece(
+        1,
+        {
+            "loss": 2.5,
+            "lr/0": 5.0,
+            "mem/params_bytes": 50,
+            "mem/optimizer_bytes": 20,
+            "mem/rss_bytes": 6e8,
+            "mem/cuda:1/allocated": 9.0,
+            "time/step_s": 0.9,
+            "hook/cpu_s": 0.02,
+            "grad_norm_total": 1.0,
+        },
+        [0.0, 12.0],
+    )
+    got = combine([b, a])
+    assert got.time == 11.0
+    assert got.scalars == {
+        "loss": 1.5,
+        "lr/0": 1e-3,
+        "mem/params_bytes": 150.0,
+        "mem/optimizer_bytes": 30.0,
+        "mem/rss_bytes": 6e8,
+        "mem/cuda:0/allocated": 7.0,
+        "mem/cuda:1/allocated": 9.0,
+        "time/step_s": 0.9,
+        "hook/cpu_s": 0.02,
+        "grad_norm_total": pytest.approx(math.sqrt(9 + 16 + 144)),
+        RANKS_SCALAR: 2.0,
+    }
+
+
+def test_grad_norm_total_leaves_out_absent_and_infinite_entries_and_is_nan_with_a_nan() -> None:
+    absent = np.array([ABSENT_BITS], dtype="<u4").view("<f4")[0]
+    grad = np.array([3.0, np.inf, absent, 4.0], dtype="<f4")
+    one = Piece(0, 1.0, {"grad_norm_total": 0.0}, {"grad_norm": grad}, np.ones(4, dtype=bool))
+    assert combine([one]).scalars["grad_norm_total"] == 5.0
+    grad_nan = grad.copy()
+    grad_nan[0] = np.nan
+    nan = Piece(0, 1.0, {"grad_norm_total": 0.0}, {"grad_norm": grad_nan}, np.ones(4, dtype=bool))
+    assert math.isnan(combine([nan]).scalars["grad_norm_total"])
+
+
+def test_desync_counts_the_replicas_that_differ_from_rank_0() -> None:
+    count = 4
+    replicated = np.array([True, True, True, False])
+    base = np.array([1.0, 2.0, 3.0, 4.0], dtype="<f4")
+
+    def piece(rank: int, grad: np.ndarray, status: list[int]) -> Piece:
+        return Piece(rank, 0.0, {}, {"grad_norm": grad, "grad_status": np.array(status, "u1")}, np.ones(count, bool))
+
+    same = piece(1, base * np.float32(1 + 1e-7), [2, 2, 2, 2])
+    off = piece(2, np.array([1.0, 2.5, 3.0, 9.0], dtype="<f4"), [2, 2, 1, 2])  # param 3 is sharded: not judged
+    found = desync([piece(0, base, [2, 2, 2, 2]), same, off], replicated)
+    assert found is not None
+    counts, ranks = found
+    assert counts[:3].tolist() == [0.0, 1.0, 1.0] and is_absent(counts[3])
+    assert ranks == {2: 2}
+    step = with_desync(combine([piece(0, base, [2] * 4), off]), [piece(0, base, [2] * 4), off], replicated)
+    assert step.scalars[f"{DESYNC_PREFIX}2"] == 2.0 and DESYNC_METRIC in step.arrays
+    # no replicated parameter, or rank 0 missing: the rule does not apply
+    assert desync([piece(0, base, [2] * 4), off], np.zeros(count, bool)) is None
+    assert desync([same, off], replicated) is None

@@ -1,0 +1,363 @@
+"""Distributed jobs against a real `gradwatch serve`: the test acts as the ranks (a websocket each,
+hellos with `dist` and steps built by hand per docs/protocol.md), and reads the job's run back
+over REST. Values are checked against the combination computed here from the local norms sent.
+
+Each module server runs once on SQLite and once on PostgreSQL (`module_db_url`). `srv` waits long
+for a silent rank (--rank-timeout 60): its tests never see a rank lost; `quick` loses one after 1 s.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import numpy as np
+import pytest
+from websockets.sync.client import connect
+
+from gradwatch_server.diagnostics import Diagnostics
+from gradwatch_server.store import open_store
+from support.databases import new_database
+from support.server import ServerProcess, start_server
+from support.wiremsg import Hook, close, f32, hello, rank_hello, step
+
+RANK_TIMEOUT_S = 1.0
+#: fc.weight is sharded (half on each rank, both counted); fc.bias is a DDP replica (rank 0 counts).
+PIECES = {"local_numel": [3, 3], "counted": [True, True]}
+REPLICA_RANK1 = {"local_numel": [3, 3], "counted": [True, False]}
+
+
+@pytest.fixture(scope="module")
+def srv(tmp_path_factory: pytest.TempPathFactory, module_db_url: str) -> Iterator[ServerProcess]:
+    server = start_server(tmp_path_factory.mktemp("jobs"), db_url=module_db_url, args=("--rank-timeout", "60"))
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="module")
+def quick(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory, module_db_url: str
+) -> Iterator[ServerProcess]:
+    # a database of its own: this server would find `srv`'s ranks silent and lose them
+    folder = tmp_path_factory.mktemp("jobs-quick")
+    kind = "postgresql" if module_db_url.startswith("postgresql") else "sqlite"
+    with new_database(request, kind, folder) as url:
+        server = start_server(folder, db_url=url, crash_grace_s=0.5, args=("--rank-timeout", str(RANK_TIMEOUT_S)))
+        yield server
+        server.stop()
+
+
+@pytest.fixture
+def http(srv: ServerProcess) -> Iterator[httpx.Client]:
+    with httpx.Client(base_url=srv.url, timeout=10) as client:
+        yield client
+
+
+def send(
+    hook: Hook,
+    seq: int,
+    index: int,
+    grad: list[float],
+    status: list[int] | None = None,
+    **scalars: float,
+) -> dict[str, Any]:
+    return hook.call(
+        step(
+            seq,
+            index,
+            scalars={"loss": float(index), **{k.replace("__", "/"): v for k, v in scalars.items()}},
+            arrays={"grad_norm": f32(*grad), "param_norm": f32(*[g + 1 for g in grad])},
+            grad_status=status or [2, 2],
+        )
+    )
+
+
+def job_steps(base_url: str, run_id: str) -> dict[int, dict[str, Any]]:
+    """The stored steps of a run, by step, from its JSON export (a job's global steps: its ranks'
+    own lines, with a `rank`, follow them)."""
+    lines = httpx.get(f"{base_url}/api/runs/{run_id}/export", params={"format": "json"}, timeout=10).text
+    return {d["step"]: d for d in map(json.loads, lines.splitlines()) if d["type"] == "step" and d.get("rank") is None}
+
+
+def global_norm(pieces: list[tuple[float, bool]]) -> float:
+    """The oracle: sqrt of the sum of squared counted local norms, float64, then float32."""
+    return float(np.float32(math.sqrt(sum(v * v for v, counted in pieces if counted))))
+
+
+def wait_for(what: Callable[[], Any], timeout: float = 20.0) -> Any:
+    deadline = time.monotonic() + timeout
+    while True:
+        found = what()
+        if found or time.monotonic() > deadline:
+            return found
+        time.sleep(0.05)
+
+
+def test_a_step_is_assembled_once_every_rank_sent_it_with_the_global_values(
+    srv: ServerProcess, http: httpx.Client
+) -> None:
+    with (
+        connect(f"{srv.ws_url}/ws/live?run=j-values") as watcher,
+        connect(f"{srv.ws_url}/ws/live") as lister,
+        Hook(srv.ws_url) as r0,
+        Hook(srv.ws_url) as r1,
+    ):
+        assert r0.call(rank_hello("j-values", 0, 2, **PIECES))["run_id"] == "j-values.r0"
+        assert r1.call(rank_hello("j-values", 1, 2, **REPLICA_RANK1))["run_id"] == "j-values.r1"
+        send(r0, 1, 1, [3.0, 0.5], time__step_s=0.2, mem__params_bytes=100)
+        send(r0, 2, 2, [1.0, 0.25], time__step_s=0.2, mem__params_bytes=100)
+        assert http.get("/api/runs/j-values").json()["steps"] == 0  # rank 1 has sent nothing
+        send(r1, 1, 1, [4.0, 0.5], time__step_s=0.9, mem__params_bytes=50)
+        assert http.get("/api/runs/j-values").json()["steps"] == 1  # step 2 waits for rank 1
+        send(r1, 2, 2, [2.0, 0.25], time__step_s=0.9, mem__params_bytes=50)
+        stored = job_steps(srv.url, "j-values")
+        assert sorted(stored) == [1, 2]
+        for index, (w0, w1, b) in {1: (3.0, 4.0, 0.5), 2: (1.0, 2.0, 0.25)}.items():
+            got = stored[index]
+            weight = global_norm([(w0, True), (w1, True)])
+            bias = global_norm([(b, True), (b, False)])
+            assert got["params"]["grad_norm"] == [weight, bias]
+            assert got["params"]["param_norm"] == [
+                global_norm([(w0 + 1, True), (w1 + 1, True)]),
+                global_norm([(b + 1, True), (b + 1, False)]),
+            ]
+            assert got["scalars"]["dist/ranks"] == 2.0
+            assert got["scalars"]["time/step_s"] == 0.9  # the slowest rank
+            assert got["scalars"]["mem/params_bytes"] == 150.0  # the job's footprint
+            assert got["scalars"]["loss"] == float(index)
+            assert got["grad_status"] == [2, 2]
+        # the ranks' own runs keep what each sent
+        assert job_steps(srv.url, "j-values.r1")[1]["params"]["grad_norm"] == [4.0, 0.5]
+        live: list[dict[str, Any]] = []
+        while len(live) < 2:  # the job's steps (run events come to every browser)
+            event = json.loads(watcher.recv(timeout=10))
+            if event["type"] != "run":
+                live.append(event)
+        assert [(e["type"], e["step"]) for e in live] == [("step", 1), ("step", 2)]
+        assert live[0]["params"]["grad_norm"] == stored[1]["params"]["grad_norm"]
+        r0.call(close(3))
+        r1.call(close(3))
+        events = []
+        while (run := json.loads(lister.recv(timeout=10))["run"])["status"] == "running":
+            events.append(run["id"])
+        assert run["id"] == "j-values" and run["status"] == "finished"
+        assert set(events) == {"j-values"}  # the run list never hears of a rank's run
+    runs = http.get("/api/runs").json()["data"]
+    listed = [r for r in runs if r["id"].startswith("j-values")]
+    assert [(r["id"], r["world_size"], r["parent_id"], r["rank"]) for r in listed] == [("j-values", 2, None, None)]
+    child = http.get("/api/runs/j-values.r1").json()
+    assert (child["parent_id"], child["rank"], child["world_size"], child["status"]) == ("j-values", 1, 2, "finished")
+    series = http.get("/api/runs/j-values.r1/series", params={"key": "time/step_s"}).json()
+    assert series["value"] == [0.9, 0.9]
+    assert http.get("/api/runs/j-values.r1/diagnostics").json() == []
+
+
+def test_duplicates_and_replays_of_a_rank_are_stored_and_assembled_once(srv: ServerProcess, http: httpx.Client) -> None:
+    with Hook(srv.ws_url) as r0, Hook(srv.ws_url) as r1:
+        r0.call(rank_hello("j-dup", 0, 2))
+        r1.call(rank_hello("j-dup", 1, 2))
+        send(r0, 1, 1, [1.0, 1.0])
+        send(r1, 1, 1, [2.0, 2.0])
+        assert send(r1, 1, 1, [2.0, 2.0]) == {"type": "ack", "seq": 1, "linger": 5.0}  # resent
+    with Hook(srv.ws_url) as r1:
+        assert r1.call(rank_hello("j-dup", 1, 2))["last_seq"] == 1  # resumed
+        send(r1, 1, 1, [9.0, 9.0])  # a spool replay of seq 1: already stored
+        send(r1, 2, 2, [3.0, 3.0])
+    with Hook(srv.ws_url) as r0:
+        r0.call(rank_hello("j-dup", 0, 2))
+        send(r0, 2, 2, [4.0, 4.0])
+        send(r0, 2, 2, [4.0, 4.0])
+    stored = job_steps(srv.url, "j-dup")
+    assert sorted(stored) == [1, 2]
+    assert stored[1]["params"]["grad_norm"] == [global_norm([(1.0, True), (2.0, True)])] * 2
+    assert stored[2]["params"]["grad_norm"] == [global_norm([(4.0, True), (3.0, True)])] * 2
+    assert [s["seq"] for s in stored.values()] == [1, 2]
+    run = http.get("/api/runs/j-dup").json()
+    assert run["steps"] == 2
+    assert http.get("/api/runs/j-dup.r1").json()["steps"] == 2
+
+
+def test_a_refused_rank_harms_nothing_else(srv: ServerProcess, http: httpx.Client) -> None:
+    with Hook(srv.ws_url) as r0:
+        r0.call(rank_hello("j-refuse", 0, 2))
+        send(r0, 1, 1, [3.0, 4.0])
+        other = rank_hello("j-refuse", 1, 2)
+        other["params"][0]["shape"], other["params"][0]["numel"] = [3, 2], 6
+        renamed = rank_hello("j-refuse", 1, 2, params=("fc.weight", "head.bias"))
+        wrong_id = rank_hello("j-refuse", 1, 2)
+        wrong_id["run"]["id"] = "j-refuse.r0"
+        too_high = rank_hello("j-refuse", 1, 2)
+        too_high["dist"]["rank"], too_high["run"]["id"] = 2, "j-refuse.r2"
+        bigger = rank_hello("j-refuse", 1, 3)
+        for message, text in (
+            (other, "'fc.weight' has shape [3, 2], the job's is [2, 3]"),
+            (renamed, "'head.bias' is not in the job; 'fc.bias' is missing"),
+            (wrong_id, "must be the stream id 'j-refuse.r1'"),
+            (too_high, "rank 2 is not below world_size 2"),
+            (bigger, "job 'j-refuse' has world_size 2; rank 1 says 3"),
+        ):
+            with Hook(srv.ws_url) as bad:
+                bad.send(message)
+                code, _, error = bad.refused()
+            assert code == 1003 and error is not None and text in error, error
+        assert http.get("/api/runs/j-refuse.r1").status_code == 404
+        with Hook(srv.ws_url) as r1:
+            r1.call(rank_hello("j-refuse", 1, 2))
+            send(r1, 1, 1, [3.0, 4.0])
+            r1.call(close(2))
+        r0.call(close(2))
+    assert job_steps(srv.url, "j-refuse")[1]["params"]["grad_norm"] == [
+        global_norm([(3.0, True)] * 2),
+        global_norm([(4.0, True)] * 2),
+    ]
+    assert http.get("/api/runs/j-refuse").json()["status"] == "finished"
+    assert [p["name"] for p in http.get("/api/runs/j-refuse/params").json()["data"]] == ["fc.weight", "fc.bias"]
+    with Hook(srv.ws_url) as plain:  # a job's run takes no single-process hook
+        plain.send(hello("j-refuse", name="j-refuse"))
+        code, _, error = plain.refused()
+    assert code == 1003 and error is not None and "is a distributed job's run" in error
+    assert http.get("/api/runs/j-refuse").json()["steps"] == 1
+    # a single-process run's id is no job's
+    with Hook(srv.ws_url) as plain:
+        plain.call(hello("j-plain"))
+        plain.call(close(1))
+    with Hook(srv.ws_url) as rank:
+        rank.send(rank_hello("j-plain", 0, 1))
+        code, _, error = rank.refused()
+    assert code == 1003 and error is not None and "not a distributed job's run" in error
+
+
+def test_rank_desync_is_found_when_replicas_differ_and_not_when_equal(srv: ServerProcess, http: httpx.Client) -> None:
+    for job, bias1 in (("j-sync", 0.5), ("j-desync", 0.75)):
+        with Hook(srv.ws_url) as r0, Hook(srv.ws_url) as r1:
+            r0.call(rank_hello(job, 0, 2, **PIECES))
+            r1.call(rank_hello(job, 1, 2, **REPLICA_RANK1))
+            for i in range(1, 4):
+                send(r0, i, i, [1.0 * i, 0.5])
+                send(r1, i, i, [2.0 * i, bias1 if i >= 2 else 0.5])  # the weight's shards differ: not judged
+            r0.call(close(4))
+            r1.call(close(4))
+        found = {f["code"]: f for f in http.get(f"/api/runs/{job}/diagnostics").json()}
+        if job == "j-sync":
+            assert "rank_desync" not in found
+            assert r1.findings == [] and r0.findings == []
+        else:
+            finding = found["rank_desync"]
+            assert (finding["severity"], finding["params"], finding["first_step"]) == ("error", ["fc.bias"], 2)
+            assert "rank 1" in finding["message"] and "no_sync()" in finding["message"]
+            assert [f["code"] for f in r1.findings] == ["rank_desync"]  # its batch completed step 2
+    # the engine finds it again from the stored steps alone (a restarted server, an import)
+    store = open_store(srv.db_url)
+    try:
+        again = Diagnostics(store, sole_writer=False).findings("j-desync", steps=3, running=True)
+        assert [(f.code, f.params, f.first_step) for f in again if f.code == "rank_desync"] == [
+            ("rank_desync", ("fc.bias",), 2)
+        ]
+    finally:
+        store.close()
+
+
+def test_deleting_the_jobs_run_deletes_the_ranks_runs(srv: ServerProcess, http: httpx.Client) -> None:
+    with Hook(srv.ws_url) as r0, Hook(srv.ws_url) as r1:
+        r0.call(rank_hello("j-delete", 0, 2))
+        r1.call(rank_hello("j-delete", 1, 2))
+        send(r0, 1, 1, [1.0, 1.0])
+        send(r1, 1, 1, [1.0, 1.0])
+        r0.call(close(2))
+        r1.call(close(2))
+    assert http.delete("/api/runs/j-delete").status_code in (200, 204)
+    for run_id in ("j-delete", "j-delete.r0", "j-delete.r1"):
+        gone = http.get(f"/api/runs/{run_id}")
+        assert gone.status_code == 404 and gone.json()["run"] == "deleted"
+    store = open_store(srv.db_url)
+    try:
+        assert store.rank_runs("j-delete") == [] and store.partial_steps("j-delete") == []
+    finally:
+        store.close()
+
+
+def test_a_silent_rank_is_lost_after_the_timeout_and_its_steps_are_partial(quick: ServerProcess) -> None:
+    with Hook(quick.ws_url) as r0, Hook(quick.ws_url) as r1:
+        r0.call(rank_hello("j-lost", 0, 2))
+        r1.call(rank_hello("j-lost", 1, 2))
+        send(r0, 1, 1, [3.0, 3.0])
+        started = time.monotonic()  # rank 1 is last heard of when its step 1 is committed
+        send(r1, 1, 1, [4.0, 4.0])
+        send(r0, 2, 2, [1.0, 1.0])
+        send(r0, 3, 3, [2.0, 2.0])
+        stored = wait_for(lambda: (s := job_steps(quick.url, "j-lost")) and len(s) == 3 and s)
+        assert stored and sorted(stored) == [1, 2, 3]
+        assert time.monotonic() - started >= RANK_TIMEOUT_S * 0.95  # not before rank 1 was lost
+        assert [stored[s]["scalars"]["dist/ranks"] for s in (1, 2, 3)] == [2.0, 1.0, 1.0]
+        assert stored[2]["params"]["grad_norm"] == [1.0, 1.0]  # rank 0's pieces only
+        store = open_store(quick.db_url)
+        try:
+            assert store.partial_steps("j-lost") == [(2, [1]), (3, [1])]
+            assert store.lost_ranks("j-lost", RANK_TIMEOUT_S) == [1]
+            assert [r.rank for r in store.rank_runs("j-lost")] == [0, 1]
+        finally:
+            store.close()
+        send(r1, 2, 2, [5.0, 5.0])  # late: it stays in rank 1's run only
+        assert job_steps(quick.url, "j-lost.r1")[2]["params"]["grad_norm"] == [5.0, 5.0]
+        assert job_steps(quick.url, "j-lost")[2]["params"]["grad_norm"] == [1.0, 1.0]
+        r0.call(close(4))
+        r1.call(close(3))
+    status = wait_for(lambda: httpx.get(f"{quick.url}/api/runs/j-lost").json()["status"] != "running" or None)
+    assert httpx.get(f"{quick.url}/api/runs/j-lost").json()["status"] == "finished", status
+
+
+def test_a_rank_that_never_closes_makes_the_job_crashed(quick: ServerProcess) -> None:
+    with Hook(quick.ws_url) as r0, Hook(quick.ws_url) as r1:
+        r0.call(rank_hello("j-crash", 0, 2))
+        r1.call(rank_hello("j-crash", 1, 2))
+        send(r0, 1, 1, [1.0, 1.0])
+        send(r1, 1, 1, [1.0, 1.0])
+        send(r1, 2, 2, [1.0, 1.0])
+        r0.call(close(2))
+    # rank 1 went away without `close`: after the crash grace its run is crashed, and so the job
+    run = wait_for(lambda: (r := httpx.get(f"{quick.url}/api/runs/j-crash").json())["status"] != "running" and r)
+    assert run and run["status"] == "crashed"
+    assert httpx.get(f"{quick.url}/api/runs/j-crash.r1").json()["status"] == "crashed"
+    assert sorted(job_steps(quick.url, "j-crash")) == [1, 2]  # rank 1's last step, assembled without rank 0
+
+
+def test_ranks_on_two_servers_of_one_postgresql_database_assemble_each_step_once(
+    request: pytest.FixtureRequest, postgres: object, tmp_path: Path
+) -> None:
+    """Two `gradwatch serve` processes on one database, a rank on each: the lock on the job's row
+    makes their assemblies take turns."""
+    with new_database(request, "postgresql", tmp_path) as url:
+        (tmp_path / "a").mkdir()
+        (tmp_path / "b").mkdir()
+        a = start_server(tmp_path / "a", db_url=url)
+        b = start_server(tmp_path / "b", db_url=url)
+        try:
+            count = 40
+            with Hook(a.ws_url) as r0, Hook(b.ws_url) as r1:
+                r0.call(rank_hello("j-two", 0, 2))
+                r1.call(rank_hello("j-two", 1, 2))
+                for i in range(1, count + 1):  # both ranks' batches commit at about the same time
+                    r0.send(step(i, i, arrays={"grad_norm": f32(i, 1.0)}))
+                    r1.send(step(i, i, arrays={"grad_norm": f32(i, 2.0)}))
+                for hook in (r0, r1):  # an ack covers every seq up to it
+                    while hook.recv()["seq"] < count:
+                        pass
+                r0.call(close(count + 1))
+                r1.call(close(count + 1))
+            run = wait_for(lambda: (r := httpx.get(f"{a.url}/api/runs/j-two").json())["status"] == "finished" and r)
+            assert run and run["steps"] == count
+            stored = job_steps(a.url, "j-two")
+            assert sorted(stored) == list(range(1, count + 1))
+            assert [s["seq"] for s in stored.values()] == list(range(1, count + 1))
+            assert all(
+                s["params"]["grad_norm"] == [global_norm([(i, True)] * 2), global_norm([(1.0, True), (2.0, True)])]
+                for i, s in stored.items()
+            )
+        finally:
+            a.stop()
+            b.stop()
