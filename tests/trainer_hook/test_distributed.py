@@ -389,3 +389,4 @@ def test_a_process_group_of_one_is_a_plain_run(tmp_path: Path, fresh_counts: Non
         dist.destroy_process_group()
     assert w.dist is None and "dist" not in hello_of(w) and hello_of(w)["run"]["id"] == w.run_id
     assert distributed._calls == 0
+    assert [sorted(p) for p in hello_of(w)["params"]] == [["dtype", "group", "name", "numel", "optimizer", "shape"]] * 2

@@ -98,15 +98,15 @@ class Watcher:
         self.every = every
         self.step = 0  # optimizer.step() calls so far (rounds, with several optimizers: see `watch`)
         self.measured_steps = 0  # of those, the ones measured in full (every="auto": how often it measures)
+        named = run or time.strftime("run-%Y%m%d-%H%M%S")
         #: this rank's place in a distributed job (None: a run of one process); the job is the run.
         #: Agreed with the other ranks before anything that differs between ranks can raise.
-        named = run or time.strftime("run-%Y%m%d-%H%M%S")
         self.dist: Optional[distributed.Rank] = distributed.join(named)
         #: a default name is rank 0's on every rank of a job
         self.name: str = run or (self.dist.name if self.dist is not None and self.dist.name else named)
         #: the run's id on the server: the job's in a distributed job (each rank streams as `dist.stream_id`)
         self.run_id: str = secrets.token_hex(6) if self.dist is None else self.dist.job
-        self.layout: Layout = build_layout(optimizers, model)
+        self.layout: Layout = build_layout(optimizers, model, rank=None if self.dist is None else self.dist.rank)
         if not self.layout.params:
             raise ValueError("the optimizer has no parameters to watch")
         self.warn = warn
