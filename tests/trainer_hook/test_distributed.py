@@ -101,6 +101,7 @@ def test_a_ddp_job_is_one_run_with_a_stream_per_rank(spool_dir: Path) -> None:
         assert (hello["run"]["name"], hello["run"]["project"]) == ("ddp-job", "dist")
         assert hello["run"]["config"]["dist"] == {"backend": "gloo", "local_rank": rank, "meshes": []}
         assert [p["name"] for p in hello["params"]] == ["0.weight", "0.bias", "2.weight", "2.bias"]
+        assert [p["counted"] for p in hello["params"]] == [rank == 0] * 4, "the layout has the agreed rank"
         assert [m["step"] for m in out["steps"]] == list(range(1, STEPS + 1))
     # a second watch() in the same job is a second run, with an id the ranks again agree on
     again = [out["again"] for out in ranks]
