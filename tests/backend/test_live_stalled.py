@@ -10,6 +10,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+import pytest
 from websockets.exceptions import ConnectionClosed
 from websockets.sync.client import connect
 
@@ -43,6 +44,7 @@ def p95(values: list[float]) -> float:
     return sorted(values)[int(0.95 * (len(values) - 1))]
 
 
+@pytest.mark.timed
 def test_a_stalled_dashboard_does_not_slow_ingest_and_is_dropped(tmp_path: Path) -> None:
     server = start_server(tmp_path)
     origin = server.url

@@ -296,6 +296,7 @@ def test_compare_page(dash: ServerProcess, page: Page) -> None:
     assert page.points("compare-loss") == 90
 
 
+@pytest.mark.timed
 def test_real_training_streams_live_and_draws_the_readme_screenshot(
     dash: ServerProcess, browser: sync_api.Browser, tmp_path: Path
 ) -> None:

@@ -164,6 +164,7 @@ def test_step_time_is_the_typical_step_not_the_slow_ones() -> None:
     assert clock.typical() == pytest.approx(0.100)
 
 
+@pytest.mark.timed
 def test_every_auto_samples_less_when_the_hook_is_costly_relative_to_the_step() -> None:
     model = torch.nn.Sequential(*[torch.nn.Linear(4, 4) for _ in range(30)])  # tiny steps, many tensors
     opt = torch.optim.Adam(model.parameters())

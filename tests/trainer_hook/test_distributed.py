@@ -101,6 +101,7 @@ def test_a_ddp_job_is_one_run_with_a_stream_per_rank(spool_dir: Path) -> None:
         assert (hello["run"]["name"], hello["run"]["project"]) == ("ddp-job", "dist")
         assert hello["run"]["config"]["dist"] == {"backend": "gloo", "local_rank": rank, "meshes": []}
         assert [p["name"] for p in hello["params"]] == ["0.weight", "0.bias", "2.weight", "2.bias"]
+        assert [p["counted"] for p in hello["params"]] == [rank == 0] * 4, "the layout has the agreed rank"
         assert [m["step"] for m in out["steps"]] == list(range(1, STEPS + 1))
     # a second watch() in the same job is a second run, with an id the ranks again agree on
     again = [out["again"] for out in ranks]
@@ -123,6 +124,7 @@ def _steps(message: dict[str, Any]) -> list[int]:
     return message["step"] if isinstance(message["step"], list) else [message["step"]]
 
 
+@pytest.mark.timed
 def test_every_rank_sends_its_step_times_and_the_straggler_shows(spool_dir: Path) -> None:
     ranks = run_ranks(watched_ddp_job, world_size=2)
     for rank, out in enumerate(ranks):
@@ -271,6 +273,7 @@ def rank_zero_never_watches(rank: int, world_size: int) -> dict[str, Any]:
     return {"dist": (w.dist, second.dist), "hello": hello_of(w), "warnings": records.messages, "waited": waited}
 
 
+@pytest.mark.timed
 def test_a_rank_that_gets_no_job_id_warns_and_is_a_run_of_its_own(spool_dir: Path) -> None:
     out = run_ranks(rank_zero_never_watches, world_size=2)[1]
     assert out["dist"] == (None, None)

@@ -62,7 +62,10 @@ def check_one_run(streams: list[list[dict[str, Any]]]) -> list[dict[str, Any]]:
         assert messages[-1] == {**messages[-1], "type": "close", "status": "finished"}
     for key in ("name", "project", "optimizer"):
         assert hellos[0]["run"][key] == hellos[1]["run"][key], key
-    assert hellos[0]["params"] == hellos[1]["params"]
+    shapes = [[(p["name"], p["shape"], p["numel"]) for p in hello["params"]] for hello in hellos]
+    assert shapes[0] == shapes[1]
+    for rank, hello in enumerate(hellos):  # DDP replicas: whole tensors, counted once (rank 0's)
+        assert {(p["local_numel"] == p["numel"], p["counted"]) for p in hello["params"]} == {(True, rank == 0)}
     assert not any(p["name"].startswith("module.") for p in hellos[0]["params"])
     return hellos
 
