@@ -4,13 +4,14 @@ spool, replayed by `python -m gradwatch sync`, completes its own child run.
 
 No collective after setup (each rank trains its own copy), so the survivor goes on as a real job
 would until its launcher noticed. The dead rank makes its death deterministic: it waits until
-the server has acknowledged its first steps, takes two more, which its spool holds (written
-every second) but which it has not sent yet (the server lets an unwatched hook hold steps 5 s),
-and kills itself with SIGKILL.
+the server has acknowledged its first steps, takes two more, waits until its spool holds them
+(written every second), and kills itself with SIGKILL before it sends them (the server lets an
+unwatched hook hold steps 5 s between sends).
 """
 
 from __future__ import annotations
 
+import json
 import multiprocessing
 import os
 import pickle
@@ -20,16 +21,29 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
 import torch
 from torch import nn
 
 import gradwatch
+from gradwatch.spool import read_records, spool_dir
 from support.dist import _rank_main
 from support.distruns import exported, get, job_of, settled, wait_for
 from support.server import find_free_port, server_env, start_server
 
 DELIVERED, SPOOLED, SURVIVOR_STEPS = 3, 5, 10
 RANK_TIMEOUT_S = 2
+
+
+def spooled_steps(path: Path) -> set[int]:
+    """The steps a spool file holds so far (its complete records)."""
+    steps: set[int] = set()
+    records, _ = read_records(path)
+    for record in map(json.loads, records):
+        if record.get("type") in ("step", "steps"):
+            step = record["step"]
+            steps.update(step if isinstance(step, list) else [step])
+    return steps
 
 
 def lost_rank_job(rank: int, world_size: int, url: str, folder: str) -> tuple[str, list[float]]:
@@ -59,7 +73,10 @@ def lost_rank_job(rank: int, world_size: int, url: str, folder: str) -> tuple[st
         assert not w.pending, "the server did not acknowledge rank 1's first steps"
         for _ in range(SPOOLED - DELIVERED):
             step()
-        time.sleep(1.5)  # the sender writes its spool every second
+        spool = spool_dir() / f"{w.run_id}.r1.spool"
+        while max(spooled_steps(spool), default=0) < SPOOLED:  # the sender writes it every second
+            assert time.monotonic() < deadline, "rank 1's last steps never reached its spool"
+            time.sleep(0.05)
         died.write_text(w.run_id)
         os.kill(os.getpid(), signal.SIGKILL)
     while not died.exists():
@@ -70,6 +87,7 @@ def lost_rank_job(rank: int, world_size: int, url: str, folder: str) -> tuple[st
     return w.run_id, losses
 
 
+@pytest.mark.timed  # rank 1 must die within the 5 s its server lets it hold unsent steps
 def test_a_killed_rank_marks_the_run_and_its_spool_completes_it(tmp_path: Path) -> None:
     server = start_server(tmp_path, args=("--rank-timeout", str(RANK_TIMEOUT_S)))
     spool = tmp_path / "spool"
