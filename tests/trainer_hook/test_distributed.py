@@ -293,9 +293,11 @@ class Records(logging.Handler):
     def __init__(self) -> None:
         super().__init__(logging.WARNING)
         self.messages: list[str] = []
+        self.threads: list[str] = []
 
     def emit(self, record: logging.LogRecord) -> None:
         self.messages.append(record.getMessage())
+        self.threads.append(record.threadName or "")
 
 
 def rank_zero_never_watches(rank: int, world_size: int) -> dict[str, Any]:
@@ -328,6 +330,56 @@ def test_a_rank_that_gets_no_job_id_warns_and_is_a_run_of_its_own(spool_dir: Pat
     assert len(warned) == 1, out["warnings"]
     assert "rank 1 of 2 could not agree on one run" in warned[0]
     assert "timeout" in warned[0].lower(), warned[0]
+
+
+def rank_one_may_not_watch(rank: int, world_size: int, rank_one_watches: bool) -> dict[str, Any]:
+    """Rank 0 watches and trains past the store timeout; rank 1 watches only if told to."""
+    store = dist.distributed_c10d._get_default_store()
+    distributed.STORE_TIMEOUT_S = 0.5
+    records = Records()
+    logging.getLogger("gradwatch").addHandler(records)
+    if rank == 1:
+        if rank_one_watches:
+            gradwatch.watch(torch.optim.SGD(nn.Linear(2, 2).parameters(), lr=0.1), server=NOWHERE, warn=False).close(
+                timeout=0.1
+            )
+        store.wait(["test/done"], timedelta(seconds=60))  # rank 0 holds the store's server
+        return {}
+    model = nn.Linear(2, 2)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    w = gradwatch.watch(opt, model=model, server=NOWHERE, warn=False)
+    watched = time.monotonic()
+    # the training goes on meanwhile: past the timeout, and until the warning comes when it must
+    while time.monotonic() - watched < 2.0 or (
+        not rank_one_watches and not records.messages and time.monotonic() - watched < 20.0
+    ):
+        model(torch.randn(4, 2)).square().mean().backward()
+        opt.step()
+        opt.zero_grad()
+        time.sleep(0.01)
+    w.close(timeout=0.1)
+    store.set("test/done", "1")
+    return {"warnings": records.messages, "threads": records.threads, "job": w.run_id, "steps": w.step}
+
+
+@pytest.mark.timed
+def test_rank_zero_warns_of_the_ranks_that_never_call_watch(spool_dir: Path) -> None:
+    out = run_ranks(rank_one_may_not_watch, world_size=2, args=(False,))[0]
+    assert out["steps"] > 10, "the training went on while rank 0 waited for the check"
+    warned = [(m, t) for m, t in zip(out["warnings"], out["threads"]) if "did not call watch()" in m]
+    assert len(warned) == 1, out["warnings"]
+    text, thread = warned[0]
+    assert text.startswith("gradwatch: rank 1 of 2 did not call watch()"), text
+    assert out["job"] in text
+    assert "Call gradwatch.watch() on every rank (the HF/Lightning callbacks do)" in text
+    assert thread != "MainThread", "the check runs on a thread of its own"
+
+
+@pytest.mark.timed
+def test_rank_zero_says_nothing_when_every_rank_called_watch(spool_dir: Path) -> None:
+    out = run_ranks(rank_one_may_not_watch, world_size=2, args=(True,))[0]
+    assert out["steps"] > 10
+    assert not [m for m in out["warnings"] if "did not call watch()" in m], out["warnings"]
 
 
 # -- torchrun's environment, without a process group (in this process) -----------------------
