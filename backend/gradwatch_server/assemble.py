@@ -114,14 +114,11 @@ def global_status(codes: Sequence[np.ndarray], counted: Sequence[np.ndarray]) ->
 
 
 def total_norm(grad_norm: np.ndarray) -> float:
-    """`grad_norm_total` of a global grad_norm array: sqrt of the sum of squares of the finite
-    entries (ABSENT and infinities left out), NaN if any entry is NaN."""
-    absent = absent_mask(grad_norm)
-    v = grad_norm.astype(np.float64)
-    if np.isnan(v[~absent]).any():
-        return float("nan")
-    finite = v[np.isfinite(v)]
-    return float(np.sqrt(np.sum(finite * finite)))
+    """`grad_norm_total` of a global grad_norm array, as the hook computes its own: sqrt of the
+    sum of squares of the entries that are not ABSENT, in float64; so NaN if any entry is NaN,
+    else inf if any is infinite."""
+    v = grad_norm[~absent_mask(grad_norm)].astype(np.float64)
+    return float(np.sqrt(np.sum(v * v)))
 
 
 def _ratio(update: np.ndarray, before: np.ndarray) -> np.ndarray:

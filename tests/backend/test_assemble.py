@@ -193,15 +193,35 @@ def test_scalars_by_family() -> None:
     }
 
 
-def test_grad_norm_total_leaves_out_absent_and_infinite_entries_and_is_nan_with_a_nan() -> None:
+def test_grad_norm_total_is_inf_with_an_inf_nan_with_a_nan_and_leaves_out_absent_entries() -> None:
+    """The hook's own rule (sqrt of the sum of squares of every entry but ABSENT, in float64): an
+    infinite gradient makes the total infinite, a NaN makes it NaN whatever else is there."""
     absent = np.array([ABSENT_BITS], dtype="<u4").view("<f4")[0]
-    grad = np.array([3.0, np.inf, absent, 4.0], dtype="<f4")
-    one = Piece(0, 1.0, {"grad_norm_total": 0.0}, {"grad_norm": grad}, np.ones(4, dtype=bool))
-    assert combine([one]).scalars["grad_norm_total"] == 5.0
-    grad_nan = grad.copy()
-    grad_nan[0] = np.nan
-    nan = Piece(0, 1.0, {"grad_norm_total": 0.0}, {"grad_norm": grad_nan}, np.ones(4, dtype=bool))
-    assert math.isnan(combine([nan]).scalars["grad_norm_total"])
+
+    def total(*grad: float) -> float:
+        one = Piece(0, 1.0, {"grad_norm_total": 0.0}, {"grad_norm": np.array(grad, dtype="<f4")}, np.ones(4, bool))
+        return combine([one]).scalars["grad_norm_total"]
+
+    assert total(3.0, 0.0, absent, 4.0) == 5.0
+    assert total(3.0, np.inf, absent, 4.0) == math.inf
+    assert math.isnan(total(np.nan, np.inf, absent, 4.0))
+    assert math.isnan(total(3.0, np.nan, absent, 4.0))
+    # the oracle on random arrays: Python floats, ABSENT left out
+    rng = np.random.default_rng(3)
+    for _ in range(20):
+        grad = np.exp(rng.uniform(-30, 45, 50)).astype("<f4")
+        special = rng.random(50)
+        grad[special < 0.03] = np.nan
+        grad[(special >= 0.03) & (special < 0.08)] = np.inf
+        grad.view("<u4")[(special >= 0.08) & (special < 0.2)] = ABSENT_BITS
+        piece = Piece(0, 1.0, {"grad_norm_total": 0.0}, {"grad_norm": grad}, np.ones(50, bool))
+        want = oracle_norm(list(grad))
+        got = combine([piece]).scalars["grad_norm_total"]
+        assert want is not None
+        if math.isnan(want):
+            assert math.isnan(got)
+        else:
+            assert got == pytest.approx(want, rel=1e-9)
 
 
 def test_desync_counts_the_replicas_that_differ_from_rank_0() -> None:

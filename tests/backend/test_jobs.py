@@ -361,3 +361,25 @@ def test_ranks_on_two_servers_of_one_postgresql_database_assemble_each_step_once
         finally:
             a.stop()
             b.stop()
+
+
+def test_grad_norm_total_of_a_job_step_is_infinite_with_an_infinite_gradient_and_nan_with_a_nan(
+    srv: ServerProcess, http: httpx.Client
+) -> None:
+    """As the hook's own total: the global grad_norm's entries squared and added, so an infinite
+    local norm makes it infinite, a NaN makes it NaN (the ranks' own totals are not used)."""
+    with Hook(srv.ws_url) as r0, Hook(srv.ws_url) as r1:
+        r0.call(rank_hello("j-inf", 0, 2, **PIECES))
+        r1.call(rank_hello("j-inf", 1, 2, **PIECES))
+        send(r0, 1, 1, [math.inf, 3.0], [3, 2], grad_norm_total=0.0)
+        send(r1, 1, 1, [1.0, 4.0], grad_norm_total=0.0)
+        send(r0, 2, 2, [math.nan, math.inf], [3, 3], grad_norm_total=0.0)
+        send(r1, 2, 2, [1.0, 4.0], grad_norm_total=0.0)
+        send(r0, 3, 3, [1.0, 2.0], grad_norm_total=0.0)
+        send(r1, 3, 3, [2.0, 4.0], grad_norm_total=0.0)
+        r0.call(close(4))
+        r1.call(close(4))
+    stored = job_steps(srv.url, "j-inf")
+    totals = [stored[s]["scalars"]["grad_norm_total"] for s in (1, 2, 3)]
+    assert totals[:2] == ["Infinity", "NaN"], totals  # the JSON export's spelling (docs/api.md)
+    assert totals[2] == pytest.approx(math.sqrt(1 + 4 + 4 + 16), rel=1e-6)
