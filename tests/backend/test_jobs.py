@@ -383,3 +383,67 @@ def test_grad_norm_total_of_a_job_step_is_infinite_with_an_infinite_gradient_and
     totals = [stored[s]["scalars"]["grad_norm_total"] for s in (1, 2, 3)]
     assert totals[:2] == ["Infinity", "NaN"], totals  # the JSON export's spelling (docs/api.md)
     assert totals[2] == pytest.approx(math.sqrt(1 + 4 + 4 + 16), rel=1e-6)
+
+
+def send_cheap(hook: Hook, seq: int, index: int, **scalars: float) -> dict[str, Any]:
+    """An unmeasured step (not sampled on this rank): cheap facts only, no grad_status nor norms."""
+    return hook.call(
+        step(
+            seq,
+            index,
+            scalars={"loss": float(index), **{k.replace("__", "/"): v for k, v in scalars.items()}},
+            arrays={"backward_passes": f32(1.0, 1.0)},
+        )
+    )
+
+
+def test_a_step_a_rank_holding_counted_pieces_did_not_measure_is_stored_unmeasured(
+    srv: ServerProcess, http: httpx.Client
+) -> None:
+    """Each rank's every="auto" samples alone: at step 1 only rank 0 measured, at step 2 only
+    rank 1, at step 3 both. Both ranks' pieces count (FSDP), so steps 1 and 2 are unmeasured
+    job steps (cheap facts only), and step 3 has the global norms."""
+    with Hook(srv.ws_url) as r0, Hook(srv.ws_url) as r1:
+        r0.call(rank_hello("j-sampled", 0, 2, **PIECES))
+        r1.call(rank_hello("j-sampled", 1, 2, **PIECES))
+        send(r0, 1, 1, [3.0, 4.0], grad_norm_total=5.0, mem__params_bytes=10)
+        send_cheap(r1, 1, 1, mem__params_bytes=10)
+        send_cheap(r0, 2, 2, mem__params_bytes=10)
+        send(r1, 2, 2, [3.0, 4.0], grad_norm_total=5.0, mem__params_bytes=10)
+        send(r0, 3, 3, [3.0, 4.0], grad_norm_total=5.0)
+        send(r1, 3, 3, [4.0, 3.0], grad_norm_total=5.0)
+        r0.call(close(4))
+        r1.call(close(4))
+    stored = job_steps(srv.url, "j-sampled")
+    for index in (1, 2):
+        got = stored[index]
+        assert sorted(got["params"]) == ["backward_passes"], got["params"]
+        assert got["grad_status"] is None
+        assert "grad_norm_total" not in got["scalars"]
+        assert got["scalars"]["mem/params_bytes"] == 20.0 and got["scalars"]["dist/ranks"] == 2.0
+    weight = global_norm([(3.0, True), (4.0, True)])
+    assert stored[3]["params"]["grad_norm"] == [weight, weight]
+    assert stored[3]["grad_status"] == [2, 2]
+    assert stored[3]["scalars"]["grad_norm_total"] == pytest.approx(math.sqrt(2) * weight, rel=1e-6)
+    # the dashboard's gradient series have only the measured step
+    series = http.get("/api/runs/j-sampled/series", params={"key": "grad_norm_total"}).json()
+    assert series["step"] == [3]
+
+
+def test_ddp_steps_are_measured_when_rank_0_measured_them(srv: ServerProcess, http: httpx.Client) -> None:
+    """DDP: every piece counts on rank 0 only, so rank 0 measuring a step is enough; a step rank 0
+    did not measure is unmeasured even where rank 1 measured it."""
+    with Hook(srv.ws_url) as r0, Hook(srv.ws_url) as r1:
+        r0.call(rank_hello("j-ddp-auto", 0, 2, local_numel=[6, 3], counted=[True, True]))
+        r1.call(rank_hello("j-ddp-auto", 1, 2, local_numel=[6, 3], counted=[False, False]))
+        send(r0, 1, 1, [3.0, 4.0], grad_norm_total=5.0)
+        send_cheap(r1, 1, 1)
+        send_cheap(r0, 2, 2)
+        send(r1, 2, 2, [3.0, 4.0], grad_norm_total=5.0)
+        r0.call(close(3))
+        r1.call(close(3))
+    stored = job_steps(srv.url, "j-ddp-auto")
+    assert stored[1]["params"]["grad_norm"] == [3.0, 4.0] and stored[1]["grad_status"] == [2, 2]
+    assert stored[1]["scalars"]["grad_norm_total"] == 5.0
+    assert sorted(stored[2]["params"]) == ["backward_passes"] and stored[2]["grad_status"] is None
+    assert "grad_norm_total" not in stored[2]["scalars"]
