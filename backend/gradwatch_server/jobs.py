@@ -9,10 +9,11 @@ lock per job), so the engine sees the job's steps in order. The hook whose batch
 step gets the job's findings from its own connection (ingest.py).
 
 The timer (`start`) looks at every running job each `interval` seconds (a quarter of
-`--rank-timeout`, at most 5 s): a rank that sent nothing for `--rank-timeout` while another is
-ahead is lost, the steps waiting on it are assembled without it (`partial_steps`), and once
-every rank has closed or is lost the job's run is finished or crashed. With `serve --workers N`
-every worker runs it; the lock on the job's row makes them take turns.
+`--rank-timeout`, at least 0.05 s, at most 5 s): a rank that sent nothing for `--rank-timeout`
+while another is ahead is lost, the steps waiting on it are assembled without it
+(`partial_steps`), and once every rank has closed or is lost the job's run is finished or
+crashed. With `serve --workers N` every worker runs it; the lock on the job's row makes them
+take turns.
 """
 
 from __future__ import annotations
@@ -32,6 +33,8 @@ log = logging.getLogger("gradwatch.jobs")
 
 #: Longest pause between two looks for lost ranks.
 MAX_INTERVAL_S = 5.0
+#: Shortest: however small the timeout, the timer never spins.
+MIN_INTERVAL_S = 0.05
 
 
 def as_steps(batch: Sequence[StepData]) -> list[Step]:
@@ -69,7 +72,7 @@ class JobAssembler:
         self._diagnostics = diagnostics
         self._notifier = notifier
         self.rank_timeout_s = rank_timeout_s
-        self.interval_s = min(rank_timeout_s / 4, MAX_INTERVAL_S)
+        self.interval_s = max(MIN_INTERVAL_S, min(rank_timeout_s / 4, MAX_INTERVAL_S))
         self._locks: dict[str, asyncio.Lock] = {}
         self._first_seen: dict[str, float] = {}  # job -> when this process first saw it
         self._announced: dict[str, dict[str, dict[str, object]]] = {}  # job -> code -> finding

@@ -21,6 +21,8 @@ import pytest
 from websockets.sync.client import connect
 
 from gradwatch_server.diagnostics import Diagnostics
+from gradwatch_server.jobs import JobAssembler
+from gradwatch_server.live import LiveHub
 from gradwatch_server.store import open_store
 from support.databases import new_database
 from support.server import ServerProcess, start_server
@@ -447,3 +449,13 @@ def test_ddp_steps_are_measured_when_rank_0_measured_them(srv: ServerProcess, ht
     assert stored[1]["scalars"]["grad_norm_total"] == 5.0
     assert sorted(stored[2]["params"]) == ["backward_passes"] and stored[2]["grad_status"] is None
     assert "grad_norm_total" not in stored[2]["scalars"]
+
+
+def test_the_timer_looking_for_lost_ranks_never_spins(tmp_path: Path) -> None:
+    """A quarter of the rank timeout, at least 0.05 s (and at most 5 s) between two looks."""
+    store = open_store(f"sqlite:///{tmp_path / 'x.db'}")
+    try:
+        for timeout, interval in ((0.1, 0.05), (1e-9, 0.05), (1.0, 0.25), (30.0, 5.0)):
+            assert JobAssembler(store, LiveHub(8), Diagnostics(store), timeout).interval_s == interval
+    finally:
+        store.close()
