@@ -74,6 +74,7 @@ class JobAssembler:
         self.rank_timeout_s = rank_timeout_s
         self.interval_s = max(MIN_INTERVAL_S, min(rank_timeout_s / 4, MAX_INTERVAL_S))
         self._locks: dict[str, asyncio.Lock] = {}
+        self._started = clock()
         self._first_seen: dict[str, float] = {}  # job -> when this process first saw it
         self._announced: dict[str, dict[str, dict[str, object]]] = {}  # job -> code -> finding
         self._timer: asyncio.Task[None] | None = None
@@ -110,6 +111,11 @@ class JobAssembler:
                 if run is not None:
                     self._hub.publish_run(run)
             return found
+
+    def since(self, job: str) -> float:
+        """When this process first saw `job` (its start if it has not): a rank's silence counts
+        from then at the earliest, since nothing is written while the server is down."""
+        return self._first_seen.get(job, self._started)
 
     async def _judge(self, job: str, new: list[StepData], before: int) -> list[Finding] | None:
         try:

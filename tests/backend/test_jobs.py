@@ -459,3 +459,85 @@ def test_the_timer_looking_for_lost_ranks_never_spins(tmp_path: Path) -> None:
             assert JobAssembler(store, LiveHub(8), Diagnostics(store), timeout).interval_s == interval
     finally:
         store.close()
+
+
+def test_a_server_down_longer_than_the_rank_timeout_loses_no_rank(tmp_path: Path, db_url: str) -> None:
+    """Nothing is written while the server is down, so after a restart every rank looks silent
+    since before the outage: each still gets a full --rank-timeout from the restart to come back
+    and replay its spool, and the replayed steps are whole."""
+    timeout = ("--rank-timeout", "2")
+    server = start_server(tmp_path, db_url=db_url, crash_grace_s=60, args=timeout)
+    try:
+        with Hook(server.ws_url) as r0, Hook(server.ws_url) as r1:
+            r0.call(rank_hello("j-restart", 0, 2))
+            r1.call(rank_hello("j-restart", 1, 2))
+            send(r0, 1, 1, [3.0, 3.0])
+            send(r1, 1, 1, [4.0, 4.0])
+    finally:
+        server.stop()  # both hooks would keep training and spooling
+    time.sleep(3.0)  # longer than --rank-timeout
+    server = start_server(tmp_path, db_url=db_url, crash_grace_s=60, args=timeout)
+    try:
+        with Hook(server.ws_url) as r0, Hook(server.ws_url) as r1:
+            r0.call(rank_hello("j-restart", 0, 2))  # rank 0 comes back first and replays 2, 3
+            send(r0, 2, 2, [3.0, 3.0])
+            send(r0, 3, 3, [3.0, 3.0])
+            time.sleep(0.5)  # at least one look of the lost-rank timer (every 0.5 s)
+            r1.call(rank_hello("j-restart", 1, 2))
+            send(r1, 2, 2, [4.0, 4.0])
+            send(r1, 3, 3, [4.0, 4.0])
+            r0.call(close(4))
+            r1.call(close(4))
+        run = wait_for(lambda: (r := httpx.get(f"{server.url}/api/runs/j-restart").json())["status"] != "running" and r)
+        assert run and run["status"] == "finished" and run["steps"] == 3
+        stored = job_steps(server.url, "j-restart")
+        both = global_norm([(3.0, True), (4.0, True)])
+        assert [stored[s]["scalars"]["dist/ranks"] for s in (1, 2, 3)] == [2.0, 2.0, 2.0]
+        assert all(stored[s]["params"]["grad_norm"] == [both, both] for s in (1, 2, 3))
+        ranks = httpx.get(f"{server.url}/api/runs/j-restart/ranks").json()
+        assert ranks["partial"] == {"steps": 0, "ranges": []}
+        assert [r["lost"] for r in ranks["ranks"]] == [False, False]
+    finally:
+        server.stop()
+
+
+def test_a_disconnected_rank_is_waited_for_the_rank_timeout_not_the_crash_grace(tmp_path: Path, db_url: str) -> None:
+    """A rank whose connection dropped (a network blip, a restarting hook) is marked crashed only
+    after --rank-timeout, however short the crash grace: the job's steps wait for it meanwhile."""
+    server = start_server(tmp_path, db_url=db_url, crash_grace_s=0.2, args=("--rank-timeout", "4"))
+    try:
+        with Hook(server.ws_url) as r0:
+            r0.call(rank_hello("j-blip", 0, 2))
+            with Hook(server.ws_url) as r1:
+                r1.call(rank_hello("j-blip", 1, 2))
+                send(r0, 1, 1, [3.0, 3.0])
+                send(r1, 1, 1, [4.0, 4.0])
+            # rank 1's connection is gone, without a close
+            send(r0, 2, 2, [3.0, 3.0])
+            send(r0, 3, 3, [3.0, 3.0])
+            time.sleep(1.5)  # the crash grace many times over, and the timer's looks (every 1 s)
+            assert httpx.get(f"{server.url}/api/runs/j-blip.r1").json()["status"] == "running"
+            assert httpx.get(f"{server.url}/api/runs/j-blip").json()["steps"] == 1
+            with Hook(server.ws_url) as r1:
+                assert r1.call(rank_hello("j-blip", 1, 2))["last_seq"] == 1
+                send(r1, 2, 2, [4.0, 4.0])
+                send(r1, 3, 3, [4.0, 4.0])
+                r1.call(close(4))
+            r0.call(close(4))
+        stored = job_steps(server.url, "j-blip")
+        assert [stored[s]["scalars"]["dist/ranks"] for s in (1, 2, 3)] == [2.0, 2.0, 2.0]
+        assert httpx.get(f"{server.url}/api/runs/j-blip/ranks").json()["partial"]["steps"] == 0
+        # a rank that stays away is marked crashed once --rank-timeout has passed
+        with Hook(server.ws_url) as r0, Hook(server.ws_url) as r1:
+            r0.call(rank_hello("j-gone", 0, 2))
+            r1.call(rank_hello("j-gone", 1, 2))
+            send(r1, 1, 1, [4.0, 4.0])
+            r1.ws.close()  # gone without a close
+            started = time.monotonic()
+            crashed = wait_for(
+                lambda: httpx.get(f"{server.url}/api/runs/j-gone.r1").json()["status"] == "crashed", timeout=30
+            )
+            assert crashed and time.monotonic() - started >= 4.0 * 0.95
+            r0.call(close(1))
+    finally:
+        server.stop()
