@@ -541,3 +541,30 @@ def test_a_disconnected_rank_is_waited_for_the_rank_timeout_not_the_crash_grace(
             r0.call(close(1))
     finally:
         server.stop()
+
+
+def test_a_job_whose_other_ranks_never_said_hello_finishes_with_partial_steps(quick: ServerProcess) -> None:
+    """watch() called on rank 0 only of a job of two: rank 1 never reaches the server. Once rank 0
+    finished and rank 1 was not seen for --rank-timeout, the job is finished (every rank that
+    connected finished), its steps partial without rank 1, and the ranks endpoint lists rank 0
+    only (the dashboard names rank 1 as never reached)."""
+    started = time.monotonic()
+    with Hook(quick.ws_url) as r0:
+        r0.call(rank_hello("j-alone", 0, 2))
+        for i in (1, 2, 3):
+            send(r0, i, i, [3.0, 4.0])
+        r0.call(close(4))
+    run = wait_for(lambda: (r := httpx.get(f"{quick.url}/api/runs/j-alone").json())["status"] != "running" and r)
+    assert time.monotonic() - started >= RANK_TIMEOUT_S * 0.95  # rank 1 was waited for first
+    assert run and (run["status"], run["steps"]) == ("finished", 3)
+    ranks = httpx.get(f"{quick.url}/api/runs/j-alone/ranks").json()
+    assert ranks["world_size"] == 2
+    assert [(r["rank"], r["status"], r["lost"]) for r in ranks["ranks"]] == [(0, "finished", False)]
+    assert ranks["partial"] == {"steps": 3, "ranges": [{"first": 1, "last": 3, "missing": [1]}]}
+    assert [s["scalars"]["dist/ranks"] for s in job_steps(quick.url, "j-alone").values()] == [1.0] * 3
+    # the same with no step at all: nobody is ahead of rank 1, and still the job ends
+    with Hook(quick.ws_url) as r0:
+        r0.call(rank_hello("j-alone-empty", 0, 2))
+        r0.call(close(1))
+    run = wait_for(lambda: (r := httpx.get(f"{quick.url}/api/runs/j-alone-empty").json())["status"] != "running" and r)
+    assert run and (run["status"], run["steps"]) == ("finished", 0)

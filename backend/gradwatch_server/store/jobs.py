@@ -140,13 +140,18 @@ def _ranks(conn: Connection, job: str, world_size: int) -> list[_Rank]:
 
 def _lost(rank: _Rank, ranks: Sequence[_Rank], now: float, rank_timeout: float, since: float) -> bool:
     """A running rank (or one that never said hello) that sent nothing for `rank_timeout` while
-    another rank is ahead. Silence counts from its last write, or from `since` if later: when
-    this server process first saw the job. Nothing is written while the server is down, so after
-    a restart every rank gets a full `rank_timeout` to come back and replay its spool."""
+    another rank is ahead; or one that never said hello, once every rank that did has closed
+    (nobody is left to be ahead of it: a job that watched rank 0 only).
+
+    Silence counts from its last write, or from `since` if later: when this server process first
+    saw the job. Nothing is written while the server is down, so after a restart every rank gets
+    a full `rank_timeout` to come back and replay its spool."""
     heard = since if rank.heard is None else max(rank.heard, since)
     if rank.status not in (None, "running") or now - heard < rank_timeout:
         return False
-    return any(rank.behind(other.last_step) for other in ranks if other.rank != rank.rank)
+    if any(rank.behind(other.last_step) for other in ranks if other.rank != rank.rank):
+        return True
+    return rank.run_id is None and all(o.status not in (None, "running") for o in ranks if o.run_id is not None)
 
 
 def _pieces_info(conn: Connection, run_ids: Sequence[str]) -> tuple[dict[str, np.ndarray], np.ndarray | None]:
@@ -202,7 +207,7 @@ def assemble(
 ) -> Assembly:
     """Store in the job's run the steps ready to assemble (at most ASSEMBLE_CHUNK), mark those
     missing a rank in `partial_steps`, and once every rank has closed or is lost (and nothing is
-    left), set the job's status: finished if every rank finished, else crashed.
+    left), set the job's status: finished if every rank that said hello finished, else crashed.
 
     A rank is last heard of when its run was last written (server time), or at `since` if later
     (one that never said hello, at `since`): when the caller's process first saw the job (server
@@ -243,7 +248,9 @@ def assemble(
         _write(conn, job, parent.world_size, parent.last_seq, ready, present, sets, now, known, run_tails, notify, done)
     done.more = bool(ready) and len(ready) == len(candidates) and bound is not None
     if not done.more and not waited and len(ready) == len(candidates):
-        status = "finished" if all(r.status == "finished" for r in ranks) else "crashed"
+        # Ranks that never said hello were lost waiting (a user who watched rank 0 only): the job
+        # finished if every rank that did connect finished; its steps stay partial.
+        status = "finished" if all(r.status == "finished" for r in present) else "crashed"
         if parent.status != status:
             conn.execute(update(runs).where(runs.c.id == job).values(status=status, finished_at=now, updated_at=now))
             done.status = status
