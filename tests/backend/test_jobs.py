@@ -24,6 +24,7 @@ from gradwatch_server.diagnostics import Diagnostics
 from gradwatch_server.jobs import JobAssembler
 from gradwatch_server.live import LiveHub
 from gradwatch_server.store import open_store
+from support.asgi import in_process_server
 from support.databases import new_database
 from support.server import ServerProcess, start_server
 from support.wiremsg import Hook, close, f32, hello, rank_hello, step
@@ -568,3 +569,47 @@ def test_a_job_whose_other_ranks_never_said_hello_finishes_with_partial_steps(qu
         r0.call(close(1))
     run = wait_for(lambda: (r := httpx.get(f"{quick.url}/api/runs/j-alone-empty").json())["status"] != "running" and r)
     assert run and (run["status"], run["steps"]) == ("finished", 0)
+
+
+def test_the_assembler_keeps_nothing_of_a_job_once_settled_or_deleted(tmp_path: Path) -> None:
+    """Its per-job state (lock, when first seen, findings told) lives while the job runs: a
+    finished job, a deleted one, and one settled by another worker (found by the timer) leave
+    nothing behind, however many jobs a long-lived server sees."""
+    url = f"sqlite:///{tmp_path / 'x.db'}"
+    with in_process_server(url, rank_timeout_s=0.4) as server, server.client() as http:
+        jobs = server.app.state.jobs
+
+        def held() -> frozenset[str]:
+            found: frozenset[str] = server.portal.call(jobs.held)
+            return found
+
+        for job in [f"j-mem{n}" for n in range(5)]:
+            with server.hook() as r0, server.hook() as r1:
+                r0.call(rank_hello(job, 0, 2))
+                r1.call(rank_hello(job, 1, 2))
+                assert wait_for(lambda name=job: name in held())
+                for i in (1, 2):
+                    send(r0, i, i, [1.0, 2.0], [0, 2])  # a parameter without gradient: a finding
+                    send(r1, i, i, [1.0, 2.0], [0, 2])
+                r0.call(close(3))
+                r1.call(close(3))
+            assert http.get(f"/api/runs/{job}").json()["status"] == "finished"
+        assert held() == frozenset()
+        with server.hook() as r0, server.hook() as r1:
+            r0.call(rank_hello("j-deleted", 0, 2))
+            r1.call(rank_hello("j-deleted", 1, 2))
+            send(r0, 1, 1, [1.0, 2.0])
+            send(r1, 1, 1, [1.0, 2.0])
+            assert held() == {"j-deleted"}
+            assert http.delete("/api/runs/j-deleted").status_code == 204
+            assert held() == frozenset()
+        with server.hook() as r0, server.hook() as r1:
+            r0.call(rank_hello("j-elsewhere", 0, 2))
+            r1.call(rank_hello("j-elsewhere", 1, 2))
+            assert wait_for(lambda: held() == {"j-elsewhere"})
+            other = open_store(url)  # another worker marks the job crashed
+            try:
+                assert other.mark_crashed("j-elsewhere", time.time() + 1)
+            finally:
+                other.close()
+            assert wait_for(lambda: held() == frozenset(), timeout=10)
