@@ -27,11 +27,12 @@ from torch import nn
 
 import gradwatch
 from gradwatch import distributed
+from gradwatch.sampling import AutoInterval
 from gradwatch.spool import pending_spools, read_records
 from gradwatch_server import protocol
 from support.collectives import GRADWATCH_DIR, count_collectives
 from support.dist import run_ranks
-from support.sent import sent_steps
+from support.sent import measured, sent_steps
 from support.server import find_free_port, start_server
 
 NOWHERE = "http://127.0.0.1:9"
@@ -239,9 +240,52 @@ def test_the_hook_makes_no_collective(spool_dir: Path, kind: str) -> None:
     for out in run_ranks(collectives_of_watched_steps, world_size=2, args=(kind,)):
         assert out["control"] == ["torch.distributed.all_reduce", "ProcessGroup.allreduce"]
         assert out["dist"] is not None and out["steps"] == out["timed"] == list(range(1, STEPS + 1))
-        assert out["measured"] == [1, 3], "every=2: the step times ride with the unmeasured steps too"
+        assert out["measured"] == [2, 4], "every=2: the step times ride with the unmeasured steps too"
         assert ("torch.distributed.barrier", False) in out["calls"], "the counters see the test's own barrier"
         assert [name for name, ours in out["calls"] if ours] == [], "gradwatch made a collective"
+
+
+# -- the ranks measure the same steps ---------------------------------------------------------
+SAMPLED_STEPS = 24
+
+
+def measured_steps_of_a_job(rank: int, world_size: int, every: object, intervals: tuple[int, ...]) -> list[int]:
+    """The steps this rank measured in a DDP job watched with `every`; with `intervals`, the
+    rank's `every="auto"` interval is forced to intervals[rank] (as if its costs said so)."""
+    model = ddp_model()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    w = gradwatch.watch(opt, model=model, server=NOWHERE, warn=False, every=every)
+    if intervals:
+        sampler = w._sampler
+        assert isinstance(sampler, AutoInterval)
+
+        def forced() -> None:
+            sampler.interval = intervals[rank]
+
+        sampler._update = forced  # type: ignore[method-assign]
+    g = torch.Generator().manual_seed(rank)
+    for _ in range(SAMPLED_STEPS):
+        model(torch.randn(8, 4, generator=g)).square().mean().backward()
+        opt.step()
+        opt.zero_grad()
+    steps = [m["step"] for m in measured(sent_steps(w))]
+    w.close(timeout=0.1)
+    dist.barrier()
+    return steps
+
+
+def test_every_n_measures_the_same_steps_on_every_rank_the_multiples_of_n(spool_dir: Path) -> None:
+    zero, one = run_ranks(measured_steps_of_a_job, world_size=2, args=(3, ()))
+    assert zero == one == list(range(3, SAMPLED_STEPS + 1, 3))
+
+
+def test_auto_intervals_that_differ_between_ranks_share_the_longer_ones_steps(spool_dir: Path) -> None:
+    """Rank 1 is the costlier: its interval (5) is longer than rank 0's (3). Rounded up to powers
+    of two (8 and 4), every step rank 1 measures is one that rank 0 measures too."""
+    zero, one = run_ranks(measured_steps_of_a_job, world_size=2, args=("auto", (3, 5)))
+    assert one and set(one) <= set(zero), (zero, one)
+    assert one == [1] + list(range(8, SAMPLED_STEPS + 1, 8)), "step 1, then the multiples of 8"
+    assert zero == [1] + list(range(4, SAMPLED_STEPS + 1, 4))
 
 
 # -- when the ranks cannot agree --------------------------------------------------------------
@@ -249,9 +293,11 @@ class Records(logging.Handler):
     def __init__(self) -> None:
         super().__init__(logging.WARNING)
         self.messages: list[str] = []
+        self.threads: list[str] = []
 
     def emit(self, record: logging.LogRecord) -> None:
         self.messages.append(record.getMessage())
+        self.threads.append(record.threadName or "")
 
 
 def rank_zero_never_watches(rank: int, world_size: int) -> dict[str, Any]:
@@ -284,6 +330,56 @@ def test_a_rank_that_gets_no_job_id_warns_and_is_a_run_of_its_own(spool_dir: Pat
     assert len(warned) == 1, out["warnings"]
     assert "rank 1 of 2 could not agree on one run" in warned[0]
     assert "timeout" in warned[0].lower(), warned[0]
+
+
+def rank_one_may_not_watch(rank: int, world_size: int, rank_one_watches: bool) -> dict[str, Any]:
+    """Rank 0 watches and trains past the store timeout; rank 1 watches only if told to."""
+    store = dist.distributed_c10d._get_default_store()
+    distributed.STORE_TIMEOUT_S = 0.5
+    records = Records()
+    logging.getLogger("gradwatch").addHandler(records)
+    if rank == 1:
+        if rank_one_watches:
+            gradwatch.watch(torch.optim.SGD(nn.Linear(2, 2).parameters(), lr=0.1), server=NOWHERE, warn=False).close(
+                timeout=0.1
+            )
+        store.wait(["test/done"], timedelta(seconds=60))  # rank 0 holds the store's server
+        return {}
+    model = nn.Linear(2, 2)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    w = gradwatch.watch(opt, model=model, server=NOWHERE, warn=False)
+    watched = time.monotonic()
+    # the training goes on meanwhile: past the timeout, and until the warning comes when it must
+    while time.monotonic() - watched < 2.0 or (
+        not rank_one_watches and not records.messages and time.monotonic() - watched < 20.0
+    ):
+        model(torch.randn(4, 2)).square().mean().backward()
+        opt.step()
+        opt.zero_grad()
+        time.sleep(0.01)
+    w.close(timeout=0.1)
+    store.set("test/done", "1")
+    return {"warnings": records.messages, "threads": records.threads, "job": w.run_id, "steps": w.step}
+
+
+@pytest.mark.timed
+def test_rank_zero_warns_of_the_ranks_that_never_call_watch(spool_dir: Path) -> None:
+    out = run_ranks(rank_one_may_not_watch, world_size=2, args=(False,))[0]
+    assert out["steps"] > 10, "the training went on while rank 0 waited for the check"
+    warned = [(m, t) for m, t in zip(out["warnings"], out["threads"]) if "did not call watch()" in m]
+    assert len(warned) == 1, out["warnings"]
+    text, thread = warned[0]
+    assert text.startswith("gradwatch: rank 1 of 2 did not call watch()"), text
+    assert out["job"] in text
+    assert "Call gradwatch.watch() on every rank (the HF/Lightning callbacks do)" in text
+    assert thread != "MainThread", "the check runs on a thread of its own"
+
+
+@pytest.mark.timed
+def test_rank_zero_says_nothing_when_every_rank_called_watch(spool_dir: Path) -> None:
+    out = run_ranks(rank_one_may_not_watch, world_size=2, args=(True,))[0]
+    assert out["steps"] > 10
+    assert not [m for m in out["warnings"] if "did not call watch()" in m], out["warnings"]
 
 
 # -- torchrun's environment, without a process group (in this process) -----------------------

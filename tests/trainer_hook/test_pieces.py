@@ -17,19 +17,25 @@ NOWHERE = "http://127.0.0.1:9"
 SINGLE_PROCESS_KEYS = {"name", "shape", "numel", "dtype", "group", "optimizer"}
 
 
-def test_strip_names_drops_wrapper_components_wherever_they_are() -> None:
+def test_strip_names_drops_the_components_that_are_wrappers_wherever_they_are() -> None:
+    wrappers = frozenset({"module", "_orig_mod", "_orig_mod.enc._checkpoint_wrapped_module"})
     assert strip_names(
         [
             "module.0.weight",
             "_orig_mod.enc._checkpoint_wrapped_module.lin.weight",
-            "_fsdp_wrapped_module.layers.0._fsdp_wrapped_module.bias",
-            "modules.x",  # a component that only starts like one stays
-        ]
-    ) == ["0.weight", "enc.lin.weight", "layers.0.bias", "modules.x"]
+            "_orig_mod.enc.module.bias",  # `module` here is no wrapper's
+            "modules.x",
+        ],
+        wrappers,
+    ) == ["0.weight", "enc.lin.weight", "enc.module.bias", "modules.x"]
 
 
 def test_strip_names_keeps_the_originals_that_would_collide() -> None:
-    assert strip_names(["weight", "module.weight", "module.bias"]) == ["weight", "module.weight", "bias"]
+    assert strip_names(["weight", "module.weight", "module.bias"], frozenset({"module"})) == [
+        "weight",
+        "module.weight",
+        "bias",
+    ]
 
 
 class Holder(torch.nn.Module):
@@ -41,10 +47,44 @@ class Holder(torch.nn.Module):
         self.module = torch.nn.Linear(2, 2)
 
 
+class Block(torch.nn.Module):
+    """A user's block whose attribute is called `module`, as wrappers name theirs."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.module = torch.nn.Linear(2, 2)
+
+
+def test_a_users_own_attribute_named_like_a_wrappers_is_kept() -> None:
+    model = torch.nn.Sequential()
+    model.add_module("enc", Block())
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    assert [w.name for w in build_layout([opt], model, rank=None).params] == [
+        "enc.module.weight",
+        "enc.module.bias",
+    ]
+
+
+@pytest.mark.filterwarnings("ignore::DeprecationWarning")  # torch.compile's own imports
+def test_a_users_module_attribute_is_kept_inside_a_compiled_and_checkpointed_model() -> None:
+    inner = torch.nn.Sequential(Block(), checkpoint_wrapper(Block()))
+    model = torch.compile(inner)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    names = [w.name for w in build_layout([opt], model, rank=None).params]
+    assert names == ["0.module.weight", "0.module.bias", "1.module.weight", "1.module.bias"]
+
+
+def test_names_given_as_pairs_are_kept_as_given() -> None:
+    model = torch.nn.Linear(2, 2)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    pairs = list(model.named_parameters("module"))
+    assert [w.name for w in build_layout([opt], pairs, rank=None).params] == ["module.weight", "module.bias"]
+
+
 def test_layout_names_stay_unique() -> None:
     model = Holder()
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    assert [w.name for w in build_layout([opt], model, rank=None).params] == ["weight", "module.weight", "bias"]
+    assert [w.name for w in build_layout([opt], model, rank=None).params] == ["weight", "module.weight", "module.bias"]
 
 
 @pytest.mark.filterwarnings("ignore::DeprecationWarning")  # torch.compile's own imports

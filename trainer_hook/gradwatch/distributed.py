@@ -8,7 +8,9 @@ run"). The ranks agree on the run id once, inside `watch()`, and never again:
   c10d store under `gradwatch/job/{n}`, where n counts this process's distributed `watch()`
   calls (every rank calls `watch()` in the same order); the others wait for that key, at most
   `STORE_TIMEOUT_S` seconds. A store read is a request to the store's server, not a collective:
-  no rank's training waits for another's because of it, and no process group sees it.
+  no rank's training waits for another's because of it, and no process group sees it. Each rank
+  also sets `gradwatch/job/{n}/joined/{rank}`; rank 0, from a thread of its own, checks once
+  after `STORE_TIMEOUT_S` that every rank did, and warns of those that did not call `watch()`.
 - without one, under torchrun (`WORLD_SIZE` > 1 and a `TORCHELASTIC_RUN_ID`), the id is a hash
   of the launcher's run id and n, which every rank computes alike.
 - otherwise, or when the key never comes, this rank warns once and is watched as a run of its own.
@@ -24,6 +26,7 @@ import os
 import re
 import secrets
 import threading
+import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from datetime import timedelta
@@ -38,6 +41,9 @@ log = logging.getLogger("gradwatch")
 STORE_TIMEOUT_S = 60.0
 #: The store key of the n-th distributed `watch()` of a job.
 STORE_KEY = "gradwatch/job/{n}"
+#: The store key each rank sets in its n-th distributed `watch()`: rank 0 checks, once, in the
+#: background, that every rank did (a rank that never calls watch() holds the server's run up).
+JOINED_KEY = "gradwatch/job/{n}/joined/{rank}"
 #: What a job id is (the run id the user sees; the protocol's, docs/protocol.md).
 JOB_ID = re.compile(r"^[A-Za-z0-9_-]{1,56}$")
 
@@ -133,11 +139,13 @@ def _agree(place: _Place, n: int, env: Mapping[str, str], name: Optional[str]) -
     if place.initialised:
         store = torch.distributed.distributed_c10d._get_default_store()
         key = STORE_KEY.format(n=n)
+        store.set(JOINED_KEY.format(n=n, rank=place.rank), "1")
         if place.rank == 0:
             job = secrets.token_hex(6)
             if name is not None:
                 store.set(f"{key}/name", name)  # before the id: a rank that sees the id finds the name
             store.set(key, job)
+            _check_joined_later(n, job, place.world_size)
             return job, name
         store.wait([key], timedelta(seconds=STORE_TIMEOUT_S))
         job = bytes(store.get(key)).decode("ascii", "replace")
@@ -149,6 +157,53 @@ def _agree(place: _Place, n: int, env: Mapping[str, str], name: Optional[str]) -
     if not launch or launch == "none":
         return None, None
     return hashlib.sha1(f"{launch}/{n}".encode()).hexdigest()[:12], None
+
+
+def _check_joined_later(n: int, job: str, world_size: int) -> None:
+    """In `STORE_TIMEOUT_S` seconds, on a daemon thread (never the training thread's time; one
+    store request, no collective), warn once if some rank has not set its `JOINED_KEY` for the
+    n-th watch(): the server then waits for a stream that never comes (`watch()` on rank 0 only).
+    The store is looked up then, not held: a job that ended or made a new process group meanwhile
+    (whose store does not hold this `job` under the key) is left alone."""
+    delay = STORE_TIMEOUT_S
+
+    def check() -> None:
+        time.sleep(delay)
+        try:
+            if not torch.distributed.is_initialized():
+                return
+            store = torch.distributed.distributed_c10d._get_default_store()
+            key = STORE_KEY.format(n=n)
+            if not store.check([key]) or bytes(store.get(key)).decode("ascii", "replace") != job:
+                return
+            joined = [JOINED_KEY.format(n=n, rank=r) for r in range(world_size)]
+            if store.check(joined):
+                return
+            missing = [r for r, k in enumerate(joined) if not store.check([k])]
+        except Exception as exc:  # the store went away with its job: nothing to say
+            log.debug("gradwatch: cannot check which ranks called watch(): %s", exc)
+            return
+        log.warning(
+            "gradwatch: %s of %d did not call watch() within %.0f s; the run %s waits for %s on the "
+            "server. Call gradwatch.watch() on every rank (the HF/Lightning callbacks do), the same "
+            "number of times.",
+            _ranks(missing),
+            world_size,
+            delay,
+            job,
+            "it" if len(missing) == 1 else "them",
+        )
+
+    threading.Thread(target=check, name="gradwatch-joined", daemon=True).start()
+
+
+def _ranks(ranks: list[int]) -> str:
+    """`rank 1`, `ranks 1, 2 and 3`, `ranks 1, 2, 3, ... (12 in all)`."""
+    if len(ranks) == 1:
+        return f"rank {ranks[0]}"
+    if len(ranks) > 8:
+        return "ranks " + ", ".join(map(str, ranks[:8])) + f", ... ({len(ranks)} in all)"
+    return "ranks " + ", ".join(map(str, ranks[:-1])) + f" and {ranks[-1]}"
 
 
 def _warn_once(place: _Place, why: str) -> None:

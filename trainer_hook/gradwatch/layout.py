@@ -11,7 +11,7 @@ from typing import Any, Optional
 
 import torch
 
-from .pieces import Piece, View, job_rank, pieces, strip_names
+from .pieces import Piece, View, job_rank, pieces, strip_names, wrapper_paths
 
 #: Hyperparameters worth showing per param group; others (e.g. `params`, callables) are skipped.
 _HPARAM_TYPES = (int, float, bool, str, type(None))
@@ -135,7 +135,7 @@ _UNSET: Any = object()
 
 def build_layout(optimizers: Sequence[torch.optim.Optimizer], model: Any, rank: Optional[int] = _UNSET) -> Layout:
     """The reported parameters of `optimizers` (each FSDP1 FlatParameter expanded into its
-    original parameters), named from `model` with wrapper components stripped. `rank`: this
+    original parameters), named from `model` without the path components of its wrappers. `rank`: this
     process's rank in a distributed job, None alone (default: `pieces.job_rank()`)."""
     if rank is _UNSET:
         rank = job_rank()
@@ -159,7 +159,7 @@ def build_layout(optimizers: Sequence[torch.optim.Optimizer], model: Any, rank: 
     expanded = pieces([p for p, _, _ in where], names, model, rank)
     found = [(piece, o, g) for (_, o, g), each in zip(where, expanded) for piece in each]
     unoptimized = [n for n, p in named if p.requires_grad and id(p) not in seen]
-    shown = strip_names([piece.raw_name for piece, _, _ in found] + unoptimized)
+    shown = strip_names([piece.raw_name for piece, _, _ in found] + unoptimized, wrapper_paths(model))
     layout.params = [WatchedParam(name, o, g, piece) for (piece, o, g), name in zip(found, shown)]
     layout.frozen = [w.name for w in layout.params if not w.param.requires_grad]
     layout.unoptimized = shown[len(found) :]

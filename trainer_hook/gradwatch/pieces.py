@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 import os
+import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Optional
@@ -21,9 +22,16 @@ import torch
 
 log = logging.getLogger("gradwatch")
 
-#: Path components that wrappers add to parameter names (DDP/DataParallel, FSDP1, activation
-#: checkpointing, torch.compile): reported names are the original module's.
-WRAPPER_COMPONENTS = frozenset({"module", "_fsdp_wrapped_module", "_checkpoint_wrapped_module", "_orig_mod"})
+#: The wrappers whose path component reported names leave out: (the module defining the class, the
+#: class, the attribute holding the wrapped module). DDP/DataParallel, FSDP1, activation
+#: checkpointing, torch.compile: reported names are the original module's.
+WRAPPERS = (
+    ("torch.nn.parallel.distributed", "DistributedDataParallel", "module"),
+    ("torch.nn.parallel.data_parallel", "DataParallel", "module"),
+    ("torch.distributed.fsdp.fully_sharded_data_parallel", "FullyShardedDataParallel", "_fsdp_wrapped_module"),
+    ("torch.distributed.algorithms._checkpoint.checkpoint_wrapper", "ActivationWrapper", "_checkpoint_wrapped_module"),
+    ("torch._dynamo.eval_frame", "OptimizedModule", "_orig_mod"),
+)
 
 #: A function from the tensor the optimizer steps (its param, `.grad`, a state tensor) to this
 #: piece's local view of it; None where the tensor is the piece itself.
@@ -125,14 +133,42 @@ def pieces(params: Sequence[torch.Tensor], names: dict[int, str], model: Any, ra
     return out
 
 
-def strip_names(names: Sequence[str]) -> list[str]:
-    """`names` without wrapper path components; a name whose stripped form two names share keeps
-    its original (names must stay unique, and the originals are)."""
-    stripped = [".".join(c for c in n.split(".") if c not in WRAPPER_COMPONENTS) or n for n in names]
+def wrapper_paths(model: Any) -> frozenset[str]:
+    """The paths in `model` (a Module; anything else has none) of the modules that `WRAPPERS`
+    wrap, such as `module` of a DDP model or `enc._checkpoint_wrapped_module`: the path components
+    that `strip_names` leaves out. A user's own attribute named `module` is no wrapper's."""
+    if not isinstance(model, torch.nn.Module):
+        return frozenset()
+    # a wrapper's class is loaded wherever one exists: no import here (torch._dynamo's is slow)
+    classes = [
+        (cls, attr)
+        for where, name, attr in WRAPPERS
+        if isinstance(cls := getattr(sys.modules.get(where), name, None), type)
+    ]
+    found = set()
+    for prefix, module in model.named_modules():
+        for cls, attr in classes:
+            if isinstance(module, cls):
+                found.add(f"{prefix}.{attr}" if prefix else attr)
+    return frozenset(found)
+
+
+def strip_names(names: Sequence[str], wrappers: frozenset[str] = frozenset()) -> list[str]:
+    """`names` without the path components that are `wrappers` (see `wrapper_paths`); a name whose
+    stripped form two names share keeps its original (names must stay unique, and the originals are)."""
+    stripped = [_strip(n, wrappers) for n in names]
     count: dict[str, int] = {}
     for s in stripped:
         count[s] = count.get(s, 0) + 1
     return [s if count[s] == 1 else n for n, s in zip(names, stripped)]
+
+
+def _strip(name: str, wrappers: frozenset[str]) -> str:
+    if not wrappers:
+        return name
+    parts = name.split(".")
+    kept = [c for i, c in enumerate(parts) if ".".join(parts[: i + 1]) not in wrappers]
+    return ".".join(kept) or name
 
 
 # -- DTensor (FSDP2, HSDP, tensor parallelism) -------------------------------------------------

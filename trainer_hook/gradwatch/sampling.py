@@ -10,13 +10,19 @@ from typing import Callable, Optional, Union
 
 
 class EveryN:
-    """Steps 1, 1+N, 1+2N, ..."""
+    """Steps 1, 1+N, 1+2N, ...; aligned (a distributed job): N, 2N, 3N, ..., the same steps on
+    every rank, whichever step a rank started watching at."""
 
     def __init__(self, n: int) -> None:
         self.n = n
+        self.aligned = False
+
+    def align(self) -> None:
+        """Measure the steps that are multiples of N (see `make_sampler`)."""
+        self.aligned = True
 
     def __call__(self, step: int) -> bool:
-        return (step - 1) % self.n == 0
+        return step % self.n == 0 if self.aligned else (step - 1) % self.n == 0
 
     def observe(self, cost_s: float, step_time_s: float, every_step_s: float = 0.0) -> None:
         """A fixed interval learns nothing from costs."""
@@ -47,6 +53,10 @@ class AutoInterval:
     also learnt between measured steps, whenever the server says a new figure. When the
     every-step cost takes the whole budget the interval is the longest allowed. Step 1 is always
     measured, so the first interval is known after one step.
+
+    Aligned (a distributed job), the interval is rounded up to a power of two and a step is
+    measured iff it is a multiple of it: ranks that learnt different intervals still measure
+    every step that is a multiple of the longer one together, without talking to each other.
     """
 
     EXCESS_WINDOW = 5
@@ -55,13 +65,20 @@ class AutoInterval:
         self.budget = budget
         self.max_interval = max_interval
         self.interval = 1
+        self.aligned = False
         self._last: Optional[int] = None
         self._cost: Optional[float] = None
         self._step_time: Optional[float] = None
         self._every_step: deque[float] = deque(maxlen=self.EXCESS_WINDOW)
         self._excesses: deque[float] = deque(maxlen=self.EXCESS_WINDOW)
 
+    def align(self) -> None:
+        """Measure the multiples of the interval rounded up to a power of two (see `make_sampler`)."""
+        self.aligned = True
+
     def __call__(self, step: int) -> bool:
+        if self.aligned:
+            return step % (1 << (self.interval - 1).bit_length()) == 0
         if self._last is not None and step < self._last + self.interval:
             return False
         self._last = step
@@ -121,7 +138,11 @@ Sampler = Union[EveryN, AutoInterval]
 
 
 def make_sampler(every: object) -> Sampler:
-    """`every=N` (a whole number >= 1) or `every="auto"`; ValueError otherwise."""
+    """`every=N` (a whole number >= 1) or `every="auto"`; ValueError otherwise.
+
+    In a distributed job each rank's sampler is `align()`ed: the ranks decide alone (no
+    communication), so they must measure the same steps by their step numbers for the job's values
+    at a step to be known (the server counts a step as measured when every rank measured it)."""
     if every == "auto":
         return AutoInterval()
     if isinstance(every, bool) or not isinstance(every, int) or every < 1:

@@ -102,6 +102,8 @@ class Watcher:
         #: this rank's place in a distributed job (None: a run of one process); the job is the run.
         #: Agreed with the other ranks before anything that differs between ranks can raise.
         self.dist: Optional[distributed.Rank] = distributed.join(named)
+        if self.dist is not None:  # the ranks measure the same steps
+            self._sampler.align()
         #: a default name is rank 0's on every rank of a job
         self.name: str = run or (self.dist.name if self.dist is not None and self.dist.name else named)
         #: the run's id on the server: the job's in a distributed job (each rank streams as `dist.stream_id`)
