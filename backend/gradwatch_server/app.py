@@ -68,7 +68,7 @@ def create_app(settings: Settings) -> FastAPI:
                 store.close()
                 raise
         hub = LiveHub(settings.live_queue_size) if relay is None else relay.hub
-        sessions = Sessions(store, hub, settings.crash_grace_s, presence=relay)
+        sessions = Sessions(store, hub, settings.crash_grace_s, presence=relay, rank_grace_s=settings.rank_timeout_s)
         app.state.store, app.state.hub, app.state.sessions = store, hub, sessions
         app.state.diagnostics = Diagnostics(store, sole_writer=relay is None)
         app.state.step_cost = StepCost()

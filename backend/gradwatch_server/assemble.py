@@ -114,14 +114,11 @@ def global_status(codes: Sequence[np.ndarray], counted: Sequence[np.ndarray]) ->
 
 
 def total_norm(grad_norm: np.ndarray) -> float:
-    """`grad_norm_total` of a global grad_norm array: sqrt of the sum of squares of the finite
-    entries (ABSENT and infinities left out), NaN if any entry is NaN."""
-    absent = absent_mask(grad_norm)
-    v = grad_norm.astype(np.float64)
-    if np.isnan(v[~absent]).any():
-        return float("nan")
-    finite = v[np.isfinite(v)]
-    return float(np.sqrt(np.sum(finite * finite)))
+    """`grad_norm_total` of a global grad_norm array, as the hook computes its own: sqrt of the
+    sum of squares of the entries that are not ABSENT, in float64; so NaN if any entry is NaN,
+    else inf if any is infinite."""
+    v = grad_norm[~absent_mask(grad_norm)].astype(np.float64)
+    return float(np.sqrt(np.sum(v * v)))
 
 
 def _ratio(update: np.ndarray, before: np.ndarray) -> np.ndarray:
@@ -134,13 +131,16 @@ def _ratio(update: np.ndarray, before: np.ndarray) -> np.ndarray:
 
 
 def combine_scalars(pieces: Sequence[Piece]) -> dict[str, float]:
-    """Scalars by key family: memory of params, grads and optimizer state summed; the rank's
-    own memory, `time/*` and `hook/*` the largest; every other key the lowest rank's."""
+    """Scalars by key family: memory of params, grads and optimizer state summed (left out
+    where some rank did not send it, e.g. the optimizer's bytes from a rank that did not
+    measure: a sum of fewer ranks would understate the job's footprint); the rank's own memory,
+    `time/*` and `hook/*` the largest; every other key the lowest rank's."""
     out: dict[str, float] = {}
     for key in sorted({k for p in pieces for k in p.scalars}):
         values = [p.scalars[key] for p in pieces if key in p.scalars]
         if key in _SUMMED:
-            out[key] = float(np.sum(values))
+            if len(values) == len(pieces):
+                out[key] = float(np.sum(values))
         elif key in _MAX_KEYS or key.startswith(_MAX_PREFIXES):
             out[key] = float(np.max(values))
         else:
@@ -148,12 +148,35 @@ def combine_scalars(pieces: Sequence[Piece]) -> dict[str, float]:
     return out
 
 
+def measured(arrays: Mapping[str, np.ndarray]) -> bool:
+    """Whether a rank measured its step: it sent `grad_status` (or, from a hook that sends no
+    status, `grad_norm`). An unmeasured step has the cheap facts only (docs/protocol.md)."""
+    return GRAD_STATUS in arrays or "grad_norm" in arrays
+
+
+def job_measured(pieces: Sequence[Piece]) -> bool:
+    """Whether the job's step is measured: every rank present that holds a counted piece
+    measured it (a DDP rank whose pieces all count elsewhere need not). Otherwise the global
+    norms and status of the pieces it holds are unknown, and the step is stored unmeasured."""
+    holders = [p for p in pieces if p.counted.any()]
+    return bool(holders) and all(measured(p.arrays) for p in holders)
+
+
+def _is_gradient_metric(metric: str) -> bool:
+    """What only a measured step has: the norms, the ratio of norms, the status."""
+    return metric.endswith("_norm") or metric in ("update_ratio", GRAD_STATUS)
+
+
 def combine(pieces: Sequence[Piece]) -> Assembled:
-    """The global step of the ranks' `pieces` (at least one, in rank order)."""
+    """The global step of the ranks' `pieces` (at least one, in rank order).
+
+    An unmeasured job step (`job_measured`) has the cheap facts only: no norms, no status, no
+    `grad_norm_total`, as an unmeasured single-process step."""
     pieces = sorted(pieces, key=lambda p: p.rank)
     result = Assembled(time=max(p.time for p in pieces), ranks=tuple(p.rank for p in pieces))
     result.scalars = combine_scalars(pieces)
-    metrics = sorted({m for p in pieces for m in p.arrays})
+    is_measured = job_measured(pieces)
+    metrics = sorted({m for p in pieces for m in p.arrays if is_measured or not _is_gradient_metric(m)})
     for metric in metrics:
         having = [p for p in pieces if metric in p.arrays]
         values = [p.arrays[metric] for p in having]
@@ -162,6 +185,9 @@ def combine(pieces: Sequence[Piece]) -> Assembled:
             result.arrays[metric] = global_status(values, counted)
         elif metric.endswith("_norm"):
             result.arrays[metric] = global_norm(values, counted)
+            unknown = _not_sent(pieces, metric)
+            if unknown is not None:
+                result.arrays[metric][unknown] = _absent(int(unknown.sum()))
         elif metric == "update_ratio":
             continue  # from the global norms below
         else:  # backward_passes, grad_clear, and any metric that is not a norm
@@ -175,27 +201,21 @@ def combine(pieces: Sequence[Piece]) -> Assembled:
             result.arrays["update_ratio"] = from_lowest(
                 [p.arrays["update_ratio"] for p in having], [p.counted for p in having]
             )
-    unknown = _unmeasured(pieces)
-    if unknown is not None:
-        for metric, array in result.arrays.items():
-            if metric.endswith("_norm") or metric == "update_ratio":
-                array[unknown] = _absent(int(unknown.sum()))
-    if "grad_norm_total" in result.scalars and "grad_norm" in result.arrays:
+    if not is_measured:
+        result.scalars.pop("grad_norm_total", None)
+    elif "grad_norm_total" in result.scalars and "grad_norm" in result.arrays:
         result.scalars["grad_norm_total"] = total_norm(result.arrays["grad_norm"])
     result.scalars[RANKS_SCALAR] = float(len(pieces))
     return result
 
 
-def _unmeasured(pieces: Sequence[Piece]) -> np.ndarray | None:
-    """Where a norm cannot be known: the parameters whose counted piece is on a rank that did
-    not measure this step (no `grad_norm`: cheap facts only) while another rank did. Their
-    global norms are ABSENT rather than the sum of the other pieces, which would be too small."""
-    measured = ["grad_norm" in p.arrays for p in pieces]
-    if all(measured) or not any(measured):
-        return None
+def _not_sent(pieces: Sequence[Piece], metric: str) -> np.ndarray | None:
+    """Where a norm of a measured step cannot be known: the parameters whose counted piece is on
+    a rank that did not send `metric`. Their global norm is ABSENT rather than the sum of the
+    other pieces, which would be too small."""
     unknown = np.zeros(len(pieces[0].counted), dtype=bool)
-    for piece, was in zip(pieces, measured):
-        if not was:
+    for piece in pieces:
+        if metric not in piece.arrays:
             unknown |= piece.counted
     return unknown if unknown.any() else None
 
@@ -216,18 +236,21 @@ def _same(a: np.ndarray, b: np.ndarray) -> np.ndarray:
 def desync(pieces: Sequence[Piece], replicated: np.ndarray) -> tuple[np.ndarray, dict[int, int]] | None:
     """For `rank_desync`: per parameter, how many ranks' local gradient differs from rank 0's
     (grad_norm beyond tolerance, or grad_status), over the `replicated` parameters (the full
-    tensor on every rank: DDP); and per differing rank, on how many parameters. None where the
-    rule does not apply: no replicated parameter, rank 0 absent or not measured, one rank only."""
+    tensor on every rank: DDP); and per differing rank, on how many parameters. Only the ranks
+    that measured the step are compared. None where the rule does not apply: no replicated
+    parameter, rank 0 absent or not measured, one rank only."""
     pieces = sorted(pieces, key=lambda p: p.rank)
-    if not replicated.any() or len(pieces) < 2 or pieces[0].rank != 0 or "grad_norm" not in pieces[0].arrays:
+    if not replicated.any() or len(pieces) < 2 or pieces[0].rank != 0 or not measured(pieces[0].arrays):
         return None
     base = pieces[0]
     counts = np.zeros(len(replicated), dtype=np.float64)
     ranks: dict[int, int] = {}
     for other in pieces[1:]:
-        if "grad_norm" not in other.arrays:
+        if not measured(other.arrays):
             continue
-        differs = ~_same(other.arrays["grad_norm"], base.arrays["grad_norm"])
+        differs = np.zeros(len(replicated), dtype=bool)
+        if "grad_norm" in base.arrays and "grad_norm" in other.arrays:
+            differs |= ~_same(other.arrays["grad_norm"], base.arrays["grad_norm"])
         if GRAD_STATUS in base.arrays and GRAD_STATUS in other.arrays:
             differs |= other.arrays[GRAD_STATUS] != base.arrays[GRAD_STATUS]
         differs &= replicated
@@ -240,8 +263,9 @@ def desync(pieces: Sequence[Piece], replicated: np.ndarray) -> tuple[np.ndarray,
 
 
 def with_desync(step: Assembled, pieces: Sequence[Piece], replicated: np.ndarray) -> Assembled:
-    """`step` with the `rank_desync` evidence added (DESYNC_METRIC, DESYNC_PREFIX scalars)."""
-    found = desync(pieces, replicated)
+    """`step` with the `rank_desync` evidence added (DESYNC_METRIC, DESYNC_PREFIX scalars); none
+    on an unmeasured step, whose gradients are not judged."""
+    found = desync(pieces, replicated) if measured(step.arrays) else None
     if found is not None:
         counts, ranks = found
         step.arrays[DESYNC_METRIC] = counts

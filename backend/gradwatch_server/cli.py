@@ -18,7 +18,7 @@ from typing import IO
 from pydantic import ValidationError
 
 from . import __version__
-from .settings import DEFAULT_HOST, DEFAULT_PORT, DEFAULT_SERVER, ENV_VARS, Settings
+from .settings import DEFAULT_HOST, DEFAULT_PORT, DEFAULT_SERVER, ENV_VARS, Settings, check_rank_timeout
 from .store import Run, Store, StoreError, display_url, open_store
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
@@ -52,14 +52,15 @@ def _workers(text: str) -> int:
     return value
 
 
-def _seconds(text: str) -> float:
+def _rank_timeout(text: str) -> float:
     try:
         value = float(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
-    if not value > 0 or value == float("inf"):
-        raise argparse.ArgumentTypeError(f"must be a positive number of seconds, not {text}")
-    return value
+        raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}; pass e.g. 30") from None
+    try:
+        return check_rank_timeout(value)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -110,7 +111,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     serve.add_argument(
         "--rank-timeout",
-        type=_seconds,
+        type=_rank_timeout,
         metavar="SECONDS",
         help="a rank of a distributed job that sends nothing this long while another rank is "
         "ahead is lost: the job's steps go on without it, marked partial "

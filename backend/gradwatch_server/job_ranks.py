@@ -33,11 +33,12 @@ def left_behind(ranks: list[Run], ranges: list[PartialRange]) -> set[int]:
     }
 
 
-def job_ranks(store: Store, run: Run, rank_timeout: float) -> RanksPublic:
+def job_ranks(store: Store, run: Run, rank_timeout: float, since: float | None = None) -> RanksPublic:
     """The job's ranks by rank, and its partial steps; a single-process run has none. A rank is
-    lost when it is running but silent for `rank_timeout` while another is ahead (the assembly's
-    rule, `Store.lost_ranks`), or when it was left behind (`left_behind`: it crashed or timed out
-    and the job went on without it)."""
+    lost when it is running but silent for `rank_timeout` (counted from `since` at the earliest:
+    when this server process first saw the job) while another is ahead (the assembly's rule,
+    `Store.lost_ranks`), or when it was left behind (`left_behind`: it crashed or timed out and
+    the job went on without it)."""
     if run.parent_id is not None:
         raise NotAJob(
             f"run {run.id!r} is rank {run.rank} of job {run.parent_id!r}: "
@@ -47,7 +48,7 @@ def job_ranks(store: Store, run: Run, rank_timeout: float) -> RanksPublic:
         return RanksPublic(world_size=1, ranks=[], partial=PartialPublic(steps=0, ranges=[]))
     children = store.rank_runs(run.id)
     ranges = store.partial_ranges(run.id)
-    lost = left_behind(children, ranges) | set(store.lost_ranks(run.id, rank_timeout))
+    lost = left_behind(children, ranges) | set(store.lost_ranks(run.id, rank_timeout, since))
     return RanksPublic(
         world_size=run.world_size or 1,
         ranks=[

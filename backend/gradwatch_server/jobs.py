@@ -9,10 +9,11 @@ lock per job), so the engine sees the job's steps in order. The hook whose batch
 step gets the job's findings from its own connection (ingest.py).
 
 The timer (`start`) looks at every running job each `interval` seconds (a quarter of
-`--rank-timeout`, at most 5 s): a rank that sent nothing for `--rank-timeout` while another is
-ahead is lost, the steps waiting on it are assembled without it (`partial_steps`), and once
-every rank has closed or is lost the job's run is finished or crashed. With `serve --workers N`
-every worker runs it; the lock on the job's row makes them take turns.
+`--rank-timeout`, at least 0.05 s, at most 5 s): a rank that sent nothing for `--rank-timeout`
+while another is ahead is lost, the steps waiting on it are assembled without it
+(`partial_steps`), and once every rank has closed or is lost the job's run is finished or
+crashed. With `serve --workers N` every worker runs it; the lock on the job's row makes them
+take turns.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 
 from .diagnostics import Diagnostics, Finding
 from .live import LiveHub
@@ -32,6 +34,8 @@ log = logging.getLogger("gradwatch.jobs")
 
 #: Longest pause between two looks for lost ranks.
 MAX_INTERVAL_S = 5.0
+#: Shortest: however small the timeout, the timer never spins.
+MIN_INTERVAL_S = 0.05
 
 
 def as_steps(batch: Sequence[StepData]) -> list[Step]:
@@ -51,8 +55,24 @@ def as_steps(batch: Sequence[StepData]) -> list[Step]:
     ]
 
 
+@dataclass
+class _Job:
+    """What this process keeps of a job while its status is unsettled."""
+
+    first_seen: float  # when this process first saw the job (server time)
+    touched: float  # when it last did
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    users: int = 0  # assemblies holding or awaiting the lock
+    settled: bool = False  # finished, crashed or deleted: drop once no assembly uses it
+    announced: dict[str, dict[str, object]] = field(default_factory=dict)  # code -> finding as told
+
+
 class JobAssembler:
-    """Assembles jobs' steps and announces them; used from the event loop only."""
+    """Assembles jobs' steps and announces them; used from the event loop only.
+
+    It keeps per job a lock, when it first saw the job and the findings it told, from the job's
+    first hello or assembly here until its status is settled (finished, crashed) or it is
+    deleted; the timer also drops the jobs no longer running (settled by another worker)."""
 
     def __init__(
         self,
@@ -69,46 +89,82 @@ class JobAssembler:
         self._diagnostics = diagnostics
         self._notifier = notifier
         self.rank_timeout_s = rank_timeout_s
-        self.interval_s = min(rank_timeout_s / 4, MAX_INTERVAL_S)
-        self._locks: dict[str, asyncio.Lock] = {}
-        self._first_seen: dict[str, float] = {}  # job -> when this process first saw it
-        self._announced: dict[str, dict[str, dict[str, object]]] = {}  # job -> code -> finding
+        self.interval_s = max(MIN_INTERVAL_S, min(rank_timeout_s / 4, MAX_INTERVAL_S))
+        self._started = clock()
+        self._jobs: dict[str, _Job] = {}
         self._timer: asyncio.Task[None] | None = None
+
+    def _job(self, job: str) -> _Job:
+        now = self._clock()
+        state = self._jobs.get(job)
+        if state is None:
+            state = self._jobs[job] = _Job(first_seen=now, touched=now)
+        state.touched = now
+        return state
+
+    def _release(self, job: str, state: _Job) -> None:
+        if state.users == 0 and state.settled and self._jobs.get(job) is state:
+            del self._jobs[job]
+
+    def held(self) -> frozenset[str]:
+        """The jobs this process keeps state for (their status is not settled yet)."""
+        return frozenset(self._jobs)
 
     async def assemble(self, job: str) -> list[Finding] | None:
         """Assemble what is ready of `job`; its current findings if steps were added, else None."""
-        async with self._locks.setdefault(job, asyncio.Lock()):
-            notify = self._hub.steps_notice(job)
-            first_seen = self._first_seen.setdefault(job, self._clock())
-            new: list[StepData] = []
-            status: str | None = None
-            before: int | None = None
-            while True:
-                done = await asyncio.to_thread(self._store.assemble, job, self.rank_timeout_s, first_seen, notify)
-                before = done.steps_before if before is None else before
-                new += done.steps
-                status = done.status or status
-                if done.partial:
-                    log.info("job %s: steps %s assembled without ranks %s", job, min(done.partial), done.partial)
-                if not done.more:
-                    break
-            found = None
-            if new:
-                found = await self._judge(job, new, before or 0)
-                self._hub.publish_steps(job, as_steps(new))
-            if status is not None:
-                self._first_seen.pop(job, None)
-                log.info("job %s %s: every rank closed or was lost", job, status)
-                try:
-                    await asyncio.to_thread(self._diagnostics.close_run, job)
-                except Exception:
-                    log.exception("diagnostics of job %s could not be closed", job)
-                run = await asyncio.to_thread(self._store.get_run, job)
-                if run is not None:
-                    self._hub.publish_run(run)
-            return found
+        state = self._job(job)
+        state.users += 1
+        try:
+            async with state.lock:
+                return await self._assemble(job, state)
+        finally:
+            state.users -= 1
+            self._release(job, state)
 
-    async def _judge(self, job: str, new: list[StepData], before: int) -> list[Finding] | None:
+    async def _assemble(self, job: str, state: _Job) -> list[Finding] | None:
+        notify = self._hub.steps_notice(job)
+        new: list[StepData] = []
+        status: str | None = None
+        before: int | None = None
+        while True:
+            done = await asyncio.to_thread(self._store.assemble, job, self.rank_timeout_s, state.first_seen, notify)
+            before = done.steps_before if before is None else before
+            new += done.steps
+            status = done.status or status
+            if done.partial:
+                log.info("job %s: steps %s assembled without ranks %s", job, min(done.partial), done.partial)
+            if not done.more:
+                break
+        found = None
+        if new:
+            found = await self._judge(job, state, new, before or 0)
+            self._hub.publish_steps(job, as_steps(new))
+        if status is not None:
+            state.settled = True
+            log.info("job %s %s: every rank closed or was lost", job, status)
+            try:
+                await asyncio.to_thread(self._diagnostics.close_run, job)
+            except Exception:
+                log.exception("diagnostics of job %s could not be closed", job)
+            run = await asyncio.to_thread(self._store.get_run, job)
+            if run is not None:
+                self._hub.publish_run(run)
+        return found
+
+    def since(self, job: str) -> float:
+        """When this process first saw `job` (its start if it has not): a rank's silence counts
+        from then at the earliest, since nothing is written while the server is down."""
+        state = self._jobs.get(job)
+        return self._started if state is None else state.first_seen
+
+    def forget(self, job: str) -> None:
+        """The job's run was deleted: drop what is kept of it (once no assembly uses it)."""
+        state = self._jobs.get(job)
+        if state is not None:
+            state.settled = True
+            self._release(job, state)
+
+    async def _judge(self, job: str, state: _Job, new: list[StepData], before: int) -> list[Finding] | None:
         try:
             found = await asyncio.to_thread(self._diagnostics.observe, job, new, before)
         except UnknownRun:
@@ -116,13 +172,13 @@ class JobAssembler:
         except Exception:  # diagnostics must never stop assembly: log, and carry on
             log.exception("diagnostics of job %s failed", job)
             return None
-        await self._announce(job, found)
+        await self._announce(job, state, found)
         return found
 
-    async def _announce(self, job: str, found: list[Finding]) -> None:
+    async def _announce(self, job: str, state: _Job, found: list[Finding]) -> None:
         """Tell the browsers each changed finding, and the webhooks each new (or graver) one, once
         per job whichever rank's batch found it."""
-        known = self._announced.setdefault(job, {})
+        known = state.announced
         for finding in found:
             public = finding.to_dict()
             before = known.get(finding.code)
@@ -137,8 +193,9 @@ class JobAssembler:
 
     def opened(self, job: str, found: list[Finding]) -> None:
         """A rank's hello: the job's findings so far were news when they were found, not now."""
-        self._first_seen.setdefault(job, self._clock())
-        known = self._announced.setdefault(job, {})
+        state = self._job(job)
+        state.settled = False  # a job resumed by a rank's hello runs again
+        known = state.announced
         for finding in found:
             known.setdefault(finding.code, finding.to_dict())
 
@@ -151,11 +208,20 @@ class JobAssembler:
         while True:
             await asyncio.sleep(self.interval_s)
             try:
+                asked = self._clock()
                 jobs = await asyncio.to_thread(self._store.running_jobs)
+                self._drop_stale(set(jobs), asked)
                 for job in jobs:
                     await self.assemble(job)
             except Exception:  # a timer has no caller to report to: log, and look again later
                 log.exception("could not assemble the running jobs")
+
+    def _drop_stale(self, running: set[str], asked: float) -> None:
+        """Drop the jobs that were not running when asked at `asked` (settled by another worker,
+        or deleted) and that nothing here touched since."""
+        for job, state in list(self._jobs.items()):
+            if job not in running and state.users == 0 and state.touched < asked:
+                del self._jobs[job]
 
     async def close(self) -> None:
         if self._timer is not None:

@@ -192,6 +192,11 @@ def stream_id(job: str, rank: int) -> str:
     return f"{job}.r{rank}"
 
 
+def is_stream_id(run_id: str) -> bool:
+    """Whether a stored run id is a rank's stream `JOB.rRANK` (no other run id has a dot)."""
+    return "." in run_id
+
+
 class Hello(_Message):
     type: Literal["hello"]
     run: RunInfo

@@ -4,7 +4,9 @@ A hook that disconnects without sending `close` may just be reconnecting, so a r
 crashed only after `grace_s` seconds without any connection, and only if it is still running
 and nothing was written to it since the timer started (so a hook that reconnects while the
 timer fires is never overruled). Runs found running when the server starts get the same
-grace: their hooks may come back.
+grace: their hooks may come back. A rank of a distributed job is waited for at least
+`--rank-timeout` (`rank_grace_s`), as the job's assembly waits for a silent rank: once crashed,
+the job's steps would go on without it.
 
 With `gradwatch serve --workers N` each worker counts only the hooks it holds, so a timer may run
 out in one worker while the run's hook is connected to another (a worker that starts, or is
@@ -24,6 +26,7 @@ from collections.abc import Callable, Iterable
 from typing import Protocol
 
 from .live import LiveHub
+from .protocol import is_stream_id
 from .store import Store
 
 log = logging.getLogger("gradwatch.sessions")
@@ -50,8 +53,10 @@ class Sessions:
         grace_s: float,
         clock: Callable[[], float] = time.time,
         presence: Presence | None = None,
+        rank_grace_s: float = 0.0,
     ) -> None:
         self._store = store
+        self._rank_grace_s = max(grace_s, rank_grace_s)
         self._presence = presence
         self._clock = clock
         self._hub = hub
@@ -84,8 +89,13 @@ class Sessions:
             if run_id not in self._connections and run_id not in self._timers:
                 self._timers[run_id] = asyncio.create_task(self._expire(run_id, self._clock()))
 
+    def grace_s(self, run_id: str) -> float:
+        """How long this run may stay without a hook: a rank's stream at least `rank_grace_s`."""
+        return self._rank_grace_s if is_stream_id(run_id) else self._grace_s
+
     async def _expire(self, run_id: str, idle_since: float, delay: float | None = None) -> None:
-        await asyncio.sleep(self._grace_s if delay is None else delay)
+        grace = self.grace_s(run_id)
+        await asyncio.sleep(grace if delay is None else delay)
         self._timers.pop(run_id, None)
         if run_id in self._connections:
             return
@@ -93,7 +103,7 @@ class Sessions:
             try:
                 elsewhere = await self._presence.held_elsewhere(run_id)
             except Exception as exc:  # the database is away: never mark a run that may be alive
-                retry = max(self._grace_s, PRESENCE_RETRY_S)
+                retry = max(grace, PRESENCE_RETRY_S)
                 log.warning(
                     "run %s: cannot tell whether another worker holds its hook (%s); asking again in %.0f s",
                     run_id,
@@ -107,7 +117,7 @@ class Sessions:
                 return  # that worker (or this one, since the question) watches it from now on
         try:
             if await asyncio.to_thread(self._store.mark_crashed, run_id, idle_since):
-                log.info("run %s marked crashed: no hook for %.0f s", run_id, self._grace_s)
+                log.info("run %s marked crashed: no hook for %.0f s", run_id, grace)
                 run = await asyncio.to_thread(self._store.get_run, run_id)
                 if run is not None and run.parent_id is None:  # a rank's run: its job's stands for it
                     self._hub.publish_run(run)

@@ -6,6 +6,7 @@ test builds a `Settings` from a plain dict and no module keeps a stale global.
 
 from __future__ import annotations
 
+import math
 import socket
 from collections.abc import Mapping
 from pathlib import Path
@@ -36,6 +37,22 @@ ENV_VARS = {
 }
 
 
+#: Shortest `--rank-timeout` (seconds): the timer that looks for lost ranks wakes four times per
+#: timeout, so a tinier one would keep it spinning.
+MIN_RANK_TIMEOUT_S = 0.1
+
+
+def check_rank_timeout(value: float) -> float:
+    """`--rank-timeout` / GRADWATCH_RANK_TIMEOUT_S: a finite number of seconds, at least
+    MIN_RANK_TIMEOUT_S (infinity would wait forever for a rank that is gone)."""
+    if not math.isfinite(value) or value < MIN_RANK_TIMEOUT_S:
+        raise ValueError(
+            f"must be a finite number of seconds of at least {MIN_RANK_TIMEOUT_S}, not {value}; "
+            "pass e.g. 30 (the default)"
+        )
+    return value
+
+
 def normalize_db_url(value: str) -> str:
     """Accept a bare file path as an SQLite database: ``runs.db`` -> ``sqlite:///runs.db``."""
     value = value.strip()
@@ -59,7 +76,7 @@ class Settings(BaseModel):
     crash_grace_s: float = Field(10.0, ge=0)
     #: Seconds a rank of a distributed job may send nothing while another rank is ahead before
     #: it is lost: the job's steps are then assembled without it and marked partial.
-    rank_timeout_s: float = Field(30.0, gt=0)
+    rank_timeout_s: float = 30.0
     #: Largest websocket frame accepted from a hook; bigger ones are closed with 1009.
     max_frame_bytes: int = Field(16 * 1024 * 1024, ge=1024)
     #: Messages queued per browser on /ws/live before that browser is dropped (1013).
@@ -83,6 +100,11 @@ class Settings(BaseModel):
     @classmethod
     def _db_url(cls, value: str) -> str:
         return normalize_db_url(value)
+
+    @field_validator("rank_timeout_s")
+    @classmethod
+    def _rank_timeout(cls, value: float) -> float:
+        return check_rank_timeout(value)
 
     @field_validator("allowed_hosts", mode="before")
     @classmethod

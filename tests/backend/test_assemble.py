@@ -109,14 +109,74 @@ def test_squares_are_added_in_float64() -> None:
     assert float(got[1]) == pytest.approx(math.sqrt(2) * float(big[1]), rel=1e-6)
 
 
-def test_a_norm_is_absent_where_a_counted_piece_was_not_measured() -> None:
-    """A rank that sent only cheap facts at a step another rank measured: its pieces' norms are
-    unknown, so the global norm is ABSENT there, never the smaller sum of the other pieces."""
-    counted = np.array([True, False, True])
-    measured = Piece(0, 0.0, {}, {"grad_norm": f32s(3.0, 4.0, 5.0), "backward_passes": f32s(1, 1, 1)}, np.ones(3, bool))
-    cheap = Piece(1, 0.0, {}, {"backward_passes": f32s(1, 1, 1)}, counted)
-    got = combine([measured, cheap]).arrays["grad_norm"]
-    assert is_absent(got[0]) and float(got[1]) == 4.0 and is_absent(got[2])
+def cheap(rank: int, counted: np.ndarray, **scalars: float) -> Piece:
+    """A rank's unmeasured step: cheap facts only (no grad_status, no norms); `mem__x` is `mem/x`."""
+    count = len(counted)
+    return Piece(rank, 0.0, slashed(scalars), {"backward_passes": f32s(*[rank + 1] * count)}, counted)
+
+
+def sampled(rank: int, grad: list[float], counted: np.ndarray, **scalars: float) -> Piece:
+    """A rank's measured step: grad_status, grad_norm, param_norm and the cheap facts."""
+    arrays = {
+        "grad_norm": f32s(*grad),
+        "param_norm": f32s(*[g + 1 for g in grad]),
+        "grad_status": np.full(len(grad), NONZERO, "u1"),
+        "backward_passes": f32s(*[rank + 1] * len(grad)),
+    }
+    return Piece(rank, 0.0, slashed(scalars), arrays, counted)
+
+
+def slashed(scalars: dict[str, float]) -> dict[str, float]:
+    return {k.replace("__", "/"): v for k, v in scalars.items()}
+
+
+def test_a_step_that_a_rank_holding_counted_pieces_did_not_measure_is_stored_unmeasured() -> None:
+    """FSDP, each rank sampling alone: rank 1's pieces count but it sent only cheap facts. The
+    job's step is unmeasured (no norms, no status, no grad_norm_total), never the norms and
+    status of rank 0's pieces alone, which would be too small."""
+    both = np.ones(3, bool)
+    got = combine(
+        [
+            sampled(0, [3.0, 4.0, 5.0], both, grad_norm_total=7.0, loss=1.0, **BYTES, mem__optimizer_bytes=8.0),
+            cheap(1, np.array([True, False, True]), loss=2.0, **BYTES),
+        ]
+    )
+    assert sorted(got.arrays) == ["backward_passes"]
+    assert got.arrays["backward_passes"].tolist() == [1.0, 1.0, 1.0]  # the lowest counted rank's
+    assert got.scalars == {"loss": 1.0, "mem/params_bytes": 200.0, RANKS_SCALAR: 2.0}
+    # the same ranks both measuring: a measured step of the global values
+    full = combine([sampled(0, [3.0, 4.0, 5.0], both, grad_norm_total=7.0), sampled(1, [4.0, 3.0, 12.0], both)])
+    assert full.arrays["grad_norm"].tolist() == [5.0, 5.0, 13.0]
+    assert full.arrays["grad_status"].tolist() == [NONZERO] * 3
+    assert full.scalars["grad_norm_total"] == pytest.approx(math.sqrt(25 + 25 + 169))
+
+
+BYTES = {"mem__params_bytes": 100.0}
+
+
+def test_ddp_needs_only_rank_0_to_measure_where_only_rank_0_counts() -> None:
+    ddp = np.ones(2, bool), np.zeros(2, bool)  # replicas count on rank 0 only
+    got = combine([sampled(0, [3.0, 4.0], ddp[0], grad_norm_total=0.0), cheap(1, ddp[1])])
+    assert got.arrays["grad_norm"].tolist() == [3.0, 4.0]
+    assert got.arrays["param_norm"].tolist() == [4.0, 5.0]
+    assert got.arrays["grad_status"].tolist() == [NONZERO, NONZERO]
+    assert got.scalars["grad_norm_total"] == 5.0
+    # rank 0 did not measure, rank 1 did: rank 1's pieces count nowhere, so nothing is known
+    flipped = combine([cheap(0, ddp[0]), sampled(1, [3.0, 4.0], ddp[1], grad_norm_total=5.0)])
+    assert sorted(flipped.arrays) == ["backward_passes"] and "grad_norm_total" not in flipped.scalars
+    # rank 0 lost: no rank present holds a counted piece, so the step is unmeasured too
+    alone = combine([sampled(1, [3.0, 4.0], ddp[1], grad_norm_total=5.0)])
+    assert sorted(alone.arrays) == ["backward_passes"] and "grad_norm_total" not in alone.scalars
+
+
+def test_a_norm_a_rank_holding_a_counted_piece_did_not_send_is_absent_there() -> None:
+    """Both ranks measured, but only rank 0 sent exp_avg_norm: where rank 1's piece counts, the
+    global exp_avg_norm is unknown (ABSENT), not rank 0's piece alone."""
+    r0 = sampled(0, [1.0, 1.0], np.ones(2, bool))
+    r0.arrays = {**r0.arrays, "exp_avg_norm": f32s(2.0, 2.0)}
+    r1 = sampled(1, [1.0, 1.0], np.array([True, False]))
+    got = combine([r0, r1]).arrays["exp_avg_norm"]
+    assert is_absent(got[0]) and float(got[1]) == 2.0
 
 
 def f32s(*values: float) -> np.ndarray:
@@ -193,15 +253,35 @@ def test_scalars_by_family() -> None:
     }
 
 
-def test_grad_norm_total_leaves_out_absent_and_infinite_entries_and_is_nan_with_a_nan() -> None:
+def test_grad_norm_total_is_inf_with_an_inf_nan_with_a_nan_and_leaves_out_absent_entries() -> None:
+    """The hook's own rule (sqrt of the sum of squares of every entry but ABSENT, in float64): an
+    infinite gradient makes the total infinite, a NaN makes it NaN whatever else is there."""
     absent = np.array([ABSENT_BITS], dtype="<u4").view("<f4")[0]
-    grad = np.array([3.0, np.inf, absent, 4.0], dtype="<f4")
-    one = Piece(0, 1.0, {"grad_norm_total": 0.0}, {"grad_norm": grad}, np.ones(4, dtype=bool))
-    assert combine([one]).scalars["grad_norm_total"] == 5.0
-    grad_nan = grad.copy()
-    grad_nan[0] = np.nan
-    nan = Piece(0, 1.0, {"grad_norm_total": 0.0}, {"grad_norm": grad_nan}, np.ones(4, dtype=bool))
-    assert math.isnan(combine([nan]).scalars["grad_norm_total"])
+
+    def total(*grad: float) -> float:
+        one = Piece(0, 1.0, {"grad_norm_total": 0.0}, {"grad_norm": np.array(grad, dtype="<f4")}, np.ones(4, bool))
+        return combine([one]).scalars["grad_norm_total"]
+
+    assert total(3.0, 0.0, absent, 4.0) == 5.0
+    assert total(3.0, np.inf, absent, 4.0) == math.inf
+    assert math.isnan(total(np.nan, np.inf, absent, 4.0))
+    assert math.isnan(total(3.0, np.nan, absent, 4.0))
+    # the oracle on random arrays: Python floats, ABSENT left out
+    rng = np.random.default_rng(3)
+    for _ in range(20):
+        grad = np.exp(rng.uniform(-30, 45, 50)).astype("<f4")
+        special = rng.random(50)
+        grad[special < 0.03] = np.nan
+        grad[(special >= 0.03) & (special < 0.08)] = np.inf
+        grad.view("<u4")[(special >= 0.08) & (special < 0.2)] = ABSENT_BITS
+        piece = Piece(0, 1.0, {"grad_norm_total": 0.0}, {"grad_norm": grad}, np.ones(50, bool))
+        want = oracle_norm(list(grad))
+        got = combine([piece]).scalars["grad_norm_total"]
+        assert want is not None
+        if math.isnan(want):
+            assert math.isnan(got)
+        else:
+            assert got == pytest.approx(want, rel=1e-9)
 
 
 def test_desync_counts_the_replicas_that_differ_from_rank_0() -> None:
@@ -221,6 +301,13 @@ def test_desync_counts_the_replicas_that_differ_from_rank_0() -> None:
     assert ranks == {2: 2}
     step = with_desync(combine([piece(0, base, [2] * 4), off]), [piece(0, base, [2] * 4), off], replicated)
     assert step.scalars[f"{DESYNC_PREFIX}2"] == 2.0 and DESYNC_METRIC in step.arrays
+    # a rank that did not measure the step is not compared; nor is an unmeasured job step
+    unmeasured = Piece(1, 0.0, {}, {"backward_passes": f32s(1, 1, 1, 1)}, np.zeros(count, bool))
+    found = desync([piece(0, base, [2] * 4), unmeasured, off], replicated)
+    assert found is not None and found[1] == {2: 2}
+    sharded = np.array([True, True, True, True])
+    halves = [piece(0, base, [2] * 4), Piece(1, 0.0, {}, {"backward_passes": f32s(1, 1, 1, 1)}, sharded)]
+    assert DESYNC_METRIC not in with_desync(combine(halves), halves, replicated).arrays
     # no replicated parameter, or rank 0 missing: the rule does not apply
     assert desync([piece(0, base, [2] * 4), off], np.zeros(count, bool)) is None
     assert desync([same, off], replicated) is None

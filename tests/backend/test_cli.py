@@ -12,9 +12,10 @@ from pathlib import Path
 import numpy as np
 import pyarrow.parquet as pq
 import pytest
+from pydantic import ValidationError
 
 from gradwatch_server.settings import Settings
-from support.server import ServerProcess, server_command, server_env, start_server
+from support.server import ServerProcess, find_free_port, server_command, server_env, start_server
 from support.wiremsg import Hook, close, f32, hello, step, with_absent
 
 
@@ -149,15 +150,42 @@ def test_import_refuses_what_is_not_an_export(tmp_path: Path) -> None:
     assert result.returncode == 1 and "cannot read" in result.stderr
 
 
+#: Rank timeouts refused alike on the command line and in the environment: not finite, or so
+#: small that the timer looking for lost ranks would spin.
+BAD_RANK_TIMEOUTS = ("0", "-1", "inf", "-inf", "nan", "1e-9", "0.099")
+
+
 def test_serve_takes_a_rank_timeout() -> None:
     help_text = " ".join(gradwatch("serve", "--help").stdout.split())
     assert "--rank-timeout SECONDS" in help_text and "then 30" in help_text and "partial" in help_text
-    for bad in ("0", "-1", "soon", "inf"):
-        result = gradwatch("serve", "--rank-timeout", bad)
+    for bad in BAD_RANK_TIMEOUTS:
+        result = gradwatch("serve", f"--rank-timeout={bad}")
         assert result.returncode == 2 and "--rank-timeout" in result.stderr, result.stderr
+        assert "finite number of seconds of at least 0.1" in result.stderr and "pass e.g. 30" in result.stderr
+    result = gradwatch("serve", "--rank-timeout", "soon")
+    assert result.returncode == 2 and "not a number of seconds: 'soon'" in result.stderr, result.stderr
     assert Settings.from_env({}).rank_timeout_s == 30.0
     assert Settings.from_env({"GRADWATCH_RANK_TIMEOUT_S": "2.5"}).rank_timeout_s == 2.5
+    assert Settings.from_env({"GRADWATCH_RANK_TIMEOUT_S": "0.1"}).rank_timeout_s == 0.1
     assert Settings.from_env({"GRADWATCH_RANK_TIMEOUT_S": "2.5"}, rank_timeout_s=4.0).rank_timeout_s == 4.0
+
+
+@pytest.mark.parametrize("bad", BAD_RANK_TIMEOUTS)
+def test_serve_refuses_a_bad_rank_timeout_from_the_environment(bad: str, tmp_path: Path) -> None:
+    with pytest.raises(ValidationError, match="finite number of seconds of at least 0.1"):
+        Settings.from_env({"GRADWATCH_RANK_TIMEOUT_S": bad})
+    try:
+        result = subprocess.run(
+            [*server_command(), "serve", "--db", str(tmp_path / "x.db"), "--port", str(find_free_port())],
+            capture_output=True,
+            text=True,
+            timeout=30,
+            env=server_env({"GRADWATCH_RANK_TIMEOUT_S": bad}),
+        )
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"gradwatch serve started with GRADWATCH_RANK_TIMEOUT_S={bad}")
+    assert result.returncode == 2, result.stderr
+    assert "invalid setting: rank_timeout_s" in result.stderr and "pass e.g. 30" in result.stderr, result.stderr
 
 
 def test_settings_come_from_an_injected_environment() -> None:

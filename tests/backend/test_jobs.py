@@ -21,7 +21,10 @@ import pytest
 from websockets.sync.client import connect
 
 from gradwatch_server.diagnostics import Diagnostics
+from gradwatch_server.jobs import JobAssembler
+from gradwatch_server.live import LiveHub
 from gradwatch_server.store import open_store
+from support.asgi import in_process_server
 from support.databases import new_database
 from support.server import ServerProcess, start_server
 from support.wiremsg import Hook, close, f32, hello, rank_hello, step
@@ -361,3 +364,252 @@ def test_ranks_on_two_servers_of_one_postgresql_database_assemble_each_step_once
         finally:
             a.stop()
             b.stop()
+
+
+def test_grad_norm_total_of_a_job_step_is_infinite_with_an_infinite_gradient_and_nan_with_a_nan(
+    srv: ServerProcess, http: httpx.Client
+) -> None:
+    """As the hook's own total: the global grad_norm's entries squared and added, so an infinite
+    local norm makes it infinite, a NaN makes it NaN (the ranks' own totals are not used)."""
+    with Hook(srv.ws_url) as r0, Hook(srv.ws_url) as r1:
+        r0.call(rank_hello("j-inf", 0, 2, **PIECES))
+        r1.call(rank_hello("j-inf", 1, 2, **PIECES))
+        send(r0, 1, 1, [math.inf, 3.0], [3, 2], grad_norm_total=0.0)
+        send(r1, 1, 1, [1.0, 4.0], grad_norm_total=0.0)
+        send(r0, 2, 2, [math.nan, math.inf], [3, 3], grad_norm_total=0.0)
+        send(r1, 2, 2, [1.0, 4.0], grad_norm_total=0.0)
+        send(r0, 3, 3, [1.0, 2.0], grad_norm_total=0.0)
+        send(r1, 3, 3, [2.0, 4.0], grad_norm_total=0.0)
+        r0.call(close(4))
+        r1.call(close(4))
+    stored = job_steps(srv.url, "j-inf")
+    totals = [stored[s]["scalars"]["grad_norm_total"] for s in (1, 2, 3)]
+    assert totals[:2] == ["Infinity", "NaN"], totals  # the JSON export's spelling (docs/api.md)
+    assert totals[2] == pytest.approx(math.sqrt(1 + 4 + 4 + 16), rel=1e-6)
+
+
+def send_cheap(hook: Hook, seq: int, index: int, **scalars: float) -> dict[str, Any]:
+    """An unmeasured step (not sampled on this rank): cheap facts only, no grad_status nor norms."""
+    return hook.call(
+        step(
+            seq,
+            index,
+            scalars={"loss": float(index), **{k.replace("__", "/"): v for k, v in scalars.items()}},
+            arrays={"backward_passes": f32(1.0, 1.0)},
+        )
+    )
+
+
+def test_a_step_a_rank_holding_counted_pieces_did_not_measure_is_stored_unmeasured(
+    srv: ServerProcess, http: httpx.Client
+) -> None:
+    """Each rank's every="auto" samples alone: at step 1 only rank 0 measured, at step 2 only
+    rank 1, at step 3 both. Both ranks' pieces count (FSDP), so steps 1 and 2 are unmeasured
+    job steps (cheap facts only), and step 3 has the global norms."""
+    with Hook(srv.ws_url) as r0, Hook(srv.ws_url) as r1:
+        r0.call(rank_hello("j-sampled", 0, 2, **PIECES))
+        r1.call(rank_hello("j-sampled", 1, 2, **PIECES))
+        send(r0, 1, 1, [3.0, 4.0], grad_norm_total=5.0, mem__params_bytes=10)
+        send_cheap(r1, 1, 1, mem__params_bytes=10)
+        send_cheap(r0, 2, 2, mem__params_bytes=10)
+        send(r1, 2, 2, [3.0, 4.0], grad_norm_total=5.0, mem__params_bytes=10)
+        send(r0, 3, 3, [3.0, 4.0], grad_norm_total=5.0)
+        send(r1, 3, 3, [4.0, 3.0], grad_norm_total=5.0)
+        r0.call(close(4))
+        r1.call(close(4))
+    stored = job_steps(srv.url, "j-sampled")
+    for index in (1, 2):
+        got = stored[index]
+        assert sorted(got["params"]) == ["backward_passes"], got["params"]
+        assert got["grad_status"] is None
+        assert "grad_norm_total" not in got["scalars"]
+        assert got["scalars"]["mem/params_bytes"] == 20.0 and got["scalars"]["dist/ranks"] == 2.0
+    weight = global_norm([(3.0, True), (4.0, True)])
+    assert stored[3]["params"]["grad_norm"] == [weight, weight]
+    assert stored[3]["grad_status"] == [2, 2]
+    assert stored[3]["scalars"]["grad_norm_total"] == pytest.approx(math.sqrt(2) * weight, rel=1e-6)
+    # the dashboard's gradient series have only the measured step
+    series = http.get("/api/runs/j-sampled/series", params={"key": "grad_norm_total"}).json()
+    assert series["step"] == [3]
+
+
+def test_ddp_steps_are_measured_when_rank_0_measured_them(srv: ServerProcess, http: httpx.Client) -> None:
+    """DDP: every piece counts on rank 0 only, so rank 0 measuring a step is enough; a step rank 0
+    did not measure is unmeasured even where rank 1 measured it."""
+    with Hook(srv.ws_url) as r0, Hook(srv.ws_url) as r1:
+        r0.call(rank_hello("j-ddp-auto", 0, 2, local_numel=[6, 3], counted=[True, True]))
+        r1.call(rank_hello("j-ddp-auto", 1, 2, local_numel=[6, 3], counted=[False, False]))
+        send(r0, 1, 1, [3.0, 4.0], grad_norm_total=5.0)
+        send_cheap(r1, 1, 1)
+        send_cheap(r0, 2, 2)
+        send(r1, 2, 2, [3.0, 4.0], grad_norm_total=5.0)
+        r0.call(close(3))
+        r1.call(close(3))
+    stored = job_steps(srv.url, "j-ddp-auto")
+    assert stored[1]["params"]["grad_norm"] == [3.0, 4.0] and stored[1]["grad_status"] == [2, 2]
+    assert stored[1]["scalars"]["grad_norm_total"] == 5.0
+    assert sorted(stored[2]["params"]) == ["backward_passes"] and stored[2]["grad_status"] is None
+    assert "grad_norm_total" not in stored[2]["scalars"]
+
+
+def test_the_timer_looking_for_lost_ranks_never_spins(tmp_path: Path) -> None:
+    """A quarter of the rank timeout, at least 0.05 s (and at most 5 s) between two looks."""
+    store = open_store(f"sqlite:///{tmp_path / 'x.db'}")
+    try:
+        for timeout, interval in ((0.1, 0.05), (1e-9, 0.05), (1.0, 0.25), (30.0, 5.0)):
+            assert JobAssembler(store, LiveHub(8), Diagnostics(store), timeout).interval_s == interval
+    finally:
+        store.close()
+
+
+def test_a_server_down_longer_than_the_rank_timeout_loses_no_rank(tmp_path: Path, db_url: str) -> None:
+    """Nothing is written while the server is down, so after a restart every rank looks silent
+    since before the outage: each still gets a full --rank-timeout from the restart to come back
+    and replay its spool, and the replayed steps are whole."""
+    timeout = ("--rank-timeout", "2")
+    server = start_server(tmp_path, db_url=db_url, crash_grace_s=60, args=timeout)
+    try:
+        with Hook(server.ws_url) as r0, Hook(server.ws_url) as r1:
+            r0.call(rank_hello("j-restart", 0, 2))
+            r1.call(rank_hello("j-restart", 1, 2))
+            send(r0, 1, 1, [3.0, 3.0])
+            send(r1, 1, 1, [4.0, 4.0])
+    finally:
+        server.stop()  # both hooks would keep training and spooling
+    time.sleep(3.0)  # longer than --rank-timeout
+    server = start_server(tmp_path, db_url=db_url, crash_grace_s=60, args=timeout)
+    try:
+        with Hook(server.ws_url) as r0, Hook(server.ws_url) as r1:
+            r0.call(rank_hello("j-restart", 0, 2))  # rank 0 comes back first and replays 2, 3
+            send(r0, 2, 2, [3.0, 3.0])
+            send(r0, 3, 3, [3.0, 3.0])
+            time.sleep(0.5)  # at least one look of the lost-rank timer (every 0.5 s)
+            r1.call(rank_hello("j-restart", 1, 2))
+            send(r1, 2, 2, [4.0, 4.0])
+            send(r1, 3, 3, [4.0, 4.0])
+            r0.call(close(4))
+            r1.call(close(4))
+        run = wait_for(lambda: (r := httpx.get(f"{server.url}/api/runs/j-restart").json())["status"] != "running" and r)
+        assert run and run["status"] == "finished" and run["steps"] == 3
+        stored = job_steps(server.url, "j-restart")
+        both = global_norm([(3.0, True), (4.0, True)])
+        assert [stored[s]["scalars"]["dist/ranks"] for s in (1, 2, 3)] == [2.0, 2.0, 2.0]
+        assert all(stored[s]["params"]["grad_norm"] == [both, both] for s in (1, 2, 3))
+        ranks = httpx.get(f"{server.url}/api/runs/j-restart/ranks").json()
+        assert ranks["partial"] == {"steps": 0, "ranges": []}
+        assert [r["lost"] for r in ranks["ranks"]] == [False, False]
+    finally:
+        server.stop()
+
+
+def test_a_disconnected_rank_is_waited_for_the_rank_timeout_not_the_crash_grace(tmp_path: Path, db_url: str) -> None:
+    """A rank whose connection dropped (a network blip, a restarting hook) is marked crashed only
+    after --rank-timeout, however short the crash grace: the job's steps wait for it meanwhile."""
+    server = start_server(tmp_path, db_url=db_url, crash_grace_s=0.2, args=("--rank-timeout", "4"))
+    try:
+        with Hook(server.ws_url) as r0:
+            r0.call(rank_hello("j-blip", 0, 2))
+            with Hook(server.ws_url) as r1:
+                r1.call(rank_hello("j-blip", 1, 2))
+                send(r0, 1, 1, [3.0, 3.0])
+                send(r1, 1, 1, [4.0, 4.0])
+            # rank 1's connection is gone, without a close
+            send(r0, 2, 2, [3.0, 3.0])
+            send(r0, 3, 3, [3.0, 3.0])
+            time.sleep(1.5)  # the crash grace many times over, and the timer's looks (every 1 s)
+            assert httpx.get(f"{server.url}/api/runs/j-blip.r1").json()["status"] == "running"
+            assert httpx.get(f"{server.url}/api/runs/j-blip").json()["steps"] == 1
+            with Hook(server.ws_url) as r1:
+                assert r1.call(rank_hello("j-blip", 1, 2))["last_seq"] == 1
+                send(r1, 2, 2, [4.0, 4.0])
+                send(r1, 3, 3, [4.0, 4.0])
+                r1.call(close(4))
+            r0.call(close(4))
+        stored = job_steps(server.url, "j-blip")
+        assert [stored[s]["scalars"]["dist/ranks"] for s in (1, 2, 3)] == [2.0, 2.0, 2.0]
+        assert httpx.get(f"{server.url}/api/runs/j-blip/ranks").json()["partial"]["steps"] == 0
+        # a rank that stays away is marked crashed once --rank-timeout has passed
+        with Hook(server.ws_url) as r0, Hook(server.ws_url) as r1:
+            r0.call(rank_hello("j-gone", 0, 2))
+            r1.call(rank_hello("j-gone", 1, 2))
+            send(r1, 1, 1, [4.0, 4.0])
+            r1.ws.close()  # gone without a close
+            started = time.monotonic()
+            crashed = wait_for(
+                lambda: httpx.get(f"{server.url}/api/runs/j-gone.r1").json()["status"] == "crashed", timeout=30
+            )
+            assert crashed and time.monotonic() - started >= 4.0 * 0.95
+            r0.call(close(1))
+    finally:
+        server.stop()
+
+
+def test_a_job_whose_other_ranks_never_said_hello_finishes_with_partial_steps(quick: ServerProcess) -> None:
+    """watch() called on rank 0 only of a job of two: rank 1 never reaches the server. Once rank 0
+    finished and rank 1 was not seen for --rank-timeout, the job is finished (every rank that
+    connected finished), its steps partial without rank 1, and the ranks endpoint lists rank 0
+    only (the dashboard names rank 1 as never reached)."""
+    started = time.monotonic()
+    with Hook(quick.ws_url) as r0:
+        r0.call(rank_hello("j-alone", 0, 2))
+        for i in (1, 2, 3):
+            send(r0, i, i, [3.0, 4.0])
+        r0.call(close(4))
+    run = wait_for(lambda: (r := httpx.get(f"{quick.url}/api/runs/j-alone").json())["status"] != "running" and r)
+    assert time.monotonic() - started >= RANK_TIMEOUT_S * 0.95  # rank 1 was waited for first
+    assert run and (run["status"], run["steps"]) == ("finished", 3)
+    ranks = httpx.get(f"{quick.url}/api/runs/j-alone/ranks").json()
+    assert ranks["world_size"] == 2
+    assert [(r["rank"], r["status"], r["lost"]) for r in ranks["ranks"]] == [(0, "finished", False)]
+    assert ranks["partial"] == {"steps": 3, "ranges": [{"first": 1, "last": 3, "missing": [1]}]}
+    assert [s["scalars"]["dist/ranks"] for s in job_steps(quick.url, "j-alone").values()] == [1.0] * 3
+    # the same with no step at all: nobody is ahead of rank 1, and still the job ends
+    with Hook(quick.ws_url) as r0:
+        r0.call(rank_hello("j-alone-empty", 0, 2))
+        r0.call(close(1))
+    run = wait_for(lambda: (r := httpx.get(f"{quick.url}/api/runs/j-alone-empty").json())["status"] != "running" and r)
+    assert run and (run["status"], run["steps"]) == ("finished", 0)
+
+
+def test_the_assembler_keeps_nothing_of_a_job_once_settled_or_deleted(tmp_path: Path) -> None:
+    """Its per-job state (lock, when first seen, findings told) lives while the job runs: a
+    finished job, a deleted one, and one settled by another worker (found by the timer) leave
+    nothing behind, however many jobs a long-lived server sees."""
+    url = f"sqlite:///{tmp_path / 'x.db'}"
+    with in_process_server(url, rank_timeout_s=0.4) as server, server.client() as http:
+        jobs = server.app.state.jobs
+
+        def held() -> frozenset[str]:
+            found: frozenset[str] = server.portal.call(jobs.held)
+            return found
+
+        for job in [f"j-mem{n}" for n in range(5)]:
+            with server.hook() as r0, server.hook() as r1:
+                r0.call(rank_hello(job, 0, 2))
+                r1.call(rank_hello(job, 1, 2))
+                assert wait_for(lambda name=job: name in held())
+                for i in (1, 2):
+                    send(r0, i, i, [1.0, 2.0], [0, 2])  # a parameter without gradient: a finding
+                    send(r1, i, i, [1.0, 2.0], [0, 2])
+                r0.call(close(3))
+                r1.call(close(3))
+            assert http.get(f"/api/runs/{job}").json()["status"] == "finished"
+        assert held() == frozenset()
+        with server.hook() as r0, server.hook() as r1:
+            r0.call(rank_hello("j-deleted", 0, 2))
+            r1.call(rank_hello("j-deleted", 1, 2))
+            send(r0, 1, 1, [1.0, 2.0])
+            send(r1, 1, 1, [1.0, 2.0])
+            assert held() == {"j-deleted"}
+            assert http.delete("/api/runs/j-deleted").status_code == 204
+            assert held() == frozenset()
+        with server.hook() as r0, server.hook() as r1:
+            r0.call(rank_hello("j-elsewhere", 0, 2))
+            r1.call(rank_hello("j-elsewhere", 1, 2))
+            assert wait_for(lambda: held() == {"j-elsewhere"})
+            other = open_store(url)  # another worker marks the job crashed
+            try:
+                assert other.mark_crashed("j-elsewhere", time.time() + 1)
+            finally:
+                other.close()
+            assert wait_for(lambda: held() == frozenset(), timeout=10)

@@ -3,11 +3,12 @@
 
 from __future__ import annotations
 
+import asyncio
 from typing import Annotated
 
 from fastapi import APIRouter, Query, Response
 
-from ..deps import DiagnosticsDep, RunDep, StoreDep, TokenDep
+from ..deps import DiagnosticsDep, JobsDep, RunDep, StoreDep, TokenDep
 from ..models import (
     MAX_TAG_LENGTH,
     GroupPublic,
@@ -52,10 +53,11 @@ def update_run(run: RunDep, update: RunUpdate, store: StoreDep) -> RunPublic:
 
 
 @router.delete("/{run_id}", dependencies=[TokenDep], status_code=204)
-def delete_run(run: RunDep, store: StoreDep, diagnostics: DiagnosticsDep) -> Response:
+async def delete_run(run: RunDep, store: StoreDep, diagnostics: DiagnosticsDep, jobs: JobsDep) -> Response:
     """Delete the run and all its data."""
-    store.delete_run(run.id)
+    await asyncio.to_thread(store.delete_run, run.id)
     diagnostics.forget(run.id)
+    jobs.forget(run.id)  # on the event loop, which the job assembler's state belongs to
     return Response(status_code=204)
 
 

@@ -148,13 +148,12 @@ class Store:
                 return _jobs.open_rank(conn, hello, self._clock())
 
     def assemble(
-        self, job: str, rank_timeout: float, first_seen: float, notify: NotifyInTransaction | None = None
+        self, job: str, rank_timeout: float, since: float, notify: NotifyInTransaction | None = None
     ) -> Assembly:
-        """Assemble the job's ready steps into its run, in one transaction (jobs.assemble)."""
+        """Assemble the job's ready steps into its run, in one transaction (jobs.assemble; ranks'
+        silence counts from `since` at the earliest)."""
         with self._write() as conn:
-            done = _jobs.assemble(
-                conn, job, self._clock(), rank_timeout, first_seen, self._known_names, self._tails, notify
-            )
+            done = _jobs.assemble(conn, job, self._clock(), rank_timeout, since, self._known_names, self._tails, notify)
         written = done.written
         if written is not None and written.changed:  # only once committed
             self._known_names |= written.names
@@ -172,12 +171,13 @@ class Store:
         with self._read() as conn:
             return _jobs.rank_runs(conn, job)
 
-    def lost_ranks(self, job: str, rank_timeout: float) -> list[int]:
-        """The ranks of a job that are lost now (jobs.lost_ranks): `--rank-timeout` is the setting's."""
+    def lost_ranks(self, job: str, rank_timeout: float, since: float | None = None) -> list[int]:
+        """The ranks of a job that are lost now (jobs.lost_ranks): `--rank-timeout` is the
+        setting's, `since` when the asking process first saw the job (None: the job's start)."""
         if not storable(job):
             return []
         with self._read() as conn:
-            return _jobs.lost_ranks(conn, job, self._clock(), rank_timeout)
+            return _jobs.lost_ranks(conn, job, self._clock(), rank_timeout, since)
 
     def partial_steps(self, job: str) -> list[tuple[int, list[int]]]:
         """A job's steps assembled without some rank: (step, missing ranks), by step."""

@@ -61,7 +61,7 @@ class _Rank:
     run_id: str | None  # None: this rank never said hello
     status: str | None
     last_step: int | None
-    heard: float  # server time it last wrote (its run's updated_at)
+    heard: float | None  # server time it last wrote (its run's updated_at); None: never said hello
 
     def behind(self, step: int | None) -> bool:
         return step is not None and (self.last_step is None or self.last_step < step)
@@ -126,7 +126,7 @@ def _check_params(conn: Connection, job: str, rank: int, hello: Hello) -> None:
     raise ParamsMismatch(f"rank {rank}'s parameters differ from those of job {job!r}: " + "; ".join(differ[:5]) + more)
 
 
-def _ranks(conn: Connection, job: str, world_size: int, first_seen: float) -> list[_Rank]:
+def _ranks(conn: Connection, job: str, world_size: int) -> list[_Rank]:
     found = {
         r.rank: _Rank(r.rank, r.id, r.status, r.last_step, r.updated_at)
         for r in conn.execute(
@@ -135,14 +135,23 @@ def _ranks(conn: Connection, job: str, world_size: int, first_seen: float) -> li
             )
         )
     }
-    return [found.get(r) or _Rank(r, None, None, None, first_seen) for r in range(world_size)]
+    return [found.get(r) or _Rank(r, None, None, None, None) for r in range(world_size)]
 
 
-def _lost(rank: _Rank, ranks: Sequence[_Rank], now: float, rank_timeout: float) -> bool:
-    """A running rank that sent nothing for `rank_timeout` while another rank is ahead."""
-    if rank.status not in (None, "running") or now - rank.heard < rank_timeout:
+def _lost(rank: _Rank, ranks: Sequence[_Rank], now: float, rank_timeout: float, since: float) -> bool:
+    """A running rank (or one that never said hello) that sent nothing for `rank_timeout` while
+    another rank is ahead; or one that never said hello, once every rank that did has closed
+    (nobody is left to be ahead of it: a job that watched rank 0 only).
+
+    Silence counts from its last write, or from `since` if later: when this server process first
+    saw the job. Nothing is written while the server is down, so after a restart every rank gets
+    a full `rank_timeout` to come back and replay its spool."""
+    heard = since if rank.heard is None else max(rank.heard, since)
+    if rank.status not in (None, "running") or now - heard < rank_timeout:
         return False
-    return any(rank.behind(other.last_step) for other in ranks if other.rank != rank.rank)
+    if any(rank.behind(other.last_step) for other in ranks if other.rank != rank.rank):
+        return True
+    return rank.run_id is None and all(o.status not in (None, "running") for o in ranks if o.run_id is not None)
 
 
 def _pieces_info(conn: Connection, run_ids: Sequence[str]) -> tuple[dict[str, np.ndarray], np.ndarray | None]:
@@ -191,18 +200,18 @@ def assemble(
     job: str,
     now: float,
     rank_timeout: float,
-    first_seen: float,
+    since: float,
     known: set[SeriesName],
     run_tails: tails.Tails,
     notify: NotifyInTransaction | None,
 ) -> Assembly:
     """Store in the job's run the steps ready to assemble (at most ASSEMBLE_CHUNK), mark those
     missing a rank in `partial_steps`, and once every rank has closed or is lost (and nothing is
-    left), set the job's status: finished if every rank finished, else crashed.
+    left), set the job's status: finished if every rank that said hello finished, else crashed.
 
-    A rank is last heard of when its run was last written (server time); one that never said
-    hello, at `first_seen`: when the caller first saw the job (server time: the job's
-    `created_at` is the hook's clock)."""
+    A rank is last heard of when its run was last written (server time), or at `since` if later
+    (one that never said hello, at `since`): when the caller's process first saw the job (server
+    time: the job's `created_at` is the hook's clock)."""
     parent: Any = conn.execute(
         select(runs.c.status, runs.c.world_size, runs.c.last_seq, runs.c.last_step, runs.c.steps, runs.c.parent_id)
         .where(runs.c.id == job)
@@ -212,8 +221,8 @@ def assemble(
     if parent is None or parent.world_size is None or parent.parent_id is not None:
         return done
     done.steps_before = parent.steps
-    ranks = _ranks(conn, job, parent.world_size, first_seen)
-    lost = {r.rank for r in ranks if _lost(r, ranks, now, rank_timeout)}
+    ranks = _ranks(conn, job, parent.world_size)
+    lost = {r.rank for r in ranks if _lost(r, ranks, now, rank_timeout, since)}
     waited = [r for r in ranks if r.status in (None, "running") and r.rank not in lost]
     present = [r for r in ranks if r.run_id is not None]
     have: dict[int, list[int]] = {}
@@ -239,7 +248,9 @@ def assemble(
         _write(conn, job, parent.world_size, parent.last_seq, ready, present, sets, now, known, run_tails, notify, done)
     done.more = bool(ready) and len(ready) == len(candidates) and bound is not None
     if not done.more and not waited and len(ready) == len(candidates):
-        status = "finished" if all(r.status == "finished" for r in ranks) else "crashed"
+        # Ranks that never said hello were lost waiting (a user who watched rank 0 only): the job
+        # finished if every rank that did connect finished; its steps stay partial.
+        status = "finished" if all(r.status == "finished" for r in present) else "crashed"
         if parent.status != status:
             conn.execute(update(runs).where(runs.c.id == job).values(status=status, finished_at=now, updated_at=now))
             done.status = status
@@ -322,13 +333,15 @@ def get_partial_steps(conn: Connection, job: str) -> list[tuple[int, list[int]]]
     ]
 
 
-def lost_ranks(conn: Connection, job: str, now: float, rank_timeout: float) -> list[int]:
-    """The job's ranks that are lost now: running, silent for `rank_timeout` while another rank
-    is ahead (a rank that never said hello is timed from the job's start, the hook's clock)."""
+def lost_ranks(conn: Connection, job: str, now: float, rank_timeout: float, since: float | None = None) -> list[int]:
+    """The job's ranks that are lost now (`_lost`, the assembly's rule), silence counted from
+    `since` at the earliest: when the asking process first saw the job (None: the job's start,
+    the hook's clock)."""
     parent = conn.execute(
         select(runs.c.world_size, runs.c.created_at).where(runs.c.id == job, runs.c.parent_id.is_(None))
     ).one_or_none()
     if parent is None or parent.world_size is None:
         return []
-    ranks = _ranks(conn, job, parent.world_size, parent.created_at)
-    return [r.rank for r in ranks if _lost(r, ranks, now, rank_timeout)]
+    ranks = _ranks(conn, job, parent.world_size)
+    floor = parent.created_at if since is None else since
+    return [r.rank for r in ranks if _lost(r, ranks, now, rank_timeout, floor)]
