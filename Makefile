@@ -48,11 +48,12 @@ demo: setup
 
 # Both cores: the tests run on two pytest-xdist workers, a test file per worker so that a module's
 # fixtures are built once; those whose assertions time something (the `integration` tier and the
-# `timed` marker) run afterwards on a quiet machine. Either run failing fails the target.
+# `timed` marker) run afterwards on a quiet machine. Both always run; either failing fails the target.
 TIMED := integration or timed
 test: setup-test
-	$(BIN)/python -m pytest -n 2 --dist loadfile -m "not ($(TIMED))"
-	$(BIN)/python -m pytest -m "$(TIMED)"
+	$(BIN)/python -m pytest -n 2 --dist loadfile -m "not ($(TIMED))" --durations=10; parallel=$$?; \
+	$(BIN)/python -m pytest -m "$(TIMED)" --durations=10; timed=$$?; \
+	test $$parallel -eq 0 && test $$timed -eq 0
 
 # The tiers are markers that tests/conftest.py gives each test (pytest.ini declares them). The
 # fast tier runs on every core (pytest-xdist), a test file per worker so that a module's fixtures

@@ -40,7 +40,7 @@ from .notify import Notifier, RunRef
 from .protocol import Close, Hello, ProtocolError, Step, Steps, parse_message
 from .sessions import Sessions
 from .settings import Settings
-from .store import ParamsMismatch, StepData, Store, UnknownRun
+from .store import ParamsMismatch, Run, StepData, Store, UnknownRun
 
 log = logging.getLogger("gradwatch.ingest")
 
@@ -51,6 +51,11 @@ CLOSE_SERVER_ERROR = 1011
 
 #: Messages validated but not yet stored; when full, the reader stops reading the socket.
 MAX_PENDING = 64
+
+#: How long a rank's close waits for the job's run to hold that rank's last step, so that the
+#: job's findings (found when the last rank's steps arrive) reach every rank before it ends.
+#: Bounded well under the hook's own close timeout (5 s by default): nothing waits on it for data.
+JOB_CLOSE_WAIT_S = 2.0
 
 
 class State(enum.Enum):
@@ -322,6 +327,12 @@ class IngestConnection:
         self.state = State.CLOSED
         if self.job is not None:  # a closed rank is waited for no more
             await self._assemble()
+            job = await self._await_job()
+            if job is not None:  # its stored findings: the job may have ended, its state dropped
+                found = await asyncio.to_thread(
+                    self.diagnostics.findings, job.id, steps=job.steps, running=job.status == "running"
+                )
+                await self._send_findings(found)
             await self._send({"type": "ack", "seq": close.seq})
             return
         try:
@@ -333,6 +344,25 @@ class IngestConnection:
             run = await asyncio.to_thread(self.store.get_run, self.run_id)
             if run is not None:
                 self.hub.publish_run(run)
+
+    async def _await_job(self) -> Run | None:
+        """Wait, at most JOB_CLOSE_WAIT_S, until the job's run holds this rank's last step (the
+        other ranks' connections assemble it) or the job has ended; the job's run then (None if
+        it or this rank's run is gone)."""
+        assert self.job is not None
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + JOB_CLOSE_WAIT_S
+        while True:
+            mine, job = await asyncio.gather(
+                asyncio.to_thread(self.store.get_run, self.run_id), asyncio.to_thread(self.store.get_run, self.job)
+            )
+            if mine is None or job is None:
+                return None
+            if job.status != "running" or mine.last_step is None or loop.time() >= deadline:
+                return job
+            if job.last_step is not None and job.last_step >= mine.last_step:
+                return job
+            await asyncio.sleep(0.05)
 
     async def _send(self, message: dict[str, object]) -> None:
         await self.ws.send_text(json.dumps(message, separators=(",", ":")))

@@ -161,7 +161,9 @@ class Watcher:
         # a server on this machine: its CPU per step is part of what watching costs
         self._cost = CostMeter(self._sampler, _on_this_machine(url), lambda: self._sender.server_cpu_per_step)
         _replay_in_background(url, token)
-        self._findings = FindingWarner(warn, self.url, callback=on_finding)
+        # A job's findings are one set: rank 0 shows them, as training scripts print on rank 0 only.
+        shows = warn and (self.dist is None or self.dist.rank == 0)
+        self._findings = FindingWarner(shows, self.url, callback=on_finding)
         self._sender.on_finding = self._findings
         self._step_began = time.perf_counter()  # where the first step's `time/step_s` starts
         self._handles = []
