@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import subprocess
 import sys
 from pathlib import Path
@@ -36,10 +35,9 @@ def torchrun(script: str, tmp_path: Path) -> list[list[dict[str, Any]]]:
         cwd=tmp_path,
     )
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-4000:]
-    printed = sorted(re.findall(r"^rank (\d): run (\w+) stream (\S+)$", done.stdout, re.M))
-    assert len(printed) == 2, done.stdout
-    job = printed[0][1]
-    assert printed == [("0", job, f"{job}.r0"), ("1", job, f"{job}.r1")]
+    ids = [(tmp_path / "out" / f"ids.rank{rank}").read_text().split() for rank in (0, 1)]
+    job = ids[0][0]
+    assert ids == [[job, f"{job}.r0"], [job, f"{job}.r1"]], ids
     files = sorted(p.name for p in pending_spools(spool))
     assert files == [f"{job}.r0.spool", f"{job}.r1.spool"], files
     return [[json.loads(text) for text in read_records(spool / name)[0]] for name in files]

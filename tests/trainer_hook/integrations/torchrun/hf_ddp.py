@@ -1,6 +1,6 @@
 """A tiny GPT-2 trained by the Hugging Face Trainer with DDP on 2 CPU processes, watched by
 GradwatchCallback on every rank. Run by test_torchrun.py as
-`torchrun --nproc-per-node 2 hf_ddp.py OUT STEPS`; each rank prints its run id and stream id."""
+`torchrun --nproc-per-node 2 hf_ddp.py OUT STEPS`; each rank writes its run id and stream id to OUT/ids.rankR."""
 
 from __future__ import annotations
 
@@ -24,7 +24,9 @@ def main(out: str, steps: int) -> None:
     w = watching.watcher
     assert w is not None and w.dist is not None
     assert type(trainer.model_wrapped).__name__ == "DistributedDataParallel", type(trainer.model_wrapped)
-    print(f"rank {args.process_index}: run {w.run_id} stream {w.dist.stream_id}", flush=True)
+    # a file per rank: the ranks share torchrun's stdout, where their lines can interleave
+    Path(out).mkdir(parents=True, exist_ok=True)
+    Path(out, f"ids.rank{args.process_index}").write_text(f"{w.run_id} {w.dist.stream_id}")
 
 
 if __name__ == "__main__":

@@ -1,10 +1,11 @@
 """A tiny Lightning regression fitted by DDP on 2 CPU processes, watched by GradwatchCallback on
 every rank. Run by test_torchrun.py as `torchrun --nproc-per-node 2 lightning_ddp.py OUT STEPS`;
-each rank prints its run id and stream id."""
+each rank writes its run id and stream id to OUT/ids.rankR."""
 
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 from typing import Any
 
 import lightning.pytorch as L
@@ -50,7 +51,9 @@ def main(out: str, steps: int) -> None:
     trainer.fit(Regressor(), train_dataloaders=data)
     w = watching.watcher
     assert w is not None and w.dist is not None
-    print(f"rank {trainer.global_rank}: run {w.run_id} stream {w.dist.stream_id}", flush=True)
+    # a file per rank: the ranks share torchrun's stdout, where their lines can interleave
+    Path(out).mkdir(parents=True, exist_ok=True)
+    Path(out, f"ids.rank{trainer.global_rank}").write_text(f"{w.run_id} {w.dist.stream_id}")
 
 
 if __name__ == "__main__":
