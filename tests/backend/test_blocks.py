@@ -98,6 +98,21 @@ def _values(rng: np.random.Generator, step: int) -> np.ndarray:
 
 @pytest.fixture
 def run(db_url: str) -> Iterator[tuple[Store, Run]]:
+    """A run of its own, for the tests that change or reopen the database."""
+    store, written = _written(db_url)
+    yield store, written
+    store.close()
+
+
+@pytest.fixture(scope="module")
+def stored(module_db_url: str) -> Iterator[tuple[Store, Run]]:
+    """One run for the module's tests that only read it: writing it takes seconds a database."""
+    store, written = _written(module_db_url)
+    yield store, written
+    store.close()
+
+
+def _written(db_url: str) -> tuple[Store, Run]:
     """Steps written in batches, out of order, with gaps, a metric that starts late, and resends."""
     store = open_store(db_url)
     message = parse_message(json.dumps(hello("b", params=PARAMS)))
@@ -131,8 +146,7 @@ def run(db_url: str) -> Iterator[tuple[Store, Run]]:
         store.write_steps("b", batch)
     resent = [StepData(seq + 1, 40, 40.0, {}, {"grad_norm": np.zeros(P, "<f4").tobytes()})]
     assert store.write_steps("b", resent) == [False]  # a step already stored changes nothing
-    yield store, written
-    store.close()
+    return store, written
 
 
 def _naive(values: dict[int, np.ndarray], first: int, last: int, index: int) -> tuple[float, float, float, bool]:
@@ -158,9 +172,9 @@ def _bucket_ends(step: list[int], end: int) -> list[tuple[int, int]]:
     "start,end,points", [(None, None, 50), (None, None, 7), (333, 5555, 40), (1017, 2222, 20), (5000, 9999, 30)]
 )
 def test_long_windows_from_blocks_match_the_raw_steps(
-    run: tuple[Store, Run], metric: str, start: int | None, end: int | None, points: int
+    stored: tuple[Store, Run], metric: str, start: int | None, end: int | None, points: int
 ) -> None:
-    store, written = run
+    store, written = stored
     params = store.get_params("b")
     names = [PARAMS[0], PARAMS[5], PARAMS[66], PARAMS[64]]
     body = charts.param_series(store, "b", params, metric, names, 5, "desc", start, end, points, raw_rows=0)
@@ -192,9 +206,9 @@ def test_long_windows_from_blocks_match_the_raw_steps(
                 assert same(number(heat.z[index][j]), max(present, key=lambda x: (abs(x), x))), (index, a, b)
 
 
-def test_heatmap_f32_from_blocks_holds_the_json_cells(run: tuple[Store, Run]) -> None:
+def test_heatmap_f32_from_blocks_holds_the_json_cells(stored: tuple[Store, Run]) -> None:
     """encoding=f32 over long windows (blocks inside, raw steps at the edges): the JSON form's cells."""
-    store, _ = run
+    store, _ = stored
     params = store.get_params("b")
     for metric in ("grad_norm", "exp_avg_norm", "grad_status"):
         for start, end, points in ((None, None, 50), (333, 5555, 40), (1017, 2222, 20)):
@@ -208,9 +222,9 @@ def test_heatmap_f32_from_blocks_holds_the_json_cells(run: tuple[Store, Run]) ->
 
 @pytest.mark.parametrize("start,end,points", [(None, None, 50), (333, 5555, 40), (1017, 2222, 3)])
 def test_long_scalar_windows_from_blocks_match_the_raw_steps(
-    run: tuple[Store, Run], start: int | None, end: int | None, points: int
+    stored: tuple[Store, Run], start: int | None, end: int | None, points: int
 ) -> None:
-    store, written = run
+    store, written = stored
     body = charts.scalar_series(store, "b", "loss", start, end, points, raw_rows=0)
     stored = sorted(s for s in written.loss if (start is None or s >= start) and (end is None or s <= end))
     assert body.downsampled and 1 < len(body.step) <= points and body.step[0] == stored[0]
@@ -222,8 +236,8 @@ def test_long_scalar_windows_from_blocks_match_the_raw_steps(
         assert math.copysign(1, got[0]) == math.copysign(1, low) or math.isnan(low)  # -0.0 stays -0.0
 
 
-def test_a_short_window_is_still_read_raw(run: tuple[Store, Run]) -> None:
-    store, written = run
+def test_a_short_window_is_still_read_raw(stored: tuple[Store, Run]) -> None:
+    store, written = stored
     body = charts.param_series(store, "b", store.get_params("b"), "grad_norm", [PARAMS[3]], 5, "desc", 100, 160, 2000)
     assert not body.downsampled and body.step == list(range(100, 161))
     raw = np.array([number(v) for v in body.series[0].value], dtype=np.float32)

@@ -8,9 +8,10 @@ import torch
 from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
 
 import gradwatch
+from gradwatch.distributed import job_rank
 from gradwatch.layout import build_layout
 from gradwatch.measure import Probe
-from gradwatch.pieces import job_rank, strip_names
+from gradwatch.pieces import strip_names
 from support.sent import measured, sent_steps
 
 NOWHERE = "http://127.0.0.1:9"

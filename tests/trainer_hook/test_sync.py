@@ -244,6 +244,7 @@ def test_the_hook_installed_alone_syncs(tmp_path: Path, spool_dir: Path) -> None
         .decode()
     )
     assert "gradwatch-sync = gradwatch.__main__:sync_main" in entry_points
+    assert "gradwatch/py.typed" in zipfile.ZipFile(wheel).namelist()  # users' type checkers read our hints
     site = tmp_path / "site"
     install = subprocess.run(
         [sys.executable, "-m", "pip", "install", "--no-deps", "-q", "--target", str(site), str(wheel)],

@@ -119,6 +119,16 @@ def join(name: Optional[str] = None, env: Mapping[str, str] = os.environ) -> Opt
     return Rank(job, place.rank, place.world_size, place.local_rank, place.backend, name)
 
 
+def job_rank(env: Mapping[str, str] = os.environ) -> Optional[int]:
+    """This process's rank in a job of several processes (the default process group's once
+    initialised, else torchrun's `RANK`), None when it runs alone. Never raises."""
+    try:
+        place = _place(env)
+    except Exception:  # a torch.distributed without what we read: no job
+        return None
+    return None if place is None else place.rank
+
+
 def _place(env: Mapping[str, str]) -> Optional[_Place]:
     """Rank, world size, local rank and backend, from the default process group if there is one,
     else from torchrun's environment; None for a single process."""

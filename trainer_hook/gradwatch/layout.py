@@ -11,7 +11,8 @@ from typing import Any, Optional
 
 import torch
 
-from .pieces import Piece, View, job_rank, pieces, strip_names, wrapper_paths
+from .distributed import job_rank
+from .pieces import Piece, View, pieces, strip_names, wrapper_paths
 
 #: Hyperparameters worth showing per param group; others (e.g. `params`, callables) are skipped.
 _HPARAM_TYPES = (int, float, bool, str, type(None))
@@ -46,7 +47,7 @@ class Layout:
     unoptimized: list[str] = field(default_factory=list)
     #: optimizer parameters with requires_grad=False: no gradient is expected for them
     frozen: list[str] = field(default_factory=list)
-    #: this process's rank in a distributed job (`pieces.job_rank()`), None when it runs alone
+    #: this process's rank in a distributed job (`distributed.job_rank()`), None when it runs alone
     rank: Optional[int] = None
 
     def hello_params(self) -> list[dict[str, Any]]:
@@ -136,7 +137,7 @@ _UNSET: Any = object()
 def build_layout(optimizers: Sequence[torch.optim.Optimizer], model: Any, rank: Optional[int] = _UNSET) -> Layout:
     """The reported parameters of `optimizers` (each FSDP1 FlatParameter expanded into its
     original parameters), named from `model` without the path components of its wrappers. `rank`: this
-    process's rank in a distributed job, None alone (default: `pieces.job_rank()`)."""
+    process's rank in a distributed job, None alone (default: `distributed.job_rank()`)."""
     if rank is _UNSET:
         rank = job_rank()
     named = named_parameters(model)

@@ -12,13 +12,14 @@ torch keeps on this rank. The rules: docs/design.md, "Exact global norms from lo
 from __future__ import annotations
 
 import logging
-import os
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Optional
 
 import torch
+
+from .distributed import job_rank
 
 log = logging.getLogger("gradwatch")
 
@@ -67,19 +68,6 @@ class Piece:
         return self.tensor if self.accumulates is None else self.accumulates
 
 
-def job_rank() -> Optional[int]:
-    """This process's rank in a distributed job, or None when it runs alone: the default
-    process group's rank once initialised, else torchrun's `RANK` when `WORLD_SIZE` > 1."""
-    if torch.distributed.is_available() and torch.distributed.is_initialized():
-        return int(torch.distributed.get_rank())
-    try:
-        if int(os.environ.get("WORLD_SIZE", "1")) > 1:
-            return int(os.environ["RANK"])
-    except (KeyError, ValueError):
-        pass
-    return None
-
-
 def is_dtensor(t: torch.Tensor) -> bool:
     return DTensor is not None and isinstance(t, DTensor)
 
@@ -108,7 +96,7 @@ class FlatSlice:
 def pieces(params: Sequence[torch.Tensor], names: dict[int, str], model: Any, rank: Optional[int]) -> list[list[Piece]]:
     """The reported pieces of each of `params` (the optimizer's tensors; an FSDP1 FlatParameter
     has one per original parameter), named from `names` (id -> name, wrappers not stripped yet).
-    `model` is searched for FSDP1 modules; `rank` is `job_rank()`."""
+    `model` is searched for FSDP1 modules; `rank` is `distributed.job_rank()`."""
     fsdp1 = _fsdp1_handles(model)
     out: list[list[Piece]] = []
     unfound = False
