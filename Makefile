@@ -96,6 +96,7 @@ $(BENCH_VENV)/.stamp: benchmarks/requirements-mlflow.txt
 
 bench: setup-test $(VENV)/.stamp-bench-peers $(BENCH_VENV)/.stamp
 	$(BIN)/python benchmarks/overhead.py
+	$(BIN)/python benchmarks/unmeasured_step.py
 	$(BIN)/python benchmarks/distributed.py
 	$(BIN)/python benchmarks/dashboard.py
 	$(BIN)/python benchmarks/storage.py

@@ -583,8 +583,10 @@ def watch(
     how grads were cleared, `.grad` bytes, AMP scale, CUDA memory counters): no device work.
 
     every: measure every N-th `optimizer.step()`, or "auto" to keep what watching costs within 1%
-        of the step time (the hook's threads, and a server on this machine: its acks say its CPU). updates: also measure `update_norm`/`update_ratio` (holds one copy of the
-        parameters during sampled steps). warn: show each diagnostic once as a Python warning.
+        of the step time (the hook's threads, and a server on this machine: its acks say its CPU).
+    updates: also measure `update_norm`/`update_ratio` (holds one copy of the
+        parameters during sampled steps).
+    warn: show each diagnostic once as a Python warning.
     config: the user's own mapping (hyperparameters...), recorded with the run (its config's `user`),
         beside the context the hook records (optimizer, versions, host, command line, git commit:
         gradwatch/context.py).
