@@ -582,8 +582,9 @@ def watch(
     Steps that are not sampled still send their cheap facts (learning rates, backward passes,
     how grads were cleared, `.grad` bytes, AMP scale, CUDA memory counters): no device work.
 
-    every: measure every N-th `optimizer.step()`, or "auto" to keep what watching costs within 1%
+    every: measure every N-th `optimizer.step()`, or "auto" to keep what measuring costs within 1%
         of the step time (the hook's threads, and a server on this machine: its acks say its CPU).
+        Every step, measured or not, also pays the per-tensor gradient hooks (docs/benchmarks.md).
     updates: also measure `update_norm`/`update_ratio` (holds one copy of the
         parameters during sampled steps).
     warn: show each diagnostic once as a Python warning.
