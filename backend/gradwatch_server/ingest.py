@@ -26,7 +26,7 @@ import asyncio
 import enum
 import json
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 from fastapi import WebSocket, WebSocketDisconnect
 from starlette.websockets import WebSocketDisconnected
@@ -263,7 +263,7 @@ class IngestConnection:
             raise _deleted(self.run_id) from None
         new = [data for data, is_new in zip(batch, stored) if is_new]
         if self.job is not None:
-            await self._assemble()
+            await self._assemble([d.step for d in new])
         elif new:
             await self._report(lambda run_id: self.diagnostics.observe(run_id, new))
         ack: dict[str, object] = {
@@ -297,13 +297,13 @@ class IngestConnection:
             self.reported[finding.code] = public
             self.hub.publish_finding(self.run_id, public)
 
-    async def _assemble(self) -> None:
-        """A rank's batch is committed: assemble the job's ready steps; send this hook the job's
-        new findings (before the ack that follows)."""
+    async def _assemble(self, stored: Sequence[int] = ()) -> None:
+        """A rank's batch is committed (its new steps `stored`): assemble the job's ready steps;
+        send this hook the job's new findings (before the ack that follows)."""
         if self.jobs is None or self.job is None:
             return
         try:
-            found = await self.jobs.assemble(self.job)
+            found = await self.jobs.assemble(self.job, late=stored)
         except Exception:  # the rank's steps are committed: the job's timer assembles them later
             log.exception("assembly of job %s failed", self.job)
             return

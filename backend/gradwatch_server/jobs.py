@@ -110,29 +110,35 @@ class JobAssembler:
         """The jobs this process keeps state for (their status is not settled yet)."""
         return frozenset(self._jobs)
 
-    async def assemble(self, job: str) -> list[Finding] | None:
-        """Assemble what is ready of `job`; its current findings if steps were added, else None."""
+    async def assemble(self, job: str, late: Sequence[int] = ()) -> list[Finding] | None:
+        """Assemble what is ready of `job`; its current findings if steps were added, else None.
+        `late`: the steps a rank's batch just stored (its partial job steps may be complete now)."""
         state = self._job(job)
         state.users += 1
         try:
             async with state.lock:
-                return await self._assemble(job, state)
+                return await self._assemble(job, state, late)
         finally:
             state.users -= 1
             self._release(job, state)
 
-    async def _assemble(self, job: str, state: _Job) -> list[Finding] | None:
+    async def _assemble(self, job: str, state: _Job, late: Sequence[int]) -> list[Finding] | None:
         notify = self._hub.steps_notice(job)
         new: list[StepData] = []
         status: str | None = None
         before: int | None = None
         while True:
-            done = await asyncio.to_thread(self._store.assemble, job, self.rank_timeout_s, state.first_seen, notify)
+            done = await asyncio.to_thread(
+                self._store.assemble, job, self.rank_timeout_s, state.first_seen, notify, late
+            )
+            late = ()
             before = done.steps_before if before is None else before
             new += done.steps
             status = done.status or status
             if done.partial:
                 log.info("job %s: steps %s assembled without ranks %s", job, min(done.partial), done.partial)
+            if done.completed:
+                log.info("job %s: partial steps %s..%s complete now", job, done.completed[0], done.completed[-1])
             if not done.more:
                 break
         found = None

@@ -2,8 +2,8 @@
 
 Storing a batch closes the blocks it completes, and the smallest summarize raw steps that earlier
 batches mostly stored: computing them from these tails saves reading those steps back. A tail is
-trusted only while the run's (stored steps, last step) in the database still match it (read
-under the run's lock); any other write, a failed transaction or a deleted run makes it match
+trusted only while the run's (stored steps, last step, last seq) in the database still match it
+(read under the run's lock); any other write, a failed transaction or a deleted run makes it match
 nothing, and the store reads the database instead. It covers only steps from its start on.
 Why: docs/design.md, Tails.
 """
@@ -35,15 +35,21 @@ class Step(Protocol):
     def arrays(self) -> Mapping[str, bytes]: ...
 
 
+#: What a run's row says of its steps when a tail is kept: (stored steps, last step, last seq).
+#: The last seq tells a tail from one kept before steps were rewritten in place (a job's partial
+#: steps re-assembled: store/jobs.py), which leaves the same count and last step.
+Token = tuple[int | None, ...]
+
+
 @dataclass(frozen=True)
 class Tail:
-    token: tuple[int, int | None]  # (stored steps, last step) of the run when it was kept
+    token: Token  # the run's Token when it was kept
     start: int  # first step of the open block: every stored step from here on is in `steps`
     steps: tuple[Step, ...]
 
 
 def next_tail(
-    tail: Tail | None, new: Sequence[Step], before: int | None, after: int | None, token: tuple[int, int | None]
+    tail: Tail | None, new: Sequence[Step], before: int | None, after: int | None, token: Token
 ) -> Tail | None:
     """The tail after storing `new` (the run's last step going from `before` to `after`), given
     the tail that matched before it (None: none did, or it did not cover the new steps)."""
@@ -68,7 +74,7 @@ class Tails:
         self._tails: OrderedDict[str, Tail] = OrderedDict()
         self._lock = threading.Lock()
 
-    def get(self, run_id: str, token: tuple[int, int | None]) -> Tail | None:
+    def get(self, run_id: str, token: Token) -> Tail | None:
         """The run's tail if it is what the database holds now (`token`), else None."""
         if token[0] == 0:
             return Tail(token, 0, ())  # nothing stored: nothing to read back

@@ -305,9 +305,18 @@ def test_a_silent_rank_is_lost_after_the_timeout_and_its_steps_are_partial(quick
             assert [r.rank for r in store.rank_runs("j-lost")] == [0, 1]
         finally:
             store.close()
-        send(r1, 2, 2, [5.0, 5.0])  # late: it stays in rank 1's run only
+        send(r1, 2, 2, [5.0, 5.0])  # late: step 2 is assembled again with it, step 3 stays partial
         assert job_steps(quick.url, "j-lost.r1")[2]["params"]["grad_norm"] == [5.0, 5.0]
-        assert job_steps(quick.url, "j-lost")[2]["params"]["grad_norm"] == [1.0, 1.0]
+        again = job_steps(quick.url, "j-lost")
+        both = global_norm([(1.0, True), (5.0, True)])
+        assert again[2]["params"]["grad_norm"] == [both, both] and again[2]["scalars"]["dist/ranks"] == 2.0
+        assert again[3] == stored[3] and again[1] == stored[1]
+        store = open_store(quick.db_url)
+        try:
+            assert store.partial_steps("j-lost") == [(3, [1])]
+            assert store.get_run("j-lost").steps == 3  # type: ignore[union-attr]
+        finally:
+            store.close()
         r0.call(close(4))
         r1.call(close(3))
     status = wait_for(lambda: httpx.get(f"{quick.url}/api/runs/j-lost").json()["status"] != "running" or None)

@@ -34,18 +34,11 @@ from gradwatch_server.store import (
     create_db_engine,
     open_store,
 )
+from support.databases import Clock
 from support.server import server_env
 from support.wiremsg import ABSENT_BITS, f32, hello, with_absent
 
 SPECIAL = [math.nan, math.inf, -math.inf, -0.0, 0.0, 5e-324, 1.7976931348623157e308, -1.5, 1e20]
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 @pytest.fixture

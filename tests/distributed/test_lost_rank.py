@@ -1,6 +1,7 @@
 """A rank SIGKILLed in the middle of a real 2-rank job: the run is marked, nothing the surviving
 rank sent is lost, the steps after the dead rank's last one are partial, and the dead rank's
-spool, replayed by `python -m gradwatch sync`, completes its own child run.
+spool, replayed by `python -m gradwatch sync`, completes its own child run and the job's steps it
+was missing from.
 
 No collective after setup (each rank trains its own copy), so the survivor goes on as a real job
 would until its launcher noticed. The dead rank makes its death deterministic: it waits until
@@ -150,8 +151,28 @@ def test_a_killed_rank_marks_the_run_and_its_spool_completes_it(tmp_path: Path) 
         )
         assert sorted(child) == list(range(1, SPOOLED + 1))
         assert not list(spool.glob("*.spool"))  # delivered, deleted
-        # a rank's data that arrives after its steps were assembled stays in its child run
-        assert get(server.url, f"/api/runs/{job}/ranks")["partial"] == partial
+        # and the job's steps they were missing from are assembled again, whole; the rest stay partial
+        after = {
+            "steps": SURVIVOR_STEPS - SPOOLED,
+            "ranges": [{"first": SPOOLED + 1, "last": SURVIVOR_STEPS, "missing": [1]}],
+        }
+        assert wait_for("the completed steps", lambda: get(server.url, f"/api/runs/{job}/ranks")["partial"] == after)
         assert get(server.url, f"/api/runs/{job}")["steps"] == SURVIVOR_STEPS
+        again = exported(server.url, job)
+        assert [again[s]["scalars"]["dist/ranks"] for s in sorted(again)] == [2] * SPOOLED + [1] * (
+            SURVIVOR_STEPS - SPOOLED
+        )
+        own = exported(server.url, f"{job}.r0")  # plain parameters count on rank 0 alone
+        norms = [
+            {k: v for k, v in got.items() if k not in ("scalars", "desync_ranks")}
+            for got in (again[SPOOLED], own[SPOOLED])
+        ]
+        assert norms[0]["grad_norm"] and norms[0] == norms[1]
+        # the ranks train copies seeded apart: a completed step compares them as a whole step does
+        assert again[SPOOLED]["desync_ranks"] == stored[1]["desync_ranks"] == dict.fromkeys(stored[1]["grad_norm"], 1.0)
+        assert all(again[s]["grad_norm"] == own[s]["grad_norm"] for s in again)
+        assert [again[s]["scalars"]["loss"] for s in sorted(again)] == [
+            stored[s]["scalars"]["loss"] for s in sorted(stored)
+        ]
     finally:
         server.stop()

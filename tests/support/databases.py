@@ -27,3 +27,13 @@ def new_database(request: pytest.FixtureRequest, kind: str, folder: Path) -> Ite
         yield url
     finally:
         server.drop_database(url)
+
+
+class Clock:
+    """A store's clock (`open_store(..., clock=)`) that moves only when a test sets `now`."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now

@@ -148,12 +148,20 @@ class Store:
                 return _jobs.open_rank(conn, hello, self._clock())
 
     def assemble(
-        self, job: str, rank_timeout: float, since: float, notify: NotifyInTransaction | None = None
+        self,
+        job: str,
+        rank_timeout: float,
+        since: float,
+        notify: NotifyInTransaction | None = None,
+        late: Sequence[int] = (),
     ) -> Assembly:
         """Assemble the job's ready steps into its run, in one transaction (jobs.assemble; ranks'
-        silence counts from `since` at the earliest)."""
+        silence counts from `since` at the earliest; `late`: steps a rank has just stored, whose
+        partial job steps are assembled again where complete now)."""
         with self._write() as conn:
-            done = _jobs.assemble(conn, job, self._clock(), rank_timeout, since, self._known_names, self._tails, notify)
+            done = _jobs.assemble(
+                conn, job, self._clock(), rank_timeout, since, self._known_names, self._tails, notify, late
+            )
         written = done.written
         if written is not None and written.changed:  # only once committed
             self._known_names |= written.names

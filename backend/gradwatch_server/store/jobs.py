@@ -4,7 +4,9 @@ ranks' stored steps into the job's run (docs/protocol.md, "Distributed training"
 Each rank streams into its own run `JOB.rRANK` through the ordinary ingest path; `assemble`
 then writes into the job's run `JOB`, through the same `write_steps` as any run, every step
 that every waited-for rank has and the job's run lacks, in step order (the combination itself:
-assemble.py). It runs in one transaction that first locks the job's row (FOR UPDATE on
+assemble.py). A step stored without a lost rank (`partial_steps`) is assembled again, in place,
+once every rank it missed has stored it (a dead rank's spool replayed by `gradwatch sync`, a
+rank that was only slow): the job's values become exact and the step is no longer partial. It runs in one transaction that first locks the job's row (FOR UPDATE on
 PostgreSQL; SQLite has one writer), so ranks that land on different workers never assemble a
 step twice.
 """
@@ -17,12 +19,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
-from sqlalchemy import Connection, insert, select, update
+from sqlalchemy import Connection, delete, insert, select, update
 
 from .. import assemble as _assemble
 from .. import tails
 from ..protocol import Hello
-from ..schema import params, partial_steps, runs, steps
+from ..schema import param_metrics, params, partial_steps, runs, scalars, steps
 from .records import OpenedRun, ParamsMismatch, Run, StepData, StepRecord
 from .runs import get_series_names, open_run, to_run
 from .steps import NotifyInTransaction, SeriesName, Written, _fill, write_steps
@@ -49,6 +51,9 @@ class Assembly:
 
     steps: list[StepData] = field(default_factory=list)
     partial: dict[int, list[int]] = field(default_factory=dict)
+    #: partial steps assembled again now that their missing ranks sent them (not in `steps`:
+    #: they were stored, judged and sent to browsers before)
+    completed: list[int] = field(default_factory=list)
     more: bool = False
     status: str | None = None
     steps_before: int = 0  # the job's run's stored steps before these
@@ -204,10 +209,13 @@ def assemble(
     known: set[SeriesName],
     run_tails: tails.Tails,
     notify: NotifyInTransaction | None,
+    late: Sequence[int] = (),
 ) -> Assembly:
     """Store in the job's run the steps ready to assemble (at most ASSEMBLE_CHUNK), mark those
     missing a rank in `partial_steps`, and once every rank has closed or is lost (and nothing is
     left), set the job's status: finished if every rank that said hello finished, else crashed.
+    `late`: steps a rank has just stored; those that were partial and are complete now are
+    assembled again (`_complete`).
 
     A rank is last heard of when its run was last written (server time), or at `since` if later
     (one that never said hello, at `since`): when the caller's process first saw the job (server
@@ -247,6 +255,8 @@ def assemble(
     if ready:
         _write(conn, job, parent.world_size, parent.last_seq, ready, present, sets, now, known, run_tails, notify, done)
     done.more = bool(ready) and len(ready) == len(candidates) and bound is not None
+    if late:
+        _complete(conn, job, parent.world_size, late, present, now, known, run_tails, done)
     if not done.more and not waited and len(ready) == len(candidates):
         # Ranks that never said hello were lost waiting (a user who watched rank 0 only): the job
         # finished if every rank that did connect finished; its steps stay partial.
@@ -303,6 +313,58 @@ def _write(
             insert(partial_steps),
             [{"run_id": job, "step": s, "missing": json.dumps(m)} for s, m in done.partial.items()],
         )
+
+
+def _complete(
+    conn: Connection,
+    job: str,
+    world_size: int,
+    late: Sequence[int],
+    present: Sequence[_Rank],
+    now: float,
+    known: set[SeriesName],
+    run_tails: tails.Tails,
+    done: Assembly,
+) -> None:
+    """Assemble again those of the job's partial steps among `late` (steps a rank has just
+    stored) that every rank they missed has stored by now: their rows in the job's run are
+    replaced, in this transaction, and their closed blocks recomputed (write_steps; the run's new
+    last seq retires any tail kept of it). Browsers are not sent them again: a page loaded from
+    now on reads the new values."""
+    wanted = sorted(set(late))
+    rows: list[Any] = []
+    for lo in range(0, len(wanted), ASSEMBLE_CHUNK):
+        rows += conn.execute(
+            select(partial_steps.c.step, partial_steps.c.missing).where(
+                partial_steps.c.run_id == job, partial_steps.c.step.in_(wanted[lo : lo + ASSEMBLE_CHUNK])
+            )
+        ).all()
+    if not rows:
+        return
+    lo, hi = min(r.step for r in rows), max(r.step for r in rows)
+    sets = {
+        r.rank: set(
+            conn.execute(select(steps.c.step).where(steps.c.run_id == r.run_id, steps.c.step.between(lo, hi))).scalars()
+        )
+        for r in present
+        if r.run_id is not None
+    }
+    complete = sorted(
+        int(r.step) for r in rows if all(r.step in sets.get(int(rank), ()) for rank in json.loads(r.missing))
+    )
+    if not complete:
+        return
+    for table in (steps, scalars, param_metrics, partial_steps):
+        conn.execute(delete(table).where(table.c.run_id == job, table.c.step.in_(complete)))
+    conn.execute(update(runs).where(runs.c.id == job).values(steps=runs.c.steps - len(complete)))
+    last_seq = conn.execute(select(runs.c.last_seq).where(runs.c.id == job)).scalar_one()
+    again = Assembly()
+    _write(conn, job, world_size, last_seq, complete, present, sets, now, known, run_tails, None, again)
+    done.completed = [d.step for d in again.steps]
+    if again.written is not None:
+        if done.written is not None:
+            again.written.names |= done.written.names
+        done.written = again.written
 
 
 def running_jobs(conn: Connection) -> list[str]:

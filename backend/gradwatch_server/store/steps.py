@@ -90,7 +90,7 @@ def write_steps(
             conn.execute(select(func.pg_notify(*told)))
     top = max((d.step for d in new), default=None)
     after = last_step_before if top is None else top if last_step_before is None else max(top, last_step_before)
-    tail = run_tails.get(run_id, (locked.steps, last_step_before))
+    tail = run_tails.get(run_id, (locked.steps, last_step_before, locked.last_seq))
     tail = tail if tails.covers(tail, new) else None
     if top is not None:
         update_blocks(
@@ -114,7 +114,7 @@ def write_steps(
     return Written(
         stored,
         names,
-        tails.next_tail(tail, new, last_step_before, after, (locked.steps + len(new), after)),
+        tails.next_tail(tail, new, last_step_before, after, (locked.steps + len(new), after, last_seq)),
         changed=True,
     )
 
