@@ -166,7 +166,8 @@ metric_blocks = Table(
 
 # The steps of a job's parent run assembled without some rank (it had sent nothing for
 # --rank-timeout while others went on, or it closed early): `missing` is the JSON list of the
-# ranks that had not sent the step when it was assembled. A step sent late stays in its child run.
+# ranks that had not sent the step when it was assembled. Once every one of them has stored the
+# step it is assembled again and its row here goes (store/jobs.py).
 partial_steps = Table(
     "partial_steps",
     metadata,
