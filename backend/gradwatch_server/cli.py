@@ -142,6 +142,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="params (one row per step and parameter) or steps (one row per step, one column "
         "per scalar: loss, learning rates, grad_norm_total, memory, your scalars)",
     )
+    export.add_argument(
+        "--ranks",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="a distributed job's run: also each rank's own rows, with a `rank` column (default); "
+        "--no-ranks writes the job's global rows alone",
+    )
     export.add_argument("-o", "--output", metavar="FILE", help="write here (default: standard output)")
     _db_option(export)
 
@@ -321,8 +328,8 @@ def cmd_export(args: argparse.Namespace, env: Mapping[str, str], out: IO[str]) -
     try:
         run = _find_run(store, args.run)
         fmt = (STEP_FORMATS if args.table == "steps" else FORMATS)[args.format]
-        with _progress(export_steps(store, run), args.output is not None) as progress:
-            chunks = fmt.write(store, run, progress)
+        with _progress(export_steps(store, run, args.ranks), args.output is not None) as progress:
+            chunks = fmt.write(store, run, progress, ranks=args.ranks)
             if args.output is None:
                 sink = out.buffer if hasattr(out, "buffer") else None
                 for chunk in chunks:

@@ -7,7 +7,8 @@ IEEE values in Parquet; ABSENT is an empty CSV cell, null in JSON, a null in Par
 
 A distributed job's run (`export_sources`) exports its global rows, then each rank's own rows
 (its child run's, by rank), with a last column `rank`: empty (null) on the global rows, the
-rank on the others. A single-process run's export has no `rank` column.
+rank on the others. With `ranks=False` it exports its global rows alone, without the column, as
+a single-process run's export is.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ import tempfile
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import TypeVar
+from typing import Protocol, TypeVar
 
 import numpy as np
 import pyarrow as pa
@@ -49,17 +50,22 @@ Source = tuple[Run, int | None]
 T = TypeVar("T")
 
 
-def export_sources(store: Store, run: Run) -> list[Source]:
-    """The runs an export of `run` reads, in order: the run itself; for a distributed job's run,
-    then each rank's own run, by rank."""
-    if not is_job(run):
+def export_sources(store: Store, run: Run, ranks: bool = True) -> list[Source]:
+    """The runs an export of `run` reads, in order: the run itself; for a distributed job's run
+    (unless `ranks` is False), then each rank's own run, by rank."""
+    if not ranked(run, ranks):
         return [(run, None)]
     return [(run, None), *((child, child.rank) for child in store.rank_runs(run.id))]
 
 
-def export_steps(store: Store, run: Run) -> int:
+def ranked(run: Run, ranks: bool) -> bool:
+    """Whether an export of `run` has the `rank` column: a job's, unless its ranks are left out."""
+    return ranks and is_job(run)
+
+
+def export_steps(store: Store, run: Run, ranks: bool = True) -> int:
     """The steps an export of `run` writes (for a progress bar): its own and its ranks'."""
-    return sum(source.steps for source, _ in export_sources(store, run))
+    return sum(source.steps for source, _ in export_sources(store, run, ranks))
 
 
 def series_union(store: Store, sources: list[Source], kind: str) -> list[str]:
@@ -148,25 +154,25 @@ def ranked_chunks(
             yield rank, chunk
 
 
-def export_csv(store: Store, run: Run, progress: Progress | None = None) -> Iterator[bytes]:
+def export_csv(store: Store, run: Run, progress: Progress | None = None, *, ranks: bool = True) -> Iterator[bytes]:
     params = store.get_params(run.id)
     names = np.array([safe_cell(p.name) for p in params], dtype=object)
-    sources = export_sources(store, run)
+    sources = export_sources(store, run, ranks)
     columns = csv_columns(series_union(store, sources, "param"))
-    ranked = is_job(run)
+    with_rank = ranked(run, ranks)
 
     def rows(rank: int | None, chunk: list[StepRecord]) -> Iterator[Iterable[object]]:
         for record in chunk:
             cells = [np.full(len(params), str(record.step), dtype=object), names]
             cells += [_text_column(record.arrays.get(m), len(params)) for m in columns[2:]]
-            if ranked:
+            if with_rank:
                 cells.append(np.full(len(params), rank_cell(rank), dtype=object))
             yield from zip(*cells)
 
     def read(source: Run) -> Iterator[list[StepRecord]]:
         return store.iter_steps(source.id, with_scalars=False, chunk=chunk_steps(len(params)))
 
-    header = [*columns, RANK_COLUMN] if ranked else columns
+    header = [*columns, RANK_COLUMN] if with_rank else columns
     return csv_chunks(header, ranked_chunks(sources, read), rows, progress)
 
 
@@ -211,25 +217,25 @@ def parquet_metadata(store: Store, run: Run) -> dict[bytes, bytes]:
     return {PARQUET_RUN_KEY: json.dumps(line, allow_nan=False, separators=(",", ":")).encode()}
 
 
-def export_jsonl(store: Store, run: Run, progress: Progress | None = None) -> Iterator[bytes]:
+def export_jsonl(store: Store, run: Run, progress: Progress | None = None, *, ranks: bool = True) -> Iterator[bytes]:
     """First a run line (run, params, groups), then one line per step; `gradwatch import` reads it.
     A job's step lines carry `rank` (null on its global steps), its ranks' steps after its own."""
     params = store.get_params(run.id)
-    ranked = is_job(run)
+    with_rank = ranked(run, ranks)
     yield _json_line(_run_line(store, run, params))
     for rank, chunk in ranked_chunks(
-        export_sources(store, run), lambda source: store.iter_steps(source.id, chunk=chunk_steps(len(params)))
+        export_sources(store, run, ranks), lambda source: store.iter_steps(source.id, chunk=chunk_steps(len(params)))
     ):
-        field = {RANK_COLUMN: rank} if ranked else {}
+        field = {RANK_COLUMN: rank} if with_rank else {}
         yield b"".join(_json_line(_step_line(r, field)) for r in chunk)
         if progress:
             progress(len(chunk))
 
 
-def _arrow_schema(columns: list[str], ranked: bool) -> pa.Schema:
+def _arrow_schema(columns: list[str], with_rank: bool) -> pa.Schema:
     fields = [pa.field("step", pa.int64()), pa.field("param", pa.string())]
     fields += [pa.field(c, pa.string() if c == GRAD_STATUS else pa.float32()) for c in columns[2:]]
-    if ranked:
+    if with_rank:
         fields.append(pa.field(RANK_COLUMN, pa.int32()))
     return pa.schema(fields)
 
@@ -257,7 +263,7 @@ def _arrow_chunk(schema: pa.Schema, params: list[Param], rank: int | None, chunk
     return pa.table(data, schema=schema)
 
 
-def export_parquet(store: Store, run: Run, progress: Progress | None = None) -> Iterator[bytes]:
+def export_parquet(store: Store, run: Run, progress: Progress | None = None, *, ranks: bool = True) -> Iterator[bytes]:
     """The CSV's table as Parquet, one row group per chunk of steps, the run's description in the
     file's metadata (`parquet_metadata`).
 
@@ -265,8 +271,8 @@ def export_parquet(store: Store, run: Run, progress: Progress | None = None) -> 
     Parquet needs its footer last, and a native file keeps pyarrow off Python file objects.
     """
     params = store.get_params(run.id)
-    sources = export_sources(store, run)
-    schema = _arrow_schema(csv_columns(series_union(store, sources, "param")), is_job(run))
+    sources = export_sources(store, run, ranks)
+    schema = _arrow_schema(csv_columns(series_union(store, sources, "param")), ranked(run, ranks))
     schema = schema.with_metadata(parquet_metadata(store, run))
     with tempfile.TemporaryDirectory(prefix="gradwatch-export-") as tmp:
         path = Path(tmp) / "run.parquet"
@@ -288,11 +294,19 @@ def export_parquet(store: Store, run: Run, progress: Progress | None = None) -> 
             yield landed.read()
 
 
+class Writer(Protocol):
+    """An exporter: the run's bytes, a chunk at a time; `ranks=False` leaves a job's ranks' rows out."""
+
+    def __call__(
+        self, store: Store, run: Run, progress: Progress | None = None, *, ranks: bool = True
+    ) -> Iterator[bytes]: ...
+
+
 @dataclass(frozen=True)
 class Format:
     suffix: str
     media_type: str
-    write: Callable[[Store, Run, Progress | None], Iterator[bytes]]
+    write: Writer
 
 
 FORMATS: dict[str, Format] = {

@@ -5,7 +5,7 @@ Columns are `step`, `time`, then every scalar the run has, sorted; a scalar a st
 empty CSV cell, null in JSON and Parquet. NaN and infinities are data: `nan`/`inf` in CSV,
 "NaN"/"Infinity" in JSON lines, IEEE values in Parquet. Like the per-parameter table it is read
 a chunk of steps at a time and streamed, and a distributed job's has its ranks' rows after its
-own, with a last column `rank` (exporters.py).
+own, with a last column `rank`, unless `ranks=False` (exporters.py).
 """
 
 from __future__ import annotations
@@ -28,11 +28,11 @@ from .exporters import (
     export_sources,
     parquet_metadata,
     rank_cell,
+    ranked,
     ranked_chunks,
     safe_cell,
     series_union,
 )
-from .job_ranks import is_job
 from .jsonvalues import word
 from .store import Run, StepRecord, Store
 
@@ -55,26 +55,26 @@ def _cell(value: float | None) -> str:
     return repr(value) if math.isfinite(value) else ("nan" if math.isnan(value) else ("inf" if value > 0 else "-inf"))
 
 
-def steps_csv(store: Store, run: Run, progress: Progress | None = None) -> Iterator[bytes]:
-    sources = export_sources(store, run)
+def steps_csv(store: Store, run: Run, progress: Progress | None = None, *, ranks: bool = True) -> Iterator[bytes]:
+    sources = export_sources(store, run, ranks)
     keys = series_union(store, sources, "scalar")
-    ranked = is_job(run)
+    with_rank = ranked(run, ranks)
 
     def rows(rank: int | None, chunk: list[StepRecord]) -> Iterator[list[object]]:
         for r in chunk:
             row: list[object] = [r.step, repr(r.time), *(_cell(r.scalars.get(k)) for k in keys)]
-            yield [*row, rank_cell(rank)] if ranked else row
+            yield [*row, rank_cell(rank)] if with_rank else row
 
-    header = [safe_cell(c) for c in step_columns(keys)] + ([RANK_COLUMN] if ranked else [])
+    header = [safe_cell(c) for c in step_columns(keys)] + ([RANK_COLUMN] if with_rank else [])
     return csv_chunks(header, _chunks(store, sources), rows, progress)
 
 
-def steps_jsonl(store: Store, run: Run, progress: Progress | None = None) -> Iterator[bytes]:
+def steps_jsonl(store: Store, run: Run, progress: Progress | None = None, *, ranks: bool = True) -> Iterator[bytes]:
     """One JSON object a line: {"step", "time", then each scalar the step has}; a job's lines
     have `rank` after `time` (null on its global steps)."""
-    ranked = is_job(run)
-    for rank, chunk in _chunks(store, export_sources(store, run)):
-        field = {RANK_COLUMN: rank} if ranked else {}
+    with_rank = ranked(run, ranks)
+    for rank, chunk in _chunks(store, export_sources(store, run, ranks)):
+        field = {RANK_COLUMN: rank} if with_rank else {}
         lines = [
             json.dumps(
                 {"step": r.step, "time": r.time, **field, **{k: word(v) for k, v in r.scalars.items()}},
@@ -88,15 +88,15 @@ def steps_jsonl(store: Store, run: Run, progress: Progress | None = None) -> Ite
             progress(len(chunk))
 
 
-def steps_parquet(store: Store, run: Run, progress: Progress | None = None) -> Iterator[bytes]:
+def steps_parquet(store: Store, run: Run, progress: Progress | None = None, *, ranks: bool = True) -> Iterator[bytes]:
     """The table as Parquet (float64 scalars, null where a step lacks one; a job's `rank` int32,
     null on its global rows), the run's description in the file's metadata; streamed from a
     temporary file as the per-parameter Parquet is."""
-    sources = export_sources(store, run)
+    sources = export_sources(store, run, ranks)
     keys = series_union(store, sources, "scalar")
-    ranked = is_job(run)
+    with_rank = ranked(run, ranks)
     fields = [pa.field("step", pa.int64()), pa.field("time", pa.float64()), *(pa.field(k, pa.float64()) for k in keys)]
-    if ranked:
+    if with_rank:
         fields.append(pa.field(RANK_COLUMN, pa.int32()))
     schema = pa.schema(fields, metadata=parquet_metadata(store, run))
     with tempfile.TemporaryDirectory(prefix="gradwatch-export-") as tmp:
@@ -111,7 +111,7 @@ def steps_parquet(store: Store, run: Run, progress: Progress | None = None) -> I
                     }
                     for k in keys:
                         data[k] = pa.array([r.scalars.get(k) for r in chunk], pa.float64())
-                    if ranked:
+                    if with_rank:
                         data[RANK_COLUMN] = pa.array([rank] * len(chunk), pa.int32())
                     writer.write_table(pa.table(data, schema=schema))
                     if progress:

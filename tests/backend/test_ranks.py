@@ -246,6 +246,39 @@ def test_json_and_parquet_carry_the_rank_too(http: httpx.Client) -> None:
         assert frame.column("rank").to_pylist() == [None if r["rank"] == "" else int(r["rank"]) for r in table], name
 
 
+@pytest.mark.parametrize("table", ["params", "steps"])
+def test_ranks_false_exports_the_jobs_global_rows_alone(http: httpx.Client, table: str) -> None:
+    def get(run_id: str, fmt: str, **extra: str) -> httpx.Response:
+        answer = http.get(f"/api/runs/{run_id}/export", params={"format": fmt, "table": table, **extra})
+        assert answer.status_code == 200, answer.text
+        return answer
+
+    whole = list(csv.reader(io.StringIO(get(JOB, "csv").text)))
+    alone = list(csv.reader(io.StringIO(get(JOB, "csv", ranks="false").text)))
+    assert alone == [whole[0][:-1], *(row[:-1] for row in whole[1:] if row[-1] == "")]
+    assert len(alone) - 1 == STEPS * (
+        len(http.get(f"/api/runs/{JOB}/params").json()["data"]) if table == "params" else 1
+    )
+    lines = [json.loads(x) for x in get(JOB, "json").text.splitlines()]
+    kept = [json.loads(x) for x in get(JOB, "json", ranks="false").text.splitlines()]
+    start = 1 if table == "params" else 0  # the params table's JSON opens with the run line
+    assert kept[:start] == lines[:start]
+    assert kept[start:] == [{k: v for k, v in x.items() if k != "rank"} for x in lines[start:] if x["rank"] is None]
+    full = pq.read_table(io.BytesIO(get(JOB, "parquet").content))
+    glob = pq.read_table(io.BytesIO(get(JOB, "parquet", ranks="false").content))
+    assert glob.schema.names == full.schema.names[:-1] and glob.schema.metadata == full.schema.metadata
+    assert glob.to_pylist() == [
+        {k: v for k, v in row.items() if k != "rank"} for row in full.to_pylist() if row["rank"] is None
+    ]
+    # a single-process run has no ranks to leave out
+    assert get("single", "csv", ranks="false").content == get("single", "csv").content
+
+
+def test_ranks_must_be_a_boolean(http: httpx.Client) -> None:
+    answer = http.get(f"/api/runs/{JOB}/export", params={"format": "csv", "ranks": "some"})
+    assert answer.status_code == 422 and "ranks" in answer.text
+
+
 def test_single_process_exports_have_no_rank_column(http: httpx.Client) -> None:
     for table in ("params", "steps"):
         assert "rank" not in _csv(http, "single", table)[0]
@@ -270,6 +303,16 @@ def test_cli_export_writes_what_the_server_serves(
         )
         served = http.get(f"/api/runs/{JOB}/export", params={"format": "csv", "table": table}).content
         assert out.read_bytes() == served, table
+    alone = tmp_path / "global.csv"
+    subprocess.run(
+        [*server_command(), "export", JOB, "--db", server.db_url, "--no-ranks", "-o", str(alone)],
+        check=True,
+        capture_output=True,
+        env=server.env,
+        timeout=120,
+    )
+    served = http.get(f"/api/runs/{JOB}/export", params={"format": "csv", "ranks": "false"}).content
+    assert alone.read_bytes() == served and b"rank" not in served.splitlines()[0]
 
 
 def test_import_of_a_jobs_export_restores_its_global_steps_and_leaves_the_ranks_out(

@@ -6,10 +6,13 @@ missing pandas, bad arguments."""
 from __future__ import annotations
 
 import csv
+import http.server
 import io
 import math
 import subprocess
 import sys
+import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -22,6 +25,7 @@ import torch
 
 import gradwatch
 from support.server import ServerProcess, start_server
+from support.synthetic_dist import rank_runs, send_job
 
 NOWHERE = "http://127.0.0.1:9"
 
@@ -60,8 +64,8 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[ServerPro
         server.stop()
 
 
-def csv_export(server: ServerProcess, run_id: str) -> tuple[list[str], list[list[str]]]:
-    response = httpx.get(f"{server.url}/api/runs/{run_id}/export", params={"format": "csv"}, timeout=30)
+def csv_export(server: ServerProcess, run_id: str, **params: str) -> tuple[list[str], list[list[str]]]:
+    response = httpx.get(f"{server.url}/api/runs/{run_id}/export", params={"format": "csv", **params}, timeout=30)
     assert response.status_code == 200, response.text
     header, *rows = list(csv.reader(io.StringIO(response.text)))
     return header, rows
@@ -102,6 +106,85 @@ def test_load_equals_the_csv_export(served: tuple[ServerProcess, list[gradwatch.
     if which == 0:
         assert grad[(1, "unused.weight")] is pd.NA  # no gradient: ABSENT, which is not NaN
     assert df.attrs["run"]["id"] == w.run_id and df.attrs["run"]["name"] == w.name
+
+
+JOB, JOB_STEPS = "framesjob", 7
+
+
+@pytest.fixture(scope="module")
+def job_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+    """A server holding one finished 2-rank job (synthetic ranks over real websockets)."""
+    server = start_server(tmp_path_factory.mktemp("framesjob"))
+    try:
+        send_job(server.ws_url, rank_runs(JOB, "two-ranks", 2), JOB_STEPS)
+        deadline = time.monotonic() + 30
+        while httpx.get(f"{server.url}/api/runs/{JOB}", timeout=10).json().get("status") != "finished":
+            assert time.monotonic() < deadline, "the job was not assembled"
+            time.sleep(0.1)
+        yield server
+    finally:
+        server.stop()
+
+
+def assert_frame_is(df: pd.DataFrame, header: list[str], rows: list[list[str]]) -> None:
+    """The DataFrame holds the CSV's rows, cell for cell (the `rank` column as integers or <NA>)."""
+    assert list(df.columns) == header and len(df) == len(rows)
+    for c, column in enumerate(header):
+        values = df[column].tolist()
+        if column in ("param", "grad_status"):
+            assert [str(v) for v in values] == [r[c] for r in rows], column
+        elif column in ("step", "rank"):
+            assert [None if v is pd.NA else int(v) for v in values] == [int(r[c]) if r[c] else None for r in rows]
+        else:
+            assert all(same(r[c], v) for r, v in zip(rows, values)), column
+
+
+def test_load_of_a_job_gives_its_global_rows_and_ranks_true_adds_each_ranks(job_server: ServerProcess) -> None:
+    header, rows = csv_export(job_server, JOB, ranks="false")
+    params = len(httpx.get(f"{job_server.url}/api/runs/{JOB}/params", timeout=10).json()["data"])
+    assert len(rows) == JOB_STEPS * params and "rank" not in header
+    df = gradwatch.load(JOB, server=job_server.url)
+    assert_frame_is(df, header, rows)
+    assert df.attrs["run"]["world_size"] == 2
+    header, rows = csv_export(job_server, JOB)
+    assert header[-1] == "rank" and len(rows) == 3 * JOB_STEPS * params
+    every = gradwatch.load(JOB, server=job_server.url, ranks=True)
+    assert_frame_is(every, header, rows)
+    assert every["rank"].isna().sum() == len(df)  # the global rows, then rank 0's and rank 1's
+    with pytest.raises(TypeError, match="ranks must be True or False"):
+        gradwatch.load(JOB, server=job_server.url, ranks="yes")
+
+
+def test_load_leaves_the_ranks_out_of_a_server_that_predates_the_ranks_query(job_server: ServerProcess) -> None:
+    """A server older than `export?ranks=` sends every rank's rows whatever load() asks: load()
+    keeps the global ones. The older server is played by a real http.server answering with what
+    the real server sends for `ranks=true`."""
+    answers = {
+        f"/api/runs/{JOB}": httpx.get(f"{job_server.url}/api/runs/{JOB}", timeout=10).content,
+        f"/api/runs/{JOB}/export": httpx.get(
+            f"{job_server.url}/api/runs/{JOB}/export", params={"format": "parquet"}, timeout=30
+        ).content,
+    }
+
+    class Older(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:  # noqa: N802 (http.server's name)
+            body = answers[self.path.split("?")[0]]
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    older = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Older)
+    threading.Thread(target=older.serve_forever, daemon=True).start()
+    try:
+        df = gradwatch.load(JOB, server=f"http://127.0.0.1:{older.server_address[1]}")
+    finally:
+        older.shutdown()
+        older.server_close()
+    assert_frame_is(df, *csv_export(job_server, JOB, ranks="false"))
 
 
 def test_load_takes_a_watcher_and_its_server(served: tuple[ServerProcess, list[gradwatch.Watcher]]) -> None:

@@ -109,7 +109,7 @@ def _run_id(run: Any) -> tuple[str, Optional[str]]:
     raise TypeError(f"run must be a run id (str) or a gradwatch Watcher, not {type(run).__name__}")
 
 
-def load(run: Any, server: Optional[str] = None, *, timeout: float = 60.0) -> Any:
+def load(run: Any, server: Optional[str] = None, *, ranks: bool = False, timeout: float = 60.0) -> Any:
     """One run's per-parameter data as a tidy DataFrame: one row per (step, parameter).
 
     The columns are those of the CSV export (`step`, `param`, `grad_norm`, `grad_status`,
@@ -117,6 +117,10 @@ def load(run: Any, server: Optional[str] = None, *, timeout: float = 60.0) -> An
     export. Metric columns are `float32[pyarrow]`, which keeps what the server keeps: `<NA>` where
     a metric does not apply (no gradient, no optimizer state yet), NaN and ±inf where they were
     measured. `df.attrs["run"]` is the run as `GET /api/runs/{id}` describes it.
+
+    A distributed job's run gives its global values, as its dashboard does by default; with
+    `ranks=True` each rank's own rows follow, and a last column `rank` says whose a row is
+    (`<NA>` on the global rows): `df[df["rank"] == 1]` is what rank 1 measured of its piece.
 
     `run`: a run id, or a Watcher (then its server unless `server` is given). `server`: default
     $GRADWATCH_SERVER, else http://127.0.0.1:8765. Raises LookupError for a run the server does not
@@ -127,11 +131,16 @@ def load(run: Any, server: Optional[str] = None, *, timeout: float = 60.0) -> An
     base = _server(server or watcher_server)
     path = f"/api/runs/{urllib.parse.quote(run_id, safe='')}"
     meta = json.loads(_get(base, path, run=run_id, timeout=timeout))
-    body = _get(base, f"{path}/export", {"format": "parquet"}, run=run_id, timeout=timeout)
+    if not isinstance(ranks, bool):
+        raise TypeError(f"ranks must be True or False, not {type(ranks).__name__}")
+    query = {"format": "parquet", "ranks": "true" if ranks else "false"}
+    body = _get(base, f"{path}/export", query, run=run_id, timeout=timeout)
     frame = pd.read_parquet(io.BytesIO(body), engine="pyarrow", dtype_backend="pyarrow")
     for column in ("param", "grad_status"):
         if column in frame:
             frame[column] = frame[column].astype("str")
+    if not ranks and "rank" in frame:  # a server that predates `ranks=` sends every rank's rows
+        frame = frame[frame["rank"].isna()].drop(columns="rank").reset_index(drop=True)
     frame["step"] = frame["step"].astype("int64")
     frame.attrs["run"] = meta
     return frame

@@ -31,6 +31,15 @@ def export(
             )
         ),
     ] = "params",
+    ranks: Annotated[
+        bool,
+        Query(
+            description=(
+                "a distributed job's run: also each rank's own rows, after the job's, with a last column "
+                "`rank` (false: the job's global rows alone, without the column); no effect on other runs"
+            )
+        ),
+    ] = True,
 ) -> StreamingResponse:
     """The run's data, streamed as a download (docs/api.md, Export)."""
     formats = STEP_FORMATS if table == "steps" else FORMATS
@@ -39,7 +48,7 @@ def export(
         raise HTTPException(400, f"format must be one of {', '.join(formats)}")
     filename = safe_filename(run, f"steps.{fmt.suffix}" if table == "steps" else fmt.suffix)
     return StreamingResponse(
-        fmt.write(store, run, None),
+        fmt.write(store, run, None, ranks=ranks),
         media_type=fmt.media_type,
         headers={"Content-Disposition": f'attachment; filename="{filename}"'},
     )
