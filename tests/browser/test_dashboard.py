@@ -34,6 +34,9 @@ XSS_NAME = "<img src=x onerror=alert(1)>"
 XSS_PROJECT = "<script>alert(2)</script>"
 XSS_PARAM = "<b>bold</b>.weight"
 TIMEOUT_MS = 15_000
+# Assertions wait as long as page calls do (Playwright's `expect` has 5 s of its own): on a
+# loaded 2-core CI machine a live update can take longer than that to land.
+sync_api.expect.set_options(timeout=TIMEOUT_MS)
 
 #: What a real AdamW run with the hook draws (no update ratio yet, no CUDA on this machine).
 REAL_RUN_CHARTS = [
