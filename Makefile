@@ -11,7 +11,7 @@ TORCH  := torch==2.13.0
 # pointed at PostgreSQL and the tests run on it too.
 PKGS   := ./trainer_hook './backend[postgres]'
 
-.PHONY: demo test test-fast check format screenshot bench bench-dashboard bench-storage bench-distributed setup setup-test system-deps clean
+.PHONY: demo test test-fast check format screenshot bench bench-dashboard bench-storage bench-distributed setup setup-test system-deps clean gpu-wheels gpu-check-dry-run
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -115,3 +115,12 @@ bench-dashboard: setup-test
 
 clean:
 	rm -rf $(VENV) $(BENCH_VENV) build dist */build */*.egg-info vendor/node_modules frontend/vendor
+
+# The CUDA path on a lent GPU machine (issue 29): `make gpu-wheels` here (PyPI reachable) fills
+# .whl/ with our wheels and what the GPU image lacks; scripts/gpu-check.sh runs there (tests marked
+# `cuda`, then benchmarks/gpu.py). Here it is a dry run: the tests skip, the benchmark says why.
+gpu-wheels: setup $(VENV)/.stamp-test-deps
+	./scripts/gpu-wheels.sh
+
+gpu-check-dry-run: setup $(VENV)/.stamp-test-deps
+	GPU_WHEELS=none PYTHON=$(BIN)/python OUT=$(CURDIR)/gpu-out ./scripts/gpu-check.sh --quick

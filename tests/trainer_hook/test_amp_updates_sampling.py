@@ -47,6 +47,31 @@ def test_amp_norms_are_unscaled_and_skipped_steps_are_counted(user_unscales: boo
     assert "step" not in scaler.__dict__  # close() gave the scaler its own step() back
 
 
+def test_a_fused_optimizers_skipped_steps_are_counted_without_reading_found_inf_on_the_step() -> None:
+    # GradScaler steps a fused optimizer all the same and the kernel skips on `found_inf`: the
+    # step hooks fire, so only the scaler's found_inf tells the skip (summed where it lies).
+    torch.manual_seed(0)
+    model = torch.nn.Linear(8, 4)
+    opt = torch.optim.AdamW(model.parameters(), lr=0.01, fused=True)
+    scaler = torch.amp.GradScaler("cpu", init_scale=1024.0)
+    w = gradwatch.watch(opt, model=model, server=NOWHERE, scaler=scaler)
+    unchanged = []
+    for i in range(5):
+        opt.zero_grad()
+        scaler.scale(model(torch.randn(4, 8)).pow(2).mean()).backward()
+        if i in (1, 3):
+            model.weight.grad[0, 0] = float("nan")
+        before = model.weight.detach().clone()
+        scaler.step(opt)
+        scaler.update()
+        unchanged.append(torch.equal(before, model.weight))
+    msgs = sent_steps(w)
+    w.close(timeout=0.1)
+    assert unchanged == [False, True, False, True, False]  # the oracle: the kernel skipped steps 2 and 4
+    assert w.step == 5  # optimizer.step() was called every time
+    assert [m["scalars"]["amp/skipped_steps"] for m in msgs] == [0, 1, 1, 2, 2]
+
+
 def test_update_norm_and_ratio_are_exact() -> None:
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(5, 5), torch.nn.Linear(5, 1))

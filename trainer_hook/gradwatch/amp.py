@@ -29,7 +29,10 @@ class AmpScaler:
     A step the scaler skips (inf/NaN gradients) never calls `optimizer.step()`, so no step hook
     fires; `watch_steps` wraps `scaler.step` (on the instance, undone by `remove`) to see it: the
     watcher calls `stepped()` from its step pre-hook, and `on_skip(opt)` runs when
-    `scaler.step(opt)` returned without any.
+    `scaler.step(opt)` returned without any. A fused optimizer (`fused=True` Adam, AdamW, SGD,
+    Adagrad) is stepped all the same and skips inside its kernel on the scaler's `found_inf`
+    tensor: those skips are summed on the device and read with the measured steps, never now
+    (reading a CUDA tensor would synchronise).
     """
 
     def __init__(self, scaler: Any) -> None:
@@ -38,10 +41,20 @@ class AmpScaler:
         self.skipped = 0  # optimizer steps the scaler skipped
         self._stepped = False
         self._step: Optional[Callable[..., Any]] = None
+        self._found_inf: Optional[torch.Tensor] = None  # fused optimizers' skips, summed on the device
 
-    def stepped(self) -> None:
-        """An optimizer step is running (called from the step pre-hook)."""
+    def stepped(self, optimizer: Optional[torch.optim.Optimizer] = None) -> None:
+        """An optimizer step is running (called from the step pre-hook). GradScaler hands a fused
+        `optimizer` this step's `found_inf` (1.0: the kernel skips the step) as an attribute."""
         self._stepped = True
+        found = getattr(optimizer, "found_inf", None)
+        if isinstance(found, torch.Tensor):
+            found = found.detach().reshape(-1)[0]
+            self._found_inf = (
+                found.clone()
+                if self._found_inf is None
+                else self._found_inf.add_(found.to(self._found_inf.device, non_blocking=True))
+            )
 
     def scale(self) -> Optional[torch.Tensor]:
         """The current scale (a tensor on the scaler's device), None before the first `scaler.scale()`."""
@@ -49,7 +62,8 @@ class AmpScaler:
 
     def scalars(self, logged: dict[str, Any]) -> None:
         """Add `amp/skipped_steps` and `amp/scale` to a step's scalars (the user's own win)."""
-        logged.setdefault("amp/skipped_steps", self.skipped)
+        found = self._found_inf
+        logged.setdefault("amp/skipped_steps", self.skipped if found is None else found + self.skipped)
         scale = self.scale()
         if scale is not None:
             logged.setdefault("amp/scale", scale)

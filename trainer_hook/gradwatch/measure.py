@@ -237,6 +237,7 @@ class Probe:
         self._before_norms = layout.rank is not None
         self.params_bytes = float(sum(local_nbytes(w.param) for w in layout.params if w.piece.owns_bytes))
         self._devices = {p.device for p in self.params}
+        self._cuda = any(d.type == "cuda" for d in self._devices)
         self._plans: dict[Optional[tuple[int, ...]], _StatePlan] = {}  # by the indices read_state is given
         self._pending: Optional[_Pending] = None
         self._pinned: dict[int, list[torch.Tensor]] = {}  # free pinned host buffers by length
@@ -346,7 +347,6 @@ class Probe:
                     segments.append(_Segment(key, None, [value.detach().reshape(-1)[0].float()]))
             elif isinstance(value, (int, float)) and not isinstance(value, bool):
                 scalars[key] = float(value)
-        scalars.update(cuda_memory({s.values[0].device for s in segments if s.values}))
         buffers = self._to_host(segments)
         return Snapshot(
             step=pending.step,
@@ -368,7 +368,7 @@ class Probe:
     def cheap_facts(self, scalars: dict[str, Any], grad_nbytes: Sequence[int]) -> dict[str, float]:
         """What a step not measured still records, from host-side metadata only (no device work):
         learning rates, bytes and count of `.grad` buffers that exist (`grad_nbytes` per
-        parameter, -1 for None, as GradTracker noted them at the step), CUDA allocator counters."""
+        parameter, -1 for None, as GradTracker noted them at the step)."""
         out = {
             k: float(v)
             for k, v in self.group_lrs(scalars).items()
@@ -382,8 +382,13 @@ class Probe:
                 "grads/none": float(sum(1 for b in grad_nbytes if b < 0)),
             }
         )
-        out.update(cuda_memory(self._devices))
         return out
+
+    def cuda_memory(self) -> dict[str, float]:
+        """The CUDA allocator's counters for the parameters' devices (none on CPU), host-side reads.
+        The watcher reads them as a step begins (after backward, before the update), before the
+        hook makes any tensor of its own, so that they are the training's alone."""
+        return cuda_memory(self._devices) if self._cuda else {}
 
     def recycle(self, snapshot: Snapshot) -> None:
         """Give a snapshot's pinned buffers back for reuse (sender thread, after `resolve`)."""

@@ -114,6 +114,7 @@ class Watcher:
         self.warn = warn
         self._amp = None if scaler is None else AmpScaler(scaler)
         self._probe = Probe(self.layout, amp=self._amp, updates=updates)
+        self._memory: dict[str, float] = {}  # CUDA allocator counters read as the current round began
         self._tracker = GradTracker([w.piece.accumulated for w in self.layout.params])
         #: parameter indices of each optimizer; None stands for all (one optimizer)
         self._members: list[Optional[list[int]]] = (
@@ -195,9 +196,10 @@ class Watcher:
                 self._stop_watching()
                 return None
             if self._amp is not None:
-                self._amp.stepped()
+                self._amp.stepped(optimizer)
             if not self._round:
                 self.step += 1
+                self._memory = self._probe.cuda_memory()
                 self._cost.begin_step(previous_measured=self._sampled)
                 self._sampled = self._sampler(self.step)
                 if self._sampled:
@@ -298,6 +300,8 @@ class Watcher:
         if len(self._members) > 1:
             for k, n in enumerate(self._opt_steps):
                 logged[f"opt/{k}/steps"] = n
+        for key, value in self._memory.items():  # as the round began: the hook's own tensors not yet made
+            logged.setdefault(key, value)
         passes, clear = list(self._passes), self._clear
         self._clear = [None] * len(clear)
         logged["backward_passes"] = float(max(passes, default=0))

@@ -1,0 +1,340 @@
+"""What the hook costs a training step on a CUDA GPU, measured side by side in one process.
+
+Two models, each trained by every variant on its own copy (same weights, same batch, its own
+fused AdamW):
+  gpt    GPT-style, 24 blocks, d=1024, vocab 50,304, context 1,024, bf16 parameters: 353M
+         parameters in 292 tensors, batch 8 x 1,024 tokens (bound by the GPU's arithmetic)
+  many   400 tensors of 64 x 64 layers, fp32 (bound by the CPU's kernel launches: where the
+         hook's per-tensor work shows)
+Variants:
+  baseline           the plain step
+  aa                 a plain copy too, against the baseline: the design's own bias (reads ~0)
+  gradwatch every=1  streaming every step to a real `gradwatch serve` on this machine (spooling
+                     to disk where the server's packages are missing: said in the output)
+  gradwatch auto     every="auto"
+  wandb.watch        wandb offline, watch(log="all", log_freq=1) and a wandb.log per step
+
+The variants take turns by blocks of STEPS consecutive steps, each block between two blocks of
+the baseline (B V1 B V2 B ...), in a new random order each round; a block is timed from a
+`torch.cuda.synchronize()` to the next (the harness's, outside the steps), so the GPU's work and
+the CPU's launches both count, as in training. A variant's overhead in a round is its block's time
+over the mean of its two neighbouring baseline blocks, minus 1; its figure is the median over the
+rounds with a 90% bootstrap interval. Syncs per step: after the timing, each variant's steps run
+under `torch.cuda.set_sync_debug_mode("warn")` and the synchronising calls made on the training
+thread are counted (the harness's own are outside the counted window).
+
+    python benchmarks/gpu.py [--models gpt,many] [--rounds N] [--out FILE]
+
+Without a CUDA device it says so and exits with status 3: nothing was measured.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import copy
+import os
+import random
+import shutil
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+import warnings
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+import gradwatch
+
+NOT_MEASURED = 3  # exit status when there is no CUDA device
+
+
+class Block(nn.Module):
+    def __init__(self, d: int, heads: int) -> None:
+        super().__init__()
+        self.ln1, self.ln2 = nn.LayerNorm(d), nn.LayerNorm(d)
+        self.qkv, self.proj = nn.Linear(d, 3 * d), nn.Linear(d, d)
+        self.fc1, self.fc2 = nn.Linear(d, 4 * d), nn.Linear(4 * d, d)
+        self.heads = heads
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, t, d = x.shape
+        q, k, v = self.qkv(self.ln1(x)).view(b, t, 3, self.heads, d // self.heads).permute(2, 0, 3, 1, 4)
+        a = nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+        x = x + self.proj(a.transpose(1, 2).reshape(b, t, d))
+        return x + self.fc2(nn.functional.gelu(self.fc1(self.ln2(x))))
+
+
+class GPT(nn.Module):
+    def __init__(self, vocab: int = 50304, d: int = 1024, layers: int = 24, context: int = 1024) -> None:
+        super().__init__()
+        self.tok, self.pos = nn.Embedding(vocab, d), nn.Embedding(context, d)
+        self.blocks = nn.ModuleList(Block(d, 16) for _ in range(layers))
+        self.ln = nn.LayerNorm(d)
+
+    def forward(self, idx: torch.Tensor) -> torch.Tensor:
+        x = self.tok(idx) + self.pos(torch.arange(idx.shape[1], device=idx.device))
+        for block in self.blocks:
+            x = block(x)
+        return self.ln(x) @ self.tok.weight.T
+
+
+def gpt_task() -> tuple[nn.Module, Callable[[nn.Module], torch.Tensor]]:
+    model = GPT().to("cuda", torch.bfloat16)
+    data = torch.randint(0, 50304, (8, 1025), device="cuda")
+    return model, lambda m: nn.functional.cross_entropy(m(data[:, :-1]).flatten(0, 1).float(), data[:, 1:].flatten())
+
+
+def many_task() -> tuple[nn.Module, Callable[[nn.Module], torch.Tensor]]:
+    model = nn.Sequential(*[nn.Sequential(nn.Linear(64, 64), nn.ReLU()) for _ in range(200)]).cuda()
+    x = torch.randn(64, 64, device="cuda")
+    return model, lambda m: m(x).pow(2).mean()
+
+
+TASKS = {"gpt": gpt_task, "many": many_task}
+STEPS = {"gpt": 4, "many": 20}  # steps per timed block: about 0.2 s each
+WARMUP = 40  # untimed steps per variant: every="auto" learns its interval in its first ~14
+
+
+class Lane:
+    """One variant: its own model copy and optimizer, and what it adds to a step."""
+
+    def __init__(self, name: str, model: nn.Module, loss_fn: Callable[[nn.Module], torch.Tensor]) -> None:
+        self.name = name
+        self.model = copy.deepcopy(model)
+        self.opt = torch.optim.AdamW(self.model.parameters(), lr=1e-5, fused=True)
+        self.loss_fn = loss_fn
+        self.watcher: gradwatch.Watcher | None = None
+        self.wandb_run: Any = None
+        self.note = ""
+
+    def step(self) -> None:
+        self.opt.zero_grad()
+        loss = self.loss_fn(self.model)
+        loss.backward()
+        if self.watcher is not None:
+            self.watcher.log(loss=loss)
+        self.opt.step()
+        if self.wandb_run is not None:
+            self.wandb_run.log({"x": 0})  # commits the step wandb.watch's hooks logged
+
+    def close(self) -> None:
+        if self.watcher is not None:
+            self.watcher.close(timeout=30)
+        if self.wandb_run is not None:
+            self.wandb_run.finish()
+
+
+def start_server(tmp: Path) -> tuple[subprocess.Popen[bytes] | None, str, str]:
+    """A real `gradwatch serve` on SQLite, or nowhere (spooling) when its packages are missing."""
+    try:
+        import gradwatch_server  # noqa: F401
+    except ImportError as exc:
+        return None, "http://127.0.0.1:9", f"no server ({exc.name} missing): the hook spools to disk"
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "gradwatch_server", "serve", "--db", f"sqlite:///{tmp / 'gpu.db'}", "--port", str(port)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    url = f"http://127.0.0.1:{port}"
+    for _ in range(300):
+        try:
+            urllib.request.urlopen(url + "/api/health", timeout=1)
+            return proc, url, "a real gradwatch serve (SQLite) on this machine"
+        except OSError:
+            time.sleep(0.1)
+    proc.kill()
+    return None, "http://127.0.0.1:9", "the server did not start: the hook spools to disk"
+
+
+def make_lane(kind: str, model: nn.Module, loss_fn: Callable[[nn.Module], torch.Tensor], url: str, tmp: Path) -> Lane:
+    lane = Lane(kind, model, loss_fn)
+    if kind.startswith("gradwatch"):
+        every: int | str = 1 if kind.endswith("every=1") else "auto"
+        lane.watcher = gradwatch.watch(lane.opt, model=lane.model, server=url, project="gpu-bench", every=every)
+    elif kind == "wandb.watch":
+        import wandb
+
+        lane.wandb_run = wandb.init(project="gpu-bench", mode="offline", dir=str(tmp))  # its hooks log to wandb.run
+        wandb.watch(lane.model, log="all", log_freq=1)
+    return lane
+
+
+def timed_block(lane: Lane, steps: int) -> float:
+    torch.cuda.synchronize()
+    started = time.perf_counter()
+    for _ in range(steps):
+        lane.step()
+    torch.cuda.synchronize()
+    return time.perf_counter() - started
+
+
+@contextlib.contextmanager
+def counted_syncs(out: list[int]) -> Iterator[None]:
+    torch.cuda.set_sync_debug_mode("warn")
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            yield
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    out.append(sum("synchroniz" in str(w.message) for w in caught))
+
+
+def bootstrap(values: list[float], n: int = 2000) -> tuple[float, float]:
+    rng = random.Random(0)
+    meds = sorted(statistics.median(rng.choices(values, k=len(values))) for _ in range(n))
+    return meds[int(0.05 * n)], meds[int(0.95 * n)]
+
+
+def bench(task: str, variants: list[str], rounds: int, url: str, tmp: Path) -> list[dict[str, Any]]:
+    model, loss_fn = TASKS[task]()
+    lanes: dict[str, Lane] = {}
+    for kind in ["baseline", *variants]:
+        try:
+            lanes[kind] = make_lane(kind, model, loss_fn, url, tmp)
+        except Exception as exc:  # a peer that cannot run here is reported, not fatal
+            print(f"  {task}/{kind}: cannot run ({type(exc).__name__}: {exc})", flush=True)
+    del model
+    for kind, lane in list(lanes.items()):
+        try:
+            for _ in range(WARMUP):
+                lane.step()
+        except Exception as exc:  # a peer that fails on this model is reported, not fatal
+            if kind == "baseline":
+                raise
+            print(f"  {task}/{kind}: failed ({type(exc).__name__}: {exc})", flush=True)
+            del lanes[kind]
+            with contextlib.suppress(Exception):
+                lane.close()
+    torch.cuda.synchronize()
+    base = lanes["baseline"]
+    ratios: dict[str, list[float]] = {k: [] for k in lanes if k != "baseline"}
+    block_s: dict[str, list[float]] = {k: [] for k in lanes}
+    for r in range(rounds):
+        order = list(ratios)
+        random.Random(r).shuffle(order)
+        before = timed_block(base, STEPS[task])
+        block_s["baseline"].append(before)
+        for kind in order:
+            t = timed_block(lanes[kind], STEPS[task])
+            after = timed_block(base, STEPS[task])
+            block_s[kind].append(t)
+            block_s["baseline"].append(after)
+            ratios[kind].append(t / ((before + after) / 2) - 1)
+            before = after
+    rows = []
+    for kind, lane in lanes.items():
+        syncs: list[int] = []
+        with counted_syncs(syncs):
+            for _ in range(STEPS[task]):
+                lane.step()
+        torch.cuda.synchronize()
+        row: dict[str, Any] = {
+            "model": task,
+            "variant": kind,
+            "step_ms": 1000 * statistics.median(block_s[kind]) / STEPS[task],
+            "syncs_per_step": syncs[0] / STEPS[task],
+        }
+        if kind in ratios:
+            row["overhead"] = statistics.median(ratios[kind])
+            row["interval"] = bootstrap(ratios[kind])
+        if lane.watcher is not None:
+            row["measured"] = f"{lane.watcher.measured_steps}/{lane.watcher.step}"
+        rows.append(row)
+        lane.close()
+    return rows
+
+
+def table(rows: list[dict[str, Any]]) -> str:
+    lines = [
+        "| model | variant | step (ms) | overhead, median [90% interval] | syncs/step | steps measured |",
+        "|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        over = (
+            f"{100 * r['overhead']:+.2f}% [{100 * r['interval'][0]:+.2f}, {100 * r['interval'][1]:+.2f}]"
+            if "overhead" in r
+            else "-"
+        )
+        lines.append(
+            f"| {r['model']} | {r['variant']} | {r['step_ms']:.2f} | {over} | {r['syncs_per_step']:g} | "
+            f"{r.get('measured', '-')} |"
+        )
+    return "\n".join(lines)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--models", default="gpt,many", help="comma-separated: gpt, many")
+    parser.add_argument("--rounds", type=int, default=25, help="timed rounds per model (default 25)")
+    parser.add_argument(
+        "--variants",
+        default="aa,gradwatch every=1,gradwatch auto,wandb.watch",
+        help="comma-separated, besides the baseline",
+    )
+    parser.add_argument("--out", type=Path, help="also write the table (markdown) to this file")
+    args = parser.parse_args()
+    models = [m for m in args.models.split(",") if m]
+    unknown = [m for m in models if m not in TASKS]
+    if unknown:
+        parser.error(f"unknown model(s) {', '.join(unknown)}: choose among {', '.join(TASKS)}")
+    if args.rounds < 3:
+        parser.error("--rounds must be at least 3")
+    if not torch.cuda.is_available():
+        print("gpu.py: no CUDA device on this machine: nothing measured (run it on a GPU machine).")
+        return NOT_MEASURED
+    torch.backends.cuda.matmul.allow_tf32 = True
+    os.environ.setdefault("WANDB_SILENT", "true")
+    os.environ.setdefault("GRADWATCH_SPOOL", tempfile.mkdtemp(prefix="gw-spool-"))
+    tmp = Path(tempfile.mkdtemp(prefix="gw-gpu-bench-"))
+    server, url, where = start_server(tmp)
+    props = torch.cuda.get_device_properties(0)
+    header = (
+        f"{props.name}, {props.total_memory >> 30} GiB; torch {torch.__version__} (CUDA {torch.version.cuda}); "
+        f"driver {_driver()}; {time.strftime('%Y-%m-%d')}; gradwatch streams to {where}"
+    )
+    print(header, flush=True)
+    rows: list[dict[str, Any]] = []
+    try:
+        for task in models:
+            print(f"{task}: {args.rounds} rounds ...", flush=True)
+            rows += bench(task, [v for v in args.variants.split(",") if v], args.rounds, url, tmp)
+            torch.cuda.empty_cache()
+    finally:
+        if server is not None:
+            server.terminate()
+            server.wait(timeout=30)
+        shutil.rmtree(tmp, ignore_errors=True)
+    text = f"{header}\n\n{table(rows)}\n"
+    print(text, flush=True)
+    if args.out:
+        args.out.write_text(text)
+    return 0
+
+
+def _driver() -> str:
+    try:
+        out = subprocess.run(
+            ["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+            capture_output=True,
+            text=True,
+            timeout=10,
+        )
+        return out.stdout.strip() or "unknown"
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+
+
+if __name__ == "__main__":
+    sys.exit(main())
