@@ -238,6 +238,11 @@ def ratio_cells(name: str, base: list[float], head: list[float]) -> tuple[float,
     return statistics.median(ratios), min(ratios), max(ratios)
 
 
+def number(value: float) -> str:
+    """1,234,567 or 12.35: whole numbers from a thousand up, four significant digits below."""
+    return f"{value:,.0f}" if abs(value) >= 1000 else f"{value:.4g}"
+
+
 def table(base: Build, head: Build, figures: dict[str, Figures]) -> str:
     lines = [
         f"| figure | {base.label} (BASE) | {head.label} (HEAD) | HEAD/BASE, median (smallest-largest) over rounds |",
@@ -248,7 +253,7 @@ def table(base: Build, head: Build, figures: dict[str, Figures]) -> str:
         mid, low, high = ratio_cells(name, b, h)
         better = "higher is better" if name.endswith(HIGHER_IS_BETTER) else "lower is better"
         lines.append(
-            f"| {name} ({better}) | {statistics.median(b):,.4g} | {statistics.median(h):,.4g} "
+            f"| {name} ({better}) | {number(statistics.median(b))} | {number(statistics.median(h))} "
             f"| {mid:.3f} ({low:.3f}-{high:.3f}) |"
         )
     return "\n".join(lines)
@@ -314,7 +319,7 @@ def main(argv: list[str] | None = None) -> int:
                     folder = tmp / f"round{r}-{job[0]}{i}-{'head' if b is head else 'base'}"
                     result = workload(b, job, folder)
                     figures[b.label].add(result)
-                    shown = ", ".join(f"{k} {v:,.4g}" for k, v in result.items())
+                    shown = ", ".join(f"{k} {number(v)}" for k, v in result.items())
                     log(f"round {r + 1}, {b.label}: {shown} ({time.perf_counter() - t0:.0f} s)")
                     shutil.rmtree(folder, ignore_errors=True)
             load.append(os.getloadavg()[0])

@@ -18,6 +18,8 @@ hook     a model and its unwatched twin (same weights, same batch, own AdamW) in
          the model watched with every=1 by a local server of its own; a cycle steps the twin
          once untimed, then the twin, the watched model and the twin again; the cycle's overhead
          is the watched step against the mean of the twin steps beside it. Median over cycles.
+         Also the server's CPU per watched step (storing it, its diagnostics), which runs beside
+         the training on the same cores and which the paired ratio does not charge.
 """
 
 from __future__ import annotations
@@ -120,6 +122,7 @@ def storage(args: argparse.Namespace) -> dict[str, Any]:
     return {
         "ingest rows/s": rows / sync_s,
         "ingest CPU s (server + sync)": server_cpu + sync_cpu,
+        "ingest server CPU s": server_cpu,
         "export csv s": export_s,
         "export csv CPU s": export_cpu,
         "series ms": series_s * 1000,
@@ -160,6 +163,7 @@ def hook(args: argparse.Namespace) -> dict[str, Any]:
             step(model, opt)
             step(twin, twin_opt)
         ratios, twins = [], []
+        server_cpu0 = cpu_seconds(server.proc.pid)
         for _ in range(args.cycles):
             step(twin, twin_opt)  # the first step after the other model's is slower: untimed
             before = step(twin, twin_opt)
@@ -167,12 +171,14 @@ def hook(args: argparse.Namespace) -> dict[str, Any]:
             after = step(twin, twin_opt)
             ratios.append(watched / ((before + after) / 2) - 1)
             twins.append((before + after) / 2)
-        w.close()
+        w.close()  # flushes: the server has stored every step when it returns
+        server_cpu = cpu_seconds(server.proc.pid) - server_cpu0
     finally:
         server.stop()
     return {
         f"hook every=1 {args.model} overhead %": statistics.median(ratios) * 100,
         f"hook {args.model} twin step ms": statistics.median(twins) * 1000,
+        f"hook {args.model} server CPU ms/step": server_cpu / args.cycles * 1000,
     }
 
 
