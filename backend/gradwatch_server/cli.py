@@ -452,11 +452,12 @@ def cmd_gc(args: argparse.Namespace, env: Mapping[str, str], out: IO[str]) -> in
     return EXIT_OK
 
 
-def _store_errors() -> tuple[type[Exception], ...]:
-    """StoreError, where the command imported the store (one that did not cannot raise it)."""
+def _failures() -> tuple[type[Exception], ...]:
+    """The errors a user can fix: CommandFailed, and StoreError where the command imported the
+    store (one that did not cannot raise it)."""
     store = sys.modules.get(f"{__package__}.store")
     error: type[Exception] | None = getattr(store, "StoreError", None)
-    return () if error is None else (error,)
+    return (CommandFailed,) if error is None else (CommandFailed, error)
 
 
 def main(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None) -> int:
@@ -465,7 +466,7 @@ def main(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None
     command: Command = args.func
     try:
         return command(args, env, sys.stdout)
-    except (CommandFailed, *_store_errors()) as exc:
+    except _failures() as exc:
         print(f"gradwatch: error: {exc}", file=sys.stderr)
         return EXIT_FAILED
     except ValidationError as exc:  # a bad option or environment value, e.g. --port 70000
