@@ -7,7 +7,7 @@ Each commit gets a throwaway tree of its own (`git archive` of its `trainer_hook
 and a virtual environment of its own whose only packages are that tree's (a .pth file), over
 this interpreter's site-packages for torch and the pinned dependencies: a build takes a second,
 not the minutes of a torch install. HEAD left out is the working tree as it is, uncommitted
-changes included.
+changes included. Both run on this tree's pinned dependencies: what is compared is our code.
 
 Both commits then run the same workload, `benchmarks/compare_workload.py` from this tree, each
 with its own interpreter, through their public interfaces only (`gradwatch sync`, `gradwatch
