@@ -11,7 +11,7 @@ TORCH  := torch==2.13.0
 # pointed at PostgreSQL and the tests run on it too.
 PKGS   := ./trainer_hook './backend[postgres]'
 
-.PHONY: demo test test-fast check format screenshot bench bench-dashboard bench-storage bench-distributed setup setup-test system-deps clean gpu-wheels gpu-check-dry-run
+.PHONY: demo test test-fast check format screenshot bench bench-dashboard bench-storage bench-distributed bench-compare setup setup-test system-deps clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -113,12 +113,19 @@ bench-storage: setup-test $(BENCH_VENV)/.stamp
 bench-dashboard: setup-test
 	$(BIN)/python benchmarks/dashboard.py
 
+# Two commits side by side, interleaved (docs/benchmarks.md): the tool for any change to a hot path.
+#   make bench-compare BASE=48517db [HEAD=commit] [ARGS="--rounds 5 --parts storage"]
+bench-compare: $(VENV)/.stamp-deps
+	@test -n "$(BASE)" || { echo "make bench-compare BASE=commit [HEAD=commit]: BASE is missing"; exit 2; }
+	$(BIN)/python benchmarks/compare.py $(BASE) $(HEAD) $(ARGS)
+
 clean:
 	rm -rf $(VENV) $(BENCH_VENV) build dist */build */*.egg-info vendor/node_modules frontend/vendor
 
 # The CUDA path on a lent GPU machine (issue 29): `make gpu-wheels` here (PyPI reachable) fills
 # .whl/ with our wheels and what the GPU image lacks; scripts/gpu-check.sh runs there (tests marked
 # `cuda`, then benchmarks/gpu.py). Here it is a dry run: the tests skip, the benchmark says why.
+.PHONY: gpu-wheels gpu-check-dry-run
 gpu-wheels: setup $(VENV)/.stamp-test-deps
 	./scripts/gpu-wheels.sh
 

@@ -13,13 +13,17 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from typing import IO
+from typing import IO, TYPE_CHECKING
 
 from pydantic import ValidationError
 
 from . import __version__
 from .settings import DEFAULT_HOST, DEFAULT_PORT, DEFAULT_SERVER, ENV_VARS, Settings, check_rank_timeout
-from .store import Run, Store, StoreError, display_url, open_store
+
+# The store (SQLAlchemy, Alembic) is imported by the commands that open one: `gradwatch sync`
+# and --help start without it, in about half the time.
+if TYPE_CHECKING:
+    from .store import Run, Store
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 
@@ -210,6 +214,8 @@ def _days(text: str) -> float:
 
 
 def _store(args: argparse.Namespace, env: Mapping[str, str]) -> Store:
+    from .store import open_store
+
     return open_store(Settings.from_env(env, db_url=args.db).db_url)
 
 
@@ -229,6 +235,7 @@ def _find_run(store: Store, ref: str) -> Run:
 def cmd_serve(args: argparse.Namespace, env: Mapping[str, str], out: IO[str]) -> int:
     from . import serving, workers
     from .app import create_app
+    from .store import display_url, open_store
 
     settings = Settings.from_env(
         env,
@@ -393,6 +400,8 @@ def _mib(size: int) -> str:
 
 def cmd_gc(args: argparse.Namespace, env: Mapping[str, str], out: IO[str]) -> int:
     """Delete the chosen runs (after confirmation), then compact the database."""
+    from .store import display_url, open_store
+
     selecting = args.older_than is not None or args.crashed
     if args.project is not None and not selecting:
         print("gradwatch gc: error: --project narrows --older-than or --crashed; give one of them", file=sys.stderr)
@@ -443,13 +452,21 @@ def cmd_gc(args: argparse.Namespace, env: Mapping[str, str], out: IO[str]) -> in
     return EXIT_OK
 
 
+def _failures() -> tuple[type[Exception], ...]:
+    """The errors a user can fix: CommandFailed, and StoreError where the command imported the
+    store (one that did not cannot raise it)."""
+    store = sys.modules.get(f"{__package__}.store")
+    error: type[Exception] | None = getattr(store, "StoreError", None)
+    return (CommandFailed,) if error is None else (CommandFailed, error)
+
+
 def main(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     env = os.environ if env is None else env
     command: Command = args.func
     try:
         return command(args, env, sys.stdout)
-    except (CommandFailed, StoreError) as exc:
+    except _failures() as exc:
         print(f"gradwatch: error: {exc}", file=sys.stderr)
         return EXIT_FAILED
     except ValidationError as exc:  # a bad option or environment value, e.g. --port 70000

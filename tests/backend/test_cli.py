@@ -326,3 +326,23 @@ def test_sync_without_the_hook_installed_says_to_install_it(tmp_path: Path) -> N
 def test_sync_passes_the_hooks_exit_status_on(tmp_path: Path) -> None:
     out = gradwatch("sync", "--spool", str(tmp_path / "missing"))
     assert out.returncode == 2 and "no spool folder" in out.stderr
+
+
+def test_sync_runs_without_loading_the_store(tmp_path: Path) -> None:
+    """`gradwatch sync` only starts the hook's command: the database layer (SQLAlchemy, Alembic,
+    the store) is never imported for it, so the command starts in a fraction of the time."""
+    code = (
+        "import sys\n"
+        "from gradwatch_server.cli import main\n"
+        "code = main(['sync', '--spool', sys.argv[1]])\n"
+        "print(code, sorted(m for m in sys.modules if m.split('.')[0] in ('sqlalchemy', 'alembic')"
+        " or m.startswith('gradwatch_server.store')))\n"
+    )
+    out = subprocess.run(
+        [server_command()[0], "-c", code, str(tmp_path / "missing")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=server_env(),
+    )
+    assert out.stdout.split(maxsplit=1) == ["2", "[]\n"], out.stdout + out.stderr

@@ -1,12 +1,15 @@
-"""Export helpers: safe download names, and CSV cells that cannot run as spreadsheet formulas."""
+"""Export helpers: safe download names, CSV cells that cannot run as spreadsheet formulas, and a
+step's values as CSV text."""
 
 from __future__ import annotations
 
 from dataclasses import replace
 
+import numpy as np
 import pytest
 
-from gradwatch_server.exporters import FIXED_METRICS, csv_columns, safe_cell, safe_filename
+from gradwatch_server.exporters import FIXED_METRICS, _text_column, csv_columns, safe_cell, safe_filename
+from gradwatch_server.protocol import ABSENT_BITS
 from gradwatch_server.store import Run
 
 RUN = Run(
@@ -62,3 +65,27 @@ def test_safe_cell(text: str, expected: str) -> None:
 
 def test_csv_columns_put_the_contract_columns_first() -> None:
     assert csv_columns(["zeta", "grad_norm", "alpha"]) == ["step", "param", *FIXED_METRICS, "alpha", "zeta"]
+
+
+def _absent(count: int) -> np.ndarray:
+    return np.full(count, ABSENT_BITS, np.uint32).view(np.float32)
+
+
+@pytest.mark.parametrize(
+    "values",
+    [
+        np.ones(5, np.float32),  # one value across the step: written once
+        np.array([0.0, -0.0, 0.0], np.float32),  # equal as numbers, not as text
+        np.full(3, -0.0, np.float32),
+        np.full(3, np.nan, np.float32),  # measured NaN: data
+        _absent(4),  # no value: empty cells
+        np.concatenate([_absent(1), np.ones(2, np.float32)]),
+        np.array([0.1, 3e-8, np.inf, -np.inf, np.nan, 123456.79], np.float32),
+        np.ones(1, np.float32),
+    ],
+)
+def test_a_steps_values_are_written_as_each_one_alone_would_be(values: np.ndarray) -> None:
+    """Each cell is numpy's shortest float32 text of its own value ('' for ABSENT), whether or
+    not the step's values are all alike."""
+    expected = ["" if int(v.view(np.uint32)) == ABSENT_BITS else str(v) for v in values]
+    assert list(_text_column(values, len(values))) == expected
