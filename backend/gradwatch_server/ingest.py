@@ -120,6 +120,7 @@ class IngestConnection:
         self.state = State.AWAIT_HELLO
         self.run_id = ""
         self.job: str | None = None  # the job's run id, for a rank of a distributed job
+        self.rank = 0  # and its rank
         self.param_count = 0
         self.reported: dict[str, dict[str, object]] = {}  # findings this connection has passed on
 
@@ -198,6 +199,7 @@ class IngestConnection:
         except ParamsMismatch as exc:
             raise Refusal(CLOSE_INVALID, str(exc)) from None
         self.job = hello.dist.job
+        self.rank = hello.dist.rank
         self.param_count = len(hello.params)
         await self._welcome(opened.rank.run.last_seq)
         if opened.job_created or opened.job_resumed:
@@ -209,7 +211,7 @@ class IngestConnection:
             log.exception("diagnostics of job %s failed", job)
             return
         if self.jobs is not None:
-            self.jobs.opened(job, found)
+            self.jobs.opened(job, found, hello.dist.rank, hello.dist.world_size, opened.rank.run.last_step)
         await self._send_findings(found)
 
     async def _welcome(self, last_seq: int) -> None:
@@ -263,7 +265,7 @@ class IngestConnection:
             raise _deleted(self.run_id) from None
         new = [data for data, is_new in zip(batch, stored) if is_new]
         if self.job is not None:
-            await self._assemble([d.step for d in new])
+            await self._assemble(new)
         elif new:
             await self._report(lambda run_id: self.diagnostics.observe(run_id, new))
         ack: dict[str, object] = {
@@ -297,13 +299,13 @@ class IngestConnection:
             self.reported[finding.code] = public
             self.hub.publish_finding(self.run_id, public)
 
-    async def _assemble(self, stored: Sequence[int] = ()) -> None:
-        """A rank's batch is committed (its new steps `stored`): assemble the job's ready steps;
-        send this hook the job's new findings (before the ack that follows)."""
+    async def _assemble(self, stored: Sequence[StepData] = (), closed: bool = False) -> None:
+        """A rank's batch is committed (its new steps `stored`), or its close: assemble the job's
+        ready steps; send this hook the job's new findings (before the ack that follows)."""
         if self.jobs is None or self.job is None:
             return
         try:
-            found = await self.jobs.assemble(self.job, late=stored)
+            found = await self.jobs.assemble(self.job, self.rank, stored, closed=closed)
         except Exception:  # the rank's steps are committed: the job's timer assembles them later
             log.exception("assembly of job %s failed", self.job)
             return
@@ -326,7 +328,7 @@ class IngestConnection:
             raise _deleted(self.run_id) from None
         self.state = State.CLOSED
         if self.job is not None:  # a closed rank is waited for no more
-            await self._assemble()
+            await self._assemble(closed=True)
             job = await self._await_job()
             if job is not None:  # its stored findings: the job may have ended, its state dropped
                 found = await asyncio.to_thread(

@@ -36,7 +36,7 @@ from . import series as _series
 from . import steps as _steps
 from .blocks_sql import backfill_blocks
 from .engine import create_db_engine, display_url
-from .jobs import Assembly, OpenedRank
+from .jobs import Assembly, JobMemory, OpenedRank
 from .ranks import PartialRange
 from .records import (
     RUN_STATUSES,
@@ -60,6 +60,7 @@ from .values import SPECIAL_NAN, SPECIAL_NEG_ZERO
 __all__ = [
     "RUN_STATUSES",
     "Assembly",
+    "JobMemory",
     "OpenedRank",
     "SEVERITIES",
     "SPECIAL_NAN",
@@ -154,13 +155,15 @@ class Store:
         since: float,
         notify: NotifyInTransaction | None = None,
         late: Sequence[int] = (),
+        memory: JobMemory | None = None,
     ) -> Assembly:
         """Assemble the job's ready steps into its run, in one transaction (jobs.assemble; ranks'
         silence counts from `since` at the earliest; `late`: steps a rank has just stored, whose
-        partial job steps are assembled again where complete now)."""
+        partial job steps are assembled again where complete now; `memory`: what the caller
+        keeps of the job between assemblies, the ranks' steps it stored included)."""
         with self._write() as conn:
             done = _jobs.assemble(
-                conn, job, self._clock(), rank_timeout, since, self._known_names, self._tails, notify, late
+                conn, job, self._clock(), rank_timeout, since, self._known_names, self._tails, notify, late, memory
             )
         written = done.written
         if written is not None and written.changed:  # only once committed
