@@ -23,9 +23,11 @@ receives them (`/ws/live?run=JOB`, published once stored):
 - cpu/rank-step: the server's CPU seconds (its process and workers) from the first scheduled
   step to the last rank's close, per rank and step stored (ms);
 - rss: the server's largest resident memory seen (MiB);
-- bytes/step: growth of the database's used pages per global step (SQLite), against a
-  one-process run of the same tensors on a server of its own (`1p`), and the target
-  1.5 x 1p + 100 B per rank;
+- bytes/step: growth of the database's used pages per global step (SQLite) over the job's
+  second half (the steady state: a rank's per-parameter rows older than the Ranks view's window
+  are pruned, docs/distributed.md; the job needs well over twice that window of steps to show
+  it), against a one-process run of the same tensors on a server of its own (`1p`), and the
+  target 1.5 x 1p + 100 B per rank;
 - errors: connects that failed or timed out, and connections dropped;
 - partial: the job's partial steps (GET /ranks), and its lost ranks;
 - reads: the median of 5 reads each, once the steps are in, of the run page's
@@ -519,9 +521,10 @@ def run_config(spec: Spec, args: argparse.Namespace, tmp: Path) -> Row:
         results: dict[int, tuple[Any, ...]] = {}
 
         cpu0: float | None = None
+        half: tuple[int, int] | None = None  # (used bytes, steps stored) at the job's half-way point
 
         async def watch() -> int:
-            nonlocal rss, cpu0
+            nonlocal rss, cpu0, half
             stop = asyncio.Event()
             live = asyncio.create_task(_watch_live(base, spec.job, stored, stop))
             deadline = t0 + spec.steps * spec.period + DRAIN_S
@@ -529,6 +532,8 @@ def run_config(spec: Spec, args: argparse.Namespace, tmp: Path) -> Row:
                 if cpu0 is None and time.time() >= t0:  # the stepping starts: the hellos are not counted
                     cpu0 = server_cpu(ps)
                 rss = max(rss, server_rss(ps))
+                if half is None and not args.db and len(stored) >= spec.steps // 2:
+                    half = (used_bytes(db_path), len(stored))
                 while not out.empty():
                     results.update(out.get())
                 await asyncio.sleep(0.5)
@@ -567,7 +572,9 @@ def run_config(spec: Spec, args: argparse.Namespace, tmp: Path) -> Row:
             ),
         }
         steps_stored = int(run.get("steps") or 0)
-        bytes_step = (used_bytes(db_path) - before_bytes) / max(1, steps_stored) if not args.db else float("nan")
+        # steady state: the second half's growth (ranks' rows beyond the recent window are pruned)
+        first, at = half if half is not None and half[1] < steps_stored else (before_bytes, 0)
+        bytes_step = (used_bytes(db_path) - first) / max(1, steps_stored - at) if not args.db else float("nan")
         return Row(
             spec=spec,
             admit_s=(max(welcomed) - min(tries)) if len(welcomed) == spec.ranks and tries else float("inf"),

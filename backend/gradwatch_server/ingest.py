@@ -259,7 +259,7 @@ class IngestConnection:
         batch = [StepData(seq=s.seq, step=s.step, time=s.time, scalars=s.scalars, arrays=s.arrays()) for s in steps]
         try:
             stored = await asyncio.to_thread(
-                self.store.write_steps, self.run_id, batch, self.hub.steps_notice(self.run_id)
+                self.store.write_steps, self.run_id, batch, self.hub.steps_notice(self.run_id), self.job is not None
             )
         except UnknownRun:
             raise _deleted(self.run_id) from None

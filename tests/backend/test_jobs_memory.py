@@ -23,17 +23,20 @@ JOB = "j-mem"
 PIECES = [{"local_numel": [3, 3], "counted": [True, True]}, {"local_numel": [3, 3], "counted": [True, False]}]
 
 
-def batches(steps: int) -> list[list[StepData]]:
-    """Per rank, its steps 1..`steps` as its connection stores them (measured, then unmeasured)."""
+def batches(steps: int, desync_at: int = 0) -> list[list[StepData]]:
+    """Per rank, its steps 1..`steps` as its connection stores them (measured, then unmeasured):
+    its own shard of fc.weight, fc.bias the same on both ranks (a replica) but at `desync_at`."""
     out: list[list[StepData]] = []
     rng = np.random.default_rng(3)
+    values = rng.random((steps + 1, 2, 3)).astype("<f4")  # step, rank, (weight shard, bias, param)
     for rank in range(2):
         batch = []
         for s in range(1, steps + 1):
             measured = s % 2 == 1
             arrays = {"backward_passes": f32(1, 1)}
             if measured:
-                arrays |= {"grad_norm": rng.random(2).astype("<f4"), "param_norm": rng.random(2).astype("<f4")}
+                bias = values[s, 0, 1] * (2 if rank == 1 and s == desync_at else 1)
+                arrays |= {"grad_norm": f32(values[s, rank, 0], bias), "param_norm": f32(values[s, rank, 2], 1.0)}
             message = parse_message(
                 json.dumps(
                     step(
@@ -52,9 +55,9 @@ def batches(steps: int) -> list[list[StepData]]:
     return out
 
 
-def seeded(path: Path, steps: int) -> tuple[Store, list[list[StepData]]]:
+def seeded(path: Path, steps: int, desync_at: int = 0) -> tuple[Store, list[list[StepData]]]:
     store = open_store(f"sqlite:///{path}")
-    sent = batches(steps)
+    sent = batches(steps, desync_at)
     for rank in range(2):
         hello = parse_message(json.dumps(rank_hello(JOB, rank, 2, **PIECES[rank])))
         assert isinstance(hello, Hello)
@@ -116,3 +119,28 @@ def test_the_memory_keeps_the_oldest_steps_within_its_bound_and_frees_what_is_as
     assert all(memory.take(0, s) is None for s in range(1, 7))
     memory.add(0, sent[4:])  # room again once assembled steps are forgotten
     assert memory.take(0, 5) is not None
+
+
+def test_ranks_keep_their_per_parameter_rows_in_the_recent_window_and_where_they_desynced(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(store_jobs, "RANK_WINDOW", 4)
+    monkeypatch.setattr(store_jobs, "PRUNE_EVERY", 2)
+    store, sent = seeded(tmp_path / "prune.db", 12, desync_at=3)
+    memory = JobMemory()
+    for rank in range(2):
+        memory.add(rank, sent[rank])
+    before = job_rows(store)
+    assert before == []
+    done = store.assemble(JOB, 30.0, 0.0, memory=memory)
+    assert [d.step for d in done.steps] == list(range(1, 13))
+    assert done.steps[2].scalars.get("dist/desync/r1") == 1.0  # step 3: rank 1's fc.bias differs
+    for rank in range(2):
+        kept = {r.step for chunk in store.iter_steps(f"{JOB}.r{rank}") for r in chunk if r.arrays}
+        assert kept == {3, 9, 10, 11, 12}  # the desync evidence, and the last 4 steps
+        scalars = {r.step for chunk in store.iter_steps(f"{JOB}.r{rank}") for r in chunk if "time/step_s" in r.scalars}
+        assert scalars == set(range(1, 13))  # every step's per-rank summary stays
+    # the job's own rows are whole, as assembled from the rows now pruned
+    fresh, _ = seeded(tmp_path / "whole.db", 12, desync_at=3)
+    fresh.assemble(JOB, 30.0, 0.0, memory=JobMemory())
+    assert job_rows(store) == job_rows(fresh)

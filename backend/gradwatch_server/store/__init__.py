@@ -290,13 +290,19 @@ class Store:
     # -- steps -----------------------------------------------------------------------------
 
     def write_steps(
-        self, run_id: str, batch: Sequence[StepData], notify: NotifyInTransaction | None = None
+        self,
+        run_id: str,
+        batch: Sequence[StepData],
+        notify: NotifyInTransaction | None = None,
+        rank_run: bool = False,
     ) -> list[bool]:
         """Store step messages in one transaction; per message, False if it was stored already
         (steps.write_steps). `notify` (PostgreSQL, `serve --workers N`) names the NOTIFY to send
-        in that transaction."""
+        in that transaction. `rank_run`: a rank's own run of a job (no per-parameter blocks)."""
         with self._write() as conn:
-            written = _steps.write_steps(conn, run_id, batch, self._clock(), self._known_names, self._tails, notify)
+            written = _steps.write_steps(
+                conn, run_id, batch, self._clock(), self._known_names, self._tails, notify, param_blocks=not rank_run
+            )
         if written.changed:  # only once committed
             self._known_names |= written.names
             self._tails.keep(run_id, written.tail)

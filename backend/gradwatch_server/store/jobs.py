@@ -40,6 +40,16 @@ ASSEMBLE_CHUNK = 512
 MEMORY_BYTES = 256 * 2**20
 
 
+#: Steps behind the job's last one whose per-parameter rows each rank's run keeps whole: the
+#: Ranks view's recent window. Before it, a rank's per-parameter rows are kept only where they
+#: tell what the job's global row cannot: its steps of a `rank_desync` (the job's step has
+#: `dist/desync/rR` scalars) and those the job still misses a rank on (a partial step is
+#: assembled again from them). Its scalars (step time, time before backward, memory) stay.
+RANK_WINDOW = 100
+#: Rank rows are pruned in one statement per this many assembled steps.
+PRUNE_EVERY = 25
+
+
 @dataclass(frozen=True)
 class _Sent:
     """One rank's step as its connection stored it, arrays decoded once (views of its bytes)."""
@@ -64,6 +74,7 @@ class JobMemory:
         self._bytes = 0
         self.counted: dict[str, np.ndarray] = {}  # rank's run id -> whether each piece counts
         self.full: dict[str, np.ndarray] = {}  # rank's run id -> whether each piece is the whole tensor
+        self.pruned_through = 0  # the ranks' per-parameter rows up to here are pruned (`_prune`)
 
     def add(self, rank: int, batch: Sequence[StepData]) -> None:
         """A rank's connection stored `batch` (committed): keep its pieces until assembled."""
@@ -349,6 +360,8 @@ def assemble(
         )
         memory.forget_through(ready[-1])
     done.last_step = max([*ready, *([] if parent.last_step is None else [parent.last_step])], default=None)
+    if done.last_step is not None:
+        _prune(conn, job, [r.run_id for r in present if r.run_id is not None], done.last_step, memory)
     done.more = bool(ready) and len(ready) == len(candidates) and bound is not None
     if late:
         _complete(conn, job, parent.world_size, late, present, now, known, run_tails, done, memory)
@@ -409,6 +422,31 @@ def _write(
             insert(partial_steps),
             [{"run_id": job, "step": s, "missing": json.dumps(m)} for s, m in done.partial.items()],
         )
+
+
+def _prune(conn: Connection, job: str, run_ids: Sequence[str], last_step: int, memory: JobMemory) -> None:
+    """Delete the ranks' per-parameter rows of the steps more than RANK_WINDOW behind the job's
+    last step, but those of its partial steps and of its `rank_desync` steps (RANK_WINDOW), at
+    most once per PRUNE_EVERY steps, in the assembly's transaction: what the job's run stores
+    is committed with it."""
+    lo, hi = memory.pruned_through, last_step - RANK_WINDOW
+    if hi - lo < PRUNE_EVERY or not run_ids:
+        return
+    partial = select(partial_steps.c.step).where(partial_steps.c.run_id == job, partial_steps.c.step.between(lo, hi))
+    desync = select(scalars.c.step).where(
+        scalars.c.run_id == job, scalars.c.key.startswith(_assemble.DESYNC_PREFIX), scalars.c.step.between(lo, hi)
+    )
+    for at in range(0, len(run_ids), ASSEMBLE_CHUNK):
+        conn.execute(
+            delete(param_metrics).where(
+                param_metrics.c.run_id.in_(run_ids[at : at + ASSEMBLE_CHUNK]),
+                param_metrics.c.step > lo,
+                param_metrics.c.step <= hi,
+                param_metrics.c.step.not_in(partial),
+                param_metrics.c.step.not_in(desync),
+            )
+        )
+    memory.pruned_through = hi
 
 
 def _complete(
