@@ -36,7 +36,7 @@ from .deps import token_ok
 from .diagnostics import Diagnostics, Finding
 from .jobs import JobAssembler
 from .live import LiveHub, worker_headers
-from .notify import Notifier, RunRef
+from .notify import Notifier, RunRef, tell
 from .protocol import Close, Hello, ProtocolError, Step, Steps, parse_message
 from .sessions import Sessions
 from .settings import Settings
@@ -289,15 +289,13 @@ class IngestConnection:
             return
         for finding in found:
             public = finding.to_dict()
-            known = self.reported.get(finding.code)
-            if known == public:
-                continue
-            if known is None or known["severity"] != public["severity"]:  # new, or graver (info -> warning)
+            told = tell(self.reported, public)
+            if told.news:
                 await self._send({"type": "finding", "finding": public})
                 if notify and self.notifier is not None and self.run_ref is not None:
                     self.notifier.finding(self.run_ref, public)
-            self.reported[finding.code] = public
-            self.hub.publish_finding(self.run_id, public)
+            if told.changed:
+                self.hub.publish_finding(self.run_id, public)
 
     async def _assemble(self, stored: Sequence[StepData] = (), closed: bool = False) -> None:
         """A rank's batch is committed (its new steps `stored`), or its close: assemble the job's
@@ -316,10 +314,8 @@ class IngestConnection:
         """Send this hook each of the job's findings it was not sent (again if graver)."""
         for finding in found:
             public = finding.to_dict()
-            known = self.reported.get(finding.code)
-            if known is None or known["severity"] != public["severity"]:
+            if tell(self.reported, public).news:
                 await self._send({"type": "finding", "finding": public})
-            self.reported[finding.code] = public
 
     async def _close(self, close: Close) -> None:
         try:

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 
 from .diagnostics import Diagnostics, Finding
 from .live import LiveHub
-from .notify import Notifier, RunRef
+from .notify import Notifier, RunRef, tell
 from .protocol import GRAD_STATUS, PROTOCOL_VERSION, Step
 from .store import JobMemory, StepData, Store, UnknownRun
 
@@ -224,18 +224,15 @@ class JobAssembler:
     async def _announce(self, job: str, state: _Job, found: list[Finding]) -> None:
         """Tell the browsers each changed finding, and the webhooks each new (or graver) one, once
         per job whichever rank's batch found it."""
-        known = state.announced
         for finding in found:
             public = finding.to_dict()
-            before = known.get(finding.code)
-            if before == public:
-                continue
-            if (before is None or before["severity"] != public["severity"]) and self._notifier is not None:
+            told = tell(state.announced, public)
+            if told.news and self._notifier is not None:
                 run = await asyncio.to_thread(self._store.get_run, job)
                 if run is not None:
                     self._notifier.finding(RunRef(run.id, run.name, run.project), public)
-            known[finding.code] = public
-            self._hub.publish_finding(job, public)
+            if told.changed:
+                self._hub.publish_finding(job, public)
 
     def opened(self, job: str, found: list[Finding], rank: int, world_size: int, last_step: int | None) -> None:
         """A rank's hello (its run's last stored step `last_step`): the job's findings so far
