@@ -26,7 +26,7 @@ receives them (`/ws/live?run=JOB`, published once stored):
 - bytes/step: growth of the database's used pages per global step (SQLite) over the job's
   second half (the steady state: a rank's per-parameter rows older than the Ranks view's window
   are pruned, docs/distributed.md; the job needs well over twice that window of steps to show
-  it), against a one-process run of the same tensors on a server of its own (`1p`), and the
+  it: --steps 250 or more, else the whole job is measured), against a one-process run of the same tensors on a server of its own (`1p`), and the
   target 1.5 x 1p + 100 B per rank;
 - errors: connects that failed or timed out, and connections dropped;
 - partial: the job's partial steps (GET /ranks), and its lost ranks;
@@ -78,6 +78,10 @@ BACKOFF_S, BACKOFF_MAX_S = 0.1, 5.0
 DRAIN_S = 120.0
 #: Per-rank bytes allowed beyond 1.5x a one-process run (the per-rank summary of a step).
 SUMMARY_BYTES = 100
+#: A job of at least this many steps has its bytes measured over its second half: beyond the
+#: ranks' per-parameter window (100 steps) and its pruning period (25), twice over. A shorter
+#: one is measured whole (the ranks' window is then all kept: the figure is the worst case).
+STEADY_STEPS = 250
 
 
 def free_port() -> int:
@@ -532,7 +536,7 @@ def run_config(spec: Spec, args: argparse.Namespace, tmp: Path) -> Row:
                 if cpu0 is None and time.time() >= t0:  # the stepping starts: the hellos are not counted
                     cpu0 = server_cpu(ps)
                 rss = max(rss, server_rss(ps))
-                if half is None and not args.db and len(stored) >= spec.steps // 2:
+                if half is None and not args.db and spec.steps >= STEADY_STEPS and len(stored) >= spec.steps // 2:
                     half = (used_bytes(db_path), len(stored))
                 while not out.empty():
                     results.update(out.get())

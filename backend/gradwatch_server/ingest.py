@@ -24,9 +24,12 @@ from __future__ import annotations
 
 import asyncio
 import enum
+import functools
 import json
 import logging
 from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, TypeVar
 
 from fastapi import WebSocket, WebSocketDisconnect
 from starlette.websockets import WebSocketDisconnected
@@ -56,6 +59,19 @@ MAX_PENDING = 64
 #: job's findings (found when the last rank's steps arrive) reach every rank before it ends.
 #: Bounded well under the hook's own close timeout (5 s by default): nothing waits on it for data.
 JOB_CLOSE_WAIT_S = 2.0
+
+
+#: Threads of their own for hellos (validating one, opening its run): a crowd of ranks joining a
+#: running job is admitted while the other ranks' step writes fill the default executor, rather
+#: than queued behind them past the hook's welcome timeout (each retry a new hello: a storm).
+HELLO_THREADS = 2
+_hellos = ThreadPoolExecutor(HELLO_THREADS, thread_name_prefix="gradwatch-hello")
+
+_T = TypeVar("_T")
+
+
+async def _on_hello_thread(func: Callable[..., _T], *args: Any) -> _T:
+    return await asyncio.get_running_loop().run_in_executor(_hellos, functools.partial(func, *args))
 
 
 class State(enum.Enum):
@@ -134,7 +150,7 @@ class IngestConnection:
                     "missing or wrong token: this server needs "
                     "'Authorization: Bearer TOKEN' (watch(token=...) or GRADWATCH_TOKEN)",
                 )
-            first = self._parse(await self._receive())
+            first = await _on_hello_thread(self._parse, await self._receive())
             if not isinstance(first, Hello):
                 raise Refusal(CLOSE_INVALID, f"the first message must be hello, not {first.type}")
             await self._hello(first)
@@ -180,7 +196,7 @@ class IngestConnection:
             await self._hello_rank(hello)
             return
         try:
-            opened = await asyncio.to_thread(self.store.open_run, hello)
+            opened = await _on_hello_thread(self.store.open_run, hello)
         except ParamsMismatch as exc:
             raise Refusal(CLOSE_INVALID, str(exc)) from None
         self.param_count = len(hello.params)
@@ -195,7 +211,7 @@ class IngestConnection:
         """A rank's hello: open its run and its job's; the run list hears of the job only."""
         assert hello.dist is not None
         try:
-            opened = await asyncio.to_thread(self.store.open_rank, hello)
+            opened = await _on_hello_thread(self.store.open_rank, hello)
         except ParamsMismatch as exc:
             raise Refusal(CLOSE_INVALID, str(exc)) from None
         self.job = hello.dist.job
@@ -206,7 +222,7 @@ class IngestConnection:
             self.hub.publish_run(opened.job)
         job = self.job
         try:
-            found = await asyncio.to_thread(self.diagnostics.open_run, job, opened.job.steps)
+            found = await _on_hello_thread(self.diagnostics.open_run, job, opened.job.steps)
         except Exception:
             log.exception("diagnostics of job %s failed", job)
             return
