@@ -11,7 +11,7 @@ TORCH  := torch==2.13.0
 # pointed at PostgreSQL and the tests run on it too.
 PKGS   := ./trainer_hook './backend[postgres]'
 
-.PHONY: demo test test-fast check format screenshot bench bench-dashboard bench-storage bench-distributed bench-compare setup setup-test system-deps clean
+.PHONY: demo test test-fast check format screenshot bench bench-dashboard bench-storage bench-distributed bench-compare bench-ranks setup setup-test system-deps clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -104,6 +104,17 @@ bench: setup-test $(VENV)/.stamp-bench-peers $(BENCH_VENV)/.stamp
 # A 2-rank CPU job (DDP, FSDP2) watched vs unwatched, alone.
 bench-distributed: setup-test
 	$(BIN)/python benchmarks/distributed.py
+
+# How large a job one server takes (docs/distributed.md): simulated ranks against one server, at
+# the targets' sizes; another size with e.g. RANKS_ARGS="--ranks 8,32,64 --steps 60".
+RANKS_ARGS ?=
+bench-ranks: setup-test
+ifeq ($(strip $(RANKS_ARGS)),)
+	$(BIN)/python benchmarks/ranks.py --ranks 1024 --tensors 700 --period 1 --steps 300
+	$(BIN)/python benchmarks/ranks.py --ranks 256 --tensors 700 --period 0.2 --steps 300
+else
+	$(BIN)/python benchmarks/ranks.py $(RANKS_ARGS)
+endif
 
 # Storage at scale alone: ingest (SQLite, PostgreSQL, MLflow), reads, export, disk, run management.
 bench-storage: setup-test $(BENCH_VENV)/.stamp

@@ -24,9 +24,12 @@ from __future__ import annotations
 
 import asyncio
 import enum
+import functools
 import json
 import logging
 from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, TypeVar
 
 from fastapi import WebSocket, WebSocketDisconnect
 from starlette.websockets import WebSocketDisconnected
@@ -36,7 +39,7 @@ from .deps import token_ok
 from .diagnostics import Diagnostics, Finding
 from .jobs import JobAssembler
 from .live import LiveHub, worker_headers
-from .notify import Notifier, RunRef
+from .notify import Notifier, RunRef, tell
 from .protocol import Close, Hello, ProtocolError, Step, Steps, parse_message
 from .sessions import Sessions
 from .settings import Settings
@@ -56,6 +59,19 @@ MAX_PENDING = 64
 #: job's findings (found when the last rank's steps arrive) reach every rank before it ends.
 #: Bounded well under the hook's own close timeout (5 s by default): nothing waits on it for data.
 JOB_CLOSE_WAIT_S = 2.0
+
+
+#: Threads of their own for hellos (validating one, opening its run): a crowd of ranks joining a
+#: running job is admitted while the other ranks' step writes fill the default executor, rather
+#: than queued behind them past the hook's welcome timeout (each retry a new hello: a storm).
+HELLO_THREADS = 2
+_hellos = ThreadPoolExecutor(HELLO_THREADS, thread_name_prefix="gradwatch-hello")
+
+_T = TypeVar("_T")
+
+
+async def _on_hello_thread(func: Callable[..., _T], *args: Any) -> _T:
+    return await asyncio.get_running_loop().run_in_executor(_hellos, functools.partial(func, *args))
 
 
 class State(enum.Enum):
@@ -120,6 +136,7 @@ class IngestConnection:
         self.state = State.AWAIT_HELLO
         self.run_id = ""
         self.job: str | None = None  # the job's run id, for a rank of a distributed job
+        self.rank = 0  # and its rank
         self.param_count = 0
         self.reported: dict[str, dict[str, object]] = {}  # findings this connection has passed on
 
@@ -133,7 +150,7 @@ class IngestConnection:
                     "missing or wrong token: this server needs "
                     "'Authorization: Bearer TOKEN' (watch(token=...) or GRADWATCH_TOKEN)",
                 )
-            first = self._parse(await self._receive())
+            first = await _on_hello_thread(self._parse, await self._receive())
             if not isinstance(first, Hello):
                 raise Refusal(CLOSE_INVALID, f"the first message must be hello, not {first.type}")
             await self._hello(first)
@@ -179,7 +196,7 @@ class IngestConnection:
             await self._hello_rank(hello)
             return
         try:
-            opened = await asyncio.to_thread(self.store.open_run, hello)
+            opened = await _on_hello_thread(self.store.open_run, hello)
         except ParamsMismatch as exc:
             raise Refusal(CLOSE_INVALID, str(exc)) from None
         self.param_count = len(hello.params)
@@ -194,22 +211,23 @@ class IngestConnection:
         """A rank's hello: open its run and its job's; the run list hears of the job only."""
         assert hello.dist is not None
         try:
-            opened = await asyncio.to_thread(self.store.open_rank, hello)
+            opened = await _on_hello_thread(self.store.open_rank, hello)
         except ParamsMismatch as exc:
             raise Refusal(CLOSE_INVALID, str(exc)) from None
         self.job = hello.dist.job
+        self.rank = hello.dist.rank
         self.param_count = len(hello.params)
         await self._welcome(opened.rank.run.last_seq)
         if opened.job_created or opened.job_resumed:
             self.hub.publish_run(opened.job)
         job = self.job
         try:
-            found = await asyncio.to_thread(self.diagnostics.open_run, job, opened.job.steps)
+            found = await _on_hello_thread(self.diagnostics.open_run, job, opened.job.steps)
         except Exception:
             log.exception("diagnostics of job %s failed", job)
             return
         if self.jobs is not None:
-            self.jobs.opened(job, found)
+            self.jobs.opened(job, found, hello.dist.rank, hello.dist.world_size, opened.rank.run.last_step)
         await self._send_findings(found)
 
     async def _welcome(self, last_seq: int) -> None:
@@ -257,13 +275,13 @@ class IngestConnection:
         batch = [StepData(seq=s.seq, step=s.step, time=s.time, scalars=s.scalars, arrays=s.arrays()) for s in steps]
         try:
             stored = await asyncio.to_thread(
-                self.store.write_steps, self.run_id, batch, self.hub.steps_notice(self.run_id)
+                self.store.write_steps, self.run_id, batch, self.hub.steps_notice(self.run_id), self.job is not None
             )
         except UnknownRun:
             raise _deleted(self.run_id) from None
         new = [data for data, is_new in zip(batch, stored) if is_new]
         if self.job is not None:
-            await self._assemble([d.step for d in new])
+            await self._assemble(new)
         elif new:
             await self._report(lambda run_id: self.diagnostics.observe(run_id, new))
         ack: dict[str, object] = {
@@ -287,23 +305,21 @@ class IngestConnection:
             return
         for finding in found:
             public = finding.to_dict()
-            known = self.reported.get(finding.code)
-            if known == public:
-                continue
-            if known is None or known["severity"] != public["severity"]:  # new, or graver (info -> warning)
+            told = tell(self.reported, public)
+            if told.news:
                 await self._send({"type": "finding", "finding": public})
                 if notify and self.notifier is not None and self.run_ref is not None:
                     self.notifier.finding(self.run_ref, public)
-            self.reported[finding.code] = public
-            self.hub.publish_finding(self.run_id, public)
+            if told.changed:
+                self.hub.publish_finding(self.run_id, public)
 
-    async def _assemble(self, stored: Sequence[int] = ()) -> None:
-        """A rank's batch is committed (its new steps `stored`): assemble the job's ready steps;
-        send this hook the job's new findings (before the ack that follows)."""
+    async def _assemble(self, stored: Sequence[StepData] = (), closed: bool = False) -> None:
+        """A rank's batch is committed (its new steps `stored`), or its close: assemble the job's
+        ready steps; send this hook the job's new findings (before the ack that follows)."""
         if self.jobs is None or self.job is None:
             return
         try:
-            found = await self.jobs.assemble(self.job, late=stored)
+            found = await self.jobs.assemble(self.job, self.rank, stored, closed=closed)
         except Exception:  # the rank's steps are committed: the job's timer assembles them later
             log.exception("assembly of job %s failed", self.job)
             return
@@ -314,10 +330,8 @@ class IngestConnection:
         """Send this hook each of the job's findings it was not sent (again if graver)."""
         for finding in found:
             public = finding.to_dict()
-            known = self.reported.get(finding.code)
-            if known is None or known["severity"] != public["severity"]:
+            if tell(self.reported, public).news:
                 await self._send({"type": "finding", "finding": public})
-            self.reported[finding.code] = public
 
     async def _close(self, close: Close) -> None:
         try:
@@ -326,7 +340,7 @@ class IngestConnection:
             raise _deleted(self.run_id) from None
         self.state = State.CLOSED
         if self.job is not None:  # a closed rank is waited for no more
-            await self._assemble()
+            await self._assemble(closed=True)
             job = await self._await_job()
             if job is not None:  # its stored findings: the job may have ended, its state dropped
                 found = await asyncio.to_thread(

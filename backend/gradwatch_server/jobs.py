@@ -26,9 +26,9 @@ from dataclasses import dataclass, field
 
 from .diagnostics import Diagnostics, Finding
 from .live import LiveHub
-from .notify import Notifier, RunRef
+from .notify import Notifier, RunRef, tell
 from .protocol import GRAD_STATUS, PROTOCOL_VERSION, Step
-from .store import StepData, Store, UnknownRun
+from .store import JobMemory, StepData, Store, UnknownRun
 
 log = logging.getLogger("gradwatch.jobs")
 
@@ -65,6 +65,29 @@ class _Job:
     users: int = 0  # assemblies holding or awaiting the lock
     settled: bool = False  # finished, crashed or deleted: drop once no assembly uses it
     announced: dict[str, dict[str, object]] = field(default_factory=dict)  # code -> finding as told
+    memory: JobMemory = field(default_factory=JobMemory)  # the ranks' pieces and parameters kept here
+    world_size: int | None = None
+    #: What this process knows of the ranks, to skip an assembly that cannot find a step ready:
+    #: each rank's last stored step (from its hello here, then its batches), the ranks that
+    #: closed here, and those the last assembly went on without (lost, until they send again).
+    frontier: dict[int, int] = field(default_factory=dict)
+    closed: set[int] = field(default_factory=set)
+    lost: set[int] = field(default_factory=set)
+    assembled: int | None = None  # the job's run's last step, as of this process's last assembly
+
+    def nothing_ready(self, late: Sequence[int]) -> bool:
+        """Whether no step can be ready: some rank still waited for has stored nothing beyond
+        the job's last step (a step is ready when every waited rank has it or is past it), and
+        no stored step may complete a partial one (those are at most the job's last step).
+        Only where every waited rank said hello to this process: a rank known elsewhere (another
+        worker, before a restart) leaves it to the store. Never so for a rank that stopped
+        without closing here: the timer's assembly finds it lost, and goes on without it."""
+        if self.world_size is None or self.assembled is None or any(s <= self.assembled for s in late):
+            return False
+        waited = [r for r in range(self.world_size) if r not in self.closed and r not in self.lost]
+        if any(r not in self.frontier for r in waited):
+            return False
+        return any(self.frontier[r] <= self.assembled for r in waited)
 
 
 class JobAssembler:
@@ -110,10 +133,24 @@ class JobAssembler:
         """The jobs this process keeps state for (their status is not settled yet)."""
         return frozenset(self._jobs)
 
-    async def assemble(self, job: str, late: Sequence[int] = ()) -> list[Finding] | None:
+    async def assemble(
+        self, job: str, rank: int | None = None, batch: Sequence[StepData] = (), closed: bool = False
+    ) -> list[Finding] | None:
         """Assemble what is ready of `job`; its current findings if steps were added, else None.
-        `late`: the steps a rank's batch just stored (its partial job steps may be complete now)."""
+        `rank`'s connection just committed `batch` (kept here for the assembly: its pieces are
+        not read back), or its close (`closed`); a batch that cannot make a step ready (another
+        rank has not stored one beyond the job's last yet) assembles nothing."""
         state = self._job(job)
+        late = [d.step for d in batch]
+        if rank is not None:
+            state.memory.add(rank, batch)
+            if batch:
+                state.frontier[rank] = max(state.frontier.get(rank, 0), *late)
+                state.lost.discard(rank)
+            if closed:
+                state.closed.add(rank)
+            elif state.nothing_ready(late):
+                return None
         state.users += 1
         try:
             async with state.lock:
@@ -122,16 +159,19 @@ class JobAssembler:
             state.users -= 1
             self._release(job, state)
 
-    async def _assemble(self, job: str, state: _Job, late: Sequence[int]) -> list[Finding] | None:
+    async def _assemble(self, job: str, state: _Job, late: list[int]) -> list[Finding] | None:
         notify = self._hub.steps_notice(job)
         new: list[StepData] = []
         status: str | None = None
         before: int | None = None
         while True:
             done = await asyncio.to_thread(
-                self._store.assemble, job, self.rank_timeout_s, state.first_seen, notify, late
+                self._store.assemble, job, self.rank_timeout_s, state.first_seen, notify, late, state.memory
             )
-            late = ()
+            late = []
+            state.assembled = done.last_step if done.last_step is not None else state.assembled
+            for missing in done.partial.values():
+                state.lost.update(missing)
             before = done.steps_before if before is None else before
             new += done.steps
             status = done.status or status
@@ -184,23 +224,24 @@ class JobAssembler:
     async def _announce(self, job: str, state: _Job, found: list[Finding]) -> None:
         """Tell the browsers each changed finding, and the webhooks each new (or graver) one, once
         per job whichever rank's batch found it."""
-        known = state.announced
         for finding in found:
             public = finding.to_dict()
-            before = known.get(finding.code)
-            if before == public:
-                continue
-            if (before is None or before["severity"] != public["severity"]) and self._notifier is not None:
+            told = tell(state.announced, public)
+            if told.news and self._notifier is not None:
                 run = await asyncio.to_thread(self._store.get_run, job)
                 if run is not None:
                     self._notifier.finding(RunRef(run.id, run.name, run.project), public)
-            known[finding.code] = public
-            self._hub.publish_finding(job, public)
+            if told.changed:
+                self._hub.publish_finding(job, public)
 
-    def opened(self, job: str, found: list[Finding]) -> None:
-        """A rank's hello: the job's findings so far were news when they were found, not now."""
+    def opened(self, job: str, found: list[Finding], rank: int, world_size: int, last_step: int | None) -> None:
+        """A rank's hello (its run's last stored step `last_step`): the job's findings so far
+        were news when they were found, not now."""
         state = self._job(job)
         state.settled = False  # a job resumed by a rank's hello runs again
+        state.world_size = world_size
+        state.frontier[rank] = max(state.frontier.get(rank, 0), last_step or 0)
+        state.closed.discard(rank)
         known = state.announced
         for finding in found:
             known.setdefault(finding.code, finding.to_dict())

@@ -40,6 +40,27 @@ MAX_QUEUED = 1000
 DISCORD_MAX = 2000
 
 
+@dataclass(frozen=True)
+class Told:
+    """What to do with a finding against what was told of its code before (`tell`)."""
+
+    changed: bool  # any field differs: browsers get it
+    news: bool  # new, or its severity changed: hooks and webhooks get it
+
+
+def tell(known: dict[str, dict[str, object]], finding: dict[str, object]) -> Told:
+    """The one rule for telling a finding (`known`: code -> the finding as last told, updated
+    here): a hook and a webhook hear of a code once, and again when its severity changes (an
+    info turning warning is graver news); a browser gets every change (message, parameters,
+    figure), to redraw it."""
+    before = known.get(str(finding["code"]))
+    known[str(finding["code"])] = finding
+    return Told(
+        changed=before != finding,
+        news=before is None or before["severity"] != finding["severity"],
+    )
+
+
 def check_url(url: str) -> str:
     """An http(s) URL with a host, as given; ValueError otherwise (a typo must not fail silently)."""
     parts = urlsplit(url.strip())

@@ -162,6 +162,18 @@ def test_writes_are_idempotent_and_update_the_run(store: Store, clock: Clock) ->
     assert run is not None and run.status == "finished" and run.finished_at == 2000.0
 
 
+def test_a_close_resent_after_its_run_was_resumed_finishes_it_again(store: Store) -> None:
+    """A hook whose close was committed but not acknowledged (the server was killed) reconnects:
+    its hello resumes the run, and the close it sends again (the same seq) applies again."""
+    open_hello(store)
+    assert store.close_run("r", seq=1, status="finished")
+    open_hello(store)  # resumed: running again, last seq 1
+    assert store.close_run("r", seq=1, status="finished")
+    run = store.get_run("r")
+    assert run is not None and run.status == "finished"
+    assert not store.close_run("r", seq=1, status="finished")  # a duplicate now
+
+
 def test_series_names_are_in_code_point_order_on_every_database(store: Store) -> None:
     open_hello(store)
     write(store, "r", 1, 1, scalars={"alpha": 1.0, "Zeta": 2.0, "lr_max": 3.0, "lr/0": 4.0})

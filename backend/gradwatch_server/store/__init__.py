@@ -36,7 +36,7 @@ from . import series as _series
 from . import steps as _steps
 from .blocks_sql import backfill_blocks
 from .engine import create_db_engine, display_url
-from .jobs import Assembly, OpenedRank
+from .jobs import Assembly, JobMemory, OpenedRank
 from .ranks import PartialRange
 from .records import (
     RUN_STATUSES,
@@ -60,6 +60,7 @@ from .values import SPECIAL_NAN, SPECIAL_NEG_ZERO
 __all__ = [
     "RUN_STATUSES",
     "Assembly",
+    "JobMemory",
     "OpenedRank",
     "SEVERITIES",
     "SPECIAL_NAN",
@@ -154,13 +155,15 @@ class Store:
         since: float,
         notify: NotifyInTransaction | None = None,
         late: Sequence[int] = (),
+        memory: JobMemory | None = None,
     ) -> Assembly:
         """Assemble the job's ready steps into its run, in one transaction (jobs.assemble; ranks'
         silence counts from `since` at the earliest; `late`: steps a rank has just stored, whose
-        partial job steps are assembled again where complete now)."""
+        partial job steps are assembled again where complete now; `memory`: what the caller
+        keeps of the job between assemblies, the ranks' steps it stored included)."""
         with self._write() as conn:
             done = _jobs.assemble(
-                conn, job, self._clock(), rank_timeout, since, self._known_names, self._tails, notify, late
+                conn, job, self._clock(), rank_timeout, since, self._known_names, self._tails, notify, late, memory
             )
         written = done.written
         if written is not None and written.changed:  # only once committed
@@ -287,13 +290,19 @@ class Store:
     # -- steps -----------------------------------------------------------------------------
 
     def write_steps(
-        self, run_id: str, batch: Sequence[StepData], notify: NotifyInTransaction | None = None
+        self,
+        run_id: str,
+        batch: Sequence[StepData],
+        notify: NotifyInTransaction | None = None,
+        rank_run: bool = False,
     ) -> list[bool]:
         """Store step messages in one transaction; per message, False if it was stored already
         (steps.write_steps). `notify` (PostgreSQL, `serve --workers N`) names the NOTIFY to send
-        in that transaction."""
+        in that transaction. `rank_run`: a rank's own run of a job (no per-parameter blocks)."""
         with self._write() as conn:
-            written = _steps.write_steps(conn, run_id, batch, self._clock(), self._known_names, self._tails, notify)
+            written = _steps.write_steps(
+                conn, run_id, batch, self._clock(), self._known_names, self._tails, notify, param_blocks=not rank_run
+            )
         if written.changed:  # only once committed
             self._known_names |= written.names
             self._tails.keep(run_id, written.tail)

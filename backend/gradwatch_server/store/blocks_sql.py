@@ -40,6 +40,7 @@ def update_blocks(
     before: int | None,
     after: int,
     stored: Sequence[Step] | None = None,
+    kinds: Sequence[str] = tuple(blocks.RECORDS),
 ) -> None:
     """Recompute the closed blocks that storing `new_steps` changed or closed (blocks.dirty),
     of every series of the run, in the caller's transaction: per kind and size, one query reads
@@ -48,12 +49,13 @@ def update_blocks(
 
     `stored`: every stored step of the smallest blocks to recompute, when the store has them in
     memory (tails.py); then the raw rows are not read back. Blocks never closed before (numbered
-    from `closed(size, before)` on) were never written, so they need no delete."""
+    from `closed(size, before)` on) were never written, so they need no delete. `kinds`: the
+    kinds of series that get blocks (a rank's run: its scalars only)."""
     todo = blocks.dirty(new_steps, before, after)
     if not todo[blocks.SIZES[0]]:
         return
     names = conn.execute(select(series_names.c.kind, series_names.c.name).where(series_names.c.run_id == run_id)).all()
-    for kind in blocks.RECORDS:
+    for kind in kinds:
         mine = [name for k, name in names if k == kind]
         for i, size in enumerate(blocks.SIZES):
             numbers = todo[size] if mine else []

@@ -14,6 +14,7 @@ step twice.
 from __future__ import annotations
 
 import json
+import threading
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -23,7 +24,7 @@ from sqlalchemy import Connection, delete, insert, select, update
 
 from .. import assemble as _assemble
 from .. import tails
-from ..protocol import Hello
+from ..protocol import Hello, array_dtype
 from ..schema import param_metrics, params, partial_steps, runs, scalars, steps
 from .records import OpenedRun, ParamsMismatch, Run, StepData, StepRecord
 from .runs import get_series_names, open_run, to_run
@@ -31,6 +32,72 @@ from .steps import NotifyInTransaction, SeriesName, Written, _fill, write_steps
 
 #: Most steps one assembly reads per rank (the caller asks again while `more`).
 ASSEMBLE_CHUNK = 512
+
+
+#: Most bytes of the ranks' pieces a job's memory keeps (1,024 ranks of 700 tensors: about 12
+#: steps); past it a rank's step is not kept, and its assembly reads the rank's stored rows back,
+#: as after a restart. The oldest steps, which the assembly needs first, stay.
+MEMORY_BYTES = 256 * 2**20
+
+
+#: Steps behind the job's last one whose per-parameter rows each rank's run keeps whole: the
+#: Ranks view's recent window. Before it, a rank's per-parameter rows are kept only where they
+#: tell what the job's global row cannot: its steps of a `rank_desync` (the job's step has
+#: `dist/desync/rR` scalars) and those the job still misses a rank on (a partial step is
+#: assembled again from them). Its scalars (step time, time before backward, memory) stay.
+RANK_WINDOW = 100
+#: Rank rows are pruned in one statement per this many assembled steps.
+PRUNE_EVERY = 25
+
+
+@dataclass(frozen=True)
+class _Sent:
+    """One rank's step as its connection stored it, arrays decoded once (views of its bytes)."""
+
+    time: float
+    scalars: dict[str, float]
+    arrays: dict[str, np.ndarray]
+    size: int  # bytes of its arrays
+
+
+class JobMemory:
+    """What the process that assembles a job keeps between its assemblies, so that an assembly
+    reads back neither the ranks' parameter lists (per rank's run: which pieces count, which are
+    the full tensor) nor the steps the ranks' connections stored through this process (the
+    ranks' stored rows are read only for what it does not hold: steps stored before a restart,
+    through another worker, or beyond MEMORY_STEPS). Shared by the event loop, which adds
+    steps, and the assembly's thread: a lock guards the steps."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._steps: dict[int, dict[int, _Sent]] = {}  # step -> rank -> its piece
+        self._bytes = 0
+        self.counted: dict[str, np.ndarray] = {}  # rank's run id -> whether each piece counts
+        self.full: dict[str, np.ndarray] = {}  # rank's run id -> whether each piece is the whole tensor
+        self.pruned_through = 0  # the ranks' per-parameter rows up to here are pruned (`_prune`)
+
+    def add(self, rank: int, batch: Sequence[StepData]) -> None:
+        """A rank's connection stored `batch` (committed): keep its pieces until assembled."""
+        with self._lock:
+            for d in batch:
+                size = sum(len(raw) for raw in d.arrays.values())
+                if self._bytes + size > MEMORY_BYTES:
+                    return
+                arrays = {m: np.frombuffer(raw, dtype=array_dtype(m)) for m, raw in d.arrays.items()}
+                old = self._steps.setdefault(d.step, {}).get(rank)
+                self._steps[d.step][rank] = _Sent(d.time, dict(d.scalars), arrays, size)
+                self._bytes += size - (0 if old is None else old.size)
+
+    def take(self, rank: int, step: int) -> _Sent | None:
+        with self._lock:
+            return self._steps.get(step, {}).get(rank)
+
+    def forget_through(self, step: int) -> None:
+        """Steps up to `step` are assembled: their pieces are not needed again (a partial step
+        completed later reads its ranks' stored rows)."""
+        with self._lock:
+            for s in [s for s in self._steps if s <= step]:
+                self._bytes -= sum(sent.size for sent in self._steps.pop(s).values())
 
 
 @dataclass(frozen=True)
@@ -58,6 +125,7 @@ class Assembly:
     status: str | None = None
     steps_before: int = 0  # the job's run's stored steps before these
     written: Written | None = None
+    last_step: int | None = None  # the job's run's last step after this assembly
 
 
 @dataclass
@@ -159,26 +227,46 @@ def _lost(rank: _Rank, ranks: Sequence[_Rank], now: float, rank_timeout: float, 
     return rank.run_id is None and all(o.status not in (None, "running") for o in ranks if o.run_id is not None)
 
 
-def _pieces_info(conn: Connection, run_ids: Sequence[str]) -> tuple[dict[str, np.ndarray], np.ndarray | None]:
+def _pieces_info(
+    conn: Connection, run_ids: Sequence[str], memory: JobMemory
+) -> tuple[dict[str, np.ndarray], np.ndarray | None]:
     """Per rank's run, whether each parameter's piece counts; and which parameters are the
-    full tensor on every rank (DDP replicas: `rank_desync` applies to those)."""
+    full tensor on every rank (DDP replicas: `rank_desync` applies to those). A rank's run
+    keeps its parameters (a resuming hello must list the same), so each is read once into
+    `memory`."""
+    todo = [r for r in run_ids if r not in memory.counted]
     counted: dict[str, list[bool]] = {}
-    replicated: list[bool] = []
-    for r in conn.execute(
-        select(params.c.run_id, params.c.idx, params.c.numel, params.c.local_numel, params.c.counted)
-        .where(params.c.run_id.in_(run_ids))
-        .order_by(params.c.run_id, params.c.idx)
-    ):
-        counted.setdefault(r.run_id, []).append(r.counted is None or bool(r.counted))
-        full = r.local_numel is None or r.local_numel == r.numel
-        if r.idx < len(replicated):
-            replicated[r.idx] &= full
+    full: dict[str, list[bool]] = {}
+    for lo in range(0, len(todo), ASSEMBLE_CHUNK):
+        for r in conn.execute(
+            select(params.c.run_id, params.c.numel, params.c.local_numel, params.c.counted)
+            .where(params.c.run_id.in_(todo[lo : lo + ASSEMBLE_CHUNK]))
+            .order_by(params.c.run_id, params.c.idx)
+        ):
+            counted.setdefault(r.run_id, []).append(r.counted is None or bool(r.counted))
+            full.setdefault(r.run_id, []).append(r.local_numel is None or r.local_numel == r.numel)
+    for run_id in counted:
+        memory.counted[run_id] = np.array(counted[run_id], dtype=bool)
+        memory.full[run_id] = np.array(full[run_id], dtype=bool)
+    known = [r for r in run_ids if r in memory.full]
+    replicated = np.logical_and.reduce([memory.full[r] for r in known]) if known else None
+    return {r: memory.counted[r] for r in known}, replicated
+
+
+def _pieces(conn: Connection, rank: int, run_id: str, wanted: Sequence[int], memory: JobMemory) -> list[StepRecord]:
+    """A rank's steps `wanted` (sorted), every series: from `memory` where it holds them, else
+    read back from the rank's run."""
+    out: list[StepRecord] = []
+    missing: list[int] = []
+    for s in wanted:
+        sent = memory.take(rank, s)
+        if sent is None:
+            missing.append(s)
         else:
-            replicated.append(full)
-    return (
-        {k: np.array(v, dtype=bool) for k, v in counted.items()},
-        np.array(replicated, dtype=bool) if replicated else None,
-    )
+            out.append(StepRecord(step=s, seq=0, time=sent.time, scalars=sent.scalars, arrays=sent.arrays))
+    if missing:
+        out += _read(conn, run_id, missing)
+    return out
 
 
 def _read(conn: Connection, run_id: str, wanted: Sequence[int]) -> list[StepRecord]:
@@ -210,6 +298,7 @@ def assemble(
     run_tails: tails.Tails,
     notify: NotifyInTransaction | None,
     late: Sequence[int] = (),
+    memory: JobMemory | None = None,
 ) -> Assembly:
     """Store in the job's run the steps ready to assemble (at most ASSEMBLE_CHUNK), mark those
     missing a rank in `partial_steps`, and once every rank has closed or is lost (and nothing is
@@ -228,6 +317,7 @@ def assemble(
     done = Assembly()
     if parent is None or parent.world_size is None or parent.parent_id is not None:
         return done
+    memory = JobMemory() if memory is None else memory
     done.steps_before = parent.steps
     ranks = _ranks(conn, job, parent.world_size)
     lost = {r.rank for r in ranks if _lost(r, ranks, now, rank_timeout, since)}
@@ -253,10 +343,28 @@ def assemble(
             break
         ready.append(s)
     if ready:
-        _write(conn, job, parent.world_size, parent.last_seq, ready, present, sets, now, known, run_tails, notify, done)
+        _write(
+            conn,
+            job,
+            parent.world_size,
+            parent.last_seq,
+            ready,
+            present,
+            sets,
+            now,
+            known,
+            run_tails,
+            notify,
+            done,
+            memory,
+        )
+        memory.forget_through(ready[-1])
+    done.last_step = max([*ready, *([] if parent.last_step is None else [parent.last_step])], default=None)
+    if done.last_step is not None:
+        _prune(conn, job, [r.run_id for r in present if r.run_id is not None], done.last_step, memory)
     done.more = bool(ready) and len(ready) == len(candidates) and bound is not None
     if late:
-        _complete(conn, job, parent.world_size, late, present, now, known, run_tails, done)
+        _complete(conn, job, parent.world_size, late, present, now, known, run_tails, done, memory)
     if not done.more and not waited and len(ready) == len(candidates):
         # Ranks that never said hello were lost waiting (a user who watched rank 0 only): the job
         # finished if every rank that did connect finished; its steps stay partial.
@@ -280,15 +388,16 @@ def _write(
     run_tails: tails.Tails,
     notify: NotifyInTransaction | None,
     done: Assembly,
+    memory: JobMemory,
 ) -> None:
     run_ids = [r.run_id for r in present if r.run_id is not None]
-    counted, replicated = _pieces_info(conn, run_ids)
+    counted, replicated = _pieces_info(conn, run_ids, memory)
     by_step: dict[int, list[_assemble.Piece]] = {s: [] for s in ready}
     for r in present:
         wanted = [s for s in ready if s in sets.get(r.rank, ())]
         if not wanted or r.run_id is None:
             continue
-        for record in _read(conn, r.run_id, wanted):
+        for record in _pieces(conn, r.rank, r.run_id, wanted, memory):
             by_step[record.step].append(
                 _assemble.Piece(r.rank, record.time, record.scalars, record.arrays, counted[r.run_id])
             )
@@ -315,6 +424,31 @@ def _write(
         )
 
 
+def _prune(conn: Connection, job: str, run_ids: Sequence[str], last_step: int, memory: JobMemory) -> None:
+    """Delete the ranks' per-parameter rows of the steps more than RANK_WINDOW behind the job's
+    last step, but those of its partial steps and of its `rank_desync` steps (RANK_WINDOW), at
+    most once per PRUNE_EVERY steps, in the assembly's transaction: what the job's run stores
+    is committed with it."""
+    lo, hi = memory.pruned_through, last_step - RANK_WINDOW
+    if hi - lo < PRUNE_EVERY or not run_ids:
+        return
+    partial = select(partial_steps.c.step).where(partial_steps.c.run_id == job, partial_steps.c.step.between(lo, hi))
+    desync = select(scalars.c.step).where(
+        scalars.c.run_id == job, scalars.c.key.startswith(_assemble.DESYNC_PREFIX), scalars.c.step.between(lo, hi)
+    )
+    for at in range(0, len(run_ids), ASSEMBLE_CHUNK):
+        conn.execute(
+            delete(param_metrics).where(
+                param_metrics.c.run_id.in_(run_ids[at : at + ASSEMBLE_CHUNK]),
+                param_metrics.c.step > lo,
+                param_metrics.c.step <= hi,
+                param_metrics.c.step.not_in(partial),
+                param_metrics.c.step.not_in(desync),
+            )
+        )
+    memory.pruned_through = hi
+
+
 def _complete(
     conn: Connection,
     job: str,
@@ -325,6 +459,7 @@ def _complete(
     known: set[SeriesName],
     run_tails: tails.Tails,
     done: Assembly,
+    memory: JobMemory,
 ) -> None:
     """Assemble again those of the job's partial steps among `late` (steps a rank has just
     stored) that every rank they missed has stored by now: their rows in the job's run are
@@ -359,7 +494,7 @@ def _complete(
     conn.execute(update(runs).where(runs.c.id == job).values(steps=runs.c.steps - len(complete)))
     last_seq = conn.execute(select(runs.c.last_seq).where(runs.c.id == job)).scalar_one()
     again = Assembly()
-    _write(conn, job, world_size, last_seq, complete, present, sets, now, known, run_tails, None, again)
+    _write(conn, job, world_size, last_seq, complete, present, sets, now, known, run_tails, None, again, memory)
     done.completed = [d.step for d in again.steps]
     if again.written is not None:
         if done.written is not None:

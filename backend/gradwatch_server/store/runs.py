@@ -134,9 +134,11 @@ def open_run(
 
 
 def close_run(conn: Connection, run_id: str, seq: int, status: str, now: float) -> bool:
-    """Apply a `close` message; False if it was applied already."""
+    """Apply a `close` message; False if it was applied already. A close resent with the run's
+    last seq to a run that is running again (its hook reconnected before the close's ack came, and
+    the hello resumed the run) sets its status again: the close was the last message committed."""
     run = lock_run(conn, run_id)
-    if seq <= run.last_seq:
+    if seq < run.last_seq or (seq == run.last_seq and run.status != "running"):
         return False
     conn.execute(
         update(runs)

@@ -46,8 +46,11 @@ def write_steps(
     known: set[SeriesName],
     run_tails: tails.Tails,
     notify: NotifyInTransaction | None,
+    param_blocks: bool = True,
 ) -> Written:
     """Store step messages in the caller's transaction; per message, False if it was stored already.
+    Without `param_blocks` (a rank's run of a job, whose per-parameter rows are kept for a recent
+    window only: store/jobs.py) its per-parameter series get no blocks, its scalars do.
 
     A message is skipped when its seq is not above the run's committed seq, or its step is
     stored (then only the committed seq advances): resending is harmless.
@@ -94,7 +97,13 @@ def write_steps(
     tail = tail if tails.covers(tail, new) else None
     if top is not None:
         update_blocks(
-            conn, run_id, [d.step for d in new], last_step_before, after, None if tail is None else (*tail.steps, *new)
+            conn,
+            run_id,
+            [d.step for d in new],
+            last_step_before,
+            after,
+            None if tail is None else (*tail.steps, *new),
+            kinds=("param", "scalar") if param_blocks else ("scalar",),
         )
     last_step = (
         runs.c.last_step

@@ -1,0 +1,49 @@
+"""The large-job benchmark (benchmarks/ranks.py) runs a small job end to end and refuses bad flags
+(its figures come from `make bench-ranks`)."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "ranks.py"
+
+
+@pytest.mark.server
+@pytest.mark.parametrize("kind, every", [("ddp", 1), ("fsdp", 2)])
+def test_a_small_job_is_stored_whole_and_its_row_printed(kind: str, every: int) -> None:
+    done = subprocess.run(
+        [sys.executable, str(SCRIPT), "--ranks", "3", "--tensors", "5", "--period", "0.2", "--steps", "4"]
+        + ["--kind", kind, "--every", str(every)],
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
+    assert done.returncode == 0, done.stderr
+    row = next(line for line in done.stdout.splitlines() if line.startswith(f"| 3 x 5 @ 0.2 s ({kind})"))
+    cells = [c.strip() for c in row.strip("|").split("|")]
+    assert cells[1] == str(every)
+    assert cells[2] == "4/4"  # every global step reached the browser watching the job
+    assert cells[12:16] == ["0", "0", "0", "0"]  # no connect error, no drop, no partial step, no lost rank
+    lag_p50, lag_p95 = float(cells[4]), float(cells[5])
+    assert 0 <= lag_p50 <= lag_p95
+    assert re.search(r"^3 x 5 @ 0\.2 s: met: .*every step stored", done.stdout, re.M)
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--ranks", "0"], "--ranks must be between 1 and 65536"),
+        (["--ranks", "a,b"], "comma-separated numbers"),
+        (["--period", "0"], "--period must be above 0"),
+        (["--steps", "1"], "--steps must be 2 or more"),
+        (["--workers", "2"], "--workers above 1 needs --db postgresql://"),
+    ],
+)
+def test_bad_flags_are_refused(args: list[str], message: str) -> None:
+    done = subprocess.run([sys.executable, str(SCRIPT), *args], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2 and message in done.stderr, done.stderr
