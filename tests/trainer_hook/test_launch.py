@@ -254,3 +254,26 @@ def test_the_hidden_sitecustomize_still_runs_and_sys_path_is_the_scripts(tmp_pat
     )
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout) == ["1", [], False]  # no torch imported for a script that imports none
+
+
+def test_zero_redundancy_state_is_each_parameters_owners(server: ServerProcess, tmp_path: Path) -> None:
+    """ZeroRedundancyOptimizer under DDP: each parameter's Adam state lives on the one rank that
+    owns it; the job's `<key>_norm` equals that rank's state at every step (each rank's oracle
+    reads its own `.optim.state`), and the parameters and gradients equal rank 0's."""
+    oracle_file = tmp_path / "oracle.jsonl"
+    done = launch(
+        tmp_path, "--run", "zero", "--", sys.executable, "-m", "torch.distributed.run", "--standalone",
+        "--nproc-per-node", "2", str(HERE / "ddp.py"), "--zero", "--oracle", str(oracle_file), server=server,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-4000:]
+    [run] = runs_named(server, "zero")
+    settled(server.url, run["id"])
+    ranks = [oracle_of(oracle_file.with_suffix(f".{r}")) for r in (0, 1)]
+    oracle: dict[int, dict[str, Any]] = {}
+    for step, record in ranks[0].items():
+        oracle[step] = {"grad_norm": record["grad_norm"], "param_norm": record["param_norm"]}
+        for key in ("exp_avg_norm", "exp_avg_sq_norm"):
+            owned = [rank[step].get(key, {}) for rank in ranks]
+            assert owned[0] and owned[1] and not set(owned[0]) & set(owned[1])  # each rank owns some, none twice
+            oracle[step][key] = {**owned[0], **owned[1]}
+    assert assert_norms(exported(server.url, run["id"]), oracle, "zero") == 4 * 4 * 6

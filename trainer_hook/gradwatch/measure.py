@@ -28,6 +28,7 @@ from .accumulation import grad_nbytes, local_nbytes
 from .amp import AmpScaler
 from .layout import Layout
 from .pieces import View
+from .states import state_of
 from .wire import ABSENT_BITS, GRAD_STATUS_NONE, GRAD_STATUS_NONFINITE, GRAD_STATUS_NONZERO, GRAD_STATUS_ZERO
 
 #: Optimizer state keys that are not per-element buffers even when shaped like a scalar parameter.
@@ -413,7 +414,7 @@ class Probe:
             idx.append(i)
             ts.append(p)
             vs.append(w.view)
-            states = self.layout.optimizers[w.optimizer].state
+            states = state_of(self.layout.optimizers[w.optimizer])  # a sharded optimizer's: this rank's
             state = states.get(p)
             if not state:
                 checks.append((states, p, None, 0, (), ()))
