@@ -76,7 +76,8 @@ def _fail(parser: argparse.ArgumentParser, err: TextIO, message: str, code: int 
 def prepare(
     argv: Sequence[str], env: Mapping[str, str], err: TextIO = sys.stderr
 ) -> tuple[int, list[str], dict[str, str]]:
-    """(0, command, its environment), or (exit code, [], {}) having said what is wrong on `err`."""
+    """(0, command, its environment), or (exit code, [], {}) having said what is wrong on `err`
+    (or shown --help: 0 and no command)."""
     parser = build_parser()
     argv = list(argv)
     if "--" in argv:
@@ -127,7 +128,7 @@ def prepare(
 def main(argv: Optional[Sequence[str]] = None) -> int:
     """The `gradwatch-run` command: returns only on bad usage; otherwise the command replaces it."""
     code, command, env = prepare(sys.argv[1:] if argv is None else argv, os.environ)
-    if code:
+    if code or not command:  # bad usage, or --help shown
         return code
     _exec(command, env)
 
