@@ -103,6 +103,22 @@ def from_lowest(values: Sequence[np.ndarray], counted: Sequence[np.ndarray]) -> 
     return out
 
 
+#: norms of what every rank holding a parameter has a piece of; every other norm is of optimizer state
+EVERY_RANK_NORMS = frozenset({"grad_norm", "param_norm", "update_norm", "param_before_norm"})
+
+
+def state_held_elsewhere(out: np.ndarray, locals_: Sequence[np.ndarray], counted: Sequence[np.ndarray]) -> None:
+    """A piece that exists on one rank only counts once: where no counted piece has a value of a
+    state norm (`out` ABSENT), the lowest-ranked piece that has one gives it, in place. A sharded
+    optimizer (ZeroRedundancyOptimizer) keeps a replicated parameter's state on its owner rank only,
+    while the parameter counts on rank 0."""
+    missing = absent_mask(out)
+    for values, use in zip(locals_, counted):
+        take = missing & ~use & ~absent_mask(values)
+        out[take] = values[take]
+        missing &= ~take
+
+
 def global_status(codes: Sequence[np.ndarray], counted: Sequence[np.ndarray]) -> np.ndarray:
     """none if every counted piece is none; else nonfinite if any is; else nonzero if any is;
     else zero. The codes are ordered (none < zero < nonzero < nonfinite): the largest."""
@@ -185,6 +201,8 @@ def combine(pieces: Sequence[Piece]) -> Assembled:
             result.arrays[metric] = global_status(values, counted)
         elif metric.endswith("_norm"):
             result.arrays[metric] = global_norm(values, counted)
+            if metric not in EVERY_RANK_NORMS:
+                state_held_elsewhere(result.arrays[metric], values, counted)
             unknown = _not_sent(pieces, metric)
             if unknown is not None:
                 result.arrays[metric][unknown] = _absent(int(unknown.sum()))

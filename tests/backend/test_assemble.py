@@ -83,6 +83,10 @@ def test_norms_statuses_and_per_rank_values_match_the_oracle(seed: int) -> None:
         out = got.arrays[metric]
         for i in range(count):
             want = oracle_norm([p.arrays[metric][i] for p in pieces if p.counted[i]])
+            if want is None and metric == "exp_avg_sq_norm":  # state held elsewhere: the lowest rank having it
+                want = next(
+                    (oracle_norm([p.arrays[metric][i]]) for p in pieces if not is_absent(p.arrays[metric][i])), None
+                )
             if want is None:
                 assert is_absent(out[i]), (metric, i)
             elif math.isnan(want):
@@ -177,6 +181,23 @@ def test_a_norm_a_rank_holding_a_counted_piece_did_not_send_is_absent_there() ->
     r1 = sampled(1, [1.0, 1.0], np.array([True, False]))
     got = combine([r0, r1]).arrays["exp_avg_norm"]
     assert is_absent(got[0]) and float(got[1]) == 2.0
+
+
+def test_state_that_exists_on_one_rank_only_counts_once() -> None:
+    """ZeroRedundancyOptimizer under DDP: the parameters count on rank 0, but each one's Adam state
+    is on its owner rank only (ABSENT on the other): the global state norm is the owner's; the
+    gradient of a parameter is never taken from a rank where it does not count."""
+    ddp = np.ones(3, bool), np.zeros(3, bool)
+    r0 = sampled(0, [1.0, 2.0, 3.0], ddp[0])
+    r0.arrays = {**r0.arrays, "exp_avg_norm": f32s(5.0, ABSENT, ABSENT)}
+    r1 = sampled(1, [9.0, 9.0, 9.0], ddp[1])
+    r1.arrays = {**r1.arrays, "exp_avg_norm": f32s(ABSENT, 6.0, ABSENT)}
+    got = combine([r0, r1]).arrays
+    assert got["exp_avg_norm"][:2].tolist() == [5.0, 6.0] and is_absent(got["exp_avg_norm"][2])
+    assert got["grad_norm"].tolist() == [1.0, 2.0, 3.0]
+
+
+ABSENT = float(np.array([ABSENT_BITS], dtype="<u4").view("<f4")[0])
 
 
 def f32s(*values: float) -> np.ndarray:

@@ -174,6 +174,9 @@ def test_intentional_accumulation_is_info_with_k() -> None:
     f = check.finding
     assert f is not None and f.severity == "info" and f.params == ()
     assert "sums 4 backward passes (micro-batches)" in f.message and f.figure is not None and f.figure.text == "4"
+    # a loop may already scale each micro-batch's loss (nanoGPT, HF Trainer): the hint says what
+    # the step is either way, and never tells people to divide, which would divide twice
+    assert "divide" not in f.message.lower() and "scaled by 1/4" in f.message and "4 times larger" in f.message
     # A short last group: the range is kept.
     check.observe(RUN, plain(8, k=2))
     assert check.finding is not None and check.finding.figure is not None and check.finding.figure.text == "2 to 4"

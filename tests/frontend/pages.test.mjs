@@ -56,6 +56,16 @@ test("stateCard: titles for known keys, a readable default for others, ids from 
   assert.match(other.help, /prev_grad/);
 });
 
+test("stateCard: what a state is for the optimizers whose state means something else", () => {
+  assert.match(stateCard("z_norm", "AdamWScheduleFree").help, /y, where gradients are taken/);
+  assert.match(stateCard("state1_norm", "PagedAdamW8bit").help, /dequantizes/);
+  assert.match(stateCard("exp_avg_norm", "AdamW4bit").help, /dequantized/);
+  assert.match(stateCard("exp_avg_sq_norm", "Muon+SOAP").help, /eigenbasis/);
+  assert.match(stateCard("momentum_buffer_norm", "Muon+AdamW").help, /updates=True/);
+  assert.equal(stateCard("exp_avg_norm", "AdamW").help, stateCard("exp_avg_norm").help); // a plain Adam: no note
+  assert.doesNotMatch(stateCard("exp_avg_norm", "MyAdamW8bitLike").help, /dequantized/); // whole class names only
+});
+
 test("compare: labels told apart by id, finding counts", () => {
   const runs = [{ id: "1", name: "n" }, { id: "2", name: "n" }, null, { id: "4", name: "m" }];
   const ids = ["1", "2", "gone", "4"];

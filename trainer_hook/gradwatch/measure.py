@@ -28,6 +28,7 @@ from .accumulation import grad_nbytes, local_nbytes
 from .amp import AmpScaler
 from .layout import Layout
 from .pieces import View
+from .states import Quantized, quantized, state_of
 from .wire import ABSENT_BITS, GRAD_STATUS_NONE, GRAD_STATUS_NONFINITE, GRAD_STATUS_NONZERO, GRAD_STATUS_ZERO
 
 #: Optimizer state keys that are not per-element buffers even when shaped like a scalar parameter.
@@ -121,6 +122,8 @@ class _StatePlan:
     #: per device, parallel to its tensors: the view of this rank's piece (DTensor, FSDP1) to
     #: take at each step, or None everywhere when no tensor needs one
     views: list[Optional[list[Optional[View]]]] = field(default_factory=list)
+    #: quantized state (states.py): (metric, parameter index, its codes and scales), read apart
+    quantized: list[tuple[str, int, Quantized]] = field(default_factory=list)
 
     def valid(self) -> bool:
         for states, p, state, size, keys, tensors in self.checks:
@@ -323,6 +326,8 @@ class Probe:
             for metric, idx, count in segments:
                 pending.segments.append(_Segment(metric, idx, norms[offset : offset + count]))
                 offset += count
+        for metric, i, q in plan.quantized:
+            pending.segments.append(_Segment(metric, np.asarray([i]), [q.norm()]))
         pending.cost_s += time.perf_counter() - started
 
     @torch.no_grad()
@@ -406,6 +411,7 @@ class Probe:
             ]
         ] = []
         nbytes = 0
+        quantized: list[tuple[str, int, Quantized]] = []
         for i in indices:
             w = self.layout.params[i]
             p = w.param
@@ -413,15 +419,17 @@ class Probe:
             idx.append(i)
             ts.append(p)
             vs.append(w.view)
-            states = self.layout.optimizers[w.optimizer].state
+            states = state_of(self.layout.optimizers[w.optimizer])  # a sharded optimizer's: this rank's
             state = states.get(p)
             if not state:
                 checks.append((states, p, None, 0, (), ()))
                 continue
-            tensors, size = _state_tensors(p, state)
+            tensors, size, packed = _state_tensors(p, state)
             if w.piece.owns_bytes:  # the pieces of one FSDP1 FlatParameter share its state
                 nbytes += size
-            checks.append((states, p, state, len(state), tuple(k for k, _ in tensors), tuple(t for _, t in tensors)))
+            kept = tensors + [(k, state[k]) for k, _ in packed]
+            checks.append((states, p, state, len(state), tuple(k for k, _ in kept), tuple(t for _, t in kept)))
+            quantized += [(f"{k}_norm", i, q) for k, q in packed]
             for k, t in tensors:
                 idx, ts, vs = by_device.setdefault(t.device, {}).setdefault(f"{k}_norm", ([], [], []))
                 idx.append(i)
@@ -439,7 +447,7 @@ class Probe:
             # the preps are worked out on the local views: their shapes and layouts stay the same
             reads.append(([t for _, ts, _ in metrics.values() for t in ts], norm_preps(on_device), segments))
             views.append(viewed)
-        return _StatePlan(checks, reads, nbytes, views)
+        return _StatePlan(checks, reads, nbytes, views, quantized)
 
     def _updates(self, before: dict[int, torch.Tensor]) -> list[_Segment]:
         """`update_norm` = ‖p_after − p_before‖ and `update_ratio` = update_norm / ‖p_before‖."""
@@ -492,16 +500,24 @@ class Probe:
         return buffers
 
 
-def _state_tensors(p: torch.Tensor, state: dict[str, Any]) -> tuple[list[tuple[str, torch.Tensor]], int]:
-    """The state tensors shaped like `p` (by key) and the bytes of all of them."""
-    tensors, nbytes = [], 0
+def _state_tensors(
+    p: torch.Tensor, state: dict[str, Any]
+) -> tuple[list[tuple[str, torch.Tensor]], int, list[tuple[str, Quantized]]]:
+    """The state tensors shaped like `p` (by key), the bytes of all of them, and the quantized
+    ones (states.py: their norm is the dequantized tensor's, read apart)."""
+    tensors, nbytes, packed = [], 0, []
     for key, value in state.items():
         if not isinstance(value, torch.Tensor):
+            continue
+        q = quantized(key, value, state, p)
+        if q is not None:
+            packed.append((key, q))
+            nbytes += q.nbytes
             continue
         nbytes += local_nbytes(value)
         if key not in _SCALAR_STATE_KEYS and value.shape == p.shape:
             tensors.append((key, value))
-    return tensors, nbytes
+    return tensors, nbytes, packed
 
 
 def cuda_memory(devices: set[torch.device]) -> dict[str, float]:

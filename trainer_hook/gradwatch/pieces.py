@@ -25,13 +25,18 @@ log = logging.getLogger("gradwatch")
 
 #: The wrappers whose path component reported names leave out: (the module defining the class, the
 #: class, the attribute holding the wrapped module). DDP/DataParallel, FSDP1, activation
-#: checkpointing, torch.compile: reported names are the original module's.
+#: checkpointing, torch.compile, Lightning Fabric, DeepSpeed: reported names are the original module's.
 WRAPPERS = (
     ("torch.nn.parallel.distributed", "DistributedDataParallel", "module"),
     ("torch.nn.parallel.data_parallel", "DataParallel", "module"),
     ("torch.distributed.fsdp.fully_sharded_data_parallel", "FullyShardedDataParallel", "_fsdp_wrapped_module"),
     ("torch.distributed.algorithms._checkpoint.checkpoint_wrapper", "ActivationWrapper", "_checkpoint_wrapped_module"),
     ("torch._dynamo.eval_frame", "OptimizedModule", "_orig_mod"),
+    # Lightning Fabric's `fabric.setup(model)` (its state_dict() and checkpoints say `decoder.weight`)
+    ("lightning.fabric.wrappers", "_FabricModule", "_forward_module"),
+    ("lightning_fabric.wrappers", "_FabricModule", "_forward_module"),
+    # DeepSpeed's engine (ZeRO stage 0: its optimizers over flat partitions are refused, unwrap.py)
+    ("deepspeed.runtime.engine", "DeepSpeedEngine", "module"),
 )
 
 #: A function from the tensor the optimizer steps (its param, `.grad`, a state tensor) to this

@@ -22,7 +22,7 @@ from urllib.parse import urlsplit
 import numpy as np
 import torch
 
-from . import __version__, distributed, wire
+from . import __version__, autowatch, distributed, wire
 from .accumulation import GradTracker
 from .amp import AmpScaler, check_scaler
 from .closures import CountedClosure, step_closure, with_closure
@@ -167,6 +167,7 @@ class Watcher:
         self._findings = FindingWarner(shows, self.url, callback=on_finding)
         self._sender.on_finding = self._findings
         self._step_began = time.perf_counter()  # where the first step's `time/step_s` starts
+        autowatch.claim(optimizers)  # under gradwatch-run: watched once, by this watch()
         self._handles = []
         for k, opt in enumerate(optimizers):
             self._handles += [

@@ -117,8 +117,10 @@ class GradAccumulation(Check):
         text = str(self.k_max) if self.k_min == self.k_max else f"{self.k_min} to {self.k_max}"
         message = (
             f"Gradient accumulation: each optimizer step sums {text} backward passes (micro-batches) "
-            f"into .grad and clears it after the step, which is intended; divide each micro-batch's "
-            f"loss by {self.k_max} so the step uses their mean."
+            f"into .grad and clears it after the step, which is intended. The step uses their sum: "
+            f"their mean when each micro-batch's loss is scaled by 1/{self.k_max} (as the Hugging Face "
+            f"Trainer, accelerate and nanoGPT do); if your loop does not scale it, the step is "
+            f"{self.k_max} times larger than one batch's mean."
         )
         first = self.finding.first_step if self.finding else step.step
         self.finding = Finding(

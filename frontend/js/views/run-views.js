@@ -116,7 +116,7 @@ export function createRunViews(state, { onXRange, onSelect, onParam, onModule, o
    * order), added to `views` and `present`; returns the new views, for the page to place.
    */
   const addStateViews = (params) => stateNormMetrics(params).filter((m) => !views[stateKey(m)]).map((metric) => {
-    const { id, title, help } = stateCard(metric);
+    const { id, title, help } = stateCard(metric, state.run && state.run.optimizer);
     const view = paramMetricView({ id, metric, title, help, onXRange, rankBy: "grad_norm" });
     view.follows = true;
     views[stateKey(metric)] = view;
@@ -146,7 +146,17 @@ export const STATE_TITLES = {
   grad_avg: ["RMSprop gradient average", "Norm of grad_avg, centered RMSprop's running mean of gradients"],
   sum: ["Adagrad sum of squares", "Norm of sum, the accumulated squared gradients"],
   acc_delta: ["Adadelta accumulated update", "Norm of acc_delta, the running mean of squared updates"],
+  z: ["Schedule-free base sequence ‖z‖", "Norm of z, schedule-free's base iterate; the parameter norm is y, where gradients are taken (train mode), not x (eval mode)"],
+  state1: ["8-bit first state ‖state1‖", "Norm of bitsandbytes' state1 as it dequantizes it: Adam's exp_avg, or the momentum"],
+  state2: ["8-bit second state ‖state2‖", "Norm of bitsandbytes' state2 as it dequantizes it: Adam's exp_avg_sq"],
 };
+
+/** What an optimizer's state is beside its key (`optimizer`: the run's, "+"-joined class names). */
+const STATE_NOTES = [
+  [/(^|\+)(AdamW8bit|AdamW4bit|AdamWFp8|PagedAdamW8bit)($|\+)/, /^(exp_avg|exp_avg_sq)$/, "; stored quantized: the norm is of its dequantized values"],
+  [/(^|\+)SOAP($|\+)/, /^(exp_avg|exp_avg_sq)$/, "; SOAP keeps it in its preconditioner's eigenbasis"],
+  [/(^|\+)Muon($|\+)/, /^momentum_buffer$/, "; Muon's update is not derived from it: watch with updates=True for the parameter's change"],
+];
 const STATE_ORDER = Object.keys(STATE_TITLES);
 
 /** The optimizer-state norms among a run's per-parameter metrics: known keys first, in STATE_TITLES' order, then the rest by name. */
@@ -160,8 +170,9 @@ export function stateNormMetrics(params) {
 }
 
 /** A state norm's card: {id, title, help}; the id is the metric with dashes (exp_avg_norm: exp-avg-norm). */
-export function stateCard(metric) {
+export function stateCard(metric, optimizer = "") {
   const key = metric.slice(0, -"_norm".length);
   const [title, help] = STATE_TITLES[key] || [`Optimizer state ${key.replace(/_/g, " ")}`, `Norm of the optimizer's ${key} state`];
-  return { id: metric.replace(/[^A-Za-z0-9]+/g, "-"), title, help };
+  const notes = STATE_NOTES.filter(([opt, keys]) => opt.test(optimizer || "") && keys.test(key)).map(([, , note]) => note);
+  return { id: metric.replace(/[^A-Za-z0-9]+/g, "-"), title, help: help + notes.join("") };
 }
