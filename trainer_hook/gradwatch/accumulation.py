@@ -35,7 +35,7 @@ from typing import Any, Optional
 
 import torch
 
-from .pieces import is_dtensor, to_local
+from .pieces import to_local
 
 log = logging.getLogger("gradwatch")
 
@@ -69,11 +69,7 @@ class GradTracker:
         #: per reported parameter, the index of its tensor among the distinct ones
         self._slot = [slots.setdefault(id(p), len(slots)) for p in params]
         self._shared = len(slots) != len(params)
-        first: dict[int, int] = {}
-        self._first = [first.setdefault(u, i) == i for i, u in enumerate(self._slot)]
         params = list({id(p): p for p in params}.values())
-        #: a DTensor's `.grad` holds its local tensor's bytes only
-        self._nbytes_of = local_nbytes if any(is_dtensor(p) for p in params) else grad_nbytes
         n = len(params)
         # Changed in place, never replaced: each hook holds these lists.
         self._passes = [0] * n
@@ -84,21 +80,41 @@ class GradTracker:
         # per parameter, the `.grad` the last backward pass since the step left and its version
         self._pass_ref: list[Optional[weakref.ref[torch.Tensor]]] = [None] * n
         self._pass_version = [0] * n
-        #: bytes of each `.grad` as the last step left it; -1 where it was None (per distinct
-        #: tensor; `grad_nbytes` is per reported parameter)
-        self._grad_nbytes = [-1] * n
-        self.grad_nbytes = self._grad_nbytes if not self._shared else [-1] * len(self._slot)
         self._touched: list[int] = []  # parameters the running backward accumulated into
         self._settling = False  # the end-of-backward callback of the running backward is queued
         self._can_settle = True  # the autograd engine takes final callbacks
         #: perf_counter of the first gradient since the watcher last cleared it (its step timing)
         self.first_grad: list[float] = []
-        self._handles = [
-            p.register_post_accumulate_grad_hook(self._counter(i))
-            for i, p in enumerate(params)
-            if p.requires_grad and p.is_leaf
-        ]
         self._params = params
+        #: the distinct tensors that can be hooked (as torch allows: leaves that require grad)
+        self._hookable = [p.requires_grad and p.is_leaf for p in params]
+        self._handles: dict[int, Any] = {}  # distinct tensor -> its hook's handle, while armed
+
+    # -- arming: which tensors are hooked --------------------------------------------------
+    def arm(self, indices: Optional[Collection[int]] = None) -> None:
+        """Hook the reported parameters `indices` (default: all) that are not hooked yet. Their
+        counts start at their next `end_step`, which notes the `.grad` they compare with."""
+        slots = range(len(self._params)) if indices is None else {self._slot[i] for i in indices}
+        handles, params, hookable = self._handles, self._params, self._hookable
+        for u in slots:
+            if u not in handles and hookable[u]:
+                handles[u] = params[u].register_post_accumulate_grad_hook(self._counter(u))
+
+    def disarm(self, keep: Collection[int] = ()) -> None:
+        """Unhook every parameter but the reported parameters `keep` (the sentinels)."""
+        kept = {self._slot[i] for i in keep}
+        for u in [u for u in self._handles if u not in kept]:
+            self._handles.pop(u).remove()
+            self._passes[u], self._clear[u] = 0, None
+
+    @property
+    def armed(self) -> int:
+        """How many distinct tensors are hooked."""
+        return len(self._handles)
+
+    def hookable(self, i: int) -> bool:
+        """Whether reported parameter `i` can be hooked."""
+        return self._hookable[self._slot[i]]
 
     def _counter(self, i: int) -> Any:
         """The hook of parameter `i`. It runs in every backward pass for every parameter, so its
@@ -178,23 +194,16 @@ class GradTracker:
         distinct = list(dict.fromkeys(slot[i] for i in reported))
         passes, clear = self._end_step(distinct)
         at = {u: k for k, u in enumerate(distinct)}
-        nbytes, first = self._grad_nbytes, self._first
-        for i in reported:
-            b = nbytes[slot[i]]
-            self.grad_nbytes[i] = b if first[i] or b < 0 else 0
         return [passes[at[slot[i]]] for i in reported], [clear[at[slot[i]]] for i in reported]
 
     def _end_step(self, indices: Optional[Collection[int]] = None) -> tuple[list[int], list[Optional[float]]]:
         """Passes and clear codes (None = nothing to say) since the last step; starts a new step.
 
-        Called after every optimizer step, and for steps a GradScaler skipped, with the
+        Called after every optimizer step, and for steps a GradScaler skipped, with the hooked
         parameters of the optimizer that stepped (default: all); the lists cover those only.
-        Also notes the bytes of each `.grad` (`grad_nbytes`), in the same pass over them: right
-        after a step the grads' objects are out of the CPU caches, and each pass over them costs
-        (docs/benchmarks.md).
         Plain lists, no numpy: this runs on the training thread at every step.
         """
-        params, refs, nbytes, nbytes_of = self._params, self._ref, self._grad_nbytes, self._nbytes_of
+        params, refs = self._params, self._ref
         self._touched.clear()
         if self._can_settle:  # a backward that failed never ran its callback
             self._settling = False
@@ -209,12 +218,10 @@ class GradTracker:
                 self._passes[i], self._clear[i] = 0, None
         for i in indices:
             g = params[i].grad
-            if g is None:
-                refs[i], nbytes[i] = _NO_GRAD, -1
-            else:
-                refs[i], nbytes[i] = (weakref.ref(g), g._version), nbytes_of(g)
+            refs[i] = _NO_GRAD if g is None else (weakref.ref(g), g._version)
         return passes, clear
 
     def remove(self) -> None:
-        for handle in self._handles:
+        for handle in self._handles.values():
             handle.remove()
+        self._handles.clear()
