@@ -1,6 +1,9 @@
 """How each `.grad` was filled: backward passes since the last step, and how it was cleared.
 
-A post-accumulate-grad hook per parameter counts the backward passes that add into `.grad`. At
+A hook per parameter, run right after autograd adds into its `.grad` (a post hook of its
+AccumulateGrad node), counts the backward passes. The watcher arms the hooks of every parameter
+only for the steps it measures, and one sentinel parameter per optimizer otherwise (`arm`,
+`disarm`; docs/design.md). At
 the first of them after an optimizer step it looks at tensor metadata only (no device work):
 - a different `.grad` tensor than the step left behind: it was set to `None` (`zero_grad()`,
   `model.zero_grad()`, `p.grad = None`) and autograd made a new one;
@@ -34,6 +37,7 @@ from collections.abc import Collection
 from typing import Any, Optional
 
 import torch
+from torch.utils.hooks import RemovableHandle
 
 from .pieces import to_local
 
@@ -60,11 +64,14 @@ def local_nbytes(t: torch.Tensor) -> int:
 
 
 class GradTracker:
-    """Backward passes and clears per reported parameter. Several reported parameters may share
-    one tensor (the original parameters of an FSDP1 FlatParameter): the tensor is hooked once,
-    each of them reads its counts, and its `.grad` bytes count once, with the first of them."""
+    """Backward passes and clears per reported parameter, for the parameters armed. Several
+    reported parameters may share one tensor (the original parameters of an FSDP1
+    FlatParameter): the tensor is hooked once and each of them reads its counts."""
 
-    def __init__(self, params: list[torch.Tensor]) -> None:
+    def __init__(self, params: list[torch.Tensor], on_node: bool = True) -> None:
+        """`on_node`: hook plain tensors on their accumulator node (see `arm`); False where a
+        framework reshapes parameters between steps (FSDP: a node held from one step to the
+        next would expect the sharded shape)."""
         slots: dict[int, int] = {}
         #: per reported parameter, the index of its tensor among the distinct ones
         self._slot = [slots.setdefault(id(p), len(slots)) for p in params]
@@ -88,45 +95,77 @@ class GradTracker:
         self._params = params
         #: the distinct tensors that can be hooked (as torch allows: leaves that require grad)
         self._hookable = [p.requires_grad and p.is_leaf for p in params]
-        self._handles: dict[int, Any] = {}  # distinct tensor -> its hook's handle, while armed
+        #: distinct tensor -> (its gradient accumulator node, held while armed, or its tensor
+        #: hook's handle; the hook's on-flag)
+        self._nodes: dict[int, tuple[Any, list[bool]]] = {}
+        #: plain tensors are hooked on their accumulator node; others on the tensor: FSDP fills
+        #: the `.grad` of its sharded DTensor and flat parameters itself and runs their tensor
+        #: hooks, not an accumulator node
+        self._on_node = [on_node and type(p) in (torch.nn.Parameter, torch.Tensor) for p in params]
+        self._key = object()  # this tracker's mark in a node's metadata: the hook it already has
 
     # -- arming: which tensors are hooked --------------------------------------------------
     def arm(self, indices: Optional[Collection[int]] = None) -> None:
         """Hook the reported parameters `indices` (default: all) that are not hooked yet. Their
-        counts start at their next `end_step`, which notes the `.grad` they compare with."""
+        counts start at their next `end_step`, which notes the `.grad` they compare with.
+
+        The hook goes on the parameter's gradient accumulator node (autograd's AccumulateGrad,
+        which runs it right after adding into `.grad`), held here while armed so that the next
+        forward passes use that node. A tensor's own post-accumulate-grad hook would cost every
+        backward pass a call into Python even after its removal (torch keeps the C++ hook of an
+        emptied hook dict); a node that is no longer held dies with the graph that used it, and
+        the next forward makes a fresh one without hooks. A node that outlives its disarming (a
+        graph kept alive) keeps an inert hook, turned on again if the node is armed again."""
         slots = range(len(self._params)) if indices is None else {self._slot[i] for i in indices}
-        handles, params, hookable = self._handles, self._params, self._hookable
+        nodes, params, hookable, key = self._nodes, self._params, self._hookable, self._key
         for u in slots:
-            if u not in handles and hookable[u]:
-                handles[u] = params[u].register_post_accumulate_grad_hook(self._counter(u))
+            if u in nodes or not hookable[u]:
+                continue
+            if not self._on_node[u]:
+                on = [True]
+                hook = self._counter(u, on)
+                nodes[u] = (params[u].register_post_accumulate_grad_hook(lambda _, hook=hook: hook((), ())), on)
+                continue
+            node = _accumulator(params[u])
+            known: Optional[list[bool]] = node.metadata.get(key)
+            if known is None:
+                known = [True]
+                node.register_hook(self._counter(u, known))
+                node.metadata[key] = known
+            known[0] = True
+            nodes[u] = (node, known)
 
     def disarm(self, keep: Collection[int] = ()) -> None:
         """Unhook every parameter but the reported parameters `keep` (the sentinels)."""
         kept = {self._slot[i] for i in keep}
-        for u in [u for u in self._handles if u not in kept]:
-            self._handles.pop(u).remove()
+        for u in [u for u in self._nodes if u not in kept]:
+            _unhook(*self._nodes.pop(u))
             self._passes[u], self._clear[u] = 0, None
 
     @property
     def armed(self) -> int:
         """How many distinct tensors are hooked."""
-        return len(self._handles)
+        return len(self._nodes)
 
     def hookable(self, i: int) -> bool:
         """Whether reported parameter `i` can be hooked."""
         return self._hookable[self._slot[i]]
 
-    def _counter(self, i: int) -> Any:
-        """The hook of parameter `i`. It runs in every backward pass for every parameter, so its
-        body keeps to locals and a look at `.grad` and its version (no device work); a weak
-        reference is made only where `.grad` is a new tensor."""
+    def _counter(self, i: int, on: list[bool]) -> Any:
+        """The hook of parameter `i` (a post hook of its accumulator node), active while `on[0]`.
+        It runs in every backward pass for every armed parameter, so its body keeps to locals
+        and a look at `.grad` and its version (no device work); a weak reference is made only
+        where `.grad` is a new tensor."""
         passes, clear, refs = self._passes, self._clear, self._ref
         pass_refs, pass_versions = self._pass_ref, self._pass_version
         ref_to = weakref.ref
+        p = self._params[i]
 
         touched, settle = self._touched, self._settle_at_end
 
-        def on_accumulate(p: torch.Tensor) -> None:
+        def on_accumulate(grad_inputs: Any, grad_outputs: Any) -> None:
+            if not on[0]:
+                return
             touched.append(i)
             if not self._settling:
                 settle()
@@ -222,6 +261,20 @@ class GradTracker:
         return passes, clear
 
     def remove(self) -> None:
-        for handle in self._handles.values():
-            handle.remove()
-        self._handles.clear()
+        for held, on in self._nodes.values():
+            _unhook(held, on)
+        self._nodes.clear()
+
+
+def _unhook(held: Any, on: list[bool]) -> None:
+    """Turn a hook off: a tensor hook's handle is removed; a node's hook stays, inert, on a node
+    that is no longer held."""
+    on[0] = False
+    if isinstance(held, RemovableHandle):
+        held.remove()
+
+
+def _accumulator(p: torch.Tensor) -> Any:
+    """The AccumulateGrad node of leaf `p` (made if no graph holds one now), as DDP finds it."""
+    with torch.enable_grad():
+        return p.view_as(p).grad_fn.next_functions[0][0]
