@@ -30,7 +30,6 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Optional
 
 import torch
 
@@ -68,7 +67,7 @@ def median_interval(values: list[float], resamples: int = 1000, seed: int = 0) -
     return got[int(0.05 * resamples)], got[int(0.95 * resamples) - 1]
 
 
-def measure(tensors: int, width: int, steps: int, server: Optional[str]) -> dict[str, float]:
+def measure(tensors: int, width: int, steps: int, server: str | None) -> dict[str, float]:
     """The watched copy's (`server` None: an unwatched copy's) extra time, wall and CPU."""
     x = torch.randn(16, width)
     twin, twin_opt = model(tensors, width)
@@ -105,7 +104,7 @@ def measure(tensors: int, width: int, steps: int, server: Optional[str]) -> dict
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--tensors", default="80,400,1600", help="parameter tensor counts (even; default 80,400,1600)")
-    ap.add_argument("--steps", type=int, default=300, help="interleaved triples timed per count (default 300)")
+    ap.add_argument("--steps", type=int, default=300, help="watched steps timed per count (default 300)")
     ap.add_argument("--width", type=int, default=8, help="in and out features of each Linear (default 8)")
     ap.add_argument("--server", choices=("local", "none"), default="local", help="a real local server, or none")
     ap.add_argument("--aa", action="store_true", help="also time an unwatched copy against its twin (A/A)")
@@ -125,7 +124,7 @@ def main(argv: list[str] | None = None) -> int:
         try:
             print(
                 f"torch {torch.__version__}, 1 thread, SGD, Linear({args.width}, {args.width}) layers, "
-                f"{'a local server' if proc else 'no server (spooling)'}; {args.steps} interleaved triples each"
+                f"{'a local server' if proc else 'no server (spooling)'}; {args.steps} watched steps each, alternating with twin steps"
             )
             print(
                 "tensors | variant | step ms | extra us, wall (90% interval) | extra us, CPU (90% interval) | target us | met"

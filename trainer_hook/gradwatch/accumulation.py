@@ -277,4 +277,7 @@ def _unhook(held: Any, on: list[bool]) -> None:
 def _accumulator(p: torch.Tensor) -> Any:
     """The AccumulateGrad node of leaf `p` (made if no graph holds one now), as DDP finds it."""
     with torch.enable_grad():
-        return p.view_as(p).grad_fn.next_functions[0][0]
+        view = p.view_as(p).grad_fn
+    if view is None:
+        raise RuntimeError("no autograd graph for a parameter that requires grad")
+    return view.next_functions[0][0]

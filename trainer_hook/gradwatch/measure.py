@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import operator
 import time
-from collections.abc import Callable, Collection, Iterable, Sequence
+from collections.abc import Callable, Collection, Iterable
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
