@@ -43,7 +43,10 @@ consecutive steps at the training's own pace (4x as many for every="auto") after
   cycles stretch. Its figure is the median of its measured steps and that of its unmeasured
   steps in the cycles, weighted by how often it measured in that run (Watcher.measured_steps).
 
-    python benchmarks/overhead.py [--models gpt,mlp] [--cycles N] [--variants baseline,...]
+    python benchmarks/overhead.py [--models gpt,mlp,wide] [--cycles N] [--variants baseline,...]
+
+Models: `gpt` (13.8M parameters), `mlp` (40 Linear(256), 80 tensors), `wide` (800 Linear(64),
+1,600 tensors: where per-tensor costs show; not run by default).
 """
 
 from __future__ import annotations
@@ -117,6 +120,13 @@ def mlp_task() -> tuple[nn.Module, Callable[[nn.Module], torch.Tensor]]:
     return model, lambda m: m(x).pow(2).mean()
 
 
+def wide_task() -> tuple[nn.Module, Callable[[nn.Module], torch.Tensor]]:
+    """1,600 parameter tensors (800 Linear(64) layers): where per-tensor costs show."""
+    model = nn.Sequential(*[nn.Sequential(nn.Linear(64, 64), nn.ReLU()) for _ in range(800)])
+    x = torch.randn(256, 64)
+    return model, lambda m: m(x).pow(2).mean()
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -156,8 +166,8 @@ WARMUP = 3  # untimed steps of each variant before the timed cycles
 #: 1, 2 and about 14 (a one-time cost of about two measured steps), and a long run pays its
 #: steady state, not that
 AUTO_WARMUP = 40
-CYCLES = {"mlp": 200, "gpt": 30}  # default timed cycles per model: a few minutes each
-SEGMENT = {"mlp": 100, "gpt": 12}  # consecutive steps of a gradwatch variant alone: about 4 s, 7 s
+CYCLES = {"mlp": 200, "gpt": 30, "wide": 60}  # default timed cycles per model: a few minutes each
+SEGMENT = {"mlp": 100, "gpt": 12, "wide": 30}  # consecutive steps of a gradwatch variant alone: about 4 s, 7 s
 
 
 def thread_cpu(threads: list[threading.Thread]) -> float:
@@ -384,7 +394,7 @@ class Figure:
         return got[int(0.05 * resamples)], got[int(0.95 * resamples) - 1]
 
 
-TASKS = {"gpt": gpt_task, "mlp": mlp_task}
+TASKS = {"gpt": gpt_task, "mlp": mlp_task, "wide": wide_task}
 
 
 class Remote:

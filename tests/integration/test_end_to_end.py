@@ -130,8 +130,9 @@ def test_series_endpoint_serves_the_logged_loss_and_total_norm(server) -> None:
 
 
 def test_unsampled_steps_store_their_cheap_facts_and_raise_no_findings(server) -> None:
-    """every=5: all 20 steps are stored with learning rate and counters, four are measured, and
-    the unmeasured ones are not mistaken for steps without gradients."""
+    """every=5: all 20 steps are stored with learning rate and backward passes, four are measured
+    (with per-parameter counts), and the unmeasured ones are not mistaken for steps without
+    gradients."""
     torch.manual_seed(0)
     model = Net()
     opt = torch.optim.SGD(model.parameters(), lr=0.05)
@@ -148,10 +149,13 @@ def test_unsampled_steps_store_their_cheap_facts_and_raise_no_findings(server) -
         lr = http.get(f"/api/runs/{w.run_id}/series", params={"key": "lr/0"}).json()
         assert lr["step"] == list(range(1, 21))
         assert lr["value"] == pytest.approx([0.05 * 0.5**i for i in range(20)])
+        # per parameter on measured steps; the sentinel's count (a scalar) on every step
         passes = http.get(
             f"/api/runs/{w.run_id}/params/series", params={"metric": "backward_passes", "param": "head.weight"}
         ).json()
-        assert passes["step"] == list(range(1, 21)) and passes["series"][0]["value"] == [1.0] * 20
+        assert passes["step"] == [1, 6, 11, 16] and passes["series"][0]["value"] == [1.0] * 4
+        total = http.get(f"/api/runs/{w.run_id}/series", params={"key": "backward_passes"}).json()
+        assert total["step"] == list(range(1, 21)) and total["value"] == [1.0] * 20
         norms = http.get(
             f"/api/runs/{w.run_id}/params/series", params={"metric": "grad_norm", "param": "head.weight"}
         ).json()

@@ -79,22 +79,70 @@ def test_every_n_samples_but_counts_per_step() -> None:
     model = Net()
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     w = gradwatch.watch(opt, model=model, server=NOWHERE, every=3)
+    hooked = []  # how many tensors carry a gradient hook during each step's backward passes
     for _ in range(7):
         opt.zero_grad()
         model(torch.randn(2, 4)).sum().backward()
         model(torch.randn(2, 4)).sum().backward()
+        hooked.append(w._tracker.armed)
         opt.step()
     msgs = sent_steps(w)
     w.close(timeout=0.1)
     assert [m["step"] for m in measured(msgs)] == [1, 4, 7]
-    # every step records its cheap facts; counts are per step (2, not 6) whatever the interval
+    # per-parameter hooks are armed for the measured steps only; one sentinel otherwise
+    assert hooked == [4, 1, 1, 4, 1, 1, 4]
+    # every step is recorded; counts are per step (2, not 6) whatever the interval: per parameter
+    # on measured steps, the sentinel's on the others, which send no per-parameter array
     assert [m["step"] for m in msgs] == list(range(1, 8))
-    assert all(m["params"]["backward_passes"]["fc.weight"] == 2.0 for m in msgs)
+    assert all(m["scalars"]["backward_passes"] == 2.0 for m in msgs)
+    assert all(m["params"]["backward_passes"]["fc.weight"] == 2.0 for m in measured(msgs))
+    assert all(m["params"]["backward_passes"]["unused.weight"] == 0.0 for m in measured(msgs))
     light = [m for m in msgs if m["step"] not in (1, 4, 7)]
-    assert all("grad_status" not in m and m["scalars"]["lr/0"] == 0.01 for m in light)
+    assert all(m["params"] == {} and "grad_status" not in m and m["scalars"]["lr/0"] == 0.01 for m in light)
+    assert all("mem/grads_bytes" not in m["scalars"] and "grads/none" not in m["scalars"] for m in light)
     fc_bytes = (4 * 3 + 3) * 4  # `unused` never gets a .grad
-    assert all(m["scalars"]["grads/none"] == 2 and m["scalars"]["mem/grads_bytes"] == fc_bytes for m in light)
-    assert all(m["params"]["grad_clear"]["fc.weight"] == 1.0 for m in msgs[1:])  # zero_grad() sets None
+    assert all(m["scalars"]["mem/grads_bytes"] == fc_bytes for m in measured(msgs))
+    # zero_grad() sets None, exactly seen at each measured step after the first
+    assert [m["params"]["grad_clear"]["fc.weight"] for m in measured(msgs)] == [None, 1.0, 1.0]
+
+
+def test_a_forgotten_zero_grad_is_exact_on_every_measured_step() -> None:
+    """The hooks are armed from the step before a measured one: a measured step sees how `.grad`
+    was cleared since the step before it, and how many passes the step summed, whatever the interval."""
+    for every in (2, 5):
+        model = Net()
+        opt = torch.optim.SGD(model.parameters(), lr=0.01)
+        w = gradwatch.watch(opt, model=model, server=NOWHERE, every=every)
+        for i in range(11):
+            if i % 2:  # every other step forgets its zero_grad()
+                opt.zero_grad()
+            model(torch.randn(2, 4)).sum().backward()
+            opt.step()
+        msgs = measured(sent_steps(w))
+        w.close(timeout=0.1)
+        want = [None] + [1.0 if (m["step"] - 1) % 2 else 0.0 for m in msgs[1:]]
+        assert [m["params"]["grad_clear"]["fc.weight"] for m in msgs] == want, every
+        assert all(m["params"]["backward_passes"]["fc.bias"] == 1.0 for m in msgs)
+
+
+def test_the_sentinel_follows_the_parameter_with_the_most_passes() -> None:
+    """Unmeasured steps say the largest count the last measured step saw: the sentinel moves to
+    the parameter that got the most passes (here a second head, run twice)."""
+    torch.manual_seed(0)
+    first, second = torch.nn.Linear(4, 1), torch.nn.Linear(4, 1)
+    model = torch.nn.ModuleDict({"a": second, "b": first})  # b's bias is the first sentinel
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    w = gradwatch.watch(opt, model=model, server=NOWHERE, every=4)
+    for _ in range(6):
+        opt.zero_grad()
+        first(torch.randn(2, 4)).sum().backward()
+        for _ in range(3):
+            second(torch.randn(2, 4)).sum().backward()
+        opt.step()
+    msgs = sent_steps(w)
+    w.close(timeout=0.1)
+    assert [m["params"]["backward_passes"]["a.weight"] for m in measured(msgs)] == [3.0, 3.0]
+    assert [m["scalars"]["backward_passes"] for m in msgs] == [3.0] * 6
 
 
 @pytest.mark.parametrize(
@@ -125,8 +173,9 @@ def test_sparse_gradients_are_measured_not_fatal(make) -> None:
     msgs = sent_steps(w)
     w.close(timeout=0.1)
     assert [m["step"] for m in msgs] == [1, 2, 3, 4]
-    assert [m["scalars"]["mem/grads_bytes"] for m in msgs] == sizes
-    assert [m["params"]["backward_passes"]["weight"] for m in msgs] == [1.0] * 4
+    assert [m["scalars"].get("mem/grads_bytes") for m in msgs] == [sizes[0], None, sizes[2], None]
+    assert [m["params"]["backward_passes"]["weight"] for m in measured(msgs)] == [1.0] * 2
+    assert [m["scalars"]["backward_passes"] for m in msgs] == [1.0] * 4
     got = [m["params"]["grad_norm"]["weight"] for m in measured(msgs)]
     assert got == pytest.approx([norms[0], norms[2]], rel=1e-6)
     if isinstance(opt, torch.optim.SparseAdam):  # its state is dense

@@ -1,6 +1,9 @@
 """How each `.grad` was filled: backward passes since the last step, and how it was cleared.
 
-A post-accumulate-grad hook per parameter counts the backward passes that add into `.grad`. At
+A hook per parameter, run right after autograd adds into its `.grad` (a post hook of its
+AccumulateGrad node), counts the backward passes. The watcher arms the hooks of every parameter
+only for the steps it measures, and one sentinel parameter per optimizer otherwise (`arm`,
+`disarm`; docs/design.md). At
 the first of them after an optimizer step it looks at tensor metadata only (no device work):
 - a different `.grad` tensor than the step left behind: it was set to `None` (`zero_grad()`,
   `model.zero_grad()`, `p.grad = None`) and autograd made a new one;
@@ -34,8 +37,9 @@ from collections.abc import Collection
 from typing import Any, Optional
 
 import torch
+from torch.utils.hooks import RemovableHandle
 
-from .pieces import is_dtensor, to_local
+from .pieces import to_local
 
 log = logging.getLogger("gradwatch")
 
@@ -60,20 +64,19 @@ def local_nbytes(t: torch.Tensor) -> int:
 
 
 class GradTracker:
-    """Backward passes and clears per reported parameter. Several reported parameters may share
-    one tensor (the original parameters of an FSDP1 FlatParameter): the tensor is hooked once,
-    each of them reads its counts, and its `.grad` bytes count once, with the first of them."""
+    """Backward passes and clears per reported parameter, for the parameters armed. Several
+    reported parameters may share one tensor (the original parameters of an FSDP1
+    FlatParameter): the tensor is hooked once and each of them reads its counts."""
 
-    def __init__(self, params: list[torch.Tensor]) -> None:
+    def __init__(self, params: list[torch.Tensor], on_node: bool = True) -> None:
+        """`on_node`: hook plain tensors on their accumulator node (see `arm`); False where a
+        framework reshapes parameters between steps (FSDP: a node held from one step to the
+        next would expect the sharded shape)."""
         slots: dict[int, int] = {}
         #: per reported parameter, the index of its tensor among the distinct ones
         self._slot = [slots.setdefault(id(p), len(slots)) for p in params]
         self._shared = len(slots) != len(params)
-        first: dict[int, int] = {}
-        self._first = [first.setdefault(u, i) == i for i, u in enumerate(self._slot)]
         params = list({id(p): p for p in params}.values())
-        #: a DTensor's `.grad` holds its local tensor's bytes only
-        self._nbytes_of = local_nbytes if any(is_dtensor(p) for p in params) else grad_nbytes
         n = len(params)
         # Changed in place, never replaced: each hook holds these lists.
         self._passes = [0] * n
@@ -84,33 +87,85 @@ class GradTracker:
         # per parameter, the `.grad` the last backward pass since the step left and its version
         self._pass_ref: list[Optional[weakref.ref[torch.Tensor]]] = [None] * n
         self._pass_version = [0] * n
-        #: bytes of each `.grad` as the last step left it; -1 where it was None (per distinct
-        #: tensor; `grad_nbytes` is per reported parameter)
-        self._grad_nbytes = [-1] * n
-        self.grad_nbytes = self._grad_nbytes if not self._shared else [-1] * len(self._slot)
         self._touched: list[int] = []  # parameters the running backward accumulated into
         self._settling = False  # the end-of-backward callback of the running backward is queued
         self._can_settle = True  # the autograd engine takes final callbacks
         #: perf_counter of the first gradient since the watcher last cleared it (its step timing)
         self.first_grad: list[float] = []
-        self._handles = [
-            p.register_post_accumulate_grad_hook(self._counter(i))
-            for i, p in enumerate(params)
-            if p.requires_grad and p.is_leaf
-        ]
         self._params = params
+        #: the distinct tensors that can be hooked (as torch allows: leaves that require grad)
+        self._hookable = [p.requires_grad and p.is_leaf for p in params]
+        #: distinct tensor -> (its gradient accumulator node, held while armed, or its tensor
+        #: hook's handle; the hook's on-flag)
+        self._nodes: dict[int, tuple[Any, list[bool]]] = {}
+        #: plain tensors are hooked on their accumulator node; others on the tensor: FSDP fills
+        #: the `.grad` of its sharded DTensor and flat parameters itself and runs their tensor
+        #: hooks, not an accumulator node
+        self._on_node = [on_node and type(p) in (torch.nn.Parameter, torch.Tensor) for p in params]
+        self._key = object()  # this tracker's mark in a node's metadata: the hook it already has
 
-    def _counter(self, i: int) -> Any:
-        """The hook of parameter `i`. It runs in every backward pass for every parameter, so its
-        body keeps to locals and a look at `.grad` and its version (no device work); a weak
-        reference is made only where `.grad` is a new tensor."""
+    # -- arming: which tensors are hooked --------------------------------------------------
+    def arm(self, indices: Optional[Collection[int]] = None) -> None:
+        """Hook the reported parameters `indices` (default: all) that are not hooked yet. Their
+        counts start at their next `end_step`, which notes the `.grad` they compare with.
+
+        The hook goes on the parameter's gradient accumulator node (autograd's AccumulateGrad,
+        which runs it right after adding into `.grad`), held here while armed so that the next
+        forward passes use that node. A tensor's own post-accumulate-grad hook would cost every
+        backward pass a call into Python even after its removal (torch keeps the C++ hook of an
+        emptied hook dict); a node that is no longer held dies with the graph that used it, and
+        the next forward makes a fresh one without hooks. A node that outlives its disarming (a
+        graph kept alive) keeps an inert hook, turned on again if the node is armed again."""
+        slots = range(len(self._params)) if indices is None else {self._slot[i] for i in indices}
+        nodes, params, hookable, key = self._nodes, self._params, self._hookable, self._key
+        for u in slots:
+            if u in nodes or not hookable[u]:
+                continue
+            if not self._on_node[u]:
+                on = [True]
+                hook = self._counter(u, on)
+                nodes[u] = (params[u].register_post_accumulate_grad_hook(lambda _, hook=hook: hook((), ())), on)
+                continue
+            node = _accumulator(params[u])
+            known: Optional[list[bool]] = node.metadata.get(key)
+            if known is None:
+                known = [True]
+                node.register_hook(self._counter(u, known))
+                node.metadata[key] = known
+            known[0] = True
+            nodes[u] = (node, known)
+
+    def disarm(self, keep: Collection[int] = ()) -> None:
+        """Unhook every parameter but the reported parameters `keep` (the sentinels)."""
+        kept = {self._slot[i] for i in keep}
+        for u in [u for u in self._nodes if u not in kept]:
+            _unhook(*self._nodes.pop(u))
+            self._passes[u], self._clear[u] = 0, None
+
+    @property
+    def armed(self) -> int:
+        """How many distinct tensors are hooked."""
+        return len(self._nodes)
+
+    def hookable(self, i: int) -> bool:
+        """Whether reported parameter `i` can be hooked."""
+        return self._hookable[self._slot[i]]
+
+    def _counter(self, i: int, on: list[bool]) -> Any:
+        """The hook of parameter `i` (a post hook of its accumulator node), active while `on[0]`.
+        It runs in every backward pass for every armed parameter, so its body keeps to locals
+        and a look at `.grad` and its version (no device work); a weak reference is made only
+        where `.grad` is a new tensor."""
         passes, clear, refs = self._passes, self._clear, self._ref
         pass_refs, pass_versions = self._pass_ref, self._pass_version
         ref_to = weakref.ref
+        p = self._params[i]
 
         touched, settle = self._touched, self._settle_at_end
 
-        def on_accumulate(p: torch.Tensor) -> None:
+        def on_accumulate(grad_inputs: Any, grad_outputs: Any) -> None:
+            if not on[0]:
+                return
             touched.append(i)
             if not self._settling:
                 settle()
@@ -178,23 +233,16 @@ class GradTracker:
         distinct = list(dict.fromkeys(slot[i] for i in reported))
         passes, clear = self._end_step(distinct)
         at = {u: k for k, u in enumerate(distinct)}
-        nbytes, first = self._grad_nbytes, self._first
-        for i in reported:
-            b = nbytes[slot[i]]
-            self.grad_nbytes[i] = b if first[i] or b < 0 else 0
         return [passes[at[slot[i]]] for i in reported], [clear[at[slot[i]]] for i in reported]
 
     def _end_step(self, indices: Optional[Collection[int]] = None) -> tuple[list[int], list[Optional[float]]]:
         """Passes and clear codes (None = nothing to say) since the last step; starts a new step.
 
-        Called after every optimizer step, and for steps a GradScaler skipped, with the
+        Called after every optimizer step, and for steps a GradScaler skipped, with the hooked
         parameters of the optimizer that stepped (default: all); the lists cover those only.
-        Also notes the bytes of each `.grad` (`grad_nbytes`), in the same pass over them: right
-        after a step the grads' objects are out of the CPU caches, and each pass over them costs
-        (docs/benchmarks.md).
         Plain lists, no numpy: this runs on the training thread at every step.
         """
-        params, refs, nbytes, nbytes_of = self._params, self._ref, self._grad_nbytes, self._nbytes_of
+        params, refs = self._params, self._ref
         self._touched.clear()
         if self._can_settle:  # a backward that failed never ran its callback
             self._settling = False
@@ -209,12 +257,27 @@ class GradTracker:
                 self._passes[i], self._clear[i] = 0, None
         for i in indices:
             g = params[i].grad
-            if g is None:
-                refs[i], nbytes[i] = _NO_GRAD, -1
-            else:
-                refs[i], nbytes[i] = (weakref.ref(g), g._version), nbytes_of(g)
+            refs[i] = _NO_GRAD if g is None else (weakref.ref(g), g._version)
         return passes, clear
 
     def remove(self) -> None:
-        for handle in self._handles:
-            handle.remove()
+        for held, on in self._nodes.values():
+            _unhook(held, on)
+        self._nodes.clear()
+
+
+def _unhook(held: Any, on: list[bool]) -> None:
+    """Turn a hook off: a tensor hook's handle is removed; a node's hook stays, inert, on a node
+    that is no longer held."""
+    on[0] = False
+    if isinstance(held, RemovableHandle):
+        held.remove()
+
+
+def _accumulator(p: torch.Tensor) -> Any:
+    """The AccumulateGrad node of leaf `p` (made if no graph holds one now), as DDP finds it."""
+    with torch.enable_grad():
+        view = p.view_as(p).grad_fn
+    if view is None:
+        raise RuntimeError("no autograd graph for a parameter that requires grad")
+    return view.next_functions[0][0]

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import operator
 import time
-from collections.abc import Callable, Collection, Iterable, Sequence
+from collections.abc import Callable, Collection, Iterable
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
@@ -370,23 +370,17 @@ class Probe:
             scalars.setdefault(f"lr/{g}", self.layout.optimizers[o].param_groups[gi].get("lr"))
         return scalars
 
-    def cheap_facts(self, scalars: dict[str, Any], grad_nbytes: Sequence[int]) -> dict[str, float]:
-        """What a step not measured still records, from host-side metadata only (no device work):
-        learning rates, bytes and count of `.grad` buffers that exist (`grad_nbytes` per
-        parameter, -1 for None, as GradTracker noted them at the step)."""
+    def cheap_facts(self, scalars: dict[str, Any]) -> dict[str, float]:
+        """What a step not measured still records, at a cost that does not grow with the number
+        of parameters (no device work, no pass over the parameters): learning rates, the
+        parameters' bytes and the user's numbers (the CUDA counters come with `scalars`)."""
         out = {
             k: float(v)
             for k, v in self.group_lrs(scalars).items()
             if (isinstance(v, (int, float)) and not isinstance(v, bool))
             or (isinstance(v, torch.Tensor) and v.device.type == "cpu" and v.numel() == 1)
         }
-        out.update(
-            {
-                "mem/params_bytes": self.params_bytes,
-                "mem/grads_bytes": float(sum(b for b in grad_nbytes if b > 0)),
-                "grads/none": float(sum(1 for b in grad_nbytes if b < 0)),
-            }
-        )
+        out["mem/params_bytes"] = self.params_bytes
         return out
 
     def cuda_memory(self) -> dict[str, float]:

@@ -24,6 +24,10 @@ class EveryN:
     def __call__(self, step: int) -> bool:
         return step % self.n == 0 if self.aligned else (step - 1) % self.n == 0
 
+    def revise(self, step: int, decided: bool) -> bool:
+        """Whether `step` is measured, asked again (see `AutoInterval.revise`): the same answer."""
+        return self(step)
+
     def observe(self, cost_s: float, step_time_s: float, every_step_s: float = 0.0) -> None:
         """A fixed interval learns nothing from costs."""
 
@@ -67,6 +71,7 @@ class AutoInterval:
         self.interval = 1
         self.aligned = False
         self._last: Optional[int] = None
+        self._before: Optional[int] = None  # `_last` before the last step that was measured
         self._cost: Optional[float] = None
         self._step_time: Optional[float] = None
         self._every_step: deque[float] = deque(maxlen=self.EXCESS_WINDOW)
@@ -81,8 +86,17 @@ class AutoInterval:
             return step % (1 << (self.interval - 1).bit_length()) == 0
         if self._last is not None and step < self._last + self.interval:
             return False
-        self._last = step
+        self._before, self._last = self._last, step
         return True
+
+    def revise(self, step: int, decided: bool) -> bool:
+        """Whether `step` is measured, asked again after the interval may have changed: the
+        watcher asks about a step one round ahead (it arms its gradient hooks for it), and
+        the interval learnt at the end of the round in between decides. `decided`: the answer
+        the last call (about `step`) gave."""
+        if decided and not self.aligned:
+            self._last = self._before
+        return self(step)
 
     def observe(self, cost_s: float, step_time_s: float, every_step_s: float = 0.0) -> None:
         self._cost = cost_s if self._cost is None else 0.7 * self._cost + 0.3 * cost_s

@@ -115,13 +115,28 @@ class Watcher:
         self._amp = None if scaler is None else AmpScaler(scaler)
         self._probe = Probe(self.layout, amp=self._amp, updates=updates)
         self._memory: dict[str, float] = {}  # CUDA allocator counters read as the current round began
-        self._tracker = GradTracker([w.piece.accumulated for w in self.layout.params])
+        self._tracker = GradTracker(
+            [w.piece.accumulated for w in self.layout.params],
+            on_node=all(w.view is None and w.piece.accumulates is None for w in self.layout.params),
+        )
         #: parameter indices of each optimizer; None stands for all (one optimizer)
         self._members: list[Optional[list[int]]] = (
             [None]
             if len(optimizers) == 1
             else [[i for i, w in enumerate(self.layout.params) if w.optimizer == k] for k in range(len(optimizers))]
         )
+        # Per-parameter gradient hooks cost every backward pass, so they are armed only for the
+        # steps that are measured (from the previous step of each optimizer, where their counts
+        # start); the other steps hook one sentinel parameter per optimizer (docs/design.md).
+        #: per optimizer, the parameter whose hook stays armed (None: none can be hooked)
+        self._sentinels: list[Optional[int]] = [self._first_sentinel(k) for k in range(len(optimizers))]
+        self._upcoming = self._sampler(1)  # whether the next round is measured (decided a round ahead)
+        self._armed = [self._upcoming] * len(optimizers)  # per optimizer: all its parameters hooked
+        self._switch_s = 0.0  # training-thread seconds spent arming and disarming since the last measured step
+        if self._upcoming:
+            self._tracker.arm()
+        else:
+            self._tracker.arm(self._sentinel_list())
         self._round: dict[int, int] = {}  # optimizer -> its steps in the open round
         self._opt_steps = [0] * len(optimizers)
         n = len(self.layout.params)
@@ -202,7 +217,7 @@ class Watcher:
                 self.step += 1
                 self._memory = self._probe.cuda_memory()
                 self._cost.begin_step(previous_measured=self._sampled)
-                self._sampled = self._sampler(self.step)
+                self._sampled, self._upcoming = self._upcoming, self._sampler(self.step + 1)
                 if self._sampled:
                     self.measured_steps += 1
                     self._probe.begin(self.step)
@@ -226,7 +241,7 @@ class Watcher:
                 return
             if self._sampled and first:
                 self._read_grads(k)
-            self._taken[k] = self._tracker.end_step(self._members[k])
+            self._taken[k] = self._tracker.end_step(self._hooked(k))
         except Exception as exc:
             self._give_up(exc)
 
@@ -246,14 +261,68 @@ class Watcher:
                     self._read_grads(k)
             # every step: it marks where the next one starts (a closure evaluated once already did)
             self._end_passes(k, keep=first, taken=self._taken.pop(k, None), again=counted is None or counted.calls != 1)
+            switched = self._switch_s
+            if self._upcoming and not self._armed[k]:  # the next round is measured: count from here
+                self._arm(k)
             if self._sampled and first:
                 self._probe.read_state(self._members[k])
             if len(self._round) == len(self._members):
                 self._emit(started)
+                # what the round taught the sampler (every="auto") may change its mind about the next
+                self._upcoming = self._sampler.revise(self.step + 1, self._upcoming)
+                if self._upcoming:
+                    for j in range(len(self._members)):
+                        if not self._armed[j]:
+                            self._arm(j)
+                elif not self._closed:
+                    self._disarm()
                 if not self._sampled:  # what this hook costs every step, for every="auto"
-                    self._cost.light_hook(time.perf_counter() - started)
+                    self._cost.light_hook(time.perf_counter() - started - (self._switch_s - switched))
         except Exception as exc:
             self._give_up(exc)
+
+    # -- arming (training thread) ------------------------------------------------------------
+    def _first_sentinel(self, k: int) -> Optional[int]:
+        """Optimizer `k`'s first sentinel: its last hookable parameter (the output layer's, in
+        the usual order, where a backward pass begins), until a measured step names a better one."""
+        members = self._members[k]
+        indices = range(len(self.layout.params)) if members is None else members
+        return next((i for i in reversed(indices) if self._tracker.hookable(i)), None)
+
+    def _sentinel_list(self, k: Optional[int] = None) -> list[int]:
+        chosen = self._sentinels if k is None else [self._sentinels[k]]
+        return [i for i in chosen if i is not None]
+
+    def _hooked(self, k: int) -> Optional[list[int]]:
+        """The parameters of optimizer `k` whose hooks are armed (None: all, one optimizer)."""
+        return self._members[k] if self._armed[k] else self._sentinel_list(k)
+
+    def _arm(self, k: int) -> None:
+        """Hook every parameter of optimizer `k`; their counts start now, as the step's do."""
+        started = time.perf_counter()
+        self._tracker.arm(self._members[k])
+        self._tracker.end_step(self._members[k])
+        self._armed[k] = True
+        self._switch_s += time.perf_counter() - started
+
+    def _disarm(self) -> None:
+        """Leave only the sentinels hooked; first make each optimizer's sentinel the parameter
+        that the measured round saw the most backward passes into (they tell unmeasured steps)."""
+        if not any(self._armed):
+            return
+        started = time.perf_counter()
+        if self._sampled:
+            for k, members in enumerate(self._members):
+                indices = range(len(self._passes)) if members is None else members
+                best = max(
+                    (i for i in indices if self._tracker.hookable(i)), key=self._passes.__getitem__, default=None
+                )
+                current = self._sentinels[k]
+                if best is not None and (current is None or self._passes[best] > self._passes[current]):
+                    self._sentinels[k] = best
+        self._tracker.disarm(keep=self._sentinel_list())
+        self._armed = [False] * len(self._armed)
+        self._switch_s += time.perf_counter() - started
 
     def _give_up(self, exc: Exception) -> None:
         """A failure inside gradwatch must not end the training: say so, with the traceback, and
@@ -273,7 +342,7 @@ class Watcher:
         """End optimizer `k`'s backward passes; keep them as the round's when `keep`. `taken`: the
         passes of a closure step up to its first evaluation, which are the step's in their place;
         they are ended again only if `again` (later evaluations' passes belong to no step)."""
-        members = self._members[k]
+        members = self._hooked(k)
         if taken is None or again:
             passes, clear = self._tracker.end_step(members)
         if taken is not None:
@@ -303,22 +372,27 @@ class Watcher:
                 logged[f"opt/{k}/steps"] = n
         for key, value in self._memory.items():  # as the round began: the hook's own tensors not yet made
             logged.setdefault(key, value)
-        passes, clear = list(self._passes), self._clear
-        self._clear = [None] * len(clear)
-        logged["backward_passes"] = float(max(passes, default=0))
         if self._sampled:
+            passes, clear = list(self._passes), self._clear
+            self._clear = [None] * len(clear)
+            logged["backward_passes"] = float(max(passes, default=0))
             snapshot = self._probe.finish(logged, _host_arrays(passes, clear))
-            steps = self._cost.measured(None if snapshot is None else snapshot.cost_s)
+            switched, self._switch_s = self._switch_s, 0.0  # arming for this step is part of its cost
+            steps = self._cost.measured(None if snapshot is None else snapshot.cost_s + switched)
             if snapshot is not None:
                 self._sender.submit_step(functools.partial(self._render, snapshot, steps))
             return
+        # An unmeasured step: what its sentinels saw, and no per-parameter array (docs/protocol.md).
+        sentinels = self._sentinel_list()
+        logged["backward_passes"] = float(max((self._passes[i] for i in sentinels), default=0))
+        for i in sentinels:
+            self._clear[i] = None
         self._cost.unmeasured()
         for key in [key for key, v in logged.items() if isinstance(v, torch.Tensor) and v.device.type != "cpu"]:
             logged.pop(key)  # a CUDA tensor is read only at measured steps: reading it now would sync
-        scalars = self._probe.cheap_facts(logged, self._tracker.grad_nbytes)
+        scalars = self._probe.cheap_facts(logged)
         step, now = self.step, time.time()
-        # the arrays are made on the sender thread: the training thread only hands over lists
-        self._sender.submit_step(lambda: wire.StepRecord(step, now, scalars, _host_arrays(passes, clear), None))
+        self._sender.submit_step(lambda: wire.StepRecord(step, now, scalars, {}, None))
 
     def _time_step(self, logged: dict[str, Any], ended: float) -> None:
         """A rank's step times (perf_counter reads only, no device work): `time/step_s` since the
@@ -336,7 +410,7 @@ class Watcher:
         if self._closed:
             return
         k = next(k for k, o in enumerate(self.layout.optimizers) if o is optimizer)
-        self._tracker.end_step(self._members[k])
+        self._tracker.end_step(self._hooked(k))
 
     # -- public ----------------------------------------------------------------------------
     def log(self, metrics: Optional[Mapping[str, Any]] = None, **kwargs: Any) -> None:
@@ -584,12 +658,14 @@ def watch(
 
     Several optimizers (`watch([opt_d, opt_g], ...)`) make one run: a step is a round in which
     every optimizer stepped at least once, and `opt/K/steps` counts each one's own steps.
-    Steps that are not sampled still send their cheap facts (learning rates, backward passes,
-    how grads were cleared, `.grad` bytes, AMP scale, CUDA memory counters): no device work.
+    Steps that are not sampled still send their cheap facts (learning rates, backward passes, AMP
+    scale, CUDA memory counters): no device work, and nothing per parameter. Per-parameter
+    backward passes and how each `.grad` was cleared are exact on every measured step.
 
     every: measure every N-th `optimizer.step()`, or "auto" to keep what measuring costs within 1%
         of the step time (the hook's threads, and a server on this machine: its acks say its CPU).
-        Every step, measured or not, also pays the per-tensor gradient hooks (docs/benchmarks.md).
+        A step that is not measured costs a few tens of µs, whatever the model's size
+        (docs/benchmarks.md).
     updates: also measure `update_norm`/`update_ratio` (holds one copy of the
         parameters during sampled steps).
     warn: show each diagnostic once as a Python warning.
