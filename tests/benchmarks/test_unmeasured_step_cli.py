@@ -12,20 +12,23 @@ import pytest
 SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "unmeasured_step.py"
 
 
-def test_a_short_run_prints_its_figure_and_measures_one_step_only(tmp_path: Path) -> None:
+def test_a_short_run_prints_a_row_per_tensor_count_against_its_target(tmp_path: Path) -> None:
     done = subprocess.run(
-        [sys.executable, str(SCRIPT), "--steps", "3", "--layers", "2"],
+        [sys.executable, str(SCRIPT), "--tensors", "4,6", "--steps", "3"],
         capture_output=True,
         text=True,
         timeout=120,
         cwd=tmp_path,
     )
     assert done.returncode == 0, done.stderr
-    assert "4 tensors; 1 of 13 watched steps measured" in done.stdout  # every=10**6: the first step only
-    assert re.search(r"^unmeasured step: [+-]\d+ us \([+-]\d+\.\d\d% of a \d+\.\d ms step\)$", done.stdout, re.M)
+    assert "3 watched steps each" in done.stdout
+    for count, target in ((4, 22), (6, 23)):  # 20 us + 0.5 us per tensor
+        row = rf"^\s+{count} \| watched \|\s+\d+\.\d\d \|\s+[+-]\d+\.\d \([+-]\d+\.\d to [+-]\d+\.\d\) \|"
+        assert re.search(row + rf".*\|\s+{target} \| (yes|no)$", done.stdout, re.M), done.stdout
+    assert re.search(r"^target (met at every count|NOT met at some count)", done.stdout, re.M), done.stdout
 
 
-@pytest.mark.parametrize("args", [["--steps", "0"], ["--layers", "-1"], ["--steps", "many"]])
+@pytest.mark.parametrize("args", [["--steps", "0"], ["--tensors", "3"], ["--steps", "many"], ["--server", "remote"]])
 def test_bad_flags_are_refused(args: list[str]) -> None:
     done = subprocess.run([sys.executable, str(SCRIPT), *args], capture_output=True, text=True, timeout=120)
     assert done.returncode == 2 and "usage:" in done.stderr, done.stderr
