@@ -25,6 +25,8 @@ import torch
 from . import __version__, distributed, wire
 from .accumulation import GradTracker
 from .amp import AmpScaler, check_scaler
+from .clipping import KEY as CLIP_KEY
+from .clipping import ClipNorms
 from .closures import CountedClosure, step_closure, with_closure
 from .context import context_config, user_config
 from .findings import FindingWarner, run_page
@@ -32,7 +34,7 @@ from .layout import Layout, build_layout
 from .measure import Probe, Snapshot
 from .replay import Rejected, replay
 from .sampling import CostMeter, make_sampler
-from .sender import Sender
+from .sender import FINDING_LINGER_S, MAX_LINGER_S, Sender
 from .spool import SpoolWriter, pending_spools, spool_dir
 from .unwrap import find_scaler, qualified_name, unwrap
 from .wire import DEFAULT_SERVER, ingest_url
@@ -73,6 +75,7 @@ class Watcher:
         warn: bool = True,
         config: Optional[Mapping[str, Any]] = None,
         on_finding: Optional[Callable[[dict[str, Any]], Any]] = None,
+        optimizer_signals: bool = False,
     ) -> None:
         optimizers, wrappers = _optimizers(optimizer)
         if scaler is None:  # accelerate's AcceleratedOptimizer steps with its own GradScaler
@@ -81,8 +84,8 @@ class Watcher:
         if on_finding is not None and not callable(on_finding):
             raise TypeError(f"on_finding must be a function taking a finding (a dict), not {type(on_finding).__name__}")
         self._sampler = make_sampler(every)
-        if not isinstance(updates, bool) or not isinstance(warn, bool):
-            raise TypeError("updates and warn must be True or False")
+        if not all(isinstance(b, bool) for b in (updates, warn, optimizer_signals)):
+            raise TypeError("updates, warn and optimizer_signals must be True or False")
         if scaler is not None:
             check_scaler(scaler)  # before anything else is made
         _check_name("run", run)
@@ -113,7 +116,7 @@ class Watcher:
             raise ValueError("the optimizer has no parameters to watch")
         self.warn = warn
         self._amp = None if scaler is None else AmpScaler(scaler)
-        self._probe = Probe(self.layout, amp=self._amp, updates=updates)
+        self._probe = Probe(self.layout, amp=self._amp, updates=updates, signals=optimizer_signals)
         self._tracker = GradTracker([w.piece.accumulated for w in self.layout.params])
         #: parameter indices of each optimizer; None stands for all (one optimizer)
         self._members: list[Optional[list[int]]] = (
@@ -145,6 +148,7 @@ class Watcher:
                     "every": every,
                     "amp": scaler is not None,
                     "updates": updates,
+                    "optimizer_signals": optimizer_signals,
                     "optimizers": [type(o).__name__ for o in optimizers],
                     "unoptimized_params": self.layout.unoptimized,
                     "frozen_params": self.layout.frozen,
@@ -157,7 +161,14 @@ class Watcher:
             groups=self.layout.hello_groups(),
             dist=None if self.dist is None else self.dist.hello(),
         )
-        self._sender = Sender(url, hello, token=token, spool=_open_spool(hello["run"]["id"], hello))
+        self._sender = Sender(
+            url,
+            hello,
+            token=token,
+            spool=_open_spool(hello["run"]["id"], hello),
+            # a callback acts on findings: they must reach it within a second of their step
+            max_linger=MAX_LINGER_S if on_finding is None else FINDING_LINGER_S,
+        )
         # a server on this machine: its CPU per step is part of what watching costs
         self._cost = CostMeter(self._sampler, _on_this_machine(url), lambda: self._sender.server_cpu_per_step)
         _replay_in_background(url, token)
@@ -166,6 +177,7 @@ class Watcher:
         self._findings = FindingWarner(shows, self.url, callback=on_finding)
         self._sender.on_finding = self._findings
         self._step_began = time.perf_counter()  # where the first step's `time/step_s` starts
+        self._clip = ClipNorms().open()  # the total norm the loop's clip_grad_norm_ returns
         self._handles = []
         for k, opt in enumerate(optimizers):
             self._handles += [
@@ -288,6 +300,9 @@ class Watcher:
         default now): send the measured step, or the cheap facts of an unmeasured one."""
         self._round.clear()
         logged, self._logged = self._logged, {}
+        clipped = self._clip.take()
+        if clipped is not None:
+            logged.setdefault(CLIP_KEY, clipped)
         if self.dist is not None:
             self._time_step(logged, time.perf_counter() if ended is None else ended)
         if self._amp is not None:
@@ -390,6 +405,7 @@ class Watcher:
         for handle in self._handles:
             handle.remove()
         self._handles = []
+        self._clip.close()
         self._tracker.remove()
         if self._amp is not None:
             self._amp.remove()
@@ -574,6 +590,7 @@ def watch(
     warn: bool = True,
     config: Optional[Mapping[str, Any]] = None,
     on_finding: Optional[Callable[[dict[str, Any]], Any]] = None,
+    optimizer_signals: bool = False,
 ) -> Watcher:
     """Watch `optimizer` (or a list of optimizers); see `Watcher`. Raises TypeError/ValueError on bad arguments.
 
@@ -595,6 +612,10 @@ def watch(
         first_step, page), on a gradwatch thread of its own, never inside a step nor on the sender
         thread (a slow callback delays no step's delivery); what it raises is logged. `close()`
         inside it stops the watching; the script's `close()` delivers.
+    optimizer_signals: also measure, at measured steps, Adam's epsilon-regime share and
+        second-moment decoupling and the momentum-gradient cosine per parameter (gradwatch/signals.py;
+        passes over the optimizer state: docs/diagnostics.md). The total norm a loop's
+        `torch.nn.utils.clip_grad_norm_` returns is recorded every step in any case (`clip/total_norm`).
     """
     return Watcher(
         optimizer,
@@ -609,4 +630,5 @@ def watch(
         warn=warn,
         config=config,
         on_finding=on_finding,
+        optimizer_signals=optimizer_signals,
     )
