@@ -479,6 +479,10 @@ class Probe:
             for metric, idx, values in optimizer_signals(self.params, on_device, states, groups)
         ]
 
+    def inverse_scale(self, device: torch.device) -> Optional[torch.Tensor]:
+        """1/scale of the GradScaler for gradients on `device` (None: not scaled)."""
+        return self._inverse_scale(device)
+
     def _inverse_scale(self, device: torch.device, optimizer: Optional[int] = None) -> Optional[torch.Tensor]:
         """1/scale of the GradScaler unless the gradients of `optimizer` (of every optimizer when
         None) are not scaled."""

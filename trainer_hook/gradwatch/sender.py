@@ -49,11 +49,12 @@ MessageFactory = Callable[[int], dict[str, Any]]
 
 class _StepItem:
     """A submitted step: `make` runs on the sender thread (it may wait for the device-to-host
-    copy and resolves the measurements), so the training thread does neither."""
+    copy and resolves the measurements), so the training thread does neither. It may make
+    several steps' records at once (the flight recorder's held steps, recorder.py)."""
 
     __slots__ = ("make",)
 
-    def __init__(self, make: Callable[[], StepRecord]) -> None:
+    def __init__(self, make: Callable[[], Union[StepRecord, list[StepRecord]]]) -> None:
         self.make = make
 
 
@@ -126,8 +127,8 @@ class Sender:
         """Queue a message; never blocks the training step."""
         self._put(factory)
 
-    def submit_step(self, make: Callable[[], StepRecord]) -> None:
-        """Queue a step; `make` builds its record on the sender thread."""
+    def submit_step(self, make: Callable[[], Union[StepRecord, list[StepRecord]]]) -> None:
+        """Queue a step (or several); `make` builds its record(s) on the sender thread."""
         self._put(_StepItem(make))
 
     def _put(self, item: _Item) -> None:
@@ -238,16 +239,19 @@ class Sender:
                 self._add(item)
                 continue
             try:
-                record = item.make()
+                made = item.make()
             except Exception:
                 log.exception("gradwatch: could not build a step; skipped")
                 continue
-            if run and (
-                record.keys() != run[0].keys() or len(run) >= MAX_BATCH_STEPS or size + record.nbytes > MAX_BATCH_BYTES
-            ):
-                flush()
-            run.append(record)
-            size += record.nbytes
+            for record in made if isinstance(made, list) else [made]:  # the flight recorder's held steps
+                if run and (
+                    record.keys() != run[0].keys()
+                    or len(run) >= MAX_BATCH_STEPS
+                    or size + record.nbytes > MAX_BATCH_BYTES
+                ):
+                    flush()
+                run.append(record)
+                size += record.nbytes
         flush()
         self._serialized += taken  # only now: every item taken is in `_unacked` (or skipped)
 

@@ -32,6 +32,7 @@ from .context import context_config, user_config
 from .findings import FindingWarner, run_page
 from .layout import Layout, build_layout
 from .measure import Probe, Snapshot
+from .recorder import FlightRecorder
 from .replay import Rejected, replay
 from .sampling import CostMeter, make_sampler
 from .sender import FINDING_LINGER_S, MAX_LINGER_S, Sender
@@ -76,6 +77,7 @@ class Watcher:
         config: Optional[Mapping[str, Any]] = None,
         on_finding: Optional[Callable[[dict[str, Any]], Any]] = None,
         optimizer_signals: bool = False,
+        flight_recorder: bool = True,
     ) -> None:
         optimizers, wrappers = _optimizers(optimizer)
         if scaler is None:  # accelerate's AcceleratedOptimizer steps with its own GradScaler
@@ -84,8 +86,8 @@ class Watcher:
         if on_finding is not None and not callable(on_finding):
             raise TypeError(f"on_finding must be a function taking a finding (a dict), not {type(on_finding).__name__}")
         self._sampler = make_sampler(every)
-        if not all(isinstance(b, bool) for b in (updates, warn, optimizer_signals)):
-            raise TypeError("updates, warn and optimizer_signals must be True or False")
+        if not all(isinstance(b, bool) for b in (updates, warn, optimizer_signals, flight_recorder)):
+            raise TypeError("updates, warn, optimizer_signals and flight_recorder must be True or False")
         if scaler is not None:
             check_scaler(scaler)  # before anything else is made
         _check_name("run", run)
@@ -149,6 +151,7 @@ class Watcher:
                     "amp": scaler is not None,
                     "updates": updates,
                     "optimizer_signals": optimizer_signals,
+                    "flight_recorder": flight_recorder and every != 1,
                     "optimizers": [type(o).__name__ for o in optimizers],
                     "unoptimized_params": self.layout.unoptimized,
                     "frozen_params": self.layout.frozen,
@@ -178,6 +181,12 @@ class Watcher:
         self._sender.on_finding = self._findings
         self._step_began = time.perf_counter()  # where the first step's `time/step_s` starts
         self._clip = ClipNorms().open()  # the total norm the loop's clip_grad_norm_ returns
+        #: every=N (N > 1) or "auto": recent steps' gradient norms kept on the device (recorder.py)
+        self._recorder: Optional[FlightRecorder] = (
+            None
+            if every == 1 or not flight_recorder
+            else FlightRecorder(self._probe.params, [v is None for v in self._probe.views], self._probe.inverse_scale)
+        )
         self._handles = []
         for k, opt in enumerate(optimizers):
             self._handles += [
@@ -223,6 +232,8 @@ class Watcher:
                 return with_closure(args, kwargs, counted.wrap(closure))
             if self._sampled and first:
                 self._read_grads(k)
+            elif not self._sampled and not self._round and self._recorder is not None:
+                self._recorder.record(self.step)  # one call per unmeasured step: device work only
         except Exception as exc:
             self._give_up(exc)
         return None
@@ -317,6 +328,7 @@ class Watcher:
         self._clear = [None] * len(clear)
         logged["backward_passes"] = float(max(passes, default=0))
         if self._sampled:
+            self._flush_recorder()  # the held steps go before this one
             snapshot = self._probe.finish(logged, _host_arrays(passes, clear))
             steps = self._cost.measured(None if snapshot is None else snapshot.cost_s)
             if snapshot is not None:
@@ -328,7 +340,17 @@ class Watcher:
         scalars = self._probe.cheap_facts(logged, self._tracker.grad_nbytes)
         step, now = self.step, time.time()
         # the arrays are made on the sender thread: the training thread only hands over lists
-        self._sender.submit_step(lambda: wire.StepRecord(step, now, scalars, _host_arrays(passes, clear), None))
+        make = functools.partial(_cheap_record, step, now, scalars, passes, clear)
+        if self._recorder is None:
+            self._sender.submit_step(make)
+        elif self._recorder.hold(step, make):
+            self._flush_recorder()
+
+    def _flush_recorder(self) -> None:
+        """Send the steps the flight recorder holds, with one copy of their ring rows."""
+        batch = None if self._recorder is None else self._recorder.flush()
+        if batch is not None:
+            self._sender.submit_step(batch.render)
 
     def _time_step(self, logged: dict[str, Any], ended: float) -> None:
         """A rank's step times (perf_counter reads only, no device work): `time/step_s` since the
@@ -389,6 +411,7 @@ class Watcher:
         self._closed = True
         if self._round and self._handles:  # an optimizer never stepped in the last round: send what there is
             self._emit()
+        self._flush_recorder()
         self._detach()
         self._sender.close(status, timeout=timeout)
         if callbacks is not None:
@@ -464,6 +487,13 @@ class Watcher:
         record = wire.StepRecord(snapshot.step, snapshot.time, scalars, metrics, status)
         self._cost.render_done()
         return record
+
+
+def _cheap_record(
+    step: int, now: float, scalars: dict[str, float], passes: list[int], clear: list[Optional[float]]
+) -> wire.StepRecord:
+    """An unmeasured step's record (sender thread)."""
+    return wire.StepRecord(step, now, scalars, _host_arrays(passes, clear), None)
 
 
 def _host_arrays(passes: list[int], clear: list[Optional[float]]) -> dict[str, np.ndarray]:
@@ -591,6 +621,7 @@ def watch(
     config: Optional[Mapping[str, Any]] = None,
     on_finding: Optional[Callable[[dict[str, Any]], Any]] = None,
     optimizer_signals: bool = False,
+    flight_recorder: bool = True,
 ) -> Watcher:
     """Watch `optimizer` (or a list of optimizers); see `Watcher`. Raises TypeError/ValueError on bad arguments.
 
@@ -616,6 +647,9 @@ def watch(
         second-moment decoupling and the momentum-gradient cosine per parameter (gradwatch/signals.py;
         passes over the optimizer state: docs/diagnostics.md). The total norm a loop's
         `torch.nn.utils.clip_grad_norm_` returns is recorded every step in any case (`clip/total_norm`).
+    flight_recorder: with every=N (N > 1) or "auto", keep the recent steps' gradient norms on the
+        device (a fused norm per unmeasured step, no host copy) and send the steps around an
+        incident between measured steps at full resolution (gradwatch/recorder.py).
     """
     return Watcher(
         optimizer,
@@ -631,4 +665,5 @@ def watch(
         config=config,
         on_finding=on_finding,
         optimizer_signals=optimizer_signals,
+        flight_recorder=flight_recorder,
     )

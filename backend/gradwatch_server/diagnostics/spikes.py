@@ -109,7 +109,10 @@ class GradNormSpike(Check):
     robust score (module docstring) over the series' last `WINDOW` (128) measured values, after
     `WARMUP` (20) of them, at least `Z` (6), and the value at least `RATIO` (3) times the median.
     One step is enough: the spike that precedes a divergence, or a bad batch, is warned at the
-    step it happens (`exploding_grad` waits for the norm to stay up). Non-finite norms are
+    step it happens (`exploding_grad` waits for the norm to stay up). Sampled (every=N, "auto"),
+    a series may have too few measured values: a step the hook's flight recorder sent because it
+    scored a spike there (against every step's norms) carries that score (`spike_z`,
+    `spike_ratio`, `flight/total_z`, `flight/total_ratio`), which stands in for the missing one. Non-finite norms are
     `nonfinite_grad`'s. `first_step` is the step of the first spike; later spikes add the
     parameters they involve. Evidence (the figure's): the step, the total's and each spiking
     parameter's ratio and score.
@@ -133,6 +136,11 @@ class GradNormSpike(Check):
         z, ratio = self.params.score(values, self.WARMUP)
         total = _total(step)
         tz, tratio = self.total.score(np.array([np.nan if total is None else total]), self.WARMUP)
+        if step.spike_z is not None and step.spike_ratio is not None:  # the flight recorder scored it
+            z, ratio = np.where(np.isnan(z), step.spike_z, z), np.where(np.isnan(ratio), step.spike_ratio, ratio)
+            hook_z, hook_ratio = step.scalar("flight/total_z"), step.scalar("flight/total_ratio")
+            if np.isnan(tz[0]) and hook_z is not None and hook_ratio is not None:
+                tz, tratio = np.array([hook_z]), np.array([hook_ratio])
         self.params.push(values)
         self.total.push(np.array([np.nan if total is None else total]))
         with np.errstate(invalid="ignore"):
@@ -338,12 +346,12 @@ class LossSpike(Check):
         self.recent: deque[tuple[int, np.ndarray, str]] = deque()
 
     def observe(self, run: RunContext, step: StepView) -> None:
-        self._track("gradient", _usable_grads(step), step.step)
+        self._track("gradient", _usable_grads(step), step.step, step)
         if step.update_ratio is not None:
             self._track("update", step.update_ratio, step.step)
         self.observe_unmeasured(run, step)
 
-    def _track(self, series: str, values: np.ndarray, at: int) -> None:
+    def _track(self, series: str, values: np.ndarray, at: int, step: StepView | None = None) -> None:
         window = self.grads if series == "gradient" else self.updates
         if window is None:
             window = SpikeWindow(len(values), 128)
@@ -353,6 +361,8 @@ class LossSpike(Check):
                 self.updates = window
         z, ratio = window.score(values, self.WARMUP)
         window.push(values)
+        if step is not None and step.spike_z is not None and step.spike_ratio is not None:  # scored by the hook
+            z, ratio = np.where(np.isnan(z), step.spike_z, z), np.where(np.isnan(ratio), step.spike_ratio, ratio)
         with np.errstate(invalid="ignore"):
             moved = (z >= self.MOVED_Z) & (ratio >= self.MOVED_RATIO)
         if moved.any():
