@@ -163,7 +163,8 @@ class GradNormSpike(Check):
         if moved:
             led = [str(m["param"]) for m in moved]
             parts.append(
-                f"{name_list(led)} to {fmt_num(float(moved[0]['ratio']))}× {'theirs' if len(led) > 1 else 'its'}"
+                f"{name_list(led)} to {'up to ' if len(led) > 1 else ''}{fmt_num(float(moved[0]['ratio']))}× "
+                f"{'their' if len(led) > 1 else 'its'} own"
             )
         worst = float(tratio[0]) if total_flagged else float(moved[0]["ratio"])
         message = (
@@ -314,8 +315,9 @@ class LossSpike(Check):
 
     Every step that carries a `loss` counts, measured or not. Flagged when the loss is at least
     `RATIO` (2) times the median of its last `WINDOW` (50) values, after `WARMUP` (20), and its
-    robust score (module docstring) over them is at least `Z` (6). Losses that are not positive
-    (a GAN's, a log-likelihood) are not judged.
+    robust score (module docstring) over them is at least `Z` (6); or at least `JUMP` (10) times
+    that median whatever the score (a window that spans the fast fall of the first steps has a wide
+    spread). Losses that are not positive (a GAN's, a log-likelihood) are not judged.
 
     The finding names the parameters whose gradient norm (or update ratio, with `updates=True`)
     moved first: at each measured step the check scores every parameter against its own last
@@ -331,6 +333,7 @@ class LossSpike(Check):
     WARMUP = 20
     Z = 6.0
     RATIO = 2.0
+    JUMP = 10.0
     MOVED_Z = 4.0
     MOVED_RATIO = 2.0
     LOOKBACK = 64
@@ -393,7 +396,7 @@ class LossSpike(Check):
         value = np.array([loss])
         z, ratio = self.loss.score(value, self.WARMUP)
         self.loss.push(value)
-        if self.finding is not None or not (z[0] >= self.Z and ratio[0] >= self.RATIO):
+        if self.finding is not None or not ((z[0] >= self.Z and ratio[0] >= self.RATIO) or ratio[0] >= self.JUMP):
             return
         first = self._moved_first(run, step.step)
         ranked = sorted(first.items(), key=lambda kv: (kv[1][0], -kv[1][1]))[: self.NAMED]
