@@ -220,3 +220,17 @@ def test_the_engine_feeds_unmeasured_steps_to_the_loss_check_only() -> None:
         diag.observe_record(n, {"loss": loss}, arrays)
     codes = {f.code: f.first_step for f in diag.findings()}
     assert codes == {"loss_spike": 65}  # and no step_without_grad from the unmeasured steps
+
+
+def test_loss_spike_fires_at_ten_times_the_median_after_a_fast_fall() -> None:
+    """A window over the first steps' fast fall is wide: a loss 25x its median scores under 6
+    sigma there, and is still a spike."""
+    losses = [15.0 * 0.93**n for n in range(59)] + [20.0]
+    check = LossSpike()
+    check.start(RUN)
+    for n, loss in enumerate(losses, 1):
+        check.observe_unmeasured(RUN, StepView.unmeasured(n, {"loss": loss}, 3))
+    f = check.finding
+    assert f is not None and f.first_step == 60
+    assert f.figure is not None and f.figure.evidence is not None and f.figure.evidence["z"] < 6
+    assert f.figure.evidence["ratio"] >= 10
