@@ -463,8 +463,8 @@ class Watcher:
 
     @property
     def pending(self) -> int:
-        """Messages the server has not acknowledged yet."""
-        return self._sender.pending
+        """Messages the server has not acknowledged yet (and steps the flight recorder holds)."""
+        return self._sender.pending + (0 if self._recorder is None else len(self._recorder.held))
 
     def __enter__(self) -> Watcher:
         return self
