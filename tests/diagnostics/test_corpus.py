@@ -27,6 +27,9 @@ from support.server import start_server
 CLASSIC = [s for s in SCRIPTS if not is_instability_case(s)]
 WITHIN = 5  # a finding begins at most this many steps after its cause
 PARALLEL = 3
+#: the module fixture runs every script (real training runs, a few at a time) before its first
+#: test: minutes on a loaded 2-core machine, past pytest.ini's 300 s per test
+pytestmark = pytest.mark.timeout(900)
 
 
 @pytest.fixture(scope="module")

@@ -23,6 +23,9 @@ from support.server import start_server
 CASES = [s for s in SCRIPTS if is_instability_case(s)]
 SETTINGS = ("1", "auto")
 PARALLEL = 3
+#: the module fixture runs every script (real training runs, a few at a time) before its first
+#: test: minutes on a loaded 2-core machine, past pytest.ini's 300 s per test
+pytestmark = pytest.mark.timeout(900)
 
 
 @pytest.fixture(scope="module")
