@@ -225,6 +225,14 @@ class FindingFigure(BaseModel):
     unit: str = Field(description='"bytes", "passes", "steps" or "ratio"')
     text: str = Field(description='the value as it reads, e.g. "1.5 MiB"')
     step: int | None = Field(default=None, description="the step at which the figure holds (null: not said)")
+    evidence: dict[str, Any] | None = Field(
+        default=None,
+        description=(
+            "an instability finding's evidence (grad_norm_spike, large_update, adam_epsilon_regime, loss_spike): "
+            "the step, the parameters that moved with how far (ratio to their median, score in sigma) and, for "
+            "loss_spike, those that moved first with how many steps before (docs/diagnostics.md); null elsewhere"
+        ),
+    )
 
 
 class Finding(BaseModel):

@@ -95,6 +95,10 @@ def test_every_code_of_the_design_has_one_check() -> None:
             "vanishing_grad",
             "step_without_grad",
             "rank_desync",
+            "grad_norm_spike",
+            "large_update",
+            "adam_epsilon_regime",
+            "loss_spike",
         ]
     )
     for check in CHECKS:

@@ -22,7 +22,9 @@ def decode(b64: str, dtype: str = "<f4") -> list[float | None]:
 
 
 def sent_steps(w: Watcher, timeout: float = 5.0) -> list[dict[str, Any]]:
-    """Step messages with per-parameter arrays decoded, keyed by parameter name."""
+    """Step messages with per-parameter arrays decoded, keyed by parameter name (the steps the
+    flight recorder holds, with every=N or "auto", are handed to the sender first)."""
+    w._flush_recorder()
     assert w._sender.wait_serialized(timeout), "the sender thread did not serialize in time"
     names = [p.name for p in w.layout.params]
     out = []
@@ -36,5 +38,6 @@ def sent_steps(w: Watcher, timeout: float = 5.0) -> list[dict[str, Any]]:
 
 
 def measured(steps: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """The steps whose tensors were measured (not only their cheap facts)."""
-    return [m for m in steps if "grad_norm" in m["params"]]
+    """The steps whose tensors were measured (not only their cheap facts, nor the gradient norms
+    the flight recorder sends around an incident, which come without `grad_status`)."""
+    return [m for m in steps if "grad_norm" in m["params"] and "grad_status" in m]

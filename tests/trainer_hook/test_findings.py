@@ -222,3 +222,37 @@ def test_close_inside_on_finding_leaves_the_final_close_to_deliver(srv: ServerPr
     run = httpx.get(f"{srv.url}/api/runs/{w.run_id}", timeout=10).json()
     assert run["steps"] == w.step
     assert run["status"] == "finished"
+
+
+@pytest.mark.timed
+def test_a_loss_spike_reaches_on_finding_within_a_second_of_its_step(srv: ServerProcess) -> None:
+    """A training loop paced at 20 steps/s logs its loss; one batch makes it jump 10x at step 60.
+    The `loss_spike` finding of that step reaches the callback within a second of the step's
+    `optimizer.step()`: a hook with `on_finding` sends at FINDING_LINGER_S, not at the 5 s a
+    server asks for while no browser watches."""
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=1e-3)
+    arrived: dict[str, float] = {}
+    w = gradwatch.watch(
+        opt,
+        model=model,
+        server=srv.url,
+        project="tests",
+        run="fast-finding",
+        warn=False,
+        on_finding=lambda f: arrived.setdefault(f["code"], time.monotonic()),
+    )
+    stepped = 0.0
+    for step in range(1, 81):
+        opt.zero_grad()
+        loss = model(torch.randn(16, 4)).pow(2).mean() + 1.0 + (9.0 if step == 60 else 0.0)
+        loss.backward()
+        w.log(loss=float(loss) * (1 + 0.01 * float(torch.randn(()))))
+        opt.step()
+        if step == 60:
+            stepped = time.monotonic()
+        time.sleep(0.05)
+    w.close(timeout=30)
+    assert "loss_spike" in arrived, arrived
+    assert arrived["loss_spike"] - stepped < 1.0, arrived["loss_spike"] - stepped

@@ -28,6 +28,7 @@ from .accumulation import grad_nbytes, local_nbytes
 from .amp import AmpScaler
 from .layout import Layout
 from .pieces import View
+from .signals import optimizer_signals
 from .states import Quantized, quantized, state_of
 from .wire import ABSENT_BITS, GRAD_STATUS_NONE, GRAD_STATUS_NONFINITE, GRAD_STATUS_NONZERO, GRAD_STATUS_ZERO
 
@@ -228,10 +229,14 @@ class _Pending:
 class Probe:
     """Measures one step of the optimizers of a `Layout`."""
 
-    def __init__(self, layout: Layout, amp: Optional[AmpScaler] = None, updates: bool = False) -> None:
+    def __init__(
+        self, layout: Layout, amp: Optional[AmpScaler] = None, updates: bool = False, signals: bool = False
+    ) -> None:
         self.layout = layout
         self.amp = amp
         self.updates = updates
+        #: also the optimizer signals of signals.py (eps_share, v_decoupling, momentum_cosine)
+        self.signals = signals
         self.params = [w.param for w in layout.params]
         #: per parameter, the view of this rank's piece (pieces.py); None: the tensor itself
         self.views: list[Optional[View]] = [w.view for w in layout.params]
@@ -328,6 +333,8 @@ class Probe:
                 offset += count
         for metric, i, q in plan.quantized:
             pending.segments.append(_Segment(metric, np.asarray([i]), [q.norm()]))
+        if self.signals:
+            pending.segments.extend(self._signals(range(len(self.params)) if indices is None else indices))
         pending.cost_s += time.perf_counter() - started
 
     @torch.no_grad()
@@ -463,6 +470,25 @@ class Probe:
             if self._before_norms:  # the server divides the global norms: update_ratio is per rank
                 segments.append(_Segment("param_before_norm", index, list(old_norms.unbind())))
         return segments
+
+    def _signals(self, indices: Iterable[int]) -> list[_Segment]:
+        """signals.py's per-parameter signals of `indices` (whole tensors only), per device."""
+        layout = self.layout
+        states = [layout.optimizers[w.optimizer].state.get(w.param) or {} for w in layout.params]
+        groups = [layout.optimizers[o].param_groups[g] for o, g in (layout.group_keys[w.group] for w in layout.params)]
+        by_device: dict[torch.device, list[int]] = {}
+        for i in indices:
+            if self.views[i] is None:
+                by_device.setdefault(self.params[i].device, []).append(i)
+        return [
+            _Segment(metric, np.asarray(idx), values)
+            for on_device in by_device.values()
+            for metric, idx, values in optimizer_signals(self.params, on_device, states, groups)
+        ]
+
+    def inverse_scale(self, device: torch.device) -> Optional[torch.Tensor]:
+        """1/scale of the GradScaler for gradients on `device` (None: not scaled)."""
+        return self._inverse_scale(device)
 
     def _inverse_scale(self, device: torch.device, optimizer: Optional[int] = None) -> Optional[torch.Tensor]:
         """1/scale of the GradScaler unless the gradients of `optimizer` (of every optimizer when

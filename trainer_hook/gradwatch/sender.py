@@ -12,7 +12,9 @@ the next `watch()` or `gradwatch-sync`.
 Sending is paced: every `linger` seconds (as the server asks: 0.25 s while a browser watches the
 run, 5 s otherwise) the thread sends what it serialized since. A fast training loop (tens of
 steps per second) then costs one commit, one ack and one diagnostics pass per `linger` instead
-of per step, on both sides, and a step reaches the dashboard at most `linger` later. Writing to
+of per step, on both sides, and a step reaches the dashboard at most `linger` later. A hook
+with an `on_finding` callback caps the pace at FINDING_LINGER_S (`max_linger`), so that a finding
+raised by a step reaches the callback within a second of it (docs/diagnostics.md). Writing to
 the spool is not paced by the server: every SPOOL_EVERY_S the thread serializes what was
 submitted (consecutive steps with the same keys as one `steps` message, docs/protocol.md) and
 writes it to the spool, so a training process killed outright loses at most its last
@@ -47,11 +49,12 @@ MessageFactory = Callable[[int], dict[str, Any]]
 
 class _StepItem:
     """A submitted step: `make` runs on the sender thread (it may wait for the device-to-host
-    copy and resolves the measurements), so the training thread does neither."""
+    copy and resolves the measurements), so the training thread does neither. It may make
+    several steps' records at once (the flight recorder's held steps, recorder.py)."""
 
     __slots__ = ("make",)
 
-    def __init__(self, make: Callable[[], StepRecord]) -> None:
+    def __init__(self, make: Callable[[], Union[StepRecord, list[StepRecord]]]) -> None:
         self.make = make
 
 
@@ -63,6 +66,9 @@ MAX_BATCH_STEPS = 1024
 MAX_BATCH_BYTES = 4 << 20
 #: Bounds of the pace the server may ask for (`linger` in its `welcome` and `ack`).
 MIN_LINGER_S, MAX_LINGER_S = 0.01, 5.0
+#: The longest pace of a hook whose training process acts on findings (`watch(on_finding=...)`):
+#: a step, its finding and the reply take well under a second, at four commits a second.
+FINDING_LINGER_S = 0.25
 #: Longest a submitted step waits to be serialized and written to the spool (what a killed process
 #: loses). Each spool write has a fixed cost, so it is not shorter: writing several times a second
 #: triples the sender's CPU per step (docs/benchmarks.md); sending follows the server's pace.
@@ -82,10 +88,13 @@ class Sender:
         max_unacked_bytes: int = 64 << 20,
         spool: Optional[SpoolWriter] = None,
         linger: float = 0.25,
+        max_linger: float = MAX_LINGER_S,
     ) -> None:
-        """`linger`: seconds between sends until the server says otherwise (`_pace`)."""
+        """`linger`: seconds between sends until the server says otherwise (`_pace`), never more
+        than `max_linger`."""
         self.ws_url = ws_url
-        self.linger = linger
+        self.max_linger = min(max(max_linger, MIN_LINGER_S), MAX_LINGER_S)
+        self.linger = min(linger, self.max_linger)
         self.hello = hello
         self.token = token
         self.max_unacked_bytes = max_unacked_bytes
@@ -118,8 +127,8 @@ class Sender:
         """Queue a message; never blocks the training step."""
         self._put(factory)
 
-    def submit_step(self, make: Callable[[], StepRecord]) -> None:
-        """Queue a step; `make` builds its record on the sender thread."""
+    def submit_step(self, make: Callable[[], Union[StepRecord, list[StepRecord]]]) -> None:
+        """Queue a step (or several); `make` builds its record(s) on the sender thread."""
         self._put(_StepItem(make))
 
     def _put(self, item: _Item) -> None:
@@ -230,16 +239,19 @@ class Sender:
                 self._add(item)
                 continue
             try:
-                record = item.make()
+                made = item.make()
             except Exception:
                 log.exception("gradwatch: could not build a step; skipped")
                 continue
-            if run and (
-                record.keys() != run[0].keys() or len(run) >= MAX_BATCH_STEPS or size + record.nbytes > MAX_BATCH_BYTES
-            ):
-                flush()
-            run.append(record)
-            size += record.nbytes
+            for record in made if isinstance(made, list) else [made]:  # the flight recorder's held steps
+                if run and (
+                    record.keys() != run[0].keys()
+                    or len(run) >= MAX_BATCH_STEPS
+                    or size + record.nbytes > MAX_BATCH_BYTES
+                ):
+                    flush()
+                run.append(record)
+                size += record.nbytes
         flush()
         self._serialized += taken  # only now: every item taken is in `_unacked` (or skipped)
 
@@ -320,7 +332,7 @@ class Sender:
         """Follow the server's `linger` (short while a browser watches the run), within bounds."""
         linger = reply.get("linger")
         if isinstance(linger, (int, float)) and not isinstance(linger, bool) and math.isfinite(linger):
-            self.linger = min(max(float(linger), MIN_LINGER_S), MAX_LINGER_S)
+            self.linger = min(max(float(linger), MIN_LINGER_S), self.max_linger)
 
     def _note_cost(self, reply: dict[str, Any]) -> None:
         """Keep the server's CPU per stored step (for every="auto"), if the ack says a sane one."""

@@ -25,14 +25,17 @@ import torch
 from . import __version__, autowatch, distributed, wire
 from .accumulation import GradTracker
 from .amp import AmpScaler, check_scaler
+from .clipping import KEY as CLIP_KEY
+from .clipping import ClipNorms
 from .closures import CountedClosure, step_closure, with_closure
 from .context import context_config, user_config
 from .findings import FindingWarner, run_page
 from .layout import Layout, build_layout
 from .measure import Probe, Snapshot
+from .recorder import FlightRecorder
 from .replay import Rejected, replay
 from .sampling import CostMeter, make_sampler
-from .sender import Sender
+from .sender import FINDING_LINGER_S, MAX_LINGER_S, Sender
 from .spool import SpoolWriter, pending_spools, spool_dir
 from .unwrap import find_scaler, qualified_name, unwrap
 from .wire import DEFAULT_SERVER, ingest_url
@@ -73,6 +76,8 @@ class Watcher:
         warn: bool = True,
         config: Optional[Mapping[str, Any]] = None,
         on_finding: Optional[Callable[[dict[str, Any]], Any]] = None,
+        optimizer_signals: bool = False,
+        flight_recorder: Optional[bool] = None,
     ) -> None:
         optimizers, wrappers = _optimizers(optimizer)
         if scaler is None:  # accelerate's AcceleratedOptimizer steps with its own GradScaler
@@ -81,8 +86,10 @@ class Watcher:
         if on_finding is not None and not callable(on_finding):
             raise TypeError(f"on_finding must be a function taking a finding (a dict), not {type(on_finding).__name__}")
         self._sampler = make_sampler(every)
-        if not isinstance(updates, bool) or not isinstance(warn, bool):
-            raise TypeError("updates and warn must be True or False")
+        if not all(isinstance(b, bool) for b in (updates, warn, optimizer_signals)):
+            raise TypeError("updates, warn and optimizer_signals must be True or False")
+        if flight_recorder is not None and not isinstance(flight_recorder, bool):
+            raise TypeError("flight_recorder must be True, False or None (on where the parameters are on a GPU)")
         if scaler is not None:
             check_scaler(scaler)  # before anything else is made
         _check_name("run", run)
@@ -113,8 +120,12 @@ class Watcher:
             raise ValueError("the optimizer has no parameters to watch")
         self.warn = warn
         self._amp = None if scaler is None else AmpScaler(scaler)
-        self._probe = Probe(self.layout, amp=self._amp, updates=updates)
+        self._probe = Probe(self.layout, amp=self._amp, updates=updates, signals=optimizer_signals)
         self._memory: dict[str, float] = {}  # CUDA allocator counters read as the current round began
+        if (
+            flight_recorder is None
+        ):  # on a GPU its norms run beside the step; on CPU they are a pass over every gradient
+            flight_recorder = any(p.device.type == "cuda" for p in self._probe.params)
         self._tracker = GradTracker(
             [w.piece.accumulated for w in self.layout.params],
             on_node=all(w.view is None and w.piece.accumulates is None for w in self.layout.params),
@@ -161,6 +172,8 @@ class Watcher:
                     "every": every,
                     "amp": scaler is not None,
                     "updates": updates,
+                    "optimizer_signals": optimizer_signals,
+                    "flight_recorder": flight_recorder and every != 1,
                     "optimizers": [type(o).__name__ for o in optimizers],
                     "unoptimized_params": self.layout.unoptimized,
                     "frozen_params": self.layout.frozen,
@@ -173,7 +186,14 @@ class Watcher:
             groups=self.layout.hello_groups(),
             dist=None if self.dist is None else self.dist.hello(),
         )
-        self._sender = Sender(url, hello, token=token, spool=_open_spool(hello["run"]["id"], hello))
+        self._sender = Sender(
+            url,
+            hello,
+            token=token,
+            spool=_open_spool(hello["run"]["id"], hello),
+            # a callback acts on findings: they must reach it within a second of their step
+            max_linger=MAX_LINGER_S if on_finding is None else FINDING_LINGER_S,
+        )
         # a server on this machine: its CPU per step is part of what watching costs
         self._cost = CostMeter(self._sampler, _on_this_machine(url), lambda: self._sender.server_cpu_per_step)
         _replay_in_background(url, token)
@@ -183,6 +203,13 @@ class Watcher:
         self._sender.on_finding = self._findings
         self._step_began = time.perf_counter()  # where the first step's `time/step_s` starts
         autowatch.claim(optimizers)  # under gradwatch-run: watched once, by this watch()
+        self._clip = ClipNorms().open()  # the total norm the loop's clip_grad_norm_ returns
+        #: every=N (N > 1) or "auto": recent steps' gradient norms kept on the device (recorder.py)
+        self._recorder: Optional[FlightRecorder] = (
+            None
+            if every == 1 or not flight_recorder
+            else FlightRecorder(self._probe.params, [v is None for v in self._probe.views], self._probe.inverse_scale)
+        )
         self._handles = []
         for k, opt in enumerate(optimizers):
             self._handles += [
@@ -229,6 +256,8 @@ class Watcher:
                 return with_closure(args, kwargs, counted.wrap(closure))
             if self._sampled and first:
                 self._read_grads(k)
+            elif not self._sampled and not self._round and self._recorder is not None:
+                self._recorder.record(self.step)  # one call per unmeasured step: device work only
         except Exception as exc:
             self._give_up(exc)
         return None
@@ -360,6 +389,9 @@ class Watcher:
         default now): send the measured step, or the cheap facts of an unmeasured one."""
         self._round.clear()
         logged, self._logged = self._logged, {}
+        clipped = self._clip.take()
+        if clipped is not None:
+            logged.setdefault(CLIP_KEY, clipped)
         if self.dist is not None:
             self._time_step(logged, time.perf_counter() if ended is None else ended)
         if self._amp is not None:
@@ -373,6 +405,7 @@ class Watcher:
         for key, value in self._memory.items():  # as the round began: the hook's own tensors not yet made
             logged.setdefault(key, value)
         if self._sampled:
+            self._flush_recorder()  # the held steps go before this one
             passes, clear = list(self._passes), self._clear
             self._clear = [None] * len(clear)
             logged["backward_passes"] = float(max(passes, default=0))
@@ -392,7 +425,17 @@ class Watcher:
             logged.pop(key)  # a CUDA tensor is read only at measured steps: reading it now would sync
         scalars = self._probe.cheap_facts(logged)
         step, now = self.step, time.time()
-        self._sender.submit_step(lambda: wire.StepRecord(step, now, scalars, {}, None))
+        make = functools.partial(wire.StepRecord, step, now, scalars, {}, None)
+        if self._recorder is None:
+            self._sender.submit_step(make)
+        elif self._recorder.hold(step, make):
+            self._flush_recorder()
+
+    def _flush_recorder(self) -> None:
+        """Send the steps the flight recorder holds, with one copy of their ring rows."""
+        batch = None if self._recorder is None else self._recorder.flush()
+        if batch is not None:
+            self._sender.submit_step(batch.render)
 
     def _time_step(self, logged: dict[str, Any], ended: float) -> None:
         """A rank's step times (perf_counter reads only, no device work): `time/step_s` since the
@@ -453,6 +496,7 @@ class Watcher:
         self._closed = True
         if self._round and self._handles:  # an optimizer never stepped in the last round: send what there is
             self._emit()
+        self._flush_recorder()
         self._detach()
         self._sender.close(status, timeout=timeout)
         if callbacks is not None:
@@ -469,6 +513,7 @@ class Watcher:
         for handle in self._handles:
             handle.remove()
         self._handles = []
+        self._clip.close()
         self._tracker.remove()
         if self._amp is not None:
             self._amp.remove()
@@ -503,8 +548,8 @@ class Watcher:
 
     @property
     def pending(self) -> int:
-        """Messages the server has not acknowledged yet."""
-        return self._sender.pending
+        """Messages the server has not acknowledged yet (and steps the flight recorder holds)."""
+        return self._sender.pending + (0 if self._recorder is None else len(self._recorder.held))
 
     def __enter__(self) -> Watcher:
         return self
@@ -653,6 +698,8 @@ def watch(
     warn: bool = True,
     config: Optional[Mapping[str, Any]] = None,
     on_finding: Optional[Callable[[dict[str, Any]], Any]] = None,
+    optimizer_signals: bool = False,
+    flight_recorder: Optional[bool] = None,
 ) -> Watcher:
     """Watch `optimizer` (or a list of optimizers); see `Watcher`. Raises TypeError/ValueError on bad arguments.
 
@@ -676,6 +723,15 @@ def watch(
         first_step, page), on a gradwatch thread of its own, never inside a step nor on the sender
         thread (a slow callback delays no step's delivery); what it raises is logged. `close()`
         inside it stops the watching; the script's `close()` delivers.
+    optimizer_signals: also measure, at measured steps, Adam's epsilon-regime share and
+        second-moment decoupling and the momentum-gradient cosine per parameter (gradwatch/signals.py;
+        passes over the optimizer state: docs/diagnostics.md). The total norm a loop's
+        `torch.nn.utils.clip_grad_norm_` returns is recorded every step in any case (`clip/total_norm`).
+    flight_recorder: with every=N (N > 1) or "auto", keep the recent steps' gradient norms on the
+        device (a fused norm per unmeasured step, no host copy) and send the steps around an
+        incident between measured steps at full resolution (gradwatch/recorder.py). None (the
+        default): on where the parameters are on a GPU, where those norms run beside the step;
+        off on CPU, where they are a pass over every gradient on the training thread.
     """
     return Watcher(
         optimizer,
@@ -690,4 +746,6 @@ def watch(
         warn=warn,
         config=config,
         on_finding=on_finding,
+        optimizer_signals=optimizer_signals,
+        flight_recorder=flight_recorder,
     )

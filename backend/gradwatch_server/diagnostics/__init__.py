@@ -8,6 +8,7 @@ thresholds:
     values.py     nonfinite_grad, exploding_grad, vanishing_grad
     amp.py        amp_skipped_steps
     ranks.py      rank_desync (distributed jobs)
+    spikes.py     grad_norm_spike, large_update, adam_epsilon_regime, loss_spike (instabilities)
 
 The checks read `StepView`s (data.py) and know nothing of storage or the network; the engine
 (engine.py) feeds them live steps and stored ones alike, and keeps the findings in the store.

@@ -12,8 +12,8 @@ class Check:
     """Reads a run's steps in order and holds at most one finding, of its `code`.
 
     A check is small and self-contained: its docstring says what evidence it uses and its
-    thresholds are class attributes. `start` sees the run's `hello`; `observe` sees each step
-    once, in step order. Either may set or update `finding`; the engine notices the change,
+    thresholds are class attributes. `start` sees the run's `hello`; `observe` sees each measured
+    step once, in step order, `observe_unmeasured` each other step (its scalars only). Either may set or update `finding`; the engine notices the change,
     stores it and tells the browsers and the hook. A finding, once made, is never withdrawn.
     """
 
@@ -26,4 +26,7 @@ class Check:
         """The run's hello has been seen (before any step)."""
 
     def observe(self, run: RunContext, step: StepView) -> None:
-        """One step, in order; each step once."""
+        """One measured step, in order; each step once."""
+
+    def observe_unmeasured(self, run: RunContext, step: StepView) -> None:
+        """One step the hook did not measure (`StepView.unmeasured`: scalars only), in order."""

@@ -23,8 +23,27 @@ NONE, ZERO, NONZERO, NONFINITE = 0, 1, 2, 3
 NOT_CLEARED, SET_TO_NONE, ZERO_FILLED, NOT_SEEN = 0, 1, 2, -1
 
 #: The per-parameter metrics and scalars the checks read (a replay from the store reads only these).
-METRICS = ("grad_norm", GRAD_STATUS, "backward_passes", "grad_clear", DESYNC_METRIC)
-SCALARS = ("mem/zero_grad_bytes", "amp/scale", "amp/skipped_steps")
+METRICS = (
+    "grad_norm",
+    GRAD_STATUS,
+    "backward_passes",
+    "grad_clear",
+    DESYNC_METRIC,
+    "update_ratio",
+    "eps_share",
+    "spike_z",
+    "spike_ratio",
+)
+SCALARS = (
+    "mem/zero_grad_bytes",
+    "amp/scale",
+    "amp/skipped_steps",
+    "loss",
+    "grad_norm_total",
+    "clip/total_norm",
+    "flight/total_z",
+    "flight/total_ratio",
+)
 
 _DTYPE_BYTES = {
     "float64": 8,
@@ -111,6 +130,14 @@ class StepView:
     #: A distributed job's step: per parameter, how many ranks' gradient differs from rank 0's
     #: (assemble.py; NaN where the rule does not apply); None elsewhere.
     desync: np.ndarray | None = None
+    #: `update_ratio` per parameter (NaN where ABSENT) when the hook measured updates (`updates=True`)
+    update_ratio: np.ndarray | None = None
+    #: `eps_share` per parameter (Adam family): share of entries in Adam's epsilon regime
+    eps_share: np.ndarray | None = None
+    #: the hook's flight recorder's spike score and ratio per parameter, at a spike it recorded
+    #: between measured steps (scored against every step's norms, which the server lacks)
+    spike_z: np.ndarray | None = None
+    spike_ratio: np.ndarray | None = None
 
     @classmethod
     def of(
@@ -147,7 +174,16 @@ class StepView:
             clear=clear,
             passes_known=None if passes is None else np.nan_to_num(passes),
             desync=_floats(arrays[DESYNC_METRIC])[0] if DESYNC_METRIC in arrays else None,
+            update_ratio=_floats(arrays["update_ratio"])[0] if "update_ratio" in arrays else None,
+            eps_share=_floats(arrays["eps_share"])[0] if "eps_share" in arrays else None,
+            spike_z=_floats(arrays["spike_z"])[0] if "spike_z" in arrays else None,
+            spike_ratio=_floats(arrays["spike_ratio"])[0] if "spike_ratio" in arrays else None,
         )
+
+    @classmethod
+    def unmeasured(cls, step: int, scalars: Mapping[str, float], count: int) -> StepView:
+        """A step the hook did not measure: its scalars only (the loss it logged, learning rates)."""
+        return cls(step=step, scalars=scalars, grad_norm=np.full(count, np.nan), status=np.zeros(count, dtype=np.uint8))
 
     def scalar(self, key: str) -> float | None:
         value = self.scalars.get(key)

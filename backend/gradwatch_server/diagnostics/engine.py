@@ -16,7 +16,9 @@ from __future__ import annotations
 import collections
 import logging
 import threading
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
+
+import numpy as np
 
 from ..assemble import DESYNC_PREFIX
 from ..store import DiagnosisMark, StepData, Store, StoredFinding, UnknownRun
@@ -27,12 +29,13 @@ from .coverage import ParamNeverGetsGrad, ParamNotInOptimizer, StepWithoutGrad
 from .data import METRICS, SCALARS, RunContext, StepView
 from .finding import Finding
 from .ranks import RankDesync
+from .spikes import AdamEpsilonRegime, GradNormSpike, LargeUpdate, LossSpike
 from .values import ExplodingGrad, NonfiniteGrad, VanishingGrad
 
 log = logging.getLogger("gradwatch.diagnostics")
 
 #: Bump when a check changes what it finds: stored findings of an older version are derived again.
-RULES_VERSION = 1
+RULES_VERSION = 2
 
 #: Every check, one per finding code (docs/diagnostics.md).
 CHECKS: tuple[type[Check], ...] = (
@@ -47,6 +50,10 @@ CHECKS: tuple[type[Check], ...] = (
     ExplodingGrad,
     VanishingGrad,
     RankDesync,
+    GradNormSpike,
+    LargeUpdate,
+    AdamEpsilonRegime,
+    LossSpike,
 )
 
 
@@ -62,20 +69,29 @@ class RunDiagnosis:
         for check in list(self.checks):
             self._run(check, lambda c: c.start(context))
 
-    def observe(self, step: StepView) -> None:
+    def observe(self, step: StepView, measured: bool = True) -> None:
         """Feed one step; a step not after the last one seen is counted but not judged."""
         self.steps += 1
         if self.last_step is not None and step.step <= self.last_step:
             return
         self.last_step = step.step
         for check in list(self.checks):
-            self._run(check, lambda c: c.observe(self.context, step))
+            if measured:
+                self._run(check, lambda c: c.observe(self.context, step))
+            else:
+                self._run(check, lambda c: c.observe_unmeasured(self.context, step))
 
     def observe_data(self, data: StepData) -> None:
-        if "grad_norm" not in data.arrays:  # a step the hook did not measure (cheap facts only)
-            self.steps += 1
-            return
-        self.observe(StepView.of(data.step, data.scalars, data.arrays, len(self.context.params)))
+        self.observe_record(data.step, data.scalars, data.arrays)
+
+    def observe_record(self, step: int, scalars: Mapping[str, float], arrays: Mapping[str, bytes | np.ndarray]) -> None:
+        """A stored or ingested step; one the hook did not measure (cheap facts only: no
+        `grad_norm`) is seen by the checks as scalars only."""
+        count = len(self.context.params)
+        if "grad_norm" not in arrays:
+            self.observe(StepView.unmeasured(step, scalars, count), measured=False)
+        else:
+            self.observe(StepView.of(step, scalars, arrays, count))
 
     def findings(self) -> list[Finding]:
         """Current findings, in the order they began."""
@@ -250,7 +266,7 @@ class Diagnostics:
             for record in chunk:
                 if record.step in skip:
                     continue
-                diag.observe(StepView.of(record.step, record.scalars, record.arrays, len(diag.context.params)))
+                diag.observe_record(record.step, record.scalars, record.arrays)
 
     def _save(self, run_id: str, diag: RunDiagnosis, *, mark: bool = True, replace: bool = False) -> None:
         """Store the findings that differ from the stored ones, and (with `mark`) how far they go.

@@ -22,16 +22,22 @@ class Figure:
     unit: str  # "bytes", "passes", "steps", "ratio"
     text: str  # e.g. "1.5 MiB"
     step: int | None = None
+    #: what the finding rests on, for the incident view (JSON values: steps, parameters and their
+    #: ratios and scores); only the instability findings (spikes.py) have it
+    evidence: dict[str, Any] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-safe: a non-finite value is "NaN", "Infinity" or "-Infinity", as everywhere in the API."""
-        return {
+        out: dict[str, Any] = {
             "label": self.label,
             "value": json_float(self.value),
             "unit": self.unit,
             "text": self.text,
             "step": self.step,
         }
+        if self.evidence is not None:
+            out["evidence"] = _json_safe(self.evidence)
+        return out
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Figure:
@@ -42,6 +48,7 @@ class Figure:
             unit=str(data["unit"]),
             text=str(data["text"]),
             step=None if step is None else int(step),
+            evidence=data.get("evidence") if isinstance(data.get("evidence"), dict) else None,
         )
 
 
@@ -86,6 +93,17 @@ def json_float(x: float) -> float | str:
     if math.isfinite(x):
         return x
     return "NaN" if math.isnan(x) else ("Infinity" if x > 0 else "-Infinity")
+
+
+def _json_safe(value: Any) -> Any:
+    """`value` with every non-finite float written as `json_float` writes it."""
+    if isinstance(value, float):
+        return json_float(value)
+    if isinstance(value, dict):
+        return {k: _json_safe(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_json_safe(v) for v in value]
+    return value
 
 
 def plural(n: int, word: str, many: str | None = None) -> str:

@@ -41,6 +41,7 @@ export function createRunViews(state, { onXRange, onSelect, onParam, onModule, o
   const views = {
     findings: findingsView({
       onParam, onFindings,
+      onIncident: (range, params) => { params.forEach(onParam); onXRange(range); },
       // A rank's own run of a distributed job is not diagnosed: its job's run is, on the global values.
       emptyText: () => (state.run && state.run.parent_id != null
         ? "No findings: a rank's own run is not diagnosed; its job's run has the findings" : "No problems found"),

@@ -5,7 +5,7 @@ import torch
 
 import gradwatch
 
-EXPECTED_CODES = {"exploding_grad"}
+EXPECTED_CODES = {"exploding_grad", "grad_norm_spike", "loss_spike"}  # the spike warns as it starts
 CAUSE_STEP = 26  # the first step with the bad learning rate
 
 torch.manual_seed(18)

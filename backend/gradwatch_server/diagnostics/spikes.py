@@ -1,0 +1,432 @@
+"""Training instabilities, warned early: single-step spikes of the gradient norms, updates large
+against their parameter, and loss spikes with the parameters that moved first.
+
+Pretraining teams watch a spike score (OLMo-core and Levanter flag a value more than 6 standard
+deviations above its last 128 steps). Here the score is robust and per series: the value's log
+against the median of the series' last `WINDOW` values, in units of their scaled median absolute
+deviation (1.4826 x MAD, the standard deviation of normal noise), so that one earlier spike in
+the window neither hides the next nor makes the scale; logs, because norms and losses are
+positive and their noise is multiplicative. A minimum ratio to the median keeps a very steady
+series (a LayerNorm's gain at full batch) from raising a warning on a 20% move.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from .check import Check
+from .data import NONZERO, RunContext, StepView
+from .finding import Figure, Finding, fmt_num, name_list
+
+#: The scale of normal noise from a median absolute deviation.
+MAD_SIGMA = 1.4826
+
+
+class SpikeWindow:
+    """The last `window` log values of each of `count` series (a row each), and the robust
+    score of a new value against them. Non-positive and non-finite values are not kept."""
+
+    def __init__(self, count: int, window: int) -> None:
+        self.values = np.full((count, window), np.nan)
+        self.pos = np.zeros(count, dtype=np.int64)
+        self.count = np.zeros(count, dtype=np.int64)
+        self._rows = np.arange(count)
+
+    def push(self, values: np.ndarray) -> None:
+        """Keep each row's value where it is finite and positive."""
+        with np.errstate(divide="ignore", invalid="ignore"):
+            logs = np.log(values)
+        rows = self._rows[np.isfinite(logs)]
+        self.values[rows, self.pos[rows]] = logs[rows]
+        self.pos[rows] = (self.pos[rows] + 1) % self.values.shape[1]
+        self.count[rows] += 1
+
+    def score(self, values: np.ndarray, warmup: int) -> tuple[np.ndarray, np.ndarray]:
+        """Per row: (robust z-score, value / median) of `values` against the kept ones; NaN
+        where the row has fewer than `warmup` values or the value is not finite and positive."""
+        n = len(self._rows)
+        z, ratio = np.full(n, np.nan), np.full(n, np.nan)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            logs = np.log(values)
+        ready = (self.count >= warmup) & np.isfinite(logs)
+        if not ready.any():
+            return z, ratio
+        kept = self.values[ready]
+        size = np.minimum(self.count[ready], kept.shape[1])
+        median = _medians(kept, size)
+        spread = _medians(np.abs(kept - median[:, None]), size) * MAD_SIGMA
+        x = logs[ready]
+        with np.errstate(divide="ignore", invalid="ignore"):
+            z[ready] = np.where(spread > 0, (x - median) / spread, np.where(x > median, np.inf, 0.0))
+        ratio[ready] = np.exp(x - median)
+        return z, ratio
+
+
+def _medians(rows: np.ndarray, size: np.ndarray) -> np.ndarray:
+    """Median of each row's first `size` finite values (NaN sorts last)."""
+    ordered = np.sort(rows, axis=1)
+    lo = np.take_along_axis(ordered, ((size - 1) // 2)[:, None], 1)[:, 0]
+    hi = np.take_along_axis(ordered, (size // 2)[:, None], 1)[:, 0]
+    return np.asarray((lo + hi) / 2)
+
+
+def _usable_grads(step: StepView) -> np.ndarray:
+    """Gradient norms a spike is judged on: non-zero and finite (NaN elsewhere); NaN and Inf are
+    `nonfinite_grad`'s, and a zero gradient is no scale to compare with."""
+    return np.where(step.status == NONZERO, step.grad_norm, np.nan)
+
+
+def _total(step: StepView) -> float | None:
+    """The step's total gradient norm: what the loop's `clip_grad_norm_` returned when it
+    clipped (the hook sends it as `clip/total_norm`), else the hook's own (`grad_norm_total`)."""
+    for key in ("clip/total_norm", "grad_norm_total"):
+        value = step.scalar(key)
+        if value is not None and math.isfinite(value) and value > 0:
+            return value
+    return None
+
+
+def _moves(
+    names: Sequence[str], ratio: np.ndarray, z: np.ndarray, flagged: np.ndarray, limit: int = 10
+) -> list[dict[str, Any]]:
+    """The flagged parameters, largest move first, as evidence."""
+    order = [i for i in np.argsort(-np.nan_to_num(ratio, nan=0.0)) if flagged[i]][:limit]
+    return [
+        {"param": names[i], "ratio": round(float(ratio[i]), 3), "z": round(float(min(z[i], 1e6)), 1)} for i in order
+    ]
+
+
+class GradNormSpike(Check):
+    """`grad_norm_spike` (warning): at one measured step, a gradient norm far above its recent range.
+
+    Per parameter (its gradient norm) and for the step's total gradient norm (what the loop's
+    `clip_grad_norm_` returned when the hook saw one, else the norm over every parameter): the
+    robust score (module docstring) over the series' last `WINDOW` (128) measured values, after
+    `WARMUP` (20) of them, at least `Z` (6), and the value at least `RATIO` (3) times the median.
+    One step is enough: the spike that precedes a divergence, or a bad batch, is warned at the
+    step it happens (`exploding_grad` waits for the norm to stay up). Sampled (every=N, "auto"),
+    a series may have too few measured values: a step the hook's flight recorder sent because it
+    scored a spike there (against every step's norms) carries that score (`spike_z`,
+    `spike_ratio`, `flight/total_z`, `flight/total_ratio`), which stands in for the missing one. Non-finite norms are
+    `nonfinite_grad`'s. `first_step` is the step of the first spike; later spikes add the
+    parameters they involve. Evidence (the figure's): the step, the total's and each spiking
+    parameter's ratio and score.
+    """
+
+    code = "grad_norm_spike"
+    WINDOW = 128
+    WARMUP = 20
+    Z = 6.0
+    RATIO = 3.0
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.params: SpikeWindow | None = None
+        self.total = SpikeWindow(1, self.WINDOW)
+
+    def observe(self, run: RunContext, step: StepView) -> None:
+        values = _usable_grads(step)
+        if self.params is None:
+            self.params = SpikeWindow(len(values), self.WINDOW)
+        z, ratio = self.params.score(values, self.WARMUP)
+        total = _total(step)
+        tz, tratio = self.total.score(np.array([np.nan if total is None else total]), self.WARMUP)
+        if step.spike_z is not None and step.spike_ratio is not None:  # the flight recorder scored it
+            z, ratio = np.where(np.isnan(z), step.spike_z, z), np.where(np.isnan(ratio), step.spike_ratio, ratio)
+            hook_z, hook_ratio = step.scalar("flight/total_z"), step.scalar("flight/total_ratio")
+            if np.isnan(tz[0]) and hook_z is not None and hook_ratio is not None:
+                tz, tratio = np.array([hook_z]), np.array([hook_ratio])
+        self.params.push(values)
+        self.total.push(np.array([np.nan if total is None else total]))
+        with np.errstate(invalid="ignore"):
+            flagged = (z >= self.Z) & (ratio >= self.RATIO)
+            total_flagged = bool(tz[0] >= self.Z and tratio[0] >= self.RATIO)
+        if not flagged.any() and not total_flagged:
+            return
+        before = self.finding
+        names = set(before.params if before else ()) | set(run.names(flagged))
+        if before is not None and len(names) == len(before.params):
+            return
+        ordered = tuple(p for p in run.params if p in names)
+        if before is not None and before.figure is not None:  # the first incident stays the evidence
+            self.finding = Finding(self.code, "warning", before.message, ordered, before.first_step, before.figure)
+            return
+        moved = _moves(run.params, ratio, z, flagged)
+        parts = []
+        if total_flagged:
+            parts.append(f"the total gradient norm to {fmt_num(tratio[0])}× its recent median ({tz[0]:.0f}σ)")
+        if moved:
+            led = [str(m["param"]) for m in moved]
+            parts.append(
+                f"{name_list(led)} to {'up to ' if len(led) > 1 else ''}{fmt_num(float(moved[0]['ratio']))}× "
+                f"{'their' if len(led) > 1 else 'its'} own"
+            )
+        worst = float(tratio[0]) if total_flagged else float(moved[0]["ratio"])
+        message = (
+            f"The gradient norm spiked at step {step.step}: {' and '.join(parts)}. One step like this is a bad "
+            "batch or the first sign of a divergence (a learning rate too high, a layer blowing up); look at "
+            "the loss around it, clip gradients, and lower the learning rate if it comes back."
+        )
+        evidence = {
+            "step": step.step,
+            "total": None
+            if not total_flagged
+            else {"ratio": round(float(tratio[0]), 3), "z": round(float(min(tz[0], 1e6)), 1)},
+            "params": moved,
+        }
+        figure = Figure("gradient norm / its recent median", worst, "ratio", f"{fmt_num(worst)}×", step.step, evidence)
+        self.finding = Finding(self.code, "warning", message, ordered, step.step, figure)
+
+
+class LargeUpdate(Check):
+    """`large_update` (warning): a step's update is large against its parameter (`updates=True`).
+
+    Evidence: `update_ratio` (‖p_after − p_before‖ / ‖p_before‖) per parameter. Flagged when it is
+    a spike of its own history (the robust score over its last `WINDOW` (128) measured values,
+    after `WARMUP` (20), at least `Z` (6), and at least `RATIO` (4) times its median), or when it
+    is at least `ABSOLUTE` (1: the step moved the parameter by as much as its whole size) after
+    the warm-up. A parameter at zero (a zero-initialised layer) has no ratio and is left out.
+    The learning rate jumping, Adam's second moment having decayed under a gradient that comes
+    back: the update is what moves the weights, so it sees these a step before the loss.
+    """
+
+    code = "large_update"
+    WINDOW = 128
+    WARMUP = 20
+    Z = 6.0
+    RATIO = 4.0
+    ABSOLUTE = 1.0
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.window: SpikeWindow | None = None
+
+    def observe(self, run: RunContext, step: StepView) -> None:
+        values = step.update_ratio
+        if values is None:
+            return
+        if self.window is None:
+            self.window = SpikeWindow(len(values), self.WINDOW)
+        z, ratio = self.window.score(values, self.WARMUP)
+        ready = self.window.count >= self.WARMUP
+        self.window.push(values)
+        with np.errstate(invalid="ignore"):
+            flagged = ((z >= self.Z) & (ratio >= self.RATIO)) | (
+                ready & (values >= self.ABSOLUTE) & np.isfinite(values)
+            )
+        if not flagged.any():
+            return
+        before = self.finding
+        names = set(before.params if before else ()) | set(run.names(flagged))
+        if before is not None and len(names) == len(before.params):
+            return
+        ordered = tuple(p for p in run.params if p in names)
+        if before is not None and before.figure is not None:
+            self.finding = Finding(self.code, "warning", before.message, ordered, before.first_step, before.figure)
+            return
+        moved = _moves(run.params, ratio, z, flagged)
+        top = int(np.nanargmax(np.where(flagged, values, np.nan)))
+        message = (
+            f"At step {step.step} the update of {name_list([str(m['param']) for m in moved] or [run.params[top]])} "
+            f"was {fmt_num(float(values[top]))} of the parameter's size ({fmt_num(float(ratio[top]))}× its usual "
+            "update): a learning rate that jumped, or Adam's second moment that decayed while the gradient was "
+            "small and is now far behind it; lower the learning rate, warm it up, or raise Adam's epsilon."
+        )
+        evidence = {"step": step.step, "params": moved}
+        figure = Figure(
+            "update / parameter norm", float(values[top]), "ratio", fmt_num(float(values[top])), step.step, evidence
+        )
+        self.finding = Finding(self.code, "warning", message, ordered, step.step, figure)
+
+
+class AdamEpsilonRegime(Check):
+    """`adam_epsilon_regime` (warning): a layer's Adam second moment sank to epsilon's scale.
+
+    Evidence: the hook's `eps_share` per parameter (Adam family, measured steps): the share of
+    its entries whose bias-corrected second moment v̂ is below `EPS_FACTOR`² × eps² (the hook's
+    constant, docs/diagnostics.md), where the update is lr · m / eps instead of lr · m / √v̂.
+    Flagged when at least `SHARE` (0.5) of a parameter's entries are there on `PERSIST` (2)
+    measured steps in a row, from step `FROM_STEP` (2) on: a layer whose gradient is zero only at
+    the first step (behind a zero-initialised layer, as LoRA's A) is not there. With every="auto"
+    two measured steps can be hundreds of steps apart; both count. Such a layer learns almost nothing while its gradient is small; when the gradient
+    comes back its first updates are many times their usual size (Wortsman et al. 2023, Molybog
+    et al. 2023): a spike waits there. Lower epsilon (OLMo 2 uses 1e-8 and below), or find why
+    the gradient vanished.
+    """
+
+    code = "adam_epsilon_regime"
+    SHARE = 0.5
+    PERSIST = 2
+    FROM_STEP = 2
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.streak: np.ndarray | None = None
+        self.began: np.ndarray | None = None
+
+    def observe(self, run: RunContext, step: StepView) -> None:
+        share = step.eps_share
+        if share is None:
+            return
+        if self.streak is None or self.began is None:
+            self.streak = np.zeros(len(share), dtype=np.int64)
+            self.began = np.zeros(len(share), dtype=np.int64)
+        with np.errstate(invalid="ignore"):
+            low = (share >= self.SHARE) & (step.step >= self.FROM_STEP)
+        self.began[low & (self.streak == 0)] = step.step
+        self.streak = np.where(low, self.streak + 1, 0)
+        flagged = self.streak >= self.PERSIST
+        if not flagged.any():
+            return
+        before = self.finding
+        names = set(before.params if before else ()) | set(run.names(flagged))
+        if before is not None and len(names) == len(before.params):
+            return
+        ordered = tuple(p for p in run.params if p in names)
+        if before is not None and before.figure is not None:
+            self.finding = Finding(self.code, "warning", before.message, ordered, before.first_step, before.figure)
+            return
+        worst = float(np.nanmax(np.where(flagged, share, np.nan)))
+        message = (
+            f"From step {int(self.began[flagged].min())}, {name_list(run.names(flagged))} "
+            f"{'has' if flagged.sum() == 1 else 'have'} {worst:.0%} of {'its' if flagged.sum() == 1 else 'their'} "
+            "entries in Adam's epsilon regime (second moment below epsilon²): the layer learns almost nothing "
+            "now, and when its gradient comes back its updates will be many times their usual size; lower "
+            "Adam's epsilon, or find why its gradient vanished (an input gone silent, a dead branch)."
+        )
+        evidence = {
+            "step": step.step,
+            "since": int(self.began[flagged].min()),
+            "params": [{"param": run.params[i], "share": round(float(share[i]), 4)} for i in np.flatnonzero(flagged)][
+                :10
+            ],
+        }
+        figure = Figure("share of entries in the epsilon regime", worst, "ratio", f"{worst:.0%}", step.step, evidence)
+        self.finding = Finding(self.code, "warning", message, ordered, step.step, figure)
+
+
+class LossSpike(Check):
+    """`loss_spike` (warning): the loss the loop logs (`w.log(loss=...)`) jumps above its recent range.
+
+    Every step that carries a `loss` counts, measured or not. Flagged when the loss is at least
+    `RATIO` (2) times the median of its last `WINDOW` (50) values, after `WARMUP` (20), and its
+    robust score (module docstring) over them is at least `Z` (6); or at least `JUMP` (10) times
+    that median whatever the score (a window that spans the fast fall of the first steps has a wide
+    spread). Losses that are not positive (a GAN's, a log-likelihood) are not judged.
+
+    The finding names the parameters whose gradient norm (or update ratio, with `updates=True`)
+    moved first: at each measured step the check scores every parameter against its own last
+    `WINDOW` values; a parameter moves at a step where it scores at least `MOVED_Z` (4) and is at
+    least `MOVED_RATIO` (2)× its median. Those still moving near the spike (a run of moving steps,
+    none more than `GAP` (3) steps apart, reaching to within `GAP` of it, in the last `LOOKBACK`
+    (64) steps) are ranked by the step their run began, then by how far they moved, and named
+    with how many steps before the loss they began.
+    """
+
+    code = "loss_spike"
+    WINDOW = 50
+    WARMUP = 20
+    Z = 6.0
+    RATIO = 2.0
+    JUMP = 10.0
+    MOVED_Z = 4.0
+    MOVED_RATIO = 2.0
+    LOOKBACK = 64
+    GAP = 3
+    NAMED = 5
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.loss = SpikeWindow(1, self.WINDOW)
+        self.grads: SpikeWindow | None = None
+        self.updates: SpikeWindow | None = None
+        #: (step, per-parameter ratio where it moved else NaN, which series) of recent measured steps
+        self.recent: deque[tuple[int, np.ndarray, str]] = deque()
+
+    def observe(self, run: RunContext, step: StepView) -> None:
+        self._track("gradient", _usable_grads(step), step.step, step)
+        if step.update_ratio is not None:
+            self._track("update", step.update_ratio, step.step)
+        self.observe_unmeasured(run, step)
+
+    def _track(self, series: str, values: np.ndarray, at: int, step: StepView | None = None) -> None:
+        window = self.grads if series == "gradient" else self.updates
+        if window is None:
+            window = SpikeWindow(len(values), 128)
+            if series == "gradient":
+                self.grads = window
+            else:
+                self.updates = window
+        z, ratio = window.score(values, self.WARMUP)
+        window.push(values)
+        if step is not None and step.spike_z is not None and step.spike_ratio is not None:  # scored by the hook
+            z, ratio = np.where(np.isnan(z), step.spike_z, z), np.where(np.isnan(ratio), step.spike_ratio, ratio)
+        with np.errstate(invalid="ignore"):
+            moved = (z >= self.MOVED_Z) & (ratio >= self.MOVED_RATIO)
+        if moved.any():
+            self.recent.append((at, np.where(moved, ratio, np.nan), series))
+        while self.recent and self.recent[0][0] <= at - self.LOOKBACK:
+            self.recent.popleft()
+
+    def _moved_first(self, run: RunContext, at: int) -> dict[str, tuple[int, float, str]]:
+        """Parameter -> (the step it began to move, its largest ratio since, the series), for the
+        parameters still moving near step `at`: a run of moved measured steps, none more than
+        `GAP` steps apart, whose last is at most `GAP` steps before `at`."""
+        first: dict[str, tuple[int, float, str]] = {}
+        reach: dict[int, int] = {}  # parameter index -> the oldest step of its run so far
+        for when, ratios, series in reversed(self.recent):
+            for i in map(int, np.flatnonzero(np.isfinite(ratios))):
+                if when < reach.get(i, at) - self.GAP:
+                    continue  # its run broke, or it was not moving near `at`
+                reach[i] = when
+                name = run.params[i]
+                was = first.get(name)
+                first[name] = (when, max(float(ratios[i]), was[1] if was else 0.0), was[2] if was else series)
+        return first
+
+    def observe_unmeasured(self, run: RunContext, step: StepView) -> None:
+        loss = step.scalar("loss")
+        if loss is None or not math.isfinite(loss):
+            return
+        value = np.array([loss])
+        z, ratio = self.loss.score(value, self.WARMUP)
+        self.loss.push(value)
+        if self.finding is not None or not ((z[0] >= self.Z and ratio[0] >= self.RATIO) or ratio[0] >= self.JUMP):
+            return
+        first = self._moved_first(run, step.step)
+        ranked = sorted(first.items(), key=lambda kv: (kv[1][0], -kv[1][1]))[: self.NAMED]
+        if ranked:
+            named = ", ".join(
+                f"{name} ({series} {fmt_num(r)}× at step {at}, {plural_steps(step.step - at)})"
+                for name, (at, r, series) in ranked
+            )
+            moved = f" First to move: {named}."
+        else:
+            moved = " No parameter's gradient moved before it (a bad batch, or the loss alone)."
+        message = (
+            f"The loss spiked at step {step.step} to {fmt_num(loss)}, {fmt_num(float(ratio[0]))}× its recent median."
+            f"{moved} Look at the data of that step, the learning rate, and the parameters named."
+        )
+        evidence = {
+            "step": step.step,
+            "loss": loss,
+            "ratio": round(float(ratio[0]), 3),
+            "z": round(float(min(z[0], 1e6)), 1),
+            "moved_first": [
+                {"param": name, "series": series, "step": at, "lead": step.step - at, "ratio": round(r, 3)}
+                for name, (at, r, series) in ranked
+            ],
+        }
+        figure = Figure(
+            "loss / its recent median", float(ratio[0]), "ratio", f"{fmt_num(float(ratio[0]))}×", step.step, evidence
+        )
+        self.finding = Finding(self.code, "warning", message, tuple(name for name, _ in ranked), step.step, figure)
+
+
+def plural_steps(n: int) -> str:
+    return "the same step" if n == 0 else f"{n} step{'s' if n != 1 else ''} before"

@@ -1,0 +1,236 @@
+"""The instability checks (diagnostics/spikes.py) on hand-built steps: the robust score against a
+plain numpy oracle, each check quiet on noise and trends, and firing at the step of the spike
+with its evidence."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import numpy as np
+import pytest
+
+from gradwatch_server.diagnostics import RunContext, RunDiagnosis, StepView
+from gradwatch_server.diagnostics.check import Check
+from gradwatch_server.diagnostics.spikes import (
+    MAD_SIGMA,
+    AdamEpsilonRegime,
+    GradNormSpike,
+    LargeUpdate,
+    LossSpike,
+    SpikeWindow,
+)
+
+NAMES = ("emb.weight", "ln.bias", "head.weight")
+RUN = RunContext.of([(NAMES[0], 64, "float32"), (NAMES[1], 8, "float32"), (NAMES[2], 64, "float32")])
+NONZERO = 2
+
+
+def f32(values: Sequence[float]) -> bytes:
+    return np.asarray(values, dtype="<f4").tobytes()
+
+
+def measured(
+    n: int,
+    norms: Sequence[float],
+    *,
+    loss: float | None = None,
+    update: Sequence[float] | None = None,
+    eps: Sequence[float] | None = None,
+    scalars: dict[str, float] | None = None,
+) -> StepView:
+    arrays: dict[str, bytes] = {"grad_norm": f32(norms), "grad_status": bytes([NONZERO] * len(norms))}
+    if update is not None:
+        arrays["update_ratio"] = f32(update)
+    if eps is not None:
+        arrays["eps_share"] = f32(eps)
+    values = dict(scalars or {})
+    if loss is not None:
+        values["loss"] = loss
+    values.setdefault("grad_norm_total", float(np.sqrt(np.sum(np.square(np.asarray(norms, dtype=np.float32))))))
+    return StepView.of(n, values, arrays, len(norms))
+
+
+def noisy(steps: int, seed: int = 0, sigma: float = 0.15, base: Sequence[float] = (1.0, 0.01, 2.0)) -> np.ndarray:
+    """Per step and parameter, lognormal noise around `base` (like a healthy run's norms)."""
+    rng = np.random.default_rng(seed)
+    return np.asarray(base) * np.exp(sigma * rng.standard_normal((steps, len(base))))
+
+
+def feed(check: Check, steps: Sequence[StepView]) -> list[int | None]:
+    check.start(RUN)
+    seen = []
+    for s in steps:
+        check.observe(RUN, s)
+        seen.append(None if check.finding is None else check.finding.first_step)
+    return seen
+
+
+def test_the_score_is_the_robust_z_of_the_log_against_the_window() -> None:
+    rng = np.random.default_rng(1)
+    history = np.exp(rng.standard_normal((200, 3)))
+    window = SpikeWindow(3, 128)
+    for row in history:
+        window.push(row)
+    new = np.array([5.0, 0.2, 1.0])
+    z, ratio = window.score(new, warmup=20)
+    logs = np.log(history[-128:])  # the oracle: numpy's median and MAD over the last 128 logs
+    median = np.median(logs, axis=0)
+    scale = MAD_SIGMA * np.median(np.abs(logs - median), axis=0)
+    np.testing.assert_allclose(z, (np.log(new) - median) / scale, rtol=1e-12)
+    np.testing.assert_allclose(ratio, new / np.exp(median), rtol=1e-12)
+
+
+def test_the_score_waits_for_its_warmup_and_skips_what_has_no_log() -> None:
+    window = SpikeWindow(2, 128)
+    for v in (1.0, 2.0, 3.0, 4.0, 5.0):
+        window.push(np.array([v, 0.0]))  # a zero is not kept
+    z, _ = window.score(np.array([9.0, 9.0]), warmup=5)
+    assert np.isfinite(z[0]) and np.isnan(z[1])
+    flat = SpikeWindow(1, 128)  # no spread at all: any rise is infinitely far (RATIO decides)
+    for _ in range(5):
+        flat.push(np.array([1.0]))
+    assert flat.score(np.array([1.1]), warmup=5)[0][0] == math.inf
+    z, _ = window.score(np.array([-1.0, math.nan]), warmup=1)
+    assert np.isnan(z).all()
+    partial = SpikeWindow(1, 128)  # fewer values than the window: the median of those there
+    for v in (1.0, 2.0, 4.0):
+        partial.push(np.array([v]))
+    _, ratio = partial.score(np.array([8.0]), warmup=3)
+    assert ratio[0] == pytest.approx(4.0)
+
+
+def test_grad_norm_spike_fires_at_the_step_of_one_spike_and_names_the_parameter() -> None:
+    norms = noisy(160)
+    norms[150, 2] *= 12  # one step, one parameter
+    check = GradNormSpike()
+    seen = feed(check, [measured(n + 1, row) for n, row in enumerate(norms)])
+    assert seen[149] is None and seen[150] == 151
+    f = check.finding
+    assert f is not None and f.severity == "warning" and f.params == ("head.weight",) and f.first_step == 151
+    assert f.figure is not None and f.figure.step == 151 and f.figure.value > 6
+    assert f.figure.evidence is not None and f.figure.evidence["params"][0]["param"] == "head.weight"
+    assert "step 151" in f.message and "head.weight" in f.message
+
+
+def test_grad_norm_spike_is_quiet_on_noise_trends_and_small_moves_of_steady_series() -> None:
+    for seed in range(5):  # healthy noise, with its odd 3-sigma step
+        assert feed(GradNormSpike(), [measured(n + 1, r) for n, r in enumerate(noisy(300, seed))])[-1] is None
+    grow = np.exp(np.linspace(0, 3, 300))[:, None] * noisy(300, 7, sigma=0.05)  # 20x over the run
+    assert feed(GradNormSpike(), [measured(n + 1, r) for n, r in enumerate(grow)])[-1] is None
+    steady = noisy(100, 8, sigma=0.001)
+    steady[80] *= 1.5  # 100 sigma, but only 1.5x: a steady gain's move, not a spike
+    assert feed(GradNormSpike(), [measured(n + 1, r) for n, r in enumerate(steady)])[-1] is None
+
+
+def test_grad_norm_spike_reads_the_total_norm_the_loop_clipped_with() -> None:
+    norms = noisy(100)
+    steps = [measured(n + 1, r, scalars={"clip/total_norm": 3.0}) for n, r in enumerate(norms)]
+    steps[90] = measured(91, norms[90], scalars={"clip/total_norm": 30.0})  # the parameters' own look normal
+    check = GradNormSpike()
+    feed(check, steps)
+    f = check.finding
+    assert f is not None and f.first_step == 91 and f.params == ()
+    assert f.figure is not None and f.figure.evidence is not None and f.figure.evidence["total"]["ratio"] == 10.0
+    assert "total gradient norm to 10×" in f.message
+
+
+def test_grad_norm_spike_leaves_nonfinite_norms_to_nonfinite_grad() -> None:
+    norms = noisy(60)
+    norms[50, 0] = math.inf
+    norms[51, 1] = math.nan
+    assert (
+        feed(GradNormSpike(), [measured(n + 1, r, scalars={"grad_norm_total": 1.0}) for n, r in enumerate(norms)])[-1]
+        is None
+    )
+
+
+def test_loss_spike_names_the_parameters_that_moved_first_and_how_long_before() -> None:
+    norms = noisy(130)
+    norms[118:, 1] *= 20  # ln.bias moves first, 4 steps before the loss
+    norms[120:, 0] *= 10
+    losses = 2.0 * np.exp(0.03 * np.random.default_rng(3).standard_normal(130))
+    losses[122:] *= 4
+    check = LossSpike()
+    seen = feed(check, [measured(n + 1, r, loss=float(v)) for n, (r, v) in enumerate(zip(norms, losses))])
+    assert seen[121] is None and seen[122] == 123
+    f = check.finding
+    assert f is not None and f.params == ("ln.bias", "emb.weight") and f.first_step == 123
+    assert "ln.bias (gradient" in f.message and "at step 119, 4 steps before" in f.message
+    assert f.figure is not None and f.figure.evidence is not None
+    assert [(m["param"], m["lead"]) for m in f.figure.evidence["moved_first"]] == [("ln.bias", 4), ("emb.weight", 2)]
+
+
+def test_loss_spike_counts_unmeasured_steps_and_skips_losses_that_are_not_positive() -> None:
+    check = LossSpike()
+    check.start(RUN)
+    rng = np.random.default_rng(4)
+    for n in range(1, 80):
+        loss = float(1.0 + 0.02 * rng.standard_normal()) * (5 if n == 70 else 1)
+        check.observe_unmeasured(RUN, StepView.unmeasured(n, {"loss": loss}, 3))
+    assert check.finding is not None and check.finding.first_step == 70
+    assert "No parameter's gradient moved before it" in check.finding.message
+    negative = LossSpike()
+    for n in range(1, 80):
+        negative.observe_unmeasured(RUN, StepView.unmeasured(n, {"loss": -1.0 - (9 if n == 70 else 0)}, 3))
+    assert negative.finding is None
+
+
+def test_large_update_fires_on_an_update_spike_or_a_whole_parameter_moved() -> None:
+    ratios = noisy(60, 5, base=(1e-3, 1e-3, 1e-3))
+    ratios[40, 2] *= 30
+    check = LargeUpdate()
+    seen = feed(check, [measured(n + 1, [1.0] * 3, update=r) for n, r in enumerate(ratios)])
+    assert seen[39] is None and seen[40] == 41 and check.finding is not None
+    assert check.finding.params == ("head.weight",) and "head.weight" in check.finding.message
+    quiet = noisy(60, 6, base=(1e-3, 1e-3, 1e-3))
+    quiet[:, 1] = math.nan  # a parameter at zero has no ratio
+    assert feed(LargeUpdate(), [measured(n + 1, [1.0] * 3, update=r) for n, r in enumerate(quiet)])[-1] is None
+    big = noisy(60, 7, sigma=0.5, base=(0.3, 1e-3, 1e-3))  # noisy, but moved by its whole size at step 50
+    big[49, 0] = 1.2
+    check = LargeUpdate()
+    assert feed(check, [measured(n + 1, [1.0] * 3, update=r) for n, r in enumerate(big)])[-1] == 50
+    assert LargeUpdate().finding is None and feed(LargeUpdate(), [measured(1, [1.0] * 3)]) == [None]
+
+
+def test_adam_epsilon_regime_needs_half_a_layer_for_two_measured_steps() -> None:
+    shares = [[0.0, 0.0, 0.0]] * 10 + [[0.0, 0.9, 0.4]] + [[0.0, 0.2, 0.4]] + [[0.0, 1.0, 0.4]] * 2
+    check = AdamEpsilonRegime()
+    seen = feed(check, [measured(n + 1, [1.0] * 3, eps=s) for n, s in enumerate(shares)])
+    assert seen == [None] * 13 + [14]  # first_step: the step it was raised at
+    f = check.finding
+    assert f is not None and f.params == ("ln.bias",) and "From step 13" in f.message and "100%" in f.message
+    assert f.figure is not None and f.figure.evidence is not None and f.figure.evidence["since"] == 13
+    first = AdamEpsilonRegime()  # a layer at zero only at step 1 (behind a zero-initialised one)
+    assert feed(first, [measured(n, [1.0] * 3, eps=[1.0 if n == 1 else 0.0] * 3) for n in range(1, 9)]) == [None] * 8
+    sampled = AdamEpsilonRegime()  # every="auto": measured steps far apart still count in a row
+    steps = [measured(n, [1.0] * 3, eps=[0.0, 0.0, 1.0]) for n in (1, 2, 14, 300, 700)]
+    assert feed(sampled, steps) == [None, None, 14, 14, 14]  # raised at step 14, in it since step 2
+    assert sampled.finding is not None and "From step 2," in sampled.finding.message
+
+
+def test_the_engine_feeds_unmeasured_steps_to_the_loss_check_only() -> None:
+    diag = RunDiagnosis(RUN)
+    rng = np.random.default_rng(9)
+    for n in range(1, 80):
+        arrays: dict[str, bytes] = {}
+        if n % 10 == 1:  # every=10: the other steps carry their cheap facts (and the loss)
+            arrays = {"grad_norm": f32([1.0, 1.0, 1.0]), "grad_status": bytes([NONZERO] * 3)}
+        loss = float(1.0 + 0.02 * rng.standard_normal()) * (6 if n == 65 else 1)
+        diag.observe_record(n, {"loss": loss}, arrays)
+    codes = {f.code: f.first_step for f in diag.findings()}
+    assert codes == {"loss_spike": 65}  # and no step_without_grad from the unmeasured steps
+
+
+def test_loss_spike_fires_at_ten_times_the_median_after_a_fast_fall() -> None:
+    """A window over the first steps' fast fall is wide: a loss 25x its median scores under 6
+    sigma there, and is still a spike."""
+    losses = [15.0 * 0.93**n for n in range(59)] + [20.0]
+    check = LossSpike()
+    check.start(RUN)
+    for n, loss in enumerate(losses, 1):
+        check.observe_unmeasured(RUN, StepView.unmeasured(n, {"loss": loss}, 3))
+    f = check.finding
+    assert f is not None and f.first_step == 60
+    assert f.figure is not None and f.figure.evidence is not None and f.figure.evidence["z"] < 6
+    assert f.figure.evidence["ratio"] >= 10

@@ -1,0 +1,253 @@
+"""The flight recorder: with `every=N` (N > 1) or `every="auto"`, an incident between two
+measured steps (a gradient-norm spike, a non-finite gradient, a loss spike) is not lost.
+
+Training thread, at each step that is not measured (`record`): every parameter's gradient norm,
+as the step uses it, in one fused call per device, written into a small ring buffer ON THE
+DEVICE (`size` rows of one float per parameter). Nothing is copied to the host there. The steps'
+cheap facts are held meanwhile (`hold`); when `size` steps are held, or HOLD_S seconds have
+passed since the first, or a measured step comes, the rows of the held steps are copied to the
+host in one copy (on CUDA into pinned memory with `non_blocking` and an event: the training
+thread never waits) and the held steps go to the sender (`flush`).
+
+Sender thread (`FlightBatch.render`): the rows are scored against each parameter's and the
+total's own recent history (the server's spike score, spikes.py: log value against the median of
+the last WINDOW values in units of 1.4826 x MAD) and a loss logged with the step against the
+recent losses; around a step that scores as a spike (Z and RATIO as the server's grad_norm_spike,
+a loss LOSS_RATIO above its median) or holds a non-finite norm, the steps from BEFORE before it to
+AFTER after it are sent with their `grad_norm` (full resolution), the others with their cheap
+facts only, as without the recorder. The server stores and diagnoses those steps as measured ones.
+
+Cost: one fused norm pass over the gradients per unmeasured step, and one copy of at most `size`
+rows per flush (docs/benchmarks.md). Only whole tensors are recorded (no DTensor or FSDP piece).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+import warnings
+from collections import deque
+from collections.abc import Callable, Sequence
+from typing import Any, Optional
+
+import numpy as np
+import torch
+
+from .measure import fused_norms
+from .wire import ABSENT_BITS, StepRecord
+
+#: The longest the cheap facts of unmeasured steps are held for the recorder (the spool's pace).
+HOLD_S = 1.0
+#: Steps sent at full resolution before and after a recorded incident.
+BEFORE, AFTER = 8, 8
+#: The spike score (as the server's grad_norm_spike: docs/diagnostics.md).
+WINDOW, WARMUP, Z, RATIO = 128, 20, 6.0, 3.0
+LOSS_RATIO = 2.0
+MAD_SIGMA = 1.4826
+
+
+class _History:
+    """Recent log values of a few series (the sender thread's, for the incident test)."""
+
+    def __init__(self, count: int) -> None:
+        self.values: deque[np.ndarray] = deque(maxlen=WINDOW)
+        self.count = count
+
+    def spike(self, row: np.ndarray, ratio_min: float) -> Optional[tuple[np.ndarray, np.ndarray]]:
+        """(score, ratio to the median) per series when `row` holds a spike against the kept
+        rows, else None; then keeps `row`."""
+        with np.errstate(divide="ignore", invalid="ignore"):
+            logs = np.log(row)
+        found = None
+        if len(self.values) >= WARMUP:
+            kept = np.array(self.values)
+            with np.errstate(divide="ignore", invalid="ignore"), warnings.catch_warnings():
+                warnings.simplefilter("ignore", RuntimeWarning)  # an all-NaN column: no .grad yet
+                median = np.nanmedian(kept, axis=0)
+                spread = np.nanmedian(np.abs(kept - median), axis=0) * MAD_SIGMA
+                z = np.where(spread > 0, (logs - median) / spread, np.where(logs > median, np.inf, 0.0))
+                ratio = np.exp(logs - median)
+                if np.any((z >= Z) & (ratio >= ratio_min)):
+                    found = (z, ratio)
+        self.values.append(np.where(np.isfinite(logs), logs, np.nan))
+        return found
+
+
+class FlightRecorder:
+    """The ring buffer of recent per-parameter gradient norms, per device, and the held steps."""
+
+    def __init__(
+        self,
+        params: Sequence[torch.Tensor],
+        recorded: Sequence[bool],
+        inverse_scale: Callable[[torch.device], Optional[torch.Tensor]],
+        size: int = 64,
+    ) -> None:
+        self.params = list(params)
+        self.size = size
+        self._inverse_scale = inverse_scale
+        self._by_device: dict[torch.device, list[int]] = {}
+        for i, (p, keep) in enumerate(zip(self.params, recorded)):
+            if keep:
+                self._by_device.setdefault(p.device, []).append(i)
+        self._rings = {d: torch.full((size, len(idx)), math.nan, device=d) for d, idx in self._by_device.items()}
+        self._slot_of: dict[int, int] = {}  # step -> its ring row
+        self._absent: dict[int, list[int]] = {}  # step -> the parameters that had no .grad (host-side)
+        self._next = 0
+        self.held: list[tuple[int, Callable[[], StepRecord]]] = []
+        self._held_since = 0.0
+        # sender thread: the incident test's state, and how many more steps go at full resolution
+        self._grads = _History(len(self.params) + 1)
+        self._losses = _History(1)
+        self._after = 0
+
+    # -- training thread -------------------------------------------------------------------
+    @torch.no_grad()
+    def record(self, step: int) -> None:
+        """Write `step`'s gradient norms into the next ring row (device work only)."""
+        slot = self._next
+        self._next = (slot + 1) % self.size
+        absent: list[int] = []
+        for device, idx in self._by_device.items():
+            ring = self._rings[device]
+            grads = [self.params[i].grad for i in idx]
+            present = [k for k, g in enumerate(grads) if g is not None and not g.is_sparse]
+            absent.extend(idx[k] for k, g in enumerate(grads) if g is None or g.is_sparse)
+            row = ring[slot]
+            if len(present) < len(idx):
+                row.fill_(math.nan)
+            if not present:
+                continue
+            norms = torch.stack(fused_norms([grads[k] for k in present]))  # type: ignore[misc]
+            scale = self._inverse_scale(device)
+            if scale is not None:
+                norms = norms * scale
+            if len(present) == len(idx):
+                row.copy_(norms)
+            else:
+                row[torch.tensor(present, device=device)] = norms
+        for old in [s for s, k in self._slot_of.items() if k == slot]:
+            del self._slot_of[old]
+            self._absent.pop(old, None)
+        self._slot_of[step] = slot
+        self._absent[step] = absent
+
+    def hold(self, step: int, make: Callable[[], StepRecord]) -> bool:
+        """Hold an unmeasured step's record; whether it is time to `flush`."""
+        if not self.held:
+            self._held_since = time.monotonic()
+        self.held.append((step, make))
+        return len(self.held) >= self.size or time.monotonic() - self._held_since >= HOLD_S
+
+    @torch.no_grad()
+    def flush(self) -> Optional[FlightBatch]:
+        """The held steps and one copy of their rows to the host; None when nothing is held."""
+        if not self.held:
+            return None
+        held, self.held = self.held, []
+        slots = [self._slot_of.get(step) for step, _ in held]
+        copies: list[tuple[list[int], torch.Tensor, Any]] = []
+        for device, idx in self._by_device.items():
+            rows = [s if s is not None else 0 for s in slots]
+            taken = self._rings[device][torch.tensor(rows, device=device)]
+            if device.type == "cpu":
+                copies.append((idx, taken, None))
+                continue
+            host = torch.empty(taken.shape, dtype=taken.dtype, pin_memory=True)
+            with torch.cuda.device(device):
+                host.copy_(taken, non_blocking=True)
+                event = torch.cuda.Event()
+                event.record()
+            copies.append((idx, host, event))
+        absent = [self._absent.get(step, []) for step, _ in held]
+        return FlightBatch(self, held, [s is not None for s in slots], absent, copies)
+
+    # -- sender thread ---------------------------------------------------------------------
+    def judge(self, steps: list[tuple[StepRecord, Optional[tuple[np.ndarray, np.ndarray]]]]) -> list[StepRecord]:
+        """The held steps' records in order, each with its norms where it lies near an incident
+        (BEFORE steps of this batch before it, AFTER steps after it, into the next batches)."""
+        full = [False] * len(steps)
+        out = []
+        for k, (record, norms) in enumerate(steps):
+            if self._after > 0:
+                full[k] = True
+                self._after -= 1
+            incident, record = self._incident(record, norms)
+            out.append(record)
+            if incident:
+                full[max(0, k - BEFORE) : k + 1] = [True] * (k + 1 - max(0, k - BEFORE))
+                self._after = AFTER
+        return [with_norms(record, norms if keep else None) for keep, record, (_, norms) in zip(full, out, steps)]
+
+    def _incident(
+        self, record: StepRecord, recorded: Optional[tuple[np.ndarray, np.ndarray]]
+    ) -> tuple[bool, StepRecord]:
+        """Whether the step holds a spike of a parameter's or the total gradient norm, a non-finite
+        norm, or a loss spike; and its record, with the spike's scores where there was one (the
+        server has too few measured steps to score it itself: `spike_z`, `spike_ratio` per
+        parameter, `flight/total_z`, `flight/total_ratio`)."""
+        incident = False
+        if recorded is not None:
+            norms, missing = recorded
+            norms = np.where(missing, np.nan, norms)
+            known = norms[np.isfinite(norms)].astype(np.float64)
+            total = float(np.sqrt(np.sum(known * known))) if known.size else math.nan
+            incident = bool(np.any(~np.isfinite(norms) & ~missing))
+            spike = self._grads.spike(np.append(norms, total).astype(np.float64), RATIO)
+            if spike is not None:
+                z, ratio = spike
+                incident = True
+                scalars = {**record.scalars, "flight/total_z": float(z[-1]), "flight/total_ratio": float(ratio[-1])}
+                metrics = {
+                    **record.metrics,
+                    "spike_z": np.minimum(z[:-1], 1e30).astype(np.float32),
+                    "spike_ratio": ratio[:-1].astype(np.float32),
+                }
+                record = StepRecord(record.step, record.time, scalars, metrics, record.grad_status)
+        loss = record.scalars.get("loss")
+        if loss is not None and math.isfinite(loss) and loss > 0:
+            incident = self._losses.spike(np.array([loss]), LOSS_RATIO) is not None or incident
+        return incident or (loss is not None and not math.isfinite(loss)), record
+
+
+class FlightBatch:
+    """Held steps and the host copy of their ring rows, rendered on the sender thread."""
+
+    def __init__(
+        self,
+        recorder: FlightRecorder,
+        held: list[tuple[int, Callable[[], StepRecord]]],
+        recorded: list[bool],
+        absent: list[list[int]],
+        copies: list[tuple[list[int], torch.Tensor, Any]],
+    ) -> None:
+        self.recorder = recorder
+        self.held = held
+        self.recorded = recorded
+        self.absent = absent
+        self.copies = copies
+
+    def render(self) -> list[StepRecord]:
+        """The held steps' records, in order (sender thread)."""
+        n = len(self.recorder.params)
+        rows = np.full((len(self.held), n), np.nan, dtype=np.float32)
+        for idx, host, event in self.copies:
+            if event is not None:
+                event.synchronize()
+            rows[:, idx] = host.numpy()
+        missing = np.zeros(rows.shape, dtype=bool)
+        for k, absent in enumerate(self.absent):
+            missing[k, absent] = True
+        steps = [(make(), (rows[k], missing[k]) if self.recorded[k] else None) for k, (_, make) in enumerate(self.held)]
+        return self.recorder.judge(steps)
+
+
+def with_norms(record: StepRecord, recorded: Optional[tuple[np.ndarray, np.ndarray]]) -> StepRecord:
+    """`record` with the recorded `grad_norm` of each parameter (ABSENT where it had no .grad)."""
+    if recorded is None:
+        return record
+    norms, missing = recorded
+    values = np.where(missing, np.array([ABSENT_BITS], dtype=np.uint32).view(np.float32)[0], norms)
+    return StepRecord(
+        record.step, record.time, record.scalars, {**record.metrics, "grad_norm": values.astype(np.float32)}, None
+    )

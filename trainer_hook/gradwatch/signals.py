@@ -1,0 +1,123 @@
+"""Optimizer signals that warn of instabilities (`watch(..., optimizer_signals=True)`), measured
+at measured steps after the step, on the training device, with fused tensor math and no sync;
+they ride with the step's one device-to-host copy (measure.py).
+
+Per parameter:
+- `eps_share` (the Adam family: a state with `exp_avg_sq`, a group with `eps` and `betas`): the
+  share of entries whose bias-corrected second moment v̂ = v / (1 − β2^t) is below
+  (EPS_FACTOR · eps)²: there the update is about lr · m / eps, not lr · m / √v̂, and a gradient
+  that comes back is divided by almost nothing (Wortsman et al. 2023, Molybog et al. 2023).
+- `v_decoupling`: mean(g²) / mean(v̂), the squared gradient against Adam's estimate of it: near 1
+  (within the noise) while v̂ follows the gradient; far above 1 when the gradient outgrew a
+  second moment that decayed, the moment before a blow-up.
+- `momentum_cosine` (a state with `exp_avg` or `momentum_buffer`): the cosine between the
+  gradient and the momentum after the step; a gradient turning against its momentum shows
+  oscillation, one aligned with it for long a steady drift.
+
+Each costs passes over the state (docs/diagnostics.md gives the figures): `eps_share` one
+subtraction into a temporary the size of v, two in-place passes and a norm; `v_decoupling` one
+L1 norm of v (the gradient's norm is read with the cosine); `momentum_cosine` one addition into
+a temporary the size of the momentum and two norms. Only parameters stepped whole (no DTensor or
+FSDP piece) are measured.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from typing import Any, Optional
+
+import torch
+
+#: v̂ below (EPS_FACTOR · eps)² is the epsilon regime: eps is at least a third of the denominator.
+EPS_FACTOR = 2.0
+
+#: The state keys that hold a momentum (first moment) shaped like the parameter.
+MOMENTUM_KEYS = ("exp_avg", "momentum_buffer")
+
+
+def _step_count(state: dict[str, Any]) -> Optional[float]:
+    """The optimizer's step count of a parameter, if it is on the host (never read from a device:
+    that would synchronise)."""
+    step = state.get("step")
+    if isinstance(step, (int, float)) and not isinstance(step, bool):
+        return float(step)
+    if isinstance(step, torch.Tensor) and step.device.type == "cpu" and step.numel() == 1:
+        return float(step.item())
+    return None
+
+
+def optimizer_signals(
+    params: Sequence[torch.Tensor],
+    indices: Iterable[int],
+    states: Sequence[dict[Any, Any]],
+    groups: Sequence[dict[str, Any]],
+) -> list[tuple[str, list[int], list[torch.Tensor]]]:
+    """(metric, parameter indices, 0-d float32 tensors) for the parameters `indices` (whole
+    tensors only): `params[i]`'s optimizer state is `states[i]` and its param group `groups[i]`."""
+    eps_idx: list[int] = []
+    eps_v: list[torch.Tensor] = []
+    eps_thr: list[float] = []
+    eps_bc: list[float] = []
+    cos_idx: list[int] = []
+    cos_g: list[torch.Tensor] = []
+    cos_m: list[torch.Tensor] = []
+    for i in indices:
+        p = params[i]
+        state, group = states[i], groups[i]
+        g = p.grad
+        if not state or g is None or g.is_sparse or g.shape != p.shape:
+            continue
+        v = state.get("exp_avg_sq")
+        eps, betas = group.get("eps"), group.get("betas")
+        t = _step_count(state)
+        if (
+            isinstance(v, torch.Tensor)
+            and v.shape == p.shape
+            and v.dtype in (torch.float32, torch.float16, torch.bfloat16)
+            and isinstance(eps, float)
+            and isinstance(betas, (tuple, list))
+            and len(betas) == 2
+            and t is not None
+            and t >= 1
+        ):
+            bc = 1.0 - float(betas[1]) ** t
+            eps_idx.append(i)
+            eps_v.append(v)
+            eps_thr.append((EPS_FACTOR * eps) ** 2 * bc)
+            eps_bc.append(bc)
+        m = next((state[k] for k in MOMENTUM_KEYS if isinstance(state.get(k), torch.Tensor)), None)
+        if m is not None and m.shape == p.shape and m.dtype == g.dtype and m.device == g.device:
+            cos_idx.append(i)
+            cos_g.append(g)
+            cos_m.append(m)
+    out: list[tuple[str, list[int], list[torch.Tensor]]] = []
+    grad_sq: dict[int, torch.Tensor] = {}
+    if cos_idx:
+        g_norm = torch.stack(_norms(cos_g))
+        m_norm = torch.stack(_norms(cos_m))
+        both = torch.stack(_norms(torch._foreach_add(cos_g, cos_m)))
+        # <g, m> = (‖g + m‖² − ‖g‖² − ‖m‖²) / 2: two norms instead of a product and a sum per tensor
+        cosine = (both * both - g_norm * g_norm - m_norm * m_norm) / (2 * g_norm * m_norm)
+        out.append(("momentum_cosine", cos_idx, list(cosine.unbind())))
+        grad_sq = {i: n * n for i, n in zip(cos_idx, g_norm.unbind())}
+    if eps_idx:
+        below = torch._foreach_sub(eps_v, eps_thr)  # v − threshold; only its sign is kept
+        torch._foreach_clamp_max_(below, 0.0)
+        torch._foreach_sign_(below)  # −1 where v̂ is in the epsilon regime, else 0
+        counts = torch.stack(_norms(below))  # ‖·‖₂ of ±1 entries: √count
+        numel = torch.tensor([float(v.numel()) for v in eps_v], device=counts.device)
+        out.append(("eps_share", eps_idx, list((counts * counts / numel).unbind())))
+        v_sum = torch.stack([n.float() for n in torch._foreach_norm(eps_v, 1)])  # Σv (v >= 0)
+        missing = [i for i in eps_idx if i not in grad_sq]
+        if missing:
+            for i, n in zip(missing, _norms([params[i].grad for i in missing])):  # type: ignore[misc]
+                grad_sq[i] = n * n
+        g_sq = torch.stack([grad_sq[i].to(v_sum.device) for i in eps_idx])
+        corrected = v_sum / torch.tensor(eps_bc, device=v_sum.device)
+        out.append(("v_decoupling", eps_idx, list((g_sq / corrected).unbind())))
+    return out
+
+
+def _norms(tensors: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+    """L2 norms as float32 0-d tensors, one fused call."""
+    return [n.float() for n in torch._foreach_norm(list(tensors), 2)]
