@@ -430,23 +430,25 @@ def test_findings_panel_and_chart_markers(dash: ServerProcess, page: Page) -> No
     sync_api.expect(left_out.locator(".finding-step")).to_have_text(" · from the start")
     assert p.locator(".findings b").count() == 0
     sync_api.expect(p.locator(".findings .count")).to_have_attribute("data-severity", "error")
-    # Errors first.
+    # Errors first. The seeded norms jump 8x at step 33: a grad_norm_spike warning of its own.
     assert p.locator(".findings .finding").evaluate_all("els => els.map(e => e.dataset.severity)") == [
         "error",
         "warning",
         "warning",
+        "warning",
     ]
+    sync_api.expect(finding_row(p, "grad_norm_spike").locator(".finding-step")).to_have_text(" · from step 33")
 
     # Markers: where each finding with a step began, on line charts and heatmaps alike.
     for chart in ("grad-norm-total", "loss", "param-grad-norm", "grad-status", "grad-norm-heatmap"):
         p.wait_for_function(
-            "c => document.querySelector(`[data-chart=\"${c}\"]`).dataset.markers === '1,30'", arg=chart
+            "c => document.querySelector(`[data-chart=\"${c}\"]`).dataset.markers === '1,30,33'", arg=chart
         )
     shapes = p.evaluate("""() => document.querySelector('[data-chart="loss"]').layout.shapes
         .map(s => [s.x0, s.line.dash])""")
-    assert shapes == [[1, "dot"], [30, "dot"]]
+    assert shapes == [[1, "dot"], [30, "dot"], [33, "dot"]]
     labels = p.evaluate("""() => document.querySelector('[data-chart="loss"]').layout.annotations.map(a => a.text)""")
-    assert labels == ["param_never_gets_grad", "nonfinite_grad"]
+    assert labels == ["param_never_gets_grad", "nonfinite_grad", "grad_norm_spike"]
 
     # A parameter of a finding goes into the per-parameter chart with a click.
     never.locator(".chip", has_text="adapter.weight").click()

@@ -20,6 +20,7 @@ def train(every: object, spike_at: int | None, steps: int = 80, **watch_args: ob
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Tanh(), torch.nn.Linear(8, 1))
     opt = torch.optim.SGD(model.parameters(), lr=1e-3)
+    watch_args.setdefault("flight_recorder", True)  # on CPU it is asked for; on by default on a GPU only
     w = gradwatch.watch(opt, model=model, server=NOWHERE, every=every, **watch_args)  # type: ignore[arg-type]
     oracle = {}
     for step in range(1, steps + 1):
@@ -52,11 +53,14 @@ def test_a_quiet_run_sends_no_recorded_steps() -> None:
     assert [m["step"] for m in msgs if "grad_norm" in m["params"]] == [1, 51]
 
 
-def test_the_recorder_is_off_at_every_step_and_when_asked() -> None:
+def test_the_recorder_is_off_at_every_step_when_asked_and_by_default_on_cpu() -> None:
     msgs, _ = train(every=50, spike_at=40, flight_recorder=False)
     assert [m["step"] for m in msgs if "grad_norm" in m["params"]] == [1, 51]
     w = gradwatch.watch(torch.optim.SGD(torch.nn.Linear(2, 2).parameters(), lr=0.1), server=NOWHERE)
     assert w._recorder is None
+    w.close(timeout=0.1)
+    w = gradwatch.watch(torch.optim.SGD(torch.nn.Linear(2, 2).parameters(), lr=0.1), server=NOWHERE, every=10)
+    assert w._recorder is None  # the parameters are on the CPU: a pass over every gradient per step
     w.close(timeout=0.1)
     with pytest.raises(TypeError, match="flight_recorder"):
         gradwatch.watch(torch.optim.SGD(torch.nn.Linear(2, 2).parameters()), server=NOWHERE, flight_recorder=1)  # type: ignore[arg-type]
