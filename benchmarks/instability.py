@@ -1,4 +1,4 @@
-"""What the instability signals of issue 25 cost a training step, measured side by side.
+"""What the instability signals cost a training step, measured side by side.
 
 On the GPT and MLP of benchmarks/overhead.py, with AdamW, one process: each cycle runs, in a
 shuffled order, a plain step and the same step plus one piece of the hook's work, on the same

@@ -1,14 +1,14 @@
 """What a step gradwatch does not measure costs the training thread, by parameter-tensor count.
 
 This is the floor of `every="auto"`, which measures few steps and pays this on every other one.
-Target (issue 27): at most 20 us plus 0.5 us per parameter tensor.
+The budget it is held to: at most 20 us plus 0.5 us per parameter tensor.
 
 For each tensor count, an MLP of tiny `Linear(--width, --width)` layers (two tensors each), SGD,
 one torch thread, watched with `every=10**9` (only step 1 is measured) against an unwatched twin
 with the same weights and batch in the same process. The steps alternate strictly: twin,
 watched, twin, watched, ..., so that every step follows one of the other model (a twin step
-right after a twin step would find its tensors in the CPU caches: an A/A of this design read
-+100 us at 80 tensors); a watched step's extra is its time minus the mean of the two twin steps
+right after a twin step would find its tensors in the CPU caches and bias the pairing:
+docs/benchmarks.md); a watched step's extra is its time minus the mean of the two twin steps
 beside it (a step and its neighbours share the machine's conditions). The figure is the median
 over `--steps` watched steps, with a 90% bootstrap interval of that median, in wall time and in
 the training thread's CPU time (`time.thread_time`, which a loaded machine's descheduling does
