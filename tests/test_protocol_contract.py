@@ -80,7 +80,7 @@ def test_wire_json_is_strict() -> None:
 
 def test_hook_steps_batches_validate_and_stand_for_their_steps() -> None:
     records = [
-        wire.StepRecord(
+        wire.UnsentStep(
             step=s,
             time=float(s),
             scalars={"loss": float(s), "bad": float("nan")},

@@ -34,7 +34,7 @@ import numpy as np
 import torch
 
 from .measure import fused_norms
-from .wire import ABSENT_BITS, StepRecord
+from .wire import ABSENT_BITS, UnsentStep
 
 #: The longest the cheap facts of unmeasured steps are held for the recorder (the spool's pace).
 HOLD_S = 1.0
@@ -94,7 +94,7 @@ class FlightRecorder:
         self._slot_of: dict[int, int] = {}  # step -> its ring row
         self._absent: dict[int, list[int]] = {}  # step -> the parameters that had no .grad (host-side)
         self._next = 0
-        self.held: list[tuple[int, Callable[[], StepRecord]]] = []
+        self.held: list[tuple[int, Callable[[], UnsentStep]]] = []
         self._held_since = 0.0
         # sender thread: the incident test's state, and how many more steps go at full resolution
         self._grads = _History(len(self.params) + 1)
@@ -132,7 +132,7 @@ class FlightRecorder:
         self._slot_of[step] = slot
         self._absent[step] = absent
 
-    def hold(self, step: int, make: Callable[[], StepRecord]) -> bool:
+    def hold(self, step: int, make: Callable[[], UnsentStep]) -> bool:
         """Hold an unmeasured step's record; whether it is time to `flush`."""
         if not self.held:
             self._held_since = time.monotonic()
@@ -163,7 +163,7 @@ class FlightRecorder:
         return FlightBatch(self, held, [s is not None for s in slots], absent, copies)
 
     # -- sender thread ---------------------------------------------------------------------
-    def judge(self, steps: list[tuple[StepRecord, Optional[tuple[np.ndarray, np.ndarray]]]]) -> list[StepRecord]:
+    def judge(self, steps: list[tuple[UnsentStep, Optional[tuple[np.ndarray, np.ndarray]]]]) -> list[UnsentStep]:
         """The held steps' records in order, each with its norms where it lies near an incident
         (BEFORE steps of this batch before it, AFTER steps after it, into the next batches)."""
         full = [False] * len(steps)
@@ -180,8 +180,8 @@ class FlightRecorder:
         return [with_norms(record, norms if keep else None) for keep, record, (_, norms) in zip(full, out, steps)]
 
     def _incident(
-        self, record: StepRecord, recorded: Optional[tuple[np.ndarray, np.ndarray]]
-    ) -> tuple[bool, StepRecord]:
+        self, record: UnsentStep, recorded: Optional[tuple[np.ndarray, np.ndarray]]
+    ) -> tuple[bool, UnsentStep]:
         """Whether the step holds a spike of a parameter's or the total gradient norm, a non-finite
         norm, or a loss spike; and its record, with the spike's scores where there was one (the
         server has too few measured steps to score it itself: `spike_z`, `spike_ratio` per
@@ -203,7 +203,7 @@ class FlightRecorder:
                     "spike_z": np.minimum(z[:-1], 1e30).astype(np.float32),
                     "spike_ratio": ratio[:-1].astype(np.float32),
                 }
-                record = StepRecord(record.step, record.time, scalars, metrics, record.grad_status)
+                record = UnsentStep(record.step, record.time, scalars, metrics, record.grad_status)
         loss = record.scalars.get("loss")
         if loss is not None and math.isfinite(loss) and loss > 0:
             incident = self._losses.spike(np.array([loss]), LOSS_RATIO) is not None or incident
@@ -216,7 +216,7 @@ class FlightBatch:
     def __init__(
         self,
         recorder: FlightRecorder,
-        held: list[tuple[int, Callable[[], StepRecord]]],
+        held: list[tuple[int, Callable[[], UnsentStep]]],
         recorded: list[bool],
         absent: list[list[int]],
         copies: list[tuple[list[int], torch.Tensor, Any]],
@@ -227,7 +227,7 @@ class FlightBatch:
         self.absent = absent
         self.copies = copies
 
-    def render(self) -> list[StepRecord]:
+    def render(self) -> list[UnsentStep]:
         """The held steps' records, in order (sender thread)."""
         n = len(self.recorder.params)
         rows = np.full((len(self.held), n), np.nan, dtype=np.float32)
@@ -242,12 +242,12 @@ class FlightBatch:
         return self.recorder.judge(steps)
 
 
-def with_norms(record: StepRecord, recorded: Optional[tuple[np.ndarray, np.ndarray]]) -> StepRecord:
+def with_norms(record: UnsentStep, recorded: Optional[tuple[np.ndarray, np.ndarray]]) -> UnsentStep:
     """`record` with the recorded `grad_norm` of each parameter (ABSENT where it had no .grad)."""
     if recorded is None:
         return record
     norms, missing = recorded
     values = np.where(missing, np.array([ABSENT_BITS], dtype=np.uint32).view(np.float32)[0], norms)
-    return StepRecord(
+    return UnsentStep(
         record.step, record.time, record.scalars, {**record.metrics, "grad_norm": values.astype(np.float32)}, None
     )

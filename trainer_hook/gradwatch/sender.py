@@ -39,7 +39,7 @@ from websockets.sync.client import ClientConnection
 from . import wire
 from .connection import CLOSE_INVALID, handshake, refusal, replies
 from .spool import SpoolWriter
-from .wire import StepRecord
+from .wire import UnsentStep
 
 log = logging.getLogger("gradwatch")
 
@@ -54,7 +54,7 @@ class _StepItem:
 
     __slots__ = ("make",)
 
-    def __init__(self, make: Callable[[], Union[StepRecord, list[StepRecord]]]) -> None:
+    def __init__(self, make: Callable[[], Union[UnsentStep, list[UnsentStep]]]) -> None:
         self.make = make
 
 
@@ -127,7 +127,7 @@ class Sender:
         """Queue a message; never blocks the training step."""
         self._put(factory)
 
-    def submit_step(self, make: Callable[[], Union[StepRecord, list[StepRecord]]]) -> None:
+    def submit_step(self, make: Callable[[], Union[UnsentStep, list[UnsentStep]]]) -> None:
         """Queue a step (or several); `make` builds its record(s) on the sender thread."""
         self._put(_StepItem(make))
 
@@ -220,7 +220,7 @@ class Sender:
     def _drain(self) -> None:
         """Serialize every submitted item in order into `_unacked` (and the spool); runs of steps
         with the same keys become one message each."""
-        run: list[StepRecord] = []
+        run: list[UnsentStep] = []
         size = taken = 0
 
         def flush() -> None:

@@ -425,7 +425,7 @@ class Watcher:
             logged.pop(key)  # a CUDA tensor is read only at measured steps: reading it now would sync
         scalars = self._probe.cheap_facts(logged)
         step, now = self.step, time.time()
-        make = functools.partial(wire.StepRecord, step, now, scalars, {}, None)
+        make = functools.partial(wire.UnsentStep, step, now, scalars, {}, None)
         if self._recorder is None:
             self._sender.submit_step(make)
         elif self._recorder.hold(step, make):
@@ -558,7 +558,7 @@ class Watcher:
         self.close()
 
     # -- sender thread ---------------------------------------------------------------------
-    def _render(self, snapshot: Snapshot, steps: int) -> wire.StepRecord:
+    def _render(self, snapshot: Snapshot, steps: int) -> wire.UnsentStep:
         sender_cpu_s = self._cost.render_began(steps)
         metrics, status, scalars = snapshot.resolve()
         self._probe.recycle(snapshot)
@@ -569,7 +569,7 @@ class Watcher:
         # and sender-thread CPU per step since the previous measured step (sending included).
         scalars["hook/train_s"] = snapshot.cost_s
         scalars["hook/sender_cpu_s"] = sender_cpu_s
-        record = wire.StepRecord(snapshot.step, snapshot.time, scalars, metrics, status)
+        record = wire.UnsentStep(snapshot.step, snapshot.time, scalars, metrics, status)
         self._cost.render_done()
         return record
 

@@ -79,9 +79,10 @@ def step(
 
 
 @dataclass(frozen=True)
-class StepRecord:
-    """One step's data before it has a `seq`: the sender sends consecutive records with the same
-    keys as one `steps` message."""
+class UnsentStep:
+    """One step's data before it has a `seq` (the hook's; the server's stored step is its
+    `StepRecord`): the sender sends consecutive unsent steps with the same keys as one `steps`
+    message."""
 
     step: int
     time: float
@@ -101,7 +102,7 @@ class StepRecord:
         return arrays * 4 // 3 + 24 * len(self.scalars) + 32
 
 
-def steps(seq: int, records: Sequence[StepRecord]) -> dict[str, Any]:
+def steps(seq: int, records: Sequence[UnsentStep]) -> dict[str, Any]:
     """One message for `records` (same keys, increasing steps): a `step` for one, else `steps`,
     column by column: each scalar a list, each per-parameter metric one steps x parameters array."""
     first = records[0]
