@@ -132,7 +132,7 @@ def _optimizers(layout: Layout) -> list[dict[str, Any]]:
 
 def _parameters(layout: Layout, model: Any) -> dict[str, int]:
     """Tensors and elements the optimizers update; the model's totals when it is given."""
-    counts = {"tensors": len(layout.params), "numel": sum(w.piece.numel for w in layout.params)}
+    counts = {"tensors": len(layout.params), "numel": sum(w.shard.numel for w in layout.params)}
     if isinstance(model, torch.nn.Module):
         params = list(model.parameters())
         counts["model_numel"] = sum(p.numel() for p in params)

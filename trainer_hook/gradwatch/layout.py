@@ -12,7 +12,7 @@ from typing import Any, Optional
 import torch
 
 from .distributed import job_rank
-from .pieces import Piece, View, pieces, strip_names, wrapper_paths
+from .pieces import LocalShard, View, local_shards, strip_names, wrapper_paths
 
 #: Hyperparameters worth showing per param group; others (e.g. `params`, callables) are skipped.
 _HPARAM_TYPES = (int, float, bool, str, type(None))
@@ -23,18 +23,18 @@ class WatchedParam:
     name: str
     optimizer: int
     group: int  # index counting across optimizers, as in the `lr/G` scalars
-    #: this rank's piece of the parameter: the tensor the optimizer steps, the full shape, the
+    #: this rank's shard of the parameter: the tensor the optimizer steps, the full shape, the
     #: local view and whether it counts (pieces.py)
-    piece: Piece
+    shard: LocalShard
 
     @property
     def param(self) -> torch.Tensor:
         """What the optimizer steps (several FSDP1 pieces share one FlatParameter)."""
-        return self.piece.tensor
+        return self.shard.tensor
 
     @property
     def view(self) -> Optional[View]:
-        return self.piece.view
+        return self.shard.view
 
 
 @dataclass
@@ -52,22 +52,22 @@ class Layout:
 
     def hello_params(self) -> list[dict[str, Any]]:
         """The `params` of the hello: `local_numel` and `counted` where they say something (a
-        distributed job, or a piece that is not the whole parameter), so a single-process
+        distributed job, or a shard that is not the whole parameter), so a single-process
         hello is what it always was."""
         out = []
         for w in self.params:
-            piece = w.piece
+            shard = w.shard
             entry: dict[str, Any] = {
                 "name": w.name,
-                "shape": list(piece.shape),
-                "numel": piece.numel,
-                "dtype": str(piece.tensor.dtype).removeprefix("torch."),
+                "shape": list(shard.shape),
+                "numel": shard.numel,
+                "dtype": str(shard.tensor.dtype).removeprefix("torch."),
                 "group": w.group,
                 "optimizer": w.optimizer,
             }
-            if self.rank is not None or piece.local_numel != piece.numel or not piece.counted:
-                entry["local_numel"] = piece.local_numel
-                entry["counted"] = piece.counted
+            if self.rank is not None or shard.local_numel != shard.numel or not shard.counted:
+                entry["local_numel"] = shard.local_numel
+                entry["counted"] = shard.counted
             out.append(entry)
         return out
 
@@ -157,11 +157,11 @@ def build_layout(optimizers: Sequence[torch.optim.Optimizer], model: Any, rank: 
                 seen.add(id(p))
                 names.setdefault(id(p), f"opt{o}.group{i}.param{j}" if len(optimizers) > 1 else f"group{i}.param{j}")
                 where.append((p, o, g))
-    expanded = pieces([p for p, _, _ in where], names, model, rank)
-    found = [(piece, o, g) for (_, o, g), each in zip(where, expanded) for piece in each]
+    expanded = local_shards([p for p, _, _ in where], names, model, rank)
+    found = [(shard, o, g) for (_, o, g), each in zip(where, expanded) for shard in each]
     unoptimized = [n for n, p in named if p.requires_grad and id(p) not in seen]
-    shown = strip_names([piece.raw_name for piece, _, _ in found] + unoptimized, wrapper_paths(model))
-    layout.params = [WatchedParam(name, o, g, piece) for (piece, o, g), name in zip(found, shown)]
+    shown = strip_names([shard.raw_name for shard, _, _ in found] + unoptimized, wrapper_paths(model))
+    layout.params = [WatchedParam(name, o, g, shard) for (shard, o, g), name in zip(found, shown)]
     layout.frozen = [w.name for w in layout.params if not w.param.requires_grad]
     layout.unoptimized = shown[len(found) :]
     return layout

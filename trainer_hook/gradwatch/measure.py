@@ -240,10 +240,10 @@ class Probe:
         self.params = [w.param for w in layout.params]
         #: per parameter, the view of this rank's piece (pieces.py); None: the tensor itself
         self.views: list[Optional[View]] = [w.view for w in layout.params]
-        self._owns_bytes = [w.piece.owns_bytes for w in layout.params]
+        self._owns_bytes = [w.shard.owns_bytes for w in layout.params]
         #: with updates, a distributed run also sends `param_before_norm` (the server's update_ratio)
         self._before_norms = layout.rank is not None
-        self.params_bytes = float(sum(local_nbytes(w.param) for w in layout.params if w.piece.owns_bytes))
+        self.params_bytes = float(sum(local_nbytes(w.param) for w in layout.params if w.shard.owns_bytes))
         self._devices = {p.device for p in self.params}
         self._cuda = any(d.type == "cuda" for d in self._devices)
         self._plans: dict[Optional[tuple[int, ...]], _StatePlan] = {}  # by the indices read_state is given
@@ -426,7 +426,7 @@ class Probe:
                 checks.append((states, p, None, 0, (), ()))
                 continue
             tensors, size, packed = _state_tensors(p, state)
-            if w.piece.owns_bytes:  # the pieces of one FSDP1 FlatParameter share its state
+            if w.shard.owns_bytes:  # the pieces of one FSDP1 FlatParameter share its state
                 nbytes += size
             kept = tensors + [(k, state[k]) for k, _ in packed]
             checks.append((states, p, state, len(state), tuple(k for k, _ in kept), tuple(t for _, t in kept)))

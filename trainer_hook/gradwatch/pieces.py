@@ -1,4 +1,4 @@
-"""Each rank's local piece of every reported parameter, and whether it counts.
+"""Each rank's local shard (`LocalShard`) of every reported parameter, and whether it counts.
 
 The optimizer steps tensors that may be only this rank's part of a parameter: a DTensor (FSDP2,
 tensor parallelism), an FSDP1 original parameter's 1-D slice (`use_orig_params=True`), or an
@@ -51,7 +51,7 @@ except ImportError:  # pragma: no cover
 
 
 @dataclass(frozen=True)
-class Piece:
+class LocalShard:
     """One reported parameter as this rank holds it."""
 
     raw_name: str  # before wrapper components are stripped
@@ -98,12 +98,12 @@ class FlatSlice:
         return t[self.start : self.stop]
 
 
-def pieces(params: Sequence[torch.Tensor], names: dict[int, str], model: Any, rank: Optional[int]) -> list[list[Piece]]:
+def local_shards(params: Sequence[torch.Tensor], names: dict[int, str], model: Any, rank: Optional[int]) -> list[list[LocalShard]]:
     """The reported pieces of each of `params` (the optimizer's tensors; an FSDP1 FlatParameter
     has one per original parameter), named from `names` (id -> name, wrappers not stripped yet).
     `model` is searched for FSDP1 modules; `rank` is `distributed.job_rank()`."""
     fsdp1 = _fsdp1_handles(model)
-    out: list[list[Piece]] = []
+    out: list[list[LocalShard]] = []
     unfound = False
     for p in params:
         name = names[id(p)]
@@ -116,7 +116,7 @@ def pieces(params: Sequence[torch.Tensor], names: dict[int, str], model: Any, ra
         elif is_dtensor(p):
             out.append([_dtensor_piece(p, name)])
         else:  # a replica in a distributed job (DDP, or left out of FSDP): rank 0's counts
-            out.append([Piece(name, p, tuple(p.shape), p.numel(), p.numel(), rank is None or rank == 0)])
+            out.append([LocalShard(name, p, tuple(p.shape), p.numel(), p.numel(), rank is None or rank == 0)])
     if unfound:
         log.warning(
             "gradwatch: FSDP1 FlatParameters whose modules are not in model=: their pieces are named "
@@ -165,7 +165,7 @@ def _strip(name: str, wrappers: frozenset[str]) -> str:
 
 
 # -- DTensor (FSDP2, HSDP, tensor parallelism) -------------------------------------------------
-def _dtensor_piece(p: torch.Tensor, name: str) -> Piece:
+def _dtensor_piece(p: torch.Tensor, name: str) -> LocalShard:
     """Counted iff this rank is at coordinate 0 of every mesh dimension on which the parameter
     is replicated (a replica counts once; shards all count)."""
     assert DTensor is not None and Replicate is not None and isinstance(p, DTensor)
@@ -173,7 +173,7 @@ def _dtensor_piece(p: torch.Tensor, name: str) -> Piece:
     counted = coordinate is not None and all(
         c == 0 for c, placement in zip(coordinate, p.placements) if isinstance(placement, Replicate)
     )
-    return Piece(name, p, tuple(p.shape), p.numel(), to_local(p).numel(), counted, view=to_local)
+    return LocalShard(name, p, tuple(p.shape), p.numel(), to_local(p).numel(), counted, view=to_local)
 
 
 # -- FSDP1 (FullyShardedDataParallel) ----------------------------------------------------------
@@ -215,7 +215,7 @@ def _fsdp1_counted(module: Any, handle: Any) -> bool:
     return True
 
 
-def _flat_pieces(flat: torch.Tensor, name: str, found: Optional[tuple[Any, str, bool]]) -> list[Piece]:
+def _flat_pieces(flat: torch.Tensor, name: str, found: Optional[tuple[Any, str, bool]]) -> list[LocalShard]:
     """One piece per original parameter of an FSDP1 FlatParameter: the slice of the local shard
     at `offset_in_shard` of `numel_in_shard` elements (padding belongs to no piece)."""
     counted = True if found is None else found[2]
@@ -227,7 +227,7 @@ def _flat_pieces(flat: torch.Tensor, name: str, found: Optional[tuple[Any, str, 
         start = info.offset_in_shard if info.in_shard else 0
         numel = info.numel_in_shard if info.in_shard else 0
         out.append(
-            Piece(
+            LocalShard(
                 f"{prefix}{fqn}",
                 flat,
                 tuple(shape),
@@ -241,8 +241,8 @@ def _flat_pieces(flat: torch.Tensor, name: str, found: Optional[tuple[Any, str, 
     return out
 
 
-def _orig_piece(p: torch.Tensor, name: str, flat: Any, k: int, counted: bool) -> Piece:
+def _orig_piece(p: torch.Tensor, name: str, flat: Any, k: int, counted: bool) -> LocalShard:
     """An FSDP1 `use_orig_params=True` parameter: the tensor is this rank's 1-D slice already;
     its full shape is the FlatParameter's record of it."""
     shape = tuple(flat._shapes[k])
-    return Piece(name, p, shape, int(torch.Size(shape).numel()), p.numel(), counted, accumulates=flat)
+    return LocalShard(name, p, shape, int(torch.Size(shape).numel()), p.numel(), counted, accumulates=flat)

@@ -127,8 +127,8 @@ class Watcher:
         ):  # on a GPU its norms run beside the step; on CPU they are a pass over every gradient
             flight_recorder = any(p.device.type == "cuda" for p in self._probe.params)
         self._tracker = GradTracker(
-            [w.piece.accumulated for w in self.layout.params],
-            on_node=all(w.view is None and w.piece.accumulates is None for w in self.layout.params),
+            [w.shard.accumulated for w in self.layout.params],
+            on_node=all(w.view is None and w.shard.accumulates is None for w in self.layout.params),
         )
         #: parameter indices of each optimizer; None stands for all (one optimizer)
         self._members: list[Optional[list[int]]] = (
