@@ -18,9 +18,9 @@ def __getattr__(name: str) -> Any:
 
         return getattr(watcher, name)
     if name in ("load", "runs"):  # pandas is imported when they are called
-        from . import frames
+        from . import dataframes
 
-        return getattr(frames, name)
+        return getattr(dataframes, name)
     if name == "GradwatchWarning":  # e.g. warnings.filterwarnings("error", category=gradwatch.GradwatchWarning)
         from .findings import GradwatchWarning
 
