@@ -12,6 +12,7 @@ from gradwatch import wire
 from gradwatch.layout import build_layout
 from gradwatch.measure import Probe
 from gradwatch_server import protocol
+from support.probing import after_step, before_step
 
 
 def test_protocol_constants_agree() -> None:
@@ -46,9 +47,9 @@ def test_hook_messages_validate_and_round_trip() -> None:
     model(torch.randn(2, 3)).sum().backward()
     model[0].bias.grad[0] = float("nan")
     model[1].bias.grad = None
-    probe.before_step(1)
+    before_step(probe, 1)
     opt.step()
-    snapshot = probe.after_step({"loss": float("inf")})
+    snapshot = after_step(probe, {"loss": float("inf")})
     metrics, status, scalars = snapshot.resolve()
     text = wire.dumps(wire.step(7, 1, 2.0, scalars, metrics, status))
     step = protocol.parse_message(text, param_count=len(layout.params))
@@ -115,9 +116,9 @@ def test_distributed_rank_params_and_update_norms_validate() -> None:
         assert (parsed.local_numel, parsed.counted) == (p["local_numel"], False)
     probe = Probe(layout, updates=True)
     model(torch.randn(2, 3)).sum().backward()
-    probe.before_step(1)
+    before_step(probe, 1)
     opt.step()
-    metrics, status, scalars = probe.after_step({}).resolve()
+    metrics, status, scalars = after_step(probe, {}).resolve()
     assert set(metrics) >= {"update_norm", "update_ratio", "param_before_norm"}
     step = protocol.parse_message(wire.dumps(wire.step(1, 1, 0.0, scalars, metrics, status)), param_count=2)
     assert isinstance(step, protocol.Step)

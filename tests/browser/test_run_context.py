@@ -23,6 +23,7 @@ from test_dashboard import XSS_NAME, Page, browser, dash, page, seed  # noqa: F4
 
 import gradwatch
 from support.ema import reference_ema
+from support.sent import wait_serialized
 from support.server import ServerProcess
 from support.synthetic import SyntheticRun
 
@@ -113,7 +114,7 @@ def test_export_buttons_give_both_tables(dash: ServerProcess, page: Page) -> Non
 
 def test_the_spread_chart_draws_the_api_and_follows_live_steps(dash: ServerProcess, page: Page) -> None:
     w, model, opt = train(dash.url, "spread", 12)
-    assert w._sender.wait_serialized(10)
+    assert wait_serialized(w._sender, 10)
     p = page.open(f"{dash.url}/runs/{w.run_id}")
     plot = p.locator('[data-chart="grad-norm-spread"]')
     plot.scroll_into_view_if_needed()
@@ -185,7 +186,7 @@ def test_a_background_tab_counts_findings_and_notifies_when_asked(
         page.context.add_init_script(NOTIFY_SPY)
         run = f"alerts-{turned_on}"
         w, model, opt = train(dash.url, run, 1, zero_grad=False)  # one step: no finding yet
-        assert w._sender.wait_serialized(10)
+        assert wait_serialized(w._sender, 10)
         p = page.open(f"{dash.url}/runs/{w.run_id}")
         toggle = p.locator("[data-notify]")
         assert toggle.get_attribute("aria-pressed") == "false"  # off by default

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import base64
 import json
+import time
 from typing import Any
 
 import numpy as np
 
 from gradwatch import Watcher
+from gradwatch.sender import Sender
 from gradwatch.wire import ABSENT_BITS
 from support.wiresteps import split
 
@@ -21,11 +23,20 @@ def decode(b64: str, dtype: str = "<f4") -> list[float | None]:
     return raw.tolist()
 
 
+def wait_serialized(sender: Sender, timeout: float) -> bool:
+    """Wait until every message submitted to `sender` is serialized (in its `_unacked`, sent or
+    kept for resending); False if it is not within `timeout` seconds."""
+    deadline = time.monotonic() + timeout
+    while sender._serialized < sender._submitted and time.monotonic() < deadline:
+        time.sleep(0.005)
+    return sender._serialized >= sender._submitted
+
+
 def sent_steps(w: Watcher, timeout: float = 5.0) -> list[dict[str, Any]]:
     """Step messages with per-parameter arrays decoded, keyed by parameter name (the steps the
     flight recorder holds, with every=N or "auto", are handed to the sender first)."""
     w._flush_recorder()
-    assert w._sender.wait_serialized(timeout), "the sender thread did not serialize in time"
+    assert wait_serialized(w._sender, timeout), "the sender thread did not serialize in time"
     names = [p.name for p in w.layout.params]
     out = []
     for _, text in list(w._sender._unacked):

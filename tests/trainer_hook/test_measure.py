@@ -11,6 +11,7 @@ import torch
 from gradwatch.layout import build_layout
 from gradwatch.measure import Probe, is_absent
 from gradwatch.wire import GRAD_STATUS_NONE, GRAD_STATUS_NONFINITE, GRAD_STATUS_NONZERO, GRAD_STATUS_ZERO
+from support.probing import after_step, before_step
 
 
 class Net(torch.nn.Module):
@@ -43,9 +44,9 @@ def measured_step(model: torch.nn.Module, opt: torch.optim.Optimizer, probe: Pro
     """One real step with the probe around it; returns what it measured and the oracle inputs."""
     params = [w.param for w in probe.layout.params]
     grads = [None if p.grad is None else p.grad.clone() for p in params]
-    probe.before_step(step)
+    before_step(probe, step)
     opt.step()
-    snapshot = probe.after_step({})
+    snapshot = after_step(probe, {})
     assert snapshot is not None
     metrics, status, scalars = snapshot.resolve()
     return metrics, status, scalars, grads, params

@@ -10,6 +10,7 @@ import torch
 
 from gradwatch.layout import build_layout
 from gradwatch.measure import Probe, is_absent
+from support.probing import after_step, before_step
 
 optim = torch.optim
 OPTIMIZERS = {
@@ -57,9 +58,9 @@ def test_every_state_tensor_is_measured_exactly(make) -> None:
     for step in (1, 2):
         opt.zero_grad()
         model(torch.randn(4, 6)).pow(2).sum().backward()
-        probe.before_step(step)
+        before_step(probe, step)
         opt.step()
-        metrics, *_ = probe.after_step({}).resolve()
+        metrics, *_ = after_step(probe, {}).resolve()
     keys = {
         k
         for p in params
@@ -123,9 +124,9 @@ def test_tensors_of_every_dtype_get_their_norms(dtype, make) -> None:
         opt.zero_grad()
         (p * torch.randn(5, 3, dtype=dtype)).abs().pow(2).sum().backward()
         grad = p.grad.clone()
-        probe.before_step(step)
+        before_step(probe, step)
         opt.step()
-        metrics, *_ = probe.after_step({}).resolve()
+        metrics, *_ = after_step(probe, {}).resolve()
     want = {
         "grad_norm": grad,
         "param_norm": p.detach(),

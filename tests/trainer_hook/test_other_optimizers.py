@@ -18,6 +18,7 @@ import torch
 
 from gradwatch.layout import build_layout
 from gradwatch.measure import Probe
+from support.probing import after_step, before_step
 
 
 def muon(params: Any) -> torch.optim.Optimizer:
@@ -64,9 +65,9 @@ def test_state_update_and_parameter_equal_the_oracle(case: str) -> None:
         model(torch.randn(5, 8)).pow(2).mean().backward()
         grads = [norm(p.grad) for p in params]
         before = [p.detach().clone() for p in params]
-        probe.before_step(step)
+        before_step(probe, step)
         opt.step()
-        metrics, *_ = probe.after_step({}).resolve()
+        metrics, *_ = after_step(probe, {}).resolve()
         for i, p in enumerate(params):
             where = (case, step, i)
             assert float(metrics["grad_norm"][i]) == pytest.approx(grads[i], rel=1e-5), where

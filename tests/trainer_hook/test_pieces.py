@@ -12,6 +12,7 @@ from gradwatch.distributed import job_rank
 from gradwatch.layout import build_layout
 from gradwatch.measure import Probe
 from gradwatch.pieces import strip_names
+from support.probing import after_step, before_step
 from support.sent import measured, sent_steps
 
 NOWHERE = "http://127.0.0.1:9"
@@ -142,9 +143,9 @@ def test_param_before_norm_only_in_a_distributed_job() -> None:
         probe = Probe(build_layout([opt], model, rank=rank), updates=True)
         before = [torch.linalg.vector_norm(p.detach()).item() for p in model.parameters()]
         model(torch.randn(4, 3)).sum().backward()
-        probe.before_step(1)
+        before_step(probe, 1)
         opt.step()
-        metrics, _, _ = probe.after_step({}).resolve()
+        metrics, _, _ = after_step(probe, {}).resolve()
         assert ("param_before_norm" in metrics) is sent
         if sent:
             assert metrics["param_before_norm"].tolist() == pytest.approx(before, rel=1e-6)

@@ -13,6 +13,7 @@ import torch
 from gradwatch import states
 from gradwatch.layout import build_layout
 from gradwatch.measure import Probe, is_absent
+from support.probing import after_step, before_step
 
 
 def torchao_optimizer(name: str) -> Callable[[Any], torch.optim.Optimizer]:
@@ -85,9 +86,9 @@ def test_quantized_state_norms_are_the_dequantized_states(case: str, monkeypatch
     for step in (1, 2, 3):
         opt.zero_grad()
         model(torch.randn(4, 128)).pow(2).mean().backward()
-        probe.before_step(step)
+        before_step(probe, step)
         opt.step()
-        metrics, *_ = probe.after_step({}).resolve()
+        metrics, *_ = after_step(probe, {}).resolve()
         for key in keys:
             got = metrics[f"{key}_norm"]
             for i, p in enumerate(params):

@@ -15,6 +15,7 @@ from websockets.sync.client import connect
 import gradwatch
 from gradwatch.sender import MAX_LINGER_S, MIN_LINGER_S, SPOOL_EVERY_S, Sender
 from gradwatch_server.live import IDLE_LINGER_S, LIVE_LINGER_S
+from support.sent import wait_serialized
 from support.server import start_server
 from support.wiresteps import split
 
@@ -167,7 +168,7 @@ def test_a_sender_with_no_server_waits_rather_than_spins(tmp_path: Path, monkeyp
     w = gradwatch.watch(opt, model=model, server="http://127.0.0.1:9", warn=False)
     try:
         train(w, model, opt, 3)
-        assert w._sender.wait_serialized(5)
+        assert wait_serialized(w._sender, 5)
         thread = w._sender._thread
         clock = time.pthread_getcpuclockid(thread.ident)
         cpu = time.clock_gettime(clock)

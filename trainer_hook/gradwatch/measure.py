@@ -1,7 +1,8 @@
 """The training hot path: fused norms on the training device, one device-to-host copy per step.
 
-`Probe.before_step` reads the gradients as the step uses them, `Probe.after_step` reads the
-parameters and optimizer state as the step left them; both only enqueue device work. The norms
+A measured step is `Probe.begin`, then per optimizer `Probe.read_grads` (the gradients as its
+step uses them, just before it) and `Probe.read_state` (the parameters and optimizer state as the
+step left them), then `Probe.finish`; all only enqueue device work. The norms
 of one step are concatenated into one vector per device and copied to the host once: on CUDA into
 pinned memory with ``non_blocking=True`` and an event, so the training thread never waits for the
 GPU. `Snapshot.resolve` (on the sender thread) waits for that copy and scatters the vector back
@@ -251,19 +252,8 @@ class Probe:
         self._pinned: dict[int, list[torch.Tensor]] = {}  # free pinned host buffers by length
 
     # -- training thread -------------------------------------------------------------------
-    def before_step(self, step: int) -> None:
-        """Start measuring `step` and read every gradient (one optimizer: see `read_grads`)."""
-        self.begin(step)
-        self.read_grads()
-
-    def after_step(
-        self, extra_scalars: dict[str, Any], host_metrics: Optional[dict[str, np.ndarray]] = None
-    ) -> Optional[Snapshot]:
-        """Read every parameter and optimizer state, then `finish` the step."""
-        self.read_state()
-        return self.finish(extra_scalars, host_metrics)
-
     def begin(self, step: int) -> None:
+        """Start measuring `step`: `read_grads` and `read_state` add to it until `finish`."""
         self._pending = _Pending(step=step, time=time.time(), grad_bytes=np.zeros(len(self.params), dtype=np.int64))
 
     @torch.no_grad()

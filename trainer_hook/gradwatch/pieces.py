@@ -98,7 +98,9 @@ class FlatSlice:
         return t[self.start : self.stop]
 
 
-def local_shards(params: Sequence[torch.Tensor], names: dict[int, str], model: Any, rank: Optional[int]) -> list[list[LocalShard]]:
+def local_shards(
+    params: Sequence[torch.Tensor], names: dict[int, str], model: Any, rank: Optional[int]
+) -> list[list[LocalShard]]:
     """The reported pieces of each of `params` (the optimizer's tensors; an FSDP1 FlatParameter
     has one per original parameter), named from `names` (id -> name, wrappers not stripped yet).
     `model` is searched for FSDP1 modules; `rank` is `distributed.job_rank()`."""

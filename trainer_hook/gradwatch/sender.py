@@ -107,7 +107,9 @@ class Sender:
         self._deadline = float("inf")
         self._items: collections.deque[_Item] = collections.deque()
         self._max_queue = max_queue
-        self._submitted = 0  # items submitted, and items serialized: equal when nothing waits
+        # items submitted, and items serialized: equal when nothing waits to be serialized (what
+        # tests wait for before reading `_unacked`: tests/support/sent.py)
+        self._submitted = 0
         self._serialized = 0
         self._unacked: collections.deque[tuple[int, str]] = collections.deque()
         self._unacked_bytes = 0
@@ -148,13 +150,6 @@ class Sender:
         self._wake.set()
         self._thread.join(timeout + 1.5)  # a send in progress gives up within 1 s (SO_SNDTIMEO)
         return not self._thread.is_alive()
-
-    def wait_serialized(self, timeout: float) -> bool:
-        """Wait until every submitted message is serialized (sent or kept for resending)."""
-        deadline = time.monotonic() + timeout
-        while self._serialized < self._submitted and time.monotonic() < deadline:
-            time.sleep(0.005)
-        return self._serialized >= self._submitted
 
     @property
     def pending(self) -> int:
