@@ -12,6 +12,7 @@ from torch import nn
 
 import gradwatch
 from gradwatch import autowatch
+from gradwatch.options import WatchOptions
 
 
 @pytest.fixture(autouse=True)
@@ -76,11 +77,9 @@ def test_parameters_of_two_models_are_named_after_each_model() -> None:
 
 
 def test_the_launchers_setting_is_checked() -> None:
-    assert autowatch.settings_from_env('{"project": "p", "run": null, "every": 1}') == {
-        "project": "p",
-        "run": None,
-        "every": 1,
-    }
+    assert autowatch.settings_from_env('{"project": "p", "run": null, "every": 1}') == WatchOptions(
+        project="p", run=None, every=1, warn=False
+    )
     for bad in ("", "[1]", '{"bogus": 1}'):
         with pytest.raises(ValueError, match="GRADWATCH_AUTOWATCH"):
             autowatch.settings_from_env(bad)

@@ -12,7 +12,8 @@ import pytest
 import torch
 
 import gradwatch
-from gradwatch.watcher import _on_this_machine, ingest_url
+from gradwatch.options import ingest_url
+from gradwatch.watcher import _on_this_machine
 from support.sent import sent_steps
 from support.server import start_server
 

@@ -15,9 +15,9 @@ from typing import Optional, TextIO
 from websockets.exceptions import WebSocketException
 
 from .connection import Refused
+from .options import DEFAULT_SERVER, ingest_url, server_url
 from .replay import REJECTED, Rejected, replay
 from .spool import pending_spools, spool_dir
-from .wire import DEFAULT_SERVER, ingest_url
 
 #: Exit codes: everything delivered; some runs not delivered (the server is unreachable or stopped
 #: answering: try again once it is up); bad usage; the server refused (a token or version to fix),
@@ -66,7 +66,7 @@ def sync_parser() -> argparse.ArgumentParser:
 
 
 def sync(args: argparse.Namespace, env: Mapping[str, str], out: TextIO = sys.stdout, err: TextIO = sys.stderr) -> int:
-    server = args.server or env.get("GRADWATCH_SERVER") or DEFAULT_SERVER
+    server = server_url(args.server, env)
     try:
         ws_url = ingest_url(server)
     except (TypeError, ValueError) as exc:

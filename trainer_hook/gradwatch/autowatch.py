@@ -16,6 +16,7 @@ before its first step is left to it; one it takes later closes the launcher's ru
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import gc
 import importlib.abc
@@ -28,6 +29,8 @@ import sys
 import weakref
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, Optional, Union
+
+from .options import WatchOptions
 
 if TYPE_CHECKING:  # torch is imported only once the script imports it
     import torch
@@ -43,27 +46,29 @@ ENV = "GRADWATCH_AUTOWATCH"
 _decided: weakref.WeakSet[Any] = weakref.WeakSet()
 #: optimizer -> the launcher's Watcher that watches it
 _auto: weakref.WeakKeyDictionary[Any, Watcher] = weakref.WeakKeyDictionary()
-_settings: dict[str, Any] = {}
+#: the launcher's options (warn=False: the script's own output stays as it is; findings are on the dashboard)
+_options = WatchOptions(warn=False)
 _sets = 0  # optimizer sets this process watched: the second one's run is NAME-2
 
 
-def settings_from_env(value: Optional[str]) -> dict[str, Any]:
-    """`$GRADWATCH_AUTOWATCH` read: {"project", "run", "every"}; ValueError if it is not the launcher's."""
+def settings_from_env(value: Optional[str]) -> WatchOptions:
+    """`$GRADWATCH_AUTOWATCH` read: {"project", "run", "every"} as the options of this process's
+    watching; ValueError (or TypeError, a bad value) if it is not the launcher's."""
     try:
         loaded = json.loads(value or "")
     except json.JSONDecodeError as exc:
         raise ValueError(f"${ENV} is not JSON: {exc}") from exc
     if not isinstance(loaded, dict) or set(loaded) - {"project", "run", "every"}:
         raise ValueError(f'${ENV} must be a JSON object with "project", "run", "every"; got {value!r:.200}')
-    return loaded
+    return WatchOptions(**loaded, warn=False)
 
 
 def start_from_env() -> None:
     """In a process the launcher started: watch optimizers once torch is imported (see the module docstring)."""
-    global _settings
+    global _options
     if ENV not in os.environ:
         return
-    _settings = settings_from_env(os.environ[ENV])
+    _options = settings_from_env(os.environ[ENV])
     if "torch" in sys.modules:
         _install()
     elif not any(isinstance(f, _AfterTorch) for f in sys.meta_path):
@@ -137,7 +142,7 @@ def watch_new(optimizer: torch.optim.Optimizer) -> Optional[Watcher]:
     global _sets
     import torch
 
-    from .watcher import watch
+    from .watcher import Watcher
 
     objects = gc.get_objects()
     found = [o for o in objects if _is(o, torch.optim.Optimizer) and "_optimizer_step_pre_hooks" in vars(o)]
@@ -157,15 +162,10 @@ def watch_new(optimizer: torch.optim.Optimizer) -> Optional[Watcher]:
     del objects
     model = owner(chosen, modules)
     _sets += 1
-    name = _settings.get("run")
-    w = watch(
-        chosen,
-        model=model,
-        run=None if name is None else (name if _sets == 1 else f"{name}-{_sets}"),
-        project=_settings.get("project"),
-        every=_settings.get("every", 1),
-        warn=False,  # the script's own output stays as it is; findings are on the dashboard
-    )
+    options = _options
+    if options.run is not None and _sets > 1:
+        options = dataclasses.replace(options, run=f"{options.run}-{_sets}")
+    w = Watcher(chosen, options, model=model)
     for o in chosen:
         _auto[o] = w
     if w.dist is not None:

@@ -9,13 +9,12 @@ from __future__ import annotations
 
 import io
 import json
-import os
 import urllib.error
 import urllib.parse
 import urllib.request
 from typing import Any, Optional
 
-from .wire import DEFAULT_SERVER
+from .options import http_url, server_url
 
 PAGE = 1000  # runs per request, the API's largest `limit`
 #: RunPublic's fields (docs/api.md): the columns of `runs()`, also when no run matches
@@ -54,14 +53,7 @@ def _pandas() -> Any:
 
 def _server(server: Optional[str]) -> str:
     """The server's http(s) base URL: `server`, else $GRADWATCH_SERVER, else the default."""
-    url = server or os.environ.get("GRADWATCH_SERVER") or DEFAULT_SERVER
-    if not isinstance(url, str):
-        raise TypeError(f"server must be a URL string like {DEFAULT_SERVER!r}, not {type(url).__name__}")
-    parts = urllib.parse.urlsplit(url.strip())
-    scheme = {"ws": "http", "wss": "https"}.get(parts.scheme, parts.scheme)
-    if scheme not in ("http", "https") or not parts.hostname:
-        raise ValueError(f"server must be an http(s):// URL with a host, like {DEFAULT_SERVER!r}; got {url!r}")
-    return urllib.parse.urlunsplit((scheme, parts.netloc, parts.path.rstrip("/"), "", ""))
+    return http_url(server_url(server))
 
 
 def _get(

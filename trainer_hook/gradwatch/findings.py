@@ -26,7 +26,8 @@ import threading
 import time
 import warnings
 from typing import Any, Callable, Optional
-from urllib.parse import urlsplit, urlunsplit
+
+from .options import http_url
 
 log = logging.getLogger("gradwatch")
 
@@ -41,9 +42,7 @@ class GradwatchWarning(UserWarning):
 
 def run_page(server: str, run_id: str) -> str:
     """The dashboard page of a run on `server` (a ws:// URL becomes http://)."""
-    parts = urlsplit(server.strip())
-    scheme = {"ws": "http", "wss": "https"}.get(parts.scheme, parts.scheme)
-    return urlunsplit((scheme, parts.netloc, parts.path.rstrip("/") + f"/runs/{run_id}", "", ""))
+    return http_url(server, f"/runs/{run_id}")
 
 
 def describe(finding: dict[str, Any], page: Optional[str] = None) -> str:

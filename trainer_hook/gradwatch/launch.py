@@ -13,7 +13,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
 import shutil
 import sys
 from collections.abc import Mapping, Sequence
@@ -21,13 +20,12 @@ from pathlib import Path
 from typing import NoReturn, Optional, TextIO
 
 from .autowatch import ENV
-from .wire import DEFAULT_SERVER, ingest_url
+from .options import DEFAULT_SERVER, check_every, check_name, ingest_url
 
 #: The folder whose sitecustomize.py starts the watching in every Python process of the command.
 SITE = Path(__file__).resolve().parent / "_site"
 EXIT_USAGE = 2
 EXIT_NOT_FOUND = 127  # as a shell says of a command it cannot find
-_NAME_RE = re.compile(r"^[^\x00-\x1f\x7f]{1,200}$")
 
 _DESCRIPTION = """Run a command (python train.py ..., torchrun ..., accelerate launch ...) and watch every
 torch optimizer its Python processes create, from the first step, with no change to the script: one
@@ -92,23 +90,14 @@ def prepare(
         return code, [], {}
     if not command:
         return _fail(parser, err, "no command: put it after --, e.g. gradwatch-run -- python train.py"), [], {}
-    every: object = args.every
-    if every != "auto":
-        try:
-            every = int(args.every)
-        except ValueError:
-            every = 0
-        if not isinstance(every, int) or every < 1:
-            return (
-                _fail(
-                    parser, err, f'--every must be a whole number of steps, 1 or more, or "auto"; got {args.every!r}'
-                ),
-                [],
-                {},
-            )
-    for flag, value in (("--project", args.project), ("--run", args.run)):
-        if value is not None and not _NAME_RE.match(value):
-            return _fail(parser, err, f"{flag} must be 1 to 200 printable characters; got {value!r}"), [], {}
+    text = args.every.strip()
+    every: object = int(text) if text.lstrip("+-").isdecimal() else text
+    try:  # the rules of WatchOptions, which each process's watch() checks again
+        check_every(every, "--every")
+        check_name("--project", args.project)
+        check_name("--run", args.run)
+    except ValueError as exc:
+        return _fail(parser, err, str(exc)), [], {}
     if args.server is not None:
         try:
             ingest_url(args.server)

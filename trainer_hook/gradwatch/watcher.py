@@ -8,7 +8,6 @@ import html
 import ipaddress
 import logging
 import os
-import re
 import secrets
 import sys
 import threading
@@ -32,25 +31,15 @@ from .context import context_config, user_config
 from .findings import FindingWarner, run_page
 from .layout import Layout, build_layout
 from .measure import Probe, Snapshot
+from .options import METRIC_NAME, WatchOptions, ingest_url
 from .recorder import FlightRecorder
 from .replay import Rejected, replay
 from .sampling import CostMeter, make_sampler
 from .sender import FINDING_LINGER_S, MAX_LINGER_S, Sender
 from .spool import SpoolWriter, pending_spools, spool_dir
 from .unwrap import find_scaler, qualified_name, unwrap
-from .wire import DEFAULT_SERVER, ingest_url
 
 log = logging.getLogger("gradwatch")
-_NAME_RE = re.compile(r"^[^\x00-\x1f\x7f]{1,200}$")
-
-
-def _check_name(kind: str, value: Optional[str]) -> None:
-    if value is None:
-        return
-    if not isinstance(value, str):
-        raise TypeError(f"{kind} must be a string, not {type(value).__name__}")
-    if not _NAME_RE.match(value):
-        raise ValueError(f"{kind} must be 1 to 200 printable characters; got {value!r}")
 
 
 class Watcher:
@@ -64,41 +53,25 @@ class Watcher:
     def __init__(
         self,
         optimizer: Union[torch.optim.Optimizer, Sequence[torch.optim.Optimizer]],
+        options: WatchOptions,
         *,
         model: Union[torch.nn.Module, Iterable[tuple[str, torch.Tensor]], None] = None,
-        run: Optional[str] = None,
-        project: Optional[str] = None,
-        server: Optional[str] = None,
-        every: Union[int, str] = 1,
         scaler: Any = None,
-        token: Optional[str] = None,
-        updates: bool = False,
-        warn: bool = True,
         config: Optional[Mapping[str, Any]] = None,
-        on_finding: Optional[Callable[[dict[str, Any]], Any]] = None,
-        optimizer_signals: bool = False,
-        flight_recorder: Optional[bool] = None,
     ) -> None:
         optimizers, wrappers = _optimizers(optimizer)
         if scaler is None:  # accelerate's AcceleratedOptimizer steps with its own GradScaler
             scaler = next((s for s in map(find_scaler, wrappers) if s is not None), None)
         user = user_config(config)
-        if on_finding is not None and not callable(on_finding):
-            raise TypeError(f"on_finding must be a function taking a finding (a dict), not {type(on_finding).__name__}")
+        run, project, every = options.run, options.project, options.every
+        updates, warn, optimizer_signals = options.updates, options.warn, options.optimizer_signals
+        on_finding, flight_recorder = options.on_finding, options.flight_recorder
         self._sampler = make_sampler(every)
-        if not all(isinstance(b, bool) for b in (updates, warn, optimizer_signals)):
-            raise TypeError("updates, warn and optimizer_signals must be True or False")
-        if flight_recorder is not None and not isinstance(flight_recorder, bool):
-            raise TypeError("flight_recorder must be True, False or None (on where the parameters are on a GPU)")
         if scaler is not None:
             check_scaler(scaler)  # before anything else is made
-        _check_name("run", run)
-        _check_name("project", project)
-        server = server or os.environ.get("GRADWATCH_SERVER") or DEFAULT_SERVER
-        url = ingest_url(server)
-        if token is not None and not isinstance(token, str):
-            raise TypeError("token must be a string")
-        token = token or os.environ.get("GRADWATCH_TOKEN") or None
+        server = options.server_url
+        url = ingest_url(server)  # $GRADWATCH_SERVER is checked here, where it is read
+        token = options.token_or_env
 
         self.project: str = project or "default"
         self.server = server
@@ -464,7 +437,7 @@ class Watcher:
         """
         items = dict(metrics or {}, **kwargs)
         for key, value in items.items():
-            if not isinstance(key, str) or not re.match(r"^[A-Za-z0-9_.:-][A-Za-z0-9_./:-]{0,127}$", key):
+            if not isinstance(key, str) or not METRIC_NAME.match(key):
                 raise ValueError(f"metric names are 1-128 characters of letters, digits and _ . / : -; got {key!r}")
             if isinstance(value, torch.Tensor):
                 if value.numel() != 1:
@@ -733,19 +706,16 @@ def watch(
         default): on where the parameters are on a GPU, where those norms run beside the step;
         off on CPU, where they are a pass over every gradient on the training thread.
     """
-    return Watcher(
-        optimizer,
-        model=model,
+    options = WatchOptions(
         run=run,
         project=project,
         server=server,
         every=every,
-        scaler=scaler,
         token=token,
         updates=updates,
         warn=warn,
-        config=config,
         on_finding=on_finding,
         optimizer_signals=optimizer_signals,
         flight_recorder=flight_recorder,
     )
+    return Watcher(optimizer, options, model=model, scaler=scaler, config=config)

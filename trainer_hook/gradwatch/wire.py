@@ -12,12 +12,10 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Optional
-from urllib.parse import urlsplit, urlunsplit
 
 import numpy as np
 
 PROTOCOL_VERSION = 1
-DEFAULT_SERVER = "http://127.0.0.1:8765"
 
 #: Bit pattern of the float32 NaN that means "does not apply" (no grad, no such state yet).
 #: A quiet NaN that no hardware produces, so every other NaN stays a measured value.
@@ -134,21 +132,3 @@ def close(seq: int, status: str = "finished") -> dict[str, Any]:
 def dumps(message: Mapping[str, Any]) -> str:
     """Serialize strictly: a bare NaN token would be refused by the server."""
     return json.dumps(message, allow_nan=False, separators=(",", ":"))
-
-
-def ingest_url(server: str) -> str:
-    """The websocket ingest URL of a server URL (http->ws, https->wss); ValueError if unusable."""
-    if not isinstance(server, str):
-        raise TypeError(f"server must be a URL string like {DEFAULT_SERVER!r}, not {type(server).__name__}")
-    parts = urlsplit(server.strip())
-    scheme = {"http": "ws", "https": "wss", "ws": "ws", "wss": "wss"}.get(parts.scheme)
-    if scheme is None or not parts.hostname:
-        raise ValueError(
-            f"server must be an http(s):// or ws(s):// URL with a host, like {DEFAULT_SERVER!r}; got {server!r}"
-        )
-    try:
-        parts.port  # noqa: B018  (raises ValueError on a bad port)
-    except ValueError as exc:
-        raise ValueError(f"server URL {server!r} has an invalid port") from exc
-    path = parts.path.rstrip("/") + "/ws/ingest"
-    return urlunsplit((scheme, parts.netloc, path, "", ""))

@@ -1,80 +1,44 @@
-"""What the framework callbacks share: `watch()`'s options checked up front, the framework's
-configuration made JSON-safe, and the framework's logged numbers forwarded as user scalars."""
+"""What the framework callbacks share: watching as their `WatchOptions` say (checked when the
+callback is made), the framework's configuration made JSON-safe, and the framework's logged
+numbers forwarded as user scalars."""
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 import logging
 import math
 import re
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from pathlib import PurePath
 from typing import Any, Callable, Optional, Union
 
 import torch
 
-from ..sampling import make_sampler
-from ..watcher import Watcher, _check_name, watch
-from ..wire import ingest_url
+from ..options import METRIC_NAME, WatchOptions
+from ..watcher import Watcher
 
 log = logging.getLogger("gradwatch")
 
-#: what `Watcher.log` accepts as a name (checked here so that one odd key is left out, not fatal)
-_METRIC_NAME = re.compile(r"^[A-Za-z0-9_.:-][A-Za-z0-9_./:-]{0,127}$")
 _MAX_NAME = 200
 
 
-@dataclass(frozen=True)
-class WatchOptions:
-    """`watch()`'s own arguments, checked when the callback is made: a typo fails at once, not
-    after the framework has set up the model and data."""
-
-    project: Optional[str] = None
-    run: Optional[str] = None
-    server: Optional[str] = None
-    every: Union[int, str] = 1
-    token: Optional[str] = None
-    updates: bool = False
-    warn: bool = True
-
-    def __post_init__(self) -> None:
-        _check_name("project", self.project)
-        _check_name("run", self.run)
-        make_sampler(self.every)
-        if self.server is not None:
-            ingest_url(self.server)
-        if self.token is not None and not isinstance(self.token, str):
-            raise TypeError(f"token must be a string, not {type(self.token).__name__}")
-        if not isinstance(self.updates, bool) or not isinstance(self.warn, bool):
-            raise TypeError("updates and warn must be True or False")
-
-    def watch(
-        self,
-        optimizers: Sequence[Any],
-        *,
-        model: Optional[torch.nn.Module],
-        run: Optional[str],
-        config: Mapping[str, Any],
-        scaler: Any = None,
-    ) -> Watcher:
-        """Watch the framework's optimizers (`watch()` unwraps the framework's wrappers and finds
-        the GradScaler accelerate's wrapper steps with); `run` is the framework's name for the
-        run, used when the user gave none."""
-        opts = list(optimizers)
-        return watch(
-            opts if len(opts) > 1 else opts[0],
-            model=model,
-            run=self.run or run_name(run),
-            project=self.project,
-            server=self.server,
-            every=self.every,
-            scaler=scaler,
-            token=self.token,
-            updates=self.updates,
-            warn=self.warn,
-            config=config,
-        )
+def watch_with(
+    options: WatchOptions,
+    optimizers: Sequence[Any],
+    *,
+    model: Optional[torch.nn.Module],
+    run: Optional[str],
+    config: Mapping[str, Any],
+    scaler: Any = None,
+) -> Watcher:
+    """Watch the framework's optimizers as `options` say (`Watcher` unwraps the framework's
+    wrappers and finds the GradScaler accelerate's wrapper steps with); `run` is the framework's
+    name for the run, used when the user gave none."""
+    opts = list(optimizers)
+    if options.run is None:
+        options = dataclasses.replace(options, run=run_name(run))
+    return Watcher(opts if len(opts) > 1 else opts[0], options, model=model, scaler=scaler, config=config)
 
 
 def run_name(name: Any) -> Optional[str]:
@@ -132,7 +96,7 @@ def scalars(logs: Mapping[str, Any]) -> dict[str, Union[float, torch.Tensor]]:
     and one-element tensors under valid metric names; everything else is left out."""
     out: dict[str, Union[float, torch.Tensor]] = {}
     for key, value in logs.items():
-        if not isinstance(key, str) or not _METRIC_NAME.match(key):
+        if not isinstance(key, str) or not METRIC_NAME.match(key):  # one odd key is left out, not fatal
             continue
         if isinstance(value, torch.Tensor):
             if value.numel() == 1 and not value.dtype.is_complex and value.dtype != torch.bool:

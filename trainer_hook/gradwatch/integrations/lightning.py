@@ -27,12 +27,13 @@ import importlib
 import importlib.util
 import logging
 import sys
-from typing import Any, Optional, Union
+from typing import Any, Optional
 
 import torch
 
+from ..options import WatchOptions
 from ..watcher import Watcher
-from .common import WatchOptions, forward, json_safe, run_name
+from .common import forward, json_safe, run_name, watch_with
 
 log = logging.getLogger("gradwatch")
 
@@ -45,25 +46,17 @@ PACKAGES = {"lightning": "lightning.pytorch", "pytorch_lightning": "pytorch_ligh
 class LightningWatching:
     """The callback's behaviour, whichever package's `Callback` it is mixed into.
 
-    `watcher` is the `gradwatch.Watcher` while fitting. Arguments are `gradwatch.watch()`'s,
+    `watcher` is the `gradwatch.Watcher` while fitting. Arguments are `gradwatch.watch()`'s
+    keyword arguments but `model`, `scaler` and `config` (`gradwatch.options.WatchOptions`),
     checked here.
     """
 
     def __init__(
         self,
-        *,
-        project: Optional[str] = None,
-        run: Optional[str] = None,
-        server: Optional[str] = None,
-        every: Union[int, str] = 1,
-        token: Optional[str] = None,
-        updates: bool = False,
-        warn: bool = True,
+        **options: Any,
     ) -> None:
         super().__init__()
-        self.options = WatchOptions(
-            project=project, run=run, server=server, every=every, token=token, updates=updates, warn=warn
-        )
+        self.options = WatchOptions(**options)
         self.watcher: Optional[Watcher] = None
         self._forwarding = True
 
@@ -78,7 +71,8 @@ class LightningWatching:
         precision = getattr(trainer, "precision_plugin", None)
         package = type(trainer).__module__.split(".")[0]  # "lightning" or "pytorch_lightning"
         self._forwarding = True
-        self.watcher = self.options.watch(
+        self.watcher = watch_with(
+            self.options,
             optimizers,
             model=pl_module,
             run=_logger_run_name(trainer),

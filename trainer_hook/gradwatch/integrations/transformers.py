@@ -22,13 +22,14 @@ from __future__ import annotations
 
 import atexit
 import weakref
-from typing import Any, Callable, Optional, Union
+from typing import Any, Callable, Optional
 
 import transformers
 from transformers import TrainerCallback
 
+from ..options import WatchOptions
 from ..watcher import Watcher
-from .common import WatchOptions, forward, json_safe
+from .common import forward, json_safe, watch_with
 
 __all__ = ["GradwatchCallback"]
 
@@ -40,23 +41,15 @@ class GradwatchCallback(TrainerCallback):
     run's scalars. The Trainer logs them after its optimizer step, so they are stored with the
     optimizer step after the one they describe (the numbers of the last log, after the last
     step, have no step to go with). `watcher` is the `gradwatch.Watcher` while training runs.
-    Arguments are `gradwatch.watch()`'s, checked here.
+    Arguments are `gradwatch.watch()`'s keyword arguments but `model`,
+    `scaler` and `config` (`gradwatch.options.WatchOptions`), checked here.
     """
 
     def __init__(
         self,
-        *,
-        project: Optional[str] = None,
-        run: Optional[str] = None,
-        server: Optional[str] = None,
-        every: Union[int, str] = 1,
-        token: Optional[str] = None,
-        updates: bool = False,
-        warn: bool = True,
+        **options: Any,
     ) -> None:
-        self.options = WatchOptions(
-            project=project, run=run, server=server, every=every, token=token, updates=updates, warn=warn
-        )
+        self.options = WatchOptions(**options)
         self.watcher: Optional[Watcher] = None
         self._forwarding = True
         self._ended = True  # train end came for the watcher's run (or there is none)
@@ -70,7 +63,8 @@ class GradwatchCallback(TrainerCallback):
             raise TypeError("GradwatchCallback got no optimizer at train begin: use it with transformers.Trainer")
         model_config = getattr(getattr(model, "config", None), "to_dict", None)
         self._forwarding = True
-        self.watcher = self.options.watch(
+        self.watcher = watch_with(
+            self.options,
             [optimizer],
             model=model,
             run=getattr(args, "run_name", None),
