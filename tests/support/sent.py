@@ -35,7 +35,7 @@ def wait_serialized(sender: Sender, timeout: float) -> bool:
 def sent_steps(w: Watcher, timeout: float = 5.0) -> list[dict[str, Any]]:
     """Step messages with per-parameter arrays decoded, keyed by parameter name (the steps the
     flight recorder holds, with every=N or "auto", are handed to the sender first)."""
-    w._flush_recorder()
+    w._rounds._flush_recorder()
     assert wait_serialized(w._sender, timeout), "the sender thread did not serialize in time"
     names = [p.name for p in w.layout.params]
     out = []

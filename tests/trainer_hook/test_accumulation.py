@@ -84,7 +84,7 @@ def test_every_n_samples_but_counts_per_step() -> None:
         opt.zero_grad()
         model(torch.randn(2, 4)).sum().backward()
         model(torch.randn(2, 4)).sum().backward()
-        hooked.append(w._tracker.armed)
+        hooked.append(w._rounds._tracker.armed)
         opt.step()
     msgs = sent_steps(w)
     w.close(timeout=0.1)

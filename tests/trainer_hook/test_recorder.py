@@ -29,7 +29,7 @@ def train(every: object, spike_at: int | None, steps: int = 80, **watch_args: ob
         model(x).pow(2).mean().backward()
         oracle[step] = {n: float(torch.linalg.vector_norm(p.grad)) for n, p in model.named_parameters()}
         opt.step()
-    w._flush_recorder()
+    w._rounds._flush_recorder()
     msgs = sent_steps(w)
     w.close(timeout=0.1)
     return msgs, oracle

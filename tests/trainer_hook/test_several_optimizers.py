@@ -133,7 +133,7 @@ def test_a_round_left_open_is_sent_at_close() -> None:
     gan.disc(torch.randn(2, 5)).sum().backward()
     opt_d.step()  # the generator never steps
     assert sent_steps(w) == []
-    w._emit()  # what close() does with an open round, without closing the sender
+    w._rounds._emit()  # what close() does with an open round, without closing the sender
     msgs = sent_steps(w)
     w.close(timeout=0.1)
     assert [m["step"] for m in msgs] == [1]

@@ -134,10 +134,10 @@ def test_an_error_inside_the_hook_stops_watching_not_training(
     assert torch.equal(model.weight, twin.weight) and torch.equal(model.bias, twin.bias)
     assert [m["step"] for m in sent_steps(w)] == [1, 2]
     assert w.step == 3  # not counting any more
-    assert w._tracker.armed == 0 and opt._optimizer_step_pre_hooks == {}
-    passes = list(w._tracker._passes)
+    assert w._rounds._tracker.armed == 0 and opt._optimizer_step_pre_hooks == {}
+    passes = list(w._rounds._tracker._passes)
     model(torch.randn(3, 4)).sum().backward()  # a graph built after: its gradient hooks are inert
-    assert w._tracker._passes == passes
+    assert w._rounds._tracker._passes == passes
     errors = [r for r in caplog.records if r.levelname == "ERROR"]
     assert len(errors) == 1 and "stopped watching" in errors[0].getMessage() and "step 3" in errors[0].getMessage()
     assert errors[0].exc_info[0] is torch.OutOfMemoryError

@@ -1,13 +1,11 @@
-"""`watch()`: attach gradwatch to an optimizer through its step hooks."""
+"""`watch()` and the `Watcher`: a watched run's handle (the training thread's side of it: rounds.py)."""
 
 from __future__ import annotations
 
 import atexit
-import functools
 import html
 import ipaddress
 import logging
-import os
 import secrets
 import sys
 import threading
@@ -18,22 +16,18 @@ from types import TracebackType
 from typing import Any, Callable, Optional, Union
 from urllib.parse import urlsplit
 
-import numpy as np
 import torch
 
 from . import __version__, autowatch, distributed, wire
-from .accumulation import GradTracker
 from .amp import AmpScaler, check_scaler
-from .clipping import KEY as CLIP_KEY
-from .clipping import ClipNorms
-from .closures import CountedClosure, step_closure, with_closure
 from .context import context_config, user_config
 from .findings import FindingWarner, run_page
 from .layout import Layout, build_layout
-from .measure import Probe, Snapshot
+from .measure import Probe
 from .options import METRIC_NAME, WatchOptions, ingest_url
 from .recorder import FlightRecorder
 from .replay import Rejected, replay
+from .rounds import Rounds
 from .sampling import CostMeter, make_sampler
 from .sender import FINDING_LINGER_S, MAX_LINGER_S, Sender
 from .spool import SpoolWriter, pending_spools, spool_dir
@@ -45,9 +39,10 @@ log = logging.getLogger("gradwatch")
 class Watcher:
     """Measures an optimizer at every sampled step and streams it to a gradwatch server.
 
-    Use `gradwatch.watch(...)` to make one. `log()` adds user scalars (loss, accuracy) to the
-    next step; `close()` (also run by `with` and at interpreter exit) sends what is pending,
-    waiting a few seconds at most.
+    Use `gradwatch.watch(...)` to make one. The watcher is the run's handle: it makes the run's
+    parts (layout, probe, sender, sampler) and hands the training thread's side to its `Rounds`
+    (rounds.py). `log()` adds user scalars (loss, accuracy) to the next step; `close()` (also run
+    by `with` and at interpreter exit) sends what is pending, waiting a few seconds at most.
     """
 
     def __init__(
@@ -76,8 +71,6 @@ class Watcher:
         self.project: str = project or "default"
         self.server = server
         self.every = every
-        self.step = 0  # optimizer.step() calls so far (rounds, with several optimizers: see `watch`)
-        self.measured_steps = 0  # of those, the ones measured in full (every="auto": how often it measures)
         named = run or time.strftime("run-%Y%m%d-%H%M%S")
         #: this rank's place in a distributed job (None: a run of one process); the job is the run.
         #: Agreed with the other ranks before anything that differs between ranks can raise.
@@ -94,45 +87,11 @@ class Watcher:
         self.warn = warn
         self._amp = None if scaler is None else AmpScaler(scaler)
         self._probe = Probe(self.layout, amp=self._amp, updates=updates, signals=optimizer_signals)
-        self._memory: dict[str, float] = {}  # CUDA allocator counters read as the current round began
         if (
             flight_recorder is None
         ):  # on a GPU its norms run beside the step; on CPU they are a pass over every gradient
             flight_recorder = any(p.device.type == "cuda" for p in self._probe.params)
-        self._tracker = GradTracker(
-            [w.shard.accumulated for w in self.layout.params],
-            on_node=all(w.view is None and w.shard.accumulates is None for w in self.layout.params),
-        )
-        #: parameter indices of each optimizer; None stands for all (one optimizer)
-        self._members: list[Optional[list[int]]] = (
-            [None]
-            if len(optimizers) == 1
-            else [[i for i, w in enumerate(self.layout.params) if w.optimizer == k] for k in range(len(optimizers))]
-        )
-        # Per-parameter gradient hooks cost every backward pass, so they are armed only for the
-        # steps that are measured (from the previous step of each optimizer, where their counts
-        # start); the other steps hook one sentinel parameter per optimizer (docs/design.md).
-        #: per optimizer, the parameter whose hook stays armed (None: none can be hooked)
-        self._sentinels: list[Optional[int]] = [self._first_sentinel(k) for k in range(len(optimizers))]
-        self._upcoming = self._sampler(1)  # whether the next round is measured (decided a round ahead)
-        self._armed = [self._upcoming] * len(optimizers)  # per optimizer: all its parameters hooked
-        self._switch_s = 0.0  # training-thread seconds spent arming and disarming since the last measured step
-        if self._upcoming:
-            self._tracker.arm()
-        else:
-            self._tracker.arm(self._sentinel_list())
-        self._round: dict[int, int] = {}  # optimizer -> its steps in the open round
-        self._opt_steps = [0] * len(optimizers)
-        n = len(self.layout.params)
-        self._passes: list[int] = [0] * n  # per parameter, as its optimizer's last step left them
-        self._clear: list[Optional[float]] = [None] * n
-        self._closures: dict[int, CountedClosure] = {}  # optimizer -> the closure of its step in flight
-        self._taken: dict[int, tuple[list[int], list[Optional[float]]]] = {}  # passes up to its first evaluation
-        self._closure_calls: Optional[int] = None  # closure evaluations in the open round; None: no closure
-        self._logged: dict[str, Any] = {}
         self._closed = False
-        self._close_requested = False  # by close() inside the on_finding callback
-        self._sampled = False
         hello = wire.hello(
             run={
                 "id": self.run_id if self.dist is None else self.dist.stream_id,
@@ -174,23 +133,26 @@ class Watcher:
         shows = warn and (self.dist is None or self.dist.rank == 0)
         self._findings = FindingWarner(shows, self.url, callback=on_finding)
         self._sender.on_finding = self._findings
-        self._step_began = time.perf_counter()  # where the first step's `time/step_s` starts
         autowatch.claim(optimizers)  # under gradwatch-run: watched once, by this watch()
-        self._clip = ClipNorms().open()  # the total norm the loop's clip_grad_norm_ returns
         #: every=N (N > 1) or "auto": recent steps' gradient norms kept on the device (recorder.py)
         self._recorder: Optional[FlightRecorder] = (
             None
             if every == 1 or not flight_recorder
             else FlightRecorder(self._probe.params, [v is None for v in self._probe.views], self._probe.inverse_scale)
         )
-        self._handles = []
-        for k, opt in enumerate(optimizers):
-            self._handles += [
-                opt.register_step_pre_hook(functools.partial(self._before_step, k)),
-                opt.register_step_post_hook(functools.partial(self._after_step, k)),
-            ]
-        if self._amp is not None:
-            self._amp.watch_steps(optimizers, self._skipped_step)
+        #: the optimizers' hooks and the round they are in (rounds.py): the training thread's side
+        self._rounds = Rounds(
+            self.layout,
+            probe=self._probe,
+            sampler=self._sampler,
+            amp=self._amp,
+            sender=self._sender,
+            cost=self._cost,
+            recorder=self._recorder,
+            dist=self.dist,
+            run_id=self.run_id,
+            owner=self,
+        )
         self_ref = weakref.ref(self)
 
         def close_at_exit() -> None:
@@ -200,233 +162,6 @@ class Watcher:
 
         _note_uncaught_exceptions()
         atexit.register(close_at_exit)
-
-    # -- hooks (training thread) -----------------------------------------------------------
-    # With several optimizers a step is a round: it opens with the first `optimizer.step()`
-    # after the previous round and closes when every optimizer has stepped at least once (a GAN's
-    # D then G step; a critic stepped 5 times per generator step). Each optimizer is measured at
-    # its first step of a sampled round: its gradients just before, its state just after.
-    def _before_step(self, k: int, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> Any:
-        try:
-            if self._close_requested:
-                self._stop_watching()
-                return None
-            if self._amp is not None:
-                self._amp.stepped(optimizer)
-            if not self._round:
-                self.step += 1
-                self._memory = self._probe.cuda_memory()
-                self._cost.begin_step(previous_measured=self._sampled)
-                self._sampled, self._upcoming = self._upcoming, self._sampler(self.step + 1)
-                if self._sampled:
-                    self.measured_steps += 1
-                    self._probe.begin(self.step)
-            first = k not in self._round
-            self._taken.pop(k, None)
-            closure = step_closure(args, kwargs)
-            if closure is not None:  # this step's gradients come from its closure: read them there
-                counted = self._closures[k] = CountedClosure(functools.partial(self._closure_returned, k, first))
-                return with_closure(args, kwargs, counted.wrap(closure))
-            if self._sampled and first:
-                self._read_grads(k)
-            elif not self._sampled and not self._round and self._recorder is not None:
-                self._recorder.record(self.step)  # one call per unmeasured step: device work only
-        except Exception as exc:
-            self._give_up(exc)
-        return None
-
-    def _closure_returned(self, k: int, first: bool) -> None:
-        """The first evaluation of optimizer `k`'s closure returned: its gradients are the step's
-        (see closures.py); the backward passes so far are the step's, those after it no step's."""
-        try:
-            if not self._handles:  # stopped watching meanwhile
-                return
-            if self._sampled and first:
-                self._read_grads(k)
-            self._taken[k] = self._tracker.end_step(self._hooked(k))
-        except Exception as exc:
-            self._give_up(exc)
-
-    def _read_grads(self, k: int) -> None:
-        self._probe.read_grads(self._members[k], k if len(self._members) > 1 else None)
-
-    def _after_step(self, k: int, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
-        try:
-            started = time.perf_counter()
-            first = k not in self._round
-            self._round[k] = self._round.get(k, 0) + 1
-            self._opt_steps[k] += 1
-            counted = self._closures.pop(k, None)
-            if counted is not None:
-                self._closure_calls = (self._closure_calls or 0) + counted.calls
-                if counted.calls == 0 and self._sampled and first:  # the optimizer ignored its closure
-                    self._read_grads(k)
-            # every step: it marks where the next one starts (a closure evaluated once already did)
-            self._end_passes(k, keep=first, taken=self._taken.pop(k, None), again=counted is None or counted.calls != 1)
-            switched = self._switch_s
-            if self._upcoming and not self._armed[k]:  # the next round is measured: count from here
-                self._arm(k)
-            if self._sampled and first:
-                self._probe.read_state(self._members[k])
-            if len(self._round) == len(self._members):
-                self._emit(started)
-                # what the round taught the sampler (every="auto") may change its mind about the next
-                self._upcoming = self._sampler.revise(self.step + 1, self._upcoming)
-                if self._upcoming:
-                    for j in range(len(self._members)):
-                        if not self._armed[j]:
-                            self._arm(j)
-                elif not self._closed:
-                    self._disarm()
-                if not self._sampled:  # what this hook costs every step, for every="auto"
-                    self._cost.light_hook(time.perf_counter() - started - (self._switch_s - switched))
-        except Exception as exc:
-            self._give_up(exc)
-
-    # -- arming (training thread) ------------------------------------------------------------
-    def _first_sentinel(self, k: int) -> Optional[int]:
-        """Optimizer `k`'s first sentinel: its last hookable parameter (the output layer's, in
-        the usual order, where a backward pass begins), until a measured step names a better one."""
-        members = self._members[k]
-        indices = range(len(self.layout.params)) if members is None else members
-        return next((i for i in reversed(indices) if self._tracker.hookable(i)), None)
-
-    def _sentinel_list(self, k: Optional[int] = None) -> list[int]:
-        chosen = self._sentinels if k is None else [self._sentinels[k]]
-        return [i for i in chosen if i is not None]
-
-    def _hooked(self, k: int) -> Optional[list[int]]:
-        """The parameters of optimizer `k` whose hooks are armed (None: all, one optimizer)."""
-        return self._members[k] if self._armed[k] else self._sentinel_list(k)
-
-    def _arm(self, k: int) -> None:
-        """Hook every parameter of optimizer `k`; their counts start now, as the step's do."""
-        started = time.perf_counter()
-        self._tracker.arm(self._members[k])
-        self._tracker.end_step(self._members[k])
-        self._armed[k] = True
-        self._switch_s += time.perf_counter() - started
-
-    def _disarm(self) -> None:
-        """Leave only the sentinels hooked; first make each optimizer's sentinel the parameter
-        that the measured round saw the most backward passes into (they tell unmeasured steps)."""
-        if not any(self._armed):
-            return
-        started = time.perf_counter()
-        if self._sampled:
-            for k, members in enumerate(self._members):
-                indices = range(len(self._passes)) if members is None else members
-                best = max(
-                    (i for i in indices if self._tracker.hookable(i)), key=self._passes.__getitem__, default=None
-                )
-                current = self._sentinels[k]
-                if best is not None and (current is None or self._passes[best] > self._passes[current]):
-                    self._sentinels[k] = best
-        self._tracker.disarm(keep=self._sentinel_list())
-        self._armed = [False] * len(self._armed)
-        self._switch_s += time.perf_counter() - started
-
-    def _give_up(self, exc: Exception) -> None:
-        """A failure inside gradwatch must not end the training: say so, with the traceback, and
-        stop watching (the steps sent so far stay; `close()` still finishes the run)."""
-        log.error(
-            "gradwatch: stopped watching run %s at step %d after an error of its own; the training goes "
-            "on. Please report it with this traceback.",
-            self.run_id,
-            self.step,
-            exc_info=exc,
-        )
-        self._detach()
-
-    def _end_passes(
-        self, k: int, keep: bool, taken: Optional[tuple[list[int], list[Optional[float]]]] = None, again: bool = True
-    ) -> None:
-        """End optimizer `k`'s backward passes; keep them as the round's when `keep`. `taken`: the
-        passes of a closure step up to its first evaluation, which are the step's in their place;
-        they are ended again only if `again` (later evaluations' passes belong to no step)."""
-        members = self._hooked(k)
-        if taken is None or again:
-            passes, clear = self._tracker.end_step(members)
-        if taken is not None:
-            passes, clear = taken
-        if not keep:
-            return
-        if members is None:
-            self._passes, self._clear = passes, clear
-        else:
-            for j, i in enumerate(members):
-                self._passes[i], self._clear[i] = passes[j], clear[j]
-
-    def _emit(self, ended: Optional[float] = None) -> None:
-        """The round is complete (its last `optimizer.step()` returned at perf_counter `ended`,
-        default now): send the measured step, or the cheap facts of an unmeasured one."""
-        self._round.clear()
-        logged, self._logged = self._logged, {}
-        clipped = self._clip.take()
-        if clipped is not None:
-            logged.setdefault(CLIP_KEY, clipped)
-        if self.dist is not None:
-            self._time_step(logged, time.perf_counter() if ended is None else ended)
-        if self._amp is not None:
-            self._amp.scalars(logged)
-        if self._closure_calls is not None:
-            logged.setdefault("closure_calls", self._closure_calls)
-            self._closure_calls = None
-        if len(self._members) > 1:
-            for k, n in enumerate(self._opt_steps):
-                logged[f"opt/{k}/steps"] = n
-        for key, value in self._memory.items():  # as the round began: the hook's own tensors not yet made
-            logged.setdefault(key, value)
-        if self._sampled:
-            self._flush_recorder()  # the held steps go before this one
-            passes, clear = list(self._passes), self._clear
-            self._clear = [None] * len(clear)
-            logged["backward_passes"] = float(max(passes, default=0))
-            snapshot = self._probe.finish(logged, _host_arrays(passes, clear))
-            switched, self._switch_s = self._switch_s, 0.0  # arming for this step is part of its cost
-            steps = self._cost.measured(None if snapshot is None else snapshot.cost_s + switched)
-            if snapshot is not None:
-                self._sender.submit_step(functools.partial(self._render, snapshot, steps))
-            return
-        # An unmeasured step: what its sentinels saw, and no per-parameter array (docs/protocol.md).
-        sentinels = self._sentinel_list()
-        logged["backward_passes"] = float(max((self._passes[i] for i in sentinels), default=0))
-        for i in sentinels:
-            self._clear[i] = None
-        self._cost.unmeasured()
-        for key in [key for key, v in logged.items() if isinstance(v, torch.Tensor) and v.device.type != "cpu"]:
-            logged.pop(key)  # a CUDA tensor is read only at measured steps: reading it now would sync
-        scalars = self._probe.cheap_facts(logged)
-        step, now = self.step, time.time()
-        make = functools.partial(wire.UnsentStep, step, now, scalars, {}, None)
-        if self._recorder is None:
-            self._sender.submit_step(make)
-        elif self._recorder.hold(step, make):
-            self._flush_recorder()
-
-    def _flush_recorder(self) -> None:
-        """Send the steps the flight recorder holds, with one copy of their ring rows."""
-        batch = None if self._recorder is None else self._recorder.flush()
-        if batch is not None:
-            self._sender.submit_step(batch.render)
-
-    def _time_step(self, logged: dict[str, Any], ended: float) -> None:
-        """A rank's step times (perf_counter reads only, no device work): `time/step_s` since the
-        previous step ended (or watch()), and of that `time/before_backward_s`, until the step's
-        first gradient (forward pass, data loading): the straggler's is the longest."""
-        began, self._step_began = self._step_began, ended
-        logged["time/step_s"] = ended - began
-        first = self._tracker.first_grad
-        if first:  # no backward since the last step (a step without gradients) leaves it out
-            logged["time/before_backward_s"] = min(max(first[0] - began, 0.0), ended - began)
-            first.clear()
-
-    def _skipped_step(self, optimizer: torch.optim.Optimizer) -> None:
-        """A GradScaler skipped `optimizer`'s step: its backward passes end there all the same."""
-        if self._closed:
-            return
-        k = next(k for k, o in enumerate(self.layout.optimizers) if o is optimizer)
-        self._tracker.end_step(self._hooked(k))
 
     # -- public ----------------------------------------------------------------------------
     def log(self, metrics: Optional[Mapping[str, Any]] = None, **kwargs: Any) -> None:
@@ -447,7 +182,7 @@ class Watcher:
                 raise TypeError(
                     f"{key}: logged values must be numbers or one-element tensors, not {type(value).__name__}"
                 )
-            self._logged[key] = value
+            self._rounds.logged[key] = value
 
     def close(self, timeout: float = 5.0, status: str = "finished") -> None:
         """Detach the hooks and deliver what is pending, waiting at most `timeout` seconds (the
@@ -461,35 +196,26 @@ class Watcher:
             raise ValueError(f'status must be "finished" or "crashed", not {status!r}')
         callbacks = self._findings.callbacks
         if callbacks is not None and callbacks.is_current():
-            self._close_requested = True
+            self._rounds.request_stop()
             return
         if self._closed:
             return
         deadline = time.monotonic() + timeout
         self._closed = True
-        if self._round and self._handles:  # an optimizer never stepped in the last round: send what there is
-            self._emit()
-        self._flush_recorder()
-        self._detach()
+        self._rounds.finish()
         self._sender.close(status, timeout=timeout)
         if callbacks is not None:
             callbacks.wait(deadline - time.monotonic())
 
-    def _stop_watching(self) -> None:
-        """On the training thread, as close() inside the callback asked: send the open round and
-        detach; the sender goes on until the script's close()."""
-        if self._round and self._handles:
-            self._emit()
-        self._detach()
+    @property
+    def step(self) -> int:
+        """`optimizer.step()` calls so far (rounds, with several optimizers: see `watch`)."""
+        return self._rounds.step
 
-    def _detach(self) -> None:
-        for handle in self._handles:
-            handle.remove()
-        self._handles = []
-        self._clip.close()
-        self._tracker.remove()
-        if self._amp is not None:
-            self._amp.remove()
+    @property
+    def measured_steps(self) -> int:
+        """Of those, the steps measured in full (every="auto": how often it measures)."""
+        return self._rounds.measured_steps
 
     @property
     def url(self) -> str:
@@ -529,30 +255,6 @@ class Watcher:
 
     def __exit__(self, *exc: Any) -> None:
         self.close()
-
-    # -- sender thread ---------------------------------------------------------------------
-    def _render(self, snapshot: Snapshot, steps: int) -> wire.UnsentStep:
-        sender_cpu_s = self._cost.render_began(steps)
-        metrics, status, scalars = snapshot.resolve()
-        self._probe.recycle(snapshot)
-        rss = _rss_bytes()
-        if rss is not None:
-            scalars["mem/rss_bytes"] = rss
-        # The hook's own cost, so that users can see it: training-thread seconds of this step,
-        # and sender-thread CPU per step since the previous measured step (sending included).
-        scalars["hook/train_s"] = snapshot.cost_s
-        scalars["hook/sender_cpu_s"] = sender_cpu_s
-        record = wire.UnsentStep(snapshot.step, snapshot.time, scalars, metrics, status)
-        self._cost.render_done()
-        return record
-
-
-def _host_arrays(passes: list[int], clear: list[Optional[float]]) -> dict[str, np.ndarray]:
-    """`backward_passes` and `grad_clear` per parameter (NaN where nothing accumulated)."""
-    return {
-        "backward_passes": np.array(passes, dtype=np.float32),
-        "grad_clear": np.array([np.nan if c is None else c for c in clear], dtype=np.float32),
-    }
 
 
 def _open_spool(run_id: str, hello: dict[str, Any]) -> Optional[SpoolWriter]:
@@ -626,14 +328,6 @@ def _note_uncaught_exceptions() -> None:
 
     note._gradwatch = True  # type: ignore[attr-defined]
     sys.excepthook = note
-
-
-def _rss_bytes() -> Optional[float]:
-    try:
-        with open("/proc/self/statm", "rb") as f:
-            return float(int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE"))
-    except (OSError, ValueError, IndexError):
-        return None
 
 
 def _optimizers(optimizer: Any) -> tuple[list[torch.optim.Optimizer], list[list[Any]]]:

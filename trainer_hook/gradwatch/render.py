@@ -1,0 +1,49 @@
+"""A measured step made ready to send, on the sender thread (`StepRenderer`).
+
+The training thread hands the sender a `Snapshot` (its norms on their way to the host) with a
+`StepRenderer.render` bound to it: the sender calls it, and nothing else of the watcher, when it
+serializes the step. The render waits for the copy to the host, scatters the norms into
+per-parameter arrays and adds what the hook itself cost.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Optional
+
+from .measure import Probe, Snapshot
+from .sampling import CostMeter
+from .wire import UnsentStep
+
+
+class StepRenderer:
+    """Renders a run's measured steps: its probe takes their host buffers back, its cost meter
+    hears the sender thread's CPU per step."""
+
+    def __init__(self, probe: Probe, cost: CostMeter) -> None:
+        self._probe = probe
+        self._cost = cost
+
+    def render(self, snapshot: Snapshot, steps: int) -> UnsentStep:
+        """The step of `snapshot`; `steps`: the steps since the previous measured one."""
+        sender_cpu_s = self._cost.render_began(steps)
+        metrics, status, scalars = snapshot.resolve()
+        self._probe.recycle(snapshot)
+        rss = _rss_bytes()
+        if rss is not None:
+            scalars["mem/rss_bytes"] = rss
+        # The hook's own cost, so that users can see it: training-thread seconds of this step,
+        # and sender-thread CPU per step since the previous measured step (sending included).
+        scalars["hook/train_s"] = snapshot.cost_s
+        scalars["hook/sender_cpu_s"] = sender_cpu_s
+        record = UnsentStep(snapshot.step, snapshot.time, scalars, metrics, status)
+        self._cost.render_done()
+        return record
+
+
+def _rss_bytes() -> Optional[float]:
+    try:
+        with open("/proc/self/statm", "rb") as f:
+            return float(int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE"))
+    except (OSError, ValueError, IndexError):
+        return None

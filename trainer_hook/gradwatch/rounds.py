@@ -1,0 +1,390 @@
+"""The optimizer rounds of a watched run, on the training thread (`Rounds`).
+
+A `Watcher` is the public handle; its `Rounds` is what the optimizers' step hooks call: which
+step is a round and which round is measured (the sampler), each optimizer's measurement at its
+first step of a measured round (`Probe`: gradients before, state after), the backward passes of
+each step (`GradTracker`, with the per-parameter hooks armed only for measured steps), closures,
+the GradScaler's skipped steps, each rank's step times, and, as a round ends, its step handed to
+the sender: a measured one as its `Snapshot`, rendered on the sender thread by a `StepRenderer`
+(render.py); an unmeasured one as its cheap facts. Nothing here raises into the training loop: a
+failure of gradwatch's own stops the watching (`_give_up`).
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import time
+from typing import Any, Optional
+
+import numpy as np
+import torch
+
+from . import distributed
+from .accumulation import GradTracker
+from .amp import AmpScaler
+from .clipping import KEY as CLIP_KEY
+from .clipping import ClipNorms
+from .closures import CountedClosure, step_closure, with_closure
+from .layout import Layout
+from .measure import Probe
+from .recorder import FlightRecorder
+from .render import StepRenderer
+from .sampling import CostMeter, Sampler
+from .sender import Sender
+from .wire import UnsentStep
+
+log = logging.getLogger("gradwatch")
+
+
+class Rounds:
+    """The training-thread side of a watched run: the optimizers' step hooks and what they do.
+
+    Made by `Watcher`, which holds the parts it shares with it (the sampler, the probe, the
+    sender, the cost meter, the flight recorder). `logged` takes the user's scalars for the next
+    round; `finish()` ends the watching (the open round sent, the hooks removed).
+    """
+
+    def __init__(
+        self,
+        layout: Layout,
+        *,
+        probe: Probe,
+        sampler: Sampler,
+        amp: Optional[AmpScaler],
+        sender: Sender,
+        cost: CostMeter,
+        recorder: Optional[FlightRecorder],
+        dist: Optional[distributed.Rank],
+        run_id: str,
+        owner: object,
+    ) -> None:
+        optimizers = layout.optimizers
+        self.layout = layout
+        self._probe = probe
+        self._sampler = sampler
+        self._amp = amp
+        self._sender = sender
+        self._cost = cost
+        self._recorder = recorder
+        self._renderer = StepRenderer(probe, cost)
+        self.dist = dist
+        self.run_id = run_id
+        #: the Watcher: the optimizers' hooks hold it through this, so that a script that keeps no
+        #: reference to what watch() returned is still watched, and closed at exit
+        self._owner = owner
+        self.step = 0  # optimizer.step() calls so far (rounds, with several optimizers: see `watch`)
+        self.measured_steps = 0  # of those, the ones measured in full (every="auto": how often it measures)
+        self._memory: dict[str, float] = {}  # CUDA allocator counters read as the current round began
+        self._tracker = GradTracker(
+            [w.shard.accumulated for w in layout.params],
+            on_node=all(w.view is None and w.shard.accumulates is None for w in layout.params),
+        )
+        #: parameter indices of each optimizer; None stands for all (one optimizer)
+        self._members: list[Optional[list[int]]] = (
+            [None]
+            if len(optimizers) == 1
+            else [[i for i, w in enumerate(layout.params) if w.optimizer == k] for k in range(len(optimizers))]
+        )
+        # Per-parameter gradient hooks cost every backward pass, so they are armed only for the
+        # steps that are measured (from the previous step of each optimizer, where their counts
+        # start); the other steps hook one sentinel parameter per optimizer (docs/design.md).
+        #: per optimizer, the parameter whose hook stays armed (None: none can be hooked)
+        self._sentinels: list[Optional[int]] = [self._first_sentinel(k) for k in range(len(optimizers))]
+        self._upcoming = self._sampler(1)  # whether the next round is measured (decided a round ahead)
+        self._armed = [self._upcoming] * len(optimizers)  # per optimizer: all its parameters hooked
+        self._switch_s = 0.0  # training-thread seconds spent arming and disarming since the last measured step
+        if self._upcoming:
+            self._tracker.arm()
+        else:
+            self._tracker.arm(self._sentinel_list())
+        self._round: dict[int, int] = {}  # optimizer -> its steps in the open round
+        self._opt_steps = [0] * len(optimizers)
+        n = len(layout.params)
+        self._passes: list[int] = [0] * n  # per parameter, as its optimizer's last step left them
+        self._clear: list[Optional[float]] = [None] * n
+        self._closures: dict[int, CountedClosure] = {}  # optimizer -> the closure of its step in flight
+        self._taken: dict[int, tuple[list[int], list[Optional[float]]]] = {}  # passes up to its first evaluation
+        self._closure_calls: Optional[int] = None  # closure evaluations in the open round; None: no closure
+        #: the user's scalars (`Watcher.log`) for the open round
+        self.logged: dict[str, Any] = {}
+        self._closed = False
+        self._close_requested = False  # by close() inside the on_finding callback
+        self._sampled = False
+        self._step_began = time.perf_counter()  # where the first step's `time/step_s` starts
+        self._clip = ClipNorms().open()  # the total norm the loop's clip_grad_norm_ returns
+        self._handles = []
+        for k, opt in enumerate(optimizers):
+            self._handles += [
+                opt.register_step_pre_hook(functools.partial(self._before_step, k)),
+                opt.register_step_post_hook(functools.partial(self._after_step, k)),
+            ]
+        if self._amp is not None:
+            self._amp.watch_steps(optimizers, self._skipped_step)
+
+    # -- the watcher -----------------------------------------------------------------------
+    def request_stop(self) -> None:
+        """Stop at the next step (close() inside the on_finding callback, not on this thread)."""
+        self._close_requested = True
+
+    def finish(self) -> None:
+        """The watching ends (`Watcher.close`): send the open round and what the flight recorder
+        holds, and remove every hook."""
+        self._closed = True
+        if self._round and self._handles:  # an optimizer never stepped in the last round: send what there is
+            self._emit()
+        self._flush_recorder()
+        self._detach()
+
+    def _stop_watching(self) -> None:
+        """On the training thread, as close() inside the callback asked: send the open round and
+        detach; the sender goes on until the script's close()."""
+        if self._round and self._handles:
+            self._emit()
+        self._detach()
+
+    def _detach(self) -> None:
+        for handle in self._handles:
+            handle.remove()
+        self._handles = []
+        self._clip.close()
+        self._tracker.remove()
+        if self._amp is not None:
+            self._amp.remove()
+
+    # -- the optimizers' hooks -----------------------------------------------------------
+    # With several optimizers a step is a round: it opens with the first `optimizer.step()`
+    # after the previous round and closes when every optimizer has stepped at least once (a GAN's
+    # D then G step; a critic stepped 5 times per generator step). Each optimizer is measured at
+    # its first step of a sampled round: its gradients just before, its state just after.
+    def _before_step(self, k: int, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> Any:
+        try:
+            if self._close_requested:
+                self._stop_watching()
+                return None
+            if self._amp is not None:
+                self._amp.stepped(optimizer)
+            if not self._round:
+                self.step += 1
+                self._memory = self._probe.cuda_memory()
+                self._cost.begin_step(previous_measured=self._sampled)
+                self._sampled, self._upcoming = self._upcoming, self._sampler(self.step + 1)
+                if self._sampled:
+                    self.measured_steps += 1
+                    self._probe.begin(self.step)
+            first = k not in self._round
+            self._taken.pop(k, None)
+            closure = step_closure(args, kwargs)
+            if closure is not None:  # this step's gradients come from its closure: read them there
+                counted = self._closures[k] = CountedClosure(functools.partial(self._closure_returned, k, first))
+                return with_closure(args, kwargs, counted.wrap(closure))
+            if self._sampled and first:
+                self._read_grads(k)
+            elif not self._sampled and not self._round and self._recorder is not None:
+                self._recorder.record(self.step)  # one call per unmeasured step: device work only
+        except Exception as exc:
+            self._give_up(exc)
+        return None
+
+    def _closure_returned(self, k: int, first: bool) -> None:
+        """The first evaluation of optimizer `k`'s closure returned: its gradients are the step's
+        (see closures.py); the backward passes so far are the step's, those after it no step's."""
+        try:
+            if not self._handles:  # stopped watching meanwhile
+                return
+            if self._sampled and first:
+                self._read_grads(k)
+            self._taken[k] = self._tracker.end_step(self._hooked(k))
+        except Exception as exc:
+            self._give_up(exc)
+
+    def _read_grads(self, k: int) -> None:
+        self._probe.read_grads(self._members[k], k if len(self._members) > 1 else None)
+
+    def _after_step(self, k: int, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
+        try:
+            started = time.perf_counter()
+            first = k not in self._round
+            self._round[k] = self._round.get(k, 0) + 1
+            self._opt_steps[k] += 1
+            counted = self._closures.pop(k, None)
+            if counted is not None:
+                self._closure_calls = (self._closure_calls or 0) + counted.calls
+                if counted.calls == 0 and self._sampled and first:  # the optimizer ignored its closure
+                    self._read_grads(k)
+            passes, clear = self._step_passes(k, counted)  # every step: it marks where the next one starts
+            if first:
+                self._keep_passes(k, passes, clear)
+            switched = self._switch_s
+            if self._upcoming and not self._armed[k]:  # the next round is measured: count from here
+                self._arm(k)
+            if self._sampled and first:
+                self._probe.read_state(self._members[k])
+            if len(self._round) == len(self._members):
+                self._emit(started)
+                # what the round taught the sampler (every="auto") may change its mind about the next
+                self._upcoming = self._sampler.revise(self.step + 1, self._upcoming)
+                if self._upcoming:
+                    for j in range(len(self._members)):
+                        if not self._armed[j]:
+                            self._arm(j)
+                elif not self._closed:
+                    self._disarm()
+                if not self._sampled:  # what this hook costs every step, for every="auto"
+                    self._cost.light_hook(time.perf_counter() - started - (self._switch_s - switched))
+        except Exception as exc:
+            self._give_up(exc)
+
+    # -- arming (training thread) ------------------------------------------------------------
+    def _first_sentinel(self, k: int) -> Optional[int]:
+        """Optimizer `k`'s first sentinel: its last hookable parameter (the output layer's, in
+        the usual order, where a backward pass begins), until a measured step names a better one."""
+        members = self._members[k]
+        indices = range(len(self.layout.params)) if members is None else members
+        return next((i for i in reversed(indices) if self._tracker.hookable(i)), None)
+
+    def _sentinel_list(self, k: Optional[int] = None) -> list[int]:
+        chosen = self._sentinels if k is None else [self._sentinels[k]]
+        return [i for i in chosen if i is not None]
+
+    def _hooked(self, k: int) -> Optional[list[int]]:
+        """The parameters of optimizer `k` whose hooks are armed (None: all, one optimizer)."""
+        return self._members[k] if self._armed[k] else self._sentinel_list(k)
+
+    def _arm(self, k: int) -> None:
+        """Hook every parameter of optimizer `k`; their counts start now, as the step's do."""
+        started = time.perf_counter()
+        self._tracker.arm(self._members[k])
+        self._tracker.end_step(self._members[k])
+        self._armed[k] = True
+        self._switch_s += time.perf_counter() - started
+
+    def _disarm(self) -> None:
+        """Leave only the sentinels hooked; first make each optimizer's sentinel the parameter
+        that the measured round saw the most backward passes into (they tell unmeasured steps)."""
+        if not any(self._armed):
+            return
+        started = time.perf_counter()
+        if self._sampled:
+            for k, members in enumerate(self._members):
+                indices = range(len(self._passes)) if members is None else members
+                best = max(
+                    (i for i in indices if self._tracker.hookable(i)), key=self._passes.__getitem__, default=None
+                )
+                current = self._sentinels[k]
+                if best is not None and (current is None or self._passes[best] > self._passes[current]):
+                    self._sentinels[k] = best
+        self._tracker.disarm(keep=self._sentinel_list())
+        self._armed = [False] * len(self._armed)
+        self._switch_s += time.perf_counter() - started
+
+    def _give_up(self, exc: Exception) -> None:
+        """A failure inside gradwatch must not end the training: say so, with the traceback, and
+        stop watching (the steps sent so far stay; `close()` still finishes the run)."""
+        log.error(
+            "gradwatch: stopped watching run %s at step %d after an error of its own; the training goes "
+            "on. Please report it with this traceback.",
+            self.run_id,
+            self.step,
+            exc_info=exc,
+        )
+        self._detach()
+
+    def _step_passes(self, k: int, counted: Optional[CountedClosure]) -> tuple[list[int], list[Optional[float]]]:
+        """Optimizer `k`'s backward passes of the step that just returned (`counted`: its closure),
+        ended where its next step's begin: those since its previous step or, where its closure
+        was evaluated, those up to the first evaluation (taken then: `_closure_returned`)."""
+        taken = self._taken.pop(k, None)
+        if taken is None:
+            return self._tracker.end_step(self._hooked(k))
+        if counted is None or counted.calls != 1:  # later evaluations' passes belong to no step
+            self._tracker.end_step(self._hooked(k))
+        return taken
+
+    def _keep_passes(self, k: int, passes: list[int], clear: list[Optional[float]]) -> None:
+        """Keep optimizer `k`'s passes (of its hooked parameters) as the round's."""
+        members = self._hooked(k)
+        if members is None:
+            self._passes, self._clear = passes, clear
+        else:
+            for j, i in enumerate(members):
+                self._passes[i], self._clear[i] = passes[j], clear[j]
+
+    def _emit(self, ended: Optional[float] = None) -> None:
+        """The round is complete (its last `optimizer.step()` returned at perf_counter `ended`,
+        default now): send the measured step, or the cheap facts of an unmeasured one."""
+        self._round.clear()
+        logged, self.logged = self.logged, {}
+        clipped = self._clip.take()
+        if clipped is not None:
+            logged.setdefault(CLIP_KEY, clipped)
+        if self.dist is not None:
+            self._time_step(logged, time.perf_counter() if ended is None else ended)
+        if self._amp is not None:
+            self._amp.scalars(logged)
+        if self._closure_calls is not None:
+            logged.setdefault("closure_calls", self._closure_calls)
+            self._closure_calls = None
+        if len(self._members) > 1:
+            for k, n in enumerate(self._opt_steps):
+                logged[f"opt/{k}/steps"] = n
+        for key, value in self._memory.items():  # as the round began: the hook's own tensors not yet made
+            logged.setdefault(key, value)
+        if self._sampled:
+            self._flush_recorder()  # the held steps go before this one
+            passes, clear = list(self._passes), self._clear
+            self._clear = [None] * len(clear)
+            logged["backward_passes"] = float(max(passes, default=0))
+            snapshot = self._probe.finish(logged, _host_arrays(passes, clear))
+            switched, self._switch_s = self._switch_s, 0.0  # arming for this step is part of its cost
+            steps = self._cost.measured(None if snapshot is None else snapshot.cost_s + switched)
+            if snapshot is not None:
+                self._sender.submit_step(functools.partial(self._renderer.render, snapshot, steps))
+            return
+        # An unmeasured step: what its sentinels saw, and no per-parameter array (docs/protocol.md).
+        sentinels = self._sentinel_list()
+        logged["backward_passes"] = float(max((self._passes[i] for i in sentinels), default=0))
+        for i in sentinels:
+            self._clear[i] = None
+        self._cost.unmeasured()
+        for key in [key for key, v in logged.items() if isinstance(v, torch.Tensor) and v.device.type != "cpu"]:
+            logged.pop(key)  # a CUDA tensor is read only at measured steps: reading it now would sync
+        scalars = self._probe.cheap_facts(logged)
+        step, now = self.step, time.time()
+        make = functools.partial(UnsentStep, step, now, scalars, {}, None)
+        if self._recorder is None:
+            self._sender.submit_step(make)
+        elif self._recorder.hold(step, make):
+            self._flush_recorder()
+
+    def _flush_recorder(self) -> None:
+        """Send the steps the flight recorder holds, with one copy of their ring rows."""
+        batch = None if self._recorder is None else self._recorder.flush()
+        if batch is not None:
+            self._sender.submit_step(batch.render)
+
+    def _time_step(self, logged: dict[str, Any], ended: float) -> None:
+        """A rank's step times (perf_counter reads only, no device work): `time/step_s` since the
+        previous step ended (or watch()), and of that `time/before_backward_s`, until the step's
+        first gradient (forward pass, data loading): the straggler's is the longest."""
+        began, self._step_began = self._step_began, ended
+        logged["time/step_s"] = ended - began
+        first = self._tracker.first_grad
+        if first:  # no backward since the last step (a step without gradients) leaves it out
+            logged["time/before_backward_s"] = min(max(first[0] - began, 0.0), ended - began)
+            first.clear()
+
+    def _skipped_step(self, optimizer: torch.optim.Optimizer) -> None:
+        """A GradScaler skipped `optimizer`'s step: its backward passes end there all the same."""
+        if self._closed:
+            return
+        k = next(k for k, o in enumerate(self.layout.optimizers) if o is optimizer)
+        self._tracker.end_step(self._hooked(k))
+
+
+def _host_arrays(passes: list[int], clear: list[Optional[float]]) -> dict[str, np.ndarray]:
+    """`backward_passes` and `grad_clear` per parameter (NaN where nothing accumulated)."""
+    return {
+        "backward_passes": np.array(passes, dtype=np.float32),
+        "grad_clear": np.array([np.nan if c is None else c for c in clear], dtype=np.float32),
+    }
