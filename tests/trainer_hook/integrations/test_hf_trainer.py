@@ -217,6 +217,8 @@ def test_a_script_whose_train_raised_ends_its_run_as_crashed(
         ({"server": "ftp://x"}, ValueError),
         ({"token": 5}, TypeError),
         ({"warn": "yes"}, TypeError),
+        ({"on_finding": "print"}, TypeError),  # every option of watch() but model, scaler, config
+        ({"projekt": "p"}, TypeError),  # a misspelt option
     ],
 )
 def test_bad_arguments_fail_when_the_callback_is_made(kwargs: dict[str, Any], error: type) -> None:

@@ -324,6 +324,8 @@ def test_unreadable_lightning_internals_forward_nothing_and_training_goes_on(
         ({"project": 3}, TypeError),
         ({"server": "no-scheme"}, ValueError),
         ({"updates": 1}, TypeError),
+        ({"on_finding": "print"}, TypeError),  # every option of watch() but model, scaler, config
+        ({"projekt": "p"}, TypeError),  # a misspelt option
     ],
 )
 def test_bad_arguments_fail_when_the_callback_is_made(kwargs: dict[str, Any], error: type) -> None:
