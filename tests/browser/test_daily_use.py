@@ -1,5 +1,5 @@
 """What a user trips on in a day's use of the dashboard (issue 20's fixes), in a real Chromium
-against a real `gradwatch serve` fed over /ws/ingest (synthetic.py; fixtures of test_dashboard.py).
+against a real `gradwatch serve` fed over /ws/ingest (synthetic.py; the fixtures of conftest.py).
 
 Run: .venv/bin/python -m pytest tests/browser/test_daily_use.py
 """
@@ -7,26 +7,20 @@ Run: .venv/bin/python -m pytest tests/browser/test_daily_use.py
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
 
 import httpx
 import pytest
 import torch
 from playwright import sync_api
-from test_dashboard import Page, browser, dash, page, seed  # noqa: F401  (browser, dash, page: fixtures)
 
 import gradwatch
+from support.browser import Page, seed
 from support.server import ServerProcess
 from support.synthetic import Ingest, SyntheticRun
 
 pytestmark = pytest.mark.browser
+
 expect = sync_api.expect
-
-
-@pytest.fixture
-def http(dash: ServerProcess) -> Iterator[httpx.Client]:
-    with httpx.Client(base_url=dash.url, timeout=30) as client:
-        yield client
 
 
 def chips(p: sync_api.Page) -> list[str]:

@@ -4,33 +4,26 @@ serve`, runs fed over /ws/ingest as protocol v1 messages (synthetic.py).
 
 Each test seeds runs into a project of its own and opens the list filtered to it, so the
 module's tests share one server without seeing each other's runs. The pages publish what they
-drew (see test_dashboard.py); the compare page also sets body[data-drawn] to "<x>:<layout>"
+drew (see tests/support/browser.py); the compare page also sets body[data-drawn] to "<x>:<layout>"
 once a view is drawn. The tests wait on those, never on sleeps.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 
 import httpx
 import pytest
-from test_dashboard import XSS_NAME, Page, browser, dash, page  # noqa: F401  (browser, dash, page: fixtures)
+from playwright import sync_api  # noqa: E402  (installed by `make test`)
 from websockets.sync.client import connect
 
+from support.browser import XSS_NAME, Page
 from support.server import REPO, ServerProcess, start_server
 from support.synthetic import Ingest, SyntheticRun, _shapes
 
 pytestmark = pytest.mark.browser
-from playwright import sync_api  # noqa: E402  (installed by `make test`)
 
 expect = sync_api.expect
-
-
-@pytest.fixture
-def http(dash: ServerProcess) -> Iterator[httpx.Client]:
-    with httpx.Client(base_url=dash.url, timeout=30) as client:
-        yield client
 
 
 def seed(server: ServerProcess, run: SyntheticRun, steps: int) -> None:

@@ -1,6 +1,6 @@
 """The run page's heatmaps, zoom and parameter choice, in a real Chromium against a real server.
 
-Same set-up as test_dashboard.py (its fixtures: one `gradwatch serve` for the module, runs fed
+The fixtures of conftest.py (one `gradwatch serve` for the module, runs fed
 as hand-built protocol v1 messages over /ws/ingest). What is checked:
 - heatmap rows are grouped by module (modules in the order their first parameter appears), with
   a separator line between modules, and the hover names the parameter, the step and the value;
@@ -19,39 +19,12 @@ import math
 import numpy as np
 import pytest
 from playwright import sync_api
-from test_dashboard import Page, browser, dash, page, seed  # noqa: F401  (browser, dash, page: fixtures)
 
+from support.browser import COLUMNS, GROUPED, INTERLEAVED, Page, chart, hover_text, seed
 from support.server import ServerProcess
 from support.synthetic import SyntheticRun
 
 pytestmark = pytest.mark.browser
-
-#: In /params order, modules interleaved: the heatmap must regroup them.
-INTERLEAVED = [
-    ("blocks.1.attn.qkv.weight", [8, 8]),
-    ("head.weight", [8, 8]),
-    ("blocks.0.attn.qkv.weight", [8, 8]),
-    ("blocks.1.attn.qkv.bias", [8]),  # NaN where the run says (synthetic.py)
-    ("blocks.0.mlp.fc1.weight", [8, 8]),
-    ("scale", [1]),
-    ("blocks.1.mlp.fc1.weight", [8, 8]),  # +Inf there
-    ("blocks.0.attn.qkv.bias", [8]),
-]
-#: Grouped: each module's parameters, and its submodules', together, in order of first appearance.
-GROUPED = [
-    "blocks.1.attn.qkv.weight",
-    "blocks.1.attn.qkv.bias",
-    "blocks.1.mlp.fc1.weight",
-    "blocks.0.attn.qkv.weight",
-    "blocks.0.attn.qkv.bias",
-    "blocks.0.mlp.fc1.weight",
-    "head.weight",
-    "scale",
-]
-
-
-def chart(p: sync_api.Page, name: str) -> sync_api.Locator:
-    return p.locator(f'[data-chart="{name}"]')
 
 
 def test_heatmap_rows_are_grouped_by_module(dash: ServerProcess, page: Page) -> None:
@@ -91,36 +64,6 @@ def significant(v: float) -> str:
     """What d3's ".4~g" writes for a value around 0.01..1000."""
     digits = 4 - 1 - math.floor(math.log10(abs(v)))
     return f"{round(v, digits):.{max(digits, 0)}f}".rstrip("0").rstrip(".")
-
-
-#: The columns a heatmap draws (charts/heatmap.js, segments): [[step, x of its centre], ...].
-COLUMNS = """(c) => {
-    const el = document.querySelector(`[data-chart="${c}"]`);
-    const chart = Object.values(window.gradwatch.views).find((v) => v.chart && v.chart.el === el).chart;
-    return chart.shown.flatMap((seg) => seg.steps.map((s, j) => [s, (seg.edges[j] + seg.edges[j + 1]) / 2]));
-}"""
-
-
-def hover_text(p: sync_api.Page, name: str, step: int, row: int) -> list[str]:
-    """Move the mouse over the cell (step, row) of a heatmap; the hover label's lines."""
-    el = chart(p, name)
-    el.scroll_into_view_if_needed()
-    x, y = p.evaluate(
-        f"""([c, step, row]) => {{
-        const el = document.querySelector(`[data-chart="${{c}}"]`);
-        const fl = el._fullLayout;
-        const box = el.getBoundingClientRect();
-        const [, x] = ({COLUMNS})(c).find(([s]) => s === step);
-        return [box.left + fl._size.l + fl.xaxis.l2p(x), box.top + fl._size.t + fl.yaxis.l2p(row)];
-    }}""",
-        [name, step, row],
-    )
-    p.mouse.move(x, y)
-    label = el.locator(".hoverlayer .hovertext").first
-    sync_api.expect(label).to_be_visible()
-    lines = label.locator("text.nums tspan.line").all_text_contents()
-    p.mouse.move(0, 0)
-    return lines
 
 
 def test_zoom_fetches_the_window_at_full_resolution(dash: ServerProcess, page: Page) -> None:
