@@ -13,6 +13,8 @@ from gradwatch.layout import build_layout
 from gradwatch.measure import Probe
 from gradwatch_server import protocol
 
+pytestmark = pytest.mark.unit
+
 
 def test_protocol_constants_agree() -> None:
     assert wire.PROTOCOL_VERSION == protocol.PROTOCOL_VERSION

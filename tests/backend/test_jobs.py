@@ -29,6 +29,8 @@ from support.databases import new_database
 from support.server import ServerProcess, start_server
 from support.wiremsg import Hook, close, f32, hello, rank_hello, step
 
+pytestmark = pytest.mark.server
+
 RANK_TIMEOUT_S = 1.0
 #: fc.weight is sharded (half on each rank, both counted); fc.bias is a DDP replica (rank 0 counts).
 PIECES = {"local_numel": [3, 3], "counted": [True, True]}

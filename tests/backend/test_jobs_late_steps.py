@@ -21,6 +21,8 @@ from gradwatch_server.store import StepData, Store, backfill_blocks, open_store
 from support.databases import Clock
 from support.wiremsg import rank_hello
 
+pytestmark = pytest.mark.unit
+
 JOB = "late"
 P = 5
 PARAMS = tuple(f"layer{i}.weight" for i in range(P))

@@ -16,6 +16,10 @@ from playwright import sync_api
 
 from support.browser import Page, chromium_path
 from support.server import REPO, ServerProcess, start_server
+from support.tiers import folder_tier
+
+#: Every test here is of the `browser` tier (tests/support/tiers.py).
+pytest_itemcollected = folder_tier("browser")
 
 
 @pytest.fixture(scope="module")

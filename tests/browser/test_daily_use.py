@@ -9,7 +9,6 @@ from __future__ import annotations
 import math
 
 import httpx
-import pytest
 import torch
 from playwright import sync_api
 
@@ -17,8 +16,6 @@ import gradwatch
 from support.browser import Page, seed
 from support.server import ServerProcess
 from support.synthetic import Ingest, SyntheticRun
-
-pytestmark = pytest.mark.browser
 
 expect = sync_api.expect
 

@@ -22,8 +22,6 @@ from support.browser import CHARTS, REAL_RUN_CHARTS, XSS_NAME, XSS_PARAM, XSS_PR
 from support.server import REPO, ServerProcess
 from support.synthetic import Ingest, SyntheticRun
 
-pytestmark = pytest.mark.browser
-
 #: Where the README's screenshot goes when `make screenshot` asks for it (docs/screenshot.png);
 #: a plain test run writes it under its temporary folder, leaving the checkout as it was.
 SCREENSHOT_ENV = "GRADWATCH_SCREENSHOT"

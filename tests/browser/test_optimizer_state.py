@@ -21,8 +21,6 @@ import gradwatch
 from support.browser import Page
 from support.server import ServerProcess
 
-pytestmark = pytest.mark.browser
-
 STEPS = 12
 
 

@@ -24,8 +24,6 @@ from support.server import REPO, ServerProcess, start_server
 from support.synthetic import Ingest, SyntheticRun
 from support.synthetic_dist import RankRun, rank_runs, send_job
 
-pytestmark = pytest.mark.browser
-
 JOB = "ddpjob"
 STEPS, LOST_AFTER = 60, 37
 RANK_CHARTS = {

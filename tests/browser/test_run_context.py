@@ -26,8 +26,6 @@ from support.ema import reference_ema
 from support.server import ServerProcess
 from support.synthetic import SyntheticRun
 
-pytestmark = pytest.mark.browser
-
 CONFIG = {"dataset": {"name": "tiny", "seed": 3}, "note": XSS_NAME, "batch_size": 8}
 
 

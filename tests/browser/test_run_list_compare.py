@@ -21,8 +21,6 @@ from support.browser import XSS_NAME, Page
 from support.server import REPO, ServerProcess, start_server
 from support.synthetic import Ingest, SyntheticRun, _shapes
 
-pytestmark = pytest.mark.browser
-
 expect = sync_api.expect
 
 

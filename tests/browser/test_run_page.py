@@ -17,14 +17,11 @@ import base64
 import math
 
 import numpy as np
-import pytest
 from playwright import sync_api
 
 from support.browser import COLUMNS, GROUPED, INTERLEAVED, Page, chart, hover_text, seed
 from support.server import ServerProcess
 from support.synthetic import SyntheticRun
-
-pytestmark = pytest.mark.browser
 
 
 def test_heatmap_rows_are_grouped_by_module(dash: ServerProcess, page: Page) -> None:

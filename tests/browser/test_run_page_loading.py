@@ -31,8 +31,6 @@ from support.browser import CHARTS, GROUPED, INTERLEAVED, Page, chart, hover_tex
 from support.server import REPO, ServerProcess
 from support.synthetic import SyntheticRun
 
-pytestmark = pytest.mark.browser
-
 FRONTEND = REPO / "frontend"
 
 #: Counts each chart's full draws (Plotly.react / newPlot) by its data-chart name, from the

@@ -9,6 +9,8 @@ import gradwatch
 from gradwatch.sampling import AutoInterval, EveryN, StepTimes, make_sampler
 from support.sent import measured, sent_steps
 
+pytestmark = pytest.mark.unit
+
 NOWHERE = "http://127.0.0.1:9"
 
 

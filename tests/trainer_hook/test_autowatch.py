@@ -13,6 +13,8 @@ from torch import nn
 import gradwatch
 from gradwatch import autowatch
 
+pytestmark = pytest.mark.unit
+
 
 @pytest.fixture(autouse=True)
 def no_server(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -12,6 +12,8 @@ from gradwatch.layout import build_layout
 from gradwatch.measure import Probe, is_absent
 from gradwatch.wire import GRAD_STATUS_NONE, GRAD_STATUS_NONFINITE, GRAD_STATUS_NONZERO, GRAD_STATUS_ZERO
 
+pytestmark = pytest.mark.unit
+
 
 class Net(torch.nn.Module):
     def __init__(self) -> None:

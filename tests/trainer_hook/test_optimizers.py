@@ -11,6 +11,8 @@ import torch
 from gradwatch.layout import build_layout
 from gradwatch.measure import Probe, is_absent
 
+pytestmark = pytest.mark.unit
+
 optim = torch.optim
 OPTIMIZERS = {
     "sgd-nesterov": lambda p: optim.SGD(p, lr=0.01, momentum=0.9, nesterov=True),

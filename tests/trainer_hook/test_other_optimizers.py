@@ -19,6 +19,8 @@ import torch
 from gradwatch.layout import build_layout
 from gradwatch.measure import Probe
 
+pytestmark = pytest.mark.unit
+
 
 def muon(params: Any) -> torch.optim.Optimizer:
     if not hasattr(torch.optim, "Muon"):

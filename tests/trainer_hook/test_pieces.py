@@ -14,6 +14,8 @@ from gradwatch.measure import Probe
 from gradwatch.pieces import strip_names
 from support.sent import measured, sent_steps
 
+pytestmark = pytest.mark.unit
+
 NOWHERE = "http://127.0.0.1:9"
 SINGLE_PROCESS_KEYS = {"name", "shape", "numel", "dtype", "group", "optimizer"}
 

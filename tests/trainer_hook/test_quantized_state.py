@@ -14,6 +14,8 @@ from gradwatch import states
 from gradwatch.layout import build_layout
 from gradwatch.measure import Probe, is_absent
 
+pytestmark = pytest.mark.unit
+
 
 def torchao_optimizer(name: str) -> Callable[[Any], torch.optim.Optimizer]:
     def make(params: Any) -> torch.optim.Optimizer:

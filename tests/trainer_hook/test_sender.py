@@ -18,6 +18,8 @@ from gradwatch_server.live import IDLE_LINGER_S, LIVE_LINGER_S
 from support.server import start_server
 from support.wiresteps import split
 
+pytestmark = pytest.mark.unit  # a test that starts a server says so (@pytest.mark.server)
+
 
 def train(w: gradwatch.Watcher, model: torch.nn.Module, opt: torch.optim.Optimizer, steps: int) -> None:
     for _ in range(steps):
@@ -28,6 +30,7 @@ def train(w: gradwatch.Watcher, model: torch.nn.Module, opt: torch.optim.Optimiz
         opt.step()
 
 
+@pytest.mark.server
 def test_fast_steps_go_out_batched_in_order_and_arrive_whole(tmp_path: Path) -> None:
     server = start_server(tmp_path)
     try:
@@ -63,6 +66,7 @@ def _record(text: str | None, sent: list[dict]) -> str | None:
     return text
 
 
+@pytest.mark.server
 def test_the_server_sets_the_pace_while_a_browser_watches(tmp_path: Path) -> None:
     server = start_server(tmp_path)
     try:
@@ -126,6 +130,7 @@ def test_the_servers_cost_is_kept_only_when_sane() -> None:
         sender.close(timeout=0.1)
 
 
+@pytest.mark.server
 def test_a_step_is_spooled_within_a_second_whatever_the_servers_pace(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
