@@ -15,6 +15,7 @@ import re
 import shutil
 from pathlib import Path
 
+import httpx
 import pytest
 from playwright import sync_api
 
@@ -177,3 +178,31 @@ def hover_text(p: sync_api.Page, name: str, step: int, row: int) -> list[str]:
     lines = label.locator("text.nums tspan.line").all_text_contents()
     p.mouse.move(0, 0)
     return lines
+
+
+class ScalarsRun(SyntheticRun):
+    """A synthetic run that also logs `extra` scalars (a step's value: the step number)."""
+
+    extra: tuple[str, ...] = ()
+
+    def step(self, seq: int, step: int) -> dict[str, object]:
+        message = super().step(seq, step)
+        message["scalars"].update({k: float(step) for k in self.extra})  # type: ignore[attr-defined]
+        return message
+
+
+def scalars_run(run_id: str, params: list[str], extra: tuple[str, ...]) -> ScalarsRun:
+    run = ScalarsRun(run_id, run_id, project="defaults", total_steps=10, params=[(n, [4, 4]) for n in params])
+    run.extra = extra
+    return run
+
+
+def box(p: sync_api.Page, selector: str) -> dict[str, float]:
+    b = p.locator(selector).first.bounding_box()
+    assert b is not None, f"{selector} is not drawn"
+    return b
+
+
+def finding_counts(http: httpx.Client, run_id: str) -> dict[str, int]:
+    found = http.get(f"/api/runs/{run_id}/diagnostics").json()
+    return {sev: sum(f["severity"] == sev for f in found) for sev in ("error", "warning", "info")}
