@@ -375,7 +375,7 @@ class Store:
         with self._read() as conn:
             return _series.series_count(conn, run_id, name, lo, hi, kind)
 
-    def series_pieces(
+    def series_stretches(
         self,
         run_id: str,
         name: str,
@@ -384,9 +384,9 @@ class Store:
         size: int,
         indices: Sequence[int] | None = None,
         kind: str = "param",
-    ) -> blocks.Pieces:
+    ) -> blocks.Stretches:
         with self._read() as conn:
-            return _series.series_pieces(conn, run_id, name, lo, hi, size, indices, kind)
+            return _series.series_stretches(conn, run_id, name, lo, hi, size, indices, kind)
 
     # -- findings (diagnostics) ------------------------------------------------------------
 
