@@ -48,7 +48,7 @@ from .records import (
     ParamsMismatch,
     Run,
     StepData,
-    StepRecord,
+    StoredStep,
     StoredFinding,
     StoreError,
     UnknownRun,
@@ -74,7 +74,7 @@ __all__ = [
     "ParamsMismatch",
     "Run",
     "StepData",
-    "StepRecord",
+    "StoredStep",
     "Store",
     "StoreError",
     "StoredFinding",
@@ -321,7 +321,7 @@ class Store:
         metrics: Iterable[str] | None = None,
         scalar_keys: Iterable[str] | None = None,
         after: int | None = None,
-    ) -> Iterator[list[StepRecord]]:
+    ) -> Iterator[list[StoredStep]]:
         return _steps.iter_steps(
             self.engine,
             run_id,
@@ -332,7 +332,7 @@ class Store:
             after=after,
         )
 
-    def batch_steps(self, run_id: str, steps_range: tuple[int, int], seq_range: tuple[int, int]) -> list[StepRecord]:
+    def batch_steps(self, run_id: str, steps_range: tuple[int, int], seq_range: tuple[int, int]) -> list[StoredStep]:
         return _steps.batch_steps(self.engine, run_id, steps_range, seq_range)
 
     # -- series ----------------------------------------------------------------------------
