@@ -190,13 +190,6 @@ class Store:
         with self._read() as conn:
             return _jobs.lost_ranks(conn, job, self._clock(), rank_timeout, since)
 
-    def partial_steps(self, job: str) -> list[tuple[int, list[int]]]:
-        """A job's steps assembled without some rank: (step, missing ranks), by step."""
-        if not storable(job):
-            return []
-        with self._read() as conn:
-            return _jobs.get_partial_steps(conn, job)
-
     def close_run(self, run_id: str, *, seq: int, status: str) -> bool:
         """Apply a `close` message; False if it was applied already."""
         with self._write() as conn:
