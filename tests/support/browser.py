@@ -150,7 +150,8 @@ def chart(p: sync_api.Page, name: str) -> sync_api.Locator:
     return p.locator(f'[data-chart="{name}"]')
 
 
-#: The columns a heatmap draws (charts/heatmap.js, segments): [[step, x of its centre], ...].
+#: The columns a heatmap draws (charts/heatmap.js, segments): [[step, x of its centre], ...], read
+#: through the run page's test hook, window.gradwatch (frontend/js/page.js).
 COLUMNS = """(c) => {
     const el = document.querySelector(`[data-chart="${c}"]`);
     const chart = Object.values(window.gradwatch.views).find((v) => v.chart && v.chart.el === el).chart;

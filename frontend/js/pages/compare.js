@@ -10,6 +10,7 @@
 
 import { api, ApiError, liveUrl, runPageUrl, UnreachableError } from "../api.js";
 import { byId, h, notice, setChildren, statusBadge } from "../dom.js";
+import { shareXRange, startIt, unreachableNotice } from "../page.js";
 import { fmtCount, fmtDuration, runDuration } from "../format.js";
 import { sharedGroups } from "../groups.js";
 import { isUserScalar, mostShared } from "../names.js";
@@ -132,9 +133,7 @@ function rebuildLrCards(before) {
 }
 
 function onXRange(range) {
-  state.xRange = range;
-  note.render(range, state.x === "time" ? "seconds" : "steps");
-  for (const c of cards) c.setXRange(range);
+  shareXRange(state, note, cards, range, state.x === "time" ? "seconds" : "steps");
 }
 
 function label(i) {
@@ -336,7 +335,7 @@ async function load() {
   } catch (err) {
     console.error(err);
     setChildren(el.notice, err instanceof UnreachableError
-      ? notice("error", "The gradwatch server is unreachable", h("p", {}, "Start it with ", h("code", {}, "gradwatch serve"), "; this page reconnects by itself."))
+      ? unreachableNotice(...startIt(), "; this page reconnects by itself.")
       : notice("error", "The runs could not be loaded", h("p", {}, String(err.message || err))));
   }
   document.body.dataset.ready = "1";

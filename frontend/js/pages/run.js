@@ -16,7 +16,8 @@
 // Charts out of view fetch and draw a zoom when they are scrolled to.
 // What the page has drawn is published for tests and benchmarks/dashboard.py: body[data-ready]
 // and the performance mark `gradwatch:ready` once every chart is drawn; body[data-zoom] and the
-// mark `gradwatch:zoomed` once every chart in view shows the zoom's window ("FROM-TO", or "all").
+// mark `gradwatch:zoomed` once every chart in view shows the zoom's window ("FROM-TO", or "all");
+// window.gradwatch, the test hook (page.js), holds the state and the views.
 
 import { api, ApiError, liveUrl, UnreachableError } from "../api.js";
 import { findingAlerts } from "../attention.js";
@@ -26,9 +27,10 @@ import { markersOf, partialMarkers } from "../charts/markers.js";
 import { whenPlotly } from "../charts/theme.js";
 import { inViewFirst, nearView } from "../charts/turns.js";
 import { byId, h, notice, setChildren } from "../dom.js";
-import { fmtTime, toNumber } from "../format.js";
+import { fmtTime } from "../format.js";
 import { LiveSocket, renderLiveStatus } from "../live.js";
 import { firstScalar } from "../names.js";
+import { exposeForTests, shareXRange, startIt, unreachableNotice } from "../page.js";
 import { parseRanks } from "../ranks.js";
 import { queryValue, readQuery, writeQuery } from "../url.js";
 import { headerView } from "../views/header.js";
@@ -127,14 +129,11 @@ export function init() {
     setInterval(() => { if (state.run && state.run.status === "running") header.tick(state); }, 5000);
   }
 
-  // Exposed for debugging in the console (and for tests that want to look inside).
-  window.gradwatch = { state, views, reload: loadAll, toNumber };
+  exposeForTests({ state, views });
 }
 
 const onXRange = (range) => {
-  state.xRange = range;
-  note.render(range);
-  for (const v of Object.values(views)) if (v.setXRange) v.setXRange(range);
+  shareXRange(state, note, Object.values(views), range);
   saveUrl();
   scheduleZoom();
 };
@@ -381,8 +380,7 @@ function showError(err) {
     clearTimeout(waitTimer);
     waitTimer = setTimeout(loadAll, WAIT_FOR_RUN_MS);
   } else if (err instanceof UnreachableError) {
-    setChildren(pageNotice, notice("error", "The gradwatch server is unreachable",
-      h("p", {}, "Start it with ", h("code", {}, "gradwatch serve"), "; this page reconnects by itself and shows what it missed.")));
+    setChildren(pageNotice, unreachableNotice(...startIt(), "; this page reconnects by itself and shows what it missed."));
   } else if (!loadedOnce) {
     setChildren(pageNotice, notice("error", "This run could not be loaded", h("p", {}, String(err.message || err))));
   }
