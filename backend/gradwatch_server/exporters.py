@@ -32,7 +32,7 @@ from .job_ranks import is_job
 from .jsonvalues import metric_list, word
 from .models import ParamPublic, RunPublic
 from .protocol import GRAD_STATUS, GRAD_STATUS_NAMES, absent_mask
-from .store import Param, Run, StoredStep, Store
+from .store import Param, Run, Store, StoredStep
 
 #: The CSV's leading columns, in this order, whether or not the run has them (contract).
 FIXED_METRICS = ("grad_norm", GRAD_STATUS, "param_norm", "exp_avg_norm", "exp_avg_sq_norm")

@@ -34,7 +34,7 @@ from .exporters import (
     series_union,
 )
 from .jsonvalues import word
-from .store import Run, StoredStep, Store
+from .store import Run, Store, StoredStep
 
 #: Steps read at once: scalars only, a few dozen values a step.
 CHUNK_STEPS = 2048

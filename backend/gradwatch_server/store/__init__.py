@@ -48,8 +48,8 @@ from .records import (
     ParamsMismatch,
     Run,
     StepData,
-    StoredStep,
     StoredFinding,
+    StoredStep,
     StoreError,
     UnknownRun,
 )
