@@ -13,7 +13,7 @@ from .. import blocks
 from ..protocol import absent_mask, array_dtype
 from ..schema import metric_blocks, param_metrics, runs, series_names, steps
 from ..schema import scalars as scalars_table
-from ..tails import Step
+from ..tails import WrittenStep
 from .rows import insert_plain, joined, metric_where, plain_rows
 from .values import scalar_columns
 
@@ -39,7 +39,7 @@ def update_blocks(
     new_steps: list[int],
     before: int | None,
     after: int,
-    stored: Sequence[Step] | None = None,
+    stored: Sequence[WrittenStep] | None = None,
     kinds: Sequence[str] = tuple(blocks.RECORDS),
 ) -> None:
     """Recompute the closed blocks that storing `new_steps` changed or closed (blocks.dirty),
@@ -213,7 +213,7 @@ def _raw_scalar_stretches_of(
 
 
 def _memory_stretches_of(
-    stored: Sequence[Step], kind: str, spans: list[tuple[int, int]], size: int
+    stored: Sequence[WrittenStep], kind: str, spans: list[tuple[int, int]], size: int
 ) -> dict[str, blocks.Stretches]:
     """What `_raw_stretches_of` / `_raw_scalar_stretches_of` read for the steps in `spans`, from step
     messages in memory instead (every stored step of those spans).
