@@ -55,8 +55,8 @@ test: setup-test
 	$(BIN)/python -m pytest -m "$(TIMED)" --durations=10; timed=$$?; \
 	test $$parallel -eq 0 && test $$timed -eq 0
 
-# The tiers are markers that tests/conftest.py gives each test (pytest.ini declares them). The
-# fast tier runs on every core (pytest-xdist), a test file per worker so that a module's fixtures
+# The tiers are markers each test module declares (tests/support/tiers.py; pytest.ini lists them).
+# The fast tier runs on every core (pytest-xdist), a test file per worker so that a module's fixtures
 # are built once.
 FAST := not (browser or postgres or server or corpus or integration)
 test-fast: setup $(VENV)/.stamp-test-deps

@@ -16,90 +16,43 @@ leaves them out. The `server` fixture is a `gradwatch serve` on `db_url`.
 from __future__ import annotations
 
 import os
-import sys
-import types
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from support import pg
+from support import pg, tiers
 from support.databases import DATABASES, new_database
 from support.server import ServerProcess, find_free_port, start_server
 
 # -- tiers ------------------------------------------------------------------------------------
-# `make test-fast` runs what needs none of the slow parts: `-m "not (browser or postgres or server
-# or corpus or integration)"`. Each test gets those markers here, from what it uses and where it
-# lives, so that no test has to remember to declare them (and a new test that starts a server is
-# never taken for a fast one).
-
-TESTS = Path(__file__).resolve().parent
-#: The tier markers (declared in pytest.ini) that keep a test out of `make test-fast`.
-SLOW_TIERS = ("browser", "postgres", "server", "corpus", "integration")
-#: Folders whose every test is of a tier: real Chromium; the corpus (real training scripts, one
-#: process each); whole runs against servers that fail on purpose, timed (seconds each, and their
-#: timing bounds need a machine that is not loaded).
-FOLDER_TIERS = {"browser": "browser", "diagnostics": "corpus", "integration": "integration"}
-
-
-def _ours(obj: object) -> bool:
-    """Whether `obj` (a function or class) is defined in a file under tests/."""
-    code = getattr(obj, "__code__", None)
-    if code is not None:
-        return code.co_filename.startswith(str(TESTS))
-    module = sys.modules.get(getattr(obj, "__module__", "") or "")
-    return str(getattr(module, "__file__", "") or "").startswith(str(TESTS))
-
-
-def _code_names(func: Callable[..., object], seen: set[object]) -> set[str]:
-    """The global names `func` reads, with those of the functions and classes of tests/ it calls,
-    transitively: enough to see a `start_server` behind a helper."""
-    func = getattr(func, "__wrapped__", func)
-    code = getattr(func, "__code__", None)
-    if code is None or func in seen:
-        return set()
-    seen.add(func)
-    names: set[str] = set()
-    stack = [code]
-    while stack:
-        current = stack.pop()
-        names.update(current.co_names)
-        stack.extend(c for c in current.co_consts if isinstance(c, types.CodeType))
-    module_globals = getattr(func, "__globals__", {})
-    for name in list(names):
-        target = module_globals.get(name)
-        target = getattr(target, "__wrapped__", target)  # a decorated helper (@contextmanager): its own code
-        if target is None or not callable(target) or not _ours(target):
-            continue
-        if isinstance(target, type):
-            for member in vars(target).values():
-                if callable(member) and _ours(member):
-                    names |= _code_names(member, seen)
-        else:
-            names |= _code_names(target, seen)
-    return names
-
-
-def _tiers(item: pytest.Function) -> set[str]:
-    """The slow tiers `item` belongs to: what it runs in, the fixtures it uses, what it calls."""
-    path = Path(str(item.path)).resolve()
-    tiers = {tier for folder, tier in FOLDER_TIERS.items() if TESTS / folder in path.parents}
-    fixtures = item._fixtureinfo.name2fixturedefs
-    params = getattr(getattr(item, "callspec", None), "params", {})
-    if "postgres" in item.fixturenames or "postgresql" in (params.get("db_url"), params.get("module_db_url")):
-        tiers.add("postgres")
-    funcs = [item.function] + [d.func for defs in fixtures.values() for d in defs]
-    seen: set[object] = set()
-    if any("start_server" in _code_names(f, seen) for f in funcs):
-        tiers.add("server")
-    return tiers
+# Each test module declares its tier (tests/support/tiers.py says which there are and how); here
+# a test on PostgreSQL gets the `postgres` marker, and a test that may not start a server is
+# refused one. `make test-fast` leaves out the tests marked browser, postgres, server, corpus or
+# integration.
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The `postgres` marker for each test on PostgreSQL: the `postgresql` variant of `db_url` or
+    `module_db_url`, or a test that asks for the `postgres` server itself."""
     for item in items:
-        if isinstance(item, pytest.Function):
-            for tier in sorted(_tiers(item)):
-                item.add_marker(tier)
+        params = getattr(getattr(item, "callspec", None), "params", {})
+        on_postgres = "postgresql" in (params.get("db_url"), params.get("module_db_url"))
+        if on_postgres or "postgres" in getattr(item, "fixturenames", ()):
+            item.add_marker("postgres")
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    """Before the test's fixtures are set up: whether it (or a fixture of its) may start a server."""
+    marked = {mark.name for mark in item.iter_markers()}
+    tiers.refuse_servers = (
+        ""
+        if marked & tiers.SERVERS
+        else f"{item.nodeid} starts a `gradwatch serve` but is of none of the tiers that may "
+        f"({', '.join(sorted(tiers.SERVERS))}): mark the test `@pytest.mark.server`, or its module "
+        "(tests/support/tiers.py)"
+    )
 
 
 @pytest.fixture

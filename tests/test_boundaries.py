@@ -17,6 +17,8 @@ import pytest
 
 from support.server import REPO
 
+pytestmark = pytest.mark.unit
+
 PACKAGES = {"gradwatch_server": REPO / "backend" / "gradwatch_server", "gradwatch": REPO / "trainer_hook" / "gradwatch"}
 
 

@@ -13,6 +13,8 @@ import tomllib
 from packaging.requirements import Requirement
 from packaging.version import Version
 
+pytestmark = pytest.mark.unit
+
 ROOT = Path(__file__).resolve().parents[1]
 
 #: package -> (first fixed version, advisories fixed by then)

@@ -16,6 +16,8 @@ import pytest
 from support import pg
 from support.server import REPO, find_free_port
 
+pytestmark = pytest.mark.unit
+
 #: One PostgreSQL test of the suite, quick to import.
 A_POSTGRES_TEST = "tests/backend/test_tails.py"
 

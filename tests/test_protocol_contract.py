@@ -14,6 +14,8 @@ from gradwatch.measure import Probe
 from gradwatch_server import protocol
 from support.probing import after_step, before_step
 
+pytestmark = pytest.mark.unit
+
 
 def test_protocol_constants_agree() -> None:
     assert wire.PROTOCOL_VERSION == protocol.PROTOCOL_VERSION

@@ -1,8 +1,9 @@
-"""The tiers of tests/conftest.py: each test gets the markers of what it uses, so that the fast
-tier (`make test-fast`) never holds a test that starts a server, needs PostgreSQL or a browser.
+"""The tiers (tests/support/tiers.py): every test module declares exactly one, where a reader sees
+it; the markers that `make test-fast` and `make test` select on follow from those declarations;
+and a test that may not start a server cannot.
 
 Run for real: pytest collects a few modules in a child process, which prints each test's tier
-markers, and the tests known to use each part carry its marker.
+markers.
 """
 
 from __future__ import annotations
@@ -10,12 +11,15 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
-from support.server import REPO
+from support import tiers
+from support.server import REPO, start_server
 
-TIERS = {"browser", "postgres", "server", "corpus", "integration"}
+TESTS = REPO / "tests"
+MARKERS = {*tiers.TIERS, "postgres", "timed"}
 MODULES = [
     "tests/backend/test_api.py",
     "tests/backend/test_live.py",
@@ -32,30 +36,54 @@ class Markers:
 sys.exit(pytest.main(["--collect-only", "-q", "-p", "no:cacheprovider", *sys.argv[1:]], plugins=[Markers()]))
 """
 
+pytestmark = pytest.mark.unit
+
+
+def test_every_test_module_declares_exactly_one_tier() -> None:
+    modules = sorted(TESTS.rglob("test_*.py"))
+    assert len(modules) > 100
+    wrong = {str(m.relative_to(REPO)): found for m in modules if len(found := tiers.declared_tiers(m, TESTS)) != 1}
+    assert not wrong, f"each test module declares one tier of {tiers.TIERS} (tests/support/tiers.py): {wrong}"
+
+
+def test_a_declaration_is_read_from_the_module_and_from_its_folders_conftest(tmp_path: Path) -> None:
+    (tmp_path / "tests" / "slow").mkdir(parents=True)
+    (tmp_path / "tests" / "slow" / "conftest.py").write_text('pytest_itemcollected = folder_tier("corpus")\n')
+    module = tmp_path / "tests" / "slow" / "test_x.py"
+    module.write_text("import pytest\npytestmark = [pytest.mark.server, pytest.mark.timeout(9)]\n")
+    assert tiers.declared_tiers(module, tmp_path / "tests") == ["server", "corpus"]  # two tiers: refused
+    module.write_text("import pytest\npytestmark = pytest.mark.slow\n")
+    assert tiers.declared_tiers(module, tmp_path / "tests") == ["corpus"]
+
+
+def test_a_test_of_a_tier_that_may_not_start_a_server_is_refused_one(tmp_path: Path) -> None:
+    with pytest.raises(RuntimeError, match=r"test_tiers\.py::.* starts a `gradwatch serve`.*@pytest\.mark\.server"):
+        start_server(tmp_path)
+    assert not list(tmp_path.iterdir())  # refused before anything started
+
 
 @pytest.fixture(scope="module")
-def tiers() -> dict[str, set[str]]:
+def markers() -> dict[str, set[str]]:
     """Each collected test's tier markers."""
     result = subprocess.run(
         [sys.executable, "-c", COLLECT, *MODULES], capture_output=True, text=True, timeout=120, cwd=REPO
     )
     assert result.returncode == 0, result.stdout + result.stderr
     line = next(line for line in result.stdout.splitlines() if line.startswith("MARKERS "))
-    return {test: set(markers) & TIERS for test, markers in json.loads(line.removeprefix("MARKERS ")).items()}
+    return {test: set(names) & MARKERS for test, names in json.loads(line.removeprefix("MARKERS ")).items()}
 
 
-def test_the_in_process_tests_are_fast(tiers: dict[str, set[str]]) -> None:
-    assert tiers["test_health[sqlite]"] == set()  # the REST app in process, on SQLite
-    assert tiers["test_a_browser_that_falls_behind_is_dropped"] == set()  # no server, no database
+def test_in_process_tests_are_unit_tests_and_a_postgres_variant_says_so(markers: dict[str, set[str]]) -> None:
+    assert markers["test_health[sqlite]"] == {"unit"}  # the REST app in process, on SQLite
+    assert markers["test_health[postgresql]"] == {"unit", "postgres"}
+    assert markers["test_a_browser_that_falls_behind_is_dropped"] == {"unit"}  # no server, no database
 
 
-def test_what_starts_a_server_needs_postgres_or_a_browser_is_not(tiers: dict[str, set[str]]) -> None:
-    assert tiers["test_health[postgresql]"] == {"postgres"}
-    assert tiers["test_pages_and_static_files"] == {"server"}  # start_server in the test
-    assert tiers["test_browsers_follow_runs_and_steps[sqlite]"] == {"server"}  # the `server` fixture
-    assert tiers["test_browsers_follow_runs_and_steps[postgresql]"] == {"server", "postgres"}
-    # start_server and the postgres fixture in fixtures of the module, in a folder of its own
-    assert tiers["test_postgresql_workers_keep_a_moving_runs_findings_whole"] == {"server", "postgres", "integration"}
-    assert tiers["test_compare_page"] == {"browser", "server"}
-    # start_server behind a @contextmanager helper of tests/support, in a module fixture
-    assert tiers["test_global_norms_equal_one_process_on_the_full_batch"] == {"server"}
+def test_what_starts_a_server_or_a_browser_carries_its_tier(markers: dict[str, set[str]]) -> None:
+    assert markers["test_pages_and_static_files"] == {"unit", "server"}  # one test of a unit module
+    assert markers["test_browsers_follow_runs_and_steps[sqlite]"] == {"unit", "server"}  # the `server` fixture
+    assert markers["test_browsers_follow_runs_and_steps[postgresql]"] == {"unit", "server", "postgres"}
+    # the folder's tier (its conftest.py), and the postgres fixture of a fixture of the module
+    assert markers["test_postgresql_workers_keep_a_moving_runs_findings_whole"] == {"postgres", "integration"}
+    assert markers["test_compare_page"] == {"browser"}
+    assert markers["test_global_norms_equal_one_process_on_the_full_batch"] == {"server"}

@@ -42,8 +42,8 @@ RAW = 0
 
 
 @dataclass
-class Pieces:
-    """Summaries of stretches of stored steps (a block, or one raw step), in step order; the
+class Stretches:
+    """Summaries of stretches of stored steps (each a block, or one raw step), in step order; the
     per-parameter arrays have one column per parameter read."""
 
     first: np.ndarray  # int64 (n,): first stored step
@@ -61,8 +61,8 @@ class Pieces:
 FIELDS = ("first", "rows", "low", "high", "total", "finite", "nan")
 
 
-def empty(width: int, dtype: type = np.float32) -> Pieces:
-    return Pieces(
+def empty(width: int, dtype: type = np.float32) -> Stretches:
+    return Stretches(
         np.empty(0, np.int64),
         np.empty(0, np.int64),
         np.empty((0, width), dtype),
@@ -80,9 +80,9 @@ def from_values(
     size: int | None = None,
     dtype: type = np.float32,
     starts: np.ndarray | None = None,
-) -> Pieces:
-    """Pieces of raw steps: `values` (steps x parameters, float32 or uint8 codes, or float64
-    scalars with `dtype`; steps ascending) with `missing` marking ABSENT; one piece per step, per
+) -> Stretches:
+    """Stretches of raw steps: `values` (steps x parameters, float32 or uint8 codes, or float64
+    scalars with `dtype`; steps ascending) with `missing` marking ABSENT; one stretch per step, per
     block of `size` steps, or per group of rows beginning at the indices `starts`."""
     steps = np.asarray(steps, dtype=np.int64)
     v: np.ndarray = np.asarray(values, dtype=dtype)  # uint8 codes are exact in float32
@@ -97,7 +97,7 @@ def from_values(
     ordered = ~nan
     if missing is not None:
         nan &= ~missing
-    return Pieces(
+    return Stretches(
         first=steps[starts],
         rows=np.diff(np.append(starts, len(steps))),
         low=_reduce(np.minimum, np.where(ordered, v, v.dtype.type(np.inf)), starts),
@@ -131,10 +131,10 @@ def _reduce(op: np.ufunc, x: np.ndarray, starts: np.ndarray, dtype: type | None 
     return op.reduceat(x, starts, axis=0, dtype=dtype)
 
 
-def from_records(first: np.ndarray, rows: np.ndarray, records: np.ndarray) -> Pieces:
-    """Pieces from stored blocks: `records` is (blocks x parameters) of `RECORD` or `SCALAR_RECORD`."""
+def from_records(first: np.ndarray, rows: np.ndarray, records: np.ndarray) -> Stretches:
+    """Stretches from stored blocks: `records` is (blocks x parameters) of `RECORD` or `SCALAR_RECORD`."""
     extreme = records.dtype["min"].newbyteorder("=")
-    return Pieces(
+    return Stretches(
         first=np.asarray(first, dtype=np.int64),
         rows=np.asarray(rows, dtype=np.int64),
         low=records["min"].astype(extreme),
@@ -145,76 +145,76 @@ def from_records(first: np.ndarray, rows: np.ndarray, records: np.ndarray) -> Pi
     )
 
 
-def to_records(pieces: Pieces, record: np.dtype = RECORD) -> np.ndarray:
-    """The stored form of pieces (each one a block): (blocks x parameters) of `record`."""
-    out = np.empty(pieces.low.shape, dtype=record)
-    out["min"], out["max"], out["sum"] = pieces.low, pieces.high, pieces.total
-    out["finite"], out["nan"] = pieces.finite, pieces.nan
+def to_records(stretches: Stretches, record: np.dtype = RECORD) -> np.ndarray:
+    """The stored form of stretches (each one a block): (blocks x parameters) of `record`."""
+    out = np.empty(stretches.low.shape, dtype=record)
+    out["min"], out["max"], out["sum"] = stretches.low, stretches.high, stretches.total
+    out["finite"], out["nan"] = stretches.finite, stretches.nan
     return out
 
 
-def concat(parts: list[Pieces], width: int) -> Pieces:
-    """Pieces of consecutive stretches, joined in the order given."""
+def concat(parts: list[Stretches], width: int) -> Stretches:
+    """Stretches of consecutive stretches, joined in the order given."""
     parts = [p for p in parts if len(p)]
     if not parts:
         return empty(width)
     if len(parts) == 1:
         return parts[0]
-    return Pieces(*(np.concatenate([getattr(p, f) for p in parts]) for f in FIELDS))
+    return Stretches(*(np.concatenate([getattr(p, f) for p in parts]) for f in FIELDS))
 
 
-def merge(pieces: Pieces, starts: np.ndarray) -> Pieces:
-    """Consecutive pieces merged into groups beginning at the indices `starts`."""
-    if len(starts) == len(pieces):
-        return pieces
-    return Pieces(
-        first=pieces.first[starts],
-        rows=np.add.reduceat(pieces.rows, starts),
-        low=_reduce(np.minimum, pieces.low, starts),
-        high=_reduce(np.maximum, pieces.high, starts),
-        total=_reduce(np.add, pieces.total, starts),
-        finite=_reduce(np.add, pieces.finite, starts),
-        nan=_reduce(np.add, pieces.nan, starts),
+def merge(stretches: Stretches, starts: np.ndarray) -> Stretches:
+    """Consecutive stretches merged into groups beginning at the indices `starts`."""
+    if len(starts) == len(stretches):
+        return stretches
+    return Stretches(
+        first=stretches.first[starts],
+        rows=np.add.reduceat(stretches.rows, starts),
+        low=_reduce(np.minimum, stretches.low, starts),
+        high=_reduce(np.maximum, stretches.high, starts),
+        total=_reduce(np.add, stretches.total, starts),
+        finite=_reduce(np.add, stretches.finite, starts),
+        nan=_reduce(np.add, stretches.nan, starts),
     )
 
 
-def group(pieces: Pieces, width: int) -> Pieces:
-    """Merge pieces into the aligned buckets [j*width, (j+1)*width) they fall in (a piece never
+def group(stretches: Stretches, width: int) -> Stretches:
+    """Merge stretches into the aligned buckets [j*width, (j+1)*width) they fall in (a stretch never
     straddles one: its blocks are aligned on a size that divides `width`)."""
-    if not len(pieces):
-        return pieces
-    return merge(pieces, breaks(pieces.first // width))
+    if not len(stretches):
+        return stretches
+    return merge(stretches, breaks(stretches.first // width))
 
 
-def summary(pieces: Pieces) -> downsample.Summary:
-    """What `downsample.summarize` gives for the raw values of each piece."""
-    has_ordered = pieces.low <= pieces.high
-    has_nan = pieces.nan > 0
+def summary(stretches: Stretches) -> downsample.Summary:
+    """What `downsample.summarize` gives for the raw values of each stretch."""
+    has_ordered = stretches.low <= stretches.high
+    has_nan = stretches.nan > 0
     with np.errstate(invalid="ignore", divide="ignore"):
-        mean = np.where(pieces.finite > 0, pieces.total / np.maximum(pieces.finite, 1), np.nan)
+        mean = np.where(stretches.finite > 0, stretches.total / np.maximum(stretches.finite, 1), np.nan)
     return downsample.Summary(
         mean=mean,
-        min=np.where(has_ordered, pieces.low.astype(np.float64), np.nan),
-        max=np.where(has_ordered & ~has_nan, pieces.high.astype(np.float64), np.nan),
+        min=np.where(has_ordered, stretches.low.astype(np.float64), np.nan),
+        max=np.where(has_ordered & ~has_nan, stretches.high.astype(np.float64), np.nan),
         empty=~(has_ordered | has_nan),
     )
 
 
-def peak(pieces: Pieces, starts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """What `downsample.peak` gives for the raw values of the groups of pieces beginning at the
+def peak(stretches: Stretches, starts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """What `downsample.peak` gives for the raw values of the groups of stretches beginning at the
     indices `starts`: (peaks, empty). Only the extremes and NaN counts are merged: a heatmap
     needs no sums, and merging them would triple the cost."""
-    low, high = _reduce(np.minimum, pieces.low, starts), _reduce(np.maximum, pieces.high, starts)
-    has_nan = _reduce(np.maximum, pieces.nan > 0, starts)
+    low, high = _reduce(np.minimum, stretches.low, starts), _reduce(np.maximum, stretches.high, starts)
+    has_nan = _reduce(np.maximum, stretches.nan > 0, starts)
     out = np.where(np.abs(low) > np.abs(high), low, high).astype(np.float64)
     out = np.where(has_nan, np.nan, out)
     return out, ~(has_nan | (low <= high))
 
 
-def highest_code(pieces: Pieces, starts: np.ndarray) -> np.ndarray:
-    """What `downsample.highest_code` gives for grad_status codes, per group of pieces as in
+def highest_code(stretches: Stretches, starts: np.ndarray) -> np.ndarray:
+    """What `downsample.highest_code` gives for grad_status codes, per group of stretches as in
     `peak` (0 for a group without any)."""
-    low, high = _reduce(np.minimum, pieces.low, starts), _reduce(np.maximum, pieces.high, starts)
+    low, high = _reduce(np.minimum, stretches.low, starts), _reduce(np.maximum, stretches.high, starts)
     return np.where(low <= high, high, 0).astype(np.uint8)
 
 

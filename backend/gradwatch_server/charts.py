@@ -34,7 +34,7 @@ from .store import Param, Store
 #: Rows of a metric read at once for a heatmap: bounds memory to this many x parameters.
 HEATMAP_CHUNK_ROWS = 4096
 
-#: Summaries (parameters x pieces) read at once over a long window: bounds memory to this many
+#: Summaries (parameters x stretches) read at once over a long window: bounds memory to this many
 #: x 40 bytes.
 BLOCK_CHUNK_VALUES = 1 << 20
 
@@ -329,14 +329,14 @@ def _grid(
     return _join_cells(chunks, count, downsampled=len(starts) < len(all_steps))
 
 
-def _bucket_peaks(pieces: blocks.Pieces, width: int) -> Cells:
-    starts = blocks.breaks(pieces.first // width)
-    return (pieces.first[starts], *blocks.peak(pieces, starts))
+def _bucket_peaks(stretches: blocks.Stretches, width: int) -> Cells:
+    starts = blocks.breaks(stretches.first // width)
+    return (stretches.first[starts], *blocks.peak(stretches, starts))
 
 
-def _bucket_codes(pieces: blocks.Pieces, width: int) -> Cells:
-    starts = blocks.breaks(pieces.first // width)
-    return pieces.first[starts], blocks.highest_code(pieces, starts), None
+def _bucket_codes(stretches: blocks.Stretches, width: int) -> Cells:
+    starts = blocks.breaks(stretches.first // width)
+    return stretches.first[starts], blocks.highest_code(stretches, starts), None
 
 
 def _join_cells(chunks: list[Cells], count: int, downsampled: bool) -> Grid:
@@ -385,12 +385,12 @@ def long_window(
     end: int | None,
     max_points: int,
     raw_rows: int,
-    reduce: Callable[[blocks.Pieces, int], R],
+    reduce: Callable[[blocks.Stretches, int], R],
     kind: str = "param",
 ) -> list[R] | None:
     """Shared by every chart that reads a long window from the blocks (series, heatmap, spread):
     the window in at most `max_points` aligned buckets built from the stored step blocks, a
-    chunk of buckets per list item (what `reduce` makes of its pieces and the bucket width), for
+    chunk of buckets per list item (what `reduce` makes of its stretches and the bucket width), for
     the parameters `indices` (all `count` when None) of a parameter metric, or for a scalar
     (`kind="scalar"`); None when it holds few enough stored steps to be read raw (see the module
     docstring)."""
@@ -403,10 +403,13 @@ def long_window(
         return None
     plan = blocks.bucket_width(*bounds, max_points)
     assert plan is not None  # steps are distinct: the span is at least the count
-    return [reduce(pieces, plan[0]) for pieces in _pieces(store, run_id, name, indices, count, kind, *bounds, *plan)]
+    return [
+        reduce(stretches, plan[0])
+        for stretches in _stretches(store, run_id, name, indices, count, kind, *bounds, *plan)
+    ]
 
 
-def _pieces(
+def _stretches(
     store: Store,
     run_id: str,
     name: str,
@@ -417,15 +420,15 @@ def _pieces(
     hi: int,
     width: int,
     size: int,
-) -> Iterator[blocks.Pieces]:
-    """Pieces of [lo, hi] from blocks of at most `size` steps, a chunk of whole buckets of
+) -> Iterator[blocks.Stretches]:
+    """Stretches of [lo, hi] from blocks of at most `size` steps, a chunk of whole buckets of
     `width` steps per store read (about BLOCK_CHUNK_VALUES summaries)."""
-    pieces = max(1, BLOCK_CHUNK_VALUES // max(1, count))
-    span = width * max(1, pieces * size // width)
+    stretches = max(1, BLOCK_CHUNK_VALUES // max(1, count))
+    span = width * max(1, stretches * size // width)
     a = lo
     while a <= hi:
         b = min(hi, (a // span + 1) * span - 1)
-        yield store.series_pieces(run_id, name, a, b, size, indices, kind)
+        yield store.series_stretches(run_id, name, a, b, size, indices, kind)
         a = b + 1
 
 

@@ -32,7 +32,7 @@ from .job_ranks import is_job
 from .jsonvalues import metric_list, word
 from .models import ParamPublic, RunPublic
 from .protocol import GRAD_STATUS, GRAD_STATUS_NAMES, absent_mask
-from .store import Param, Run, StepRecord, Store
+from .store import Param, Run, Store, StoredStep
 
 #: The CSV's leading columns, in this order, whether or not the run has them (contract).
 FIXED_METRICS = ("grad_norm", GRAD_STATUS, "param_norm", "exp_avg_norm", "exp_avg_sq_norm")
@@ -168,19 +168,19 @@ def export_csv(store: Store, run: Run, progress: Progress | None = None, *, rank
     columns = csv_columns(series_union(store, sources, "param"))
     with_rank = ranked(run, ranks)
 
-    def step_rows(rank: int | None, record: StepRecord) -> Iterator[tuple[object, ...]]:
+    def step_rows(rank: int | None, record: StoredStep) -> Iterator[tuple[object, ...]]:
         cells = [np.full(len(params), str(record.step), dtype=object), names]
         cells += [_text_column(record.arrays.get(m), len(params)) for m in columns[2:]]
         if with_rank:
             cells.append(np.full(len(params), rank_cell(rank), dtype=object))
         return zip(*cells)
 
-    def rows(rank: int | None, chunk: list[StepRecord]) -> Iterable[Iterable[object]]:
+    def rows(rank: int | None, chunk: list[StoredStep]) -> Iterable[Iterable[object]]:
         # The rows are chained in C: a generator resumed once per row costs an export of a
         # million rows about a tenth of its time.
         return itertools.chain.from_iterable(step_rows(rank, record) for record in chunk)
 
-    def read(source: Run) -> Iterator[list[StepRecord]]:
+    def read(source: Run) -> Iterator[list[StoredStep]]:
         return store.iter_steps(source.id, with_scalars=False, chunk=chunk_steps(len(params)))
 
     header = [*columns, RANK_COLUMN] if with_rank else columns
@@ -191,7 +191,7 @@ def _json_line(obj: object) -> bytes:
     return json.dumps(obj, allow_nan=False, separators=(",", ":")).encode() + b"\n"
 
 
-def _step_line(record: StepRecord, rank: dict[str, int | None]) -> dict[str, object]:
+def _step_line(record: StoredStep, rank: dict[str, int | None]) -> dict[str, object]:
     status = record.arrays.get(GRAD_STATUS)
     return {
         "type": "step",
@@ -251,7 +251,7 @@ def _arrow_schema(columns: list[str], with_rank: bool) -> pa.Schema:
     return pa.schema(fields)
 
 
-def _arrow_chunk(schema: pa.Schema, params: list[Param], rank: int | None, chunk: list[StepRecord]) -> pa.Table:
+def _arrow_chunk(schema: pa.Schema, params: list[Param], rank: int | None, chunk: list[StoredStep]) -> pa.Table:
     n, p = len(chunk), len(params)
     data: dict[str, pa.Array] = {
         "step": pa.array(np.repeat([r.step for r in chunk], p).astype(np.int64)),

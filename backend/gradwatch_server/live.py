@@ -21,7 +21,7 @@ from starlette.websockets import WebSocketDisconnected
 from .jsonvalues import metric_list, word
 from .models import RunPublic
 from .protocol import GRAD_STATUS, Step, decode_floats
-from .store import Run, StepData, StepRecord
+from .store import Run, StepData, StoredStep
 
 CLOSE_TRY_AGAIN_LATER = 1013
 
@@ -132,7 +132,7 @@ class LiveHub:
         nothing for one process; relay.py's hub announces them to every worker."""
         return None
 
-    def publish_record(self, run_id: str, record: StepRecord) -> None:
+    def publish_record(self, run_id: str, record: StoredStep) -> None:
         """A stored step read back (another worker ingested it): the same message as `publish_step`."""
         watchers = self._watchers(run_id)
         if not watchers:

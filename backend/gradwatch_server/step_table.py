@@ -34,7 +34,7 @@ from .exporters import (
     series_union,
 )
 from .jsonvalues import word
-from .store import Run, StepRecord, Store
+from .store import Run, Store, StoredStep
 
 #: Steps read at once: scalars only, a few dozen values a step.
 CHUNK_STEPS = 2048
@@ -45,7 +45,7 @@ def step_columns(keys: list[str]) -> list[str]:
     return ["step", "time", *sorted(keys)]
 
 
-def _chunks(store: Store, sources: list[Source]) -> Iterator[tuple[int | None, list[StepRecord]]]:
+def _chunks(store: Store, sources: list[Source]) -> Iterator[tuple[int | None, list[StoredStep]]]:
     return ranked_chunks(sources, lambda source: store.iter_steps(source.id, metrics=[], chunk=CHUNK_STEPS))
 
 
@@ -60,7 +60,7 @@ def steps_csv(store: Store, run: Run, progress: Progress | None = None, *, ranks
     keys = series_union(store, sources, "scalar")
     with_rank = ranked(run, ranks)
 
-    def rows(rank: int | None, chunk: list[StepRecord]) -> Iterator[list[object]]:
+    def rows(rank: int | None, chunk: list[StoredStep]) -> Iterator[list[object]]:
         for r in chunk:
             row: list[object] = [r.step, repr(r.time), *(_cell(r.scalars.get(k)) for k in keys)]
             yield [*row, rank_cell(rank)] if with_rank else row

@@ -22,8 +22,9 @@ from .blocks import SIZES
 SIZE = SIZES[0]
 
 
-class Step(Protocol):
-    """A stored step message (store.StepData)."""
+class WrittenStep(Protocol):
+    """A step message as the store wrote it (a store.StepData): what a tail keeps. (Not the
+    protocol's `Step` model, nor a `StoredStep` read back.)"""
 
     @property
     def step(self) -> int: ...
@@ -45,11 +46,11 @@ Token = tuple[int | None, ...]
 class Tail:
     token: Token  # the run's Token when it was kept
     start: int  # first step of the open block: every stored step from here on is in `steps`
-    steps: tuple[Step, ...]
+    steps: tuple[WrittenStep, ...]
 
 
 def next_tail(
-    tail: Tail | None, new: Sequence[Step], before: int | None, after: int | None, token: Token
+    tail: Tail | None, new: Sequence[WrittenStep], before: int | None, after: int | None, token: Token
 ) -> Tail | None:
     """The tail after storing `new` (the run's last step going from `before` to `after`), given
     the tail that matched before it (None: none did, or it did not cover the new steps)."""
@@ -62,7 +63,7 @@ def next_tail(
     return Tail(token, start, tuple(s for s in kept if s.step >= start))
 
 
-def covers(tail: Tail | None, new: Iterable[Step]) -> bool:
+def covers(tail: Tail | None, new: Iterable[WrittenStep]) -> bool:
     return tail is not None and all(s.step >= tail.start for s in new)
 
 

@@ -27,6 +27,8 @@ from support.heatcells import EMPTY_BITS, NAN_BITS, assert_same_cells, f32_bits
 from support.server import start_server
 from support.wiremsg import Hook, close, f32, hello, step, with_absent
 
+pytestmark = pytest.mark.unit  # a test that starts a server says so (@pytest.mark.server)
+
 PARAMS = ("enc.weight", "=cmd|' /C calc'!A0", "dec.bias")
 N = 40
 
@@ -581,6 +583,7 @@ def test_openapi_documents_the_heatmap_encodings(http: httpx.Client) -> None:
 # -- pages -----------------------------------------------------------------------------------
 
 
+@pytest.mark.server
 def test_pages_and_static_files(tmp_path: Path) -> None:
     frontend = tmp_path / "frontend"
     (frontend / "js").mkdir(parents=True)
@@ -610,6 +613,7 @@ def test_pages_and_static_files(tmp_path: Path) -> None:
         server.stop()
 
 
+@pytest.mark.server
 def test_writes_need_the_token(tmp_path: Path) -> None:
     server = start_server(tmp_path, token="tok")
     try:

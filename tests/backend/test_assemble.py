@@ -19,6 +19,8 @@ from gradwatch_server.assemble import (
 )
 from support.wiremsg import ABSENT_BITS
 
+pytestmark = pytest.mark.unit
+
 NONE, ZERO, NONZERO, NONFINITE = 0, 1, 2, 3
 
 

@@ -25,6 +25,8 @@ from support.heatcells import assert_same_cells
 from support.jsonfloats import number, same
 from support.wiremsg import ABSENT_BITS, hello
 
+pytestmark = pytest.mark.unit
+
 P = 70  # two parts of blocks: 64 parameters and 6
 PARAMS = tuple(f"layer{i}.weight" for i in range(P))
 

@@ -16,6 +16,8 @@ from support.ema import reference_ema
 from support.heatcells import assert_same_cells
 from support.wiremsg import ABSENT_BITS, hello
 
+pytestmark = pytest.mark.unit
+
 P, N = 5, 203
 
 

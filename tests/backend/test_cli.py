@@ -18,6 +18,8 @@ from gradwatch_server.settings import Settings
 from support.server import ServerProcess, find_free_port, server_command, server_env, start_server
 from support.wiremsg import Hook, close, f32, hello, step, with_absent
 
+pytestmark = pytest.mark.unit  # a test that starts a server says so (@pytest.mark.server)
+
 
 def gradwatch(*args: str, cwd: Path | None = None, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
@@ -62,6 +64,7 @@ def test_usage_errors_exit_2() -> None:
     assert result.returncode == 2 and "port" in result.stderr
 
 
+@pytest.mark.server
 def test_runs_lists_the_database(db: Path) -> None:
     result = gradwatch("runs", "--db", str(db))
     assert result.returncode == 0
@@ -70,6 +73,7 @@ def test_runs_lists_the_database(db: Path) -> None:
     assert row.split()[:6] == ["cli-run", "cli", "run", "tests", "finished", "5"]
 
 
+@pytest.mark.server
 def test_export_csv_to_stdout_and_by_name(db: Path) -> None:
     by_id = gradwatch("export", "cli-run", "--db", f"sqlite:///{db}")
     by_name = gradwatch("export", "cli run", "--db", str(db))
@@ -78,6 +82,7 @@ def test_export_csv_to_stdout_and_by_name(db: Path) -> None:
     assert len(rows) == 10 and rows[1]["grad_norm"] == "" and rows[3]["grad_norm"] == "nan"
 
 
+@pytest.mark.server
 def test_export_parquet_to_a_file(db: Path, tmp_path: Path) -> None:
     out = tmp_path / "run.parquet"
     result = gradwatch("export", "cli-run", "--format", "parquet", "-o", str(out), "--db", str(db))
@@ -85,6 +90,7 @@ def test_export_parquet_to_a_file(db: Path, tmp_path: Path) -> None:
     assert pq.read_table(out).num_rows == 10
 
 
+@pytest.mark.server
 def test_export_of_an_unknown_run_fails_with_a_hint(db: Path) -> None:
     result = gradwatch("export", "nope", "--db", str(db))
     assert result.returncode == 1 and "gradwatch runs" in result.stderr and not result.stdout
@@ -95,6 +101,7 @@ def test_missing_database_folder_fails_clearly(tmp_path: Path) -> None:
     assert result.returncode == 1 and "does not exist" in result.stderr
 
 
+@pytest.mark.server
 def test_json_export_imports_back_identically(db: Path, tmp_path: Path, db_url: str) -> None:
     """From SQLite into another SQLite file, or into PostgreSQL: runs move between servers."""
     exported = gradwatch("export", "cli-run", "--format", "json", "--db", str(db)).stdout
@@ -115,6 +122,7 @@ def test_json_export_imports_back_identically(db: Path, tmp_path: Path, db_url: 
     assert comparable(reexported) == comparable(exported)
 
 
+@pytest.mark.server
 def test_import_keeps_the_tags_and_refuses_bad_ones(db: Path, tmp_path: Path) -> None:
     lines = gradwatch("export", "cli-run", "--format", "json", "--db", str(db)).stdout.splitlines()
     head = json.loads(lines[0])
@@ -197,6 +205,7 @@ def test_settings_come_from_an_injected_environment() -> None:
     assert Settings.from_env({}, db_url="sqlite:///x.db").db_url == "sqlite:///x.db"
 
 
+@pytest.mark.server
 def test_serve_on_a_port_in_use_exits_1(server: ServerProcess, tmp_path: Path) -> None:
     port = server.url.rsplit(":", 1)[1]
     result = gradwatch("serve", "--db", str(tmp_path / "second.db"), "--port", port)

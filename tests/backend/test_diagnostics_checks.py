@@ -21,6 +21,8 @@ from gradwatch_server.diagnostics.finding import fmt_bytes, name_list
 from gradwatch_server.diagnostics.ranks import RankDesync
 from gradwatch_server.diagnostics.values import ExplodingGrad, NonfiniteGrad, VanishingGrad
 
+pytestmark = pytest.mark.unit
+
 ABSENT_BITS = 0x7FDEAD00
 NONE, ZERO, NONZERO, NONFINITE = 0, 1, 2, 3
 NAMES = ("enc.weight", "enc.bias", "head.weight")

@@ -14,6 +14,8 @@ from gradwatch_server.protocol import Hello, parse_message
 from gradwatch_server.store import DiagnosisMark, StepData, Store, StoredFinding, open_store
 from support.wiremsg import f32, hello, with_absent
 
+pytestmark = pytest.mark.unit
+
 PARAMS = ("enc.weight", "head.bias")
 
 

@@ -10,12 +10,15 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import pytest
 from websockets.sync.client import connect
 
 from gradwatch_server.live import LIVE_LINGER_S
 from gradwatch_server.store import open_store
 from support.server import server_command, server_env, start_server
 from support.wiremsg import Hook, close, f32, hello, step, with_absent
+
+pytestmark = pytest.mark.server
 
 PARAMS = ("enc.weight", "enc.bias", "head.weight")
 

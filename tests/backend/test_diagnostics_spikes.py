@@ -21,6 +21,8 @@ from gradwatch_server.diagnostics.spikes import (
     SpikeWindow,
 )
 
+pytestmark = pytest.mark.unit
+
 NAMES = ("emb.weight", "ln.bias", "head.weight")
 RUN = RunContext.of([(NAMES[0], 64, "float32"), (NAMES[1], 8, "float32"), (NAMES[2], 64, "float32")])
 NONZERO = 2

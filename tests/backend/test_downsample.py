@@ -9,6 +9,8 @@ import pytest
 
 from gradwatch_server.downsample import bucket_starts, extreme, highest_code, peak, summarize
 
+pytestmark = pytest.mark.unit
+
 
 def naive_ranges(n: int, buckets: int) -> list[range]:
     edges = [j * n // buckets for j in range(buckets)] + [n]

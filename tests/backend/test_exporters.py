@@ -12,6 +12,8 @@ from gradwatch_server.exporters import FIXED_METRICS, _text_column, csv_columns,
 from gradwatch_server.protocol import ABSENT_BITS
 from gradwatch_server.store import Run
 
+pytestmark = pytest.mark.unit
+
 RUN = Run(
     id="abc",
     name="x",

@@ -21,6 +21,8 @@ from gradwatch_server.live import IDLE_LINGER_S, LIVE_LINGER_S
 from support.server import ServerProcess, start_server
 from support.wiremsg import Hook, close, f32, hello, step, steps, with_absent
 
+pytestmark = pytest.mark.server
+
 
 @pytest.fixture(scope="module")
 def srv(tmp_path_factory: pytest.TempPathFactory, module_db_url: str) -> Iterator[ServerProcess]:

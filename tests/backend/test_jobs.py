@@ -26,8 +26,11 @@ from gradwatch_server.live import LiveHub
 from gradwatch_server.store import open_store
 from support.asgi import in_process_server
 from support.databases import new_database
+from support.jobs import partial_steps
 from support.server import ServerProcess, start_server
 from support.wiremsg import Hook, close, f32, hello, rank_hello, step
+
+pytestmark = pytest.mark.server
 
 RANK_TIMEOUT_S = 1.0
 #: fc.weight is sharded (half on each rank, both counted); fc.bias is a DDP replica (rank 0 counts).
@@ -279,7 +282,7 @@ def test_deleting_the_jobs_run_deletes_the_ranks_runs(srv: ServerProcess, http: 
         assert gone.status_code == 404 and gone.json()["run"] == "deleted"
     store = open_store(srv.db_url)
     try:
-        assert store.rank_runs("j-delete") == [] and store.partial_steps("j-delete") == []
+        assert store.rank_runs("j-delete") == [] and partial_steps(store, "j-delete") == []
     finally:
         store.close()
 
@@ -300,7 +303,7 @@ def test_a_silent_rank_is_lost_after_the_timeout_and_its_steps_are_partial(quick
         assert stored[2]["params"]["grad_norm"] == [1.0, 1.0]  # rank 0's pieces only
         store = open_store(quick.db_url)
         try:
-            assert store.partial_steps("j-lost") == [(2, [1]), (3, [1])]
+            assert partial_steps(store, "j-lost") == [(2, [1]), (3, [1])]
             assert store.lost_ranks("j-lost", RANK_TIMEOUT_S) == [1]
             assert [r.rank for r in store.rank_runs("j-lost")] == [0, 1]
         finally:
@@ -313,7 +316,7 @@ def test_a_silent_rank_is_lost_after_the_timeout_and_its_steps_are_partial(quick
         assert again[3] == stored[3] and again[1] == stored[1]
         store = open_store(quick.db_url)
         try:
-            assert store.partial_steps("j-lost") == [(3, [1])]
+            assert partial_steps(store, "j-lost") == [(3, [1])]
             assert store.get_run("j-lost").steps == 3  # type: ignore[union-attr]
         finally:
             store.close()

@@ -19,7 +19,10 @@ import pytest
 from gradwatch_server.protocol import Hello, parse_message
 from gradwatch_server.store import StepData, Store, backfill_blocks, open_store
 from support.databases import Clock
+from support.jobs import partial_steps
 from support.wiremsg import rank_hello
+
+pytestmark = pytest.mark.unit
 
 JOB = "late"
 P = 5
@@ -91,13 +94,13 @@ def test_a_lost_ranks_late_steps_make_its_partial_steps_exact(workers: tuple[Sto
     assert two.lost_ranks(JOB, TIMEOUT_S, since=0.0) == [1]
     partial = job_grad_norms(one)
     assert sorted(partial) == list(range(1, 51))
-    assert two.partial_steps(JOB) == [(s, [1]) for s in range(21, 51)]
+    assert partial_steps(two, JOB) == [(s, [1]) for s in range(21, 51)]
     assert all(partial[s] == oracle(s, (0,)) for s in range(21, 51))  # rank 0's pieces alone
     # rank 1's spool replays, in batches: each step it completes is assembled again, in place
     send(one, 1, range(21, 41), 21)
-    assert one.partial_steps(JOB) == [(s, [1]) for s in range(41, 51)]
+    assert partial_steps(one, JOB) == [(s, [1]) for s in range(41, 51)]
     send(one, 1, range(41, 51), 41)
-    assert one.partial_steps(JOB) == []
+    assert partial_steps(one, JOB) == []
     # both ranks go on through the other worker: its tail of the job holds steps 48-50 as they
     # were before; the block 48-63 they close must be made of the steps as they are now
     for lo in range(51, 71, 10):
@@ -130,12 +133,12 @@ def test_a_late_step_completes_nothing_while_another_missing_rank_lacks_it(db_ur
             send(store, rank, range(1, 3), 1)
         clock.now += TIMEOUT_S + 1
         send(store, 0, range(3, 6), 3)
-        assert store.partial_steps(JOB) == [(s, [1, 2]) for s in (3, 4, 5)]
+        assert partial_steps(store, JOB) == [(s, [1, 2]) for s in (3, 4, 5)]
         send(store, 1, range(3, 5), 3)
-        assert store.partial_steps(JOB) == [(s, [1, 2]) for s in (3, 4, 5)]
+        assert partial_steps(store, JOB) == [(s, [1, 2]) for s in (3, 4, 5)]
         assert job_grad_norms(store)[3] == oracle(3, (0,))
         send(store, 2, range(3, 4), 3)
-        assert store.partial_steps(JOB) == [(4, [1, 2]), (5, [1, 2])]
+        assert partial_steps(store, JOB) == [(4, [1, 2]), (5, [1, 2])]
         stored = job_grad_norms(store)
         assert stored[3] == oracle(3, (0, 1, 2)) and stored[4] == oracle(4, (0,))
     finally:

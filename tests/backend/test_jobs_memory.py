@@ -18,6 +18,8 @@ from gradwatch_server.store import JobMemory, StepData, Store, open_store
 from gradwatch_server.store import jobs as store_jobs
 from support.wiremsg import f32, rank_hello, step
 
+pytestmark = pytest.mark.unit
+
 JOB = "j-mem"
 #: fc.weight sharded (both pieces count), fc.bias a DDP replica (rank 0's counts).
 PIECES = [{"local_numel": [3, 3], "counted": [True, True]}, {"local_numel": [3, 3], "counted": [True, False]}]

@@ -5,12 +5,15 @@ from __future__ import annotations
 import asyncio
 import json
 
+import pytest
 from websockets.sync.client import connect
 
 from gradwatch_server.live import LiveHub
 from gradwatch_server.store import Run
 from support.server import ServerProcess
 from support.wiremsg import Hook, close, f32, hello, step, with_absent
+
+pytestmark = pytest.mark.unit  # a test that starts a server says so (@pytest.mark.server)
 
 RUN = Run(
     id="r",
@@ -31,6 +34,7 @@ RUN = Run(
 )
 
 
+@pytest.mark.server
 def test_browsers_follow_runs_and_steps(server: ServerProcess) -> None:
     with connect(f"{server.ws_url}/ws/live?run=live1") as watcher, connect(f"{server.ws_url}/ws/live") as lister:
         with Hook(server.ws_url) as hook:

@@ -17,6 +17,8 @@ from websockets.sync.client import connect
 from support.server import start_server
 from support.wiremsg import Hook, close, hello, step
 
+pytestmark = pytest.mark.server
+
 PARAMS = 2000  # ~20 KB per live message: a stalled reader's socket buffers fill fast
 BASELINE_STEPS, LOADED_STEPS = 150, 600
 

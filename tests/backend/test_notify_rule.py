@@ -3,7 +3,11 @@ again when its severity changes; browsers get every change."""
 
 from __future__ import annotations
 
+import pytest
+
 from gradwatch_server.notify import Told, tell
+
+pytestmark = pytest.mark.unit
 
 
 def finding(severity: str, message: str) -> dict[str, object]:

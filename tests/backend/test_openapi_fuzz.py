@@ -13,6 +13,8 @@ from schemathesis.checks import not_a_server_error
 from support.server import ServerProcess, start_server
 from support.wiremsg import Hook, close, f32, hello, step
 
+pytestmark = pytest.mark.server
+
 
 @pytest.fixture(scope="module")
 def api_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:

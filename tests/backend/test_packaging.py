@@ -12,6 +12,8 @@ import pytest
 
 from support.server import REPO
 
+pytestmark = pytest.mark.unit
+
 
 @pytest.mark.slow
 def test_wheel_serves_the_packaged_dashboard(tmp_path: Path) -> None:

@@ -22,6 +22,8 @@ from gradwatch_server.protocol import (
 )
 from support.wiremsg import b64, close, f32, hello, rank_hello, step, steps, with_absent
 
+pytestmark = pytest.mark.unit
+
 
 def parse(message: dict[str, object], param_count: int | None = 2) -> object:
     return parse_message(json.dumps(message), param_count)

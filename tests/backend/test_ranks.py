@@ -26,6 +26,8 @@ from support.server import ServerProcess, server_command, start_server
 from support.synthetic import Ingest, SyntheticRun
 from support.synthetic_dist import RankRun, rank_runs, send_job
 
+pytestmark = pytest.mark.server
+
 JOB = "job2ranks"
 STEPS, LOST_AFTER = 60, 37
 #: A job of three ranks that loses rank 2 after step 10, then rank 1 after step 20, of 30.

@@ -12,6 +12,8 @@ from websockets.sync.client import connect
 from gradwatch_server.security import hostname
 from support.server import start_server
 
+pytestmark = pytest.mark.unit  # a test that starts a server says so (@pytest.mark.server)
+
 
 @pytest.fixture(scope="module")
 def loopback(tmp_path_factory: pytest.TempPathFactory):
@@ -20,12 +22,14 @@ def loopback(tmp_path_factory: pytest.TempPathFactory):
     server.stop()
 
 
+@pytest.mark.server
 @pytest.mark.parametrize("host", ["127.0.0.1", "localhost"])
 def test_loopback_names_are_served(loopback, host: str) -> None:
     port = loopback.url.rsplit(":", 1)[1]
     assert httpx.get(f"{loopback.url}/api/health", headers={"Host": f"{host}:{port}"}).status_code == 200
 
 
+@pytest.mark.server
 @pytest.mark.parametrize("host", ["attacker.example", "attacker.example:8765", "127.0.0.1.nip.io", ""])
 def test_other_host_headers_are_refused(loopback, host: str) -> None:
     r = httpx.get(f"{loopback.url}/api/runs", headers={"Host": host})
@@ -33,6 +37,7 @@ def test_other_host_headers_are_refused(loopback, host: str) -> None:
     assert "--allowed-hosts" in r.json()["detail"]
 
 
+@pytest.mark.server
 def test_cross_site_websockets_are_refused(loopback) -> None:
     for path in ("/ws/ingest", "/ws/live"):
         with pytest.raises(InvalidStatus) as err:
@@ -43,6 +48,7 @@ def test_cross_site_websockets_are_refused(loopback) -> None:
         ws.ping().wait(5)
 
 
+@pytest.mark.server
 def test_allowed_hosts_adds_names(tmp_path: Path) -> None:
     server = start_server(tmp_path, env={"GRADWATCH_ALLOWED_HOSTS": "gw.internal, 127.0.0.1"})
     try:

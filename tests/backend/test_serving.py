@@ -12,6 +12,8 @@ from fastapi import FastAPI
 
 from gradwatch_server import serving
 
+pytestmark = pytest.mark.unit
+
 
 def test_a_stop_signal_ends_the_wait_at_once(monkeypatch: pytest.MonkeyPatch, free_port: int) -> None:
     """With a tick of a minute, the server still stops within seconds of SIGTERM (handled as

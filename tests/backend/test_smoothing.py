@@ -10,6 +10,8 @@ import pytest
 from gradwatch_server.smoothing import ema, ema_columns
 from support.ema import reference_ema
 
+pytestmark = pytest.mark.unit
+
 
 @pytest.mark.parametrize("weight", [0.0, 0.01, 0.3, 0.6, 0.9, 0.99, 0.999])
 def test_ema_matches_the_step_by_step_reference_ema(weight: float) -> None:

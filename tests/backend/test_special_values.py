@@ -13,11 +13,14 @@ import struct
 import httpx
 import numpy as np
 import pyarrow.parquet as pq
+import pytest
 
 from support.heatcells import EMPTY_BITS, NAN_BITS, assert_same_cells
 from support.jsonfloats import number
 from support.server import ServerProcess
 from support.wiremsg import ABSENT_BITS, Hook, close, f32, hello, step
+
+pytestmark = pytest.mark.server
 
 SCALARS = {"big": 1e308, "tiny": 5e-324, "nan": "NaN", "inf": "Infinity", "ninf": "-Infinity", "nzero": -0.0}
 PARAM = [float("nan"), float("inf"), float("-inf"), -0.0, 3.4e38, 1e-45]  # one value per parameter

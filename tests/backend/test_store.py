@@ -38,6 +38,8 @@ from support.databases import Clock
 from support.server import server_env
 from support.wiremsg import ABSENT_BITS, f32, hello, with_absent
 
+pytestmark = pytest.mark.unit
+
 SPECIAL = [math.nan, math.inf, -math.inf, -0.0, 0.0, 5e-324, 1.7976931348623157e308, -1.5, 1e20]
 
 

@@ -21,6 +21,8 @@ from gradwatch_server.protocol import Hello, parse_message
 from gradwatch_server.store import StepData, Store, backfill_blocks, open_store
 from support.wiremsg import hello
 
+pytestmark = pytest.mark.unit
+
 P = 70
 PARAMS = tuple(f"p{i}" for i in range(P))
 

@@ -19,6 +19,8 @@ SCRIPT = REPO / "benchmarks" / "compare.py"
 sys.path.insert(0, str(SCRIPT.parent))
 from compare import write_spool  # noqa: E402
 
+pytestmark = pytest.mark.unit  # a test that starts a server says so (@pytest.mark.server)
+
 
 def test_the_spooled_run_reads_back_as_the_hook_wrote_it(tmp_path: Path) -> None:
     """The file compare.py writes is what the hook's spool reader takes: a hello, then the steps
@@ -36,6 +38,7 @@ def test_the_spooled_run_reads_back_as_the_hook_wrote_it(tmp_path: Path) -> None
 
 
 # Its servers are started by compare.py's processes, where tests/conftest.py's tiering cannot look.
+@pytest.mark.server
 @pytest.mark.server
 def test_two_commits_compare_in_a_tiny_configuration() -> None:
     """HEAD against the working tree: every figure printed for both, with its ratio."""

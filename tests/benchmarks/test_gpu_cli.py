@@ -14,9 +14,10 @@ import torch
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "benchmarks" / "gpu.py"
 
-pytestmark = pytest.mark.skipif(
-    torch.cuda.is_available(), reason="this machine has a GPU: scripts/gpu-check.sh runs it"
-)
+pytestmark = [
+    pytest.mark.unit,
+    pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has a GPU: scripts/gpu-check.sh runs it"),
+]
 
 
 def test_without_a_gpu_it_says_so_and_exits_3() -> None:

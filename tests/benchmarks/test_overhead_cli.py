@@ -13,6 +13,8 @@ BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
 sys.path.insert(0, str(BENCHMARKS))
 from overhead import Figure  # noqa: E402
 
+pytestmark = pytest.mark.unit
+
 SCRIPT = BENCHMARKS / "overhead.py"
 
 

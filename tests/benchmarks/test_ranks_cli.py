@@ -10,9 +10,12 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.unit  # a test that starts a server says so (@pytest.mark.server)
+
 SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "ranks.py"
 
 
+@pytest.mark.server
 @pytest.mark.server
 @pytest.mark.parametrize("kind, every", [("ddp", 1), ("fsdp", 2)])
 def test_a_small_job_is_stored_whole_and_its_row_printed(kind: str, every: int) -> None:

@@ -1,160 +1,30 @@
 """The dashboard in a real Chromium against a real `gradwatch serve`, fed over /ws/ingest.
 
 Data comes from hand-built protocol v1 messages (synthetic.py), not from the hook. The pages
-publish what they drew: every chart element has `data-chart="<id>"` and, once drawn,
-`data-points` (points or cells) and `data-nonfinite` (NaN/Inf values shown); `body[data-ready]`
-is "1" after the first full render. The tests wait on those, never on sleeps.
+publish what they drew (tests/support/browser.py says how); the tests wait on that, never on
+sleeps. The fixtures are in conftest.py.
 
-Chromium: /usr/bin/chromium, or the path in GRADWATCH_CHROMIUM. Never downloaded.
-Run: .venv/bin/python -m pytest tests/browser -m browser
+Run: .venv/bin/python -m pytest tests/browser -n 2
 """
 
 from __future__ import annotations
 
 import os
 import re
-import shutil
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from playwright import sync_api
 
-from support.server import REPO, ServerProcess, start_server
+from support.browser import CHARTS, REAL_RUN_CHARTS, XSS_NAME, XSS_PARAM, XSS_PROJECT, Page, seed
+from support.server import REPO, ServerProcess
 from support.synthetic import Ingest, SyntheticRun
-
-pytestmark = pytest.mark.browser
-from playwright import sync_api  # noqa: E402  (installed by `make test`)
 
 #: Where the README's screenshot goes when `make screenshot` asks for it (docs/screenshot.png);
 #: a plain test run writes it under its temporary folder, leaving the checkout as it was.
 SCREENSHOT_ENV = "GRADWATCH_SCREENSHOT"
-XSS_NAME = "<img src=x onerror=alert(1)>"
-XSS_PROJECT = "<script>alert(2)</script>"
-XSS_PARAM = "<b>bold</b>.weight"
-TIMEOUT_MS = 15_000
-# Assertions wait as long as page calls do (Playwright's `expect` has 5 s of its own): on a
-# loaded 2-core CI machine a live update can take longer than that to land.
-sync_api.expect.set_options(timeout=TIMEOUT_MS)
-
-#: What a real AdamW run with the hook draws (no update ratio yet, no CUDA on this machine).
-REAL_RUN_CHARTS = [
-    "grad-norm-total",
-    "loss",
-    "param-grad-norm",
-    "grad-norm-spread",
-    "grad-status",
-    "grad-norm-heatmap",
-    "exp-avg-norm",
-    "exp-avg-sq-norm",
-    "lr",
-    "memory",
-]
-CHARTS = [
-    "grad-norm-total",
-    "loss",
-    "param-grad-norm",
-    "grad-norm-spread",
-    "grad-status",
-    "grad-norm-heatmap",
-    "exp-avg-norm",
-    "exp-avg-sq-norm",
-    "update-ratio",
-    "lr",
-    "memory",
-]
-
-
-def chromium_path() -> str:
-    path = os.environ.get("GRADWATCH_CHROMIUM") or shutil.which("chromium") or "/usr/bin/chromium"
-    if not Path(path).exists():
-        pytest.fail(
-            f"no Chromium at {path}: `make test` installs it (apt-get install chromium), or set GRADWATCH_CHROMIUM"
-        )
-    return path
-
-
-@pytest.fixture(scope="module")
-def browser() -> Iterator[sync_api.Browser]:
-    with sync_api.sync_playwright() as pw:
-        b = pw.chromium.launch(
-            executable_path=chromium_path(), args=["--no-sandbox", "--disable-gpu", "--disable-background-networking"]
-        )
-        yield b
-        b.close()
-
-
-@pytest.fixture(scope="module")
-def dash(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
-    """One server for the module, serving the dashboard from this checkout's frontend/."""
-    server = start_server(tmp_path_factory.mktemp("dashboard"), env={"GRADWATCH_FRONTEND_DIR": str(REPO / "frontend")})
-    try:
-        yield server
-    finally:
-        server.stop()
-
-
-class Page:
-    """A page with its JS errors and dialogs recorded; fails the test on either."""
-
-    def __init__(self, browser: sync_api.Browser, scheme: str = "light", width: int = 1400) -> None:
-        self.context = browser.new_context(viewport={"width": width, "height": 900}, color_scheme=scheme)
-        self.page = self.context.new_page()
-        self.page.set_default_timeout(TIMEOUT_MS)
-        self.errors: list[str] = []
-        self.dialogs: list[str] = []
-        self.foreign: list[str] = []
-        self.page.on("request", self._request)
-        self.page.on("pageerror", lambda e: self.errors.append(str(e)))
-        self.page.on("console", lambda m: self.errors.append(m.text) if m.type == "error" else None)
-        self.page.on("dialog", self._dialog)
-
-    def _request(self, request: sync_api.Request) -> None:
-        """The dashboard works offline: nothing but the gradwatch server is ever asked."""
-        if not re.match(r"^(https?|wss?)://127\.0\.0\.1:\d+/", request.url) and not request.url.startswith("data:"):
-            self.foreign.append(request.url)
-
-    def _dialog(self, dialog: sync_api.Dialog) -> None:
-        self.dialogs.append(dialog.message)
-        dialog.dismiss()
-
-    def open(self, url: str) -> sync_api.Page:
-        self.page.goto(url)
-        self.page.wait_for_function("document.body.dataset.ready === '1'")
-        return self.page
-
-    def points(self, chart: str) -> int:
-        return int(self.page.get_attribute(f'[data-chart="{chart}"]', "data-points") or 0)
-
-    def nonfinite(self, chart: str) -> int:
-        return int(self.page.get_attribute(f'[data-chart="{chart}"]', "data-nonfinite") or 0)
-
-    def wait_points(self, chart: str, at_least: int) -> None:
-        self.page.wait_for_function(
-            '([c, n]) => +(document.querySelector(`[data-chart="${c}"]`)?.dataset.points || 0) >= n',
-            arg=[chart, at_least],
-        )
-
-    def close(self) -> None:
-        assert not self.dialogs, f"a dialog fired: {self.dialogs}"
-        assert not self.errors, f"errors in the page: {self.errors}"
-        assert not self.foreign, f"requests beyond the server: {self.foreign}"
-        self.context.close()
-
-
-@pytest.fixture
-def page(browser: sync_api.Browser) -> Iterator[Page]:
-    p = Page(browser)
-    yield p
-    p.close()
-
-
-def seed(dash: ServerProcess, run: SyntheticRun, steps: int, status: str | None = "finished") -> None:
-    with Ingest(dash.ws_url, run) as hook:
-        hook.steps(steps)
-        if status:
-            hook.close(status)
 
 
 def test_run_list_shows_runs_and_renders_names_as_text(dash: ServerProcess, page: Page) -> None:

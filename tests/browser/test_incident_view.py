@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import torch
 from playwright.sync_api import expect
-from test_dashboard import Page, browser, dash, page  # noqa: F401  (browser, dash, page: fixtures)
 
 import gradwatch
+from support.browser import Page
 from support.server import ServerProcess
 
 

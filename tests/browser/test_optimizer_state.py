@@ -16,12 +16,10 @@ from collections.abc import Callable
 import pytest
 import torch
 from playwright import sync_api
-from test_dashboard import Page, browser, dash, page  # noqa: F401  (browser, dash, page: fixtures)
 
 import gradwatch
+from support.browser import Page
 from support.server import ServerProcess
-
-pytestmark = pytest.mark.browser
 
 STEPS = 12
 

@@ -18,13 +18,11 @@ from urllib.parse import parse_qs, urlsplit
 import httpx
 import pytest
 from playwright import sync_api
-from test_dashboard import Page, browser, page, seed  # noqa: F401  (browser, page: fixtures)
 
+from support.browser import Page, seed
 from support.server import REPO, ServerProcess, start_server
 from support.synthetic import Ingest, SyntheticRun
 from support.synthetic_dist import RankRun, rank_runs, send_job
-
-pytestmark = pytest.mark.browser
 
 JOB = "ddpjob"
 STEPS, LOST_AFTER = 60, 37

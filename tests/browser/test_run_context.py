@@ -19,15 +19,13 @@ import numpy as np
 import pytest
 import torch
 from playwright import sync_api
-from test_dashboard import XSS_NAME, Page, browser, dash, page, seed  # noqa: F401  (browser, dash, page: fixtures)
 
 import gradwatch
+from support.browser import XSS_NAME, Page, seed
 from support.ema import reference_ema
 from support.sent import wait_serialized
 from support.server import ServerProcess
 from support.synthetic import SyntheticRun
-
-pytestmark = pytest.mark.browser
 
 CONFIG = {"dataset": {"name": "tiny", "seed": 3}, "note": XSS_NAME, "batch_size": 8}
 

@@ -1,12 +1,17 @@
 """The run page's heatmaps, zoom and parameter choice, in a real Chromium against a real server.
 
-Same set-up as test_dashboard.py (its fixtures: one `gradwatch serve` for the module, runs fed
+The fixtures of conftest.py (one `gradwatch serve` for the module, runs fed
 as hand-built protocol v1 messages over /ws/ingest). What is checked:
 - heatmap rows are grouped by module (modules in the order their first parameter appears), with
   a separator line between modules, and the hover names the parameter, the step and the value;
 - a zoom fetches the window again (the API is called with start/end) and the charts then hold
   every step of the window; a newer zoom wins over an older one; zooming out goes back;
-- the picker shows a whole module, or the top k smallest, and the optimizer-state charts follow.
+- a reversed zoom window is normalised and the y axis fits it; the zoom hint covers nothing;
+- the picker shows a whole module, or the top k smallest, and the optimizer-state charts follow;
+  its search box matches as the user types;
+- param groups are called by their names; a findings figure says at which step it holds; other
+  scalars default to one the user logged; memory starts on a log axis when RSS dwarfs the model;
+  a deleted run's page says it was deleted.
 
 Run: .venv/bin/python -m pytest tests/browser/test_run_page.py
 """
@@ -16,42 +21,17 @@ from __future__ import annotations
 import base64
 import math
 
+import httpx
 import numpy as np
-import pytest
+import torch
 from playwright import sync_api
-from test_dashboard import Page, browser, dash, page, seed  # noqa: F401  (browser, dash, page: fixtures)
 
+import gradwatch
+from support.browser import COLUMNS, GROUPED, INTERLEAVED, Page, box, chart, hover_text, scalars_run, seed
 from support.server import ServerProcess
-from support.synthetic import SyntheticRun
+from support.synthetic import Ingest, SyntheticRun
 
-pytestmark = pytest.mark.browser
-
-#: In /params order, modules interleaved: the heatmap must regroup them.
-INTERLEAVED = [
-    ("blocks.1.attn.qkv.weight", [8, 8]),
-    ("head.weight", [8, 8]),
-    ("blocks.0.attn.qkv.weight", [8, 8]),
-    ("blocks.1.attn.qkv.bias", [8]),  # NaN where the run says (synthetic.py)
-    ("blocks.0.mlp.fc1.weight", [8, 8]),
-    ("scale", [1]),
-    ("blocks.1.mlp.fc1.weight", [8, 8]),  # +Inf there
-    ("blocks.0.attn.qkv.bias", [8]),
-]
-#: Grouped: each module's parameters, and its submodules', together, in order of first appearance.
-GROUPED = [
-    "blocks.1.attn.qkv.weight",
-    "blocks.1.attn.qkv.bias",
-    "blocks.1.mlp.fc1.weight",
-    "blocks.0.attn.qkv.weight",
-    "blocks.0.attn.qkv.bias",
-    "blocks.0.mlp.fc1.weight",
-    "head.weight",
-    "scale",
-]
-
-
-def chart(p: sync_api.Page, name: str) -> sync_api.Locator:
-    return p.locator(f'[data-chart="{name}"]')
+expect = sync_api.expect
 
 
 def test_heatmap_rows_are_grouped_by_module(dash: ServerProcess, page: Page) -> None:
@@ -91,36 +71,6 @@ def significant(v: float) -> str:
     """What d3's ".4~g" writes for a value around 0.01..1000."""
     digits = 4 - 1 - math.floor(math.log10(abs(v)))
     return f"{round(v, digits):.{max(digits, 0)}f}".rstrip("0").rstrip(".")
-
-
-#: The columns a heatmap draws (charts/heatmap.js, segments): [[step, x of its centre], ...].
-COLUMNS = """(c) => {
-    const el = document.querySelector(`[data-chart="${c}"]`);
-    const chart = Object.values(window.gradwatch.views).find((v) => v.chart && v.chart.el === el).chart;
-    return chart.shown.flatMap((seg) => seg.steps.map((s, j) => [s, (seg.edges[j] + seg.edges[j + 1]) / 2]));
-}"""
-
-
-def hover_text(p: sync_api.Page, name: str, step: int, row: int) -> list[str]:
-    """Move the mouse over the cell (step, row) of a heatmap; the hover label's lines."""
-    el = chart(p, name)
-    el.scroll_into_view_if_needed()
-    x, y = p.evaluate(
-        f"""([c, step, row]) => {{
-        const el = document.querySelector(`[data-chart="${{c}}"]`);
-        const fl = el._fullLayout;
-        const box = el.getBoundingClientRect();
-        const [, x] = ({COLUMNS})(c).find(([s]) => s === step);
-        return [box.left + fl._size.l + fl.xaxis.l2p(x), box.top + fl._size.t + fl.yaxis.l2p(row)];
-    }}""",
-        [name, step, row],
-    )
-    p.mouse.move(x, y)
-    label = el.locator(".hoverlayer .hovertext").first
-    sync_api.expect(label).to_be_visible()
-    lines = label.locator("text.nums tspan.line").all_text_contents()
-    p.mouse.move(0, 0)
-    return lines
 
 
 def test_zoom_fetches_the_window_at_full_resolution(dash: ServerProcess, page: Page) -> None:
@@ -337,3 +287,232 @@ def test_module_grouping_rules(dash: ServerProcess, page: Page) -> None:
         "params": ["enc.0.a.w", "enc.0.a.b", "enc.0.w"],
         "prefixOnly": ["enc.0.w"],
     }
+
+
+def chips(p: sync_api.Page) -> list[str]:
+    return p.locator(".picker .chip-name").all_text_contents()
+
+
+def test_parameter_box_matches_as_the_user_types(dash: ServerProcess, page: Page) -> None:
+    """Part of a name, in any case, lists the matches; Enter takes the first; an unknown name says so."""
+    seed(dash, SyntheticRun("picker-run", "picker", total_steps=20), 20)
+    p = page.open(dash.url + "/runs/picker-run")
+    box = p.locator('.picker input[type="search"]')
+    matches = p.locator(".picker-matches .picker-match")
+    before = chips(p)
+
+    box.fill("QKV.B")
+    expect(matches).to_have_text(["blocks.0.attn.qkv.bias", "blocks.1.attn.qkv.bias"])
+    box.fill("attn")
+    expect(matches).to_have_count(6)  # qkv.weight, qkv.bias, proj.weight of each block
+    box.fill("HEAD")
+    expect(matches).to_have_text(["head.weight"])
+    assert "head.weight" not in before
+    box.press("Enter")
+    expect(p.locator(".picker .chip-name", has_text="head.weight")).to_have_count(1)
+    assert box.input_value() == ""
+    expect(p.locator(".picker-matches")).to_be_hidden()
+    p.wait_for_function("() => new URL(location.href).searchParams.getAll('param').includes('head.weight')")
+
+    # A click on a listed match adds that one.
+    box.fill("fc2")
+    p.locator(".picker-match", has_text="blocks.1.mlp.fc2.weight").click()
+    expect(p.locator(".picker .chip-name", has_text="blocks.1.mlp.fc2.weight")).to_have_count(1)
+
+    # A name no parameter has: said, and the text stays for the user to fix.
+    box.fill("nope.weight")
+    expect(matches).to_have_count(0)
+    p.get_by_role("button", name="Add", exact=True).click()
+    expect(p.locator(".picker-error")).to_have_text("No parameter matches “nope.weight”")
+    assert box.input_value() == "nope.weight"
+
+
+def window_values(http: httpx.Client, run_id: str, key: str, start: int, end: int) -> list[float]:
+    got = http.get(f"/api/runs/{run_id}/series", params={"key": key, "start": start, "end": end}).json()
+    assert not got["downsampled"]
+    return [float(v) for v in got["value"] if isinstance(v, (int, float)) and math.isfinite(v)]
+
+
+def y_range(p: sync_api.Page, chart: str) -> list[float]:
+    return p.evaluate('c => document.querySelector(`[data-chart="${c}"]`)._fullLayout.yaxis.range.slice()', chart)
+
+
+def test_zoom_normalises_a_reversed_window_and_fits_y_to_it(
+    dash: ServerProcess, page: Page, http: httpx.Client
+) -> None:
+    seed(dash, SyntheticRun("zoom-y", "zoom-y", total_steps=300), 300)
+    p = page.open(dash.url + "/runs/zoom-y?from=280&to=240")  # written backwards
+    p.wait_for_function("document.body.dataset.zoom === '240-280'")
+    p.wait_for_function("() => new URL(location.href).search.includes('from=240&to=280')")
+    assert p.evaluate("""document.querySelector('[data-chart="loss"]')._fullLayout.xaxis.range.slice()""") == [240, 280]
+
+    # Linear (loss) and log (total gradient norm): y spans what the window holds, not the run.
+    loss = window_values(http, "zoom-y", "loss", 240, 280)
+    lo, hi = y_range(p, "loss")
+    assert lo <= min(loss) and hi >= max(loss)
+    assert hi - lo <= 1.2 * (max(loss) - min(loss)), (lo, hi, min(loss), max(loss))
+    whole = window_values(http, "zoom-y", "loss", 1, 300)
+    assert max(whole) > 2 * max(loss), "the run's early loss is far above the window's"
+
+    total = window_values(http, "zoom-y", "grad_norm_total", 240, 280)
+    lo, hi = y_range(p, "grad-norm-total")
+    span = math.log10(max(total)) - math.log10(min(total))
+    assert lo <= math.log10(min(total)) and hi >= math.log10(max(total))
+    assert hi - lo <= 1.2 * span + 1e-9, (lo, hi, span)
+
+    # Zooming out gives the whole run back, on x and y.
+    p.locator('[data-chart="loss"] .nsewdrag').dblclick()
+    p.wait_for_function("document.body.dataset.zoom === 'all'")
+    lo, hi = y_range(p, "loss")
+    assert lo <= min(whole) and hi >= max(whole)
+    assert "from=" not in p.url
+
+
+def overlap(a: dict[str, float], b: dict[str, float]) -> bool:
+    return (
+        a["x"] < b["x"] + b["width"]
+        and b["x"] < a["x"] + a["width"]
+        and a["y"] < b["y"] + b["height"]
+        and b["y"] < a["y"] + a["height"]
+    )
+
+
+def test_the_zoom_hint_covers_nothing(dash: ServerProcess, page: Page) -> None:
+    """A drag-zoom says how to zoom out in the top bar, not in a toast over the live indicator."""
+    with Ingest(dash.ws_url, SyntheticRun("zoom-hint", "zoom-hint", total_steps=100)) as hook:
+        hook.steps(100)
+        p = page.open(dash.url + "/runs/zoom-hint")
+        expect(p.locator(".run-header .live")).to_have_text("Live")
+        area = box(p, '[data-chart="loss"] .nsewdrag')
+        y = area["y"] + area["height"] / 2
+        p.mouse.move(area["x"] + area["width"] * 0.3, y)
+        p.mouse.down()
+        p.mouse.move(area["x"] + area["width"] * 0.5, y, steps=5)
+        p.mouse.move(area["x"] + area["width"] * 0.6, y, steps=5)
+        p.mouse.up()
+        p.wait_for_function("!['all', 'pending', undefined].includes(document.body.dataset.zoom)")
+        note = p.locator(".topbar .zoom-note")
+        expect(note).to_be_visible()
+        expect(note).to_contain_text("Zoomed to steps")
+        live = box(p, ".run-header .live")
+        assert not overlap(box(p, ".topbar .zoom-note"), live)
+        toasts = p.locator(".plotly-notifier .notifier-note")
+        for i in range(toasts.count()):
+            assert not overlap(toasts.nth(i).bounding_box() or {}, live), "a toast covers the live indicator"
+        note.get_by_role("button").click()
+        p.wait_for_function("document.body.dataset.zoom === 'all'")
+        expect(note).to_be_hidden()
+        hook.close("finished")
+
+
+class NamedGroupsRun(SyntheticRun):
+    """A synthetic run whose two param groups are both named, as a user's optimizer can name them."""
+
+    def hello(self) -> dict[str, object]:
+        message = super().hello()
+        message["groups"][0]["name"] = "decay"  # type: ignore[index]
+        return message
+
+
+def test_param_groups_are_called_by_their_names_everywhere(dash: ServerProcess, page: Page) -> None:
+    seed(dash, NamedGroupsRun("groups-a", "groups-a", project="groups", total_steps=30), 30)
+    seed(dash, SyntheticRun("groups-b", "groups-b", project="groups", total_steps=30), 20)  # group 0 unnamed
+    p = page.open(dash.url + "/runs/groups-a")
+    p.locator('[data-chart="lr"]').scroll_into_view_if_needed()
+    page.wait_points("lr", 60)
+    names = p.evaluate("""() => document.querySelector('[data-chart="lr"]').data
+        .filter(t => t.hoverinfo !== 'skip').map(t => t.name)""")
+    assert names == ["decay", "no_decay"]
+
+    # Compare: every group's learning rate, matched by name; a group one run lacks says so by being empty.
+    p = page.open(dash.url + "/compare?runs=groups-a,groups-b")
+    p.wait_for_function("document.body.dataset.drawn === 'step:overlay'")
+    cards = p.locator('[data-card^="compare-lr"]')
+    expect(cards.locator("h2")).to_have_text(
+        ["Learning rate · decay", "Learning rate · no_decay", "Learning rate · group 0"]
+    )
+    assert page.points("compare-lr") == 30  # decay: run a only
+    assert page.points("compare-lr-1") == 50  # no_decay: both runs
+    assert page.points("compare-lr-2") == 20  # run b's unnamed group 0
+    expect(p.locator('#settings tr[data-run-id="groups-a"] [data-field="lr"] .lr')).to_have_text(
+        ["decay 3.00e-4", "no_decay 3.00e-4"]
+    )
+
+
+def test_a_findings_figure_says_at_which_step_it_holds(dash: ServerProcess, page: Page) -> None:
+    """A loop that never calls zero_grad(): the finding's figure (backward passes summed) is the
+    count at the step where it was found, and says so, while the run goes on summing."""
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    w = gradwatch.watch(opt, model=model, run="no-zero-grad", project="findings", server=dash.url, warn=False)
+    for _ in range(12):
+        model(torch.randn(8, 4)).pow(2).mean().backward()  # no zero_grad(): .grad piles up
+        opt.step()
+    w.close(timeout=30)
+    p = page.open(f"{dash.url}/runs/{w.run_id}")
+    row = p.locator('.findings .finding[data-code="grad_accumulation_unbounded"]')
+    expect(row.locator(".finding-step")).to_have_text(" · from step 2")
+    expect(row.locator(".finding-figure-value")).to_have_text("2")
+    expect(row.locator(".finding-figure-step")).to_have_text("at step 2")
+    expect(p.locator('[data-field="steps"]')).to_have_text("12")  # the run went on past it
+
+
+def test_other_scalars_default_to_one_the_user_logged(dash: ServerProcess, page: Page) -> None:
+    seed(dash, scalars_run("other-user", ["w", "b"], ("backward_passes", "val_acc")), 10)
+    p = page.open(dash.url + "/runs/other-user")
+    expect(p.locator('[data-card="other-scalars"] select')).to_have_value("val_acc")
+    p.locator('[data-chart="other-scalars"]').scroll_into_view_if_needed()
+    page.wait_points("other-scalars", 10)
+    names = p.evaluate("""() => document.querySelector('[data-chart="other-scalars"]').data.map(t => t.name)""")
+    assert names == ["val_acc"]
+
+
+def test_a_deleted_runs_page_says_it_was_deleted(dash: ServerProcess, page: Page, http: httpx.Client) -> None:
+    seed(dash, SyntheticRun("doomed", "doomed", total_steps=5), 5)
+    seed(dash, SyntheticRun("kept", "kept", total_steps=5), 5)
+    assert http.delete("/api/runs/doomed").status_code == 204
+    p = page.page
+    p.goto(dash.url + "/runs/doomed")
+    expect(p.locator("#page-notice .notice-title")).to_have_text("This run was deleted")
+    expect(p.locator("#page-notice")).to_contain_text("doomed")
+    assert p.evaluate("document.body.dataset.state") == "deleted"
+    assert p.locator("#charts").is_hidden()
+
+    # An id the server never had: it may yet arrive (watch() prints it first), or never existed.
+    p.goto(dash.url + "/runs/never-was")
+    expect(p.locator("#page-notice .notice-title")).to_have_text("Waiting for this run")
+    expect(p.locator("#page-notice")).to_contain_text("or it never existed")
+
+    p.goto(dash.url + "/compare?runs=kept,doomed")
+    p.wait_for_function("document.body.dataset.ready === '1'")
+    expect(p.locator(".compare-run").nth(1)).to_contain_text("doomed was deleted")
+    # The browser's own console line for each 404 answer, and nothing else.
+    assert all("status of 404" in e for e in page.errors), page.errors
+    page.errors.clear()
+
+
+def test_memory_starts_on_a_log_axis_when_rss_dwarfs_the_model(dash: ServerProcess, page: Page) -> None:
+    """A small model's parameters, gradients and optimizer state beside the process RSS: on a
+    linear axis they sit at 0; the memory chart starts on a log axis, which the toggle can leave."""
+    torch.manual_seed(0)
+    model = torch.nn.Linear(8, 2)
+    opt = torch.optim.Adam(model.parameters(), lr=0.01)
+    w = gradwatch.watch(opt, model=model, run="memory-log", project="memory", server=dash.url, warn=False)
+    for _ in range(6):
+        opt.zero_grad()
+        model(torch.randn(4, 8)).pow(2).mean().backward()
+        opt.step()
+    w.close(timeout=30)
+    p = page.open(f"{dash.url}/runs/{w.run_id}")
+    chart = p.locator('[data-chart="memory"]')
+    chart.scroll_into_view_if_needed()
+    page.wait_points("memory", 6)
+    traces = chart.evaluate("el => el.data.filter(t => t.hoverinfo !== 'skip').map(t => [t.name, Math.max(...t.y)])")
+    peaks = dict(traces)
+    assert peaks["process RSS"] > 100 * peaks["parameters"], peaks
+    assert chart.evaluate("el => el._fullLayout.yaxis.type") == "log"
+    box = p.locator('[data-card="memory"] .toggle input')
+    expect(box).to_be_checked()
+    box.uncheck()
+    p.wait_for_function("""() => document.querySelector('[data-chart="memory"]')._fullLayout.yaxis.type === 'linear'""")

@@ -1,6 +1,6 @@
 """How the run page loads and draws (issue #5), in a real Chromium against a real server.
 
-Same set-up as test_dashboard.py (its fixtures). What is checked:
+The fixtures of conftest.py. What is checked:
 - run.html preloads every module the page imports, and no other (no browser needed);
 - the charts in view draw first; those below the fold ask for their data once Plotly is there,
   and draw without being scrolled to; a chart scrolled to draws before those out of view;
@@ -26,9 +26,8 @@ from pathlib import Path
 
 import pytest
 from playwright import sync_api
-from test_dashboard import CHARTS, Page, browser, dash, page, seed  # noqa: F401  (browser, dash, page: fixtures)
-from test_run_page import GROUPED, INTERLEAVED, chart, hover_text
 
+from support.browser import CHARTS, GROUPED, INTERLEAVED, Page, chart, hover_text, seed
 from support.server import REPO, ServerProcess
 from support.synthetic import SyntheticRun
 
@@ -87,7 +86,7 @@ def test_run_html_preloads_every_module_of_the_page() -> None:
 
 
 @pytest.fixture
-def short(browser: sync_api.Browser) -> Iterator[Page]:  # noqa: F811
+def short(browser: sync_api.Browser) -> Iterator[Page]:
     """A page whose view holds the first row of charts only (1400 x 500)."""
     p = Page(browser)
     p.page.set_viewport_size({"width": 1400, "height": 500})
@@ -95,7 +94,6 @@ def short(browser: sync_api.Browser) -> Iterator[Page]:  # noqa: F811
     p.close()
 
 
-@pytest.mark.browser
 def test_charts_in_view_draw_first_and_the_rest_without_scrolling(dash: ServerProcess, short: Page) -> None:
     seed(dash, SyntheticRun("load-order", "load-order", nan_steps={30}, total_steps=60), 60)
     p = short.open(dash.url + "/runs/load-order")  # ready: every chart drawn, nothing scrolled
@@ -120,7 +118,6 @@ def test_charts_in_view_draw_first_and_the_rest_without_scrolling(dash: ServerPr
     assert p.evaluate("window.scrollY") == 0
 
 
-@pytest.mark.browser
 def test_a_chart_scrolled_to_draws_before_those_out_of_view(dash: ServerProcess, short: Page) -> None:
     seed(dash, SyntheticRun("scrolled", "scrolled", total_steps=40), 40)
     held: list[sync_api.Route] = []
@@ -139,7 +136,6 @@ def test_a_chart_scrolled_to_draws_before_those_out_of_view(dash: ServerProcess,
     assert drawn["memory"] < drawn["grad-norm-total"] and drawn["lr"] < drawn["grad-norm-total"], drawn
 
 
-@pytest.mark.browser
 def test_each_chart_draws_once_while_the_page_loads(dash: ServerProcess, page: Page) -> None:
     seed(dash, SyntheticRun("draw-once", "draw-once", nan_steps={30}, total_steps=60), 60)
     page.page.add_init_script(COUNT_DRAWS)
@@ -166,7 +162,6 @@ def heatmap_hovers(p: sync_api.Page) -> list[list[str]]:
     return [hover_text(p, name, step, row) for name, step, row in cells]
 
 
-@pytest.mark.browser
 def test_float32_heatmap_cells_show_what_json_cells_show(dash: ServerProcess, page: Page) -> None:
     seed(dash, SyntheticRun("f32-cells", "f32-cells", params=INTERLEAVED, nan_steps={12}, total_steps=30), 30)
     responses: list[sync_api.Response] = []
@@ -198,7 +193,6 @@ def f32(*bits: int) -> str:
     return base64.b64encode(struct.pack(f"<{len(bits)}I", *bits)).decode()
 
 
-@pytest.mark.browser
 def test_grid_cells_keep_every_float_apart(dash: ServerProcess, page: Page) -> None:
     """grid.js: the f32 cells and the JSON cells give the same bits; merging keeps the rule."""
     empty, nan, inf, ninf, neg_zero, one_half = 0x7FC00001, 0x7FC00000, 0x7F800000, 0xFF800000, 0x80000000, 0x3FC00000
@@ -228,7 +222,6 @@ def test_grid_cells_keep_every_float_apart(dash: ServerProcess, page: Page) -> N
     assert got["live"] == [0x40200000, empty, nan, empty]  # 2.5, null, "NaN", a row the step lacks
 
 
-@pytest.mark.browser
 def test_legend_hides_and_shows_a_series(dash: ServerProcess, page: Page) -> None:
     seed(dash, SyntheticRun("legend", "legend", total_steps=30), 30)
     p = page.open(dash.url + "/runs/legend")
@@ -265,7 +258,6 @@ CELL_COLOUR = """async ([c, row, column, name]) => {
 }"""
 
 
-@pytest.mark.browser
 def test_heatmap_cells_take_the_theme_colours(dash: ServerProcess, page: Page) -> None:
     """The cells painted in the heatmaps' images: a status, NaN and an exact zero in the theme's
     colours; switching to the dark theme paints them again in its colours."""

@@ -22,6 +22,8 @@ import gradwatch
 from support.distruns import assert_norms, exported, get, job_of, job_on_server, settled
 from support.server import ServerProcess
 
+pytestmark = pytest.mark.server
+
 STEPS, BATCH, ACCUMULATE = 4, 16, 4
 
 Oracle = dict[int, dict[str, dict[str, float]]]

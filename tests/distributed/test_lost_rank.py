@@ -32,6 +32,8 @@ from support.dist import _rank_main
 from support.distruns import exported, get, job_of, settled, wait_for
 from support.server import find_free_port, server_env, start_server
 
+pytestmark = pytest.mark.server
+
 DELIVERED, SPOOLED, SURVIVOR_STEPS = 3, 5, 10
 RANK_TIMEOUT_S = 2
 

@@ -23,6 +23,8 @@ import gradwatch
 from support.distruns import ADAM_METRICS, assert_norms, exported, get, job_of, job_on_server, settled
 from support.server import ServerProcess
 
+pytestmark = pytest.mark.server
+
 STEPS, BATCH = 3, 8
 #: name -> (FSDP version, the mesh: its shape, FSDP1's use_orig_params)
 CONFIGS: dict[str, tuple[int, Any]] = {

@@ -10,6 +10,8 @@ import pytest
 from support.examples import findings, run_example, series
 from support.server import start_server
 
+pytestmark = pytest.mark.server
+
 pytest.importorskip("accelerate", reason="accelerate is installed by requirements-test.txt")
 
 

@@ -17,6 +17,8 @@ import pytest
 from support.distruns import ADAM_METRICS, assert_norms, exported, get, job_of, settled
 from support.server import REPO, ServerProcess, server_env, start_server
 
+pytestmark = pytest.mark.server
+
 STEPS = 6
 
 

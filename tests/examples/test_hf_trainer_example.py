@@ -10,6 +10,8 @@ import pytest
 from support.examples import findings, run_example
 from support.server import start_server
 
+pytestmark = pytest.mark.server
+
 pytest.importorskip("transformers", reason="needs transformers (pip install gradwatch[transformers])")
 
 

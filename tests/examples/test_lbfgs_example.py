@@ -5,8 +5,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from support.examples import findings, run_example, series
 from support.server import start_server
+
+pytestmark = pytest.mark.server
 
 
 def test_the_lbfgs_example_runs_clean(tmp_path: Path) -> None:

@@ -11,6 +11,8 @@ import pytest
 from support.examples import findings, run_example, series
 from support.server import start_server
 
+pytestmark = pytest.mark.server
+
 pytest.importorskip("lightning", reason="needs Lightning (pip install gradwatch[lightning])")
 
 

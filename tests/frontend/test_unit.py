@@ -14,6 +14,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.unit
+
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]
 MIN_NODE = 18  # with `node --test` and --test-reporter (18.15 on)

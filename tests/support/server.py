@@ -19,6 +19,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from support import tiers
+
 REPO = Path(__file__).resolve().parents[2]
 READY_TIMEOUT_S = 30.0
 
@@ -85,8 +87,10 @@ def start_server(
     """Start `gradwatch serve` on a free port and wait for health.
 
     The database is `db_url`, else the SQLite file `db_path`, else `tmp_path/gradwatch.db`;
-    `args` are more options of `serve` (e.g. ``("--workers", "2")``).
+    `args` are more options of `serve` (e.g. ``("--workers", "2")``). Under pytest, only a test
+    of a tier that may start a server does (tests/support/tiers.py).
     """
+    tiers.check_may_start_server()
     port = port or find_free_port()
     if db_url is None:
         db_url = f"sqlite:///{db_path or tmp_path / 'gradwatch.db'}"

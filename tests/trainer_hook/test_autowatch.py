@@ -14,6 +14,8 @@ import gradwatch
 from gradwatch import autowatch
 from gradwatch.options import WatchOptions
 
+pytestmark = pytest.mark.unit
+
 
 @pytest.fixture(autouse=True)
 def no_server(monkeypatch: pytest.MonkeyPatch) -> None:

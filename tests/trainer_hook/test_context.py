@@ -21,6 +21,8 @@ import torch
 import gradwatch
 from gradwatch.context import git_state
 
+pytestmark = pytest.mark.unit
+
 NOWHERE = "http://127.0.0.1:9"  # nothing listens: the hello stays queued, readable in the sender
 
 

@@ -21,6 +21,7 @@ import gradwatch
 from support.sent import sent_steps
 
 pytestmark = [
+    pytest.mark.unit,
     pytest.mark.cuda,
     pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (none on this machine)"),
 ]

@@ -27,6 +27,8 @@ import gradwatch
 from support.server import ServerProcess, start_server
 from support.synthetic_dist import rank_runs, send_job
 
+pytestmark = pytest.mark.unit  # a test that starts a server says so (@pytest.mark.server)
+
 NOWHERE = "http://127.0.0.1:9"
 
 
@@ -82,6 +84,7 @@ def same(cell: str, value: Any) -> bool:
     return bool(np.isnan(got)) if np.isnan(want) else bool(got == want)
 
 
+@pytest.mark.server
 @pytest.mark.parametrize("which", [0, 1], ids=["every-step", "every-2"])
 def test_load_equals_the_csv_export(served: tuple[ServerProcess, list[gradwatch.Watcher]], which: int) -> None:
     server, watchers = served
@@ -139,6 +142,7 @@ def assert_frame_is(df: pd.DataFrame, header: list[str], rows: list[list[str]]) 
             assert all(same(r[c], v) for r, v in zip(rows, values)), column
 
 
+@pytest.mark.server
 def test_load_of_a_job_gives_its_global_rows_and_ranks_true_adds_each_ranks(job_server: ServerProcess) -> None:
     header, rows = csv_export(job_server, JOB, ranks="false")
     params = len(httpx.get(f"{job_server.url}/api/runs/{JOB}/params", timeout=10).json()["data"])
@@ -155,6 +159,7 @@ def test_load_of_a_job_gives_its_global_rows_and_ranks_true_adds_each_ranks(job_
         gradwatch.load(JOB, server=job_server.url, ranks="yes")
 
 
+@pytest.mark.server
 def test_load_leaves_the_ranks_out_of_a_server_that_predates_the_ranks_query(job_server: ServerProcess) -> None:
     """A server older than `export?ranks=` sends every rank's rows whatever load() asks: load()
     keeps the global ones. The older server is played by a real http.server answering with what
@@ -187,12 +192,14 @@ def test_load_leaves_the_ranks_out_of_a_server_that_predates_the_ranks_query(job
     assert_frame_is(df, *csv_export(job_server, JOB, ranks="false"))
 
 
+@pytest.mark.server
 def test_load_takes_a_watcher_and_its_server(served: tuple[ServerProcess, list[gradwatch.Watcher]]) -> None:
     _, watchers = served
     df = gradwatch.load(watchers[0])
     assert df.attrs["run"]["id"] == watchers[0].run_id and len(df) == 24
 
 
+@pytest.mark.server
 def test_runs_lists_what_the_api_lists(served: tuple[ServerProcess, list[gradwatch.Watcher]]) -> None:
     server, watchers = served
     api = httpx.get(f"{server.url}/api/runs", params={"project": "frames"}, timeout=30).json()
@@ -207,6 +214,7 @@ def test_runs_lists_what_the_api_lists(served: tuple[ServerProcess, list[gradwat
     assert len(empty) == 0 and {"id", "name", "project", "status", "steps"} <= set(empty.columns)
 
 
+@pytest.mark.server
 def test_an_unknown_run_is_a_lookup_error_naming_it(served: tuple[ServerProcess, list[gradwatch.Watcher]]) -> None:
     server, _ = served
     with pytest.raises(LookupError, match=r"has no run 'feedc0ffee00'.*gradwatch.runs\(\)"):

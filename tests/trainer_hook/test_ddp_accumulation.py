@@ -15,6 +15,8 @@ import torch.distributed as dist
 import gradwatch
 from support.sent import sent_steps
 
+pytestmark = pytest.mark.unit
+
 NOWHERE = "http://127.0.0.1:9"
 STEPS, MICRO = 3, 4
 

@@ -35,6 +35,8 @@ from support.dist import run_ranks
 from support.sent import measured, sent_steps
 from support.server import find_free_port, start_server
 
+pytestmark = pytest.mark.unit  # a test that starts a server says so (@pytest.mark.server)
+
 NOWHERE = "http://127.0.0.1:9"
 STEPS = 4
 #: rank 1 sleeps this long before each forward pass: the straggler
@@ -159,6 +161,7 @@ def offline_ddp_job(rank: int, world_size: int, server: str) -> str:
     return w.run_id
 
 
+@pytest.mark.server
 def test_gradwatch_sync_replays_each_ranks_spool_into_one_run(tmp_path: Path, spool_dir: Path) -> None:
     if "dist" not in protocol.Hello.model_fields:
         pytest.skip("this server does not take distributed jobs yet (its hello has no dist)")

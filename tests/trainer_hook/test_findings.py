@@ -17,6 +17,8 @@ import gradwatch
 from gradwatch.findings import FindingWarner, GradwatchWarning, describe, run_page
 from support.server import ServerProcess, start_server
 
+pytestmark = pytest.mark.server
+
 
 @pytest.fixture(scope="module")
 def srv(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:

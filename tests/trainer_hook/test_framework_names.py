@@ -14,6 +14,8 @@ from torch import nn
 from gradwatch.layout import build_layout
 from gradwatch.unwrap import unwrap
 
+pytestmark = pytest.mark.unit
+
 
 def model() -> nn.Module:
     torch.manual_seed(0)

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from gradwatch.layout import build_layout
+
+pytestmark = pytest.mark.unit
 
 
 def test_frozen_parameters_are_listed() -> None:

@@ -17,6 +17,8 @@ import pytest
 from support.distruns import assert_close, assert_norms, exported, get, settled, wait_for
 from support.server import REPO, ServerProcess, server_env, start_server
 
+pytestmark = pytest.mark.server
+
 HERE = Path(__file__).resolve().parent / "unmodified"
 LAUNCHER = [sys.executable, "-m", "gradwatch.launch"]
 

@@ -18,6 +18,8 @@ L = pytest.importorskip("lightning.pytorch", reason="needs Lightning (pip instal
 import gradwatch  # noqa: E402
 from support.sent import sent_steps  # noqa: E402
 
+pytestmark = pytest.mark.unit
+
 NOWHERE = "http://127.0.0.1:9"
 STEPS = 4
 

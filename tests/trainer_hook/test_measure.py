@@ -13,6 +13,8 @@ from gradwatch.measure import Probe, is_absent
 from gradwatch.wire import GRAD_STATUS_NONE, GRAD_STATUS_NONFINITE, GRAD_STATUS_NONZERO, GRAD_STATUS_ZERO
 from support.probing import after_step, before_step
 
+pytestmark = pytest.mark.unit
+
 
 class Net(torch.nn.Module):
     def __init__(self) -> None:

@@ -12,6 +12,8 @@ from gradwatch.layout import build_layout
 from gradwatch.measure import Probe, is_absent
 from support.probing import after_step, before_step
 
+pytestmark = pytest.mark.unit
+
 optim = torch.optim
 OPTIMIZERS = {
     "sgd-nesterov": lambda p: optim.SGD(p, lr=0.01, momentum=0.9, nesterov=True),

@@ -20,6 +20,8 @@ from gradwatch.layout import build_layout
 from gradwatch.measure import Probe
 from support.probing import after_step, before_step
 
+pytestmark = pytest.mark.unit
+
 
 def muon(params: Any) -> torch.optim.Optimizer:
     if not hasattr(torch.optim, "Muon"):

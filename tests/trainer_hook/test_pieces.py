@@ -15,6 +15,8 @@ from gradwatch.pieces import strip_names
 from support.probing import after_step, before_step
 from support.sent import measured, sent_steps
 
+pytestmark = pytest.mark.unit
+
 NOWHERE = "http://127.0.0.1:9"
 SINGLE_PROCESS_KEYS = {"name", "shape", "numel", "dtype", "group", "optimizer"}
 

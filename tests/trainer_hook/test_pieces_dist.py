@@ -22,7 +22,7 @@ from gradwatch.layout import build_layout
 from support.dist import run_ranks
 from support.sent import measured, sent_steps
 
-pytestmark = pytest.mark.slow  # each test spawns a 2-rank job (seconds)
+pytestmark = [pytest.mark.unit, pytest.mark.slow]  # each test spawns a 2-rank job (seconds)
 
 NOWHERE = "http://127.0.0.1:9"
 STEPS = 3

@@ -15,6 +15,8 @@ from gradwatch.layout import build_layout
 from gradwatch.measure import Probe, is_absent
 from support.probing import after_step, before_step
 
+pytestmark = pytest.mark.unit
+
 
 def torchao_optimizer(name: str) -> Callable[[Any], torch.optim.Optimizer]:
     def make(params: Any) -> torch.optim.Optimizer:

@@ -11,6 +11,8 @@ import gradwatch
 from gradwatch.recorder import AFTER, BEFORE
 from support.sent import sent_steps
 
+pytestmark = pytest.mark.unit
+
 NOWHERE = "http://127.0.0.1:9"  # nothing listens: the steps stay queued, readable by sent_steps
 
 

@@ -19,6 +19,8 @@ from support.sent import wait_serialized
 from support.server import start_server
 from support.wiresteps import split
 
+pytestmark = pytest.mark.unit  # a test that starts a server says so (@pytest.mark.server)
+
 
 def train(w: gradwatch.Watcher, model: torch.nn.Module, opt: torch.optim.Optimizer, steps: int) -> None:
     for _ in range(steps):
@@ -29,6 +31,7 @@ def train(w: gradwatch.Watcher, model: torch.nn.Module, opt: torch.optim.Optimiz
         opt.step()
 
 
+@pytest.mark.server
 def test_fast_steps_go_out_batched_in_order_and_arrive_whole(tmp_path: Path) -> None:
     server = start_server(tmp_path)
     try:
@@ -64,6 +67,7 @@ def _record(text: str | None, sent: list[dict]) -> str | None:
     return text
 
 
+@pytest.mark.server
 def test_the_server_sets_the_pace_while_a_browser_watches(tmp_path: Path) -> None:
     server = start_server(tmp_path)
     try:
@@ -127,6 +131,7 @@ def test_the_servers_cost_is_kept_only_when_sane() -> None:
         sender.close(timeout=0.1)
 
 
+@pytest.mark.server
 def test_a_step_is_spooled_within_a_second_whatever_the_servers_pace(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -12,6 +12,8 @@ import torch
 import gradwatch
 from support.sent import measured, sent_steps
 
+pytestmark = pytest.mark.unit
+
 NOWHERE = "http://127.0.0.1:9"
 
 

@@ -9,6 +9,8 @@ import pytest
 
 from gradwatch.spool import SpoolWriter, frame, locked_elsewhere, pending_spools, read_records
 
+pytestmark = pytest.mark.unit
+
 
 def write(directory: Path, n: int) -> Path:
     w = SpoolWriter(directory, "run1", json.dumps({"type": "hello"}))

@@ -27,6 +27,8 @@ from gradwatch.spool import frame, read_records
 from support.server import REPO, find_free_port, start_server
 from support.wiresteps import spooled_steps
 
+pytestmark = pytest.mark.unit  # a test that starts a server says so (@pytest.mark.server)
+
 HOOK = [sys.executable, "-m", "gradwatch"]
 #: What the server distribution needs and the hook must not: importing any of them fails.
 SERVER_ONLY = (
@@ -65,6 +67,7 @@ def hook_sync(*args: str, env: dict[str, str] | None = None) -> subprocess.Compl
     )
 
 
+@pytest.mark.server
 def test_sync_delivers_each_run_and_reports_progress(tmp_path: Path, spool_dir: Path) -> None:
     port = find_free_port()
     url = f"http://127.0.0.1:{port}"
@@ -85,6 +88,7 @@ def test_sync_delivers_each_run_and_reports_progress(tmp_path: Path, spool_dir: 
         server.stop()
 
 
+@pytest.mark.server
 def test_a_server_that_refuses_the_token_exits_3_and_keeps_the_spool(tmp_path: Path, spool_dir: Path) -> None:
     port = find_free_port()
     url = f"http://127.0.0.1:{port}"
@@ -155,6 +159,7 @@ def rewrite_spool(path: Path, change: dict[int, str]) -> int:
     return len(texts)
 
 
+@pytest.mark.server
 def test_a_refused_message_or_a_corrupt_record_moves_its_file_aside_and_the_others_go(
     tmp_path: Path, spool_dir: Path
 ) -> None:
@@ -215,6 +220,7 @@ def test_help(argv: list[str]) -> None:
         assert "--server URL" in out.stdout and "exit status" in out.stdout
 
 
+@pytest.mark.server
 @pytest.mark.slow
 def test_the_hook_installed_alone_syncs(tmp_path: Path, spool_dir: Path) -> None:
     """The wheel of ./trainer_hook, with no server dependency importable, delivers a real spool to

@@ -13,6 +13,8 @@ import torch
 
 import gradwatch
 
+pytestmark = pytest.mark.unit
+
 NOWHERE = "http://127.0.0.1:9"
 
 

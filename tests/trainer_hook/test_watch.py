@@ -17,6 +17,8 @@ from gradwatch.watcher import _on_this_machine
 from support.sent import sent_steps
 from support.server import start_server
 
+pytestmark = pytest.mark.unit  # a test that starts a server says so (@pytest.mark.server)
+
 
 def make() -> tuple[torch.nn.Module, torch.optim.Optimizer]:
     model = torch.nn.Linear(4, 2)
@@ -195,6 +197,7 @@ def test_close_status_must_be_finished_or_crashed(status: object) -> None:
     w.close(timeout=0.1)  # a refused status leaves the watcher open to close properly
 
 
+@pytest.mark.server
 def test_close_records_how_the_run_ended(server) -> None:
     """The close message carries the status: GET /api/runs lists each run as it was closed."""
     ids = {}
@@ -226,6 +229,7 @@ if sys.argv[2] == "raises":
 """
 
 
+@pytest.mark.server
 def test_a_script_that_dies_of_an_exception_ends_its_run_crashed(tmp_path, spool_dir) -> None:
     """The run closed at interpreter exit says how the script ended: "crashed" when an uncaught
     exception ended it, "finished" otherwise (a real script in a subprocess, a real server)."""

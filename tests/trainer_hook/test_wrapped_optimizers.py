@@ -22,6 +22,8 @@ from accelerate import Accelerator  # noqa: E402
 from accelerate.optimizer import AcceleratedOptimizer  # noqa: E402
 from accelerate.state import AcceleratorState, GradientState  # noqa: E402
 
+pytestmark = pytest.mark.unit
+
 NOWHERE = "http://127.0.0.1:9"
 
 

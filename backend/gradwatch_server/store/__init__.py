@@ -48,8 +48,8 @@ from .records import (
     ParamsMismatch,
     Run,
     StepData,
-    StepRecord,
     StoredFinding,
+    StoredStep,
     StoreError,
     UnknownRun,
 )
@@ -74,7 +74,7 @@ __all__ = [
     "ParamsMismatch",
     "Run",
     "StepData",
-    "StepRecord",
+    "StoredStep",
     "Store",
     "StoreError",
     "StoredFinding",
@@ -189,13 +189,6 @@ class Store:
             return []
         with self._read() as conn:
             return _jobs.lost_ranks(conn, job, self._clock(), rank_timeout, since)
-
-    def partial_steps(self, job: str) -> list[tuple[int, list[int]]]:
-        """A job's steps assembled without some rank: (step, missing ranks), by step."""
-        if not storable(job):
-            return []
-        with self._read() as conn:
-            return _jobs.get_partial_steps(conn, job)
 
     def close_run(self, run_id: str, *, seq: int, status: str) -> bool:
         """Apply a `close` message; False if it was applied already."""
@@ -321,7 +314,7 @@ class Store:
         metrics: Iterable[str] | None = None,
         scalar_keys: Iterable[str] | None = None,
         after: int | None = None,
-    ) -> Iterator[list[StepRecord]]:
+    ) -> Iterator[list[StoredStep]]:
         return _steps.iter_steps(
             self.engine,
             run_id,
@@ -332,7 +325,7 @@ class Store:
             after=after,
         )
 
-    def batch_steps(self, run_id: str, steps_range: tuple[int, int], seq_range: tuple[int, int]) -> list[StepRecord]:
+    def batch_steps(self, run_id: str, steps_range: tuple[int, int], seq_range: tuple[int, int]) -> list[StoredStep]:
         return _steps.batch_steps(self.engine, run_id, steps_range, seq_range)
 
     # -- series ----------------------------------------------------------------------------
@@ -375,7 +368,7 @@ class Store:
         with self._read() as conn:
             return _series.series_count(conn, run_id, name, lo, hi, kind)
 
-    def series_pieces(
+    def series_stretches(
         self,
         run_id: str,
         name: str,
@@ -384,9 +377,9 @@ class Store:
         size: int,
         indices: Sequence[int] | None = None,
         kind: str = "param",
-    ) -> blocks.Pieces:
+    ) -> blocks.Stretches:
         with self._read() as conn:
-            return _series.series_pieces(conn, run_id, name, lo, hi, size, indices, kind)
+            return _series.series_stretches(conn, run_id, name, lo, hi, size, indices, kind)
 
     # -- findings (diagnostics) ------------------------------------------------------------
 

@@ -13,7 +13,7 @@ from .. import blocks
 from ..protocol import absent_mask, array_dtype
 from ..schema import metric_blocks, param_metrics, runs, series_names, steps
 from ..schema import scalars as scalars_table
-from ..tails import Step
+from ..tails import WrittenStep
 from .rows import insert_plain, joined, metric_where, plain_rows
 from .values import scalar_columns
 
@@ -39,7 +39,7 @@ def update_blocks(
     new_steps: list[int],
     before: int | None,
     after: int,
-    stored: Sequence[Step] | None = None,
+    stored: Sequence[WrittenStep] | None = None,
     kinds: Sequence[str] = tuple(blocks.RECORDS),
 ) -> None:
     """Recompute the closed blocks that storing `new_steps` changed or closed (blocks.dirty),
@@ -64,14 +64,14 @@ def update_blocks(
                 if i == 0:
                     spans = [(a * size, (b + 1) * size - 1) for a, b in ranges]
                     if stored is not None:
-                        found = _memory_pieces_of(stored, kind, spans, size)
+                        found = _memory_stretches_of(stored, kind, spans, size)
                     else:
-                        found = (_raw_pieces_of if kind == "param" else _raw_scalar_pieces_of)(
+                        found = (_raw_stretches_of if kind == "param" else _raw_scalar_stretches_of)(
                             conn, run_id, mine, spans, size
                         )
                 else:
                     ratio = size // blocks.SIZES[i - 1]
-                    found = _block_pieces_of(
+                    found = _block_stretches_of(
                         conn,
                         run_id,
                         kind,
@@ -98,11 +98,11 @@ def _put_blocks(
     names: list[str],
     size: int,
     ranges: list[tuple[int, int]],
-    found: Mapping[str, blocks.Pieces],
+    found: Mapping[str, blocks.Stretches],
     fresh: int = 0,
 ) -> None:
     """Replace the stored blocks of a size numbered in `ranges` by `found` (per series, one
-    piece per block holding data); those numbered from `fresh` on are known not to be stored."""
+    stretch per block holding data); those numbered from `fresh` on are known not to be stored."""
     stale = [(a, b) for a, b in ranges if a < fresh]
     if stale:
         conn.execute(
@@ -115,10 +115,10 @@ def _put_blocks(
             )
         )
     rows = []
-    for name, pieces in found.items():
-        if not len(pieces):
+    for name, stretches in found.items():
+        if not len(stretches):
             continue
-        records = blocks.to_records(pieces, blocks.RECORDS[kind])
+        records = blocks.to_records(stretches, blocks.RECORDS[kind])
         parts = -(-records.shape[1] // blocks.PART)
         rows += [
             (
@@ -132,7 +132,7 @@ def _put_blocks(
                 count,
                 records[j, part * blocks.PART : (part + 1) * blocks.PART].tobytes(),
             )
-            for j, (first, count) in enumerate(zip(pieces.first.tolist(), pieces.rows.tolist()))
+            for j, (first, count) in enumerate(zip(stretches.first.tolist(), stretches.rows.tolist()))
             for part in range(parts)
         ]
     insert_plain(conn, metric_blocks, rows)
@@ -147,25 +147,27 @@ def _split(rows: list[Any]) -> Iterator[tuple[str, list[Any]]]:
             lo = hi
 
 
-def _pieces_of_values(metric: str, steps_: list[int], raw: bytes, width: int, size: int | None = None) -> blocks.Pieces:
-    """Pieces of raw rows (their `data` joined): one per step, or per block of `size` steps."""
+def _stretches_of_values(
+    metric: str, steps_: list[int], raw: bytes, width: int, size: int | None = None
+) -> blocks.Stretches:
+    """Stretches of raw rows (their `data` joined): one per step, or per block of `size` steps."""
     dtype = np.dtype("<" + array_dtype(metric))
     values = np.frombuffer(raw, dtype=dtype).reshape(len(steps_), width)
     missing = absent_mask(values) if dtype.kind == "f" else None
     return blocks.from_values(np.array(steps_, dtype=np.int64), values, missing, size)
 
 
-def _pieces_of_scalars(rows: list[Any], starts: np.ndarray | None = None) -> blocks.Pieces:
-    """Pieces of (step, value, special) rows of scalars: one per row, or per group of rows
+def _stretches_of_scalars(rows: list[Any], starts: np.ndarray | None = None) -> blocks.Stretches:
+    """Stretches of (step, value, special) rows of scalars: one per row, or per group of rows
     beginning at the indices `starts`."""
     steps_, values = scalar_columns(rows)
     return blocks.from_values(steps_, values.reshape(-1, 1), None, dtype=np.float64, starts=starts)
 
 
-def _raw_pieces_of(
+def _raw_stretches_of(
     conn: Connection, run_id: str, metrics: list[str], spans: list[tuple[int, int]], size: int
-) -> dict[str, blocks.Pieces]:
-    """Per parameter metric, one piece per block of `size` steps in the step ranges `spans`."""
+) -> dict[str, blocks.Stretches]:
+    """Per parameter metric, one stretch per block of `size` steps in the step ranges `spans`."""
     rows = plain_rows(
         conn,
         select(param_metrics.c.metric, param_metrics.c.step, param_metrics.c.data)
@@ -179,14 +181,14 @@ def _raw_pieces_of(
     found = {}
     for metric, mine in _split(rows):
         width = len(mine[0][2]) // np.dtype(array_dtype(metric)).itemsize
-        found[metric] = _pieces_of_values(metric, [r[1] for r in mine], b"".join(r[2] for r in mine), width, size)
+        found[metric] = _stretches_of_values(metric, [r[1] for r in mine], b"".join(r[2] for r in mine), width, size)
     return found
 
 
-def _raw_scalar_pieces_of(
+def _raw_scalar_stretches_of(
     conn: Connection, run_id: str, keys: list[str], spans: list[tuple[int, int]], size: int
-) -> dict[str, blocks.Pieces]:
-    """Per scalar, one piece per block of `size` steps in the step ranges `spans`: all scalars
+) -> dict[str, blocks.Stretches]:
+    """Per scalar, one stretch per block of `size` steps in the step ranges `spans`: all scalars
     in one pass (a run logs a few dozen, a few values each per block)."""
     s = scalars_table.c
     rows = plain_rows(
@@ -201,19 +203,19 @@ def _raw_scalar_pieces_of(
     owner = np.array([key_of[r[0]] for r in rows], dtype=np.int64)
     block = np.array([r[1] for r in rows], dtype=np.int64) // size
     starts = np.flatnonzero((np.diff(owner, prepend=-1) != 0) | (np.diff(block, prepend=block[0] - 1) != 0))
-    found = _pieces_of_scalars([r[1:] for r in rows], starts=starts)  # a piece per (scalar, block)
+    found = _stretches_of_scalars([r[1:] for r in rows], starts=starts)  # a stretch per (scalar, block)
     ends = np.append(np.flatnonzero(np.diff(owner[starts])) + 1, len(starts))
     out, lo = {}, 0
     for key, hi in zip(key_of, ends.tolist()):
-        out[key] = blocks.Pieces(*(getattr(found, f)[lo:hi] for f in blocks.FIELDS))
+        out[key] = blocks.Stretches(*(getattr(found, f)[lo:hi] for f in blocks.FIELDS))
         lo = hi
     return out
 
 
-def _memory_pieces_of(
-    stored: Sequence[Step], kind: str, spans: list[tuple[int, int]], size: int
-) -> dict[str, blocks.Pieces]:
-    """What `_raw_pieces_of` / `_raw_scalar_pieces_of` read for the steps in `spans`, from step
+def _memory_stretches_of(
+    stored: Sequence[WrittenStep], kind: str, spans: list[tuple[int, int]], size: int
+) -> dict[str, blocks.Stretches]:
+    """What `_raw_stretches_of` / `_raw_scalar_stretches_of` read for the steps in `spans`, from step
     messages in memory instead (every stored step of those spans).
 
     Series stored at the same steps are reduced together, a column each: reductions run down the
@@ -231,35 +233,35 @@ def _memory_pieces_of(
         dtype = np.dtype("<f8") if kind == "scalar" else np.dtype("<" + array_dtype(name))
         width = 1 if kind == "scalar" else len(values[0]) // dtype.itemsize
         together.setdefault((tuple(steps_), dtype.str, width), []).append(name)
-    found: dict[str, blocks.Pieces] = {}
+    found: dict[str, blocks.Stretches] = {}
     for (at, code, width), names in together.items():
         dtype = np.dtype(code)
         if kind == "scalar":
             matrix = np.array([series[n][1] for n in names], dtype=np.float64).T
-            pieces = blocks.from_values(np.array(at, dtype=np.int64), matrix, None, size, dtype=np.float64)
+            stretches = blocks.from_values(np.array(at, dtype=np.int64), matrix, None, size, dtype=np.float64)
         else:
             matrix = np.concatenate(
                 [np.frombuffer(b"".join(series[n][1]), dtype=dtype).reshape(len(at), width) for n in names], axis=1
             )
             missing = absent_mask(matrix) if dtype.kind == "f" else None
-            pieces = blocks.from_values(np.array(at, dtype=np.int64), matrix, missing, size)
+            stretches = blocks.from_values(np.array(at, dtype=np.int64), matrix, missing, size)
         for j, name in enumerate(names):
             cols = slice(j * width, (j + 1) * width)
-            found[name] = blocks.Pieces(
-                pieces.first,
-                pieces.rows,
-                pieces.low[:, cols],
-                pieces.high[:, cols],
-                pieces.total[:, cols],
-                pieces.finite[:, cols],
-                pieces.nan[:, cols],
+            found[name] = blocks.Stretches(
+                stretches.first,
+                stretches.rows,
+                stretches.low[:, cols],
+                stretches.high[:, cols],
+                stretches.total[:, cols],
+                stretches.finite[:, cols],
+                stretches.nan[:, cols],
             )
     return found
 
 
-def _block_pieces_of(
+def _block_stretches_of(
     conn: Connection, run_id: str, kind: str, names: list[str], size: int, ranges: list[tuple[int, int]]
-) -> dict[str, blocks.Pieces]:
+) -> dict[str, blocks.Stretches]:
     """Per series, its stored blocks of a size numbered in `ranges`, all parameters (each
     block's parts, in order, joined)."""
     b = metric_blocks.c
@@ -278,7 +280,7 @@ def _block_pieces_of(
     return {name: _joined_blocks([r[1:] for r in mine], blocks.RECORDS[kind]) for name, mine in _split(rows)}
 
 
-def _joined_blocks(rows: list[Any], record: np.dtype) -> blocks.Pieces:
+def _joined_blocks(rows: list[Any], record: np.dtype) -> blocks.Stretches:
     """(first_step, step_count, data) rows of whole blocks, ordered by block and part."""
     heads = [i for i, r in enumerate(rows) if i == 0 or r[0] != rows[i - 1][0]]
     records = np.frombuffer(joined(rows, 2), dtype=record).reshape(len(heads), -1)
@@ -289,14 +291,14 @@ def _joined_blocks(rows: list[Any], record: np.dtype) -> blocks.Pieces:
     )
 
 
-def raw_pieces(
+def raw_stretches(
     conn: Connection, run_id: str, kind: str, name: str, a: int, b: int, indices: Sequence[int] | None
-) -> blocks.Pieces:
-    """One piece per stored step of a series in [a, b]: a scalar, or a parameter metric for the
+) -> blocks.Stretches:
+    """One stretch per stored step of a series in [a, b]: a scalar, or a parameter metric for the
     parameters `indices` (read as blob slices) or all of them."""
     if kind == "scalar":
         s = scalars_table.c
-        return _pieces_of_scalars(
+        return _stretches_of_scalars(
             plain_rows(
                 conn,
                 select(s.step, s.value, s.special)
@@ -319,12 +321,12 @@ def raw_pieces(
             .order_by(param_metrics.c.step),
         )
         width = len(indices)
-    return _pieces_of_values(name, [r[0] for r in rows], joined(rows, 1), width)
+    return _stretches_of_values(name, [r[0] for r in rows], joined(rows, 1), width)
 
 
-def stored_pieces(
+def stored_stretches(
     conn: Connection, run_id: str, kind: str, name: str, size: int, a: int, b: int, indices: Sequence[int] | None
-) -> blocks.Pieces:
+) -> blocks.Stretches:
     """The stored blocks of a series of a size numbered a..b, for the parameters `indices` (a
     query per part, reading record slices) or all of them (one query)."""
     c = metric_blocks.c

@@ -121,7 +121,7 @@ class DiagnosisMark:
 
 
 @dataclass
-class StepRecord:
+class StoredStep:
     """One stored step, as the exporters read it."""
 
     step: int
@@ -129,3 +129,8 @@ class StepRecord:
     time: float
     scalars: dict[str, float] = field(default_factory=dict)
     arrays: dict[str, np.ndarray] = field(default_factory=dict)
+
+
+#: The former name, which the distributed store code (store/jobs.py) still uses: drop it once
+#: that code says StoredStep (the hook's wire.StepRecord is a step as sent, not as stored).
+StepRecord = StoredStep

@@ -16,7 +16,7 @@ from .. import blocks
 from ..protocol import array_dtype
 from ..schema import metric_blocks, param_metrics, runs
 from ..schema import scalars as scalars_table
-from .blocks_sql import raw_pieces, stored_pieces
+from .blocks_sql import raw_stretches, stored_stretches
 from .rows import joined, metric_where, plain_rows, window
 from .values import scalar_columns
 
@@ -137,9 +137,9 @@ def series_count(conn: Connection, run_id: str, name: str, lo: int, hi: int, kin
     return int(total)
 
 
-def series_pieces(
+def series_stretches(
     conn: Connection, run_id: str, name: str, lo: int, hi: int, size: int, indices: Sequence[int] | None, kind: str
-) -> blocks.Pieces:
+) -> blocks.Stretches:
     """Summaries covering steps [lo, hi] of a series, in step order: its closed blocks of at
     most `size` steps lying wholly inside, and single raw steps elsewhere (blocks.cover), for
     the parameters `indices` or all of them (a scalar has one column)."""
@@ -150,9 +150,9 @@ def series_pieces(
     if run is None:
         return blocks.empty(width)
     found = [
-        raw_pieces(conn, run_id, kind, name, a, b, indices)
+        raw_stretches(conn, run_id, kind, name, a, b, indices)
         if size_ == blocks.RAW
-        else stored_pieces(conn, run_id, kind, name, size_, a, b, indices)
+        else stored_stretches(conn, run_id, kind, name, size_, a, b, indices)
         for size_, a, b in blocks.cover(lo, hi, run.last_step, size)
     ]
     return blocks.concat(found, width)

@@ -14,7 +14,7 @@ from ..protocol import array_dtype
 from ..schema import param_metrics, runs, series_names, steps
 from ..schema import scalars as scalars_table
 from .blocks_sql import update_blocks
-from .records import StepData, StepRecord
+from .records import StepData, StoredStep
 from .rows import insert_plain
 from .runs import get_series_names, lock_run
 from .values import decode_scalars, encode_scalar
@@ -183,7 +183,7 @@ def iter_steps(
     metrics: Iterable[str] | None = None,
     scalar_keys: Iterable[str] | None = None,
     after: int | None = None,
-) -> Iterator[list[StepRecord]]:
+) -> Iterator[list[StoredStep]]:
     """Every stored step of a run (after step `after`), in order, `chunk` steps at a time.
 
     Each chunk is its own short query, so an export never holds the run in memory nor a
@@ -204,7 +204,7 @@ def iter_steps(
             if not head:
                 return
             lo, hi = head[0].step, head[-1].step
-            records = {r.step: StepRecord(step=r.step, seq=r.seq, time=r.time) for r in head}
+            records = {r.step: StoredStep(step=r.step, seq=r.seq, time=r.time) for r in head}
             _fill(conn, run_id, records, keys, names, lo, hi)
         for record in records.values():
             record.scalars = dict(sorted(record.scalars.items()))
@@ -214,7 +214,7 @@ def iter_steps(
 
 def batch_steps(
     engine: Engine, run_id: str, steps_range: tuple[int, int], seq_range: tuple[int, int]
-) -> list[StepRecord]:
+) -> list[StoredStep]:
     """The steps one `write_steps` stored, every series, by step: those with step and seq in
     these ranges (the lowest and highest of the batch). No other write stores a seq in the
     batch's range (seqs are stored only above the run's committed seq); the step range keeps
@@ -223,7 +223,7 @@ def batch_steps(
     keys, names = _names(engine, run_id, True)
     with engine.connect() as conn:
         head = conn.execute(select(steps.c.step, steps.c.seq, steps.c.time).where(*where).order_by(steps.c.step)).all()
-        records = {r.step: StepRecord(step=r.step, seq=r.seq, time=r.time) for r in head}
+        records = {r.step: StoredStep(step=r.step, seq=r.seq, time=r.time) for r in head}
         if records:
             _fill(conn, run_id, records, keys, names, *steps_range)
     return list(records.values())
@@ -239,7 +239,7 @@ def _names(engine: Engine, run_id: str, with_scalars: bool) -> tuple[list[str], 
 def _fill(
     conn: Connection,
     run_id: str,
-    records: dict[int, StepRecord],
+    records: dict[int, StoredStep],
     keys: Sequence[str],
     names: Sequence[str],
     lo: int,

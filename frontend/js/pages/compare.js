@@ -10,6 +10,7 @@
 
 import { api, ApiError, liveUrl, runPageUrl, UnreachableError } from "../api.js";
 import { byId, h, notice, setChildren, statusBadge } from "../dom.js";
+import { shareXRange, startIt, unreachableNotice } from "../page.js";
 import { fmtCount, fmtDuration, runDuration } from "../format.js";
 import { sharedGroups } from "../groups.js";
 import { isUserScalar, mostShared } from "../names.js";
@@ -37,21 +38,28 @@ export function runLabel(runs, ids, i) {
   return dup ? `${name} (${r.id})` : name;
 }
 
-let state;
-let el;
-const cards = [];      // every compare card, fixed and per parameter
-const paramCards = [];
-const lrCards = [];    // one per param group, matched by name across the runs
-let page;              // what the cards read: compare-card.js
-let extraCard;
-let picker;
-let extraSelect;
-let note;              // the zoom, said in the top bar
+/**
+ * What the page holds between events; only this module writes it. The cards read it too
+ * (views/compare-card.js: its state, each run's label, the shared zoom, the list of cards).
+ */
+const page = {
+  state: null,
+  el: null,          // the page's elements
+  cards: [],         // every compare card, fixed and per parameter
+  paramCards: [],
+  lrCards: [],       // one per param group, matched by name across the runs
+  extraCard: null,
+  picker: null,
+  extraSelect: null,
+  note: null,        // the zoom, said in the top bar
+  label: (i) => label(i),
+  onXRange: (range) => onXRange(range),
+};
 
 /** Read the URL, lay out the cards, load the runs and follow /ws/live. */
 export function init() {
   const q = readQuery();
-  state = {
+  page.state = {
     ids: [...new Set((queryValue(q, "runs", "") || "").split(",").map((s) => s.trim()).filter(Boolean))],
     runs: [],            // RunPublic per id (null when missing)
     metrics: [],         // /metrics per id
@@ -67,41 +75,40 @@ export function init() {
     xRange: null,
     smooth: smoothWeight(queryValue(q, "smooth")), // the charts' EMA weight (?smooth=), 0: off
   };
-  el = {
+  page.el = {
     runs: byId("compare-runs"), controls: byId("compare-controls"), settings: byId("settings"),
     settingsBody: byId("settings-body"), grid: byId("charts"), notice: byId("page-notice"),
   };
-  page = { state, cards, label, onXRange };
-  note = zoomNote(() => onXRange(null));
+  page.note = zoomNote(() => onXRange(null));
 
-  extraSelect = h("select", {
+  page.extraSelect = h("select", {
     class: "input input-small", "aria-label": "Scalar to compare",
-    onchange: (e) => { state.extra = e.target.value; save(); extraCard.load(); },
+    onchange: (e) => { page.state.extra = e.target.value; save(); page.extraCard.load(); },
   });
-  const card = (id, title, help, fetchOne, opts = {}) => compareCard(page, id, title, help, fetchOne, { parent: el.grid, ...opts });
+  const card = (id, title, help, fetchOne, opts = {}) => compareCard(page, id, title, help, fetchOne, { parent: page.el.grid, ...opts });
   card("compare-grad-norm-total", "Total gradient norm", "‖grad‖₂ over all parameters", seriesIf("grad_norm_total"), { log: true });
   card("compare-loss", "Loss", "As each training script reported it", seriesIf("loss"));
-  extraCard = card("compare-scalar", "Another scalar", "Pick any scalar the runs report",
-    (r, extra) => (state.extra ? seriesIf(state.extra)(r, extra) : Promise.resolve(null)), { tools: [extraSelect] });
+  page.extraCard = card("compare-scalar", "Another scalar", "Pick any scalar the runs report",
+    (r, extra) => (page.state.extra ? seriesIf(page.state.extra)(r, extra) : Promise.resolve(null)), { tools: [page.extraSelect] });
 
-  picker = compareParamPicker({
+  page.picker = compareParamPicker({
     maxParams: MAX_PARAMS,
-    onMetric: (m) => { state.metric = m; save(); rebuildParamCards(); },
+    onMetric: (m) => { page.state.metric = m; save(); rebuildParamCards(); },
     onAdd: addParam,
     onRemove: removeParam,
   });
-  el.paramCards = h("div", { class: "param-cards" });
-  el.grid.appendChild(picker.card);
-  el.grid.appendChild(el.paramCards);
+  page.el.paramCards = h("div", { class: "param-cards" });
+  page.el.grid.appendChild(page.picker.card);
+  page.el.grid.appendChild(page.el.paramCards);
 
   byId("refresh").addEventListener("click", () => load());
 
   new LiveSocket(liveUrl(), {
     onMessage: (msg) => {
       if (msg.type !== "run" || !msg.run) return;
-      const i = state.ids.indexOf(msg.run.id);
-      if (i >= 0 && state.runs[i]) {
-        state.runs[i] = { ...state.runs[i], ...msg.run };
+      const i = page.state.ids.indexOf(msg.run.id);
+      if (i >= 0 && page.state.runs[i]) {
+        page.state.runs[i] = { ...page.state.runs[i], ...msg.run };
         renderRuns();
         renderSettings();
       }
@@ -118,32 +125,30 @@ export function init() {
  * before `before`; the first keeps the id compare-lr.
  */
 function rebuildLrCards(before) {
-  for (const c of lrCards.splice(0)) c.destroy();
-  const shared = sharedGroups(state.runs.map((r, i) => (r ? state.groups[i] : [])));
+  for (const c of page.lrCards.splice(0)) c.destroy();
+  const shared = sharedGroups(page.state.runs.map((r, i) => (r ? page.state.groups[i] : [])));
   shared.forEach(({ label: name, at }, k) => {
     const entry = compareCard(page, k ? `compare-lr-${k}` : "compare-lr", shared.length > 1 ? `Learning rate · ${name}` : "Learning rate",
       `Param group ${name}`, (r) => {
-        const i = state.runs.indexOf(r);
+        const i = page.state.runs.indexOf(r);
         return at[i] >= 0 ? seriesIf(`lr/${at[i]}`)(r) : Promise.resolve(null);
-      }, { parent: el.grid, before });
+      }, { parent: page.el.grid, before });
     entry.card.dataset.group = name;
-    lrCards.push(entry);
+    page.lrCards.push(entry);
   });
 }
 
 function onXRange(range) {
-  state.xRange = range;
-  note.render(range, state.x === "time" ? "seconds" : "steps");
-  for (const c of cards) c.setXRange(range);
+  shareXRange(page.state, page.note, page.cards, range, page.state.x === "time" ? "seconds" : "steps");
 }
 
 function label(i) {
-  return runLabel(state.runs, state.ids, i);
+  return runLabel(page.state.runs, page.state.ids, i);
 }
 
-const has = (key) => (r, i) => (state.metrics[i] && state.metrics[i].scalars || []).includes(key);
+const has = (key) => (r, i) => (page.state.metrics[i] && page.state.metrics[i].scalars || []).includes(key);
 const seriesIf = (key) => (r, { smooth } = {}) => {
-  const i = state.runs.indexOf(r);
+  const i = page.state.runs.indexOf(r);
   return has(key)(r, i) ? api.series(r.id, key, { time: true, smooth }) : Promise.resolve(null);
 };
 
@@ -151,67 +156,67 @@ const seriesIf = (key) => (r, { smooth } = {}) => {
 
 /** Every parameter name of the runs, in the order of the first run that has it. */
 function allParamNames() {
-  return [...new Set(state.params.filter(Boolean).flat())];
+  return [...new Set(page.state.params.filter(Boolean).flat())];
 }
 
 function runsWith(name) {
-  return state.params.map((names, i) => (names && names.includes(name) ? i : -1)).filter((i) => i >= 0);
+  return page.state.params.map((names, i) => (names && names.includes(name) ? i : -1)).filter((i) => i >= 0);
 }
 
 function addParam(name) {
-  picker.say("");
+  page.picker.say("");
   if (!name) return;
   if (!allParamNames().includes(name)) {
-    picker.say(`No run has a parameter named “${name}”.`);
+    page.picker.say(`No run has a parameter named “${name}”.`);
     return;
   }
-  if (state.chosen.includes(name)) return;
-  if (state.chosen.length >= MAX_PARAMS) {
-    picker.say(`At most ${MAX_PARAMS} parameters at once: remove one first.`);
+  if (page.state.chosen.includes(name)) return;
+  if (page.state.chosen.length >= MAX_PARAMS) {
+    page.picker.say(`At most ${MAX_PARAMS} parameters at once: remove one first.`);
     return;
   }
-  state.chosen.push(name);
-  picker.input.value = "";
+  page.state.chosen.push(name);
+  page.picker.input.value = "";
   save();
   rebuildParamCards();
 }
 
 function removeParam(name) {
-  state.chosen = state.chosen.filter((n) => n !== name);
+  page.state.chosen = page.state.chosen.filter((n) => n !== name);
   save();
   rebuildParamCards();
-  picker.input.focus();
+  page.picker.input.focus();
 }
 
 function renderParamPicker() {
-  const metrics = [...new Set(state.metrics.flatMap((m) => (m ? m.params || [] : [])))].filter((m) => m !== "grad_status").sort();
-  if (!metrics.includes(state.metric)) state.metric = metrics.includes("grad_norm") ? "grad_norm" : metrics[0] || null;
-  picker.render({
-    metrics, metric: state.metric, names: allParamNames(), chosen: state.chosen,
-    having: (n) => runsWith(n).length, runs: state.runs.length,
+  const metrics = [...new Set(page.state.metrics.flatMap((m) => (m ? m.params || [] : [])))].filter((m) => m !== "grad_status").sort();
+  if (!metrics.includes(page.state.metric)) page.state.metric = metrics.includes("grad_norm") ? "grad_norm" : metrics[0] || null;
+  page.picker.render({
+    metrics, metric: page.state.metric, names: allParamNames(), chosen: page.state.chosen,
+    having: (n) => runsWith(n).length, runs: page.state.runs.length,
   });
 }
 
 function rebuildParamCards() {
-  for (const c of paramCards.splice(0)) c.destroy();
+  for (const c of page.paramCards.splice(0)) c.destroy();
   renderParamPicker();
-  if (picker.card.hidden || !state.metric) return Promise.resolve();
-  const metric = state.metric;
-  state.chosen.forEach((name, k) => {
+  if (page.picker.card.hidden || !page.state.metric) return Promise.resolve();
+  const metric = page.state.metric;
+  page.state.chosen.forEach((name, k) => {
     const having = runsWith(name);
-    const missing = state.runs.map((r, i) => i).filter((i) => !having.includes(i)).map(label);
-    const help = missing.length ? `In ${having.length} of ${state.runs.length} runs; not in ${missing.join(", ")}` : `In all ${state.runs.length} runs`;
+    const missing = page.state.runs.map((r, i) => i).filter((i) => !having.includes(i)).map(label);
+    const help = missing.length ? `In ${having.length} of ${page.state.runs.length} runs; not in ${missing.join(", ")}` : `In all ${page.state.runs.length} runs`;
     const entry = compareCard(page, `compare-param-${k}`, `${metric} · ${name}`, help, async (r, { smooth } = {}) => {
-      const i = state.runs.indexOf(r);
+      const i = page.state.runs.indexOf(r);
       if (!having.includes(i)) return null;
       const res = await api.paramSeries(r.id, metric, { params: [name], time: true, smooth });
       const s = (res.series || [])[0];
       return s ? { step: res.step, value: s.value, min: s.min, max: s.max, downsampled: res.downsampled, time: res.time, time0: res.time0 } : null;
-    }, { log: true, wide: state.chosen.length === 1, parent: el.paramCards });
+    }, { log: true, wide: page.state.chosen.length === 1, parent: page.el.paramCards });
     entry.card.dataset.param = name;
-    paramCards.push(entry);
+    page.paramCards.push(entry);
   });
-  return Promise.all(paramCards.map((c) => c.load()));
+  return Promise.all(page.paramCards.map((c) => c.load()));
 }
 
 // ---- view switches, runs, settings ------------------------------------------------------------
@@ -225,16 +230,16 @@ function segmented(key, title, options, current, onPick) {
 }
 
 function renderControls() {
-  const controls = el.controls;
+  const controls = page.el.controls;
   const focused = document.activeElement && controls.contains(document.activeElement)
     ? [document.activeElement.closest("[data-control]").dataset.control, document.activeElement.dataset.value] : null;
   setChildren(controls,
-    segmented("x", "Align by", X_MODES, state.x, (v) => switchView({ x: v })),
-    segmented("layout", "Layout", LAYOUTS, state.layout, (v) => switchView({ layout: v })),
-    smoothingControl(state.smooth, (w) => {
-      state.smooth = w;
+    segmented("x", "Align by", X_MODES, page.state.x, (v) => switchView({ x: v })),
+    segmented("layout", "Layout", LAYOUTS, page.state.layout, (v) => switchView({ layout: v })),
+    smoothingControl(page.state.smooth, (w) => {
+      page.state.smooth = w;
       save();
-      Promise.all(cards.map((c) => c.load())).catch((err) => console.warn("gradwatch: smoothing:", err));
+      Promise.all(page.cards.map((c) => c.load())).catch((err) => console.warn("gradwatch: smoothing:", err));
     }));
   if (focused) {
     const target = controls.querySelector(`[data-control="${focused[0]}"] [data-value="${focused[1]}"]`);
@@ -243,38 +248,38 @@ function renderControls() {
 }
 
 async function switchView(change) {
-  if ((change.x ?? state.x) === state.x && (change.layout ?? state.layout) === state.layout) return;
-  Object.assign(state, change);
-  state.xRange = null;
-  note.render(null);
+  if ((change.x ?? page.state.x) === page.state.x && (change.layout ?? page.state.layout) === page.state.layout) return;
+  Object.assign(page.state, change);
+  page.state.xRange = null;
+  page.note.render(null);
   delete document.body.dataset.drawn;
   save();
   renderControls();
-  await Promise.all(cards.map((c) => c.draw()));
-  document.body.dataset.drawn = `${state.x}:${state.layout}`;
+  await Promise.all(page.cards.map((c) => c.draw()));
+  document.body.dataset.drawn = `${page.state.x}:${page.state.layout}`;
 }
 
 function save() {
   writeQuery({
-    runs: state.ids.join(","), x: state.x === "step" ? null : state.x, layout: state.layout === "overlay" ? null : state.layout,
-    scalar: state.extra, metric: state.metric, param: state.chosen || [], smooth: state.smooth || null,
+    runs: page.state.ids.join(","), x: page.state.x === "step" ? null : page.state.x, layout: page.state.layout === "overlay" ? null : page.state.layout,
+    scalar: page.state.extra, metric: page.state.metric, param: page.state.chosen || [], smooth: page.state.smooth || null,
   });
 }
 
 function renderRuns() {
-  setChildren(el.runs, h("ul", { class: "compare-list" }, state.ids.map((id, i) => {
-    const r = state.runs[i];
+  setChildren(page.el.runs, h("ul", { class: "compare-list" }, page.state.ids.map((id, i) => {
+    const r = page.state.runs[i];
     return h("li", { class: "compare-run" },
       swatch(i),
       r ? [h("a", { href: runPageUrl(r.id) }, r.name || r.id), " ", statusBadge(r.status),
         h("span", { class: "muted" }, ` ${r.project || "default"} · ${fmtCount(r.steps)} steps · ${fmtDuration(runDuration(r))}`)]
-        : [h("code", {}, id), h("span", { class: "muted" }, state.deleted[i] ? " was deleted" : " not found")]);
+        : [h("code", {}, id), h("span", { class: "muted" }, page.state.deleted[i] ? " was deleted" : " not found")]);
   })));
 }
 
 function renderSettings() {
-  el.settings.hidden = !state.runs.length;
-  setChildren(el.settingsBody, settingsTable(state));
+  page.el.settings.hidden = !page.state.runs.length;
+  setChildren(page.el.settingsBody, settingsTable(page.state));
 }
 
 /**
@@ -283,31 +288,31 @@ function renderSettings() {
  */
 function fillSelects() {
   const extra = (m) => (m ? (m.scalars || []).filter((k) => !FIXED_SCALARS.includes(k) && !isLr(k)).sort() : null);
-  const perRun = state.metrics.map(extra);
+  const perRun = page.state.metrics.map(extra);
   const scalars = [...new Set(perRun.filter(Boolean).flat())].sort();
-  if (!scalars.includes(state.extra)) state.extra = mostShared(perRun, isUserScalar);
-  setChildren(extraSelect, scalars.map((k) => h("option", { value: k, selected: k === state.extra }, k)));
-  extraCard.card.hidden = !scalars.length;
+  if (!scalars.includes(page.state.extra)) page.state.extra = mostShared(perRun, isUserScalar);
+  setChildren(page.extraSelect, scalars.map((k) => h("option", { value: k, selected: k === page.state.extra }, k)));
+  page.extraCard.card.hidden = !scalars.length;
 
   const names = allParamNames();
-  if (state.chosen === null) {
-    const first = mostShared(state.params);
-    state.chosen = first === null ? [] : [first];
+  if (page.state.chosen === null) {
+    const first = mostShared(page.state.params);
+    page.state.chosen = first === null ? [] : [first];
   }
-  state.chosen = state.chosen.filter((n) => names.includes(n));
+  page.state.chosen = page.state.chosen.filter((n) => names.includes(n));
 }
 
 async function load() {
-  if (state.ids.length === 0) {
-    setChildren(el.notice, notice("empty", "Nothing to compare",
+  if (page.state.ids.length === 0) {
+    setChildren(page.el.notice, notice("empty", "Nothing to compare",
       h("p", {}, "Pick runs on the ", h("a", { href: "/" }, "run list"), " and press Compare.")));
-    el.grid.hidden = true;
-    el.controls.hidden = true;
+    page.el.grid.hidden = true;
+    page.el.controls.hidden = true;
     document.body.dataset.ready = "1";
     return;
   }
   try {
-    const got = await Promise.all(state.ids.map(async (id) => {
+    const got = await Promise.all(page.state.ids.map(async (id) => {
       try {
         const [run, metrics, params] = await Promise.all([api.run(id), api.metrics(id), api.params(id)]);
         // The settings table's extras: a failure there leaves a dash, not a broken page.
@@ -321,22 +326,22 @@ async function load() {
         throw err;
       }
     }));
-    [state.runs, state.metrics, state.params, state.groups, state.findings, state.deleted] = [0, 1, 2, 3, 4, 5].map((k) => got.map((g) => g[k]));
-    document.title = `Compare ${state.runs.filter(Boolean).map((r) => r.name || r.id).join(", ")} · gradwatch`;
+    [page.state.runs, page.state.metrics, page.state.params, page.state.groups, page.state.findings, page.state.deleted] = [0, 1, 2, 3, 4, 5].map((k) => got.map((g) => g[k]));
+    document.title = `Compare ${page.state.runs.filter(Boolean).map((r) => r.name || r.id).join(", ")} · gradwatch`;
     delete document.body.dataset.drawn;
     renderRuns();
     renderControls();
     renderSettings();
-    rebuildLrCards(extraCard.card);
+    rebuildLrCards(page.extraCard.card);
     fillSelects();
     save();
-    await Promise.all([...cards.filter((c) => !c.card.hidden && !paramCards.includes(c)).map((c) => c.load()), rebuildParamCards()]);
-    setChildren(el.notice);
-    document.body.dataset.drawn = `${state.x}:${state.layout}`;
+    await Promise.all([...page.cards.filter((c) => !c.card.hidden && !page.paramCards.includes(c)).map((c) => c.load()), rebuildParamCards()]);
+    setChildren(page.el.notice);
+    document.body.dataset.drawn = `${page.state.x}:${page.state.layout}`;
   } catch (err) {
     console.error(err);
-    setChildren(el.notice, err instanceof UnreachableError
-      ? notice("error", "The gradwatch server is unreachable", h("p", {}, "Start it with ", h("code", {}, "gradwatch serve"), "; this page reconnects by itself."))
+    setChildren(page.el.notice, err instanceof UnreachableError
+      ? unreachableNotice(...startIt(), "; this page reconnects by itself.")
       : notice("error", "The runs could not be loaded", h("p", {}, String(err.message || err))));
   }
   document.body.dataset.ready = "1";

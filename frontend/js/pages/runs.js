@@ -6,6 +6,7 @@
 import { api, compareUrl, liveUrl, UnreachableError } from "../api.js";
 import { byId, h, notice, setChildren } from "../dom.js";
 import { fmtCount, runDuration } from "../format.js";
+import { startIt, unreachableNotice } from "../page.js";
 import { LiveSocket, renderLiveStatus } from "../live.js";
 import { queryValue, readQuery, writeQuery } from "../url.js";
 import { deleteRunDialog, editRunDialog } from "../views/run-dialogs.js";
@@ -167,8 +168,7 @@ async function load() {
 
 function render() {
   document.body.dataset.state = state.phase;
-  setChildren(el.banner, state.stale ? notice("error", "The gradwatch server is unreachable",
-    h("p", {}, "Showing the runs as they were; this page reconnects by itself.")) : null);
+  setChildren(el.banner, state.stale ? unreachableNotice("Showing the runs as they were; this page reconnects by itself.") : null);
   el.toolbar.hidden = state.phase === "ready" && !state.runs.length;
   renderProjects();
   renderTags();
@@ -181,8 +181,7 @@ function render() {
   }
   if (state.phase === "unreachable") {
     el.count.textContent = "";
-    return setChildren(el.list, notice("error", "The gradwatch server is unreachable",
-      h("p", {}, "Start it with ", h("code", {}, "gradwatch serve"), ". This page reconnects by itself.")));
+    return setChildren(el.list, unreachableNotice(...startIt(), ". This page reconnects by itself."));
   }
   if (state.phase === "error") {
     return setChildren(el.list, notice("error", "The runs could not be loaded", h("p", {}, state.error)));

@@ -14,6 +14,8 @@ import gradwatch
 from gradwatch.integrations.common import forward, json_safe, run_name, scalars
 from support.sent import sent_steps
 
+pytestmark = pytest.mark.unit
+
 
 class Color(enum.Enum):
     RED = "red"

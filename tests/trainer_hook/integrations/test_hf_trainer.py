@@ -32,6 +32,8 @@ from transformers import Trainer, TrainerCallback, TrainingArguments  # noqa: E4
 from gradwatch.integrations.transformers import GradwatchCallback  # noqa: E402
 from support.examples import findings  # noqa: E402
 
+pytestmark = pytest.mark.unit  # a test that starts a server says so (@pytest.mark.server)
+
 ACCUMULATE = 4
 
 
@@ -73,6 +75,7 @@ def train(tmp_path: Path, server_url: str, **callback_args: Any) -> tuple[Gradwa
     return watching, oracle, trainer
 
 
+@pytest.mark.server
 def test_trainer_values_equal_the_oracle_at_every_step(tmp_path: Path, sqlite_server) -> None:
     watching, oracle, trainer = train(tmp_path, sqlite_server.url)
     w = watching.watcher
@@ -91,6 +94,7 @@ def test_trainer_values_equal_the_oracle_at_every_step(tmp_path: Path, sqlite_se
     assert accumulation(found) == ACCUMULATE
 
 
+@pytest.mark.server
 def test_trainer_config_and_logged_numbers_are_recorded(tmp_path: Path, sqlite_server) -> None:
     watching, _, trainer = train(tmp_path, sqlite_server.url, run="mine")
     w = watching.watcher
@@ -111,6 +115,7 @@ def test_trainer_config_and_logged_numbers_are_recorded(tmp_path: Path, sqlite_s
         assert series["value"] == pytest.approx([logged[s - 1][key] for s in series["step"]], rel=1e-6)
 
 
+@pytest.mark.server
 def test_scaler_is_found_on_accelerates_optimizer(tmp_path: Path, sqlite_server) -> None:
     """fp16 training: accelerate's optimizer wrapper holds the Trainer's GradScaler and steps with
     it; the callback finds it there. (fp16 needs a GPU in the Trainer; this is the same wrapper
@@ -143,6 +148,7 @@ def test_scaler_is_found_on_accelerates_optimizer(tmp_path: Path, sqlite_server)
     assert_equal_norms(stored_norms(sqlite_server.url, w.run_id), oracle)  # unscaled
 
 
+@pytest.mark.server
 def test_a_train_that_raised_is_closed_as_crashed_by_the_next_train(tmp_path: Path, sqlite_server) -> None:
     """The Trainer tells callbacks nothing when `train()` raises: the callback's next train begin
     closes the unfinished run as crashed, and the new run ends as finished."""
@@ -185,6 +191,7 @@ finally:
 """
 
 
+@pytest.mark.server
 @pytest.mark.parametrize("how, status, steps", [("raise", "crashed", 2), ("end", "finished", STEPS)])
 def test_a_script_whose_train_raised_ends_its_run_as_crashed(
     tmp_path: Path, sqlite_server, how: str, status: str, steps: int

@@ -9,6 +9,10 @@ import subprocess
 import sys
 import textwrap
 
+import pytest
+
+pytestmark = pytest.mark.unit
+
 FRAMEWORKS = ("transformers", "accelerate", "lightning", "pytorch_lightning")
 
 STEPS = {

@@ -30,6 +30,8 @@ from stored import (  # noqa: E402
 from gradwatch.integrations.lightning import GradwatchCallback  # noqa: E402
 from support.examples import findings  # noqa: E402
 
+pytestmark = pytest.mark.unit  # a test that starts a server says so (@pytest.mark.server)
+
 ACCUMULATE = 2
 CLIP = 0.05  # far below the gradients' norm: every step is clipped
 STEPS = 3
@@ -90,6 +92,7 @@ def fit(module: Any, tmp_path: Path, callbacks: list[Any], **trainer_args: Any) 
     return trainer
 
 
+@pytest.mark.server
 def test_accumulation_and_clipping_values_equal_the_oracle(tmp_path: Path, sqlite_server) -> None:
     torch.manual_seed(0)
     module, watching = Regressor(), GradwatchCallback(project="pl", server=sqlite_server.url, warn=False)
@@ -107,6 +110,7 @@ def test_accumulation_and_clipping_values_equal_the_oracle(tmp_path: Path, sqlit
     assert accumulation(found) == ACCUMULATE
 
 
+@pytest.mark.server
 def test_hparams_settings_and_logged_scalars_are_recorded(tmp_path: Path, sqlite_server) -> None:
     torch.manual_seed(0)
     losses: dict[int, float] = {}
@@ -133,6 +137,7 @@ def test_hparams_settings_and_logged_scalars_are_recorded(tmp_path: Path, sqlite
     assert series["value"] == pytest.approx([losses[s] for s in series["step"]], rel=1e-6)
 
 
+@pytest.mark.server
 def test_precision_plugin_scaler_is_found(tmp_path: Path, sqlite_server) -> None:
     """precision="16-mixed": the plugin's GradScaler scales the loss and unscales the gradients
     before clipping; stored norms equal the unscaled, clipped gradients the step uses. (Lightning
@@ -204,6 +209,7 @@ class StepOracle(L.Callback):
         self.norms.update(grad_norms({n: p for n, p in pl_module.named_parameters() if id(p) in members}, k))
 
 
+@pytest.mark.server
 def test_gan_with_manual_optimization_makes_one_run(tmp_path: Path, sqlite_server) -> None:
     torch.manual_seed(0)
     oracle, watching = StepOracle(), GradwatchCallback(server=sqlite_server.url, warn=False)
@@ -234,6 +240,7 @@ class ProgBarLogged(Regressor):
         return loss
 
 
+@pytest.mark.server
 def test_prog_bar_values_are_forwarded_exactly_without_reading_them_on_the_training_thread(
     tmp_path: Path, sqlite_server, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -281,6 +288,7 @@ def test_prog_bar_values_are_forwarded_exactly_without_reading_them_on_the_train
     assert half["value"] == pytest.approx([module.logged[s] / 2 for s in half["step"]], rel=1e-6)
 
 
+@pytest.mark.server
 def test_unreadable_lightning_internals_forward_nothing_and_training_goes_on(
     tmp_path: Path, sqlite_server, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -333,6 +341,7 @@ def test_bad_arguments_fail_when_the_callback_is_made(kwargs: dict[str, Any], er
         GradwatchCallback(**kwargs)
 
 
+@pytest.mark.server
 def test_each_package_gets_a_callback_of_its_own_base(tmp_path: Path, sqlite_server) -> None:
     """`pytorch_lightning` (the older package) has its own Callback base: its Trainer gets a
     callback subclassing it, which measures the same values."""
@@ -385,6 +394,7 @@ def test_each_package_gets_a_callback_of_its_own_base(tmp_path: Path, sqlite_ser
     assert_equal_norms(stored_norms(sqlite_server.url, w.run_id), module.oracle)
 
 
+@pytest.mark.server
 def test_an_exception_in_fit_closes_the_run_as_crashed(tmp_path: Path, sqlite_server) -> None:
     class Failing(Regressor):
         def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:

@@ -16,6 +16,8 @@ import pytest
 
 from gradwatch.spool import pending_spools, read_records
 
+pytestmark = pytest.mark.unit
+
 STEPS = 3
 SCRIPTS = Path(__file__).resolve().parent / "torchrun"
 

@@ -1,42 +1,28 @@
-"""The run list's sort, selection, edit (name, tags) and delete, and the compare page's settings
-table, layouts, alignment and parameters matched by name: real Chromium, a real `gradwatch
-serve`, runs fed over /ws/ingest as protocol v1 messages (synthetic.py).
+"""The run list in a real Chromium against a real `gradwatch serve` (runs fed over /ws/ingest as
+protocol v1 messages, synthetic.py; the fixtures of conftest.py): sort, filters (tags), findings
+counts, edit (name, tags), delete, the token of a guarded server, and a narrow window.
 
 Each test seeds runs into a project of its own and opens the list filtered to it, so the
 module's tests share one server without seeing each other's runs. The pages publish what they
-drew (see test_dashboard.py); the compare page also sets body[data-drawn] to "<x>:<layout>"
-once a view is drawn. The tests wait on those, never on sleeps.
+drew (see tests/support/browser.py); the tests wait on that, never on sleeps.
+
+Run: .venv/bin/python -m pytest tests/browser/test_run_list.py
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 
 import httpx
 import pytest
-from test_dashboard import XSS_NAME, Page, browser, dash, page  # noqa: F401  (browser, dash, page: fixtures)
+from playwright import sync_api
 from websockets.sync.client import connect
 
+from support.browser import XSS_NAME, Page, box, finding_counts, seed
 from support.server import REPO, ServerProcess, start_server
-from support.synthetic import Ingest, SyntheticRun, _shapes
-
-pytestmark = pytest.mark.browser
-from playwright import sync_api  # noqa: E402  (installed by `make test`)
+from support.synthetic import SyntheticRun
 
 expect = sync_api.expect
-
-
-@pytest.fixture
-def http(dash: ServerProcess) -> Iterator[httpx.Client]:
-    with httpx.Client(base_url=dash.url, timeout=30) as client:
-        yield client
-
-
-def seed(server: ServerProcess, run: SyntheticRun, steps: int) -> None:
-    with Ingest(server.ws_url, run) as hook:
-        hook.steps(steps)
-        hook.close("finished")
 
 
 def row(p: sync_api.Page, run_id: str) -> sync_api.Locator:
@@ -53,14 +39,6 @@ def refused(page: Page, status: int) -> None:
     line = f"the server responded with a status of {status}"
     assert any(line in e for e in page.errors), page.errors
     page.errors[:] = [e for e in page.errors if line not in e]
-
-
-def finding_counts(http: httpx.Client, run_id: str) -> dict[str, int]:
-    found = http.get(f"/api/runs/{run_id}/diagnostics").json()
-    return {sev: sum(f["severity"] == sev for f in found) for sev in ("error", "warning", "info")}
-
-
-# -- run list -------------------------------------------------------------------------------------
 
 
 def test_sort_by_column_changes_the_order_and_stays_in_the_url(dash: ServerProcess, page: Page) -> None:
@@ -117,29 +95,6 @@ def test_findings_counts_match_the_diagnostics_api(dash: ServerProcess, page: Pa
     expect(row(p, "fc-plain").locator(".fcount-warning")).to_have_text(
         f"{warnings} warning{'s' if warnings > 1 else ''}"
     )
-
-
-def test_select_two_runs_and_compare(dash: ServerProcess, page: Page) -> None:
-    seed(dash, SyntheticRun("pick-1", "first-pick", project="picking", seed=1, total_steps=30), 30)
-    seed(dash, SyntheticRun("pick-2", "second-pick", project="picking", seed=2, total_steps=30), 20)
-    seed(dash, SyntheticRun("pick-3", "not-picked", project="picking", seed=3, total_steps=30), 10)
-    p = page.open(dash.url + "/?project=picking")
-    compare = p.locator("#compare")
-    expect(compare).to_be_disabled()
-    row(p, "pick-1").locator('input[type="checkbox"]').check()
-    expect(compare).to_be_disabled()  # one run is no comparison
-    row(p, "pick-2").locator('input[type="checkbox"]').check()
-    expect(compare).to_have_text("Compare 2 runs")
-    compare.click()
-    p.wait_for_url("**/compare?runs=pick-1,pick-2*")
-    p.wait_for_function("document.body.dataset.drawn === 'step:overlay'")
-    expect(p.locator(".compare-run a")).to_have_text(["first-pick", "second-pick"])
-    expect(p.locator("#settings tbody tr")).to_have_count(2)
-    page.wait_points("compare-grad-norm-total", 50)
-    assert page.points("compare-grad-norm-total") == 50
-    series = p.evaluate("""() => document.querySelector('[data-chart="compare-loss"]').data
-        .filter(t => t.name !== 'NaN / Inf').map(t => [t.name, t.x.length])""")
-    assert series == [["first-pick", 30], ["second-pick", 20]]
 
 
 def test_rename_and_tags_round_trip_as_text(dash: ServerProcess, page: Page, http: httpx.Client) -> None:
@@ -272,89 +227,48 @@ def test_writes_ask_for_the_token_of_a_guarded_server(
         server.stop()
 
 
-# -- compare ----------------------------------------------------------------------------------------
+def test_tags_filter_the_run_list_and_the_filter_is_shown(dash: ServerProcess, page: Page, http: httpx.Client) -> None:
+    for run_id, tags in (("tagged-a", ["sweep", "baseline"]), ("tagged-b", ["sweep"]), ("tagged-c", [])):
+        seed(dash, SyntheticRun(run_id, run_id, project="tags"), 2)
+        assert http.patch(f"/api/runs/{run_id}", json={"tags": tags}).status_code == 200
+    p = page.open(dash.url + "/?project=tags")
+    rows = p.locator("#runs tbody tr")
+    expect(rows).to_have_count(3)
+    # A visible tag control in the toolbar, with every tag of the runs.
+    select = p.locator("#filter-tag-select")
+    expect(select).to_be_visible()
+    assert select.locator("option").all_text_contents() == ["Any tag", "tag: baseline", "tag: sweep"]
+    select.select_option("sweep")
+    expect(rows).to_have_count(2)
+    expect(p.locator("#filter-tag")).to_contain_text("only runs tagged")
+    expect(p.locator("#filter-tag .chip-name")).to_have_text("sweep")
+    assert "tag=sweep" in p.url
+    expect(p.locator('tr[data-run-id="tagged-a"] .tag[data-tag="sweep"]')).to_have_attribute("aria-pressed", "true")
+    # A tag chip in a row is a filter too, and the toolbar follows it.
+    p.locator('tr[data-run-id="tagged-a"] .tag[data-tag="baseline"]').click()
+    expect(rows).to_have_count(1)
+    expect(select).to_have_value("baseline")
+    expect(p.locator("#filter-tag .chip-name")).to_have_text("baseline")
+    p.get_by_role("button", name="Stop filtering by tag baseline").click()
+    expect(rows).to_have_count(3)
+    expect(select).to_have_value("")
+    expect(p.locator("#filter-tag")).to_have_count(0)
 
 
-def test_compare_settings_layouts_alignment_and_parameters(dash: ServerProcess, page: Page, http: httpx.Client) -> None:
-    no_head = [(name, shape) for name, shape in _shapes() if name != "head.weight"]
-    seed(dash, SyntheticRun("cmp-x", "run-x", project="comparing", seed=1, nan_steps={12}, total_steps=40), 40)
-    seed(dash, SyntheticRun("cmp-y", "run-y", project="comparing", seed=2, total_steps=40, params=no_head), 25)
-    runs = {r: http.get(f"/api/runs/{r}").json() for r in ("cmp-x", "cmp-y")}
-    p = page.open(dash.url + "/compare?runs=cmp-x,cmp-y")
-    p.wait_for_function("document.body.dataset.drawn === 'step:overlay'")
-
-    # Settings: optimizer, learning rate per group, parameters, steps, status, findings.
-    for run_id, run in runs.items():
-        tr = p.locator(f'#settings tbody tr[data-run-id="{run_id}"]')
-        expect(tr.locator('[data-field="optimizer"]')).to_have_text("AdamW")
-        expect(tr.locator('[data-field="lr"] .lr')).to_have_text(["group 0 3.00e-4", "no_decay 3.00e-4"])
-        expect(tr.locator('[data-field="params"]')).to_contain_text(f"{run['param_count']} tensors")
-        expect(tr.locator('[data-field="steps"]')).to_have_text(str(run["steps"]))
-        expect(tr.locator('[data-field="status"]')).to_have_text("finished")
-        counts = finding_counts(http, run_id)
-        cell = tr.locator('[data-field="findings"]')
-        expect(cell).to_have_attribute("data-errors", str(counts["error"]))
-        expect(cell).to_have_attribute("data-warnings", str(counts["warning"]))
-    expect(p.locator('#settings tr[data-run-id="cmp-x"] .fcount-error')).to_have_text("1 error")
-
-    # Overlaid, by step: one chart, a line per run, x = steps.
-    assert page.points("compare-loss") == 65
-    xs = p.evaluate("""() => document.querySelector('[data-chart="compare-loss"]').data
-        .filter(t => t.name !== 'NaN / Inf').map(t => t.x.slice(0, 3))""")
-    assert xs == [[1, 2, 3], [1, 2, 3]]
-
-    # Side by side: a panel per run, with the same x and y ranges.
-    p.get_by_role("button", name="side by side").click()
-    p.wait_for_function("document.body.dataset.drawn === 'step:side'")
-    assert "layout=side" in p.url
-    panels = p.locator('[data-card="compare-loss"] .panels [data-chart]')
-    expect(panels).to_have_count(2)
-    expect(p.locator('[data-chart="compare-loss"]')).to_be_hidden()
-    assert [int(x) for x in panels.evaluate_all("els => els.map(e => e.dataset.points)")] == [40, 25]
-    expect(p.locator('[data-card="compare-loss"] .panel-title')).to_have_text(["run-x", "run-y"])
-    ranges = panels.evaluate_all("els => els.map(e => [e.layout.xaxis.range, e.layout.yaxis.range])")
-    assert ranges[0] == ranges[1] and ranges[0][0] == [1, 40]
-    log_ranges = p.locator('[data-card="compare-grad-norm-total"] .panels [data-chart]').evaluate_all(
-        "els => els.map(e => [e.layout.yaxis.type, e.layout.yaxis.range])"
-    )
-    assert log_ranges[0] == log_ranges[1] and log_ranges[0][0] == "log"
-
-    # Wall time: seconds since each run's first step (the synthetic runs step every 0.1 s).
-    p.get_by_role("button", name="wall time").click()
-    p.wait_for_function("document.body.dataset.drawn === 'time:side'")
-    p.get_by_role("button", name="overlaid").click()
-    p.wait_for_function("document.body.dataset.drawn === 'time:overlay'")
-    assert "x=time" in p.url and "layout" not in p.url
-    loss = p.locator('[data-chart="compare-loss"]')
-    xs = loss.evaluate("el => el.data.filter(t => t.name !== 'NaN / Inf').map(t => t.x.slice(0, 3))")
-    assert xs == [[0, 0.1, 0.2], [0, 0.1, 0.2]]
-    assert loss.evaluate("el => el.layout.xaxis.title.text") == "seconds since the run's first step"
-    assert loss.evaluate("el => el.layout.xaxis.range[1]") == pytest.approx(3.9, abs=0.3)
-
-    # The URL holds the view.
-    shared = p.url
-    p = page.open(shared)
-    p.wait_for_function("document.body.dataset.drawn === 'time:overlay'")
-    expect(p.get_by_role("button", name="wall time")).to_have_attribute("aria-pressed", "true")
-    expect(p.get_by_role("button", name="overlaid")).to_have_attribute("aria-pressed", "true")
-
-    # Parameters by name: drawn for every run that has one of that name.
-    first = p.locator('[data-card="compare-param-0"]')
-    expect(first).to_have_attribute("data-param", "tok_emb.weight")  # the first shared one
-    p.fill('[data-card="compare-params"] input[type="search"]', "head.weight")
-    p.keyboard.press("Enter")
-    head = p.locator('[data-card^="compare-param-"][data-param="head.weight"]')
-    expect(head).to_contain_text("In 1 of 2 runs; not in run-y")
-    p.wait_for_function(
-        """() => +document.querySelector('[data-card][data-param="head.weight"] [data-chart]').dataset.points === 40"""
-    )
-    assert "param=head.weight" in p.url and "param=tok_emb.weight" in p.url
-    p.wait_for_function(
-        """() => +document.querySelector('[data-card][data-param="tok_emb.weight"] [data-chart]').dataset.points === 65"""
-    )
-    p.fill('[data-card="compare-params"] input[type="search"]', "no.such.param")
-    p.keyboard.press("Enter")
-    expect(p.locator('[data-card="compare-params"] .picker-error')).to_contain_text("No run has a parameter named")
-    p.get_by_role("button", name="Remove tok_emb.weight").click()
-    expect(p.locator('[data-card^="compare-param-"][data-param]')).to_have_count(1)
-    assert "param=tok_emb.weight" not in p.url
+def test_run_list_at_800_px_never_scrolls_the_page_sideways(dash: ServerProcess, browser: sync_api.Browser) -> None:
+    seed(dash, SyntheticRun("narrow-1", "a-rather-long-run-name-for-a-narrow-window", project="narrow"), 3)
+    seed(dash, SyntheticRun("narrow-2", "another", project="narrow"), 3)
+    narrow = Page(browser, width=800)
+    try:
+        p = narrow.open(dash.url + "/?project=narrow")
+        expect(p.locator("#runs tbody tr")).to_have_count(2)
+        widths = p.evaluate("() => [document.documentElement.scrollWidth, document.documentElement.clientWidth]")
+        assert widths[0] <= widths[1], f"the page is {widths[0]} px wide in an {widths[1]} px window"
+        # Every run is still reachable: its link is in view, and the table scrolls inside its card.
+        link = box(p, 'tr[data-run-id="narrow-1"] .run-link')
+        assert link["x"] >= 0 and link["x"] + 10 <= widths[1]
+        wrap = p.evaluate("""() => { const w = document.querySelector('#runs .table-wrap');
+            return [w.scrollWidth, w.clientWidth, getComputedStyle(w).overflowX]; }""")
+        assert wrap[0] <= wrap[1] or wrap[2] in ("auto", "scroll")
+    finally:
+        narrow.close()
