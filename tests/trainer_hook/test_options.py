@@ -9,6 +9,8 @@ import pytest
 
 from gradwatch.options import WatchOptions, check_every, check_name, http_url, server_url
 
+pytestmark = pytest.mark.unit
+
 
 def test_options_are_checked_when_made_and_stay_as_made() -> None:
     options = WatchOptions(run="r", every="auto")

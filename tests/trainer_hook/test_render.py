@@ -14,6 +14,8 @@ from gradwatch.render import StepRenderer
 from gradwatch.sampling import CostMeter, make_sampler
 from support.probing import after_step, before_step
 
+pytestmark = pytest.mark.unit
+
 
 def test_a_rendered_step_carries_its_norms_and_what_the_hook_cost() -> None:
     torch.manual_seed(0)
