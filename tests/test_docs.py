@@ -78,3 +78,51 @@ def test_every_benchmark_table_is_stamped_with_date_and_commit() -> None:
         assert DATE.search(stamp) and re.search(r"commit\s+`[0-9a-f]{7,40}`", stamp), (
             f"a benchmark table without its date and commit: {section[:200]}"
         )
+
+
+MAPS = {
+    REPO / "trainer_hook" / "gradwatch": (REPO / "docs" / "development.md", "The hook's modules"),
+    REPO / "backend" / "gradwatch_server": (REPO / "backend" / "README.md", "## Layout"),
+}
+
+
+def module_map(package: Path) -> str:
+    """The part of the page that maps the package: from its heading to the next heading."""
+    page, heading = MAPS[package]
+    text = page.read_text()
+    start = text.index(heading)
+    end = text.find("\n#", start + len(heading))
+    return text[start : end if end > 0 else None]
+
+
+def modules(package: Path) -> set[str]:
+    """A package's modules as its map names them: `watcher.py`, `integrations/common.py`, and a
+    subpackage (`store/`) as one entry; `__init__`s, migrations and `_site/` are left out."""
+    found: set[str] = set()
+    for path in package.rglob("*.py"):
+        parts = path.relative_to(package).parts
+        if path.name == "__init__.py" or parts[0] in {"migrations", "_site"}:
+            continue
+        found.add(parts[0] + "/" if len(parts) > 1 and parts[0] != "integrations" else "/".join(parts))
+    return found
+
+
+def named(text: str, module: str) -> bool:
+    """The map names `module` as a word: `jobs.py` is not found inside `job_ranks.py`."""
+    return re.search(rf"(?<![\w.]){re.escape(module)}(?![\w])", text) is not None or (
+        "/" in module.rstrip("/") and named(text, module.split("/")[-1])
+    )
+
+
+@pytest.mark.parametrize("package", sorted(MAPS), ids=lambda p: p.name)
+def test_the_module_map_names_every_module_and_only_modules_that_exist(package: Path) -> None:
+    """docs/development.md (the hook) and backend/README.md (the server) name each module, so that
+    a newcomer can hold the map against the tree: a module added, moved or removed updates its map."""
+    text = module_map(package)
+    names = modules(package)
+    assert len(names) > 10
+    missing = sorted(n for n in names if not named(text, n))
+    assert missing == [], f"{MAPS[package][0].relative_to(REPO)} does not name {missing}"
+    mentioned = set(re.findall(r"(?<![\w./])([a-z_]+\.py)\b", text))
+    gone = sorted(m for m in mentioned if not any(package.rglob(m)))
+    assert gone == [], f"{MAPS[package][0].relative_to(REPO)} names modules that are not there: {gone}"
