@@ -42,25 +42,14 @@ class AutoInterval:
     """Measures the hook's own cost and keeps it within `budget` of the step time.
 
     After each measured step the interval becomes ceil(cost / (budget * step time - every step)):
-    - cost: the hook's training-thread time at a measured step plus the sender thread's CPU for
-      it, smoothed over recent measured steps; or, when larger, how much longer a measured step
-      took than the typical one (`observe_step`), because the hook's clock sees neither its GPU
-      kernels, which run after it has returned, nor what its reads do to the rest of the step
-      (the training's data evicted from the CPU caches);
-    - every step: what each step costs measured or not (the cheap facts of unmeasured steps,
-      their sending, and the CPU a server on the training's machine spends per stored step);
-    - step time: as `StepTimes` gives it.
-    The excess wall time and the every-step cost are medians of the last EXCESS_WINDOW figures,
-    not running averages: one pause after a measured step (an evaluation, a checkpoint, a stalled
-    machine) must not stretch the interval for hundreds of steps, as the interval only moves at
-    measured steps, which a long interval makes rare. For the same reason the every-step cost is
-    also learnt between measured steps, whenever the server says a new figure. When the
-    every-step cost takes the whole budget the interval is the longest allowed. Step 1 is always
-    measured, so the first interval is known after one step.
-
-    Aligned (a distributed job), the interval is rounded up to a power of two and a step is
-    measured iff it is a multiple of it: ranks that learnt different intervals still measure
-    every step that is a multiple of the longer one together, without talking to each other.
+    cost is the larger of the hook's own clock (training thread plus the sender's CPU for the
+    step) and the measured step's wall time beyond a typical step (the hook's clock sees neither
+    its GPU kernels nor the caches it evicts); every step is what each step costs measured or not
+    (server CPU included when the server is local), learnt also between measured steps. Both are
+    medians of the last EXCESS_WINDOW figures, so one pause cannot stretch the interval for
+    long; step 1 is always measured. Aligned (a distributed job), the interval is rounded up to a
+    power of two and a step is measured iff it is a multiple of it, so ranks with different
+    intervals still meet. Why: docs/design.md, "every="auto" budgets 1% of the step".
     """
 
     EXCESS_WINDOW = 5
