@@ -16,6 +16,6 @@ def ranks(run: RunDep, store: StoreDep, settings: SettingsDep, jobs: JobsDep) ->
     """The job's ranks (child run id, status, last step, steps, last change, lost) and its partial
     steps as ranges with the ranks they miss; a single-process run has `world_size` 1 and none."""
     try:
-        return job_ranks(store, run, settings.rank_timeout_s, jobs.since(run.id))
+        return job_ranks(store, run, settings.rank_timeout_s, jobs.since(run.id), jobs.memory(run.id))
     except NotAJob as exc:
         raise HTTPException(400, str(exc)) from None

@@ -182,13 +182,16 @@ class Store:
         with self._read() as conn:
             return _jobs.rank_runs(conn, job)
 
-    def lost_ranks(self, job: str, rank_timeout: float, since: float | None = None) -> list[int]:
+    def lost_ranks(
+        self, job: str, rank_timeout: float, since: float | None = None, memory: JobMemory | None = None
+    ) -> list[int]:
         """The ranks of a job that are lost now (jobs.lost_ranks): `--rank-timeout` is the
-        setting's, `since` when the asking process first saw the job (None: the job's start)."""
+        setting's, `since` when the asking process first saw the job (None: the job's start),
+        `memory` what it heard of the ranks."""
         if not storable(job):
             return []
         with self._read() as conn:
-            return _jobs.lost_ranks(conn, job, self._clock(), rank_timeout, since)
+            return _jobs.lost_ranks(conn, job, self._clock(), rank_timeout, since, memory)
 
     def partial_steps(self, job: str) -> list[tuple[int, list[int]]]:
         """A job's steps assembled without some rank: (step, missing ranks), by step."""
