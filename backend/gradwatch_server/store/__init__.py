@@ -33,6 +33,7 @@ from . import jobs as _jobs
 from . import ranks as _ranks
 from . import runs as _runs
 from . import series as _series
+from . import spread as _spread
 from . import steps as _steps
 from .blocks_sql import backfill_blocks
 from .engine import create_db_engine, display_url
@@ -181,6 +182,13 @@ class Store:
             return []
         with self._read() as conn:
             return _jobs.rank_runs(conn, job)
+
+    def rank_scalars(self, job: str, key: str, window: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(rank, step, value) of a per-rank scalar over the job's last `window` steps (spread.py)."""
+        if not storable(job):
+            return np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0)
+        with self._read() as conn:
+            return _spread.rank_scalars(conn, job, key, window)
 
     def lost_ranks(
         self, job: str, rank_timeout: float, since: float | None = None, memory: JobMemory | None = None
