@@ -287,7 +287,8 @@ def test_a_big_jobs_ranks_section_draws_quantile_bands_and_names_the_outlier(
     outliers = p.locator('[data-card="rank-before-backward"] .rank-outliers')
     sync_api.expect(outliers).to_contain_text(f"rank {BIG_STRAGGLER} above")
     sync_api.expect(card.locator(".ranks-straggler")).to_contain_text(f"Rank {BIG_STRAGGLER} is the straggler")
-    assert p.locator('[data-chart="rank-memory"]').get_attribute("data-outliers") == ""  # memory grows evenly with the rank
+    memory = p.locator('[data-chart="rank-memory"]')
+    assert memory.get_attribute("data-outliers") == ""  # memory grows evenly with the rank: no outlier
     shot = tmp_path / "ranks-48.png"
     card.scroll_into_view_if_needed()
     p.screenshot(path=str(shot), full_page=True)
