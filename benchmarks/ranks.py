@@ -59,6 +59,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.error
 import urllib.parse
 import urllib.request
 from dataclasses import dataclass, field
@@ -422,11 +423,18 @@ def get_json(url: str) -> Any:
 
 
 def read_ms(url: str, times: int = 5) -> float:
+    """The median of `times` reads (ms); NaN where the server has nothing to answer (a 404: no
+    global step was stored, so the job has no parameter series yet), so that the table still prints."""
     took = []
     for _ in range(times):
         t = time.perf_counter()
-        with urllib.request.urlopen(url, timeout=60) as r:
-            r.read()
+        try:
+            with urllib.request.urlopen(url, timeout=60) as r:
+                r.read()
+        except urllib.error.HTTPError as exc:
+            if exc.code != 404:
+                raise
+            return float("nan")
         took.append(time.perf_counter() - t)
     return 1000 * statistics.median(took)
 
@@ -671,7 +679,7 @@ def report(rows: list[Row]) -> None:
             "cpu <= 0.5 ms per rank-step": r.cpu_ms <= 0.5,
             "bytes <= 1.5x one process + 100 B/rank": r.bytes_step <= target,
             "hellos admitted within 10 s": r.admit_s <= 10.0,
-            "reads within 300 ms": max(r.reads_ms.values()) <= 300,
+            "reads within 300 ms": all(ms <= 300 for ms in r.reads_ms.values()),  # NaN (no answer): missed
         }
         met = [k for k, ok in checks.items() if ok]
         missed = [k for k, ok in checks.items() if not ok]
