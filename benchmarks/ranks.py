@@ -560,6 +560,9 @@ def run_config(spec: Spec, args: argparse.Namespace, tmp: Path) -> Row:
         asyncio.run(watch())
         for w in workers:
             w.join(timeout=30)
+            if w.is_alive():  # its ranks never finished (not admitted by the deadline): not left behind
+                w.terminate()
+                w.join(timeout=5)
         cpu = server_cpu(ps) - (cpu0 or 0.0)
         sent_by_step: dict[int, float] = {}
         errors = dropped = 0
