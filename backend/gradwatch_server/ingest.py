@@ -23,6 +23,7 @@ it are committed; nothing of it is stored, and every other connection carries on
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import enum
 import functools
 import json
@@ -139,6 +140,7 @@ class IngestConnection:
         self.rank = 0  # and its rank
         self.param_count = 0
         self.reported: dict[str, dict[str, object]] = {}  # findings this connection has passed on
+        self.queued = 0  # a rank's frames read and not yet stored (the job's assembler hears of them)
 
     async def serve(self) -> None:
         await self.ws.accept(headers=worker_headers())
@@ -150,10 +152,12 @@ class IngestConnection:
                     "missing or wrong token: this server needs "
                     "'Authorization: Bearer TOKEN' (watch(token=...) or GRADWATCH_TOKEN)",
                 )
-            first = await _on_hello_thread(self._parse, await self._receive())
-            if not isinstance(first, Hello):
-                raise Refusal(CLOSE_INVALID, f"the first message must be hello, not {first.type}")
-            await self._hello(first)
+            text = await self._receive()
+            with contextlib.nullcontext() if self.jobs is None else self.jobs.admitting():
+                first = await _on_hello_thread(self._parse, text)
+                if not isinstance(first, Hello):
+                    raise Refusal(CLOSE_INVALID, f"the first message must be hello, not {first.type}")
+                await self._hello(first)
             pending: asyncio.Queue[Pending] = asyncio.Queue(MAX_PENDING)
             reader = asyncio.create_task(self._read(pending))
             await self._write(pending)
@@ -168,6 +172,7 @@ class IngestConnection:
             if reader is not None:
                 reader.cancel()
                 await asyncio.gather(reader, return_exceptions=True)
+            self._hear(-self.queued)
             if self.state is not State.AWAIT_HELLO:
                 self.sessions.detach(self.run_id, closed=self.state is State.CLOSED)
 
@@ -242,6 +247,7 @@ class IngestConnection:
                 message = self._parse(await self._receive())
                 if isinstance(message, Hello):
                     raise Refusal(CLOSE_INVALID, "hello may only be the first message of a connection")
+                self._hear(1)
                 await pending.put(
                     tuple(message.expand())
                     if isinstance(message, Steps)
@@ -263,6 +269,7 @@ class IngestConnection:
             steps = [step for item in items if isinstance(item, tuple) for step in item]
             if steps:
                 await self._steps(steps)
+            self._hear(-sum(isinstance(item, (tuple, Close)) for item in items))
             last = items[-1]
             if isinstance(last, Close):
                 await self._close(last)
@@ -270,6 +277,13 @@ class IngestConnection:
                 raise last
             elif isinstance(last, _Disconnected):
                 return
+
+    def _hear(self, queued: int) -> None:
+        """A rank's frame was read (+1: it waits on the writer) or its frames stored (-n): the
+        job's assembler hears of the rank now, so that a rank behind the writer is not lost."""
+        if self.job is not None and self.jobs is not None and (queued or self.queued):
+            self.queued += queued
+            self.jobs.hear(self.job, self.rank, queued)
 
     async def _steps(self, steps: list[Step]) -> None:
         batch = [StepData(seq=s.seq, step=s.step, time=s.time, scalars=s.scalars, arrays=s.arrays()) for s in steps]

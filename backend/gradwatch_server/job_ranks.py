@@ -4,7 +4,7 @@ its partial steps (docs/api.md, Ranks)."""
 from __future__ import annotations
 
 from .models import PartialPublic, PartialRangePublic, RankPublic, RanksPublic
-from .store import PartialRange, Run, Store
+from .store import JobMemory, PartialRange, Run, Store
 
 
 class NotAJob(ValueError):
@@ -33,12 +33,15 @@ def left_behind(ranks: list[Run], ranges: list[PartialRange]) -> set[int]:
     }
 
 
-def job_ranks(store: Store, run: Run, rank_timeout: float, since: float | None = None) -> RanksPublic:
+def job_ranks(
+    store: Store, run: Run, rank_timeout: float, since: float | None = None, memory: JobMemory | None = None
+) -> RanksPublic:
     """The job's ranks by rank, and its partial steps; a single-process run has none. A rank is
     lost when it is running but silent for `rank_timeout` (counted from `since` at the earliest:
     when this server process first saw the job) while another is ahead (the assembly's rule,
     `Store.lost_ranks`), or when it was left behind (`left_behind`: it crashed or timed out and
-    the job went on without it)."""
+    the job went on without it). `memory`: what the asking process heard of the ranks (a rank
+    queued behind its writer is slow, not lost)."""
     if run.parent_id is not None:
         raise NotAJob(
             f"run {run.id!r} is rank {run.rank} of job {run.parent_id!r}: "
@@ -48,7 +51,7 @@ def job_ranks(store: Store, run: Run, rank_timeout: float, since: float | None =
         return RanksPublic(world_size=1, ranks=[], partial=PartialPublic(steps=0, ranges=[]))
     children = store.rank_runs(run.id)
     ranges = store.partial_ranges(run.id)
-    lost = left_behind(children, ranges) | set(store.lost_ranks(run.id, rank_timeout, since))
+    lost = left_behind(children, ranges) | set(store.lost_ranks(run.id, rank_timeout, since, memory))
     return RanksPublic(
         world_size=run.world_size or 1,
         ranks=[

@@ -19,9 +19,11 @@ take turns.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
+import math
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 
 from .diagnostics import Diagnostics, Finding
@@ -114,6 +116,7 @@ class JobAssembler:
         self.rank_timeout_s = rank_timeout_s
         self.interval_s = max(MIN_INTERVAL_S, min(rank_timeout_s / 4, MAX_INTERVAL_S))
         self._started = clock()
+        self._admitting = 0  # hellos this process is validating or opening (of ranks unknown yet)
         self._jobs: dict[str, _Job] = {}
         self._timer: asyncio.Task[None] | None = None
 
@@ -166,7 +169,7 @@ class JobAssembler:
         before: int | None = None
         while True:
             done = await asyncio.to_thread(
-                self._store.assemble, job, self.rank_timeout_s, state.first_seen, notify, late, state.memory
+                self._store.assemble, job, self.rank_timeout_s, self._since(state), notify, late, state.memory
             )
             late = []
             state.assembled = done.last_step if done.last_step is not None else state.assembled
@@ -201,7 +204,33 @@ class JobAssembler:
         """When this process first saw `job` (its start if it has not): a rank's silence counts
         from then at the earliest, since nothing is written while the server is down."""
         state = self._jobs.get(job)
+        return self._since(state)
+
+    def _since(self, state: _Job | None) -> float:
+        # While hellos wait here, any rank may be one of them (which, is known once validated):
+        # no rank's silence counts (lost means silent, not queued behind a crowd's admission).
+        if self._admitting:
+            return math.inf
         return self._started if state is None else state.first_seen
+
+    @contextlib.contextmanager
+    def admitting(self) -> Iterator[None]:
+        """A hello is validated and its run opened meanwhile (ingest.py)."""
+        self._admitting += 1
+        try:
+            yield
+        finally:
+            self._admitting -= 1
+
+    def hear(self, job: str, rank: int, queued: int = 0) -> None:
+        """`rank` of `job` sent a frame to this process; `queued` (+n or -n): n of its frames
+        start or stop waiting on this process's writer (hearing.py)."""
+        self._job(job).memory.heard.hear(rank, self._clock(), queued)
+
+    def memory(self, job: str) -> JobMemory | None:
+        """What this process keeps and heard of `job`'s ranks (None: nothing)."""
+        state = self._jobs.get(job)
+        return None if state is None else state.memory
 
     def forget(self, job: str) -> None:
         """The job's run was deleted: drop what is kept of it (once no assembly uses it)."""

@@ -275,3 +275,24 @@ class RanksPublic(BaseModel):
         description="by rank, those that have reached the server (empty for a single process)"
     )
     partial: PartialPublic
+
+
+class RankOutlierPublic(BaseModel):
+    rank: int
+    median: float = Field(description="the rank's median over the window")
+    others: float = Field(description="the median of every rank's median")
+    high: bool = Field(description="above the others (slower, larger); false: below")
+
+
+class RankSpreadPublic(BaseModel):
+    metric: str = Field(description="the per-rank scalar: time/step_s, time/before_backward_s, memory, grad_norm_total")
+    ranks: int = Field(description="ranks with a finite value in the window")
+    steps: list[int] = Field(description="the window's steps, ascending")
+    min: list[float | None]
+    p5: list[float | None]
+    p50: list[float | None]
+    p95: list[float | None]
+    max: list[float | None]
+    outliers: list[RankOutlierPublic] = Field(
+        description="ranks whose median over the window stands apart from the others' (farthest first, at most 8)"
+    )

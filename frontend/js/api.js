@@ -129,6 +129,8 @@ export const api = {
   diagnostics: (id, opts) => getJSON(`${runPath(id)}/diagnostics`, {}, opts),
   /** A distributed run's ranks (each one's child run) and its partial steps (docs/api.md, Ranks). */
   ranks: (id, opts) => getJSON(`${runPath(id)}/ranks`, {}, opts),
+  /** A per-rank scalar across a job's ranks: per step min/p5/p50/p95/max, and the outlier ranks. */
+  ranksSpread: (id, metric, opts) => getJSON(`${runPath(id)}/ranks/spread`, { metric }, opts),
 };
 
 /** The download link of a run's export: per parameter (`table` "params", the default) or per step ("steps"). */

@@ -6,6 +6,36 @@
 /** Ranks drawn at once: one series request per rank per chart, so 4 x 8 requests at most. */
 export const MAX_SHOWN_RANKS = 8;
 
+/** Jobs of more ranks than this draw the spread across ranks (quantile bands, outlier ranks),
+ * one request per chart, instead of a line per rank: past 16 lines a chart tells nothing. */
+export const SMALL_JOB_RANKS = 16;
+
+/** Whether a job of `worldSize` ranks draws bands (else a line per rank drawn). */
+export function drawsSpread(worldSize) {
+  return Number.isInteger(worldSize) && worldSize > SMALL_JOB_RANKS;
+}
+
+/**
+ * The chart series of a spread (GET /api/runs/{job}/ranks/spread): two bands around the median
+ * across ranks, min-max and p5-p95, each drawn as the LineChart draws a downsampled series.
+ * @param {{steps: number[], min: (number|null)[], p5: (number|null)[], p50: (number|null)[], p95: (number|null)[], max: (number|null)[]}} s
+ */
+export function spreadSeries(s, toNumbers = (v) => v.map((x) => (x === null ? NaN : x))) {
+  const x = s.steps || [];
+  const p50 = toNumbers(s.p50 || []);
+  return [
+    { name: "ranks: min–max (line: median)", x, y: p50, min: toNumbers(s.min || []), max: toNumbers(s.max || []) },
+    { name: "ranks: p5–p95", x, y: p50.slice(), min: toNumbers(s.p5 || []), max: toNumbers(s.p95 || []) },
+  ];
+}
+
+/** The outlier ranks in words: "rank 5 (0.05, the ranks' median 0.01)", "ranks 5 and 9 above, 3 below". */
+export function outliersText(outliers, fmt = String) {
+  if (!outliers || !outliers.length) return "No rank stands apart.";
+  const parts = outliers.map((o) => `rank ${o.rank} ${o.high ? "above" : "below"} (${fmt(o.median)}; the ranks' median ${fmt(o.others)})`);
+  return `Outlier rank${outliers.length === 1 ? "" : "s"}: ${parts.join(", ")}.`;
+}
+
 /** A run list badge for a distributed run ("2 ranks"), or null for a single-process one. */
 export function ranksBadgeText(worldSize) {
   return Number.isInteger(worldSize) && worldSize > 1 ? `${worldSize} ranks` : null;

@@ -625,3 +625,39 @@ def test_the_assembler_keeps_nothing_of_a_job_once_settled_or_deleted(tmp_path: 
             finally:
                 other.close()
             assert wait_for(lambda: held() == frozenset(), timeout=10)
+
+
+def test_a_rank_queued_behind_the_writer_or_its_admission_is_not_lost(tmp_path: Path) -> None:
+    """Lost means silent, not slow. While the server's writer is busy (held here, as by a crowd's
+    hellos or another rank's large batch), rank 1's step and rank 2's hello wait on it for three
+    times `--rank-timeout`, with rank 0 ahead: neither is lost (GET /ranks, while they wait), and
+    once the writer is free the job's steps are assembled from all three ranks, none partial."""
+    timeout = 0.4
+    url = f"sqlite:///{tmp_path / 'x.db'}"
+    with in_process_server(url, rank_timeout_s=timeout) as server, server.client() as http:
+        store = server.app.state.store
+        with server.hook() as r0, server.hook() as r1, server.hook() as r2:
+            r0.call(rank_hello("j-queued", 0, 3))
+            r1.call(rank_hello("j-queued", 1, 3))
+            for i in (1, 2):
+                send(r0, i, i, [1.0, 2.0])
+            send(r1, 1, 1, [1.0, 2.0])
+            with store._write_lock:  # the writer is busy (SQLite's writers take turns on this lock)
+                r1.send(step(2, 2, scalars={"loss": 2.0}, arrays={"grad_norm": f32(1, 2), "param_norm": f32(2, 3)}))
+                r2.send(rank_hello("j-queued", 2, 3))
+                time.sleep(3 * timeout)
+                ranks = http.get("/api/runs/j-queued/ranks").json()["ranks"]
+                assert [(r["rank"], r["lost"]) for r in ranks] == [(0, False), (1, False)]
+            assert r1.recv()["type"] == "ack"
+            assert r2.recv()["type"] == "welcome"
+            for i in (1, 2):
+                send(r2, i, i, [1.0, 2.0])
+            stored = wait_for(lambda: (s := job_steps_in(http, "j-queued")) and len(s) == 2 and s)
+            assert stored and [stored[s]["scalars"]["dist/ranks"] for s in (1, 2)] == [3.0, 3.0]
+            assert store.partial_steps("j-queued") == []
+            assert [r["lost"] for r in http.get("/api/runs/j-queued/ranks").json()["ranks"]] == [False] * 3
+
+
+def job_steps_in(http: httpx.Client, run_id: str) -> dict[int, dict[str, Any]]:
+    lines = http.get(f"/api/runs/{run_id}/export", params={"format": "json"}).text
+    return {d["step"]: d for d in map(json.loads, lines.splitlines()) if d["type"] == "step" and d.get("rank") is None}

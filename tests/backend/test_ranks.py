@@ -12,6 +12,7 @@ import csv
 import io
 import json
 import math
+import statistics
 import subprocess
 import time
 from collections.abc import Iterator
@@ -33,6 +34,9 @@ STEPS, LOST_AFTER = 60, 37
 #: A job of three ranks that loses rank 2 after step 10, then rank 1 after step 20, of 30.
 JOB3 = "job3ranks"
 RANK_TIMEOUT_S = 1.0
+#: A job of 12 ranks over 20 steps whose rank 5 is a straggler: the spread across ranks.
+JOB12, STEPS12, STRAGGLER12 = "job12ranks", 20, 5
+JOB12_RANKS = rank_runs(JOB12, "twelve", 12, straggler=STRAGGLER12)  # what each sent, once sent
 
 
 @pytest.fixture(scope="module")
@@ -44,11 +48,13 @@ def job(module_db_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterato
         ranks = rank_runs(JOB, "ddp-two", 2, straggler=1)
         send_job(server.ws_url, ranks, STEPS, lost={1: LOST_AFTER})
         send_job(server.ws_url, rank_runs(JOB3, "three", 3), 30, lost={2: 10, 1: 20})
+        send_job(server.ws_url, JOB12_RANKS, STEPS12)
         with Ingest(server.ws_url, SyntheticRun("single", "one-process", params=ranks[0].params)) as hook:
             hook.steps(5)
             hook.close()
         wait_assembled(server.url, JOB, STEPS)
         wait_assembled(server.url, JOB3, 30)
+        wait_assembled(server.url, JOB12, STEPS12)
         yield server, ranks
     finally:
         server.stop()
@@ -155,6 +161,46 @@ def test_ranks_of_a_single_process_run_and_bad_ids(http: httpx.Client) -> None:
     assert child.json()["detail"] == (
         f"run '{JOB}.r1' is rank 1 of job '{JOB}': GET /api/runs/{JOB}/ranks lists the job's ranks"
     )
+
+
+@pytest.mark.parametrize(
+    "metric, key",
+    [("time/before_backward_s", "time/before_backward_s"), ("time/step_s", "time/step_s"), ("memory", None)],
+)
+def test_spread_gives_each_steps_quantiles_across_ranks_and_the_outlier_ranks(
+    http: httpx.Client, metric: str, key: str | None
+) -> None:
+    """Per step, min/p5/p50/p95/max of what the 12 ranks sent (oracle: statistics.quantiles,
+    inclusive: linear interpolation between the sorted values), and the straggler as the one
+    outlier of its times; memory (each rank's CUDA allocated bytes, 1e8 x (1 + rank)) grows
+    evenly with the rank: no rank stands apart."""
+    spread = http.get(f"/api/runs/{JOB12}/ranks/spread", params={"metric": metric}).json()
+    assert spread["metric"] == metric and spread["ranks"] == 12
+    assert spread["steps"] == list(range(1, STEPS12 + 1))
+    for i, step in enumerate(spread["steps"]):
+        sent = sorted(r.sent[step][key or f"mem/cuda:{r.rank}/allocated"] for r in JOB12_RANKS)
+        cuts = statistics.quantiles(sent, n=20, method="inclusive")
+        got = [spread[q][i] for q in ("min", "p5", "p50", "p95", "max")]
+        assert got == pytest.approx([sent[0], cuts[0], cuts[9], cuts[18], sent[-1]], rel=1e-12)
+    if key is None:
+        assert spread["outliers"] == []
+    else:
+        (outlier,) = spread["outliers"]
+        assert outlier["rank"] == STRAGGLER12 and outlier["high"]
+        mine = statistics.median(r.sent[s][key] for r in JOB12_RANKS if r.rank == STRAGGLER12 for s in r.sent)
+        assert outlier["median"] == pytest.approx(mine, rel=1e-12)
+
+
+def test_spread_of_a_window_a_single_process_run_a_rank_and_bad_metrics(http: httpx.Client) -> None:
+    last = http.get(f"/api/runs/{JOB12}/ranks/spread", params={"metric": "time/step_s", "steps": 5}).json()
+    assert last["steps"] == list(range(STEPS12 - 4, STEPS12 + 1))
+    single = http.get("/api/runs/single/ranks/spread", params={"metric": "time/step_s"}).json()
+    assert (single["ranks"], single["steps"], single["p50"], single["outliers"]) == (0, [], [], [])
+    child = http.get(f"/api/runs/{JOB12}.r1/ranks/spread", params={"metric": "time/step_s"})
+    assert child.status_code == 400 and JOB12 in child.json()["detail"]
+    for params in ({"metric": "loss"}, {}, {"metric": "memory", "steps": 0}, {"metric": "memory", "steps": 10**6}):
+        assert http.get(f"/api/runs/{JOB12}/ranks/spread", params=params).status_code == 422, params
+    assert http.get("/api/runs/nosuchrun/ranks/spread", params={"metric": "memory"}).status_code == 404
 
 
 def test_run_list_shows_the_job_with_its_world_size_and_never_its_ranks(http: httpx.Client) -> None:

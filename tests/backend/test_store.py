@@ -20,11 +20,12 @@ import numpy as np
 import pytest
 from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
-from sqlalchemy import event
+from sqlalchemy import event, text
 
 from gradwatch_server.protocol import Hello, parse_message
 from gradwatch_server.schema import metadata
 from gradwatch_server.store import (
+    DiagnosisMark,
     ParamsMismatch,
     StepData,
     Store,
@@ -34,7 +35,7 @@ from gradwatch_server.store import (
     create_db_engine,
     open_store,
 )
-from support.databases import Clock
+from support.databases import Clock, new_database
 from support.server import server_env
 from support.wiremsg import ABSENT_BITS, f32, hello, with_absent
 
@@ -320,6 +321,63 @@ def test_tags_round_trip_filter_and_go_with_the_run(store: Store, clock: Clock) 
     with store.engine.connect() as conn:
         assert conn.exec_driver_sql("SELECT COUNT(*) FROM run_tags WHERE run_id = 'a'").scalar() == 0
     assert [r.tags for r in store.list_runs()[0]] == [["y"]]
+
+
+@pytest.mark.parametrize("with_findings", [False, True], ids=["mark only", "findings and mark"])
+def test_two_transactions_diagnosing_a_new_run_at_once_both_succeed_on_postgresql(
+    request: pytest.FixtureRequest, postgres: object, tmp_path: Path, with_findings: bool
+) -> None:
+    """The race of a job's start with `--workers 2`: two ranks' hellos, on two workers, each
+    store the job's first diagnosis. The first transaction writes its rows and has not committed
+    when the second looks for rows to replace (it finds none, and its insert waits on the first's
+    key); once the first commits, the second must replace the rows, not fail on the primary key
+    (it did: duplicate key on `diagnoses_pkey`, on `findings_pkey` with findings)."""
+    from gradwatch_server.store import findings as stored_findings
+
+    def found(message: str) -> list[StoredFinding]:
+        if not with_findings:
+            return []
+        return [
+            StoredFinding(
+                code="nonfinite_grad", severity="error", message=message, params=[], first_step=1, figure=None
+            )
+        ]
+
+    with new_database(request, "postgresql", tmp_path) as url:
+        store = open_store(url)
+        try:
+            open_hello(store, "job")
+            errors: list[BaseException] = []
+
+            def second() -> None:
+                try:
+                    store.save_findings("job", found("second"), DiagnosisMark(steps=2, last_step=2, version=1))
+                except BaseException as exc:
+                    errors.append(exc)
+
+            with store.engine.connect() as conn:
+                first = conn.begin()
+                stored_findings.save_findings(conn, "job", found("first"), DiagnosisMark(1, 1, 1), False, 1.0)
+                thread = threading.Thread(target=second)
+                thread.start()
+                with store.engine.connect() as watch:  # until the second waits on the first's key
+                    deadline = time.monotonic() + 30
+                    while not watch.execute(
+                        text(
+                            "SELECT count(*) FROM pg_stat_activity "
+                            "WHERE wait_event_type = 'Lock' AND datname = current_database()"
+                        )
+                    ).scalar():
+                        assert time.monotonic() < deadline, "the second transaction never waited on the first"
+                        time.sleep(0.02)
+                first.commit()
+            thread.join(30)
+            assert not thread.is_alive()
+            assert errors == []
+            assert store.get_diagnosis("job") == DiagnosisMark(steps=2, last_step=2, version=1)
+            assert [f.message for f in store.get_findings("job")] == (["second"] if with_findings else [])
+        finally:
+            store.close()
 
 
 def test_run_list_counts_findings_in_a_fixed_number_of_queries(store: Store) -> None:

@@ -1,5 +1,6 @@
 """A distributed run in a real Chromium against a real `gradwatch serve`: the run list's world-size
-badge, the run page's Ranks section, a rank's own page.
+badge, the run page's Ranks section, a rank's own page; and a job of 48 ranks, whose Ranks section
+draws the spread across its ranks (quantile bands, the outlier ranks) instead of a line per rank.
 
 The job is two ranks, each streaming hand-built protocol v1 messages over its own websocket
 (support/synthetic_dist.py): rank 1 is the straggler (its forward pass takes five times as long)
@@ -11,8 +12,10 @@ Run: .venv/bin/python -m pytest tests/browser/test_ranks_view.py
 
 from __future__ import annotations
 
+import statistics
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from urllib.parse import parse_qs, urlsplit
 
 import httpx
@@ -225,3 +228,66 @@ def test_a_rank_that_never_came_is_named(dist: tuple[ServerProcess, list[RankRun
     card = p.locator('[data-card="ranks"]')
     sync_api.expect(card.locator("tbody tr")).to_have_count(2)
     sync_api.expect(card.locator(".ranks-notice li[data-absent]")).to_have_text("Rank 2 has not reached this server.")
+
+
+#: A job past SMALL_JOB_RANKS (frontend/js/ranks.js): its Ranks section draws the spread.
+BIG_JOB, BIG_RANKS, BIG_STEPS, BIG_STRAGGLER = "bigjob", 48, 6, 7
+
+
+@pytest.fixture(scope="module")
+def big(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[ServerProcess, list[RankRun]]]:
+    server = start_server(
+        tmp_path_factory.mktemp("ranks-view-big"),
+        env={"GRADWATCH_FRONTEND_DIR": str(REPO / "frontend")},
+        args=("--rank-timeout", "30"),
+    )
+    try:
+        ranks = rank_runs(BIG_JOB, "forty-eight-ranks", BIG_RANKS, straggler=BIG_STRAGGLER)
+        send_job(server.ws_url, ranks, BIG_STEPS)
+        wait_done(server.url, BIG_JOB, BIG_STEPS)
+        yield server, ranks
+    finally:
+        server.stop()
+
+
+#: What a chart holds with its bands: each series' name, steps, values and band edges.
+BANDS = """(c) => {
+    const el = document.querySelector(`[data-chart="${c}"]`);
+    const chart = Object.values(window.gradwatch.views).find((v) => v.chart && v.chart.el === el).chart;
+    return chart.series.map((s) => ({name: s.name, x: s.x, y: s.y, min: s.min, max: s.max}));
+}"""
+
+
+def test_a_big_jobs_ranks_section_draws_quantile_bands_and_names_the_outlier(
+    big: tuple[ServerProcess, list[RankRun]], page: Page, tmp_path: Path
+) -> None:
+    """48 ranks: no line per rank but, per chart, bands across the ranks (min-max and p5-p95
+    around the median) of what they sent at each step (oracle: statistics.quantiles), and the
+    straggler named as the outlier of its times; the screenshot is kept in the test's folder."""
+    server, ranks = big
+    p = page.open(server.url + f"/runs/{BIG_JOB}")
+    card = p.locator('[data-card="ranks"]')
+    sync_api.expect(card.locator("tbody tr")).to_have_count(BIG_RANKS)
+    sync_api.expect(card.locator(".ranks-pick")).to_be_hidden()
+    for chart, key in RANK_CHARTS.items():
+        p.locator(f'[data-chart="{chart}"]').scroll_into_view_if_needed()
+        page.wait_points(chart, 2 * BIG_STEPS)
+        bands = p.evaluate(BANDS, chart)
+        assert [b["name"] for b in bands] == ["ranks: min–max (line: median)", "ranks: p5–p95"], chart
+        for i, step in enumerate(range(1, BIG_STEPS + 1)):
+            sent = sorted(float(r.sent[step][key.format(rank=r.rank)]) for r in ranks)
+            cuts = statistics.quantiles(sent, n=20, method="inclusive")
+            drawn = [bands[0]["min"][i], bands[1]["min"][i], bands[0]["y"][i], bands[1]["max"][i], bands[0]["max"][i]]
+            assert drawn == pytest.approx([sent[0], cuts[0], cuts[9], cuts[18], sent[-1]], rel=1e-9), (chart, step)
+            assert bands[0]["x"][i] == step
+    before = p.locator('[data-chart="rank-before-backward"]')
+    assert before.get_attribute("data-outliers") == str(BIG_STRAGGLER)
+    outliers = p.locator('[data-card="rank-before-backward"] .rank-outliers')
+    sync_api.expect(outliers).to_contain_text(f"rank {BIG_STRAGGLER} above")
+    sync_api.expect(card.locator(".ranks-straggler")).to_contain_text(f"Rank {BIG_STRAGGLER} is the straggler")
+    memory = p.locator('[data-chart="rank-memory"]')
+    assert memory.get_attribute("data-outliers") == ""  # memory grows evenly with the rank: no outlier
+    shot = tmp_path / "ranks-48.png"
+    card.scroll_into_view_if_needed()
+    p.screenshot(path=str(shot), full_page=True)
+    assert shot.stat().st_size > 10_000

@@ -3,7 +3,8 @@ import assert from "node:assert/strict";
 import { test } from "node:test";
 
 import {
-  findStraggler, listRanks, MAX_SHOWN_RANKS, median, parseRanks, partialText, rankMemoryKey, ranksBadgeText, shownRanks,
+  drawsSpread, findStraggler, listRanks, MAX_SHOWN_RANKS, median, outliersText, parseRanks, partialText, rankMemoryKey,
+  ranksBadgeText, shownRanks, SMALL_JOB_RANKS, spreadSeries,
 } from "../../frontend/js/ranks.js";
 
 test("ranksBadgeText: a badge from 2 ranks on, none for a single process or an old server", () => {
@@ -90,4 +91,28 @@ test("absentRanks: the job's ranks without a run on the server", async () => {
   const { absentRanks } = await import("../../frontend/js/ranks.js");
   assert.deepEqual(absentRanks(4, [{ rank: 0 }, { rank: 2 }]), [1, 3]);
   assert.deepEqual(absentRanks(2, [{ rank: 0 }, { rank: 1 }]), []);
+});
+
+test("drawsSpread: bands past SMALL_JOB_RANKS ranks, a line per rank up to it", () => {
+  assert.equal(SMALL_JOB_RANKS, 16);
+  assert.equal(drawsSpread(16), false);
+  assert.equal(drawsSpread(17), true);
+  assert.equal(drawsSpread(1024), true);
+  assert.equal(drawsSpread(null), false);
+});
+
+test("spreadSeries: two bands around the median, null (no finite value) as NaN", () => {
+  const [outer, inner] = spreadSeries({ steps: [1, 2], min: [1, null], p5: [2, null], p50: [3, null], p95: [4, null], max: [5, null] });
+  assert.deepEqual(outer.x, [1, 2]);
+  assert.deepEqual([outer.y[0], outer.min[0], outer.max[0]], [3, 1, 5]);
+  assert.deepEqual([inner.y[0], inner.min[0], inner.max[0]], [3, 2, 4]);
+  assert.ok(Number.isNaN(outer.y[1]) && Number.isNaN(inner.max[1]));
+});
+
+test("outliersText: the outlier ranks in words, or that none stands apart", () => {
+  assert.equal(outliersText([]), "No rank stands apart.");
+  assert.equal(outliersText([{ rank: 5, median: 0.5, others: 0.1, high: true }]),
+    "Outlier rank: rank 5 above (0.5; the ranks' median 0.1).");
+  assert.equal(outliersText([{ rank: 5, median: 2, others: 1, high: true }, { rank: 9, median: 0, others: 1, high: false }], (v) => `${v} s`),
+    "Outlier ranks: rank 5 above (2 s; the ranks' median 1 s), rank 9 below (0 s; the ranks' median 1 s).");
 });

@@ -11,7 +11,8 @@ import contextlib
 import json
 import socket
 import struct
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from typing import Any, Optional
 
 from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidStatus
@@ -25,6 +26,14 @@ CLOSE_POLICY = 1008
 CLOSE_TOO_BIG = 1009
 #: The server takes frames of up to 16 MiB.
 MAX_FRAME_BYTES = 16 << 20
+#: How long a connection may take to open, and its welcome to come once the hello is sent. The
+#: welcome's is long: a server that took the hello has it queued (a crowd of ranks at a job's
+#: start), and a retry would only make it validate the hello twice (each abandoned hello costs the
+#: server as much as an answered one: retries became a storm, docs/distributed.md).
+OPEN_TIMEOUT_S = 2.0
+WELCOME_TIMEOUT_S = 30.0
+#: While waiting for the welcome, `waiting` is called this often (the sender spools meanwhile).
+WAIT_SLICE_S = 0.5
 
 
 class Refused(ConnectionError):
@@ -42,14 +51,17 @@ def handshake(
     token: Optional[str],
     scope: contextlib.ExitStack,
     *,
-    open_timeout: float = 2.0,
-    welcome_timeout: float = 5.0,
+    open_timeout: float = OPEN_TIMEOUT_S,
+    welcome_timeout: float = WELCOME_TIMEOUT_S,
     send_timeout: Optional[float] = None,
+    waiting: Optional[Callable[[], bool]] = None,
 ) -> tuple[ClientConnection, dict[str, Any]]:
     """Connect, send the serialized `hello`, and return the connection with the server's `welcome`.
 
     The connection is entered into `scope`, which closes it. `send_timeout` bounds each send: a
-    server that stops reading then fails the send instead of holding the caller. Raises `Refused`
+    server that stops reading then fails the send instead of holding the caller. `waiting` is
+    called every WAIT_SLICE_S while the welcome is awaited; it returns False to stop waiting (a
+    TimeoutError, as when `welcome_timeout` passes). Raises `Refused`
     when the server answers with anything but a welcome, OSError/TimeoutError when it cannot be
     reached, does not answer, or the address does not speak HTTP/websocket.
     """
@@ -83,12 +95,24 @@ def handshake(
             pass
     try:  # a server that refuses the connection closes it at once: the send may see that already
         ws.send(hello)
-        reply = json.loads(ws.recv(timeout=welcome_timeout))
+        reply = json.loads(_welcome(ws, welcome_timeout, waiting))
     except ConnectionClosed as exc:
         raise closed(exc, "the server closed the connection before its welcome") from None
     if reply.get("type") != "welcome":
         raise Refused(f"the server answered the hello with {reply.get('message', reply)!r}")
     return ws, reply
+
+
+def _welcome(ws: ClientConnection, timeout: float, waiting: Optional[Callable[[], bool]]) -> Any:
+    if waiting is None:
+        return ws.recv(timeout=timeout)
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            return ws.recv(timeout=max(0.0, min(WAIT_SLICE_S, deadline - time.monotonic())))
+        except TimeoutError:
+            if time.monotonic() >= deadline or not waiting():
+                raise
 
 
 def replies(ws: ClientConnection, timeout: float) -> Iterator[dict[str, Any]]:

@@ -343,10 +343,22 @@ class Sender:
             _, text = self._unacked.popleft()
             self._unacked_bytes -= len(text)
 
+    def _awaiting(self) -> bool:
+        """While the welcome is awaited (a server admitting a crowd): spool what was submitted,
+        as the pump does every SPOOL_EVERY_S; stop waiting once closing (close() bounds its wait)."""
+        if self._items and time.monotonic() >= self._next_drain:
+            self._next_drain = time.monotonic() + SPOOL_EVERY_S
+            self._drain()
+            if self.spool is not None:
+                self.spool.flush()
+        return not self._closing.is_set()
+
     def _connect(self) -> None:
         # A server that stops reading must not hold this thread in a send for long: past 1 s
         # the send fails, the connection is dropped and retried, and the pump keeps spooling.
-        ws, reply = handshake(self.ws_url, wire.dumps(self.hello), self.token, self._ws_scope, send_timeout=1.0)
+        ws, reply = handshake(
+            self.ws_url, wire.dumps(self.hello), self.token, self._ws_scope, send_timeout=1.0, waiting=self._awaiting
+        )
         self._ws = ws
         last_seq = int(reply.get("last_seq", 0))
         self._acknowledge(last_seq)

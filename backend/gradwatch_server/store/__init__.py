@@ -33,6 +33,7 @@ from . import jobs as _jobs
 from . import ranks as _ranks
 from . import runs as _runs
 from . import series as _series
+from . import spread as _spread
 from . import steps as _steps
 from .blocks_sql import backfill_blocks
 from .engine import create_db_engine, display_url
@@ -182,13 +183,23 @@ class Store:
         with self._read() as conn:
             return _jobs.rank_runs(conn, job)
 
-    def lost_ranks(self, job: str, rank_timeout: float, since: float | None = None) -> list[int]:
+    def rank_scalars(self, job: str, key: str, window: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(rank, step, value) of a per-rank scalar over the job's last `window` steps (spread.py)."""
+        if not storable(job):
+            return np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0)
+        with self._read() as conn:
+            return _spread.rank_scalars(conn, job, key, window)
+
+    def lost_ranks(
+        self, job: str, rank_timeout: float, since: float | None = None, memory: JobMemory | None = None
+    ) -> list[int]:
         """The ranks of a job that are lost now (jobs.lost_ranks): `--rank-timeout` is the
-        setting's, `since` when the asking process first saw the job (None: the job's start)."""
+        setting's, `since` when the asking process first saw the job (None: the job's start),
+        `memory` what it heard of the ranks."""
         if not storable(job):
             return []
         with self._read() as conn:
-            return _jobs.lost_ranks(conn, job, self._clock(), rank_timeout, since)
+            return _jobs.lost_ranks(conn, job, self._clock(), rank_timeout, since, memory)
 
     def close_run(self, run_id: str, *, seq: int, status: str) -> bool:
         """Apply a `close` message; False if it was applied already."""

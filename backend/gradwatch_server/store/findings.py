@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
-from sqlalchemy import Connection, delete, insert, select
+from sqlalchemy import Connection, Table, delete, select
+from sqlalchemy.dialects import postgresql, sqlite
 
 from ..schema import diagnoses, findings, runs
 from .records import DiagnosisMark, StoredFinding, UnknownRun
@@ -20,11 +22,10 @@ def save_findings(
         raise UnknownRun(f"no run {run_id!r}")
     if replace:
         conn.execute(delete(findings).where(findings.c.run_id == run_id))
-    elif found:
-        conn.execute(delete(findings).where(findings.c.run_id == run_id, findings.c.code.in_([f.code for f in found])))
     if found:
-        conn.execute(
-            insert(findings),
+        _upsert(
+            conn,
+            findings,
             [
                 {
                     "run_id": run_id,
@@ -40,12 +41,33 @@ def save_findings(
             ],
         )
     if mark is not None:
-        conn.execute(delete(diagnoses).where(diagnoses.c.run_id == run_id))
-        conn.execute(
-            insert(diagnoses).values(
-                run_id=run_id, steps=mark.steps, last_step=mark.last_step, version=mark.version, updated_at=now
-            )
+        _upsert(
+            conn,
+            diagnoses,
+            [
+                {
+                    "run_id": run_id,
+                    "steps": mark.steps,
+                    "last_step": mark.last_step,
+                    "version": mark.version,
+                    "updated_at": now,
+                }
+            ],
         )
+
+
+def _upsert(conn: Connection, table: Table, rows: Sequence[Mapping[str, Any]]) -> None:
+    """Insert `rows`, each replacing the row of its primary key. Not a delete and an insert: on
+    PostgreSQL writers do not take turns, and two transactions diagnosing the same new run (the
+    ranks of one job saying hello to two workers at once) would both find no row to delete and
+    the second insert would fail on the key (tests/backend/test_store.py)."""
+    dialect = postgresql if conn.dialect.name == "postgresql" else sqlite
+    stmt = dialect.insert(table)
+    keys = [c.name for c in table.primary_key.columns]
+    conn.execute(
+        stmt.on_conflict_do_update(index_elements=keys, set_={c: stmt.excluded[c] for c in rows[0] if c not in keys}),
+        list(rows),
+    )
 
 
 def get_findings(conn: Connection, run_id: str) -> list[StoredFinding]:

@@ -24,6 +24,7 @@ from sqlalchemy import Connection, delete, insert, select, update
 
 from .. import assemble as _assemble
 from .. import tails
+from ..hearing import Hearing
 from ..protocol import Hello, array_dtype
 from ..schema import param_metrics, params, partial_steps, runs, scalars, steps
 from .records import OpenedRun, ParamsMismatch, Run, StepData, StepRecord
@@ -75,6 +76,7 @@ class JobMemory:
         self.counted: dict[str, np.ndarray] = {}  # rank's run id -> whether each piece counts
         self.full: dict[str, np.ndarray] = {}  # rank's run id -> whether each piece is the whole tensor
         self.pruned_through = 0  # the ranks' per-parameter rows up to here are pruned (`_prune`)
+        self.heard = Hearing()  # what this process hears of the ranks before the store does
 
     def add(self, rank: int, batch: Sequence[StepData]) -> None:
         """A rank's connection stored `batch` (committed): keep its pieces until assembled."""
@@ -211,15 +213,21 @@ def _ranks(conn: Connection, job: str, world_size: int) -> list[_Rank]:
     return [found.get(r) or _Rank(r, None, None, None, None) for r in range(world_size)]
 
 
-def _lost(rank: _Rank, ranks: Sequence[_Rank], now: float, rank_timeout: float, since: float) -> bool:
+def _lost(
+    rank: _Rank, ranks: Sequence[_Rank], now: float, rank_timeout: float, since: float, memory: JobMemory | None = None
+) -> bool:
     """A running rank (or one that never said hello) that sent nothing for `rank_timeout` while
     another rank is ahead; or one that never said hello, once every rank that did has closed
     (nobody is left to be ahead of it: a job that watched rank 0 only).
 
     Silence counts from its last write, or from `since` if later: when this server process first
     saw the job. Nothing is written while the server is down, so after a restart every rank gets
-    a full `rank_timeout` to come back and replay its spool."""
+    a full `rank_timeout` to come back and replay its spool. A rank is also heard of when it last
+    sent a frame to the asking process (`memory`), and now while its hello or steps wait on that
+    process's writer: a crowd of hellos or a writer behind makes ranks slow, not silent."""
     heard = since if rank.heard is None else max(rank.heard, since)
+    here = None if memory is None else memory.heard.last(rank.rank, now)
+    heard = heard if here is None else max(heard, here)
     if rank.status not in (None, "running") or now - heard < rank_timeout:
         return False
     if any(rank.behind(other.last_step) for other in ranks if other.rank != rank.rank):
@@ -320,7 +328,7 @@ def assemble(
     memory = JobMemory() if memory is None else memory
     done.steps_before = parent.steps
     ranks = _ranks(conn, job, parent.world_size)
-    lost = {r.rank for r in ranks if _lost(r, ranks, now, rank_timeout, since)}
+    lost = {r.rank for r in ranks if _lost(r, ranks, now, rank_timeout, since, memory)}
     waited = [r for r in ranks if r.status in (None, "running") and r.rank not in lost]
     present = [r for r in ranks if r.run_id is not None]
     have: dict[int, list[int]] = {}
@@ -530,10 +538,17 @@ def get_partial_steps(conn: Connection, job: str) -> list[tuple[int, list[int]]]
     ]
 
 
-def lost_ranks(conn: Connection, job: str, now: float, rank_timeout: float, since: float | None = None) -> list[int]:
+def lost_ranks(
+    conn: Connection,
+    job: str,
+    now: float,
+    rank_timeout: float,
+    since: float | None = None,
+    memory: JobMemory | None = None,
+) -> list[int]:
     """The job's ranks that are lost now (`_lost`, the assembly's rule), silence counted from
     `since` at the earliest: when the asking process first saw the job (None: the job's start,
-    the hook's clock)."""
+    the hook's clock); `memory`: what that process heard of the ranks."""
     parent = conn.execute(
         select(runs.c.world_size, runs.c.created_at).where(runs.c.id == job, runs.c.parent_id.is_(None))
     ).one_or_none()
@@ -541,4 +556,4 @@ def lost_ranks(conn: Connection, job: str, now: float, rank_timeout: float, sinc
         return []
     ranks = _ranks(conn, job, parent.world_size)
     floor = parent.created_at if since is None else since
-    return [r.rank for r in ranks if _lost(r, ranks, now, rank_timeout, floor)]
+    return [r.rank for r in ranks if _lost(r, ranks, now, rank_timeout, floor, memory)]

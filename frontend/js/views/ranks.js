@@ -1,6 +1,8 @@
 // The Ranks section of a distributed run's page: a card with each rank (status, last step, lost,
 // a link to its own run page), the partial steps and lost ranks in words, and four charts with one
-// line per rank: step time, time before backward, memory and the rank's own gradient norm.
+// line per rank: step time, time before backward, memory and the rank's own gradient norm. A job
+// of more than SMALL_JOB_RANKS ranks draws instead the spread across its ranks (bands of min-max
+// and p5-p95 around the median, one /ranks/spread request per chart) and names its outlier ranks.
 //
 // Every figure is read from the rank's child run (`JOB.rR`) through the endpoints any run has:
 // GET /api/runs/{job}/ranks once per load, then per chart one /series request per rank drawn
@@ -13,9 +15,10 @@
 import { api, runPageUrl } from "../api.js";
 import { LineChart } from "../charts/line.js";
 import { h, notice, setChildren, statusBadge } from "../dom.js";
-import { byteUnit, fmtAgo, fmtCount, fmtNum, fmtTime, isNonFinite, toNumbers } from "../format.js";
+import { byteUnit, fmtAgo, fmtBytes, fmtCount, fmtNum, fmtTime, isNonFinite, toNumbers } from "../format.js";
 import {
-  absentRanks, findStraggler, listRanks, MAX_SHOWN_RANKS, parseRanks, partialText, rankMemoryKey, shownRanks,
+  absentRanks, drawsSpread, findStraggler, listRanks, MAX_SHOWN_RANKS, outliersText, parseRanks, partialText,
+  rankMemoryKey, shownRanks, spreadSeries,
 } from "../ranks.js";
 import { chartCard } from "./card.js";
 import { pointsFor } from "./scalars.js";
@@ -27,17 +30,17 @@ const MAX_RANGES_LISTED = 12; // partial ranges named in the notice; the rest ar
 const CHARTS = [
   { id: "rank-step-time", title: "Step time per rank", unit: "s",
     help: "Seconds from the end of each rank's previous optimizer step to the end of this one (time/step_s)",
-    key: () => "time/step_s" },
+    key: () => "time/step_s", spread: "time/step_s" },
   { id: "rank-before-backward", title: "Time before backward per rank", unit: "s",
     help: "Seconds until the step's first gradient arrived: forward pass and data loading (time/before_backward_s). "
       + "The straggler's stands apart; the other ranks wait for it inside backward.",
-    key: () => "time/before_backward_s" },
+    key: () => "time/before_backward_s", spread: "time/before_backward_s" },
   { id: "rank-memory", title: "Memory per rank", bytes: true,
     help: "Each rank's CUDA allocated bytes (mem/cuda:N/allocated), or its process's resident set (mem/rss_bytes) without CUDA",
-    key: (scalars) => rankMemoryKey(scalars) },
+    key: (scalars) => rankMemoryKey(scalars), spread: "memory" },
   { id: "rank-grad-norm", title: "Gradient norm per rank", log: true,
     help: "‖grad‖₂ of each rank's own gradients (its shard under FSDP; the same on every rank under DDP)",
-    key: () => "grad_norm_total" },
+    key: () => "grad_norm_total", spread: "grad_norm_total" },
 ];
 
 /**
@@ -112,7 +115,7 @@ export function createRanksViews(state, { onXRange, onRanks = () => {}, onPartia
       const a = await fetchRanks(ctx);
       renderTable(a, ctx.state);
       onPartial((a.partial && a.partial.ranges) || []);
-      pickLabel.hidden = (a.ranks || []).length <= MAX_SHOWN_RANKS;
+      pickLabel.hidden = (a.ranks || []).length <= MAX_SHOWN_RANKS || drawsSpread(a.world_size);
       card.dataset.worldSize = String(a.world_size);
       card.dataset.shown = a.shown.join(",");
     },
@@ -179,6 +182,8 @@ export function createRanksViews(state, { onXRange, onRanks = () => {}, onPartia
 /** One chart of the section: a line per rank drawn, from each child run's series of `spec.key`. */
 function rankChartView(spec, { fetchRanks, onXRange, maybeRefresh, showStraggler }) {
   const { card, plot } = chartCard({ id: spec.id, title: spec.title, help: spec.help });
+  const outliers = h("p", { class: "card-help rank-outliers", hidden: true, role: "status" });
+  card.append(outliers);
   const chart = new LineChart(plot, { name: spec.id, log: Boolean(spec.log), unit: spec.unit || "", emptyText: "No rank reports this", onXRange });
   const keys = new Map(); // child run id -> the key found in its metric names (asked for until found)
 
@@ -212,6 +217,8 @@ function rankChartView(spec, { fetchRanks, onXRange, maybeRefresh, showStraggler
     chart,
     async load(ctx) {
       const a = await fetchRanks(ctx);
+      if (drawsSpread(a.world_size)) return loadSpread(ctx, a);
+      outliers.hidden = true;
       const byRank = new Map((a.ranks || []).map((r) => [r.rank, r]));
       const maxPoints = pointsFor(plot);
       const series = await Promise.all(a.shown.map((rank) => seriesOf(rank, byRank.get(rank).run_id, maxPoints)));
@@ -234,4 +241,29 @@ function rankChartView(spec, { fetchRanks, onXRange, maybeRefresh, showStraggler
     setXRange: (range) => chart.setXRange(range),
     fail: (err) => chart.fail(err),
   };
+
+  /** A big job: the spread across its ranks, one request (docs/distributed.md, The Ranks section). */
+  async function loadSpread(ctx, a) {
+    const s = await api.ranksSpread(ctx.state.runId, spec.spread);
+    const series = spreadSeries(s, toNumbers);
+    const fmt = (v) => (spec.bytes ? fmtBytes(v) : fmtNum(v));
+    if (spec.bytes) {
+      let peak = 0;
+      for (const v of series[0].max) if (Number.isFinite(v)) peak = Math.max(peak, Math.abs(v));
+      const [unit, size] = byteUnit(peak || 1);
+      chart.setScale(size, unit);
+      chart.opts.yTitle = unit;
+    }
+    plot.dataset.spread = spec.spread;
+    plot.dataset.ranks = String(s.ranks);
+    plot.dataset.outliers = (s.outliers || []).map((o) => o.rank).join(",");
+    outliers.hidden = false;
+    setChildren(outliers, outliersText(s.outliers, fmt));
+    if (spec.id === "rank-before-backward") {
+      const top = (s.outliers || []).find((o) => o.high);
+      showStraggler(top ? { rank: top.rank, seconds: top.median, others: top.others } : null, "before backward");
+    }
+    await chart.setSeries(series);
+    return series;
+  }
 }
