@@ -14,6 +14,8 @@ from websockets.sync.server import ServerConnection, serve
 
 from gradwatch.connection import WAIT_SLICE_S, WELCOME_TIMEOUT_S, handshake
 
+pytestmark = pytest.mark.unit
+
 SLOW_S = 3 * WAIT_SLICE_S
 
 
