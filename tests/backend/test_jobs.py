@@ -21,7 +21,7 @@ import pytest
 from websockets.sync.client import connect
 
 from gradwatch_server.diagnostics import Diagnostics
-from gradwatch_server.jobs import JobAssembler
+from gradwatch_server.jobs.assembler import JobAssembler
 from gradwatch_server.live import LiveHub
 from gradwatch_server.store import open_store
 from support.asgi import in_process_server

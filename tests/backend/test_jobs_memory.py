@@ -1,4 +1,4 @@
-"""A job's assembly from the ranks' steps kept in memory (store/jobs.py, `JobMemory`): the same
+"""A job's assembly from the ranks' steps kept in memory (store/jobs.py, jobs/memory.py `JobMemory`): the same
 global rows as the assembly that reads the ranks' stored rows back, without reading them; and the
 memory's bound. Two SQLite stores get the same ranks and steps; one assembles with the batches in
 its memory, the other with an empty memory (as after a restart)."""
@@ -13,8 +13,10 @@ import numpy as np
 import pytest
 from sqlalchemy import event
 
+from gradwatch_server.jobs import memory as job_memory
+from gradwatch_server.jobs.memory import JobMemory
 from gradwatch_server.protocol import Hello, Step, parse_message
-from gradwatch_server.store import JobMemory, StepData, Store, open_store
+from gradwatch_server.store import StepData, Store, open_store
 from gradwatch_server.store import jobs as store_jobs
 from support.wiremsg import f32, rank_hello, step
 
@@ -110,7 +112,7 @@ def test_the_memory_keeps_the_oldest_steps_within_its_bound_and_frees_what_is_as
 ) -> None:
     sent = batches(6)[0]
     size = sum(len(raw) for raw in sent[0].arrays.values())
-    monkeypatch.setattr(store_jobs, "MEMORY_BYTES", 3 * size)
+    monkeypatch.setattr(job_memory, "MEMORY_BYTES", 3 * size)
     memory = JobMemory()
     memory.add(0, sent)
     kept = [s for s in range(1, 7) if memory.take(0, s) is not None]

@@ -5,7 +5,7 @@ from __future__ import annotations
 from fastapi import APIRouter, HTTPException
 
 from ..deps import JobsDep, RunDep, SettingsDep, StoreDep
-from ..job_ranks import NotAJob, job_ranks
+from ..jobs.ranks import NotAJob, job_ranks
 from ..models import RanksPublic
 
 router = APIRouter(prefix="/runs/{run_id}", tags=["runs"])

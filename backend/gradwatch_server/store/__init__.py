@@ -26,6 +26,7 @@ from sqlalchemy import Connection, Engine
 from sqlalchemy.exc import IntegrityError, OperationalError
 
 from .. import blocks, migrations, tails
+from ..jobs.memory import JobMemory
 from ..protocol import Hello
 from . import engine as _engine
 from . import findings as _findings
@@ -36,7 +37,7 @@ from . import series as _series
 from . import steps as _steps
 from .blocks_sql import backfill_blocks
 from .engine import create_db_engine, display_url
-from .jobs import Assembly, JobMemory, OpenedRank
+from .jobs import Assembly, OpenedRank
 from .ranks import PartialRange
 from .records import (
     RUN_STATUSES,

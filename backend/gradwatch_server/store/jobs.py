@@ -4,7 +4,7 @@ ranks' stored steps into the job's run (docs/protocol.md, "Distributed training"
 Each rank streams into its own run `JOB.rRANK` through the ordinary ingest path; `assemble`
 then writes into the job's run `JOB`, through the same `write_steps` as any run, every step
 that every waited-for rank has and the job's run lacks, in step order (the combination itself:
-assemble.py). A step stored without a lost rank (`partial_steps`) is assembled again, in place,
+jobs/assemble.py). A step stored without a lost rank (`partial_steps`) is assembled again, in place,
 once every rank it missed has stored it (a dead rank's spool replayed by `gradwatch sync`, a
 rank that was only slow): the job's values become exact and the step is no longer partial. It runs in one transaction that first locks the job's row (FOR UPDATE on
 PostgreSQL; SQLite has one writer), so ranks that land on different workers never assemble a
@@ -14,7 +14,6 @@ step twice.
 from __future__ import annotations
 
 import json
-import threading
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -22,9 +21,10 @@ from typing import Any
 import numpy as np
 from sqlalchemy import Connection, delete, insert, select, update
 
-from .. import assemble as _assemble
 from .. import tails
-from ..protocol import Hello, array_dtype
+from ..jobs import assemble as _assemble
+from ..jobs.memory import JobMemory
+from ..protocol import Hello
 from ..schema import param_metrics, params, partial_steps, runs, scalars, steps
 from .records import OpenedRun, ParamsMismatch, Run, StepData, StepRecord
 from .runs import get_series_names, open_run, to_run
@@ -32,12 +32,6 @@ from .steps import NotifyInTransaction, SeriesName, Written, _fill, write_steps
 
 #: Most steps one assembly reads per rank (the caller asks again while `more`).
 ASSEMBLE_CHUNK = 512
-
-
-#: Most bytes of the ranks' pieces a job's memory keeps (1,024 ranks of 700 tensors: about 12
-#: steps); past it a rank's step is not kept, and its assembly reads the rank's stored rows back,
-#: as after a restart. The oldest steps, which the assembly needs first, stay.
-MEMORY_BYTES = 256 * 2**20
 
 
 #: Steps behind the job's last one whose per-parameter rows each rank's run keeps whole: the
@@ -48,56 +42,6 @@ MEMORY_BYTES = 256 * 2**20
 RANK_WINDOW = 100
 #: Rank rows are pruned in one statement per this many assembled steps.
 PRUNE_EVERY = 25
-
-
-@dataclass(frozen=True)
-class _Sent:
-    """One rank's step as its connection stored it, arrays decoded once (views of its bytes)."""
-
-    time: float
-    scalars: dict[str, float]
-    arrays: dict[str, np.ndarray]
-    size: int  # bytes of its arrays
-
-
-class JobMemory:
-    """What the process that assembles a job keeps between its assemblies, so that an assembly
-    reads back neither the ranks' parameter lists (per rank's run: which pieces count, which are
-    the full tensor) nor the steps the ranks' connections stored through this process (the
-    ranks' stored rows are read only for what it does not hold: steps stored before a restart,
-    through another worker, or beyond MEMORY_STEPS). Shared by the event loop, which adds
-    steps, and the assembly's thread: a lock guards the steps."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._steps: dict[int, dict[int, _Sent]] = {}  # step -> rank -> its piece
-        self._bytes = 0
-        self.counted: dict[str, np.ndarray] = {}  # rank's run id -> whether each piece counts
-        self.full: dict[str, np.ndarray] = {}  # rank's run id -> whether each piece is the whole tensor
-        self.pruned_through = 0  # the ranks' per-parameter rows up to here are pruned (`_prune`)
-
-    def add(self, rank: int, batch: Sequence[StepData]) -> None:
-        """A rank's connection stored `batch` (committed): keep its pieces until assembled."""
-        with self._lock:
-            for d in batch:
-                size = sum(len(raw) for raw in d.arrays.values())
-                if self._bytes + size > MEMORY_BYTES:
-                    return
-                arrays = {m: np.frombuffer(raw, dtype=array_dtype(m)) for m, raw in d.arrays.items()}
-                old = self._steps.setdefault(d.step, {}).get(rank)
-                self._steps[d.step][rank] = _Sent(d.time, dict(d.scalars), arrays, size)
-                self._bytes += size - (0 if old is None else old.size)
-
-    def take(self, rank: int, step: int) -> _Sent | None:
-        with self._lock:
-            return self._steps.get(step, {}).get(rank)
-
-    def forget_through(self, step: int) -> None:
-        """Steps up to `step` are assembled: their pieces are not needed again (a partial step
-        completed later reads its ranks' stored rows)."""
-        with self._lock:
-            for s in [s for s in self._steps if s <= step]:
-                self._bytes -= sum(sent.size for sent in self._steps.pop(s).values())
 
 
 @dataclass(frozen=True)
@@ -392,14 +336,14 @@ def _write(
 ) -> None:
     run_ids = [r.run_id for r in present if r.run_id is not None]
     counted, replicated = _pieces_info(conn, run_ids, memory)
-    by_step: dict[int, list[_assemble.Piece]] = {s: [] for s in ready}
+    by_step: dict[int, list[_assemble.RankStep]] = {s: [] for s in ready}
     for r in present:
         wanted = [s for s in ready if s in sets.get(r.rank, ())]
         if not wanted or r.run_id is None:
             continue
         for record in _pieces(conn, r.rank, r.run_id, wanted, memory):
             by_step[record.step].append(
-                _assemble.Piece(r.rank, record.time, record.scalars, record.arrays, counted[r.run_id])
+                _assemble.RankStep(r.rank, record.time, record.scalars, record.arrays, counted[r.run_id])
             )
     batch: list[StepData] = []
     missing: dict[int, list[int]] = {}

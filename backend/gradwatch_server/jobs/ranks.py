@@ -3,8 +3,8 @@ its partial steps (docs/api.md, Ranks)."""
 
 from __future__ import annotations
 
-from .models import PartialPublic, PartialRangePublic, RankPublic, RanksPublic
-from .store import PartialRange, Run, Store
+from ..models import PartialPublic, PartialRangePublic, RankPublic, RanksPublic
+from ..store import PartialRange, Run, Store
 
 
 class NotAJob(ValueError):
