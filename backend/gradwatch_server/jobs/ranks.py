@@ -12,8 +12,8 @@ class NotAJob(ValueError):
 
 
 def is_job(run: Run) -> bool:
-    """A distributed job's run: it has a world size and is no rank's own run."""
-    return run.world_size is not None and run.parent_id is None
+    """A distributed job's parent run (not one rank's own run)."""
+    return run.kind == "job"
 
 
 def left_behind(ranks: list[Run], ranges: list[PartialRange]) -> set[int]:
@@ -39,7 +39,7 @@ def job_ranks(store: Store, run: Run, rank_timeout: float, since: float | None =
     when this server process first saw the job) while another is ahead (the assembly's rule,
     `Store.lost_ranks`), or when it was left behind (`left_behind`: it crashed or timed out and
     the job went on without it)."""
-    if run.parent_id is not None:
+    if run.kind == "rank":
         raise NotAJob(
             f"run {run.id!r} is rank {run.rank} of job {run.parent_id!r}: "
             f"GET /api/runs/{run.parent_id}/ranks lists the job's ranks"

@@ -26,6 +26,7 @@ from ..jobs import assemble as _assemble
 from ..jobs.memory import JobMemory
 from ..protocol import Hello
 from ..schema import param_metrics, params, partial_steps, runs, scalars, steps
+from ..schema import rank_summaries as rank_summaries_table
 from .records import OpenedRun, ParamsMismatch, Run, StepData, StepRecord
 from .runs import get_series_names, open_run, to_run
 from .steps import NotifyInTransaction, SeriesName, Written, _fill, write_steps
@@ -91,10 +92,10 @@ def open_rank(conn: Connection, hello: Hello, now: float) -> OpenedRank:
     dist = hello.dist
     assert dist is not None
     job = conn.execute(
-        select(runs.c.status, runs.c.world_size, runs.c.parent_id).where(runs.c.id == dist.job).with_for_update()
+        select(runs.c.status, runs.c.world_size, runs.c.kind).where(runs.c.id == dist.job).with_for_update()
     ).one_or_none()
     if job is not None:
-        if job.world_size is None or job.parent_id is not None:
+        if job.kind != "job":
             raise ParamsMismatch(
                 f"run {dist.job!r} exists and is not a distributed job's run; give the job another run id"
             )
@@ -254,12 +255,12 @@ def assemble(
     (one that never said hello, at `since`): when the caller's process first saw the job (server
     time: the job's `created_at` is the hook's clock)."""
     parent: Any = conn.execute(
-        select(runs.c.status, runs.c.world_size, runs.c.last_seq, runs.c.last_step, runs.c.steps, runs.c.parent_id)
+        select(runs.c.status, runs.c.world_size, runs.c.last_seq, runs.c.last_step, runs.c.steps, runs.c.kind)
         .where(runs.c.id == job)
         .with_for_update()
     ).one_or_none()
     done = Assembly()
-    if parent is None or parent.world_size is None or parent.parent_id is not None:
+    if parent is None or parent.kind != "job":
         return done
     memory = JobMemory() if memory is None else memory
     done.steps_before = parent.steps
@@ -333,8 +334,12 @@ def _write(
     notify: NotifyInTransaction | None,
     done: Assembly,
     memory: JobMemory,
+    summarize: dict[int, list[int]] | None = None,
 ) -> None:
+    """Combine and store the steps `ready`, and each combined rank step's summary (`summarize`:
+    only those of these ranks, by step; None: every rank's)."""
     run_ids = [r.run_id for r in present if r.run_id is not None]
+    by_rank = {r.rank: r.run_id for r in present if r.run_id is not None}
     counted, replicated = _pieces_info(conn, run_ids, memory)
     by_step: dict[int, list[_assemble.RankStep]] = {s: [] for s in ready}
     for r in present:
@@ -360,6 +365,15 @@ def _write(
             missing[s] = absent
     done.written = write_steps(conn, job, batch, now, known, run_tails, notify)
     done.steps = [d for d, new in zip(batch, done.written.stored) if new]
+    rows = [
+        summary(by_rank[p.rank], s, p)
+        for d in done.steps
+        for s in [d.step]
+        for p in by_step[s]
+        if summarize is None or p.rank in summarize.get(s, ())
+    ]
+    if rows:
+        conn.execute(insert(rank_summaries_table), rows)
     done.partial = {d.step: missing[d.step] for d in done.steps if d.step in missing}
     if done.partial:
         conn.execute(
@@ -368,9 +382,42 @@ def _write(
         )
 
 
+#: What a rank's summary takes from its step's scalars (rank_summaries' columns).
+STEP_S, BEFORE_BACKWARD_S, RSS_BYTES, LOCAL_NORM = (
+    "time/step_s",
+    "time/before_backward_s",
+    "mem/rss_bytes",
+    "grad_norm_total",
+)
+
+
+def summary(run_id: str, step: int, piece: _assemble.RankStep) -> dict[str, Any]:
+    """A rank step's summary row: its step time, time before backward, memory (its largest CUDA
+    peak, else its resident memory) and local total gradient norm (None where not sent: an
+    unmeasured step has no norm). Non-finite values are stored as NULL: a summary is for spread
+    and outliers, the rank's own rows (while kept) and the job's step have the exact values."""
+    values = piece.scalars
+    peaks = [v for k, v in values.items() if k.startswith("mem/cuda:") and k.endswith("/peak")]
+    memory = max(peaks) if peaks else values.get(RSS_BYTES)
+
+    def finite(x: float | None) -> float | None:
+        return x if x is not None and np.isfinite(x) else None
+
+    return {
+        "run_id": run_id,
+        "step": step,
+        "time": piece.time,
+        "step_s": finite(values.get(STEP_S)),
+        "before_backward_s": finite(values.get(BEFORE_BACKWARD_S)),
+        "memory_bytes": finite(memory),
+        "local_norm": finite(values.get(LOCAL_NORM)),
+    }
+
+
 def _prune(conn: Connection, job: str, run_ids: Sequence[str], last_step: int, memory: JobMemory) -> None:
-    """Delete the ranks' per-parameter rows of the steps more than RANK_WINDOW behind the job's
-    last step, but those of its partial steps and of its `rank_desync` steps (RANK_WINDOW), at
+    """Delete the ranks' per-parameter rows and scalars of the steps more than RANK_WINDOW behind
+    the job's last step (their summaries stay), but those of its partial steps and of its
+    `rank_desync` steps (RANK_WINDOW), at
     most once per PRUNE_EVERY steps, in the assembly's transaction: what the job's run stores
     is committed with it."""
     lo, hi = memory.pruned_through, last_step - RANK_WINDOW
@@ -381,15 +428,16 @@ def _prune(conn: Connection, job: str, run_ids: Sequence[str], last_step: int, m
         scalars.c.run_id == job, scalars.c.key.startswith(_assemble.DESYNC_PREFIX), scalars.c.step.between(lo, hi)
     )
     for at in range(0, len(run_ids), ASSEMBLE_CHUNK):
-        conn.execute(
-            delete(param_metrics).where(
-                param_metrics.c.run_id.in_(run_ids[at : at + ASSEMBLE_CHUNK]),
-                param_metrics.c.step > lo,
-                param_metrics.c.step <= hi,
-                param_metrics.c.step.not_in(partial),
-                param_metrics.c.step.not_in(desync),
+        for table in (param_metrics, scalars):
+            conn.execute(
+                delete(table).where(
+                    table.c.run_id.in_(run_ids[at : at + ASSEMBLE_CHUNK]),
+                    table.c.step > lo,
+                    table.c.step <= hi,
+                    table.c.step.not_in(partial),
+                    table.c.step.not_in(desync),
+                )
             )
-        )
     memory.pruned_through = hi
 
 
@@ -438,7 +486,10 @@ def _complete(
     conn.execute(update(runs).where(runs.c.id == job).values(steps=runs.c.steps - len(complete)))
     last_seq = conn.execute(select(runs.c.last_seq).where(runs.c.id == job)).scalar_one()
     again = Assembly()
-    _write(conn, job, world_size, last_seq, complete, present, sets, now, known, run_tails, None, again, memory)
+    late_ranks = {int(r.step): [int(x) for x in json.loads(r.missing)] for r in rows}  # the others' are stored
+    _write(
+        conn, job, world_size, last_seq, complete, present, sets, now, known, run_tails, None, again, memory, late_ranks
+    )
     done.completed = [d.step for d in again.steps]
     if again.written is not None:
         if done.written is not None:
@@ -448,18 +499,53 @@ def _complete(
 
 def running_jobs(conn: Connection) -> list[str]:
     """The jobs' runs that are running (their ranks may still send, or be lost)."""
-    return list(
-        conn.execute(
-            select(runs.c.id).where(
-                runs.c.status == "running", runs.c.world_size.is_not(None), runs.c.parent_id.is_(None)
-            )
-        ).scalars()
-    )
+    return list(conn.execute(select(runs.c.id).where(runs.c.status == "running", runs.c.kind == "job")).scalars())
 
 
 def rank_runs(conn: Connection, job: str) -> list[Run]:
     """The runs of a job's ranks, by rank."""
     return [to_run(r) for r in conn.execute(select(runs).where(runs.c.parent_id == job).order_by(runs.c.rank))]
+
+
+@dataclass(frozen=True)
+class RankSummaries:
+    """Rank step summaries as arrays, one entry per (rank, step) stored, by rank then step; NaN
+    where a value was not sent (or not finite)."""
+
+    rank: np.ndarray  # int32
+    step: np.ndarray  # int64
+    time: np.ndarray  # float64, and the four below
+    step_s: np.ndarray
+    before_backward_s: np.ndarray
+    memory_bytes: np.ndarray
+    local_norm: np.ndarray
+
+    @staticmethod
+    def empty() -> RankSummaries:
+        f = np.zeros(0)
+        return RankSummaries(np.zeros(0, np.int32), np.zeros(0, np.int64), f, f, f, f, f)
+
+
+def rank_summaries(conn: Connection, job: str, first: int | None = None, last: int | None = None) -> RankSummaries:
+    """The job's rank step summaries in steps `first`..`last` (either None: unbounded): one
+    query, read as plain rows into arrays."""
+    s = rank_summaries_table.c
+    where = [runs.c.parent_id == job]
+    if first is not None:
+        where.append(s.step >= first)
+    if last is not None:
+        where.append(s.step <= last)
+    rows = conn.execute(
+        select(runs.c.rank, s.step, s.time, s.step_s, s.before_backward_s, s.memory_bytes, s.local_norm)
+        .select_from(rank_summaries_table.join(runs, runs.c.id == s.run_id))
+        .where(*where)
+        .order_by(runs.c.rank, s.step)
+    ).all()
+    if not rows:
+        return RankSummaries.empty()
+    cols = list(zip(*rows))
+    floats = [np.array([np.nan if v is None else v for v in c], dtype=np.float64) for c in cols[2:]]
+    return RankSummaries(np.array(cols[0], np.int32), np.array(cols[1], np.int64), *floats)
 
 
 def get_partial_steps(conn: Connection, job: str) -> list[tuple[int, list[int]]]:
@@ -479,7 +565,7 @@ def lost_ranks(conn: Connection, job: str, now: float, rank_timeout: float, sinc
     `since` at the earliest: when the asking process first saw the job (None: the job's start,
     the hook's clock)."""
     parent = conn.execute(
-        select(runs.c.world_size, runs.c.created_at).where(runs.c.id == job, runs.c.parent_id.is_(None))
+        select(runs.c.world_size, runs.c.created_at).where(runs.c.id == job, runs.c.kind == "job")
     ).one_or_none()
     if parent is None or parent.world_size is None:
         return []

@@ -57,9 +57,9 @@ def open_run(
     run_id = info.id if run_id is None else run_id
     pieces = parent_id is not None
     existing = conn.execute(
-        select(runs.c.status, runs.c.world_size).where(runs.c.id == run_id).with_for_update()
+        select(runs.c.status, runs.c.kind).where(runs.c.id == run_id).with_for_update()
     ).one_or_none()
-    if existing is not None and world_size is None and existing.world_size is not None:
+    if existing is not None and world_size is None and existing.kind != "run":
         raise ParamsMismatch(
             f"run {run_id!r} is a distributed job's run: only its ranks write to it (a hello with "
             '"dist"); give this run another id'
@@ -94,6 +94,7 @@ def open_run(
                 parent_id=parent_id,
                 rank=rank,
                 world_size=world_size,
+                kind="rank" if parent_id is not None else "job" if world_size is not None else "run",
             )
         )
         if hello.params:
@@ -213,7 +214,7 @@ def runs_to_collect(
     and of `project`, for each one given."""
     where: list[ColumnElement[bool]] = [
         runs.c.status != "running",
-        runs.c.parent_id.is_(None),
+        runs.c.kind != "rank",
     ]  # ranks' runs go with their job's
     if created_before is not None:
         where.append(runs.c.created_at < created_before)
@@ -235,7 +236,7 @@ def list_runs(
     """Matching runs, newest first, and how many match in all; each with its tags and
     findings counts (two more queries for the page, not two per run). A rank's run of a
     distributed job is never listed: its job's run stands for it."""
-    where: list[ColumnElement[bool]] = [runs.c.parent_id.is_(None)]
+    where: list[ColumnElement[bool]] = [runs.c.kind != "rank"]
     if project is not None:
         where.append(runs.c.project == project)
     if status is not None:
@@ -254,13 +255,7 @@ def list_runs(
 
 def running_run_ids(conn: Connection) -> list[str]:
     """The running runs a hook streams to: a job's run is left out (its ranks' runs stand for it)."""
-    return list(
-        conn.execute(
-            select(runs.c.id).where(
-                runs.c.status == "running", or_(runs.c.world_size.is_(None), runs.c.parent_id.is_not(None))
-            )
-        ).scalars()
-    )
+    return list(conn.execute(select(runs.c.id).where(runs.c.status == "running", runs.c.kind != "job")).scalars())
 
 
 def get_params(conn: Connection, run_id: str) -> list[Param]:

@@ -49,8 +49,8 @@ def write_steps(
     param_blocks: bool = True,
 ) -> Written:
     """Store step messages in the caller's transaction; per message, False if it was stored already.
-    Without `param_blocks` (a rank's run of a job, whose per-parameter rows are kept for a recent
-    window only: store/jobs.py) its per-parameter series get no blocks, its scalars do.
+    Without `param_blocks` (a rank's run of a job, whose rows are kept for a recent window only:
+    store/jobs.py; its summaries for the whole job) its series get no blocks.
 
     A message is skipped when its seq is not above the run's committed seq, or its step is
     stored (then only the committed seq advances): resending is harmless.
@@ -95,15 +95,9 @@ def write_steps(
     after = last_step_before if top is None else top if last_step_before is None else max(top, last_step_before)
     tail = run_tails.get(run_id, (locked.steps, last_step_before, locked.last_seq))
     tail = tail if tails.covers(tail, new) else None
-    if top is not None:
+    if top is not None and param_blocks:
         update_blocks(
-            conn,
-            run_id,
-            [d.step for d in new],
-            last_step_before,
-            after,
-            None if tail is None else (*tail.steps, *new),
-            kinds=("param", "scalar") if param_blocks else ("scalar",),
+            conn, run_id, [d.step for d in new], last_step_before, after, None if tail is None else (*tail.steps, *new)
         )
     last_step = (
         runs.c.last_step
