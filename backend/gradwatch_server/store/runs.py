@@ -7,7 +7,7 @@ import json
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from sqlalchemy import ColumnElement, Connection, delete, func, insert, or_, select, update
+from sqlalchemy import ColumnElement, Connection, bindparam, delete, func, insert, or_, select, update
 
 from ..protocol import Hello
 from ..schema import deleted_runs, findings, groups, params, run_tags, runs, series_names
@@ -24,14 +24,16 @@ from .records import (
 from .rows import plain_rows
 from .values import shape
 
+_LOCK_RUN = (
+    select(runs.c.last_seq, runs.c.status, runs.c.last_step, runs.c.steps)
+    .where(runs.c.id == bindparam("run_id"))
+    .with_for_update()
+)  # built once: it runs for every stored batch
+
 
 def lock_run(conn: Connection, run_id: str) -> Any:
     """The run's row, locked for this transaction (FOR UPDATE on PostgreSQL)."""
-    row = conn.execute(
-        select(runs.c.last_seq, runs.c.status, runs.c.last_step, runs.c.steps)
-        .where(runs.c.id == run_id)
-        .with_for_update()
-    ).one_or_none()
+    row = conn.execute(_LOCK_RUN, {"run_id": run_id}).one_or_none()
     if row is None:
         raise UnknownRun(f"no run {run_id!r}")
     return row
