@@ -7,7 +7,7 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
-from sqlalchemy import Connection, Engine, bindparam, case, func, insert, or_, select, update
+from sqlalchemy import BindParameter, Connection, Engine, bindparam, case, func, insert, or_, select, update
 
 from .. import tails
 from ..protocol import array_dtype
@@ -33,7 +33,7 @@ SeriesName = tuple[str, str, str]
 _STORED_STEPS = select(steps.c.step).where(
     steps.c.run_id == bindparam("run_id"), steps.c.step.in_(bindparam("steps", expanding=True))
 )
-_TOP = bindparam("top")
+_TOP: BindParameter[int] = bindparam("top")
 _ADVANCE = (
     update(runs)
     .where(runs.c.id == bindparam("run_id"))
