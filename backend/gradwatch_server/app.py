@@ -16,7 +16,7 @@ from .charts import NotFound, TooLong
 from .cost import StepCost
 from .deps import RunNotFound
 from .diagnostics import Diagnostics
-from .jobs import JobAssembler
+from .jobs.assembler import JobAssembler
 from .live import LiveHub
 from .notify import Notifier
 from .security import HostGuard, default_allowed_hosts

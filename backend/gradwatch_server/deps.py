@@ -14,7 +14,7 @@ from starlette.requests import HTTPConnection
 
 from .cost import StepCost
 from .diagnostics import Diagnostics
-from .jobs import JobAssembler
+from .jobs.assembler import JobAssembler
 from .live import LiveHub
 from .notify import Notifier
 from .sessions import Sessions

@@ -28,7 +28,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from .job_ranks import is_job
+from .jobs.ranks import is_job
 from .jsonvalues import metric_list, word
 from .models import ParamPublic, RunPublic
 from .protocol import GRAD_STATUS, GRAD_STATUS_NAMES, absent_mask

@@ -14,7 +14,7 @@ this connection resumed the run.
 A rank of a distributed job (a hello with `dist`) streams into its own run `JOB.rRANK` the same
 way, but that run gets no diagnostics and is never announced to the run list; after each of its
 committed batches (and its close) the job's ready steps are assembled into the job's run
-(jobs.py), and the job's new findings are sent to this hook ahead of the ack.
+(jobs/assembler.py), and the job's new findings are sent to this hook ahead of the ack.
 
 A frame that breaks the protocol gets an `error` frame and a close code once the messages before
 it are committed; nothing of it is stored, and every other connection carries on.
@@ -38,7 +38,7 @@ from starlette.websockets import WebSocketDisconnected
 from .cost import StepCost
 from .deps import token_ok
 from .diagnostics import Diagnostics, Finding
-from .jobs import JobAssembler
+from .jobs.assembler import JobAssembler
 from .live import LiveHub, worker_headers
 from .notify import Notifier, RunRef, tell
 from .protocol import Close, Hello, ProtocolError, Step, Steps, parse_message

@@ -66,6 +66,10 @@ runs = Table(
     Column("parent_id", String(64), ForeignKey("runs.id", ondelete="CASCADE"), index=True),
     Column("rank", Integer),
     Column("world_size", Integer),
+    # What the run is, stated rather than guessed from the columns above: "run" (one process),
+    # "job" (a distributed job's parent run) or "rank" (one rank's child run). Set when the run is
+    # created; migration 0007 filled it from parent_id and world_size.
+    Column("kind", String(8), nullable=False, server_default="run"),
 )
 
 # Runs deleted (DELETE /api/runs/{id}, `gradwatch gc`), by id: a request for one is answered
@@ -174,6 +178,23 @@ partial_steps = Table(
     _run_id(),
     Column("step", BigInteger, primary_key=True),
     Column("missing", Text, nullable=False),
+    sqlite_with_rowid=False,
+)
+
+# A rank's summary of each of its steps (a row of about 100 bytes): its step time, time before
+# backward, memory (the largest CUDA peak, else the resident memory) and local total gradient norm.
+# Written by the job's assembly for every rank step it combines, kept for the whole job: the rank's
+# per-parameter rows and scalars are kept for a recent window only (store/jobs.py, `_prune`).
+rank_summaries = Table(
+    "rank_summaries",
+    metadata,
+    _run_id(),
+    Column("step", BigInteger, primary_key=True),
+    Column("time", Double, nullable=False),
+    Column("step_s", Double),
+    Column("before_backward_s", Double),
+    Column("memory_bytes", Double),
+    Column("local_norm", Double),
     sqlite_with_rowid=False,
 )
 

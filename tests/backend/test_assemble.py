@@ -8,11 +8,11 @@ import math
 import numpy as np
 import pytest
 
-from gradwatch_server.assemble import (
+from gradwatch_server.jobs.assemble import (
     DESYNC_METRIC,
     DESYNC_PREFIX,
     RANKS_SCALAR,
-    Piece,
+    RankStep,
     combine,
     desync,
     with_desync,
@@ -49,7 +49,7 @@ def oracle_status(codes: list[int]) -> int:
     return ZERO
 
 
-def random_pieces(rng: np.random.Generator, ranks: int, count: int) -> list[Piece]:
+def random_pieces(rng: np.random.Generator, ranks: int, count: int) -> list[RankStep]:
     pieces = []
     for r in range(ranks):
         arrays = {}
@@ -64,7 +64,7 @@ def random_pieces(rng: np.random.Generator, ranks: int, count: int) -> list[Piec
         arrays["grad_status"] = rng.integers(0, 4, count).astype("u1")
         arrays["backward_passes"] = rng.integers(1, 5, count).astype("<f4")
         pieces.append(
-            Piece(
+            RankStep(
                 rank=r,
                 time=1000.0 + rng.random(),
                 scalars={"loss": float(r + 1), "time/step_s": float(rng.random())},
@@ -108,20 +108,20 @@ def test_norms_statuses_and_per_rank_values_match_the_oracle(seed: int) -> None:
 def test_squares_are_added_in_float64() -> None:
     """Local norms above 1.8e19 have squares beyond float32's range; the global norm is finite."""
     big = np.array([3e19, 1e-30], dtype="<f4")
-    pieces = [Piece(r, 0.0, {}, {"grad_norm": big}, np.ones(2, dtype=bool)) for r in range(2)]
+    pieces = [RankStep(r, 0.0, {}, {"grad_norm": big}, np.ones(2, dtype=bool)) for r in range(2)]
     got = combine(pieces).arrays["grad_norm"]
     assert np.isfinite(got).all()
     assert float(got[0]) == pytest.approx(math.sqrt(2) * float(big[0]), rel=1e-6)
     assert float(got[1]) == pytest.approx(math.sqrt(2) * float(big[1]), rel=1e-6)
 
 
-def cheap(rank: int, counted: np.ndarray, **scalars: float) -> Piece:
+def cheap(rank: int, counted: np.ndarray, **scalars: float) -> RankStep:
     """A rank's unmeasured step: cheap facts only (no grad_status, no norms); `mem__x` is `mem/x`."""
     count = len(counted)
-    return Piece(rank, 0.0, slashed(scalars), {"backward_passes": f32s(*[rank + 1] * count)}, counted)
+    return RankStep(rank, 0.0, slashed(scalars), {"backward_passes": f32s(*[rank + 1] * count)}, counted)
 
 
-def sampled(rank: int, grad: list[float], counted: np.ndarray, **scalars: float) -> Piece:
+def sampled(rank: int, grad: list[float], counted: np.ndarray, **scalars: float) -> RankStep:
     """A rank's measured step: grad_status, grad_norm, param_norm and the cheap facts."""
     arrays = {
         "grad_norm": f32s(*grad),
@@ -129,7 +129,7 @@ def sampled(rank: int, grad: list[float], counted: np.ndarray, **scalars: float)
         "grad_status": np.full(len(grad), NONZERO, "u1"),
         "backward_passes": f32s(*[rank + 1] * len(grad)),
     }
-    return Piece(rank, 0.0, slashed(scalars), arrays, counted)
+    return RankStep(rank, 0.0, slashed(scalars), arrays, counted)
 
 
 def slashed(scalars: dict[str, float]) -> dict[str, float]:
@@ -226,8 +226,8 @@ def test_update_ratio_is_the_ratio_of_the_global_norms() -> None:
 
 
 def test_scalars_by_family() -> None:
-    def piece(rank: int, scalars: dict[str, float], grad: list[float]) -> Piece:
-        return Piece(rank, 10.0 + rank, scalars, {"grad_norm": np.array(grad, dtype="<f4")}, np.ones(2, dtype=bool))
+    def piece(rank: int, scalars: dict[str, float], grad: list[float]) -> RankStep:
+        return RankStep(rank, 10.0 + rank, scalars, {"grad_norm": np.array(grad, dtype="<f4")}, np.ones(2, dtype=bool))
 
     a = piece(
         0,
@@ -282,7 +282,7 @@ def test_grad_norm_total_is_inf_with_an_inf_nan_with_a_nan_and_leaves_out_absent
     absent = np.array([ABSENT_BITS], dtype="<u4").view("<f4")[0]
 
     def total(*grad: float) -> float:
-        one = Piece(0, 1.0, {"grad_norm_total": 0.0}, {"grad_norm": np.array(grad, dtype="<f4")}, np.ones(4, bool))
+        one = RankStep(0, 1.0, {"grad_norm_total": 0.0}, {"grad_norm": np.array(grad, dtype="<f4")}, np.ones(4, bool))
         return combine([one]).scalars["grad_norm_total"]
 
     assert total(3.0, 0.0, absent, 4.0) == 5.0
@@ -297,7 +297,7 @@ def test_grad_norm_total_is_inf_with_an_inf_nan_with_a_nan_and_leaves_out_absent
         grad[special < 0.03] = np.nan
         grad[(special >= 0.03) & (special < 0.08)] = np.inf
         grad.view("<u4")[(special >= 0.08) & (special < 0.2)] = ABSENT_BITS
-        piece = Piece(0, 1.0, {"grad_norm_total": 0.0}, {"grad_norm": grad}, np.ones(50, bool))
+        piece = RankStep(0, 1.0, {"grad_norm_total": 0.0}, {"grad_norm": grad}, np.ones(50, bool))
         want = oracle_norm(list(grad))
         got = combine([piece]).scalars["grad_norm_total"]
         assert want is not None
@@ -312,8 +312,8 @@ def test_desync_counts_the_replicas_that_differ_from_rank_0() -> None:
     replicated = np.array([True, True, True, False])
     base = np.array([1.0, 2.0, 3.0, 4.0], dtype="<f4")
 
-    def piece(rank: int, grad: np.ndarray, status: list[int]) -> Piece:
-        return Piece(rank, 0.0, {}, {"grad_norm": grad, "grad_status": np.array(status, "u1")}, np.ones(count, bool))
+    def piece(rank: int, grad: np.ndarray, status: list[int]) -> RankStep:
+        return RankStep(rank, 0.0, {}, {"grad_norm": grad, "grad_status": np.array(status, "u1")}, np.ones(count, bool))
 
     same = piece(1, base * np.float32(1 + 1e-7), [2, 2, 2, 2])
     off = piece(2, np.array([1.0, 2.5, 3.0, 9.0], dtype="<f4"), [2, 2, 1, 2])  # param 3 is sharded: not judged
@@ -325,11 +325,11 @@ def test_desync_counts_the_replicas_that_differ_from_rank_0() -> None:
     step = with_desync(combine([piece(0, base, [2] * 4), off]), [piece(0, base, [2] * 4), off], replicated)
     assert step.scalars[f"{DESYNC_PREFIX}2"] == 2.0 and DESYNC_METRIC in step.arrays
     # a rank that did not measure the step is not compared; nor is an unmeasured job step
-    unmeasured = Piece(1, 0.0, {}, {"backward_passes": f32s(1, 1, 1, 1)}, np.zeros(count, bool))
+    unmeasured = RankStep(1, 0.0, {}, {"backward_passes": f32s(1, 1, 1, 1)}, np.zeros(count, bool))
     found = desync([piece(0, base, [2] * 4), unmeasured, off], replicated)
     assert found is not None and found[1] == {2: 2}
     sharded = np.array([True, True, True, True])
-    halves = [piece(0, base, [2] * 4), Piece(1, 0.0, {}, {"backward_passes": f32s(1, 1, 1, 1)}, sharded)]
+    halves = [piece(0, base, [2] * 4), RankStep(1, 0.0, {}, {"backward_passes": f32s(1, 1, 1, 1)}, sharded)]
     assert DESYNC_METRIC not in with_desync(combine(halves), halves, replicated).arrays
     # no replicated parameter, or rank 0 missing: the rule does not apply
     assert desync([piece(0, base, [2] * 4), off], np.zeros(count, bool)) is None

@@ -21,7 +21,7 @@ import pytest
 from websockets.sync.client import connect
 
 from gradwatch_server.diagnostics import Diagnostics
-from gradwatch_server.jobs import JobAssembler
+from gradwatch_server.jobs.assembler import JobAssembler
 from gradwatch_server.live import LiveHub
 from gradwatch_server.store import open_store
 from support.asgi import in_process_server
@@ -654,7 +654,7 @@ def test_a_rank_queued_behind_the_writer_or_its_admission_is_not_lost(tmp_path: 
                 send(r2, i, i, [1.0, 2.0])
             stored = wait_for(lambda: (s := job_steps_in(http, "j-queued")) and len(s) == 2 and s)
             assert stored and [stored[s]["scalars"]["dist/ranks"] for s in (1, 2)] == [3.0, 3.0]
-            assert store.partial_steps("j-queued") == []
+            assert partial_steps(store, "j-queued") == []
             assert [r["lost"] for r in http.get("/api/runs/j-queued/ranks").json()["ranks"]] == [False] * 3
 
 

@@ -1,4 +1,4 @@
-"""A job's assembly from the ranks' steps kept in memory (store/jobs.py, `JobMemory`): the same
+"""A job's assembly from the ranks' steps kept in memory (store/jobs.py, jobs/memory.py `JobMemory`): the same
 global rows as the assembly that reads the ranks' stored rows back, without reading them; and the
 memory's bound. Two SQLite stores get the same ranks and steps; one assembles with the batches in
 its memory, the other with an empty memory (as after a restart)."""
@@ -13,8 +13,10 @@ import numpy as np
 import pytest
 from sqlalchemy import event
 
+from gradwatch_server.jobs import memory as job_memory
+from gradwatch_server.jobs.memory import JobMemory
 from gradwatch_server.protocol import Hello, Step, parse_message
-from gradwatch_server.store import JobMemory, StepData, Store, open_store
+from gradwatch_server.store import StepData, Store, open_store
 from gradwatch_server.store import jobs as store_jobs
 from support.wiremsg import f32, rank_hello, step
 
@@ -44,7 +46,14 @@ def batches(steps: int, desync_at: int = 0) -> list[list[StepData]]:
                     step(
                         s,
                         s,
-                        scalars={"loss": 1.0 / s, "time/step_s": 0.1 * (rank + 1), "mem/params_bytes": 10.0},
+                        scalars={
+                            "loss": 1.0 / s,
+                            "time/step_s": 0.1 * (rank + 1),
+                            "time/before_backward_s": 0.01 * s,
+                            "mem/params_bytes": 10.0,
+                            "mem/rss_bytes": 1000.0 * (rank + 1) + s,
+                            **({"grad_norm_total": float(s + rank)} if measured else {}),
+                        },
                         arrays=arrays,
                         grad_status=[2, 2] if measured else None,
                     )
@@ -112,7 +121,7 @@ def test_the_memory_keeps_the_oldest_steps_within_its_bound_and_frees_what_is_as
 ) -> None:
     sent = batches(6)[0]
     size = sum(len(raw) for raw in sent[0].arrays.values())
-    monkeypatch.setattr(store_jobs, "MEMORY_BYTES", 3 * size)
+    monkeypatch.setattr(job_memory, "MEMORY_BYTES", 3 * size)
     memory = JobMemory()
     memory.add(0, sent)
     kept = [s for s in range(1, 7) if memory.take(0, s) is not None]
@@ -141,7 +150,27 @@ def test_ranks_keep_their_per_parameter_rows_in_the_recent_window_and_where_they
         kept = {r.step for chunk in store.iter_steps(f"{JOB}.r{rank}") for r in chunk if r.arrays}
         assert kept == {3, 9, 10, 11, 12}  # the desync evidence, and the last 4 steps
         scalars = {r.step for chunk in store.iter_steps(f"{JOB}.r{rank}") for r in chunk if "time/step_s" in r.scalars}
-        assert scalars == set(range(1, 13))  # every step's per-rank summary stays
+        assert scalars == {3, 9, 10, 11, 12}  # the rank's scalars go with its per-parameter rows
+    # every rank step's summary stays, as the rank sent it (NaN: no norm on an unmeasured step)
+    summaries = store.rank_summaries(JOB)
+    expected = [
+        (rank, d.step, d.scalars["time/step_s"], d.scalars["time/before_backward_s"], d.scalars["mem/rss_bytes"])
+        for rank in range(2)
+        for d in sent[rank]
+    ]
+    got = list(
+        zip(
+            summaries.rank.tolist(),
+            summaries.step.tolist(),
+            summaries.step_s.tolist(),
+            summaries.before_backward_s.tolist(),
+            summaries.memory_bytes.tolist(),
+        )
+    )
+    assert got == expected
+    norms = [d.scalars.get("grad_norm_total", np.nan) for rank in range(2) for d in sent[rank]]
+    np.testing.assert_array_equal(summaries.local_norm, np.array(norms))
+    assert store.rank_summaries(JOB, 5, 6).step.tolist() == [5, 6, 5, 6]
     # the job's own rows are whole, as assembled from the rows now pruned
     fresh, _ = seeded(tmp_path / "whole.db", 12, desync_at=3)
     fresh.assemble(JOB, 30.0, 0.0, memory=JobMemory())

@@ -18,7 +18,7 @@ def diagnostics(run: RunDep, engine: DiagnosticsDep) -> list[Finding]:
     missing or stale is diagnosed from its stored steps on this request. A rank's run of a
     distributed job has none (its job's run has the findings).
     """
-    if run.parent_id is not None:
+    if run.kind == "rank":
         return []  # a rank's run is not diagnosed: its job's run is, on the assembled steps
     found = engine.findings(run.id, steps=run.steps, running=run.status == "running")
     return [Finding.model_validate(f.to_dict()) for f in found]

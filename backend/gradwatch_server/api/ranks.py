@@ -7,9 +7,9 @@ from typing import Annotated, Literal
 from fastapi import APIRouter, HTTPException, Query
 
 from ..deps import JobsDep, RunDep, SettingsDep, StoreDep
-from ..job_ranks import NotAJob, job_ranks
+from ..jobs.rank_spread import spread
+from ..jobs.ranks import NotAJob, job_ranks
 from ..models import RankOutlierPublic, RankSpreadPublic, RanksPublic
-from ..rank_spread import spread
 
 router = APIRouter(prefix="/runs/{run_id}", tags=["runs"])
 

@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from ..assemble import DESYNC_METRIC
+from ..jobs.assemble import DESYNC_METRIC
 from ..protocol import GRAD_STATUS, absent_mask
 
 # grad_status codes (docs/protocol.md)
@@ -128,7 +128,7 @@ class StepView:
     #: `np.nan_to_num(passes)`, made once: three checks read it (a NaN count is not above 0)
     passes_known: np.ndarray | None = None
     #: A distributed job's step: per parameter, how many ranks' gradient differs from rank 0's
-    #: (assemble.py; NaN where the rule does not apply); None elsewhere.
+    #: (jobs/assemble.py; NaN where the rule does not apply); None elsewhere.
     desync: np.ndarray | None = None
     #: `update_ratio` per parameter (NaN where ABSENT) when the hook measured updates (`updates=True`)
     update_ratio: np.ndarray | None = None

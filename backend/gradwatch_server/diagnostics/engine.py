@@ -20,7 +20,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 
 import numpy as np
 
-from ..assemble import DESYNC_PREFIX
+from ..jobs.assemble import DESYNC_PREFIX
 from ..store import DiagnosisMark, StepData, Store, StoredFinding, UnknownRun
 from .amp import AmpSkippedSteps
 from .check import Check

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..assemble import DESYNC_PREFIX
+from ..jobs.assemble import DESYNC_PREFIX
 from .check import Check
 from .data import RunContext, StepView
 from .finding import Figure, Finding, name_list, plural
@@ -13,7 +13,7 @@ from .finding import Figure, Finding, name_list, plural
 class RankDesync(Check):
     """`rank_desync` (error): after DDP's synchronisation, a rank's gradient differs from rank 0's.
 
-    Evidence, written by the assembly of a job's step (assemble.py, where every rank's local
+    Evidence, written by the assembly of a job's step (jobs/assemble.py, where every rank's local
     norms are at hand): per parameter whose piece is the full tensor on every rank (a DDP
     replica), the number of ranks whose local `grad_norm` differs from rank 0's beyond float
     tolerance (relative 1e-5, absolute 1e-12) or whose `grad_status` differs (`desync_ranks`),

@@ -26,6 +26,7 @@ from sqlalchemy import Connection, Engine
 from sqlalchemy.exc import IntegrityError, OperationalError
 
 from .. import blocks, migrations, tails
+from ..jobs.memory import JobMemory
 from ..protocol import Hello
 from . import engine as _engine
 from . import findings as _findings
@@ -37,7 +38,7 @@ from . import spread as _spread
 from . import steps as _steps
 from .blocks_sql import backfill_blocks
 from .engine import create_db_engine, display_url
-from .jobs import Assembly, JobMemory, OpenedRank
+from .jobs import Assembly, OpenedRank, RankSummaries
 from .ranks import PartialRange
 from .records import (
     RUN_STATUSES,
@@ -73,6 +74,7 @@ __all__ = [
     "Param",
     "PartialRange",
     "ParamsMismatch",
+    "RankSummaries",
     "Run",
     "StepData",
     "StoredStep",
@@ -190,6 +192,14 @@ class Store:
         with self._read() as conn:
             return _spread.rank_scalars(conn, job, key, window)
 
+    def rank_summaries(self, job: str, first: int | None = None, last: int | None = None) -> RankSummaries:
+        """The summaries of a job's rank steps (rank_summaries) in steps `first`..`last`, as
+        arrays by (rank, step) (jobs.rank_summaries)."""
+        if not storable(job):
+            return _jobs.RankSummaries.empty()
+        with self._read() as conn:
+            return _jobs.rank_summaries(conn, job, first, last)
+
     def lost_ranks(
         self, job: str, rank_timeout: float, since: float | None = None, memory: JobMemory | None = None
     ) -> list[int]:
@@ -302,7 +312,7 @@ class Store:
     ) -> list[bool]:
         """Store step messages in one transaction; per message, False if it was stored already
         (steps.write_steps). `notify` (PostgreSQL, `serve --workers N`) names the NOTIFY to send
-        in that transaction. `rank_run`: a rank's own run of a job (no per-parameter blocks)."""
+        in that transaction. `rank_run`: a rank's own run of a job (no blocks)."""
         with self._write() as conn:
             written = _steps.write_steps(
                 conn, run_id, batch, self._clock(), self._known_names, self._tails, notify, param_blocks=not rank_run

@@ -50,7 +50,7 @@ def update_blocks(
     `stored`: every stored step of the smallest blocks to recompute, when the store has them in
     memory (tails.py); then the raw rows are not read back. Blocks never closed before (numbered
     from `closed(size, before)` on) were never written, so they need no delete. `kinds`: the
-    kinds of series that get blocks (a rank's run: its scalars only)."""
+    kinds of series that get blocks."""
     todo = blocks.dirty(new_steps, before, after)
     if not todo[blocks.SIZES[0]]:
         return

@@ -4,7 +4,7 @@ ranks' stored steps into the job's run (docs/protocol.md, "Distributed training"
 Each rank streams into its own run `JOB.rRANK` through the ordinary ingest path; `assemble`
 then writes into the job's run `JOB`, through the same `write_steps` as any run, every step
 that every waited-for rank has and the job's run lacks, in step order (the combination itself:
-assemble.py). A step stored without a lost rank (`partial_steps`) is assembled again, in place,
+jobs/assemble.py). A step stored without a lost rank (`partial_steps`) is assembled again, in place,
 once every rank it missed has stored it (a dead rank's spool replayed by `gradwatch sync`, a
 rank that was only slow): the job's values become exact and the step is no longer partial. It runs in one transaction that first locks the job's row (FOR UPDATE on
 PostgreSQL; SQLite has one writer), so ranks that land on different workers never assemble a
@@ -14,7 +14,6 @@ step twice.
 from __future__ import annotations
 
 import json
-import threading
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -22,11 +21,12 @@ from typing import Any
 import numpy as np
 from sqlalchemy import Connection, delete, insert, select, update
 
-from .. import assemble as _assemble
 from .. import tails
-from ..hearing import Hearing
-from ..protocol import Hello, array_dtype
+from ..jobs import assemble as _assemble
+from ..jobs.memory import JobMemory
+from ..protocol import Hello
 from ..schema import param_metrics, params, partial_steps, runs, scalars, steps
+from ..schema import rank_summaries as rank_summaries_table
 from .records import OpenedRun, ParamsMismatch, Run, StepData, StepRecord
 from .runs import get_series_names, open_run, to_run
 from .steps import NotifyInTransaction, SeriesName, Written, _fill, write_steps
@@ -35,71 +35,14 @@ from .steps import NotifyInTransaction, SeriesName, Written, _fill, write_steps
 ASSEMBLE_CHUNK = 512
 
 
-#: Most bytes of the ranks' pieces a job's memory keeps (1,024 ranks of 700 tensors: about 12
-#: steps); past it a rank's step is not kept, and its assembly reads the rank's stored rows back,
-#: as after a restart. The oldest steps, which the assembly needs first, stay.
-MEMORY_BYTES = 256 * 2**20
-
-
 #: Steps behind the job's last one whose per-parameter rows each rank's run keeps whole: the
 #: Ranks view's recent window. Before it, a rank's per-parameter rows are kept only where they
 #: tell what the job's global row cannot: its steps of a `rank_desync` (the job's step has
 #: `dist/desync/rR` scalars) and those the job still misses a rank on (a partial step is
-#: assembled again from them). Its scalars (step time, time before backward, memory) stay.
+#: assembled again from them). Its scalars go with them; its summary (rank_summaries) stays.
 RANK_WINDOW = 100
 #: Rank rows are pruned in one statement per this many assembled steps.
 PRUNE_EVERY = 25
-
-
-@dataclass(frozen=True)
-class _Sent:
-    """One rank's step as its connection stored it, arrays decoded once (views of its bytes)."""
-
-    time: float
-    scalars: dict[str, float]
-    arrays: dict[str, np.ndarray]
-    size: int  # bytes of its arrays
-
-
-class JobMemory:
-    """What the process that assembles a job keeps between its assemblies, so that an assembly
-    reads back neither the ranks' parameter lists (per rank's run: which pieces count, which are
-    the full tensor) nor the steps the ranks' connections stored through this process (the
-    ranks' stored rows are read only for what it does not hold: steps stored before a restart,
-    through another worker, or beyond MEMORY_STEPS). Shared by the event loop, which adds
-    steps, and the assembly's thread: a lock guards the steps."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._steps: dict[int, dict[int, _Sent]] = {}  # step -> rank -> its piece
-        self._bytes = 0
-        self.counted: dict[str, np.ndarray] = {}  # rank's run id -> whether each piece counts
-        self.full: dict[str, np.ndarray] = {}  # rank's run id -> whether each piece is the whole tensor
-        self.pruned_through = 0  # the ranks' per-parameter rows up to here are pruned (`_prune`)
-        self.heard = Hearing()  # what this process hears of the ranks before the store does
-
-    def add(self, rank: int, batch: Sequence[StepData]) -> None:
-        """A rank's connection stored `batch` (committed): keep its pieces until assembled."""
-        with self._lock:
-            for d in batch:
-                size = sum(len(raw) for raw in d.arrays.values())
-                if self._bytes + size > MEMORY_BYTES:
-                    return
-                arrays = {m: np.frombuffer(raw, dtype=array_dtype(m)) for m, raw in d.arrays.items()}
-                old = self._steps.setdefault(d.step, {}).get(rank)
-                self._steps[d.step][rank] = _Sent(d.time, dict(d.scalars), arrays, size)
-                self._bytes += size - (0 if old is None else old.size)
-
-    def take(self, rank: int, step: int) -> _Sent | None:
-        with self._lock:
-            return self._steps.get(step, {}).get(rank)
-
-    def forget_through(self, step: int) -> None:
-        """Steps up to `step` are assembled: their pieces are not needed again (a partial step
-        completed later reads its ranks' stored rows)."""
-        with self._lock:
-            for s in [s for s in self._steps if s <= step]:
-                self._bytes -= sum(sent.size for sent in self._steps.pop(s).values())
 
 
 @dataclass(frozen=True)
@@ -149,10 +92,10 @@ def open_rank(conn: Connection, hello: Hello, now: float) -> OpenedRank:
     dist = hello.dist
     assert dist is not None
     job = conn.execute(
-        select(runs.c.status, runs.c.world_size, runs.c.parent_id).where(runs.c.id == dist.job).with_for_update()
+        select(runs.c.status, runs.c.world_size, runs.c.kind).where(runs.c.id == dist.job).with_for_update()
     ).one_or_none()
     if job is not None:
-        if job.world_size is None or job.parent_id is not None:
+        if job.kind != "job":
             raise ParamsMismatch(
                 f"run {dist.job!r} exists and is not a distributed job's run; give the job another run id"
             )
@@ -318,12 +261,12 @@ def assemble(
     (one that never said hello, at `since`): when the caller's process first saw the job (server
     time: the job's `created_at` is the hook's clock)."""
     parent: Any = conn.execute(
-        select(runs.c.status, runs.c.world_size, runs.c.last_seq, runs.c.last_step, runs.c.steps, runs.c.parent_id)
+        select(runs.c.status, runs.c.world_size, runs.c.last_seq, runs.c.last_step, runs.c.steps, runs.c.kind)
         .where(runs.c.id == job)
         .with_for_update()
     ).one_or_none()
     done = Assembly()
-    if parent is None or parent.world_size is None or parent.parent_id is not None:
+    if parent is None or parent.kind != "job":
         return done
     memory = JobMemory() if memory is None else memory
     done.steps_before = parent.steps
@@ -397,17 +340,21 @@ def _write(
     notify: NotifyInTransaction | None,
     done: Assembly,
     memory: JobMemory,
+    summarize: dict[int, list[int]] | None = None,
 ) -> None:
+    """Combine and store the steps `ready`, and each combined rank step's summary (`summarize`:
+    only those of these ranks, by step; None: every rank's)."""
     run_ids = [r.run_id for r in present if r.run_id is not None]
+    by_rank = {r.rank: r.run_id for r in present if r.run_id is not None}
     counted, replicated = _pieces_info(conn, run_ids, memory)
-    by_step: dict[int, list[_assemble.Piece]] = {s: [] for s in ready}
+    by_step: dict[int, list[_assemble.RankStep]] = {s: [] for s in ready}
     for r in present:
         wanted = [s for s in ready if s in sets.get(r.rank, ())]
         if not wanted or r.run_id is None:
             continue
         for record in _pieces(conn, r.rank, r.run_id, wanted, memory):
             by_step[record.step].append(
-                _assemble.Piece(r.rank, record.time, record.scalars, record.arrays, counted[r.run_id])
+                _assemble.RankStep(r.rank, record.time, record.scalars, record.arrays, counted[r.run_id])
             )
     batch: list[StepData] = []
     missing: dict[int, list[int]] = {}
@@ -424,6 +371,15 @@ def _write(
             missing[s] = absent
     done.written = write_steps(conn, job, batch, now, known, run_tails, notify)
     done.steps = [d for d, new in zip(batch, done.written.stored) if new]
+    rows = [
+        summary(by_rank[p.rank], s, p)
+        for d in done.steps
+        for s in [d.step]
+        for p in by_step[s]
+        if summarize is None or p.rank in summarize.get(s, ())
+    ]
+    if rows:
+        conn.execute(insert(rank_summaries_table), rows)
     done.partial = {d.step: missing[d.step] for d in done.steps if d.step in missing}
     if done.partial:
         conn.execute(
@@ -432,9 +388,47 @@ def _write(
         )
 
 
+#: What a rank's summary takes from its step's scalars (rank_summaries' columns).
+STEP_S, BEFORE_BACKWARD_S, RSS_BYTES, LOCAL_NORM = (
+    "time/step_s",
+    "time/before_backward_s",
+    "mem/rss_bytes",
+    "grad_norm_total",
+)
+
+
+def summary(run_id: str, step: int, piece: _assemble.RankStep) -> dict[str, Any]:
+    """A rank step's summary row: its step time, time before backward, memory (the allocated
+    bytes of its lowest CUDA device, else its resident memory: what the Ranks section draws per
+    rank) and local total gradient norm (None where not sent: an unmeasured step has no norm).
+    Non-finite values are stored as NULL: a summary is for spread and outliers, the rank's own
+    rows (while kept) and the job's step have the exact values."""
+    values = piece.scalars
+    allocated = sorted(
+        (int(k.split(":")[1].split("/")[0]), v)
+        for k, v in values.items()
+        if k.startswith("mem/cuda:") and k.endswith("/allocated") and k.split(":")[1].split("/")[0].isdigit()
+    )
+    memory = allocated[0][1] if allocated else values.get(RSS_BYTES)
+
+    def finite(x: float | None) -> float | None:
+        return x if x is not None and np.isfinite(x) else None
+
+    return {
+        "run_id": run_id,
+        "step": step,
+        "time": piece.time,
+        "step_s": finite(values.get(STEP_S)),
+        "before_backward_s": finite(values.get(BEFORE_BACKWARD_S)),
+        "memory_bytes": finite(memory),
+        "local_norm": finite(values.get(LOCAL_NORM)),
+    }
+
+
 def _prune(conn: Connection, job: str, run_ids: Sequence[str], last_step: int, memory: JobMemory) -> None:
-    """Delete the ranks' per-parameter rows of the steps more than RANK_WINDOW behind the job's
-    last step, but those of its partial steps and of its `rank_desync` steps (RANK_WINDOW), at
+    """Delete the ranks' per-parameter rows and scalars of the steps more than RANK_WINDOW behind
+    the job's last step (their summaries stay), but those of its partial steps and of its
+    `rank_desync` steps (RANK_WINDOW), at
     most once per PRUNE_EVERY steps, in the assembly's transaction: what the job's run stores
     is committed with it."""
     lo, hi = memory.pruned_through, last_step - RANK_WINDOW
@@ -445,15 +439,16 @@ def _prune(conn: Connection, job: str, run_ids: Sequence[str], last_step: int, m
         scalars.c.run_id == job, scalars.c.key.startswith(_assemble.DESYNC_PREFIX), scalars.c.step.between(lo, hi)
     )
     for at in range(0, len(run_ids), ASSEMBLE_CHUNK):
-        conn.execute(
-            delete(param_metrics).where(
-                param_metrics.c.run_id.in_(run_ids[at : at + ASSEMBLE_CHUNK]),
-                param_metrics.c.step > lo,
-                param_metrics.c.step <= hi,
-                param_metrics.c.step.not_in(partial),
-                param_metrics.c.step.not_in(desync),
+        for table in (param_metrics, scalars):
+            conn.execute(
+                delete(table).where(
+                    table.c.run_id.in_(run_ids[at : at + ASSEMBLE_CHUNK]),
+                    table.c.step > lo,
+                    table.c.step <= hi,
+                    table.c.step.not_in(partial),
+                    table.c.step.not_in(desync),
+                )
             )
-        )
     memory.pruned_through = hi
 
 
@@ -502,7 +497,10 @@ def _complete(
     conn.execute(update(runs).where(runs.c.id == job).values(steps=runs.c.steps - len(complete)))
     last_seq = conn.execute(select(runs.c.last_seq).where(runs.c.id == job)).scalar_one()
     again = Assembly()
-    _write(conn, job, world_size, last_seq, complete, present, sets, now, known, run_tails, None, again, memory)
+    late_ranks = {int(r.step): [int(x) for x in json.loads(r.missing)] for r in rows}  # the others' are stored
+    _write(
+        conn, job, world_size, last_seq, complete, present, sets, now, known, run_tails, None, again, memory, late_ranks
+    )
     done.completed = [d.step for d in again.steps]
     if again.written is not None:
         if done.written is not None:
@@ -512,13 +510,7 @@ def _complete(
 
 def running_jobs(conn: Connection) -> list[str]:
     """The jobs' runs that are running (their ranks may still send, or be lost)."""
-    return list(
-        conn.execute(
-            select(runs.c.id).where(
-                runs.c.status == "running", runs.c.world_size.is_not(None), runs.c.parent_id.is_(None)
-            )
-        ).scalars()
-    )
+    return list(conn.execute(select(runs.c.id).where(runs.c.status == "running", runs.c.kind == "job")).scalars())
 
 
 def rank_runs(conn: Connection, job: str) -> list[Run]:
@@ -526,16 +518,45 @@ def rank_runs(conn: Connection, job: str) -> list[Run]:
     return [to_run(r) for r in conn.execute(select(runs).where(runs.c.parent_id == job).order_by(runs.c.rank))]
 
 
-def get_partial_steps(conn: Connection, job: str) -> list[tuple[int, list[int]]]:
-    """The job's steps assembled without some rank: (step, the missing ranks), by step."""
-    return [
-        (int(r.step), [int(x) for x in json.loads(r.missing)])
-        for r in conn.execute(
-            select(partial_steps.c.step, partial_steps.c.missing)
-            .where(partial_steps.c.run_id == job)
-            .order_by(partial_steps.c.step)
-        )
-    ]
+@dataclass(frozen=True)
+class RankSummaries:
+    """Rank step summaries as arrays, one entry per (rank, step) stored, by rank then step; NaN
+    where a value was not sent (or not finite)."""
+
+    rank: np.ndarray  # int32
+    step: np.ndarray  # int64
+    time: np.ndarray  # float64, and the four below
+    step_s: np.ndarray
+    before_backward_s: np.ndarray
+    memory_bytes: np.ndarray
+    local_norm: np.ndarray
+
+    @staticmethod
+    def empty() -> RankSummaries:
+        f = np.zeros(0)
+        return RankSummaries(np.zeros(0, np.int32), np.zeros(0, np.int64), f, f, f, f, f)
+
+
+def rank_summaries(conn: Connection, job: str, first: int | None = None, last: int | None = None) -> RankSummaries:
+    """The job's rank step summaries in steps `first`..`last` (either None: unbounded): one
+    query, read as plain rows into arrays."""
+    s = rank_summaries_table.c
+    where = [runs.c.parent_id == job]
+    if first is not None:
+        where.append(s.step >= first)
+    if last is not None:
+        where.append(s.step <= last)
+    rows = conn.execute(
+        select(runs.c.rank, s.step, s.time, s.step_s, s.before_backward_s, s.memory_bytes, s.local_norm)
+        .select_from(rank_summaries_table.join(runs, runs.c.id == s.run_id))
+        .where(*where)
+        .order_by(runs.c.rank, s.step)
+    ).all()
+    if not rows:
+        return RankSummaries.empty()
+    cols = list(zip(*rows))
+    floats = [np.array([np.nan if v is None else v for v in c], dtype=np.float64) for c in cols[2:]]
+    return RankSummaries(np.array(cols[0], np.int32), np.array(cols[1], np.int64), *floats)
 
 
 def lost_ranks(
@@ -550,7 +571,7 @@ def lost_ranks(
     `since` at the earliest: when the asking process first saw the job (None: the job's start,
     the hook's clock); `memory`: what that process heard of the ranks."""
     parent = conn.execute(
-        select(runs.c.world_size, runs.c.created_at).where(runs.c.id == job, runs.c.parent_id.is_(None))
+        select(runs.c.world_size, runs.c.created_at).where(runs.c.id == job, runs.c.kind == "job")
     ).one_or_none()
     if parent is None or parent.world_size is None:
         return []

@@ -1,5 +1,5 @@
 """A distributed job's partial steps as ranges (docs/api.md, Ranks): the steps of the job's run
-assembled without some rank, grouped by the database. The writes belong to the assembly (jobs.py)."""
+assembled without some rank, grouped by the database. The writes belong to the assembly (store/jobs.py)."""
 
 from __future__ import annotations
 

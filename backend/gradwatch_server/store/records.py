@@ -30,6 +30,10 @@ class UnknownRun(StoreError):
     """No run has this id."""
 
 
+#: A run's kinds (runs.kind): one process's run, a distributed job's parent run, one rank's run.
+RUN_KINDS = ("run", "job", "rank")
+
+
 @dataclass(frozen=True)
 class Run:
     id: str
@@ -51,6 +55,8 @@ class Run:
     parent_id: str | None = None
     rank: int | None = None
     world_size: int | None = None
+    #: What the run is (RUN_KINDS): "run" (one process), "job" (a job's parent) or "rank".
+    kind: str = "run"
     tags: list[str] = field(default_factory=list)
     #: Stored findings by severity ({"error": n, "warning": n, "info": n}).
     findings: dict[str, int] = field(default_factory=no_findings)

@@ -7,7 +7,7 @@ import json
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from sqlalchemy import ColumnElement, Connection, delete, func, insert, or_, select, update
+from sqlalchemy import ColumnElement, Connection, bindparam, delete, func, insert, or_, select, update
 
 from ..protocol import Hello
 from ..schema import deleted_runs, findings, groups, params, run_tags, runs, series_names
@@ -24,14 +24,16 @@ from .records import (
 from .rows import plain_rows
 from .values import shape
 
+_LOCK_RUN = (
+    select(runs.c.last_seq, runs.c.status, runs.c.last_step, runs.c.steps)
+    .where(runs.c.id == bindparam("run_id"))
+    .with_for_update()
+)  # built once: it runs for every stored batch
+
 
 def lock_run(conn: Connection, run_id: str) -> Any:
     """The run's row, locked for this transaction (FOR UPDATE on PostgreSQL)."""
-    row = conn.execute(
-        select(runs.c.last_seq, runs.c.status, runs.c.last_step, runs.c.steps)
-        .where(runs.c.id == run_id)
-        .with_for_update()
-    ).one_or_none()
+    row = conn.execute(_LOCK_RUN, {"run_id": run_id}).one_or_none()
     if row is None:
         raise UnknownRun(f"no run {run_id!r}")
     return row
@@ -57,9 +59,9 @@ def open_run(
     run_id = info.id if run_id is None else run_id
     pieces = parent_id is not None
     existing = conn.execute(
-        select(runs.c.status, runs.c.world_size).where(runs.c.id == run_id).with_for_update()
+        select(runs.c.status, runs.c.kind).where(runs.c.id == run_id).with_for_update()
     ).one_or_none()
-    if existing is not None and world_size is None and existing.world_size is not None:
+    if existing is not None and world_size is None and existing.kind != "run":
         raise ParamsMismatch(
             f"run {run_id!r} is a distributed job's run: only its ranks write to it (a hello with "
             '"dist"); give this run another id'
@@ -94,6 +96,7 @@ def open_run(
                 parent_id=parent_id,
                 rank=rank,
                 world_size=world_size,
+                kind="rank" if parent_id is not None else "job" if world_size is not None else "run",
             )
         )
         if hello.params:
@@ -213,7 +216,7 @@ def runs_to_collect(
     and of `project`, for each one given."""
     where: list[ColumnElement[bool]] = [
         runs.c.status != "running",
-        runs.c.parent_id.is_(None),
+        runs.c.kind != "rank",
     ]  # ranks' runs go with their job's
     if created_before is not None:
         where.append(runs.c.created_at < created_before)
@@ -235,7 +238,7 @@ def list_runs(
     """Matching runs, newest first, and how many match in all; each with its tags and
     findings counts (two more queries for the page, not two per run). A rank's run of a
     distributed job is never listed: its job's run stands for it."""
-    where: list[ColumnElement[bool]] = [runs.c.parent_id.is_(None)]
+    where: list[ColumnElement[bool]] = [runs.c.kind != "rank"]
     if project is not None:
         where.append(runs.c.project == project)
     if status is not None:
@@ -254,13 +257,7 @@ def list_runs(
 
 def running_run_ids(conn: Connection) -> list[str]:
     """The running runs a hook streams to: a job's run is left out (its ranks' runs stand for it)."""
-    return list(
-        conn.execute(
-            select(runs.c.id).where(
-                runs.c.status == "running", or_(runs.c.world_size.is_(None), runs.c.parent_id.is_not(None))
-            )
-        ).scalars()
-    )
+    return list(conn.execute(select(runs.c.id).where(runs.c.status == "running", runs.c.kind != "job")).scalars())
 
 
 def get_params(conn: Connection, run_id: str) -> list[Param]:

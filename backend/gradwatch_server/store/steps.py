@@ -7,7 +7,7 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
-from sqlalchemy import Connection, Engine, case, func, insert, or_, select, update
+from sqlalchemy import BindParameter, Connection, Engine, bindparam, case, func, insert, or_, select, update
 
 from .. import tails
 from ..protocol import array_dtype
@@ -26,6 +26,29 @@ NotifyInTransaction = Callable[[Sequence[StepData]], tuple[str, str] | None]
 
 #: A series name the store knows is stored: (run id, kind, name).
 SeriesName = tuple[str, str, str]
+
+
+#: The statements every stored batch runs, built once: building one costs more than SQLite's
+#: work on it (a rank's frame of a large job is stored in a transaction of its own).
+_STORED_STEPS = select(steps.c.step).where(
+    steps.c.run_id == bindparam("run_id"), steps.c.step.in_(bindparam("steps", expanding=True))
+)
+_TOP: BindParameter[int] = bindparam("top")
+_ADVANCE = (
+    update(runs)
+    .where(runs.c.id == bindparam("run_id"))
+    .values(
+        last_seq=bindparam("seq_now"),
+        steps=runs.c.steps + bindparam("new"),
+        last_step=case((or_(runs.c.last_step.is_(None), runs.c.last_step < _TOP), _TOP), else_=runs.c.last_step),
+        updated_at=bindparam("now"),
+    )
+)
+_ADVANCE_SEQ = (
+    update(runs)
+    .where(runs.c.id == bindparam("run_id"))
+    .values(last_seq=bindparam("seq_now"), updated_at=bindparam("now"))
+)
 
 
 @dataclass
@@ -49,8 +72,8 @@ def write_steps(
     param_blocks: bool = True,
 ) -> Written:
     """Store step messages in the caller's transaction; per message, False if it was stored already.
-    Without `param_blocks` (a rank's run of a job, whose per-parameter rows are kept for a recent
-    window only: store/jobs.py) its per-parameter series get no blocks, its scalars do.
+    Without `param_blocks` (a rank's run of a job, whose rows are kept for a recent window only:
+    store/jobs.py; its summaries for the whole job) its series get no blocks.
 
     A message is skipped when its seq is not above the run's committed seq, or its step is
     stored (then only the committed seq advances): resending is harmless.
@@ -68,9 +91,7 @@ def write_steps(
     if not fresh:
         return Written(stored)
     have = set(
-        conn.execute(
-            select(steps.c.step).where(steps.c.run_id == run_id, steps.c.step.in_({batch[i].step for i in fresh}))
-        ).scalars()
+        conn.execute(_STORED_STEPS, {"run_id": run_id, "steps": sorted({batch[i].step for i in fresh})}).scalars()
     )
     for i in fresh:
         if batch[i].step not in have:
@@ -95,31 +116,14 @@ def write_steps(
     after = last_step_before if top is None else top if last_step_before is None else max(top, last_step_before)
     tail = run_tails.get(run_id, (locked.steps, last_step_before, locked.last_seq))
     tail = tail if tails.covers(tail, new) else None
-    if top is not None:
+    if top is not None and param_blocks:
         update_blocks(
-            conn,
-            run_id,
-            [d.step for d in new],
-            last_step_before,
-            after,
-            None if tail is None else (*tail.steps, *new),
-            kinds=("param", "scalar") if param_blocks else ("scalar",),
+            conn, run_id, [d.step for d in new], last_step_before, after, None if tail is None else (*tail.steps, *new)
         )
-    last_step = (
-        runs.c.last_step
-        if top is None
-        else case((or_(runs.c.last_step.is_(None), runs.c.last_step < top), top), else_=runs.c.last_step)
-    )
-    conn.execute(
-        update(runs)
-        .where(runs.c.id == run_id)
-        .values(
-            last_seq=last_seq,
-            steps=runs.c.steps + len(new),
-            last_step=last_step,
-            updated_at=now,
-        )
-    )
+    if top is None:
+        conn.execute(_ADVANCE_SEQ, {"run_id": run_id, "seq_now": last_seq, "now": now})
+    else:
+        conn.execute(_ADVANCE, {"run_id": run_id, "seq_now": last_seq, "new": len(new), "top": top, "now": now})
     return Written(
         stored,
         names,

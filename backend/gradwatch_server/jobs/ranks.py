@@ -3,8 +3,9 @@ its partial steps (docs/api.md, Ranks)."""
 
 from __future__ import annotations
 
-from .models import PartialPublic, PartialRangePublic, RankPublic, RanksPublic
-from .store import JobMemory, PartialRange, Run, Store
+from ..models import PartialPublic, PartialRangePublic, RankPublic, RanksPublic
+from ..store import PartialRange, Run, Store
+from .memory import JobMemory
 
 
 class NotAJob(ValueError):
@@ -12,8 +13,8 @@ class NotAJob(ValueError):
 
 
 def is_job(run: Run) -> bool:
-    """A distributed job's run: it has a world size and is no rank's own run."""
-    return run.world_size is not None and run.parent_id is None
+    """A distributed job's parent run (not one rank's own run)."""
+    return run.kind == "job"
 
 
 def left_behind(ranks: list[Run], ranges: list[PartialRange]) -> set[int]:
@@ -42,7 +43,7 @@ def job_ranks(
     `Store.lost_ranks`), or when it was left behind (`left_behind`: it crashed or timed out and
     the job went on without it). `memory`: what the asking process heard of the ranks (a rank
     queued behind its writer is slow, not lost)."""
-    if run.parent_id is not None:
+    if run.kind == "rank":
         raise NotAJob(
             f"run {run.id!r} is rank {run.rank} of job {run.parent_id!r}: "
             f"GET /api/runs/{run.parent_id}/ranks lists the job's ranks"

@@ -26,11 +26,12 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 
-from .diagnostics import Diagnostics, Finding
-from .live import LiveHub
-from .notify import Notifier, RunRef, tell
-from .protocol import GRAD_STATUS, PROTOCOL_VERSION, Step
-from .store import JobMemory, StepData, Store, UnknownRun
+from ..diagnostics import Diagnostics, Finding
+from ..live import LiveHub
+from ..notify import Notifier, RunRef, tell
+from ..protocol import GRAD_STATUS, PROTOCOL_VERSION, Step
+from ..store import StepData, Store, UnknownRun
+from .memory import JobMemory
 
 log = logging.getLogger("gradwatch.jobs")
 

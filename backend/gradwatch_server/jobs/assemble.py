@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .protocol import ABSENT_BITS, GRAD_STATUS, absent_mask
+from ..protocol import ABSENT_BITS, GRAD_STATUS, absent_mask
 
 #: The per-parameter metric a job's run stores for `rank_desync`: per parameter, how many ranks'
 #: local gradient differs from rank 0's (0: in sync; ABSENT: the rule does not apply, the
@@ -41,7 +41,7 @@ _MAX_KEYS = frozenset({"mem/rss_bytes"})
 
 
 @dataclass
-class Piece:
+class RankStep:
     """One rank's stored step: its scalars, its per-parameter arrays (float32, or uint8 for
     grad_status) and, per parameter, whether its piece counts toward the global value."""
 
@@ -146,7 +146,7 @@ def _ratio(update: np.ndarray, before: np.ndarray) -> np.ndarray:
     return out
 
 
-def combine_scalars(pieces: Sequence[Piece]) -> dict[str, float]:
+def combine_scalars(pieces: Sequence[RankStep]) -> dict[str, float]:
     """Scalars by key family: memory of params, grads and optimizer state summed (left out
     where some rank did not send it, e.g. the optimizer's bytes from a rank that did not
     measure: a sum of fewer ranks would understate the job's footprint); the rank's own memory,
@@ -170,7 +170,7 @@ def measured(arrays: Mapping[str, np.ndarray]) -> bool:
     return GRAD_STATUS in arrays or "grad_norm" in arrays
 
 
-def job_measured(pieces: Sequence[Piece]) -> bool:
+def job_measured(pieces: Sequence[RankStep]) -> bool:
     """Whether the job's step is measured: every rank present that holds a counted piece
     measured it (a DDP rank whose pieces all count elsewhere need not). Otherwise the global
     norms and status of the pieces it holds are unknown, and the step is stored unmeasured."""
@@ -183,7 +183,7 @@ def _is_gradient_metric(metric: str) -> bool:
     return metric.endswith("_norm") or metric in ("update_ratio", GRAD_STATUS)
 
 
-def combine(pieces: Sequence[Piece]) -> Assembled:
+def combine(pieces: Sequence[RankStep]) -> Assembled:
     """The global step of the ranks' `pieces` (at least one, in rank order).
 
     An unmeasured job step (`job_measured`) has the cheap facts only: no norms, no status, no
@@ -227,7 +227,7 @@ def combine(pieces: Sequence[Piece]) -> Assembled:
     return result
 
 
-def _not_sent(pieces: Sequence[Piece], metric: str) -> np.ndarray | None:
+def _not_sent(pieces: Sequence[RankStep], metric: str) -> np.ndarray | None:
     """Where a norm of a measured step cannot be known: the parameters whose counted piece is on
     a rank that did not send `metric`. Their global norm is ABSENT rather than the sum of the
     other pieces, which would be too small."""
@@ -251,7 +251,7 @@ def _same(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     return same
 
 
-def desync(pieces: Sequence[Piece], replicated: np.ndarray) -> tuple[np.ndarray, dict[int, int]] | None:
+def desync(pieces: Sequence[RankStep], replicated: np.ndarray) -> tuple[np.ndarray, dict[int, int]] | None:
     """For `rank_desync`: per parameter, how many ranks' local gradient differs from rank 0's
     (grad_norm beyond tolerance, or grad_status), over the `replicated` parameters (the full
     tensor on every rank: DDP); and per differing rank, on how many parameters. Only the ranks
@@ -280,7 +280,7 @@ def desync(pieces: Sequence[Piece], replicated: np.ndarray) -> tuple[np.ndarray,
     return out, ranks
 
 
-def with_desync(step: Assembled, pieces: Sequence[Piece], replicated: np.ndarray) -> Assembled:
+def with_desync(step: Assembled, pieces: Sequence[RankStep], replicated: np.ndarray) -> Assembled:
     """`step` with the `rank_desync` evidence added (DESYNC_METRIC, DESYNC_PREFIX scalars); none
     on an unmeasured step, whose gradients are not judged."""
     found = desync(pieces, replicated) if measured(step.arrays) else None

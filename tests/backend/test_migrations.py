@@ -1,0 +1,96 @@
+"""Schema migrations (gradwatch_server/migrations): a database written by an older version opens,
+is upgraded in place, and keeps what it held."""
+
+from __future__ import annotations
+
+import json
+from importlib import resources
+
+import pytest
+from alembic import command
+from alembic.config import Config
+from sqlalchemy import text
+
+from gradwatch_server.protocol import Hello, parse_message
+from gradwatch_server.store import create_db_engine, open_store
+from support.wiremsg import hello, rank_hello
+
+pytestmark = pytest.mark.unit
+
+
+def _at_revision(url: str, revision: str) -> None:
+    """Create the schema of `revision` only, as that version of gradwatch-server left it."""
+    config = Config()
+    config.set_main_option("script_location", str(resources.files("gradwatch_server.migrations")))
+    engine = create_db_engine(url)
+    with engine.begin() as connection:
+        config.attributes["connection"] = connection
+        command.upgrade(config, revision)
+    engine.dispose()
+
+
+def _run_row(run_id: str, parent_id: str | None, rank: int | None, world_size: int | None) -> dict[str, object]:
+    return {
+        "id": run_id,
+        "name": run_id,
+        "project": "p",
+        "status": "finished",
+        "created_at": 1.0,
+        "updated_at": 2.0,
+        "last_seq": 0,
+        "steps": 0,
+        "param_count": 0,
+        "param_numel": 0,
+        "config": "{}",
+        "parent_id": parent_id,
+        "rank": rank,
+        "world_size": world_size,
+    }
+
+
+def test_a_0006_database_gets_each_runs_kind_and_the_rank_summaries(db_url: str) -> None:
+    """Before 0007 a run's kind was guessed from parent_id and world_size; the upgrade stores it."""
+    _at_revision(db_url, "0006")
+    engine = create_db_engine(db_url)
+    with engine.begin() as conn:
+        for row in (
+            _run_row("solo", None, None, None),
+            _run_row("job", None, None, 2),
+            _run_row("job.r0", "job", 0, 2),
+            _run_row("job.r1", "job", 1, 2),
+        ):
+            conn.execute(
+                text(
+                    "INSERT INTO runs (id, name, project, status, created_at, updated_at, last_seq, steps, "
+                    "param_count, param_numel, config, parent_id, rank, world_size) VALUES (:id, :name, "
+                    ":project, :status, :created_at, :updated_at, :last_seq, :steps, :param_count, "
+                    ":param_numel, :config, :parent_id, :rank, :world_size)"
+                ),
+                row,
+            )
+    engine.dispose()
+    store = open_store(db_url)
+    try:
+        kinds = {r: run.kind for r in ("solo", "job", "job.r0", "job.r1") if (run := store.get_run(r)) is not None}
+        assert kinds == {"solo": "run", "job": "job", "job.r0": "rank", "job.r1": "rank"}
+        assert [run.id for run in store.rank_runs("job")] == ["job.r0", "job.r1"]
+        assert sorted(run.id for run in store.list_runs()[0]) == ["job", "solo"]  # a rank's run is never listed
+        assert store.rank_summaries("job").step.tolist() == []  # the new table, empty
+    finally:
+        store.close()
+
+
+def test_a_new_run_is_stored_with_its_kind(db_url: str) -> None:
+    store = open_store(db_url)
+    try:
+        for message in (hello("solo", ["w"]), rank_hello("job", 1, 2)):
+            parsed = parse_message(json.dumps(message))
+            assert isinstance(parsed, Hello)
+            if parsed.dist is None:
+                store.open_run(parsed)
+            else:
+                store.open_rank(parsed)
+        kinds = {r: run.kind for r in ("solo", "job", "job.r1") if (run := store.get_run(r)) is not None}
+        assert kinds == {"solo": "run", "job": "job", "job.r1": "rank"}
+    finally:
+        store.close()
