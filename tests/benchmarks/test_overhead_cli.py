@@ -46,6 +46,7 @@ def test_auto_weighs_measured_and_unmeasured_steps_by_its_share() -> None:
         (["--models", "cnn"], "--models must name some of: mlp,gpt"),
         (["--variants", "gradwatch"], "--variants must include baseline and another"),
         (["--variants", "baseline,nope"], "--variants must include baseline and another"),
+        (["--clock", "sundial"], "argument --clock: invalid choice"),
     ],
 )
 def test_bad_flags_are_refused_with_what_to_do(args: list[str], message: str) -> None:

@@ -10,6 +10,12 @@ never an error or a warning. `mistake_*` scripts make one classic mistake each. 
 instabilities (scripts declaring `UNSTABLE` or `STABLE_CONTROL`) run in test_instabilities.py, on
 a server of their own, with both sampling settings; the codes they catch count here as covered.
 
+A script whose mistake a sampled step shows (docs/diagnostics.md, "Which steps each check needs")
+declares `EVERY_AUTO = True` and is run a second time with `every="auto"` (`CORPUS_EVERY`, read by
+corpus/_sampling.py), as are clean scripts that look like those mistakes: it must get exactly the
+same findings. Only those: each run is a fresh interpreter (torch's import is most of a script's
+time), so the sampled runs add about a third to this module's time, not a whole run of the corpus.
+
 Add a script to add a case: nothing here lists them.
 """
 
@@ -21,10 +27,12 @@ from collections.abc import Iterator
 import pytest
 
 from gradwatch_server.diagnostics import CODES
-from support.corpus import SCRIPTS, Outcome, declared, is_instability_case, run_all
+from support.corpus import SCRIPTS, Outcome, declared, declares, is_instability_case, run_all
 from support.server import start_server
 
 CLASSIC = [s for s in SCRIPTS if not is_instability_case(s)]
+#: (script, every) pairs: every script with every=1, those declaring EVERY_AUTO with "auto" too
+RUNS = [(s.stem, "1") for s in CLASSIC] + [(s.stem, "auto") for s in CLASSIC if declares(s, "EVERY_AUTO")]
 WITHIN = 5  # a finding begins at most this many steps after its cause
 PARALLEL = 3
 #: the module fixture runs every script (real training runs, a few at a time) before its first
@@ -33,20 +41,21 @@ pytestmark = pytest.mark.timeout(900)
 
 
 @pytest.fixture(scope="module")
-def corpus(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Outcome]]:
-    """Every script run once (a few at a time) against one server; their findings over REST."""
+def corpus(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[tuple[str, str], Outcome]]:
+    """Every run of RUNS (a few at a time) against one server; their findings over REST."""
     folder = tmp_path_factory.mktemp("corpus")
     server = start_server(folder)
+    by_stem = {s.stem: s for s in CLASSIC}
     try:
-        outcomes = run_all([(s, "1") for s in CLASSIC], server, folder, PARALLEL)
-        yield {o.script.stem: o for o in outcomes}
+        outcomes = run_all([(by_stem[name], every) for name, every in RUNS], server, folder, PARALLEL)
+        yield {(o.script.stem, o.every): o for o in outcomes}
     finally:
         server.stop()
 
 
-@pytest.mark.parametrize("name", [s.stem for s in CLASSIC])
-def test_each_script_gets_exactly_its_findings(corpus: dict[str, Outcome], name: str) -> None:
-    outcome = corpus[name]
+@pytest.mark.parametrize(("name", "every"), RUNS)
+def test_each_script_gets_exactly_its_findings(corpus: dict[tuple[str, str], Outcome], name: str, every: str) -> None:
+    outcome = corpus[(name, every)]
     assert outcome.returncode == 0, outcome.stderr[-3000:]
     assert outcome.findings, f"{name} printed no run id:\n{outcome.stdout}"
     try:
@@ -67,11 +76,13 @@ def test_each_script_gets_exactly_its_findings(corpus: dict[str, Outcome], name:
                 assert cause <= f["first_step"] <= cause + WITHIN, (f, cause)
 
 
-@pytest.mark.parametrize("name", [s.stem for s in CLASSIC])
-def test_each_finding_is_one_warning_in_the_training_process(corpus: dict[str, Outcome], name: str) -> None:
+@pytest.mark.parametrize(("name", "every"), RUNS)
+def test_each_finding_is_one_warning_in_the_training_process(
+    corpus: dict[tuple[str, str], Outcome], name: str, every: str
+) -> None:
     """The hook shows each code once, as a GradwatchWarning on stderr (once more if it turned
     graver while the run went on), with the fix and the run's page."""
-    outcome = corpus[name]
+    outcome = corpus[(name, every)]
     shown = re.findall(
         r"GradwatchWarning: gradwatch (\w+): (.+) \[(\w+), (?:step \d+|from the start); "
         r"(http://\S+/runs/\w+)\]",
@@ -87,15 +98,14 @@ def test_each_finding_is_one_warning_in_the_training_process(corpus: dict[str, O
         assert severities[-1] == f["severity"] and len(severities) == len(set(severities)), severities
 
 
-def test_precision_and_recall_are_100_percent(corpus: dict[str, Outcome]) -> None:
-    """Over the whole corpus: every expected finding is found, nothing else is; and no clean
-    script gets an error or a warning."""
-    expected = {(o.script.stem, run_id, code) for o in corpus.values() for run_id in o.findings for code in o.expected}
+@pytest.mark.parametrize("every", ["1", "auto"])
+def test_precision_and_recall_are_100_percent(corpus: dict[tuple[str, str], Outcome], every: str) -> None:
+    """Over the whole corpus, with each sampling setting: every expected finding is found,
+    nothing else is; and no clean script gets an error or a warning."""
+    runs = {name: o for (name, e), o in corpus.items() if e == every}
+    expected = {(o.script.stem, run_id, code) for o in runs.values() for run_id in o.findings for code in o.expected}
     got = {
-        (o.script.stem, run_id, f["code"])
-        for o in corpus.values()
-        for run_id, found in o.findings.items()
-        for f in found
+        (o.script.stem, run_id, f["code"]) for o in runs.values() for run_id, found in o.findings.items() for f in found
     }
     true = expected & got
     precision = len(true) / len(got) if got else 1.0
@@ -103,13 +113,14 @@ def test_precision_and_recall_are_100_percent(corpus: dict[str, Outcome]) -> Non
     assert (precision, recall) == (1.0, 1.0), {"missed": expected - got, "spurious": got - expected}
     clean = [
         (name, f["code"], f["severity"])
-        for name, o in corpus.items()
+        for name, o in runs.items()
         if name.startswith("clean_")
         for found in o.findings.values()
         for f in found
     ]
     assert all(severity == "info" for _, _, severity in clean), clean
-    assert sum(1 for name in corpus if name.startswith("clean_")) >= 8
+    assert sum(1 for name in runs if name.startswith("clean_")) >= (8 if every == "1" else 3)
+    assert sum(1 for name in runs if name.startswith("mistake_")) >= (10 if every == "1" else 6)
 
 
 def test_every_code_is_caught_by_some_script() -> None:
@@ -118,11 +129,29 @@ def test_every_code_is_caught_by_some_script() -> None:
     assert covered == set(CODES)
 
 
-def test_exploding_and_vanishing_stay_quiet_on_a_converging_run(corpus: dict[str, Outcome]) -> None:
+#: the codes a sampled step shows (docs/diagnostics.md, "Which steps each check needs"); the
+#: instability codes are run with every="auto" in test_instabilities.py
+SAMPLED_CODES = {
+    "grad_accumulation_unbounded",
+    "grad_accumulation",
+    "zero_filled_grad_buffers",
+    "step_without_grad",
+    "nonfinite_grad",
+    "param_not_in_optimizer",
+    "amp_skipped_steps",
+}
+
+
+def test_every_code_a_sampled_step_shows_is_run_with_every_auto() -> None:
+    sampled = [s for s in CLASSIC if declares(s, "EVERY_AUTO")]
+    assert set().union(*(declared(s, "EXPECTED_CODES") for s in sampled)) == SAMPLED_CODES
+
+
+def test_exploding_and_vanishing_stay_quiet_on_a_converging_run(corpus: dict[tuple[str, str], Outcome]) -> None:
     """corpus/clean_converging.py: 200 steps of a classifier that really converges (its loss
     more than halves, with the usual noise and bumps), and neither exploding_grad nor
     vanishing_grad is found."""
-    outcome = corpus["clean_converging"]
+    outcome = corpus[("clean_converging", "1")]
     ((run_id, found),) = outcome.findings.items()
     assert not {"exploding_grad", "vanishing_grad"} & {f["code"] for f in found}
     loss = outcome.loss[run_id]

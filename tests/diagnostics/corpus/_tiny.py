@@ -1,5 +1,5 @@
 """What the instability scripts of the corpus share (not a script: test_corpus.py skips `_*.py`):
-a tiny GPT, the token stream it learns, and the sampling setting the test asks for.
+a tiny GPT, the token stream it learns, and (from _sampling.py) the sampling setting the test asks for.
 
 The stream comes from a fixed random Markov chain over `VOCAB` tokens in which each token has a
 few likely successors, so a small model learns it within a few hundred steps on a CPU and its
@@ -9,19 +9,13 @@ loss keeps the noise of a real language-model loss (a few bits per token, batch 
 from __future__ import annotations
 
 import math
-import os
 
 import torch
+from _sampling import every  # noqa: F401  (the instability scripts import it from here)
 
 VOCAB, CONTEXT, WIDTH, HEADS, LAYERS = 32, 16, 32, 2, 2
 
 torch.set_num_threads(1)
-
-
-def every() -> int | str:
-    """`watch(every=...)` as the corpus test runs this script: 1 by default, `CORPUS_EVERY=auto`."""
-    value = os.environ.get("CORPUS_EVERY", "1")
-    return value if value == "auto" else int(value)
 
 
 class Block(torch.nn.Module):

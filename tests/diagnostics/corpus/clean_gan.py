@@ -4,10 +4,12 @@ and watch([opt_d, opt_g]) on a twin. No finding: the pass that lands before a cl
 no step (it is not accumulation)."""
 
 import torch
+from _sampling import every
 
 import gradwatch
 
 EXPECTED_CODES: set[str] = set()
+EVERY_AUTO = True  # also run with every="auto": a sampled step shows it
 
 
 def train(watch_both: bool) -> gradwatch.Watcher:
@@ -21,11 +23,12 @@ def train(watch_both: bool) -> gradwatch.Watcher:
         w = gradwatch.watch(
             [opt_d, opt_g],
             model=torch.nn.ModuleDict({"gen": gen, "disc": disc}),
+            every=every(),
             run="clean_gan-both",
             project="corpus",
         )
     else:
-        w = gradwatch.watch(opt_d, model=disc, run="clean_gan-d", project="corpus")
+        w = gradwatch.watch(opt_d, model=disc, every=every(), run="clean_gan-d", project="corpus")
     for step in range(30):
         real = torch.randn(32, 8) * 0.5 + 1.0
         fake = gen(torch.randn(32, 4))

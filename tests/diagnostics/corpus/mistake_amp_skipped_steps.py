@@ -3,10 +3,12 @@ as a float16 overflow would make one): the scaler skips those steps and halves i
 A few skips are normal: `amp_skipped_steps` is info, not an error."""
 
 import torch
+from _sampling import every
 
 import gradwatch
 
 EXPECTED_CODES = {"amp_skipped_steps"}
+EVERY_AUTO = True  # also run with every="auto": a sampled step shows it
 EXPECTED_SEVERITY = {"amp_skipped_steps": "info"}
 CAUSE_STEP = 1  # float16 overflows at the initial scale on step 1 already
 OVERFLOW_AT = {5, 12, 20}
@@ -17,7 +19,7 @@ target = data[:, :1] * 2 - data[:, 1:2]
 model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 1))
 opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
 scaler = torch.amp.GradScaler("cpu")
-w = gradwatch.watch(opt, model=model, scaler=scaler, run="mistake_amp_skipped_steps", project="corpus")
+w = gradwatch.watch(opt, model=model, scaler=scaler, every=every(), run="mistake_amp_skipped_steps", project="corpus")
 for i in range(30):
     idx = torch.randint(0, 512, (32,))
     opt.zero_grad()

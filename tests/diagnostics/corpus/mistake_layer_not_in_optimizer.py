@@ -2,10 +2,12 @@
 optimizer never updates it."""
 
 import torch
+from _sampling import every
 
 import gradwatch
 
 EXPECTED_CODES = {"param_not_in_optimizer"}
+EVERY_AUTO = True  # also run with every="auto": a sampled step shows it
 CAUSE_STEP = None  # known from the start (watch() sees it)
 
 
@@ -24,7 +26,7 @@ data = torch.randn(512, 8)
 target = data[:, :1] * 2 - data[:, 1:2]
 model = Net()
 opt = torch.optim.AdamW(model.body.parameters(), lr=1e-2)  # model.head forgotten
-w = gradwatch.watch(opt, model=model, run="mistake_layer_not_in_optimizer", project="corpus")
+w = gradwatch.watch(opt, model=model, every=every(), run="mistake_layer_not_in_optimizer", project="corpus")
 for step in range(30):
     idx = torch.randint(0, 512, (32,))
     opt.zero_grad()

@@ -2,10 +2,12 @@
 are NaN (and Adam's state with them)."""
 
 import torch
+from _sampling import every
 
 import gradwatch
 
 EXPECTED_CODES = {"nonfinite_grad"}
+EVERY_AUTO = True  # also run with every="auto": a sampled step shows it
 CAUSE_STEP = 1
 
 torch.manual_seed(15)
@@ -13,7 +15,7 @@ data = torch.randn(512, 8)
 target = data[:, :1].abs() + 0.5
 model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 1))
 opt = torch.optim.Adam(model.parameters(), lr=1e-2)
-w = gradwatch.watch(opt, model=model, run="mistake_nan_loss", project="corpus")
+w = gradwatch.watch(opt, model=model, every=every(), run="mistake_nan_loss", project="corpus")
 for step in range(30):
     idx = torch.randint(0, 512, (32,))
     opt.zero_grad()
