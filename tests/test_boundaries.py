@@ -80,3 +80,34 @@ def test_importing_every_server_module_loads_no_hook_module() -> None:
     result = json.loads(out.stdout)
     assert "gradwatch_server.cli" in result["imported"] and len(result["imported"]) > 20
     assert result["hook"] == []
+
+
+#: Inside the server, what a package must not import (docs/development.md, "The repository"): the
+#: store is below everything that serves, the diagnostics and a job's assembly below the routes and
+#: the connections that feed them.
+NEVER = {
+    "store": {"api", "ingest", "live", "diagnostics", "app"},
+    "jobs": {"api", "ingest", "app"},
+    "diagnostics": {"api", "ingest", "live", "app"},
+}
+
+
+def server_imports(path: Path) -> set[str]:
+    """The server's top-level modules or packages that a server module imports (relative imports)."""
+    package = PACKAGES["gradwatch_server"]
+    here = list(path.relative_to(package).parts[:-1])
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.ImportFrom) and node.level > 0:
+            base = here[: len(here) - (node.level - 1)] if node.level > 1 else here
+            target = base + (node.module.split(".") if node.module else [])
+            found.update([target[0]] if target else [alias.name for alias in node.names])
+    return found
+
+
+@pytest.mark.parametrize("inner", sorted(NEVER))
+def test_a_server_package_imports_only_what_the_map_allows(inner: str) -> None:
+    modules = sorted((PACKAGES["gradwatch_server"] / inner).rglob("*.py"))
+    assert modules
+    offenders = {str(m.relative_to(REPO)): sorted(server_imports(m) & NEVER[inner]) for m in modules}
+    assert {m: names for m, names in offenders.items() if names} == {}
