@@ -37,5 +37,6 @@ def upgrade() -> None:
 
 def downgrade() -> None:
     op.drop_table("rank_summaries")
-    with op.batch_alter_table("runs") as batch:  # SQLite < 3.35 drops a column only by a rebuild
-        batch.drop_column("kind")
+    # ALTER TABLE ... DROP COLUMN in place (SQLite >= 3.35): a batch rebuild of `runs` would drop
+    # the old table, and with it, by cascade, every run's stored rows.
+    op.drop_column("runs", "kind")
