@@ -79,7 +79,7 @@ def step(
 @dataclass(frozen=True)
 class UnsentStep:
     """One step's data before it has a `seq` (the hook's; the server's stored step is its
-    `StepRecord`): the sender sends consecutive unsent steps with the same keys as one `steps`
+    `StoredStep`): the sender sends consecutive unsent steps with the same keys as one `steps`
     message."""
 
     step: int

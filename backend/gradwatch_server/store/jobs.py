@@ -27,7 +27,7 @@ from ..jobs.memory import JobMemory
 from ..protocol import Hello
 from ..schema import param_metrics, params, partial_steps, runs, scalars, steps
 from ..schema import rank_summaries as rank_summaries_table
-from .records import OpenedRun, ParamsMismatch, Run, StepData, StepRecord
+from .records import OpenedRun, ParamsMismatch, Run, StepData, StoredStep
 from .runs import get_series_names, open_run, to_run
 from .steps import NotifyInTransaction, SeriesName, Written, _fill, write_steps
 
@@ -204,28 +204,28 @@ def _pieces_info(
     return {r: memory.counted[r] for r in known}, replicated
 
 
-def _pieces(conn: Connection, rank: int, run_id: str, wanted: Sequence[int], memory: JobMemory) -> list[StepRecord]:
+def _rank_steps(conn: Connection, rank: int, run_id: str, wanted: Sequence[int], memory: JobMemory) -> list[StoredStep]:
     """A rank's steps `wanted` (sorted), every series: from `memory` where it holds them, else
     read back from the rank's run."""
-    out: list[StepRecord] = []
+    out: list[StoredStep] = []
     missing: list[int] = []
     for s in wanted:
         sent = memory.take(rank, s)
         if sent is None:
             missing.append(s)
         else:
-            out.append(StepRecord(step=s, seq=0, time=sent.time, scalars=sent.scalars, arrays=sent.arrays))
+            out.append(StoredStep(step=s, seq=0, time=sent.time, scalars=sent.scalars, arrays=sent.arrays))
     if missing:
         out += _read(conn, run_id, missing)
     return out
 
 
-def _read(conn: Connection, run_id: str, wanted: Sequence[int]) -> list[StepRecord]:
+def _read(conn: Connection, run_id: str, wanted: Sequence[int]) -> list[StoredStep]:
     """A rank's stored steps `wanted` (sorted), every series."""
     lo, hi = wanted[0], wanted[-1]
     want = set(wanted)
     records = {
-        r.step: StepRecord(step=r.step, seq=r.seq, time=r.time)
+        r.step: StoredStep(step=r.step, seq=r.seq, time=r.time)
         for r in conn.execute(
             select(steps.c.step, steps.c.seq, steps.c.time).where(
                 steps.c.run_id == run_id, steps.c.step.between(lo, hi)
@@ -352,7 +352,7 @@ def _write(
         wanted = [s for s in ready if s in sets.get(r.rank, ())]
         if not wanted or r.run_id is None:
             continue
-        for record in _pieces(conn, r.rank, r.run_id, wanted, memory):
+        for record in _rank_steps(conn, r.rank, r.run_id, wanted, memory):
             by_step[record.step].append(
                 _assemble.RankStep(r.rank, record.time, record.scalars, record.arrays, counted[r.run_id])
             )

@@ -135,8 +135,3 @@ class StoredStep:
     time: float
     scalars: dict[str, float] = field(default_factory=dict)
     arrays: dict[str, np.ndarray] = field(default_factory=dict)
-
-
-#: The former name, which the distributed store code (store/jobs.py) still uses: drop it once
-#: that code says StoredStep (the hook's wire.StepRecord is a step as sent, not as stored).
-StepRecord = StoredStep
