@@ -133,7 +133,7 @@ bench-compare: $(VENV)/.stamp-deps
 clean:
 	rm -rf $(VENV) $(BENCH_VENV) build dist */build */*.egg-info vendor/node_modules frontend/vendor
 
-# The CUDA path on a lent GPU machine (issue 29): `make gpu-wheels` here (PyPI reachable) fills
+# The CUDA path on a lent GPU machine: `make gpu-wheels` here (PyPI reachable) fills
 # .whl/ with our wheels and what the GPU image lacks; scripts/gpu-check.sh runs there (tests marked
 # `cuda`, then benchmarks/gpu.py). Here it is a dry run: the tests skip, the benchmark says why.
 .PHONY: gpu-wheels gpu-check-dry-run

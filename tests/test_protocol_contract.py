@@ -104,7 +104,7 @@ def test_hook_steps_batches_validate_and_stand_for_their_steps() -> None:
 
 @pytest.mark.skipif(
     "local_numel" not in protocol.ParamInfo.model_fields,
-    reason="this server's protocol has no distributed fields yet (params' local_numel/counted, issue 17)",
+    reason="this server's protocol has no distributed fields yet (params' local_numel/counted)",
 )
 def test_distributed_rank_params_and_update_norms_validate() -> None:
     """A rank's `params` (local_numel, counted) and, with updates, `param_before_norm`."""

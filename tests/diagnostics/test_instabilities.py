@@ -1,4 +1,4 @@
-"""Training instabilities (issue 25): the corpus scripts that declare `UNSTABLE = True` (a bad
+"""Training instabilities: the corpus scripts that declare `UNSTABLE = True` (a bad
 batch, a learning rate driven too high, a layer whose Adam second moment never built up) and the
 stable controls (`STABLE_CONTROL = True`: a warm-up with cosine decay, accumulation with
 clipping, a noisy small GPT), each run twice against one real server: with `every=1` and with
