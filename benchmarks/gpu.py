@@ -19,11 +19,13 @@ the baseline (B V1 B V2 B ...), in a new random order each round; a block is tim
 `torch.cuda.synchronize()` to the next (the harness's, outside the steps), so the GPU's work and
 the CPU's launches both count, as in training. A variant's overhead in a round is its block's time
 over the mean of its two neighbouring baseline blocks, minus 1; its figure is the median over the
-rounds with a 90% bootstrap interval. Syncs per step: after the timing, each variant's steps run
+rounds with a 90% bootstrap interval. A peer more than SLOW times slower than the baseline (wandb's
+per-step histograms of a large model) is timed by single steps in the first SLOW_ROUNDS rounds
+only, with its neighbouring baseline blocks, so that it cannot eat the run's time. Syncs per step: after the timing, each variant's steps run
 under `torch.cuda.set_sync_debug_mode("warn")` and the synchronising calls made on the training
 thread are counted (the harness's own are outside the counted window).
 
-    python benchmarks/gpu.py [--models gpt,many] [--rounds N] [--out FILE]
+    python benchmarks/gpu.py [--models gpt,many] [--rounds N] [--out FILE] [--profile FILE]
 
 Without a CUDA device it says so and exits with status 3: nothing was measured.
 """
@@ -101,6 +103,8 @@ def many_task() -> tuple[nn.Module, Callable[[nn.Module], torch.Tensor]]:
 TASKS = {"gpt": gpt_task, "many": many_task}
 STEPS = {"gpt": 4, "many": 20}  # steps per timed block: about 0.2 s each
 WARMUP = 40  # untimed steps per variant: every="auto" learns its interval in its first ~14
+SLOW = 5.0  # a variant this many times slower than the baseline gets SLOW_ROUNDS single steps
+SLOW_ROUNDS = 3
 
 
 class Lane:
@@ -197,7 +201,40 @@ def bootstrap(values: list[float], n: int = 2000) -> tuple[float, float]:
     return meds[int(0.05 * n)], meds[int(0.95 * n)]
 
 
-def bench(task: str, variants: list[str], rounds: int, url: str, tmp: Path) -> list[dict[str, Any]]:
+def step_s(lane: Lane, steps: int = 1) -> float:
+    """Seconds per step over `steps` synchronised steps (a warm-up step's price)."""
+    return timed_block(lane, steps) / steps
+
+
+def profile(lanes: dict[str, Lane], out: Path, steps: int = 3) -> None:
+    """torch.profiler (CPU and CUDA activities) over a few steps of the baseline and of each
+    gradwatch variant: the kernels and CPU operators a variant adds, and its device time a step."""
+    from torch.profiler import ProfilerActivity
+    from torch.profiler import profile as torch_profile
+
+    parts = []
+    for kind, lane in lanes.items():
+        if kind != "baseline" and not kind.startswith("gradwatch"):
+            continue
+        torch.cuda.synchronize()
+        with torch_profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+            for _ in range(steps):
+                lane.step()
+            torch.cuda.synchronize()
+        events = prof.key_averages()
+        device_us = sum(getattr(e, "self_device_time_total", 0) for e in events) / steps
+        cpu_us = sum(e.self_cpu_time_total for e in events) / steps
+        parts.append(
+            f"## {kind}: {device_us / 1000:.2f} ms of kernels and {cpu_us / 1000:.2f} ms of CPU operators a step\n\n"
+            + events.table(sort_by="self_device_time_total", row_limit=18, max_name_column_width=60)
+        )
+    out.write_text("\n\n".join(parts) + "\n")
+    print(f"profile written to {out}", flush=True)
+
+
+def bench(
+    task: str, variants: list[str], rounds: int, url: str, tmp: Path, profile_to: Path | None = None
+) -> list[dict[str, Any]]:
     model, loss_fn = TASKS[task]()
     lanes: dict[str, Lane] = {}
     for kind in ["baseline", *variants]:
@@ -206,8 +243,16 @@ def bench(task: str, variants: list[str], rounds: int, url: str, tmp: Path) -> l
         except Exception as exc:  # a peer that cannot run here is reported, not fatal
             print(f"  {task}/{kind}: cannot run ({type(exc).__name__}: {exc})", flush=True)
     del model
+    slow: set[str] = set()  # a peer many times slower than the baseline: a few single steps only
     for kind, lane in list(lanes.items()):
         try:
+            first = [step_s(lane) for _ in range(3)]
+            if kind != "baseline" and first[-1] > SLOW * step_s(lanes["baseline"]):
+                slow.add(kind)
+                print(
+                    f"  {task}/{kind}: {1000 * first[-1]:.0f} ms a step: {SLOW_ROUNDS} rounds of one step", flush=True
+                )
+                continue
             for _ in range(WARMUP):
                 lane.step()
         except Exception as exc:  # a peer that fails on this model is reported, not fatal
@@ -219,36 +264,42 @@ def bench(task: str, variants: list[str], rounds: int, url: str, tmp: Path) -> l
                 lane.close()
     torch.cuda.synchronize()
     base = lanes["baseline"]
+    n = STEPS[task]
     ratios: dict[str, list[float]] = {k: [] for k in lanes if k != "baseline"}
-    block_s: dict[str, list[float]] = {k: [] for k in lanes}
+    per_step: dict[str, list[float]] = {k: [] for k in lanes}
     for r in range(rounds):
-        order = list(ratios)
+        order = [k for k in ratios if k not in slow or r < SLOW_ROUNDS]
         random.Random(r).shuffle(order)
-        before = timed_block(base, STEPS[task])
-        block_s["baseline"].append(before)
+        before = timed_block(base, n) / n
+        per_step["baseline"].append(before)
         for kind in order:
-            t = timed_block(lanes[kind], STEPS[task])
-            after = timed_block(base, STEPS[task])
-            block_s[kind].append(t)
-            block_s["baseline"].append(after)
+            k = 1 if kind in slow else n
+            t = timed_block(lanes[kind], k) / k
+            after = timed_block(base, n) / n
+            per_step[kind].append(t)
+            per_step["baseline"].append(after)
             ratios[kind].append(t / ((before + after) / 2) - 1)
             before = after
+    if profile_to is not None:
+        profile(lanes, profile_to)
     rows = []
     for kind, lane in lanes.items():
+        k = 1 if kind in slow else n
         syncs: list[int] = []
         with counted_syncs(syncs):
-            for _ in range(STEPS[task]):
+            for _ in range(k):
                 lane.step()
         torch.cuda.synchronize()
         row: dict[str, Any] = {
             "model": task,
             "variant": kind,
-            "step_ms": 1000 * statistics.median(block_s[kind]) / STEPS[task],
-            "syncs_per_step": syncs[0] / STEPS[task],
+            "step_ms": 1000 * statistics.median(per_step[kind]),
+            "syncs_per_step": syncs[0] / k,
         }
         if kind in ratios:
             row["overhead"] = statistics.median(ratios[kind])
             row["interval"] = bootstrap(ratios[kind])
+            row["rounds"] = len(ratios[kind])
         if lane.watcher is not None:
             row["measured"] = f"{lane.watcher.measured_steps}/{lane.watcher.step}"
         rows.append(row)
@@ -258,8 +309,8 @@ def bench(task: str, variants: list[str], rounds: int, url: str, tmp: Path) -> l
 
 def table(rows: list[dict[str, Any]]) -> str:
     lines = [
-        "| model | variant | step (ms) | overhead, median [90% interval] | syncs/step | steps measured |",
-        "|---|---|---|---|---|---|",
+        "| model | variant | step (ms) | overhead, median [90% interval] | rounds | syncs/step | steps measured |",
+        "|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         over = (
@@ -268,7 +319,8 @@ def table(rows: list[dict[str, Any]]) -> str:
             else "-"
         )
         lines.append(
-            f"| {r['model']} | {r['variant']} | {r['step_ms']:.2f} | {over} | {r['syncs_per_step']:g} | "
+            f"| {r['model']} | {r['variant']} | {r['step_ms']:.2f} | {over} | {r.get('rounds', '-')} | "
+            f"{r['syncs_per_step']:g} | "
             f"{r.get('measured', '-')} |"
         )
     return "\n".join(lines)
@@ -284,6 +336,9 @@ def main() -> int:
         help="comma-separated, besides the baseline",
     )
     parser.add_argument("--out", type=Path, help="also write the table (markdown) to this file")
+    parser.add_argument(
+        "--profile", type=Path, help="write torch.profiler tables of the first model's baseline and gradwatch variants"
+    )
     args = parser.parse_args()
     models = [m for m in args.models.split(",") if m]
     unknown = [m for m in models if m not in TASKS]
@@ -309,7 +364,9 @@ def main() -> int:
     try:
         for task in models:
             print(f"{task}: {args.rounds} rounds ...", flush=True)
-            rows += bench(task, [v for v in args.variants.split(",") if v], args.rounds, url, tmp)
+            variants = [v for v in args.variants.split(",") if v]
+            profile_to = args.profile if task == models[0] else None
+            rows += bench(task, variants, args.rounds, url, tmp, profile_to)
             torch.cuda.empty_cache()
     finally:
         if server is not None:

@@ -3,7 +3,8 @@
 # Made for a bare machine that reaches no registry and has its own torch: it installs our two
 # packages and the missing dependencies from .whl/ (filled beforehand by `make gpu-wheels` where
 # PyPI is reachable) into a folder of its own, without touching the machine's torch. Writes the
-# test summary (cuda-tests.txt, cuda-tests.xml) and the benchmark's table (gpu-bench.md) to $OUT
+# test summary (cuda-tests.txt, cuda-tests.xml), the benchmark's table (gpu-bench.md) and its
+# torch.profiler tables (gpu-profile.txt) to $OUT
 # (default ./gpu-out). Without a GPU the tests skip and the benchmark says why it cannot run.
 #
 #     scripts/gpu-check.sh [--quick]     # --quick: 5 benchmark rounds, for a dry run
@@ -31,12 +32,12 @@ fi
 } | tee "$OUT/env.txt"
 
 status=0
-"$PY" -m pytest -p no:cacheprovider -m cuda -rA -q --timeout 600 --junitxml "$OUT/cuda-tests.xml" \
-    tests/trainer_hook/test_cuda.py 2>&1 | tee "$OUT/cuda-tests.txt"
+"$PY" -m pytest -p no:cacheprovider -m cuda -rA -q --timeout 300 --junitxml "$OUT/cuda-tests.xml" \
+    tests/trainer_hook/test_cuda.py tests/trainer_hook/test_quantized_state.py 2>&1 | tee "$OUT/cuda-tests.txt"
 tests=${PIPESTATUS[0]}
 [ "$tests" -eq 0 ] || status=$tests
 
-"$PY" benchmarks/gpu.py --rounds "$ROUNDS" --out "$OUT/gpu-bench.md" 2>&1 | tee "$OUT/gpu-bench.log"
+"$PY" benchmarks/gpu.py --rounds "$ROUNDS" --out "$OUT/gpu-bench.md" --profile "$OUT/gpu-profile.txt" 2>&1 | tee "$OUT/gpu-bench.log"
 bench=${PIPESTATUS[0]}
 if [ "$bench" -eq 3 ]; then
     echo "gpu-check: the benchmark did not run (no CUDA device)"

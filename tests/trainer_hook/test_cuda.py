@@ -1,5 +1,6 @@
 """The CUDA path: no synchronisation on the training thread at any step, exact values in every
-precision and optimizer implementation, AMP, the allocator's counters, a compiled model's names.
+precision and optimizer implementation, AMP, the allocator's counters, a compiled model's names,
+the flight recorder, the optimizer signals and updates.
 
 Runs wherever a CUDA device is present (`scripts/gpu-check.sh` on a lent GPU machine); skipped
 with the reason elsewhere. `torch.cuda.set_sync_debug_mode("error")` makes any synchronising call
@@ -18,6 +19,8 @@ import pytest
 import torch
 
 import gradwatch
+from gradwatch.recorder import AFTER, BEFORE
+from support.signals import signals_oracle
 from support.sent import sent_steps
 
 pytestmark = [
@@ -199,3 +202,52 @@ def test_a_compiled_model_is_named_as_the_original_and_measured_exactly() -> Non
     assert [p.name for p in w.layout.params] == [n for n, _ in model.named_parameters()]
     for m, want in zip(msgs, oracle):
         assert m["params"]["grad_norm"] == pytest.approx(want, rel=2e-5)
+
+
+def test_the_flight_recorder_sends_the_spikes_window_exactly_without_a_sync() -> None:
+    """On a GPU the recorder is on by default: every unmeasured step's norms go into a ring on the
+    device and the held steps are copied to pinned memory with an event; no step waits."""
+    model, x = model_and_batch()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=True)
+    w = gradwatch.watch(opt, model=model, server=NOWHERE, every=50)  # measured: 1 and 51 only
+    assert w._rounds._recorder is not None, "the recorder is on by default on a GPU"
+    oracle: dict[int, dict[str, float]] = {}
+    for step in range(1, 61):
+        with no_sync():
+            opt.zero_grad()
+            model(x * (50.0 if step == 40 else 1.0)).pow(2).mean().backward()
+        oracle[step] = {n: norm(p.grad) for n, p in model.named_parameters()}  # type: ignore[arg-type]
+        with no_sync():
+            opt.step()
+    msgs = sent_steps(w, timeout=30)
+    w.close(timeout=0.1)
+    full = {m["step"]: m for m in msgs if "grad_norm" in m["params"]}
+    assert sorted(full) == [1, *range(40 - BEFORE, 40 + AFTER + 1), 51]
+    for step in range(40 - BEFORE, 40 + AFTER + 1):
+        assert full[step]["params"]["grad_norm"] == pytest.approx(oracle[step], rel=2e-5), step
+    assert [m["step"] for m in msgs] == list(range(1, 61))
+
+
+@pytest.mark.parametrize("impl", ["foreach", "fused"])
+def test_optimizer_signals_and_updates_are_exact_without_a_sync(impl: str) -> None:
+    model, x = model_and_batch()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2, eps=1e-3, **{impl: True})
+    names = {p: n for n, p in model.named_parameters()}
+    w = gradwatch.watch(opt, model=model, server=NOWHERE, optimizer_signals=True, updates=True)
+    wanted = []
+    for _ in range(4):
+        with no_sync():
+            opt.zero_grad()
+            model(x).pow(2).mean().backward()
+        before = {n: p.detach().clone() for n, p in model.named_parameters()}
+        with no_sync():
+            opt.step()
+        want = signals_oracle(opt, names)
+        want["update_norm"] = {n: norm(p - before[n]) for n, p in model.named_parameters()}
+        wanted.append(want)
+    msgs = sent_steps(w, timeout=30)
+    w.close(timeout=0.1)
+    assert len(msgs) == len(wanted)
+    for m, want in zip(msgs, wanted):
+        for metric, per_param in want.items():
+            assert m["params"][metric] == pytest.approx(per_param, rel=1e-4, abs=1e-6), (m["step"], metric)

@@ -1,6 +1,7 @@
 """Quantized optimizer state, exact: each `<key>_norm` equals the norm of the library's own
 dequantization (torchao's `.dequantize()`, bitsandbytes' `dequantize_blockwise`), step after step,
-from the real libraries (pinned in constraints.txt). The hook reads the codes a chunk at a time."""
+from the real libraries (pinned in constraints.txt), on the CPU and, where there is one, on a CUDA
+device (bitsandbytes steps only there). The hook reads the codes a chunk at a time."""
 
 from __future__ import annotations
 
@@ -64,9 +65,21 @@ CASES = {
 }
 
 
+ON_CUDA = pytest.param(
+    "cuda",
+    marks=[
+        pytest.mark.cuda,
+        pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (none on this machine)"),
+    ],
+)
+
+
 @pytest.mark.filterwarnings("ignore::UserWarning")
+@pytest.mark.parametrize("device", ["cpu", ON_CUDA])
 @pytest.mark.parametrize("case", list(CASES))
-def test_quantized_state_norms_are_the_dequantized_states(case: str, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_quantized_state_norms_are_the_dequantized_states(
+    case: str, device: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
     make, oracle, keys = CASES[case]
     monkeypatch.setattr(states, "CHUNK", 1024)  # several chunks per tensor: the chunks add up
     torch.manual_seed(0)
@@ -74,12 +87,14 @@ def test_quantized_state_norms_are_the_dequantized_states(case: str, monkeypatch
     # codes); the biases are too small to be quantized (float state, read as before)
     model = torch.nn.Sequential(
         torch.nn.Linear(128, 64), torch.nn.Tanh(), torch.nn.Linear(64, 90), torch.nn.Linear(90, 70)
-    )
+    ).to(device)
     try:
         opt = make(model.parameters())
-        model(torch.randn(4, 128)).pow(2).mean().backward()
+        model(torch.randn(4, 128, device=device)).pow(2).mean().backward()
         opt.step()
     except (RuntimeError, NotImplementedError, AssertionError) as exc:  # a library without a CPU path here
+        if device == "cuda":
+            raise
         pytest.skip(f"{case} cannot step on this CPU-only machine ({type(exc).__name__}: {str(exc)[:200]}); GPU only")
     opt.zero_grad()
     probe = Probe(build_layout([opt], model, rank=None))
@@ -87,7 +102,7 @@ def test_quantized_state_norms_are_the_dequantized_states(case: str, monkeypatch
     quantized = 0
     for step in (1, 2, 3):
         opt.zero_grad()
-        model(torch.randn(4, 128)).pow(2).mean().backward()
+        model(torch.randn(4, 128, device=device)).pow(2).mean().backward()
         before_step(probe, step)
         opt.step()
         metrics, *_ = after_step(probe, {}).resolve()

@@ -1,6 +1,6 @@
 """The optimizer signals (gradwatch/signals.py, `watch(optimizer_signals=True)`) and the clipped
-total norm (gradwatch/clipping.py), against oracles computed here from the optimizer's own state
-with plain torch after each real step."""
+total norm (gradwatch/clipping.py), against oracles computed from the optimizer's own state with
+plain torch after each real step (tests/support/signals.py)."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ import torch
 import gradwatch
 from gradwatch.signals import EPS_FACTOR
 from support.sent import sent_steps
+from support.signals import signals_oracle
 
 pytestmark = pytest.mark.unit
 
@@ -22,25 +23,6 @@ def model_and_batches(seed: int = 0) -> tuple[torch.nn.Module, list[torch.Tensor
     torch.manual_seed(seed)
     model = torch.nn.Sequential(torch.nn.Linear(6, 8), torch.nn.Tanh(), torch.nn.Linear(8, 1))
     return model, [torch.randn(4, 6) for _ in range(4)]
-
-
-def oracle(opt: torch.optim.Optimizer, names: dict[torch.Tensor, str]) -> dict[str, dict[str, float]]:
-    """Per metric and parameter, from the state as the step left it."""
-    out: dict[str, dict[str, float]] = {"eps_share": {}, "v_decoupling": {}, "momentum_cosine": {}}
-    for group in opt.param_groups:
-        for p in group["params"]:
-            state, g, name = opt.state[p], p.grad.double(), names[p]
-            m = state.get("exp_avg", state.get("momentum_buffer"))
-            if m is not None:
-                out["momentum_cosine"][name] = float(
-                    torch.dot(g.flatten(), m.double().flatten()) / (g.norm() * m.norm())
-                )
-            if "exp_avg_sq" in state:
-                t = float(state["step"])
-                v_hat = state["exp_avg_sq"].double() / (1 - group["betas"][1] ** t)
-                out["eps_share"][name] = float((v_hat < (EPS_FACTOR * group["eps"]) ** 2).double().mean())
-                out["v_decoupling"][name] = float((g * g).mean() / v_hat.mean())
-    return out
 
 
 @pytest.mark.parametrize(
@@ -61,7 +43,7 @@ def test_signals_equal_the_oracle_at_every_step(make_opt) -> None:
         opt.zero_grad()
         model(x).pow(2).mean().backward()
         opt.step()
-        wanted.append(oracle(opt, names))
+        wanted.append(signals_oracle(opt, names))
     msgs = sent_steps(w)
     w.close(timeout=0.1)
     assert len(msgs) == len(batches)
