@@ -20,8 +20,8 @@ import torch
 
 import gradwatch
 from gradwatch.recorder import AFTER, BEFORE
-from support.signals import signals_oracle
 from support.sent import sent_steps
+from support.signals import signals_oracle
 
 pytestmark = [
     pytest.mark.unit,

@@ -10,7 +10,6 @@ import pytest
 import torch
 
 import gradwatch
-from gradwatch.signals import EPS_FACTOR
 from support.sent import sent_steps
 from support.signals import signals_oracle
 
