@@ -101,7 +101,7 @@ def many_task() -> tuple[nn.Module, Callable[[nn.Module], torch.Tensor]]:
 
 
 TASKS = {"gpt": gpt_task, "many": many_task}
-STEPS = {"gpt": 4, "many": 20}  # steps per timed block: about 0.2 s each
+STEPS = {"gpt": 4, "many": 4}  # steps per timed block: about 0.2 s each on an H100
 WARMUP = 40  # untimed steps per variant: every="auto" learns its interval in its first ~14
 SLOW = 5.0  # a variant this many times slower than the baseline gets SLOW_ROUNDS single steps
 SLOW_ROUNDS = 3
@@ -208,11 +208,13 @@ def step_s(lane: Lane, steps: int = 1) -> float:
 
 def profile(lanes: dict[str, Lane], out: Path, steps: int = 3) -> None:
     """torch.profiler (CPU and CUDA activities) over a few steps of the baseline and of each
-    gradwatch variant: the kernels and CPU operators a variant adds, and its device time a step."""
+    gradwatch variant: per step, the kernel time and CPU operator time, and what each variant adds
+    to the baseline, by operator or kernel (largest first)."""
+    from torch.autograd import DeviceType
     from torch.profiler import ProfilerActivity
     from torch.profiler import profile as torch_profile
 
-    parts = []
+    per_step: dict[str, dict[str, tuple[float, float, float]]] = {}
     for kind, lane in lanes.items():
         if kind != "baseline" and not kind.startswith("gradwatch"):
             continue
@@ -221,13 +223,24 @@ def profile(lanes: dict[str, Lane], out: Path, steps: int = 3) -> None:
             for _ in range(steps):
                 lane.step()
             torch.cuda.synchronize()
-        events = prof.key_averages()
-        device_us = sum(getattr(e, "self_device_time_total", 0) for e in events) / steps
-        cpu_us = sum(e.self_cpu_time_total for e in events) / steps
-        parts.append(
-            f"## {kind}: {device_us / 1000:.2f} ms of kernels and {cpu_us / 1000:.2f} ms of CPU operators a step\n\n"
-            + events.table(sort_by="self_device_time_total", row_limit=18, max_name_column_width=60)
-        )
+        rows: dict[str, tuple[float, float, float]] = {}
+        for e in prof.key_averages():
+            kernel = e.device_type == DeviceType.CUDA and not getattr(e, "is_user_annotation", False)
+            device_us = e.self_device_time_total if kernel else 0.0
+            rows[e.key] = (device_us / steps, e.self_cpu_time_total / steps, e.count / steps)
+        per_step[kind] = rows
+    base = per_step.get("baseline", {})
+    parts = []
+    for kind, rows in per_step.items():
+        kernels = sum(r[0] for r in rows.values()) / 1000
+        cpu = sum(r[1] for r in rows.values()) / 1000
+        lines = [f"## {kind}: {kernels:.2f} ms of kernels, {cpu:.2f} ms of CPU operators a step"]
+        if kind != "baseline":
+            added = {k: tuple(r[i] - base.get(k, (0.0, 0.0, 0.0))[i] for i in range(3)) for k, r in rows.items()}
+            lines += ["", "| added a step | kernel (us) | CPU (us) | calls |", "|---|---|---|---|"]
+            top = sorted(added.items(), key=lambda kv: -(max(kv[1][0], 0) + max(kv[1][1], 0)))[:15]
+            lines += [f"| {k[:70]} | {d:+.0f} | {c:+.0f} | {n:+.1f} |" for k, (d, c, n) in top]
+        parts.append("\n".join(lines))
     out.write_text("\n\n".join(parts) + "\n")
     print(f"profile written to {out}", flush=True)
 
@@ -337,7 +350,9 @@ def main() -> int:
     )
     parser.add_argument("--out", type=Path, help="also write the table (markdown) to this file")
     parser.add_argument(
-        "--profile", type=Path, help="write torch.profiler tables of the first model's baseline and gradwatch variants"
+        "--profile",
+        type=Path,
+        help="torch.profiler tables of each model's baseline and gradwatch variants (FILE-MODEL.txt)",
     )
     args = parser.parse_args()
     models = [m for m in args.models.split(",") if m]
@@ -365,7 +380,9 @@ def main() -> int:
         for task in models:
             print(f"{task}: {args.rounds} rounds ...", flush=True)
             variants = [v for v in args.variants.split(",") if v]
-            profile_to = args.profile if task == models[0] else None
+            profile_to = (
+                args.profile.with_name(f"{args.profile.stem}-{task}{args.profile.suffix}") if args.profile else None
+            )
             rows += bench(task, variants, args.rounds, url, tmp, profile_to)
             torch.cuda.empty_cache()
     finally:

@@ -4,17 +4,20 @@
 # packages and the missing dependencies from .whl/ (filled beforehand by `make gpu-wheels` where
 # PyPI is reachable) into a folder of its own, without touching the machine's torch. Writes the
 # test summary (cuda-tests.txt, cuda-tests.xml), the benchmark's table (gpu-bench.md) and its
-# torch.profiler tables (gpu-profile.txt) to $OUT
+# torch.profiler tables (gpu-profile-MODEL.txt) to $OUT
 # (default ./gpu-out). Without a GPU the tests skip and the benchmark says why it cannot run.
 #
 #     scripts/gpu-check.sh [--quick]     # --quick: 5 benchmark rounds, for a dry run
+#     GPU_ROUNDS=12 GPU_VARIANTS='aa,gradwatch every=1' scripts/gpu-check.sh   # fewer rounds, no peer
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-$PWD/gpu-out}
 mkdir -p "$OUT"
 PY=${PYTHON:-python3}
-ROUNDS=20
+ROUNDS=${GPU_ROUNDS:-20}
 [ "${1:-}" = "--quick" ] && ROUNDS=5
+VARIANTS=${GPU_VARIANTS:-aa,gradwatch every=1,gradwatch auto,wandb.watch}
+
 export PYTHONUNBUFFERED=1 OMP_NUM_THREADS=${OMP_NUM_THREADS:-4}
 
 WHEELS=${GPU_WHEELS:-.whl}  # GPU_WHEELS=none: a dry run with this Python's own packages
@@ -37,7 +40,8 @@ status=0
 tests=${PIPESTATUS[0]}
 [ "$tests" -eq 0 ] || status=$tests
 
-"$PY" benchmarks/gpu.py --rounds "$ROUNDS" --out "$OUT/gpu-bench.md" --profile "$OUT/gpu-profile.txt" 2>&1 | tee "$OUT/gpu-bench.log"
+"$PY" benchmarks/gpu.py --rounds "$ROUNDS" --out "$OUT/gpu-bench.md" --profile "$OUT/gpu-profile.txt" \
+    --variants "$VARIANTS" 2>&1 | tee "$OUT/gpu-bench.log"
 bench=${PIPESTATUS[0]}
 if [ "$bench" -eq 3 ]; then
     echo "gpu-check: the benchmark did not run (no CUDA device)"

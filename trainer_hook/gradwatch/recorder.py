@@ -124,8 +124,8 @@ class FlightRecorder:
                 norms = norms * scale
             if len(present) == len(idx):
                 row.copy_(norms)
-            else:
-                row[torch.tensor(present, device=device)] = norms
+            else:  # views of the row, not an index tensor: building one on the device would sync
+                torch._foreach_copy_([row[k] for k in present], list(norms.unbind()))
         for old in [s for s, k in self._slot_of.items() if k == slot]:
             del self._slot_of[old]
             self._absent.pop(old, None)
@@ -148,19 +148,21 @@ class FlightRecorder:
         slots = [self._slot_of.get(step) for step, _ in held]
         copies: list[tuple[list[int], torch.Tensor, Any]] = []
         for device, idx in self._by_device.items():
-            rows = [s if s is not None else 0 for s in slots]
-            taken = self._rings[device][torch.tensor(rows, device=device)]
+            # the whole ring, its held rows picked on the host: an index tensor made on the
+            # device from host numbers would be a synchronising copy (a ring is `size` x the
+            # parameters in float32: 180 kB at 700 tensors)
+            ring = self._rings[device]
             if device.type == "cpu":
-                copies.append((idx, taken, None))
+                copies.append((idx, ring.clone(), None))
                 continue
-            host = torch.empty(taken.shape, dtype=taken.dtype, pin_memory=True)
+            host = torch.empty(ring.shape, dtype=ring.dtype, pin_memory=True)
             with torch.cuda.device(device):
-                host.copy_(taken, non_blocking=True)
+                host.copy_(ring, non_blocking=True)
                 event = torch.cuda.Event()
                 event.record()
             copies.append((idx, host, event))
         absent = [self._absent.get(step, []) for step, _ in held]
-        return FlightBatch(self, held, [s is not None for s in slots], absent, copies)
+        return FlightBatch(self, held, slots, absent, copies)
 
     # -- sender thread ---------------------------------------------------------------------
     def judge(self, steps: list[tuple[UnsentStep, Optional[tuple[np.ndarray, np.ndarray]]]]) -> list[UnsentStep]:
@@ -211,19 +213,19 @@ class FlightRecorder:
 
 
 class FlightBatch:
-    """Held steps and the host copy of their ring rows, rendered on the sender thread."""
+    """Held steps and the host copy of the ring, rendered on the sender thread."""
 
     def __init__(
         self,
         recorder: FlightRecorder,
         held: list[tuple[int, Callable[[], UnsentStep]]],
-        recorded: list[bool],
+        slots: list[Optional[int]],
         absent: list[list[int]],
         copies: list[tuple[list[int], torch.Tensor, Any]],
     ) -> None:
         self.recorder = recorder
         self.held = held
-        self.recorded = recorded
+        self.slots = slots  # each held step's ring row; None where it was not recorded
         self.absent = absent
         self.copies = copies
 
@@ -231,14 +233,18 @@ class FlightBatch:
         """The held steps' records, in order (sender thread)."""
         n = len(self.recorder.params)
         rows = np.full((len(self.held), n), np.nan, dtype=np.float32)
+        taken = [s if s is not None else 0 for s in self.slots]
         for idx, host, event in self.copies:
             if event is not None:
                 event.synchronize()
-            rows[:, idx] = host.numpy()
+            rows[:, idx] = host.numpy()[taken]
         missing = np.zeros(rows.shape, dtype=bool)
         for k, absent in enumerate(self.absent):
             missing[k, absent] = True
-        steps = [(make(), (rows[k], missing[k]) if self.recorded[k] else None) for k, (_, make) in enumerate(self.held)]
+        steps = [
+            (make(), (rows[k], missing[k]) if self.slots[k] is not None else None)
+            for k, (_, make) in enumerate(self.held)
+        ]
         return self.recorder.judge(steps)
 
 

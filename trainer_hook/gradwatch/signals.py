@@ -35,15 +35,23 @@ EPS_FACTOR = 2.0
 MOMENTUM_KEYS = ("exp_avg", "momentum_buffer")
 
 
-def _step_count(state: dict[str, Any]) -> Optional[float]:
-    """The optimizer's step count of a parameter, if it is on the host (never read from a device:
-    that would synchronise)."""
+def _step_count(state: dict[str, Any]) -> Optional[float | torch.Tensor]:
+    """The optimizer's step count of a parameter: a number where it is on the host, the 0-d
+    tensor itself where it lives on a device (fused and capturable Adam): read there, it would
+    synchronise, so the bias correction is computed on that device."""
     step = state.get("step")
     if isinstance(step, (int, float)) and not isinstance(step, bool):
         return float(step)
-    if isinstance(step, torch.Tensor) and step.device.type == "cpu" and step.numel() == 1:
-        return float(step.item())
+    if isinstance(step, torch.Tensor) and step.numel() == 1:
+        return float(step.item()) if step.device.type == "cpu" else step.reshape(())
     return None
+
+
+def _on(device: torch.device, value: float | torch.Tensor) -> torch.Tensor:
+    """`value` as a 0-d float32 tensor on `device`, made there (a fill, not a copy from the host)."""
+    if isinstance(value, torch.Tensor):
+        return value.to(device=device, dtype=torch.float32)
+    return torch.full((), value, dtype=torch.float32, device=device)
 
 
 def optimizer_signals(
@@ -56,8 +64,8 @@ def optimizer_signals(
     tensors only): `params[i]`'s optimizer state is `states[i]` and its param group `groups[i]`."""
     eps_idx: list[int] = []
     eps_v: list[torch.Tensor] = []
-    eps_thr: list[float] = []
-    eps_bc: list[float] = []
+    eps_thr: list[float | torch.Tensor] = []
+    eps_bc: list[float | torch.Tensor] = []
     cos_idx: list[int] = []
     cos_g: list[torch.Tensor] = []
     cos_m: list[torch.Tensor] = []
@@ -78,9 +86,9 @@ def optimizer_signals(
             and isinstance(betas, (tuple, list))
             and len(betas) == 2
             and t is not None
-            and t >= 1
+            and (isinstance(t, torch.Tensor) or t >= 1)
         ):
-            bc = 1.0 - float(betas[1]) ** t
+            bc = 1.0 - float(betas[1]) ** t if isinstance(t, float) else 1.0 - torch.pow(float(betas[1]), t.double())
             eps_idx.append(i)
             eps_v.append(v)
             eps_thr.append((EPS_FACTOR * eps) ** 2 * bc)
@@ -101,20 +109,26 @@ def optimizer_signals(
         out.append(("momentum_cosine", cos_idx, list(cosine.unbind())))
         grad_sq = {i: n * n for i, n in zip(cos_idx, g_norm.unbind())}
     if eps_idx:
-        below = torch._foreach_sub(eps_v, eps_thr)  # v − threshold; only its sign is kept
+        on_host = all(isinstance(x, float) for x in eps_bc)
+        if not on_host:  # a step count on the device: thresholds and corrections made there
+            eps_thr = [_on(v.device, x) for v, x in zip(eps_v, eps_thr)]
+            eps_bc = [_on(v.device, x) for v, x in zip(eps_v, eps_bc)]
+        below = torch._foreach_sub(eps_v, eps_thr)  # type: ignore[arg-type]  # v − threshold; its sign is kept
         torch._foreach_clamp_max_(below, 0.0)
         torch._foreach_sign_(below)  # −1 where v̂ is in the epsilon regime, else 0
         counts = torch.stack(_norms(below))  # ‖·‖₂ of ±1 entries: √count
-        numel = torch.tensor([float(v.numel()) for v in eps_v], device=counts.device)
-        out.append(("eps_share", eps_idx, list((counts * counts / numel).unbind())))
+        # divided by host numbers as foreach scalars: a tensor of them made on the device would
+        # be a synchronising copy
+        shares = torch._foreach_div(list((counts * counts).unbind()), [float(v.numel()) for v in eps_v])
+        out.append(("eps_share", eps_idx, list(shares)))
         v_sum = torch.stack([n.float() for n in torch._foreach_norm(eps_v, 1)])  # Σv (v >= 0)
         missing = [i for i in eps_idx if i not in grad_sq]
         if missing:
             for i, n in zip(missing, _norms([params[i].grad for i in missing])):  # type: ignore[misc]
                 grad_sq[i] = n * n
         g_sq = torch.stack([grad_sq[i].to(v_sum.device) for i in eps_idx])
-        corrected = v_sum / torch.tensor(eps_bc, device=v_sum.device)
-        out.append(("v_decoupling", eps_idx, list((g_sq / corrected).unbind())))
+        corrected = torch._foreach_div(list(v_sum.unbind()), eps_bc)  # type: ignore[arg-type]
+        out.append(("v_decoupling", eps_idx, list(torch._foreach_div(list(g_sq.unbind()), corrected))))
     return out
 
 
