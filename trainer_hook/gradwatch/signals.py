@@ -17,8 +17,14 @@ Per parameter:
 Each costs passes over the state (docs/diagnostics.md gives the figures): `eps_share` one
 subtraction into a temporary the size of v, two in-place passes and a norm; `v_decoupling` one
 L1 norm of v (the gradient's norm is read with the cosine); `momentum_cosine` one addition into
-a temporary the size of the momentum and two norms. Only parameters stepped whole (no DTensor or
-FSDP piece) are measured.
+a temporary the size of the momentum and two norms.
+
+A rank of a distributed job measures its local piece of each parameter (a DTensor's local tensor,
+an FSDP1 slice: pieces.py), and its three signals are its piece's own. A ratio or a cosine of the
+whole tensor is not a combination of the pieces' ratios, so with `pieces=True` each signal also
+goes as the L2 norms it is made of (PIECE_NORMS), all of them computed above anyway; the server
+adds them over the pieces as it adds every norm and divides the sums (docs/protocol.md,
+"Distributed training"): no collective, no extra pass.
 """
 
 from __future__ import annotations
@@ -28,11 +34,27 @@ from typing import Any, Optional
 
 import torch
 
+from .pieces import View
+
 #: v̂ below (EPS_FACTOR · eps)² is the epsilon regime: eps is at least a third of the denominator.
 EPS_FACTOR = 2.0
 
 #: The state keys that hold a momentum (first moment) shaped like the parameter.
 MOMENTUM_KEYS = ("exp_avg", "momentum_buffer")
+
+#: With `pieces=True`, the local L2 norms each signal is made of (a rank's piece): `eps_share` =
+#: ‖1[v̂ < thr]‖² / ‖1‖² (`eps_regime_norm`, `eps_numel_norm`: the square roots of the entries in
+#: the regime and of all entries), `v_decoupling` = ‖g‖² / ‖√v̂‖² (`signal_grad_norm`,
+#: `v_hat_root_norm`: √Σv̂), `momentum_cosine` = (‖g + m‖² − ‖g‖² − ‖m‖²) / (2 ‖g‖ ‖m‖)
+#: (`grad_momentum_norm`, `signal_grad_norm`, `momentum_norm`).
+PIECE_NORMS = (
+    "eps_regime_norm",
+    "eps_numel_norm",
+    "v_hat_root_norm",
+    "signal_grad_norm",
+    "momentum_norm",
+    "grad_momentum_norm",
+)
 
 
 def _step_count(state: dict[str, Any]) -> Optional[float]:
@@ -51,9 +73,13 @@ def optimizer_signals(
     indices: Iterable[int],
     states: Sequence[dict[Any, Any]],
     groups: Sequence[dict[str, Any]],
+    views: Optional[Sequence[Optional[View]]] = None,
+    pieces: bool = False,
 ) -> list[tuple[str, list[int], list[torch.Tensor]]]:
-    """(metric, parameter indices, 0-d float32 tensors) for the parameters `indices` (whole
-    tensors only): `params[i]`'s optimizer state is `states[i]` and its param group `groups[i]`."""
+    """(metric, parameter indices, 0-d float32 tensors) for the parameters `indices`:
+    `params[i]`'s optimizer state is `states[i]` and its param group `groups[i]`; `views[i]`, where
+    given, takes this rank's piece of the parameter, its gradient and its state (pieces.py).
+    `pieces`: also the norms of PIECE_NORMS, for the server to combine the ranks' pieces."""
     eps_idx: list[int] = []
     eps_v: list[torch.Tensor] = []
     eps_thr: list[float] = []
@@ -61,12 +87,21 @@ def optimizer_signals(
     cos_idx: list[int] = []
     cos_g: list[torch.Tensor] = []
     cos_m: list[torch.Tensor] = []
+    grads: dict[int, torch.Tensor] = {}
     for i in indices:
         p = params[i]
         state, group = states[i], groups[i]
         g = p.grad
         if not state or g is None or g.is_sparse or g.shape != p.shape:
             continue
+        view = None if views is None else views[i]
+        if view is not None:
+            p, g = view(p), view(g)
+            state = {
+                k: view(t) if isinstance(t, torch.Tensor) and t.shape == params[i].shape else t
+                for k, t in state.items()
+            }
+        grads[i] = g
         v = state.get("exp_avg_sq")
         eps, betas = group.get("eps"), group.get("betas")
         t = _step_count(state)
@@ -91,7 +126,7 @@ def optimizer_signals(
             cos_g.append(g)
             cos_m.append(m)
     out: list[tuple[str, list[int], list[torch.Tensor]]] = []
-    grad_sq: dict[int, torch.Tensor] = {}
+    grad_norm: dict[int, torch.Tensor] = {}
     if cos_idx:
         g_norm = torch.stack(_norms(cos_g))
         m_norm = torch.stack(_norms(cos_m))
@@ -99,7 +134,10 @@ def optimizer_signals(
         # <g, m> = (‖g + m‖² − ‖g‖² − ‖m‖²) / 2: two norms instead of a product and a sum per tensor
         cosine = (both * both - g_norm * g_norm - m_norm * m_norm) / (2 * g_norm * m_norm)
         out.append(("momentum_cosine", cos_idx, list(cosine.unbind())))
-        grad_sq = {i: n * n for i, n in zip(cos_idx, g_norm.unbind())}
+        grad_norm = dict(zip(cos_idx, g_norm.unbind()))
+        if pieces:
+            out.append(("momentum_norm", cos_idx, list(m_norm.unbind())))
+            out.append(("grad_momentum_norm", cos_idx, list(both.unbind())))
     if eps_idx:
         below = torch._foreach_sub(eps_v, eps_thr)  # v − threshold; only its sign is kept
         torch._foreach_clamp_max_(below, 0.0)
@@ -108,13 +146,19 @@ def optimizer_signals(
         numel = torch.tensor([float(v.numel()) for v in eps_v], device=counts.device)
         out.append(("eps_share", eps_idx, list((counts * counts / numel).unbind())))
         v_sum = torch.stack([n.float() for n in torch._foreach_norm(eps_v, 1)])  # Σv (v >= 0)
-        missing = [i for i in eps_idx if i not in grad_sq]
+        missing = [i for i in eps_idx if i not in grad_norm]
         if missing:
-            for i, n in zip(missing, _norms([params[i].grad for i in missing])):  # type: ignore[misc]
-                grad_sq[i] = n * n
-        g_sq = torch.stack([grad_sq[i].to(v_sum.device) for i in eps_idx])
-        corrected = v_sum / torch.tensor(eps_bc, device=v_sum.device)
-        out.append(("v_decoupling", eps_idx, list((g_sq / corrected).unbind())))
+            for i, n in zip(missing, _norms([grads[i] for i in missing])):
+                grad_norm[i] = n
+        g_norm = torch.stack([grad_norm[i].to(v_sum.device) for i in eps_idx])
+        corrected = v_sum / torch.tensor(eps_bc, device=v_sum.device)  # Σv̂
+        out.append(("v_decoupling", eps_idx, list((g_norm * g_norm / corrected).unbind())))
+        if pieces:
+            out.append(("eps_regime_norm", eps_idx, list(counts.unbind())))
+            out.append(("eps_numel_norm", eps_idx, list(numel.sqrt().unbind())))
+            out.append(("v_hat_root_norm", eps_idx, list(corrected.sqrt().unbind())))
+    if pieces and grad_norm:
+        out.append(("signal_grad_norm", list(grad_norm), list(grad_norm.values())))
     return out
 
 
