@@ -24,11 +24,12 @@ an FSDP1 slice: pieces.py), and its three signals are its piece's own. A ratio o
 whole tensor is not a combination of the pieces' ratios, so with `pieces=True` each signal also
 goes as the L2 norms it is made of (PIECE_NORMS), all of them computed above anyway; the server
 adds them over the pieces as it adds every norm and divides the sums (docs/protocol.md,
-"Distributed training"): no collective, no extra pass.
+"Distributed training"): no collective, no extra pass over a tensor.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Sequence
 from typing import Any, Optional
 
@@ -57,15 +58,23 @@ PIECE_NORMS = (
 )
 
 
-def _step_count(state: dict[str, Any]) -> Optional[float]:
-    """The optimizer's step count of a parameter, if it is on the host (never read from a device:
-    that would synchronise)."""
+def _step_count(state: dict[str, Any]) -> Optional[float | torch.Tensor]:
+    """The optimizer's step count of a parameter: a number where it is on the host, the 0-d
+    tensor itself where it lives on a device (fused and capturable Adam): read there, it would
+    synchronise, so the bias correction is computed on that device."""
     step = state.get("step")
     if isinstance(step, (int, float)) and not isinstance(step, bool):
         return float(step)
-    if isinstance(step, torch.Tensor) and step.device.type == "cpu" and step.numel() == 1:
-        return float(step.item())
+    if isinstance(step, torch.Tensor) and step.numel() == 1:
+        return float(step.item()) if step.device.type == "cpu" else step.reshape(())
     return None
+
+
+def _on(device: torch.device, value: float | torch.Tensor) -> torch.Tensor:
+    """`value` as a 0-d float32 tensor on `device`, made there (a fill, not a copy from the host)."""
+    if isinstance(value, torch.Tensor):
+        return value.to(device=device, dtype=torch.float32)
+    return torch.full((), value, dtype=torch.float32, device=device)
 
 
 def optimizer_signals(
@@ -82,8 +91,8 @@ def optimizer_signals(
     `pieces`: also the norms of PIECE_NORMS, for the server to combine the ranks' pieces."""
     eps_idx: list[int] = []
     eps_v: list[torch.Tensor] = []
-    eps_thr: list[float] = []
-    eps_bc: list[float] = []
+    eps_thr: list[float | torch.Tensor] = []
+    eps_bc: list[float | torch.Tensor] = []
     cos_idx: list[int] = []
     cos_g: list[torch.Tensor] = []
     cos_m: list[torch.Tensor] = []
@@ -95,7 +104,7 @@ def optimizer_signals(
         if not state or g is None or g.is_sparse or g.shape != p.shape:
             continue
         view = None if views is None else views[i]
-        if view is not None:
+        if view is not None:  # this rank's piece of the parameter, its gradient and its state
             p, g = view(p), view(g)
             state = {
                 k: view(t) if isinstance(t, torch.Tensor) and t.shape == params[i].shape else t
@@ -113,9 +122,9 @@ def optimizer_signals(
             and isinstance(betas, (tuple, list))
             and len(betas) == 2
             and t is not None
-            and t >= 1
+            and (isinstance(t, torch.Tensor) or t >= 1)
         ):
-            bc = 1.0 - float(betas[1]) ** t
+            bc = 1.0 - float(betas[1]) ** t if isinstance(t, float) else 1.0 - torch.pow(float(betas[1]), t.double())
             eps_idx.append(i)
             eps_v.append(v)
             eps_thr.append((EPS_FACTOR * eps) ** 2 * bc)
@@ -126,7 +135,7 @@ def optimizer_signals(
             cos_g.append(g)
             cos_m.append(m)
     out: list[tuple[str, list[int], list[torch.Tensor]]] = []
-    grad_norm: dict[int, torch.Tensor] = {}
+    grad_sq: dict[int, torch.Tensor] = {}
     if cos_idx:
         g_norm = torch.stack(_norms(cos_g))
         m_norm = torch.stack(_norms(cos_m))
@@ -134,31 +143,39 @@ def optimizer_signals(
         # <g, m> = (‖g + m‖² − ‖g‖² − ‖m‖²) / 2: two norms instead of a product and a sum per tensor
         cosine = (both * both - g_norm * g_norm - m_norm * m_norm) / (2 * g_norm * m_norm)
         out.append(("momentum_cosine", cos_idx, list(cosine.unbind())))
-        grad_norm = dict(zip(cos_idx, g_norm.unbind()))
+        grad_sq = {i: n * n for i, n in zip(cos_idx, g_norm.unbind())}
         if pieces:
+            out.append(("signal_grad_norm", cos_idx, list(g_norm.unbind())))
             out.append(("momentum_norm", cos_idx, list(m_norm.unbind())))
             out.append(("grad_momentum_norm", cos_idx, list(both.unbind())))
     if eps_idx:
-        below = torch._foreach_sub(eps_v, eps_thr)  # v − threshold; only its sign is kept
+        on_host = all(isinstance(x, float) for x in eps_bc)
+        if not on_host:  # a step count on the device: thresholds and corrections made there
+            eps_thr = [_on(v.device, x) for v, x in zip(eps_v, eps_thr)]
+            eps_bc = [_on(v.device, x) for v, x in zip(eps_v, eps_bc)]
+        below = torch._foreach_sub(eps_v, eps_thr)  # type: ignore[arg-type]  # v − threshold; its sign is kept
         torch._foreach_clamp_max_(below, 0.0)
         torch._foreach_sign_(below)  # −1 where v̂ is in the epsilon regime, else 0
         counts = torch.stack(_norms(below))  # ‖·‖₂ of ±1 entries: √count
-        numel = torch.tensor([float(v.numel()) for v in eps_v], device=counts.device)
-        out.append(("eps_share", eps_idx, list((counts * counts / numel).unbind())))
+        # divided by host numbers as foreach scalars: a tensor of them made on the device would
+        # be a synchronising copy
+        shares = torch._foreach_div(list((counts * counts).unbind()), [float(v.numel()) for v in eps_v])
+        out.append(("eps_share", eps_idx, list(shares)))
         v_sum = torch.stack([n.float() for n in torch._foreach_norm(eps_v, 1)])  # Σv (v >= 0)
-        missing = [i for i in eps_idx if i not in grad_norm]
+        if pieces:  # √numel made on the device (a fill), √Σv̂ from Σv
+            out.append(("eps_regime_norm", eps_idx, list(counts.unbind())))
+            out.append(("eps_numel_norm", eps_idx, [_on(v.device, math.sqrt(v.numel())) for v in eps_v]))
+            v_hat = torch._foreach_div(list(v_sum.unbind()), eps_bc)  # type: ignore[arg-type]
+            out.append(("v_hat_root_norm", eps_idx, list(torch._foreach_sqrt(v_hat))))
+        missing = [i for i in eps_idx if i not in grad_sq]
         if missing:
             for i, n in zip(missing, _norms([grads[i] for i in missing])):
-                grad_norm[i] = n
-        g_norm = torch.stack([grad_norm[i].to(v_sum.device) for i in eps_idx])
-        corrected = v_sum / torch.tensor(eps_bc, device=v_sum.device)  # Σv̂
-        out.append(("v_decoupling", eps_idx, list((g_norm * g_norm / corrected).unbind())))
-        if pieces:
-            out.append(("eps_regime_norm", eps_idx, list(counts.unbind())))
-            out.append(("eps_numel_norm", eps_idx, list(numel.sqrt().unbind())))
-            out.append(("v_hat_root_norm", eps_idx, list(corrected.sqrt().unbind())))
-    if pieces and grad_norm:
-        out.append(("signal_grad_norm", list(grad_norm), list(grad_norm.values())))
+                grad_sq[i] = n * n
+                if pieces:
+                    out.append(("signal_grad_norm", [i], [n]))
+        g_sq = torch.stack([grad_sq[i].to(v_sum.device) for i in eps_idx])
+        corrected = torch._foreach_div(list(v_sum.unbind()), eps_bc)  # type: ignore[arg-type]
+        out.append(("v_decoupling", eps_idx, list(torch._foreach_div(list(g_sq.unbind()), corrected))))
     return out
 
 
