@@ -40,9 +40,6 @@ from .pieces import View
 #: v̂ below (EPS_FACTOR · eps)² is the epsilon regime: eps is at least a third of the denominator.
 EPS_FACTOR = 2.0
 
-#: The state keys that hold a momentum (first moment) shaped like the parameter.
-MOMENTUM_KEYS = ("exp_avg", "momentum_buffer")
-
 #: With `pieces=True`, the local L2 norms each signal is made of (a rank's piece): `eps_share` =
 #: ‖1[v̂ < thr]‖² / ‖1‖² (`eps_regime_norm`, `eps_numel_norm`: the square roots of the entries in
 #: the regime and of all entries), `v_decoupling` = ‖g‖² / ‖√v̂‖² (`signal_grad_norm`,
@@ -56,6 +53,9 @@ PIECE_NORMS = (
     "momentum_norm",
     "grad_momentum_norm",
 )
+
+#: The state keys that hold a momentum (first moment) shaped like the parameter.
+MOMENTUM_KEYS = ("exp_avg", "momentum_buffer")
 
 
 def _step_count(state: dict[str, Any]) -> Optional[float | torch.Tensor]:
