@@ -41,7 +41,7 @@ from .diagnostics import Diagnostics, Finding
 from .jobs.assembler import JobAssembler
 from .live import LiveHub, worker_headers
 from .notify import Notifier, RunRef, tell
-from .protocol import Close, Hello, ProtocolError, Step, Steps, parse_message
+from .protocol import RESENT, Close, Hello, ProtocolError, Step, Steps, parse_message
 from .sessions import Sessions
 from .settings import Settings
 from .store import ParamsMismatch, Run, StepData, Store, UnknownRun
@@ -286,7 +286,12 @@ class IngestConnection:
             self.jobs.hear(self.job, self.rank, queued)
 
     async def _steps(self, steps: list[Step]) -> None:
-        batch = [StepData(seq=s.seq, step=s.step, time=s.time, scalars=s.scalars, arrays=s.arrays()) for s in steps]
+        batch = [
+            StepData(
+                seq=s.seq, step=s.step, time=s.time, scalars=s.scalars, arrays=s.arrays(), resent=RESENT in s.scalars
+            )
+            for s in steps
+        ]
         try:
             stored = await asyncio.to_thread(
                 self.store.write_steps, self.run_id, batch, self.hub.steps_notice(self.run_id), self.job is not None

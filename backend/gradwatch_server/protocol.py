@@ -41,6 +41,11 @@ GRAD_STATUS_NAMES = ("none", "zero", "nonzero", "nonfinite")
 #: The metric name under which `grad_status` is stored beside the float metrics.
 GRAD_STATUS = "grad_status"
 
+#: The scalar that marks a step sent again by the hook's flight recorder, with per-parameter arrays
+#: it kept (the `grad_norm` of a step before an incident, sent earlier with its cheap facts only):
+#: the server adds those arrays to the stored step, and stores nothing else of it (docs/protocol.md).
+RESENT = "flight/resent"
+
 #: dtype codes of stored per-parameter arrays (numpy spelling, little-endian).
 FLOAT_DTYPE = "f4"
 STATUS_DTYPE = "u1"

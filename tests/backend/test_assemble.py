@@ -225,6 +225,47 @@ def test_update_ratio_is_the_ratio_of_the_global_norms() -> None:
             np.testing.assert_allclose(ratio, want, rtol=1e-6, equal_nan=True)
 
 
+def test_optimizer_signals_of_pieces_are_those_of_the_joined_vectors() -> None:
+    """Two ranks' pieces of two parameters (the second without optimizer state: ABSENT): the
+    signals made from the pieces' norms equal those of the joined vectors, in float64."""
+    rng = np.random.default_rng(3)
+    g, m, v = (rng.normal(size=(2, 50)) for _ in range(3))
+    v, thr = v * v, 0.3
+    absent = np.array([ABSENT_BITS], dtype="<u4").view("<f4")[0]
+    pieces = []
+    for rank, part in enumerate((slice(0, 20), slice(20, 50))):
+        gs, ms, vs = g[:, part], m[:, part], v[:, part]
+
+        def norm(x: np.ndarray, held: bool = True) -> np.ndarray:
+            out = np.sqrt((x * x).sum(axis=1)).astype("<f4")
+            out[1] = out[1] if held else absent
+            return out
+
+        held = False
+        arrays = {
+            "eps_regime_norm": norm((vs < thr).astype(float), held),
+            "eps_numel_norm": norm(np.ones_like(vs), held),
+            "v_hat_root_norm": norm(np.sqrt(vs), held),
+            "signal_grad_norm": norm(gs, held),
+            "momentum_norm": norm(ms, held),
+            "grad_momentum_norm": norm(gs + ms, held),
+            "eps_share": np.full(2, 9.0, dtype="<f4"),  # a rank's own: replaced
+            "grad_norm": norm(gs),  # a measured step
+        }
+        pieces.append(RankStep(rank, 0.0, {}, arrays, np.ones(2, dtype=bool)))
+    got = combine(pieces).arrays
+    share, decoupling, cosine = (
+        (v[0] < thr).mean(),
+        (g[0] ** 2).mean() / v[0].mean(),
+        g[0] @ m[0] / (np.linalg.norm(g[0]) * np.linalg.norm(m[0])),
+    )
+    np.testing.assert_allclose(
+        [got["eps_share"][0], got["v_decoupling"][0], got["momentum_cosine"][0]], [share, decoupling, cosine], rtol=1e-5
+    )
+    assert all(is_absent(got[s][1]) for s in ("eps_share", "v_decoupling", "momentum_cosine"))
+    assert "signal_grad_norm" not in got and "eps_regime_norm" not in got
+
+
 def test_scalars_by_family() -> None:
     def piece(rank: int, scalars: dict[str, float], grad: list[float]) -> RankStep:
         return RankStep(rank, 10.0 + rank, scalars, {"grad_norm": np.array(grad, dtype="<f4")}, np.ones(2, dtype=bool))

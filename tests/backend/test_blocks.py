@@ -19,7 +19,7 @@ from alembic import command
 from alembic.config import Config
 
 from gradwatch_server import blocks, charts
-from gradwatch_server.protocol import Hello, parse_message
+from gradwatch_server.protocol import RESENT, Hello, parse_message
 from gradwatch_server.store import StepData, Store, backfill_blocks, open_store
 from support.heatcells import assert_same_cells
 from support.jsonfloats import number, same
@@ -294,3 +294,42 @@ def test_the_migration_computes_blocks_for_runs_stored_before_it(run: tuple[Stor
     upgraded = open_store(db_url)  # upgrades to the newest revision, 0004 computing the blocks
     assert _blocks(upgraded) == kept
     upgraded.close()
+
+
+def test_the_flight_recorders_resent_norms_go_into_the_stored_steps_and_their_blocks(db_url: str) -> None:
+    """Steps stored with their cheap facts only, then `resent` (ingest: the scalar RESENT) with the norms the
+    hook's flight recorder kept: the arrays are added to those steps (never replacing a measured
+    one, never storing a step that is not there), and the blocks stay equal to a recomputation,
+    in closed blocks and in the open one (whose steps the store kept in memory)."""
+    store = open_store(db_url)
+    try:
+        message = parse_message(json.dumps(hello("w", params=PARAMS[:3])))
+        assert isinstance(message, Hello)
+        store.open_run(message)
+        measured = np.array([1.0, 2.0, 3.0], "<f4").tobytes()
+        batch = [StepData(1, 1, 1.0, {"loss": 1.0}, {"grad_norm": measured})]
+        batch += [StepData(s, s, float(s), {"loss": 1.0}, {}) for s in range(2, 41)]
+        store.write_steps("w", batch)
+        window = {s: np.array([s, 2 * s, 3 * s], "<f4") for s in (1, 5, 6, 7, 36, 37, 99)}
+        resent = [
+            StepData(41, s, float(s), {RESENT: 1.0}, {"grad_norm": v.tobytes()}, resent=True) for s, v in window.items()
+        ]
+        assert store.write_steps("w", resent) == [False] * len(resent)  # no step of its own
+        plain = StepData(42, 8, 8.0, {}, {"grad_norm": window[7].tobytes()})  # a step sent again, unmarked
+        later = [StepData(43 + i, s, float(s), {"loss": 1.0}, {}) for i, s in enumerate(range(41, 70))]
+        store.write_steps("w", [plain, *later])  # closes the block of steps 32-47
+        steps, rows = store.metric_rows("w", "grad_norm")
+        assert steps.tolist() == [1, 5, 6, 7, 36, 37]  # not 99 (not stored) nor 8 (not marked)
+        assert rows[0].tobytes() == measured  # a measured value is never replaced
+        assert [rows[k].tolist() for k in range(1, 6)] == [window[s].tolist() for s in (5, 6, 7, 36, 37)]
+        run = store.get_run("w")
+        assert run is not None and (run.steps, run.last_step, run.last_seq) == (69, 69, 71)
+        assert store.series_names("w", "scalar") == ["loss"]
+        kept = _blocks(store)
+        assert {r[4] for r in kept if r[2] == "grad_norm" and r[3] == 16} == {0, 2}
+        with store.engine.begin() as conn:
+            conn.exec_driver_sql("DELETE FROM metric_blocks")
+            backfill_blocks(conn)
+        assert _blocks(store) == kept
+    finally:
+        store.close()

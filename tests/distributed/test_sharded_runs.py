@@ -1,5 +1,6 @@
 """FSDP2, HSDP and FSDP1 on a real 2-rank gloo job against a real server: every per-parameter
 norm the run stores (gradient, parameter, Adam's two moments) equals the norm of the full tensor,
+and FSDP2's optimizer signals (`optimizer_signals=True`) the signals of the full tensors,
 gathered here in the test (`full_tensor()`, `summon_full_params`, all-gathers of FSDP1's
 slices of gradients and optimizer state): collectives of the test's own, beside the watched steps.
 
@@ -157,18 +158,57 @@ def train(rank: int, url: str, name: str) -> tuple[str, Oracle, Oracle]:
     return w.run_id, oracle, local
 
 
-def sharded_job(rank: int, world_size: int, url: str) -> dict[str, tuple[str, Oracle, Oracle]]:
-    return {name: train(rank, url, name) for name in CONFIGS}
+#: Adam's epsilon of the signals' run: large enough that some entries of v̂ fall below (2 eps)^2
+SIGNALS_EPS = 3e-3
 
 
-Job = tuple[ServerProcess, list[dict[str, tuple[str, Oracle, Oracle]]]]
+def full_signals(model: nn.Module, opt: torch.optim.Optimizer) -> dict[str, dict[str, float]]:
+    """The optimizer signals of the full tensors (gathered), in float64, as docs/diagnostics.md
+    defines them: eps_share = the share of entries of v̂ = v / (1 - beta2^t) below (2 eps)^2,
+    v_decoupling = mean(g^2) / mean(v̂), momentum_cosine = cos(g, exp_avg)."""
+    out: dict[str, dict[str, float]] = {"eps_share": {}, "v_decoupling": {}, "momentum_cosine": {}}
+    (group,) = opt.param_groups
+    for n, p in model.named_parameters():
+        state = opt.state[p]
+        g, m, v = (full(t).double().reshape(-1) for t in (p.grad, state["exp_avg"], state["exp_avg_sq"]))
+        v_hat = v / (1 - group["betas"][1] ** float(state["step"]))
+        out["eps_share"][n] = float((v_hat < (2 * group["eps"]) ** 2).double().mean())
+        out["v_decoupling"][n] = float((g * g).mean() / v_hat.mean())
+        out["momentum_cosine"][n] = float(g @ m / (g.norm() * m.norm()))
+    return out
+
+
+def train_signals(rank: int, url: str) -> tuple[str, Oracle]:
+    """FSDP2 with `optimizer_signals=True`: the run id and, per step, the full tensors' signals."""
+    model = wrap(build(), 2, (2,))
+    opt = torch.optim.Adam(model.parameters(), lr=1e-2, eps=SIGNALS_EPS)
+    g = torch.Generator().manual_seed(2)
+    x, y = torch.randn(STEPS, BATCH, 8, generator=g), torch.randn(STEPS, BATCH, 1, generator=g)
+    mine = slice(rank * BATCH // 2, (rank + 1) * BATCH // 2)
+    oracle: Oracle = {}
+    with gradwatch.watch(
+        opt, model=model, run="fsdp2-signals", project="dist", server=url, warn=False, optimizer_signals=True
+    ) as w:
+        for step in range(1, STEPS + 1):
+            opt.zero_grad(set_to_none=True)
+            nn.functional.mse_loss(model(x[step - 1, mine]), y[step - 1, mine]).backward()
+            opt.step()
+            oracle[step] = full_signals(model, opt)
+    return w.run_id, oracle
+
+
+def sharded_job(rank: int, world_size: int, url: str) -> dict[str, Any]:
+    return {**{name: train(rank, url, name) for name in CONFIGS}, "signals": train_signals(rank, url)}
+
+
+Job = tuple[ServerProcess, list[dict[str, Any]]]
 
 
 @pytest.fixture(scope="module")
 def job(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Job]:
     """The job, run once for the module's tests."""
     with job_on_server(tmp_path_factory.mktemp("sharded"), sharded_job) as (server, ranks):
-        for name in CONFIGS:
+        for name in [*CONFIGS, "signals"]:
             settled(server.url, job_of(ranks[0][name][0]))
         yield server, ranks
 
@@ -194,3 +234,22 @@ def test_each_fsdp2_rank_stores_its_own_shards_norms(job: Job) -> None:
         stored = exported(server.url, f"{job_of(run_id)}.r{rank}")
         assert_norms({s: {"grad_norm": stored[s]["grad_norm"]} for s in stored}, local, f"fsdp2 rank {rank}")
     assert ranks[1]["fsdp2"][2][1]["grad_norm"]["5.bias"] == 0.0
+
+
+def test_fsdp2_optimizer_signals_equal_the_full_tensors(job: Job) -> None:
+    """Each rank measures the signals of its DTensor shards (the one-row layer's shard on rank 1 is
+    empty); the job's step holds the signals of the whole tensors, combined from the norms the
+    ranks send, equal to the signals computed here on the gathered tensors."""
+    server, ranks = job
+    run_id, oracle = ranks[0]["signals"]
+    stored = exported(server.url, job_of(run_id))
+    assert sorted(stored) == list(range(1, STEPS + 1))
+    shares = set()
+    for step, signals in oracle.items():
+        for metric, by_param in signals.items():
+            for name, value in by_param.items():
+                got = stored[step][metric][name]
+                assert got == pytest.approx(value, rel=1e-4, abs=1e-5), (step, metric, name, got, value)
+        shares |= set(signals["eps_share"].values())
+    assert len(shares) > 2 and 0 < min(shares - {0.0, 1.0}) < 1  # shares strictly between 0 and 1 seen
+    assert "eps_regime_norm" not in stored[1]  # the signals' wire form is not kept on the job

@@ -4,11 +4,12 @@ torch.linalg.vector_norm; the other unmeasured steps keep their cheap facts only
 
 from __future__ import annotations
 
+import httpx
 import pytest
 import torch
 
 import gradwatch
-from gradwatch.recorder import AFTER, BEFORE
+from gradwatch.recorder import AFTER, BEFORE, RESENT
 from support.sent import sent_steps
 
 pytestmark = pytest.mark.unit
@@ -16,21 +17,25 @@ pytestmark = pytest.mark.unit
 NOWHERE = "http://127.0.0.1:9"  # nothing listens: the steps stay queued, readable by sent_steps
 
 
-def train(every: object, spike_at: int | None, steps: int = 80, **watch_args: object):
-    """A small regression; at `spike_at` one batch 50x larger. Returns the messages and, per
+def train(every: object, spike_at: int | None, steps: int = 80, server: str = NOWHERE, **watch_args: object):
+    """A small regression; at `spike_at` one loss 50x larger (every gradient 50x). Returns the messages and, per
     step, the oracle norms of the gradients as the step used them."""
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Tanh(), torch.nn.Linear(8, 1))
     opt = torch.optim.SGD(model.parameters(), lr=1e-3)
     watch_args.setdefault("flight_recorder", True)  # on CPU it is asked for; on by default on a GPU only
-    w = gradwatch.watch(opt, model=model, server=NOWHERE, every=every, **watch_args)  # type: ignore[arg-type]
+    w = gradwatch.watch(opt, model=model, server=server, every=every, **watch_args)  # type: ignore[arg-type]
     oracle = {}
     for step in range(1, steps + 1):
         opt.zero_grad()
-        x = torch.randn(16, 4) * (50.0 if step == spike_at else 1.0)
-        model(x).pow(2).mean().backward()
+        x = torch.randn(16, 4)
+        (model(x).pow(2).mean() * (50.0 if step == spike_at else 1.0)).backward()
         oracle[step] = {n: float(torch.linalg.vector_norm(p.grad)) for n, p in model.named_parameters()}
         opt.step()
+    if server != NOWHERE:
+        w.close(timeout=30)
+        assert w.pending == 0, "every message must be acknowledged after close()"
+        return w.run_id, oracle
     w._rounds._flush_recorder()
     msgs = sent_steps(w)
     w.close(timeout=0.1)
@@ -47,7 +52,41 @@ def test_the_window_around_a_spike_is_sent_at_full_resolution_and_exact() -> Non
     spike = full[40]
     assert spike["params"]["spike_ratio"]["0.weight"] > 3 and spike["scalars"]["flight/total_ratio"] > 1
     assert "spike_z" not in full[39]["params"]
-    assert [m["step"] for m in msgs] == list(range(1, 81))  # every step once, in order
+    assert [m["step"] for m in msgs if RESENT not in m["scalars"]] == list(range(1, 81))  # every step once, in order
+
+
+#: every=20 measures steps 1, 21, 41, ...: steps 22-40 are held, then flushed when step 41 is
+#: measured; a spike at 43 reaches back over that flush to steps 35-40.
+EVERY, SPIKE = 20, 43
+
+
+def test_the_window_reaches_back_over_a_flush() -> None:
+    msgs, oracle = train(every=EVERY, spike_at=SPIKE, steps=60)
+    resent = [m for m in msgs if RESENT in m["scalars"]]
+    assert [m["step"] for m in resent] == list(range(SPIKE - BEFORE, 41))
+    for m in resent:
+        for name, value in oracle[m["step"]].items():
+            assert m["params"]["grad_norm"][name] == pytest.approx(value, rel=1e-5)
+    full = sorted(m["step"] for m in msgs if "grad_norm" in m["params"] and RESENT not in m["scalars"])
+    assert full == [1, 21, 41, 42, *range(SPIKE, SPIKE + AFTER + 1)]
+    first = [m["step"] for m in msgs if RESENT not in m["scalars"]]
+    assert first == list(range(1, 61))  # and every step once, in order, with its cheap facts
+
+
+@pytest.mark.server
+def test_the_server_stores_the_window_before_the_flush_into_its_steps(server) -> None:
+    """A real server stores the norms the recorder sent again into the steps it stored without
+    them: the run's grad_norm series holds the whole window, equal to the oracle."""
+    run_id, oracle = train(every=EVERY, spike_at=SPIKE, steps=60, server=server.url, warn=False)
+    with httpx.Client(base_url=server.url, timeout=30) as http:
+        assert http.get(f"/api/runs/{run_id}").json()["steps"] == 60
+        for name in ("0.weight", "2.bias"):
+            got = http.get(f"/api/runs/{run_id}/params/series", params={"metric": "grad_norm", "param": name}).json()
+            window = range(SPIKE - BEFORE, SPIKE + AFTER + 1)
+            assert got["step"] == [1, 21, *window]  # 41 measured, the rest the recorder's
+            values = dict(zip(got["step"], got["series"][0]["value"]))
+            assert [values[s] for s in window] == pytest.approx([oracle[s][name] for s in window], rel=1e-5)
+        assert RESENT not in http.get(f"/api/runs/{run_id}/metrics").json()["scalars"]  # nor stored as a scalar
 
 
 def test_a_quiet_run_sends_no_recorded_steps() -> None:

@@ -462,18 +462,20 @@ class Probe:
         return segments
 
     def _signals(self, indices: Iterable[int]) -> list[_Segment]:
-        """signals.py's per-parameter signals of `indices` (whole tensors only), per device."""
+        """signals.py's per-parameter signals of `indices` (a rank's pieces: of its local piece,
+        with the norms the server combines them from), per device."""
         layout = self.layout
         states = [layout.optimizers[w.optimizer].state.get(w.param) or {} for w in layout.params]
         groups = [layout.optimizers[o].param_groups[g] for o, g in (layout.group_keys[w.group] for w in layout.params)]
         by_device: dict[torch.device, list[int]] = {}
         for i in indices:
-            if self.views[i] is None:
-                by_device.setdefault(self.params[i].device, []).append(i)
+            by_device.setdefault(self.params[i].device, []).append(i)
         return [
             _Segment(metric, np.asarray(idx), values)
             for on_device in by_device.values()
-            for metric, idx, values in optimizer_signals(self.params, on_device, states, groups)
+            for metric, idx, values in optimizer_signals(
+                self.params, on_device, states, groups, self.views, pieces=self._before_norms
+            )
         ]
 
     def inverse_scale(self, device: torch.device) -> Optional[torch.Tensor]:

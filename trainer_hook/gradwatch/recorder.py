@@ -16,6 +16,11 @@ recent losses; around a step that scores as a spike (Z and RATIO as the server's
 a loss LOSS_RATIO above its median) or holds a non-finite norm, the steps from BEFORE before it to
 AFTER after it are sent with their `grad_norm` (full resolution), the others with their cheap
 facts only, as without the recorder. The server stores and diagnoses those steps as measured ones.
+The window crosses flushes: the last BEFORE steps sent without their norms are kept on the host
+(their rows were copied with their batch: no device work), and those an incident of a later
+batch reaches are sent again with their `grad_norm` and the scalar RESENT, which tells a server
+to add the norms to the steps it stored (docs/protocol.md; an older server skips them as steps
+already stored).
 
 Cost: one fused norm pass over the gradients per unmeasured step, and one copy of at most `size`
 rows per flush (docs/benchmarks.md). Only whole tensors are recorded (no DTensor or FSDP piece).
@@ -44,6 +49,8 @@ BEFORE, AFTER = 8, 8
 WINDOW, WARMUP, Z, RATIO = 128, 20, 6.0, 3.0
 LOSS_RATIO = 2.0
 MAD_SIGMA = 1.4826
+#: The scalar of a step sent again with the norms the recorder kept (docs/protocol.md).
+RESENT = "flight/resent"
 
 
 class _History:
@@ -100,6 +107,8 @@ class FlightRecorder:
         self._grads = _History(len(self.params) + 1)
         self._losses = _History(1)
         self._after = 0
+        #: the last BEFORE steps sent without their norms, with them (for an incident of a later batch)
+        self._unsent: deque[tuple[UnsentStep, tuple[np.ndarray, np.ndarray]]] = deque(maxlen=BEFORE)
 
     # -- training thread -------------------------------------------------------------------
     @torch.no_grad()
@@ -167,9 +176,11 @@ class FlightRecorder:
     # -- sender thread ---------------------------------------------------------------------
     def judge(self, steps: list[tuple[UnsentStep, Optional[tuple[np.ndarray, np.ndarray]]]]) -> list[UnsentStep]:
         """The held steps' records in order, each with its norms where it lies near an incident
-        (BEFORE steps of this batch before it, AFTER steps after it, into the next batches)."""
+        (the BEFORE steps before it, AFTER after it, into the next batches); first, the steps
+        before an incident that earlier batches sent without their norms, again with them (RESENT)."""
         full = [False] * len(steps)
         out = []
+        resent: list[UnsentStep] = []
         for k, (record, norms) in enumerate(steps):
             if self._after > 0:
                 full[k] = True
@@ -177,9 +188,21 @@ class FlightRecorder:
             incident, record = self._incident(record, norms)
             out.append(record)
             if incident:
-                full[max(0, k - BEFORE) : k + 1] = [True] * (k + 1 - max(0, k - BEFORE))
+                first = record.step - BEFORE
+                for j in range(k, -1, -1):
+                    if steps[j][0].step < first:
+                        break
+                    full[j] = True
+                earlier = [(r, n) for r, n in self._unsent if r.step >= first]
+                resent += [with_norms(r, n, resent=True) for r, n in earlier]
+                self._unsent = deque([(r, n) for r, n in self._unsent if r.step < first], maxlen=BEFORE)
                 self._after = AFTER
-        return [with_norms(record, norms if keep else None) for keep, record, (_, norms) in zip(full, out, steps)]
+        for keep, record, (_, norms) in zip(full, out, steps):
+            if not keep and norms is not None:
+                self._unsent.append((record, norms))
+        return resent + [
+            with_norms(record, norms if keep else None) for keep, record, (_, norms) in zip(full, out, steps)
+        ]
 
     def _incident(
         self, record: UnsentStep, recorded: Optional[tuple[np.ndarray, np.ndarray]]
@@ -248,12 +271,16 @@ class FlightBatch:
         return self.recorder.judge(steps)
 
 
-def with_norms(record: UnsentStep, recorded: Optional[tuple[np.ndarray, np.ndarray]]) -> UnsentStep:
-    """`record` with the recorded `grad_norm` of each parameter (ABSENT where it had no .grad)."""
+def with_norms(
+    record: UnsentStep, recorded: Optional[tuple[np.ndarray, np.ndarray]], resent: bool = False
+) -> UnsentStep:
+    """`record` with the recorded `grad_norm` of each parameter (ABSENT where it had no .grad);
+    `resent`: marked as a step sent before without them (RESENT)."""
     if recorded is None:
         return record
     norms, missing = recorded
     values = np.where(missing, np.array([ABSENT_BITS], dtype=np.uint32).view(np.float32)[0], norms)
+    scalars = {**record.scalars, RESENT: 1.0} if resent else record.scalars
     return UnsentStep(
-        record.step, record.time, record.scalars, {**record.metrics, "grad_norm": values.astype(np.float32)}, None
+        record.step, record.time, scalars, {**record.metrics, "grad_norm": values.astype(np.float32)}, None
     )

@@ -17,19 +17,42 @@ Per parameter:
 Each costs passes over the state (docs/diagnostics.md gives the figures): `eps_share` one
 subtraction into a temporary the size of v, two in-place passes and a norm; `v_decoupling` one
 L1 norm of v (the gradient's norm is read with the cosine); `momentum_cosine` one addition into
-a temporary the size of the momentum and two norms. Only parameters stepped whole (no DTensor or
-FSDP piece) are measured.
+a temporary the size of the momentum and two norms.
+
+A rank of a distributed job measures its local piece of each parameter (a DTensor's local tensor,
+an FSDP1 slice: pieces.py), and its three signals are its piece's own. A ratio or a cosine of the
+whole tensor is not a combination of the pieces' ratios, so with `pieces=True` each signal also
+goes as the L2 norms it is made of (PIECE_NORMS), all of them computed above anyway; the server
+adds them over the pieces as it adds every norm and divides the sums (docs/protocol.md,
+"Distributed training"): no collective, no extra pass over a tensor.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Sequence
 from typing import Any, Optional
 
 import torch
 
+from .pieces import View
+
 #: v̂ below (EPS_FACTOR · eps)² is the epsilon regime: eps is at least a third of the denominator.
 EPS_FACTOR = 2.0
+
+#: With `pieces=True`, the local L2 norms each signal is made of (a rank's piece): `eps_share` =
+#: ‖1[v̂ < thr]‖² / ‖1‖² (`eps_regime_norm`, `eps_numel_norm`: the square roots of the entries in
+#: the regime and of all entries), `v_decoupling` = ‖g‖² / ‖√v̂‖² (`signal_grad_norm`,
+#: `v_hat_root_norm`: √Σv̂), `momentum_cosine` = (‖g + m‖² − ‖g‖² − ‖m‖²) / (2 ‖g‖ ‖m‖)
+#: (`grad_momentum_norm`, `signal_grad_norm`, `momentum_norm`).
+PIECE_NORMS = (
+    "eps_regime_norm",
+    "eps_numel_norm",
+    "v_hat_root_norm",
+    "signal_grad_norm",
+    "momentum_norm",
+    "grad_momentum_norm",
+)
 
 #: The state keys that hold a momentum (first moment) shaped like the parameter.
 MOMENTUM_KEYS = ("exp_avg", "momentum_buffer")
@@ -59,9 +82,13 @@ def optimizer_signals(
     indices: Iterable[int],
     states: Sequence[dict[Any, Any]],
     groups: Sequence[dict[str, Any]],
+    views: Optional[Sequence[Optional[View]]] = None,
+    pieces: bool = False,
 ) -> list[tuple[str, list[int], list[torch.Tensor]]]:
-    """(metric, parameter indices, 0-d float32 tensors) for the parameters `indices` (whole
-    tensors only): `params[i]`'s optimizer state is `states[i]` and its param group `groups[i]`."""
+    """(metric, parameter indices, 0-d float32 tensors) for the parameters `indices`:
+    `params[i]`'s optimizer state is `states[i]` and its param group `groups[i]`; `views[i]`, where
+    given, takes this rank's piece of the parameter, its gradient and its state (pieces.py).
+    `pieces`: also the norms of PIECE_NORMS, for the server to combine the ranks' pieces."""
     eps_idx: list[int] = []
     eps_v: list[torch.Tensor] = []
     eps_thr: list[float | torch.Tensor] = []
@@ -69,12 +96,21 @@ def optimizer_signals(
     cos_idx: list[int] = []
     cos_g: list[torch.Tensor] = []
     cos_m: list[torch.Tensor] = []
+    grads: dict[int, torch.Tensor] = {}
     for i in indices:
         p = params[i]
         state, group = states[i], groups[i]
         g = p.grad
         if not state or g is None or g.is_sparse or g.shape != p.shape:
             continue
+        view = None if views is None else views[i]
+        if view is not None:  # this rank's piece of the parameter, its gradient and its state
+            p, g = view(p), view(g)
+            state = {
+                k: view(t) if isinstance(t, torch.Tensor) and t.shape == params[i].shape else t
+                for k, t in state.items()
+            }
+        grads[i] = g
         v = state.get("exp_avg_sq")
         eps, betas = group.get("eps"), group.get("betas")
         t = _step_count(state)
@@ -108,6 +144,10 @@ def optimizer_signals(
         cosine = (both * both - g_norm * g_norm - m_norm * m_norm) / (2 * g_norm * m_norm)
         out.append(("momentum_cosine", cos_idx, list(cosine.unbind())))
         grad_sq = {i: n * n for i, n in zip(cos_idx, g_norm.unbind())}
+        if pieces:
+            out.append(("signal_grad_norm", cos_idx, list(g_norm.unbind())))
+            out.append(("momentum_norm", cos_idx, list(m_norm.unbind())))
+            out.append(("grad_momentum_norm", cos_idx, list(both.unbind())))
     if eps_idx:
         on_host = all(isinstance(x, float) for x in eps_bc)
         if not on_host:  # a step count on the device: thresholds and corrections made there
@@ -122,10 +162,17 @@ def optimizer_signals(
         shares = torch._foreach_div(list((counts * counts).unbind()), [float(v.numel()) for v in eps_v])
         out.append(("eps_share", eps_idx, list(shares)))
         v_sum = torch.stack([n.float() for n in torch._foreach_norm(eps_v, 1)])  # Σv (v >= 0)
+        if pieces:  # √numel made on the device (a fill), √Σv̂ from Σv
+            out.append(("eps_regime_norm", eps_idx, list(counts.unbind())))
+            out.append(("eps_numel_norm", eps_idx, [_on(v.device, math.sqrt(v.numel())) for v in eps_v]))
+            v_hat = torch._foreach_div(list(v_sum.unbind()), eps_bc)  # type: ignore[arg-type]
+            out.append(("v_hat_root_norm", eps_idx, list(torch._foreach_sqrt(v_hat))))
         missing = [i for i in eps_idx if i not in grad_sq]
         if missing:
-            for i, n in zip(missing, _norms([params[i].grad for i in missing])):  # type: ignore[misc]
+            for i, n in zip(missing, _norms([grads[i] for i in missing])):
                 grad_sq[i] = n * n
+                if pieces:
+                    out.append(("signal_grad_norm", [i], [n]))
         g_sq = torch.stack([grad_sq[i].to(v_sum.device) for i in eps_idx])
         corrected = torch._foreach_div(list(v_sum.unbind()), eps_bc)  # type: ignore[arg-type]
         out.append(("v_decoupling", eps_idx, list(torch._foreach_div(list(g_sq.unbind()), corrected))))

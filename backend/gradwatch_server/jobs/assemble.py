@@ -219,12 +219,46 @@ def combine(pieces: Sequence[RankStep]) -> Assembled:
             result.arrays["update_ratio"] = from_lowest(
                 [p.arrays["update_ratio"] for p in having], [p.counted for p in having]
             )
+    signals_of_pieces(result.arrays)
     if not is_measured:
         result.scalars.pop("grad_norm_total", None)
     elif "grad_norm_total" in result.scalars and "grad_norm" in result.arrays:
         result.scalars["grad_norm_total"] = total_norm(result.arrays["grad_norm"])
     result.scalars[RANKS_SCALAR] = float(len(pieces))
     return result
+
+
+#: The norms each optimizer signal is made of (the hook's signals.PIECE_NORMS), added over the
+#: pieces as every norm is: the signal of the whole tensor is a ratio of the sums.
+SIGNAL_NORMS = {
+    "eps_share": ("eps_regime_norm", "eps_numel_norm"),
+    "v_decoupling": ("signal_grad_norm", "v_hat_root_norm"),
+    "momentum_cosine": ("grad_momentum_norm", "signal_grad_norm", "momentum_norm"),
+}
+
+
+def signals_of_pieces(arrays: dict[str, np.ndarray]) -> None:
+    """The optimizer signals of the whole tensors, in place, from their global norms, where the
+    ranks sent them (docs/protocol.md): eps_share = E² / N², v_decoupling = G² / V²,
+    momentum_cosine = (S² − G² − M²) / (2 G M), in float64; ABSENT where a norm is. The norms
+    themselves are the signals' wire form only: the job's step keeps the signals."""
+    for signal, names in SIGNAL_NORMS.items():
+        if not all(n in arrays for n in names):
+            continue
+        norms = [arrays[n] for n in names]
+        absent = np.logical_or.reduce([absent_mask(n) for n in norms])
+        x = [n.astype(np.float64) for n in norms]
+        with np.errstate(divide="ignore", invalid="ignore"):
+            if signal == "momentum_cosine":
+                s, g, m = x
+                value = (s * s - g * g - m * m) / (2 * g * m)
+            else:
+                value = x[0] * x[0] / (x[1] * x[1])
+        out = value.astype("<f4")
+        out[absent] = _absent(int(absent.sum()))
+        arrays[signal] = out
+    for name in {n for names in SIGNAL_NORMS.values() for n in names}:
+        arrays.pop(name, None)
 
 
 def _not_sent(pieces: Sequence[RankStep], metric: str) -> np.ndarray | None:

@@ -103,6 +103,9 @@ class StepData:
     time: float
     scalars: Mapping[str, float]
     arrays: Mapping[str, bytes]
+    #: the flight recorder's arrays for a step stored earlier without them (protocol.RESENT): only
+    #: its arrays are added, to the stored step; it is never stored as a step of its own
+    resent: bool = False
 
 
 @dataclass(frozen=True)

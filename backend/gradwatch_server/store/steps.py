@@ -76,7 +76,9 @@ def write_steps(
     store/jobs.py; its summaries for the whole job) its series get no blocks.
 
     A message is skipped when its seq is not above the run's committed seq, or its step is
-    stored (then only the committed seq advances): resending is harmless.
+    stored (then only the committed seq advances): resending is harmless. A step `resent` by the
+    flight recorder only adds its arrays to the stored step (`_add_arrays`), and is never stored
+    as a step of its own.
     """
     stored = [False] * len(batch)
     locked = lock_run(conn, run_id)
@@ -93,8 +95,12 @@ def write_steps(
     have = set(
         conn.execute(_STORED_STEPS, {"run_id": run_id, "steps": sorted({batch[i].step for i in fresh})}).scalars()
     )
+    resent = []
     for i in fresh:
-        if batch[i].step not in have:
+        if batch[i].resent:  # the flight recorder's arrays of a stored step: added below, never a step
+            if batch[i].step in have:
+                resent.append(batch[i])
+        elif batch[i].step not in have:
             have.add(batch[i].step)
             stored[i] = True
     new = [data for data, keep in zip(batch, stored) if keep]
@@ -112,13 +118,21 @@ def write_steps(
         told = None if notify is None else notify(new)
         if told is not None:
             conn.execute(select(func.pg_notify(*told)))
+    added = _add_arrays(conn, run_id, resent)
+    if added:
+        names |= add_names(conn, run_id, "param", {m for d in resent for m in d.arrays}, known)
     top = max((d.step for d in new), default=None)
     after = last_step_before if top is None else top if last_step_before is None else max(top, last_step_before)
     tail = run_tails.get(run_id, (locked.steps, last_step_before, locked.last_seq))
-    tail = tail if tails.covers(tail, new) else None
-    if top is not None and param_blocks:
+    tail = tail if tails.covers(tail, new) and not added else None  # a kept step got arrays: read them
+    if (top is not None or added) and param_blocks and after is not None:
         update_blocks(
-            conn, run_id, [d.step for d in new], last_step_before, after, None if tail is None else (*tail.steps, *new)
+            conn,
+            run_id,
+            [d.step for d in new] + added,
+            last_step_before,
+            after,
+            None if tail is None else (*tail.steps, *new),
         )
     if top is None:
         conn.execute(_ADVANCE_SEQ, {"run_id": run_id, "seq_now": last_seq, "now": now})
@@ -127,9 +141,35 @@ def write_steps(
     return Written(
         stored,
         names,
-        tails.next_tail(tail, new, last_step_before, after, (locked.steps + len(new), after, last_seq)),
+        None
+        if added
+        else tails.next_tail(tail, new, last_step_before, after, (locked.steps + len(new), after, last_seq)),
         changed=True,
     )
+
+
+def _add_arrays(conn: Connection, run_id: str, resent: Sequence[StepData]) -> list[int]:
+    """Store the arrays of `resent` steps (the flight recorder's, protocol.RESENT) into those
+    stored steps, each metric where the step has none (a measured value is never replaced);
+    the steps that got one."""
+    if not resent:
+        return []
+    have = {
+        (step, metric)
+        for step, metric in conn.execute(
+            select(param_metrics.c.step, param_metrics.c.metric).where(
+                param_metrics.c.run_id == run_id, param_metrics.c.step.in_(sorted({d.step for d in resent}))
+            )
+        )
+    }
+    rows = []
+    for d in resent:
+        for metric, raw in d.arrays.items():
+            if (d.step, metric) not in have:
+                have.add((d.step, metric))
+                rows.append((run_id, metric, d.step, raw, array_dtype(metric)))
+    insert_plain(conn, param_metrics, rows)
+    return sorted({row[2] for row in rows})
 
 
 def add_names(
