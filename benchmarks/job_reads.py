@@ -6,7 +6,8 @@ spread over a window (`GET /api/runs/JOB/ranks/spread?metric=...&steps=W`), a pa
 benchmarks/ranks.py measures a job as the ranks stream it, which takes minutes to admit 1,024
 ranks on a small machine; the reads need only what such a job leaves in the database. So the
 job is written here through the store's own write path, in-process, as the assembly leaves it
-in its steady state (docs/distributed.md, "What the job keeps of each rank"):
+in its steady state (docs/distributed.md, "What the job keeps of each rank";
+tests/support/bigjob.py, shared with the Chromium test of the 1,024-rank run page):
 - every rank's hello (`Store.open_rank`: its run and its parameter list, 700 rows a rank);
 - every rank's steps (`Store.write_steps`, a rank's run): the step rows of the whole job, with
   the rank's scalars and per-parameter rows for its last `--rank-rows` steps only (the assembly
@@ -28,8 +29,6 @@ reads only).
 from __future__ import annotations
 
 import argparse
-import json
-import math
 import os
 import statistics
 import sys
@@ -38,145 +37,26 @@ import time
 import urllib.parse
 import urllib.request
 from pathlib import Path
-from typing import Any
 
-import numpy as np
 from ranks import param_list, start_server, stop_server
-from sqlalchemy import insert
 
-from gradwatch_server.protocol import Hello
-from gradwatch_server.schema import partial_steps, rank_summaries
-from gradwatch_server.store import StepData, open_store
-from gradwatch_server.store.spread import write_spread
+from gradwatch_server.store import open_store
 
-STRAGGLER = 7
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))  # tests/support: the job's fill
+from support.bigjob import fill_job  # noqa: E402
+
 JOB = "bigjob"
 
 
-def rank_hello(rank: int, ranks: int, tensors: int) -> Hello:
-    params = [
-        {
-            "name": name,
-            "shape": shape,
-            "numel": math.prod(shape),
-            "dtype": "bfloat16",
-            "group": 0,
-            "optimizer": 0,
-            "local_numel": math.prod(shape),
-            "counted": rank == 0,
-        }
-        for name, shape in param_list(tensors)
-    ]
-    return Hello.model_validate(
-        {
-            "v": 1,
-            "type": "hello",
-            "run": {
-                "id": f"{JOB}.r{rank}",
-                "name": JOB,
-                "project": "bench-job-reads",
-                "started_at": 1_700_000_000.0,
-                "hook_version": "0.1.0",
-                "optimizer": "AdamW",
-                "config": {"every": 1},
-            },
-            "params": params,
-            "groups": [{"optimizer": 0, "index": 0, "name": None, "hparams": {"lr": 3e-4}}],
-            "dist": {"job": JOB, "rank": rank, "world_size": ranks},
-        }
-    )
-
-
-def arrays(tensors: int, rng: np.random.Generator) -> dict[str, bytes]:
-    out = {m: rng.random(tensors).astype("<f4").tobytes() for m in ("grad_norm", "param_norm", "exp_avg_norm")}
-    out["exp_avg_sq_norm"] = rng.random(tensors).astype("<f4").tobytes()
-    out["backward_passes"] = np.ones(tensors, "<f4").tobytes()
-    out["grad_clear"] = np.ones(tensors, "<f4").tobytes()
-    out["grad_status"] = np.full(tensors, 2, np.uint8).tobytes()
-    return out
-
-
-def rank_scalars(rank: int, step: int) -> dict[str, float]:
-    before = 0.3 * (5 if rank == STRAGGLER else 1) * (1 + 0.01 * (rank % 7))
-    return {
-        "loss": 2.5 - step * 1e-3,
-        "time/step_s": 0.98 + 0.001 * (rank % 5),
-        "time/before_backward_s": before,
-        f"mem/cuda:{rank % 8}/allocated": 4.0e10 + rank * 1e6,
-        "mem/rss_bytes": 8.0e9,
-        "grad_norm_total": 1.0 + 0.01 * (step % 10),
-    }
-
-
 def fill(path: Path, args: argparse.Namespace) -> None:
-    """Write the job into a fresh SQLite file through the store (see the module docstring)."""
+    """Write the job into a fresh SQLite file through the store (tests/support/bigjob.py)."""
     store = open_store(f"sqlite:///{path}")
-    rng = np.random.default_rng(0)
     t0 = time.perf_counter()
     try:
-        for rank in range(args.ranks):
-            store.open_rank(rank_hello(rank, args.ranks, args.tensors))
-        print(f"# {args.ranks} hellos: {time.perf_counter() - t0:.1f} s", flush=True)
-        rows = arrays(args.tensors, rng)  # one set of rank rows: the reads never look at their values
-        first_kept = args.steps - args.rank_rows + 1
-        summaries: list[dict[str, Any]] = []
-        for rank in range(args.ranks):
-            last = args.steps - (args.lost if rank == args.ranks - 1 else 0)
-            batch = []
-            for step in range(1, last + 1):
-                kept = step >= first_kept
-                batch.append(
-                    StepData(
-                        seq=step,
-                        step=step,
-                        time=1_700_000_000.0 + step,
-                        scalars=rank_scalars(rank, step) if kept else {},
-                        arrays=rows if kept else {},
-                    )
-                )
-                s = rank_scalars(rank, step)
-                summaries.append(
-                    {
-                        "run_id": f"{JOB}.r{rank}",
-                        "step": step,
-                        "time": 1_700_000_000.0 + step,
-                        "step_s": s["time/step_s"],
-                        "before_backward_s": s["time/before_backward_s"],
-                        "memory_bytes": s[f"mem/cuda:{rank % 8}/allocated"],
-                        "local_norm": s["grad_norm_total"],
-                    }
-                )
-            store.write_steps(f"{JOB}.r{rank}", batch, rank_run=True)
-        with store._write() as conn:  # what the assembly inserts with the job's steps (store/jobs.py `_write`)
-            for lo in range(0, len(summaries), 100_000):
-                conn.execute(insert(rank_summaries), summaries[lo : lo + 100_000])
-            write_spread(conn, JOB, summaries)
-        print(f"# the ranks' steps: {time.perf_counter() - t0:.1f} s", flush=True)
-        job = [
-            StepData(
-                seq=step,
-                step=step,
-                time=1_700_000_000.0 + step,
-                scalars={**rank_scalars(0, step), "dist/ranks": float(args.ranks)},
-                arrays=arrays(args.tensors, rng),
-            )
-            for step in range(1, args.steps + 1)
-        ]
-        for lo in range(0, len(job), 100):
-            store.write_steps(JOB, job[lo : lo + 100])
-        if args.lost:
-            missing = json.dumps([args.ranks - 1])
-            with store._write() as conn:
-                conn.execute(
-                    insert(partial_steps),
-                    [
-                        {"run_id": JOB, "step": s, "missing": missing}
-                        for s in range(args.steps - args.lost + 1, args.steps + 1)
-                    ],
-                )
-        print(f"# filled in {time.perf_counter() - t0:.1f} s, {path.stat().st_size / 2**20:.0f} MiB", flush=True)
+        fill_job(store, JOB, args.ranks, param_list(args.tensors), args.steps, rank_rows=args.rank_rows, lost=args.lost)
     finally:
         store.close()
+    print(f"# filled in {time.perf_counter() - t0:.1f} s, {path.stat().st_size / 2**20:.0f} MiB", flush=True)
 
 
 def read_ms(url: str, times: int) -> tuple[float, int]:
