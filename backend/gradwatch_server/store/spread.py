@@ -104,10 +104,10 @@ def rewrite_spread(conn: Connection, job: str, wanted: Sequence[int]) -> None:
     write_spread(conn, job, [r._asdict() for r in found])
 
 
-def read_spread(conn: Connection, job: str, key: str, window: int) -> SpreadRows:
+def read_spread(conn: Connection, job: str, key: str, window: int, outlier_values: int = OUTLIER_VALUES) -> SpreadRows:
     """`key`'s spread (a COLUMNS name) over the job's last `window` steps: its `rank_spread` rows,
     computed from the summaries for steps that have none (assembled before migration 0008), and
-    the ranks' values over the window's last steps holding at most OUTLIER_VALUES of them."""
+    the ranks' values over the window's last steps holding at most `outlier_values` of them."""
     job_row = conn.execute(select(runs.c.last_step, runs.c.world_size).where(runs.c.id == job)).one_or_none()
     if job_row is None or job_row.last_step is None:
         return SpreadRows.empty()
@@ -129,7 +129,7 @@ def read_spread(conn: Connection, job: str, key: str, window: int) -> SpreadRows
                 stored[s] = [np.nan if row[e] is None else row[e] for e in _EDGES]
     ordered = sorted(stored)
     quantiles = np.array([stored[s] for s in ordered], np.float64).T.reshape(len(QUANTILES), len(ordered))
-    recent = max(1, OUTLIER_VALUES // max(1, job_row.world_size or 1))
+    recent = max(1, outlier_values // max(1, job_row.world_size or 1))
     rank, step, value = rank_values(conn, job, key, max(after, last - recent), last)
     return SpreadRows(np.array(ordered, np.int64), quantiles, rank, step, value)
 
