@@ -12,7 +12,8 @@ advises WITHOUT ROWID only for rows well under a twentieth of a page).
 
 Changing this file needs a new migration under migrations/versions/ (0002 added `findings` and
 `diagnoses`, 0003 `run_tags`, 0004 `metric_blocks`, 0005 `deleted_runs`, 0006 distributed jobs:
-`runs.parent_id/rank/world_size`, `params.local_numel/counted`, `partial_steps`); a test checks that the migrations produce
+`runs.parent_id/rank/world_size`, `params.local_numel/counted`, `partial_steps`, 0007 `runs.kind` and
+`rank_summaries`, 0008 `rank_spread`); a test checks that the migrations produce
 exactly these tables.
 """
 
@@ -195,6 +196,26 @@ rank_summaries = Table(
     Column("before_backward_s", Double),
     Column("memory_bytes", Double),
     Column("local_norm", Double),
+    sqlite_with_rowid=False,
+)
+
+# The spread of a per-rank figure across a job's ranks at each of its steps (what the Ranks
+# section of a big job draws, GET /api/runs/{job}/ranks/spread): the finite values' count and
+# quantiles (min, p5, p50, p95, max) of `metric` (store/spread.py METRICS) over the ranks'
+# summaries of the step, written by the assembly with them (migration 0008). A window of 300
+# steps of a 1,024-rank job is then 300 rows, not 307,200 summaries read and sorted per request.
+rank_spread = Table(
+    "rank_spread",
+    metadata,
+    _run_id(),
+    Column("metric", String(32), primary_key=True),
+    Column("step", BigInteger, primary_key=True),
+    Column("count", Integer, nullable=False),
+    Column("lo", Double),
+    Column("p5", Double),
+    Column("p50", Double),
+    Column("p95", Double),
+    Column("hi", Double),
     sqlite_with_rowid=False,
 )
 

@@ -49,10 +49,21 @@ def oracle(step: int, ranks: tuple[int, ...]) -> list[float]:
     return [float(np.float32(math.sqrt(sum(float(local_norms(r, step)[i]) ** 2 for r in ranks)))) for i in range(P)]
 
 
+def local_total(rank: int, step: int) -> float:
+    """The local `grad_norm_total` rank `rank` sends at `step` (its summary's, the spread's)."""
+    return 10.0 * rank + step
+
+
 def send(store: Store, rank: int, steps: range, seq0: int) -> None:
     """A batch of rank `rank`'s steps, stored and then assembled, as ingest does."""
     batch = [
-        StepData(seq0 + k, s, 1_700_000_000.0 + s, {"loss": float(s)}, {"grad_norm": local_norms(rank, s).tobytes()})
+        StepData(
+            seq0 + k,
+            s,
+            1_700_000_000.0 + s,
+            {"loss": float(s), "grad_norm_total": local_total(rank, s)},
+            {"grad_norm": local_norms(rank, s).tobytes()},
+        )
         for k, s in enumerate(steps)
     ]
     stored = store.write_steps(f"{JOB}.r{rank}", batch)
@@ -65,6 +76,20 @@ def job_grad_norms(store: Store) -> dict[int, list[float]]:
         for chunk in store.iter_steps(JOB, metrics=["grad_norm"])
         for r in chunk
     }
+
+
+def spread_edges(store: Store, steps: int) -> dict[int, tuple[float, float, float]]:
+    """The stored spread of the local total norm across the ranks at each of the job's last
+    `steps` steps: (min, median, max)."""
+    found = store.rank_spread(JOB, "grad_norm_total", steps)
+    lo, _, mid, _, hi = found.quantiles.tolist()
+    return {int(s): (lo[i], mid[i], hi[i]) for i, s in enumerate(found.steps.tolist())}
+
+
+def both(step: int) -> tuple[float, float, float]:
+    """The spread of ranks 0 and 1 at `step` (oracle: the two values sent, their mean)."""
+    a, b = local_total(0, step), local_total(1, step)
+    return (a, (a + b) / 2, b)
 
 
 def blocks(store: Store) -> list[tuple[object, ...]]:
@@ -96,11 +121,19 @@ def test_a_lost_ranks_late_steps_make_its_partial_steps_exact(workers: tuple[Sto
     assert sorted(partial) == list(range(1, 51))
     assert partial_steps(two, JOB) == [(s, [1]) for s in range(21, 51)]
     assert all(partial[s] == oracle(s, (0,)) for s in range(21, 51))  # rank 0's pieces alone
+    alone = {s: (local_total(0, s),) * 3 for s in range(21, 51)}  # the spread too: rank 0's alone
+    assert spread_edges(two, 50) == {**{s: both(s) for s in range(1, 21)}, **alone}
     # rank 1's spool replays, in batches: each step it completes is assembled again, in place
     send(one, 1, range(21, 41), 21)
     assert partial_steps(one, JOB) == [(s, [1]) for s in range(41, 51)]
     send(one, 1, range(41, 51), 41)
     assert partial_steps(one, JOB) == []
+    # the completed steps' spread is written again with both ranks; and where a job has no
+    # stored spread (assembled before migration 0008), it is computed from the summaries
+    assert spread_edges(one, 50) == {s: both(s) for s in range(1, 51)}
+    with one.engine.begin() as conn:
+        conn.exec_driver_sql("DELETE FROM rank_spread")
+    assert spread_edges(one, 50) == {s: both(s) for s in range(1, 51)}
     # both ranks go on through the other worker: its tail of the job holds steps 48-50 as they
     # were before; the block 48-63 they close must be made of the steps as they are now
     for lo in range(51, 71, 10):

@@ -1,6 +1,7 @@
 """A distributed run in a real Chromium against a real `gradwatch serve`: the run list's world-size
-badge, the run page's Ranks section, a rank's own page; and a job of 48 ranks, whose Ranks section
-draws the spread across its ranks (quantile bands, the outlier ranks) instead of a line per rank.
+badge, the run page's Ranks section, a rank's own page; and jobs of 48 and 1,024 ranks, whose Ranks
+section draws the spread across its ranks (quantile bands, the outlier ranks) instead of a line
+per rank (the 1,024-rank job written through the store: support/bigjob.py).
 
 The job is two ranks, each streaming hand-built protocol v1 messages over its own websocket
 (support/synthetic_dist.py): rank 1 is the straggler (its forward pass takes five times as long)
@@ -22,6 +23,9 @@ import httpx
 import pytest
 from playwright import sync_api
 
+from gradwatch_server.store import open_store
+from support.bigjob import fill_job
+from support.bigjob import rank_scalars as big_rank_scalars
 from support.browser import Page, seed
 from support.server import REPO, ServerProcess, start_server
 from support.synthetic import Ingest, SyntheticRun
@@ -290,4 +294,63 @@ def test_a_big_jobs_ranks_section_draws_quantile_bands_and_names_the_outlier(
     shot = tmp_path / "ranks-48.png"
     card.scroll_into_view_if_needed()
     p.screenshot(path=str(shot), full_page=True)
+    assert shot.stat().st_size > 10_000
+
+
+#: A job of 1,024 ranks, written through the store (support/bigjob.py: streaming it takes minutes
+#: on a small machine), its last rank gone for the last HUGE_LOST steps.
+HUGE_JOB, HUGE_RANKS, HUGE_STEPS, HUGE_LOST = "hugejob", 1024, 8, 2
+
+
+@pytest.fixture(scope="module")
+def huge(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+    tmp = tmp_path_factory.mktemp("ranks-view-huge")
+    store = open_store(f"sqlite:///{tmp / 'huge.db'}")
+    try:
+        fill_job(
+            store,
+            HUGE_JOB,
+            HUGE_RANKS,
+            [("fc.weight", [4, 4]), ("fc.bias", [4])],
+            HUGE_STEPS,
+            rank_rows=2,
+            lost=HUGE_LOST,
+        )
+    finally:
+        store.close()
+    server = start_server(tmp, db_path=tmp / "huge.db", env={"GRADWATCH_FRONTEND_DIR": str(REPO / "frontend")})
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+def test_a_1024_rank_jobs_run_page_draws_the_spread_and_names_the_straggler(
+    huge: ServerProcess, page: Page, tmp_path: Path
+) -> None:
+    """1,024 ranks: the Ranks section lists them, names the partial steps, draws per chart the
+    bands across the ranks of what each sent (oracle: statistics.quantiles of bigjob's
+    `rank_scalars`) and names the straggler; the screenshot is kept in the test's folder."""
+    p = page.open(huge.url + f"/runs/{HUGE_JOB}")
+    card = p.locator('[data-card="ranks"]')
+    sync_api.expect(card.locator("tbody tr")).to_have_count(HUGE_RANKS)
+    sync_api.expect(card.locator(".ranks-notice")).to_contain_text(
+        f"steps {HUGE_STEPS - HUGE_LOST + 1}-{HUGE_STEPS} are missing rank {HUGE_RANKS - 1}"
+    )
+    for chart, key in RANK_CHARTS.items():
+        p.locator(f'[data-chart="{chart}"]').scroll_into_view_if_needed()
+        page.wait_points(chart, 2 * HUGE_STEPS)
+        bands = p.evaluate(BANDS, chart)
+        assert [b["name"] for b in bands] == ["ranks: min–max (line: median)", "ranks: p5–p95"], chart
+        for i, step in enumerate(range(1, HUGE_STEPS + 1)):
+            present = HUGE_RANKS - (1 if step > HUGE_STEPS - HUGE_LOST else 0)
+            sent = sorted(big_rank_scalars(r, step)[key.format(rank=r % 8)] for r in range(present))
+            cuts = statistics.quantiles(sent, n=20, method="inclusive")
+            drawn = [bands[0]["min"][i], bands[1]["min"][i], bands[0]["y"][i], bands[1]["max"][i], bands[0]["max"][i]]
+            assert drawn == pytest.approx([sent[0], cuts[0], cuts[9], cuts[18], sent[-1]], rel=1e-9), (chart, step)
+    assert p.locator('[data-chart="rank-before-backward"]').get_attribute("data-outliers") == str(BIG_STRAGGLER)
+    sync_api.expect(card.locator(".ranks-straggler")).to_contain_text(f"Rank {BIG_STRAGGLER} is the straggler")
+    shot = tmp_path / "ranks-1024.png"
+    card.scroll_into_view_if_needed()
+    p.screenshot(path=str(shot))
     assert shot.stat().st_size > 10_000

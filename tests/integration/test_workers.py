@@ -13,8 +13,10 @@ import base64
 import collections
 import contextlib
 import json
+import math
 import os
 import signal
+import statistics
 import subprocess
 import threading
 import time
@@ -29,6 +31,7 @@ from websockets.sync.client import ClientConnection, connect
 
 from support.databases import new_database
 from support.server import ServerProcess, server_command, server_env, start_server
+from support.synthetic_dist import rank_runs
 
 WORKERS = 2
 WORKER_HEADER = "x-gradwatch-worker"
@@ -485,6 +488,77 @@ def test_postgresql_workers_recover_when_their_database_connections_drop(
     hook.send_steps(13, STEPS)
     hook.finish()
     assert get_run(workers, "wk-recovering")["steps"] == STEPS
+
+
+#: A job whose ranks stream to both workers: JOB_RANKS ranks, rank JOB_STRAGGLER the straggler.
+JOB, JOB_RANKS, JOB_STEPS, JOB_STRAGGLER = "wk-job", 8, 12, 3
+
+
+def test_postgresql_workers_assemble_a_job_whose_ranks_are_on_both(serve_workers: Callable[..., Workers]) -> None:
+    """A job of 8 ranks, 4 streaming to each worker: every global step is assembled once,
+    whole (no partial step, no lost rank), its total norm exact (oracle: the square root of the
+    sum of every rank's squared local norms, FSDP-like pieces all counted), and the spread across
+    the ranks is each step's quantiles of what they sent, the straggler its outlier."""
+    workers = serve_workers(crash_grace_s=60)
+    pids = sorted({pid for _, pid in spread(lambda: open_ws(workers, "/ws/live"), per_worker=1)})
+    ranks = rank_runs(JOB, "job-on-two-workers", JOB_RANKS, straggler=JOB_STRAGGLER)
+    sockets: list[ClientConnection] = []
+    for run in ranks:  # even ranks on one worker, odd on the other
+        ws, pid = open_ws(workers, "/ws/ingest")
+        while pid != pids[run.rank % 2]:
+            ws.close()
+            ws, pid = open_ws(workers, "/ws/ingest")
+        ws.send(json.dumps(run.hello()))
+        assert json.loads(ws.recv(30))["type"] == "welcome"
+        sockets.append(ws)
+    grads: dict[int, list[np.ndarray]] = {}
+    for first in range(1, JOB_STEPS + 1, BURST):  # a burst of every rank's steps, then their acks
+        burst = range(first, min(first + BURST, JOB_STEPS + 1))
+        for run, ws in zip(ranks, sockets, strict=True):
+            for step in burst:
+                message = run.step(step, step)
+                grads.setdefault(step, []).append(
+                    np.frombuffer(base64.b64decode(message["params"]["grad_norm"]), "<f4")
+                )
+                ws.send(json.dumps(message))
+        for ws in sockets:
+            acked = 0
+            while acked < burst[-1]:
+                frame = json.loads(ws.recv(30))
+                assert frame["type"] in ("ack", "finding"), frame
+                acked = frame["seq"] if frame["type"] == "ack" else acked
+    for ws in sockets:
+        ws.send(json.dumps({"v": 1, "type": "close", "seq": JOB_STEPS + 1, "status": "finished"}))
+    wait_until(lambda: get_run(workers, JOB)["status"] == "finished", "the job finished")
+
+    job = get_run(workers, JOB)
+    assert (job["steps"], job["last_step"]) == (JOB_STEPS, JOB_STEPS)
+    answer = httpx.get(f"{workers.server.url}/api/runs/{JOB}/ranks", timeout=30).json()
+    assert [(r["rank"], r["steps"], r["lost"]) for r in answer["ranks"]] == [
+        (r, JOB_STEPS, False) for r in range(JOB_RANKS)
+    ]
+    assert answer["partial"] == {"steps": 0, "ranges": []}
+    totals = httpx.get(f"{workers.server.url}/api/runs/{JOB}/series", params={"key": "grad_norm_total"}).json()
+    assert totals["step"] == list(range(1, JOB_STEPS + 1))
+    for step, total in zip(totals["step"], totals["value"], strict=True):
+        pieces = np.stack(grads[step]).astype(np.float64)
+        per_param = np.sqrt((pieces**2).sum(axis=0)).astype(np.float32).astype(np.float64)
+        assert total == pytest.approx(math.sqrt(float((per_param**2).sum())), rel=1e-6), step
+    found = httpx.get(
+        f"{workers.server.url}/api/runs/{JOB}/ranks/spread", params={"metric": "time/before_backward_s"}
+    ).json()
+    assert found["steps"] == list(range(1, JOB_STEPS + 1)) and found["ranks"] == JOB_RANKS
+    for i, step in enumerate(found["steps"]):
+        sent = sorted(r.sent[step]["time/before_backward_s"] for r in ranks)
+        cuts = statistics.quantiles(sent, n=20, method="inclusive")
+        got = [found[q][i] for q in ("min", "p5", "p50", "p95", "max")]
+        assert got == pytest.approx([sent[0], cuts[0], cuts[9], cuts[18], sent[-1]], rel=1e-12), step
+    assert [o["rank"] for o in found["outliers"]] == [JOB_STRAGGLER]
+    for ws in sockets:
+        ws.close()
+    assert workers.stop() == 0
+    log = workers.server.log()
+    assert "Traceback" not in log, log
 
 
 # -- the command line ---------------------------------------------------------------------------

@@ -37,11 +37,13 @@ def ranks_spread(
     steps: Annotated[int, Query(ge=1, le=MAX_SPREAD_STEPS)] = SPREAD_STEPS,
 ) -> RankSpreadPublic:
     """A per-rank scalar across the job's ranks over its last `steps` steps: per step its
-    quantiles (min, p5, p50, p95, max) and the outlier ranks (`memory`: each rank's CUDA
-    allocated bytes, else its resident set). A single-process run has no ranks: empty lists."""
+    quantiles (min, p5, p50, p95, max) and the outlier ranks, judged on the window's last steps
+    up to 16,384 rank values (`memory`: each rank's CUDA allocated bytes, else its resident set).
+    A single-process run has no ranks: empty lists."""
     if run.parent_id is not None:
         raise HTTPException(400, f"run {run.id!r} is a rank of job {run.parent_id!r}: ask the job's spread")
-    found = spread(*store.rank_scalars(run.id, metric, steps))
+    rows = store.rank_spread(run.id, metric, steps)
+    found = spread(rows.steps, rows.quantiles, rows.rank, rows.value)
     low, p5, p50, p95, high = found.quantiles
     return RankSpreadPublic(
         metric=metric,

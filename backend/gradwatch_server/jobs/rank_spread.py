@@ -35,23 +35,30 @@ class Spread:
     quantiles: list[list[float | None]]  # per QUANTILES entry, one value per step (None: no finite value)
     outliers: list[Outlier]
 
+    def _with_outliers(self, rank: np.ndarray, value: np.ndarray) -> Spread:
+        """This spread with `ranks` and `outliers` judged on the ranks' medians of (rank, value)
+        rows: each rank's median over its finite values, computed per rank in one sort."""
+        finite = np.isfinite(value)
+        r, v = rank[finite], value[finite]
+        order = np.lexsort((v, r))
+        r, v = r[order], v[order]
+        ids, start, count = np.unique(r, return_index=True, return_counts=True)
+        mid = start + (count - 1) // 2
+        medians = (v[mid] + v[start + count // 2]) / 2
+        found = dict(zip(ids.tolist(), medians.tolist(), strict=True))
+        return Spread(ranks=len(found), steps=self.steps, quantiles=self.quantiles, outliers=outliers(found))
 
-def spread(rank: np.ndarray, step: np.ndarray, value: np.ndarray) -> Spread:
-    """The spread of (rank, step, value) rows: quantiles per step over the finite values of that
-    step's ranks, and the ranks whose window median stands apart (`OUTLIER_MADS`)."""
-    finite = np.isfinite(value)
-    steps = np.unique(step)
-    quantiles: list[list[float | None]] = [[] for _ in QUANTILES]
-    order = np.argsort(step, kind="stable")
-    bounds = np.searchsorted(step[order], steps, side="left").tolist() + [len(order)]
-    for i in range(len(steps)):
-        at = order[bounds[i] : bounds[i + 1]]
-        v = value[at][finite[at]]
-        q = np.percentile(v, QUANTILES).tolist() if len(v) else [None] * len(QUANTILES)
-        for k, x in enumerate(q):
-            quantiles[k].append(x)
-    medians = {int(r): float(np.median(value[(rank == r) & finite])) for r in np.unique(rank[finite])}
-    return Spread(ranks=len(medians), steps=[int(s) for s in steps], quantiles=quantiles, outliers=outliers(medians))
+
+def step_quantiles(finite: np.ndarray) -> list[float | None]:
+    """QUANTILES of one step's finite values across its ranks (None each: no value)."""
+    return np.percentile(finite, QUANTILES).tolist() if len(finite) else [None] * len(QUANTILES)
+
+
+def spread(steps: np.ndarray, quantiles: np.ndarray, rank: np.ndarray, value: np.ndarray) -> Spread:
+    """The spread from quantiles stored per step (`quantiles[k]`: QUANTILES[k] at each of
+    `steps`, NaN: no finite value), the outliers from the ranks' (rank, value) rows."""
+    q = [[None if not np.isfinite(x) else float(x) for x in row] for row in quantiles.tolist()]
+    return Spread(ranks=0, steps=[int(s) for s in steps], quantiles=q, outliers=[])._with_outliers(rank, value)
 
 
 def outliers(medians: dict[int, float]) -> list[Outlier]:

@@ -56,6 +56,7 @@ from .records import (
     UnknownRun,
 )
 from .rows import storable
+from .spread import SpreadRows
 from .steps import NotifyInTransaction
 from .values import SPECIAL_NAN, SPECIAL_NEG_ZERO
 
@@ -75,6 +76,7 @@ __all__ = [
     "PartialRange",
     "ParamsMismatch",
     "RankSummaries",
+    "SpreadRows",
     "Run",
     "StepData",
     "StoredStep",
@@ -185,12 +187,13 @@ class Store:
         with self._read() as conn:
             return _jobs.rank_runs(conn, job)
 
-    def rank_scalars(self, job: str, key: str, window: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """(rank, step, value) of a per-rank scalar over the job's last `window` steps (spread.py)."""
+    def rank_spread(self, job: str, key: str, window: int) -> SpreadRows:
+        """A per-rank figure's spread across the job's ranks over its last `window` steps, and
+        the ranks' values over the window's last steps, for the outliers (spread.py)."""
         if not storable(job):
-            return np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0)
+            return SpreadRows.empty()
         with self._read() as conn:
-            return _spread.rank_scalars(conn, job, key, window)
+            return _spread.read_spread(conn, job, key, window)
 
     def rank_summaries(self, job: str, first: int | None = None, last: int | None = None) -> RankSummaries:
         """The summaries of a job's rank steps (rank_summaries) in steps `first`..`last`, as
