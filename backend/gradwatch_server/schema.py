@@ -70,6 +70,10 @@ runs = Table(
     # "job" (a distributed job's parent run) or "rank" (one rank's child run). Set when the run is
     # created; migration 0007 filled it from parent_id and world_size.
     Column("kind", String(8), nullable=False, server_default="run"),
+    # A rank's run (kind "rank") opened since migration 0008 keeps no parameter rows of its own:
+    # it shares its job's, and this holds its pieces of them as JSON (`counted`: one flag or one
+    # per parameter; `local_numel`: null, every piece whole, or one count per parameter).
+    Column("pieces", Text),
 )
 
 # Runs deleted (DELETE /api/runs/{id}, `gradwatch gc`), by id: a request for one is answered

@@ -12,7 +12,7 @@ import json
 import socket
 import struct
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any, Optional
 
 from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidStatus
@@ -24,6 +24,8 @@ CLOSE_INVALID = 1003
 CLOSE_POLICY = 1008
 #: A frame larger than the server takes.
 CLOSE_TOO_BIG = 1009
+#: A v2 hello named its job's parameter list by a digest the server does not know: send it in full.
+CLOSE_NEED_PARAMS = 4002
 #: The server takes frames of up to 16 MiB.
 MAX_FRAME_BYTES = 16 << 20
 #: How long a connection may take to open, and its welcome to come once the hello is sent. The
@@ -39,6 +41,10 @@ WAIT_SLICE_S = 0.5
 class Refused(ConnectionError):
     """The server was reached and said no (a wrong token, a hello or message it does not accept):
     trying again unchanged will not help."""
+
+
+class NeedParams(Refused):
+    """The server does not know the parameter list a v2 hello named by digest: send it in full."""
 
 
 def token_headers(token: Optional[str]) -> Optional[dict[str, str]]:
@@ -99,8 +105,42 @@ def handshake(
     except ConnectionClosed as exc:
         raise closed(exc, "the server closed the connection before its welcome") from None
     if reply.get("type") != "welcome":
-        raise Refused(f"the server answered the hello with {reply.get('message', reply)!r}")
+        kind = NeedParams if _close_code(ws) == CLOSE_NEED_PARAMS else Refused
+        raise kind(f"the server answered the hello with {reply.get('message', reply)!r}")
     return ws, reply
+
+
+def negotiate(
+    ws_url: str, hellos: Sequence[str], token: Optional[str], scope: contextlib.ExitStack, **options: Any
+) -> tuple[ClientConnection, dict[str, Any], int]:
+    """`handshake` with the first of `hellos` (wire.rank_hellos) the server takes: the next one
+    after `NeedParams`, the last (v1) after a refusal of the protocol version (a server older
+    than v2). Returns the connection, its welcome and the index of the hello taken."""
+    i = 0
+    while True:
+        try:
+            ws, reply = handshake(ws_url, hellos[i], token, scope, **options)
+            return ws, reply, i
+        except Refused as exc:
+            if i + 1 >= len(hellos):
+                raise
+            if isinstance(exc, NeedParams):
+                i += 1
+            elif "unsupported protocol version" in str(exc):
+                i = len(hellos) - 1
+            else:
+                raise
+
+
+def _close_code(ws: ClientConnection) -> Optional[int]:
+    """The code of the close that follows a refusal's error frame (None if none comes soon)."""
+    try:
+        ws.recv(timeout=1.0)
+    except ConnectionClosed as exc:
+        return None if exc.rcvd is None else exc.rcvd.code
+    except TimeoutError:
+        return None
+    return None
 
 
 def _welcome(ws: ClientConnection, timeout: float, waiting: Optional[Callable[[], bool]]) -> Any:
@@ -128,6 +168,8 @@ def replies(ws: ClientConnection, timeout: float) -> Iterator[dict[str, Any]]:
 
 def closed(exc: ConnectionClosed, otherwise: str) -> ConnectionError:
     """The error to raise for a connection the server closed: `Refused` when it refused something."""
+    if exc.rcvd is not None and exc.rcvd.code == CLOSE_NEED_PARAMS:
+        return NeedParams(exc.rcvd.reason)
     why = refusal(exc)
     return Refused(why) if why is not None else ConnectionError(otherwise)
 

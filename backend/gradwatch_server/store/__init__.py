@@ -39,6 +39,7 @@ from . import steps as _steps
 from .blocks_sql import backfill_blocks
 from .engine import create_db_engine, display_url
 from .jobs import Assembly, OpenedRank, RankSummaries
+from .param_lists import ParamList, ParamLists
 from .ranks import PartialRange
 from .records import (
     RUN_STATUSES,
@@ -113,6 +114,7 @@ class Store:
         self._write_lock = threading.Lock()
         self._known_names: set[_steps.SeriesName] = set()
         self._tails = tails.Tails()
+        self.param_lists = ParamLists()
 
     def close(self) -> None:
         self.engine.dispose()
@@ -146,10 +148,22 @@ class Store:
         """Open a rank's run and its job's run from a hello with `dist` (jobs.open_rank)."""
         try:
             with self._write() as conn:
-                return _jobs.open_rank(conn, hello, self._clock())
+                opened = _jobs.open_rank(conn, hello, self._clock(), self.param_lists)
         except IntegrityError:  # PostgreSQL: another rank's hello created the job's run meanwhile
             with self._write() as conn:
-                return _jobs.open_rank(conn, hello, self._clock())
+                opened = _jobs.open_rank(conn, hello, self._clock(), self.param_lists)
+        if opened.job_created:  # the ranks that follow may name its list by digest
+            self.param_lists.remember_job(hello.params, hello.groups)
+        return opened
+
+    def resolve_params(self, job: str, digest: str) -> tuple[ParamList | None, bool]:
+        """The parameter list and groups `digest` names (protocol v2): known to this store, or
+        `job`'s stored list if that is its digest (None if neither); and whether `job`'s run
+        exists (param_lists.py)."""
+        if not storable(job):
+            return self.param_lists.known(digest), False
+        with self._read() as conn:
+            return self.param_lists.resolve(conn, job, digest)
 
     def assemble(
         self,
