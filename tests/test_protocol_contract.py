@@ -137,7 +137,9 @@ def test_a_ranks_v2_hellos_validate_and_name_the_jobs_list_by_the_servers_digest
     for rank in (0, 1):
         layout = build_layout([opt], model, rank=rank)
         run = {"id": f"job.r{rank}", "started_at": 1.0, "config": {}}
-        v1 = wire.hello(run, layout.hello_params(), layout.hello_groups(), {"job": "job", "rank": rank, "world_size": 2})
+        v1 = wire.hello(
+            run, layout.hello_params(), layout.hello_groups(), {"job": "job", "rank": rank, "world_size": 2}
+        )
         tried = wire.rank_hellos(v1)
         assert [h["v"] for h in tried] == ([2] if rank else []) + [2, 1]
         full_v1 = protocol.parse_message(wire.dumps(tried[-1]))

@@ -74,7 +74,10 @@ def test_a_rank_names_the_jobs_list_by_digest_and_keeps_only_its_pieces(server: 
             assert hook.call(step(1, 1, arrays={"grad_norm": grad}, grad_status=[2, 2]))["type"] == "ack"
         for rank in (0, 1):
             found = server.app.state.store.get_params(f"j-v2.r{rank}")
-            assert [(p.name, p.local_numel, p.counted) for p in found] == [("fc.weight", 3, True), ("fc.bias", 3, rank == 0)]
+            assert [(p.name, p.local_numel, p.counted) for p in found] == [
+                ("fc.weight", 3, True),
+                ("fc.bias", 3, rank == 0),
+            ]
             shown = http.get(f"/api/runs/j-v2.r{rank}/params").json()["data"]
             assert [p["name"] for p in shown] == ["fc.weight", "fc.bias"]
         assert http.get("/api/runs/j-v2.r1/groups").json()["data"][0]["hparams"]["lr"] == 0.001
@@ -116,7 +119,9 @@ def test_a_v1_hello_is_still_read_and_its_jobs_list_named_after_a_restart(tmp_pa
     with in_process_server(url) as first, first.hook() as r0:
         assert r0.call(v1("j-old", 0, names))["type"] == "welcome"
     with in_process_server(url) as second, second.hook() as r1:
-        assert second.app.state.store.param_lists.known(v2("j-old", 1, full=False, params=names)["params_digest"]) is None
+        assert (
+            second.app.state.store.param_lists.known(v2("j-old", 1, full=False, params=names)["params_digest"]) is None
+        )
         assert r1.call(v2("j-old", 1, full=False, params=names))["type"] == "welcome"
         assert [p.counted for p in second.app.state.store.get_params("j-old.r1")] == [True, False]
 

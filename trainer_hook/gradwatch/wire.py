@@ -62,9 +62,7 @@ def params_digest(params: Sequence[Mapping[str, Any]], groups: Sequence[Mapping[
     `[optimizer, index, name, hparams]` by (optimizer, index); keys sorted, no spaces, ASCII).
     A rank's own pieces (`local_numel`, `counted`) are not part of it."""
     canon = {
-        "params": [
-            [p["name"], list(p["shape"]), p["numel"], p["dtype"], p["group"], p["optimizer"]] for p in params
-        ],
+        "params": [[p["name"], list(p["shape"]), p["numel"], p["dtype"], p["group"], p["optimizer"]] for p in params],
         "groups": [
             [g["optimizer"], g["index"], g.get("name"), dict(g.get("hparams") or {})]
             for g in sorted(groups, key=lambda g: (g["optimizer"], g["index"]))
