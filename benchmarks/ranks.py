@@ -75,7 +75,7 @@ from websockets.exceptions import ConnectionClosed, InvalidHandshake
 #: The hook's connection limits (gradwatch/connection.py, sender.py): a connect that does not
 #: open in OPEN_TIMEOUT_S or whose welcome does not come in WELCOME_TIMEOUT_S is retried after
 #: a backoff doubling from BACKOFF_S to BACKOFF_MAX_S, times a jitter in [0.5, 1.5).
-OPEN_TIMEOUT_S, WELCOME_TIMEOUT_S = 2.0, 30.0
+OPEN_TIMEOUT_S, WELCOME_TIMEOUT_S = 10.0, 30.0
 BACKOFF_S, BACKOFF_MAX_S = 0.1, 5.0
 #: The server's answer to a hello whose digest it does not know: send the full list (protocol v2).
 CLOSE_NEED_PARAMS = 4002
@@ -240,10 +240,11 @@ class RankResult:
     asked: int = 0  # hellos the server answered with "send the full list" (close code 4002)
 
 
-async def _rank(spec: Spec, rank: int, url: str, t0: float, result: RankResult) -> None:
-    hellos = _hellos(spec, rank)
+async def _rank(
+    spec: Spec, rank: int, url: str, t0: float, result: RankResult, frames: tuple[list[str], str, str]
+) -> None:
+    hellos, measured, unmeasured = frames
     tried = 0  # which of `hellos` this connection sends
-    measured, unmeasured = _templates(spec, rank)
     produced = 0  # steps the "training" has made so far (on schedule from t0)
     backoff = BACKOFF_S
     done = asyncio.Event()
@@ -295,10 +296,7 @@ async def _rank(spec: Spec, rank: int, url: str, t0: float, result: RankResult) 
             backoff = BACKOFF_S
             if result.welcomed is None:
                 result.welcomed = time.time()
-            if spec.admit_only:  # the start alone: close at once
-                await ws.send(json.dumps({"v": 1, "type": "close", "seq": 1, "status": "finished"}))
-                async with asyncio.timeout(DRAIN_S):
-                    await _read_acks(ws, result, 1)
+            if spec.admit_only:  # the start alone: leave once welcomed (what a close costs is not timed)
                 await ws.close()
                 return
             next_step = int(welcome["last_seq"]) + 1
@@ -365,8 +363,12 @@ def _ranks_process(spec: Spec, ranks: list[int], url: str, t0: float, out: Any) 
     results = {r: RankResult() for r in ranks}
 
     async def main() -> None:
-        await asyncio.gather(*(_rank(spec, r, url, t0, results[r]) for r in ranks), return_exceptions=True)
+        await asyncio.gather(*(_rank(spec, r, url, t0, results[r], frames[r]) for r in ranks), return_exceptions=True)
 
+    # Every rank's frames before any connects: built inside the ranks' tasks, they held this
+    # process's event loop for seconds, and the connects already started timed out meanwhile.
+    frames = {r: (_hellos(spec, r), *_templates(spec, r)) for r in ranks}
+    time.sleep(max(0.0, t0 - 1.0 - time.time()))  # every process's ranks connect together: a crowd
     asyncio.run(main())
     out.put(
         {
@@ -566,7 +568,7 @@ def run_config(spec: Spec, args: argparse.Namespace, tmp: Path) -> Row:
         slices = [list(range(spec.ranks))[i::procs] for i in range(procs)]
         out: Any = mp.get_context("spawn").Queue()
         before_bytes = used_bytes(db_path) if not args.db else 0
-        t0 = time.time() + 2.0 + spec.ranks / 500  # the simulator processes' start
+        t0 = time.time() + 3.0 + spec.ranks / 100  # the simulator processes' start and their frames
         workers = [
             mp.get_context("spawn").Process(target=_ranks_process, args=(spec, s, ingest, t0, out)) for s in slices
         ]

@@ -38,6 +38,7 @@ from starlette.websockets import WebSocketDisconnected
 from .cost import StepCost
 from .deps import token_ok
 from .diagnostics import Diagnostics, Finding
+from .jobs.admission import admission
 from .jobs.assembler import JobAssembler
 from .live import LiveHub, worker_headers
 from .notify import Notifier, RunRef, tell
@@ -229,8 +230,8 @@ class IngestConnection:
         assert dist is not None
         if hello.names_params:
             hello = await self._resolve(hello)
-        try:
-            opened = await _on_hello_thread(self.store.open_rank, hello)
+        try:  # with the other ranks' hellos waiting meanwhile, in one transaction
+            opened = await admission(self.store, _on_hello_thread).open(hello)
         except ParamsMismatch as exc:
             raise Refusal(CLOSE_INVALID, str(exc)) from None
         self.job = dist.job

@@ -17,7 +17,7 @@ import pytest
 from websockets.sync.server import ServerConnection, serve
 
 from gradwatch import wire
-from gradwatch.connection import WAIT_SLICE_S, WELCOME_TIMEOUT_S, Refused, handshake, negotiate
+from gradwatch.connection import OPEN_TIMEOUT_S, WAIT_SLICE_S, WELCOME_TIMEOUT_S, Refused, handshake, negotiate
 from support.server import start_server
 from support.wiremsg import rank_hello
 
@@ -59,6 +59,37 @@ def test_the_wait_for_a_welcome_stops_when_the_caller_says_so(slow_server: str) 
     with contextlib.ExitStack() as scope, pytest.raises(TimeoutError):
         handshake(slow_server, '{"type": "hello"}', None, scope, waiting=lambda: False)
     assert time.monotonic() - started < SLOW_S  # gave up after the first slice, not at the welcome
+
+
+@pytest.fixture
+def slow_open_server() -> Iterator[str]:
+    """A websocket server that answers the opening handshake after SLOW_S (a crowd queued)."""
+
+    def delay(ws: ServerConnection, request: object) -> None:
+        time.sleep(SLOW_S)
+
+    def handler(ws: ServerConnection) -> None:
+        with contextlib.suppress(Exception):
+            ws.recv()
+            ws.send('{"type": "welcome", "run_id": "r", "last_seq": 0}')
+            ws.recv()
+
+    with serve(handler, "127.0.0.1", 0, process_request=delay) as server:
+        threading.Thread(target=server.serve_forever, daemon=True).start()
+        yield f"ws://127.0.0.1:{server.socket.getsockname()[1]}"
+        server.shutdown()
+
+
+def test_a_slow_open_is_waited_for_with_the_caller_called_meanwhile(slow_open_server: str) -> None:
+    assert OPEN_TIMEOUT_S >= 10 * SLOW_S / 1.5  # far longer than this server takes
+    calls: list[int] = []
+    with contextlib.ExitStack() as scope:
+        _, welcome = handshake(slow_open_server, '{"type": "hello"}', None, scope, waiting=lambda: not calls.append(1))
+    assert welcome["type"] == "welcome" and len(calls) >= 2
+    started = time.monotonic()
+    with contextlib.ExitStack() as scope, pytest.raises(TimeoutError):
+        handshake(slow_open_server, '{"type": "hello"}', None, scope, waiting=lambda: False)
+    assert time.monotonic() - started < SLOW_S  # gave up after the first slice
 
 
 def _rank_hellos(job: str, rank: int, params: tuple[str, ...] = ("fc.weight", "fc.bias")) -> list[str]:

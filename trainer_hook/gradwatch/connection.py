@@ -11,6 +11,7 @@ import contextlib
 import json
 import socket
 import struct
+import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, Optional
@@ -28,11 +29,13 @@ CLOSE_TOO_BIG = 1009
 CLOSE_NEED_PARAMS = 4002
 #: The server takes frames of up to 16 MiB.
 MAX_FRAME_BYTES = 16 << 20
-#: How long a connection may take to open, and its welcome to come once the hello is sent. The
-#: welcome's is long: a server that took the hello has it queued (a crowd of ranks at a job's
-#: start), and a retry would only make it validate the hello twice (each abandoned hello costs the
-#: server as much as an answered one: retries became a storm, docs/distributed.md).
-OPEN_TIMEOUT_S = 2.0
+#: How long a connection may take to open, and its welcome to come once the hello is sent. Both are
+#: long: a server that has the connection or the hello queued (a crowd of ranks at a job's start)
+#: answers it in turn, and a retry would only make it take it twice (each abandoned connect or hello
+#: costs the server as much as an answered one: retries became a storm, docs/distributed.md; at
+#: 1,024 ranks a 2 s open timeout gave thousands of failed connects). A server that is down
+#: refuses the connect at once; the sender spools meanwhile (`waiting`).
+OPEN_TIMEOUT_S = 10.0
 WELCOME_TIMEOUT_S = 30.0
 #: While waiting for the welcome, `waiting` is called this often (the sender spools meanwhile).
 WAIT_SLICE_S = 0.5
@@ -66,22 +69,14 @@ def handshake(
 
     The connection is entered into `scope`, which closes it. `send_timeout` bounds each send: a
     server that stops reading then fails the send instead of holding the caller. `waiting` is
-    called every WAIT_SLICE_S while the welcome is awaited; it returns False to stop waiting (a
-    TimeoutError, as when `welcome_timeout` passes). Raises `Refused`
+    called every WAIT_SLICE_S while the connection opens and while the welcome is awaited; it
+    returns False to stop waiting (a TimeoutError, as when `open_timeout` or `welcome_timeout`
+    passes). Raises `Refused`
     when the server answers with anything but a welcome, OSError/TimeoutError when it cannot be
     reached, does not answer, or the address does not speak HTTP/websocket.
     """
     try:
-        ws = scope.enter_context(
-            connect(
-                ws_url,
-                additional_headers=token_headers(token),
-                open_timeout=open_timeout,
-                close_timeout=2,
-                max_size=MAX_FRAME_BYTES,
-                compression=None,
-            )
-        )
+        ws = scope.enter_context(_open(ws_url, token, open_timeout, waiting))
     except InvalidStatus as exc:  # answered over HTTP, but not with a websocket
         raise Refused(
             f"the server answered HTTP {exc.response.status_code} at {ws_url}: is it a gradwatch "
@@ -141,6 +136,57 @@ def _close_code(ws: ClientConnection) -> Optional[int]:
     except TimeoutError:
         return None
     return None
+
+
+def _open(ws_url: str, token: Optional[str], timeout: float, waiting: Optional[Callable[[], bool]]) -> ClientConnection:
+    """Open the connection; with `waiting`, on a thread of its own, calling `waiting` every
+    WAIT_SLICE_S meanwhile (a connection given up on is closed once it opens)."""
+
+    def attempt() -> ClientConnection:
+        return connect(
+            ws_url,
+            additional_headers=token_headers(token),
+            open_timeout=timeout,
+            close_timeout=2,
+            max_size=MAX_FRAME_BYTES,
+            compression=None,
+        )
+
+    if waiting is None:
+        return attempt()
+    lock = threading.Lock()
+    got: dict[str, Any] = {}
+
+    def run() -> None:
+        try:
+            ws: Any = attempt()
+        except BaseException as exc:  # handed to the caller below
+            ws = exc
+        with lock:
+            got["result"] = ws
+            abandoned = got.get("abandoned", False)
+        if abandoned and isinstance(ws, ClientConnection):
+            ws.close()
+
+    opener = threading.Thread(target=run, name="gradwatch-connect", daemon=True)
+    opener.start()
+    deadline = time.monotonic() + timeout
+    while True:
+        opener.join(max(0.0, min(WAIT_SLICE_S, deadline - time.monotonic())))
+        with lock:
+            if "result" in got:
+                break
+        if time.monotonic() >= deadline or not waiting():
+            with lock:
+                if "result" not in got:  # else it opened meanwhile: taken
+                    got["abandoned"] = True
+                    raise TimeoutError(f"the connection to {ws_url} did not open in time")
+            break
+    result = got["result"]
+    if isinstance(result, BaseException):
+        raise result
+    opened: ClientConnection = result
+    return opened
 
 
 def _welcome(ws: ClientConnection, timeout: float, waiting: Optional[Callable[[], bool]]) -> Any:

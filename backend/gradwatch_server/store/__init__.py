@@ -28,6 +28,7 @@ from sqlalchemy.exc import IntegrityError, OperationalError
 from .. import blocks, migrations, tails
 from ..jobs.memory import JobMemory
 from ..protocol import Hello
+from . import admission as _admission
 from . import engine as _engine
 from . import findings as _findings
 from . import jobs as _jobs
@@ -154,6 +155,20 @@ class Store:
                 opened = _jobs.open_rank(conn, hello, self._clock(), self.param_lists)
         if opened.job_created:  # the ranks that follow may name its list by digest
             self.param_lists.remember_job(hello.params, hello.groups)
+        return opened
+
+    def open_ranks(self, hellos: Sequence[Hello]) -> list[OpenedRank | ParamsMismatch]:
+        """Open the runs of several ranks' hellos of one job in one transaction (admission.py):
+        per hello, what `open_rank` returns, or the ParamsMismatch it raises."""
+        try:
+            with self._write() as conn:
+                opened = _admission.open_ranks(conn, hellos, self._clock(), self.param_lists)
+        except IntegrityError:  # PostgreSQL: another worker's hello created a run meanwhile
+            with self._write() as conn:
+                opened = _admission.open_ranks(conn, hellos, self._clock(), self.param_lists)
+        for hello, result in zip(hellos, opened):
+            if isinstance(result, OpenedRank) and result.job_created:
+                self.param_lists.remember_job(hello.params, hello.groups)
         return opened
 
     def resolve_params(self, job: str, digest: str) -> tuple[ParamList | None, bool]:

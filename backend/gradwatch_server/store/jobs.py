@@ -109,7 +109,7 @@ def open_rank(conn: Connection, hello: Hello, now: float, lists: ParamLists) -> 
                 f"job {dist.job!r} has world_size {job.world_size}; rank {dist.rank} says {dist.world_size}"
             )
         if hello.params_digest is None or hello.params_digest != lists.job_digest(conn, dist.job, job.created_at):
-            _check_params(conn, dist.job, dist.rank, hello)
+            check_params(conn, dist.job, dist.rank, hello)
         if job.status != "running":
             conn.execute(
                 update(runs).where(runs.c.id == dist.job).values(status="running", finished_at=None, updated_at=now)
@@ -128,7 +128,7 @@ def open_rank(conn: Connection, hello: Hello, now: float, lists: ParamLists) -> 
     )
 
 
-def _check_params(conn: Connection, job: str, rank: int, hello: Hello) -> None:
+def check_params(conn: Connection, job: str, rank: int, hello: Hello) -> None:
     stored = [
         (r.name, json.loads(r.shape))
         for r in conn.execute(

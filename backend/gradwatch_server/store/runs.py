@@ -84,30 +84,7 @@ def open_run(
         conn.execute(update(runs).where(runs.c.id == run_id).values(status="running", finished_at=None, updated_at=now))
     else:
         conn.execute(delete(deleted_runs).where(deleted_runs.c.id == run_id))  # here again: not deleted
-        conn.execute(
-            insert(runs).values(
-                id=run_id,
-                name=info.name or (run_id if parent_id is None else parent_id),
-                project=info.project or "default",
-                status="running",
-                created_at=info.started_at,
-                updated_at=now,
-                finished_at=None,
-                last_seq=0,
-                steps=0,
-                last_step=None,
-                param_count=len(hello.params),
-                param_numel=sum(p.numel for p in hello.params),
-                optimizer=info.optimizer,
-                config=json.dumps(info.config, allow_nan=False),
-                hook_version=info.hook_version,
-                parent_id=parent_id,
-                rank=rank,
-                world_size=world_size,
-                kind="rank" if parent_id is not None else "job" if world_size is not None else "run",
-                pieces=pieces_json,
-            )
-        )
+        conn.execute(insert(runs).values(**run_row(hello, now, run_id, parent_id, rank, world_size, pieces_json)))
         if hello.params and pieces is None:
             conn.execute(
                 insert(params),
@@ -143,6 +120,41 @@ def open_run(
             )
     run = to_run(conn.execute(select(runs).where(runs.c.id == run_id)).one(), *run_details(conn, [run_id]))
     return OpenedRun(run=run, created=existing is None, resumed_from=None if existing is None else existing.status)
+
+
+def run_row(
+    hello: Hello,
+    now: float,
+    run_id: str,
+    parent_id: str | None,
+    rank: int | None,
+    world_size: int | None,
+    pieces_json: str | None,
+) -> dict[str, Any]:
+    """The `runs` row of a run created from `hello` (open_run's arguments)."""
+    info = hello.run
+    return {
+        "id": run_id,
+        "name": info.name or (run_id if parent_id is None else parent_id),
+        "project": info.project or "default",
+        "status": "running",
+        "created_at": info.started_at,
+        "updated_at": now,
+        "finished_at": None,
+        "last_seq": 0,
+        "steps": 0,
+        "last_step": None,
+        "param_count": len(hello.params),
+        "param_numel": sum(p.numel for p in hello.params),
+        "optimizer": info.optimizer,
+        "config": json.dumps(info.config, allow_nan=False),
+        "hook_version": info.hook_version,
+        "parent_id": parent_id,
+        "rank": rank,
+        "world_size": world_size,
+        "kind": "rank" if parent_id is not None else "job" if world_size is not None else "run",
+        "pieces": pieces_json,
+    }
 
 
 def close_run(conn: Connection, run_id: str, seq: int, status: str, now: float) -> bool:
