@@ -363,7 +363,14 @@ def _ranks_process(spec: Spec, ranks: list[int], url: str, t0: float, out: Any) 
     results = {r: RankResult() for r in ranks}
 
     async def main() -> None:
-        await asyncio.gather(*(_rank(spec, r, url, t0, results[r], frames[r]) for r in ranks), return_exceptions=True)
+        # Report what the ranks have before the parent's deadline (it stops this process then):
+        # ranks still waiting for their last acks keep what they measured.
+        left = t0 + spec.steps * spec.period + DRAIN_S - 10.0 - time.time()
+        tasks = [asyncio.create_task(_rank(spec, r, url, t0, results[r], frames[r])) for r in ranks]
+        await asyncio.wait(tasks, timeout=max(1.0, left))
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
 
     # Every rank's frames before any connects: built inside the ranks' tasks, they held this
     # process's event loop for seconds, and the connects already started timed out meanwhile.
