@@ -51,6 +51,7 @@ import math
 import multiprocessing as mp
 import os
 import random
+import shlex
 import signal
 import socket
 import sqlite3
@@ -74,8 +75,10 @@ from websockets.exceptions import ConnectionClosed, InvalidHandshake
 #: The hook's connection limits (gradwatch/connection.py, sender.py): a connect that does not
 #: open in OPEN_TIMEOUT_S or whose welcome does not come in WELCOME_TIMEOUT_S is retried after
 #: a backoff doubling from BACKOFF_S to BACKOFF_MAX_S, times a jitter in [0.5, 1.5).
-OPEN_TIMEOUT_S, WELCOME_TIMEOUT_S = 2.0, 30.0
+OPEN_TIMEOUT_S, WELCOME_TIMEOUT_S = 10.0, 30.0
 BACKOFF_S, BACKOFF_MAX_S = 0.1, 5.0
+#: The server's answer to a hello whose digest it does not know: send the full list (protocol v2).
+CLOSE_NEED_PARAMS = 4002
 #: Most that a rank waits, after its last step, for the server to acknowledge everything.
 DRAIN_S = 120.0
 #: Per-rank bytes allowed beyond 1.5x a one-process run (the per-rank summary of a step).
@@ -123,9 +126,14 @@ class Spec:
     kind: str
     every: int
     job: str
+    hello: str = "v2"  # "v2": rank 0 sends the list, the others its digest (wire.rank_hellos); "v1": all send it
+    admit_only: bool = False  # each rank closes once welcomed: times the job's start alone
 
 
-def _hello(spec: Spec, rank: int) -> str:
+def _hellos(spec: Spec, rank: int) -> list[str]:
+    """The hellos the rank tries in turn, as the hook does (gradwatch.wire.rank_hellos): with
+    `--hello v2`, its job's list named by digest (rank > 0), in full (rank 0, or when the server
+    asks with close code 4002), then v1; with `--hello v1`, v1 only."""
     from gradwatch import wire
 
     params = []
@@ -161,7 +169,8 @@ def _hello(spec: Spec, rank: int) -> str:
     groups = [
         {"optimizer": 0, "index": 0, "name": None, "hparams": {"lr": 3e-4, "betas": [0.9, 0.95], "weight_decay": 0.1}}
     ]
-    return wire.dumps(wire.hello(run, params, groups, {"job": spec.job, "rank": rank, "world_size": spec.ranks}))
+    v1 = wire.hello(run, params, groups, {"job": spec.job, "rank": rank, "world_size": spec.ranks})
+    return [wire.dumps(h) for h in (wire.rank_hellos(v1) if spec.hello == "v2" else [v1])]
 
 
 def _templates(spec: Spec, rank: int) -> tuple[str, str]:
@@ -228,11 +237,14 @@ class RankResult:
     welcomed: float | None = None  # first welcome
     first_try: float | None = None
     acked: int = 0
+    asked: int = 0  # hellos the server answered with "send the full list" (close code 4002)
 
 
-async def _rank(spec: Spec, rank: int, url: str, t0: float, result: RankResult) -> None:
-    hello = _hello(spec, rank)
-    measured, unmeasured = _templates(spec, rank)
+async def _rank(
+    spec: Spec, rank: int, url: str, t0: float, result: RankResult, frames: tuple[list[str], str, str]
+) -> None:
+    hellos, measured, unmeasured = frames
+    tried = 0  # which of `hellos` this connection sends
     produced = 0  # steps the "training" has made so far (on schedule from t0)
     backoff = BACKOFF_S
     done = asyncio.Event()
@@ -261,13 +273,20 @@ async def _rank(spec: Spec, rank: int, url: str, t0: float, result: RankResult) 
                         url, max_size=None, compression=None, open_timeout=None, ping_interval=None
                     )
                 try:
-                    await ws.send(hello)
+                    await ws.send(hellos[tried])
                     async with asyncio.timeout(WELCOME_TIMEOUT_S):
                         welcome = json.loads(await ws.recv())
                 except BaseException:
                     await ws.close()
                     raise
                 if welcome.get("type") != "welcome":
+                    code = await _close_code(ws)
+                    if code == CLOSE_NEED_PARAMS and tried + 1 < len(hellos):
+                        tried += 1  # the server asks for the list: not a failed connect
+                        result.asked += 1
+                        continue
+                    if "unsupported protocol version" in str(welcome.get("message")):
+                        tried = len(hellos) - 1
                     raise ConnectionError(f"rank {rank}: {welcome}")
             except (OSError, TimeoutError, ConnectionClosed, InvalidHandshake, ConnectionError):
                 result.connect_errors += 1
@@ -277,6 +296,9 @@ async def _rank(spec: Spec, rank: int, url: str, t0: float, result: RankResult) 
             backoff = BACKOFF_S
             if result.welcomed is None:
                 result.welcomed = time.time()
+            if spec.admit_only:  # the start alone: leave once welcomed (what a close costs is not timed)
+                await ws.close()
+                return
             next_step = int(welcome["last_seq"]) + 1
             result.acked = max(result.acked, next_step - 1)
             reader = asyncio.create_task(_read_acks(ws, result, spec.steps + 1))
@@ -310,6 +332,19 @@ async def _rank(spec: Spec, rank: int, url: str, t0: float, result: RankResult) 
         clock.cancel()
 
 
+async def _close_code(ws: Any) -> int | None:
+    """The close code that follows the server's error frame (None if none comes soon)."""
+    try:
+        async with asyncio.timeout(2.0):
+            await ws.recv()
+    except ConnectionClosed as exc:
+        return None if exc.rcvd is None else int(exc.rcvd.code)
+    except TimeoutError:
+        pass
+    await ws.close()
+    return None
+
+
 async def _read_acks(ws: Any, result: RankResult, last: int) -> None:
     """Read what the server sends (an unread ack would stall it) until `last` is acknowledged."""
     async for raw in ws:
@@ -328,12 +363,23 @@ def _ranks_process(spec: Spec, ranks: list[int], url: str, t0: float, out: Any) 
     results = {r: RankResult() for r in ranks}
 
     async def main() -> None:
-        await asyncio.gather(*(_rank(spec, r, url, t0, results[r]) for r in ranks), return_exceptions=True)
+        # Report what the ranks have before the parent's deadline (it stops this process then):
+        # ranks still waiting for their last acks keep what they measured.
+        left = t0 + spec.steps * spec.period + DRAIN_S - 10.0 - time.time()
+        tasks = [asyncio.create_task(_rank(spec, r, url, t0, results[r], frames[r])) for r in ranks]
+        await asyncio.wait(tasks, timeout=max(1.0, left))
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
 
+    # Every rank's frames before any connects: built inside the ranks' tasks, they held this
+    # process's event loop for seconds, and the connects already started timed out meanwhile.
+    frames = {r: (_hellos(spec, r), *_templates(spec, r)) for r in ranks}
+    time.sleep(max(0.0, t0 - 1.0 - time.time()))  # every process's ranks connect together: a crowd
     asyncio.run(main())
     out.put(
         {
-            r: (res.sent, res.connect_errors, res.dropped, res.welcomed, res.first_try, res.acked)
+            r: (res.sent, res.connect_errors, res.dropped, res.welcomed, res.first_try, res.acked, res.asked)
             for r, res in results.items()
         }
     )
@@ -359,6 +405,9 @@ def start_server(db: str, workers: int, rank_timeout: float) -> tuple[subprocess
     ]
     if workers > 1:
         args += ["--workers", str(workers)]
+    # A profiler to run the server under, e.g. BENCH_RANKS_SERVER_WRAP="python -m cProfile -o out.prof"
+    # (the server then runs as `python -m cProfile ... gradwatch serve ...`).
+    args = shlex.split(os.environ.get("BENCH_RANKS_SERVER_WRAP", "")) + args
     proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     url = f"http://127.0.0.1:{port}"
     for _ in range(600):
@@ -478,6 +527,8 @@ class Row:
     lost: int
     reads_ms: dict[str, float]
     load: float
+    asked: int = 0  # hellos answered "send the full list"
+    welcomed: int = 0  # ranks welcomed
 
 
 def one_process_bytes(spec: Spec, tmp: Path) -> float:
@@ -485,7 +536,7 @@ def one_process_bytes(spec: Spec, tmp: Path) -> float:
     db = tmp / "one.db"
     proc, base = start_server(f"sqlite:///{db}", 1, 30.0)
     try:
-        hello = json.loads(_hello(spec, 0))
+        hello = json.loads(_hellos(spec, 0)[-1])  # v1: the list with its pieces
         hello.pop("dist")
         hello["run"]["id"] = spec.job + "-1p"
         for p in hello["params"]:
@@ -524,7 +575,7 @@ def run_config(spec: Spec, args: argparse.Namespace, tmp: Path) -> Row:
         slices = [list(range(spec.ranks))[i::procs] for i in range(procs)]
         out: Any = mp.get_context("spawn").Queue()
         before_bytes = used_bytes(db_path) if not args.db else 0
-        t0 = time.time() + 2.0 + spec.ranks / 500  # the simulator processes' start
+        t0 = time.time() + 3.0 + spec.ranks / 100  # the simulator processes' start and their frames
         workers = [
             mp.get_context("spawn").Process(target=_ranks_process, args=(spec, s, ingest, t0, out)) for s in slices
         ]
@@ -551,7 +602,7 @@ def run_config(spec: Spec, args: argparse.Namespace, tmp: Path) -> Row:
                     results.update(out.get())
                 await asyncio.sleep(0.5)
             # the last steps reach the live socket after the ranks' acks
-            end = time.time() + 10
+            end = time.time() + (0 if spec.admit_only else 10)
             while len(stored) < spec.steps and time.time() < end:
                 await asyncio.sleep(0.1)
             stop.set()
@@ -567,7 +618,9 @@ def run_config(spec: Spec, args: argparse.Namespace, tmp: Path) -> Row:
         sent_by_step: dict[int, float] = {}
         errors = dropped = 0
         welcomed, tries = [], []
-        for sent, errs, drops, welcome, first_try, _acked in results.values():
+        asked = 0
+        for sent, errs, drops, welcome, first_try, _acked, asks in results.values():
+            asked += asks
             errors += errs
             dropped += drops
             if welcome is not None:
@@ -601,13 +654,15 @@ def run_config(spec: Spec, args: argparse.Namespace, tmp: Path) -> Row:
             cpu_ms=1000 * cpu / max(1, spec.ranks * steps_stored),
             rss_mib=rss / 2**20,
             bytes_step=bytes_step,
-            one_process_bytes=one_process_bytes(spec, tmp) if not args.db else float("nan"),
+            one_process_bytes=one_process_bytes(spec, tmp) if not args.db and not spec.admit_only else float("nan"),
             errors=errors,
             dropped=dropped,
             partial=int(ranks_info["partial"]["steps"]),
             lost=sum(1 for r in ranks_info["ranks"] if r["lost"]) + spec.ranks - len(ranks_info["ranks"]),
             reads_ms=reads,
             load=os.getloadavg()[0],
+            asked=asked,
+            welcomed=len(welcomed),
         )
     finally:
         stop_server(proc)
@@ -615,6 +670,33 @@ def run_config(spec: Spec, args: argparse.Namespace, tmp: Path) -> Row:
 
 def quantile(values: list[float], q: float) -> float:
     return float(np.quantile(values, q)) if values else float("nan")
+
+
+def report_admission(rows: list[Row]) -> None:
+    """`--admit-only`: the job's start alone (every rank's hello, then its close)."""
+    head = ("ranks x tensors", "hello", "welcomed", "admit s", "failed connects", "dropped", "asked for list", "load")
+    print("| " + " | ".join(head) + " |")
+    print("|" + "---|" * len(head))
+    for r in rows:
+        s = r.spec
+        cells = [
+            f"{s.ranks} x {s.tensors}",
+            s.hello,
+            f"{r.welcomed}/{s.ranks}",
+            f"{r.admit_s:.1f}",
+            str(r.errors),
+            str(r.dropped),
+            str(r.asked),
+            f"{r.load:.1f}",
+        ]
+        print("| " + " | ".join(cells) + " |")
+    print()
+    for r in rows:
+        ok = r.admit_s <= 10.0 and r.errors == 0 and r.dropped == 0
+        print(
+            f"{r.spec.ranks} x {r.spec.tensors} ({r.spec.hello}): "
+            f"{'met' if ok else 'missed'}: hellos admitted within 10 s, no connection refused or dropped"
+        )
 
 
 def report(rows: list[Row]) -> None:
@@ -707,7 +789,18 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
         "--db", default="", help="a database URL instead of a fresh SQLite file (bytes are then not measured)"
     )
     p.add_argument("--rank-timeout", type=float, default=30.0, help="gradwatch serve --rank-timeout (default 30)")
+    p.add_argument(
+        "--hello",
+        default="v2",
+        help="comma-separated: v2 (rank 0 sends the list, the others its digest) and/or v1 (all send it); default v2",
+    )
+    p.add_argument(
+        "--admit-only", action="store_true", help="time the job's start alone: each rank closes once welcomed"
+    )
     args = p.parse_args(argv)
+    args.hello_list = args.hello.split(",")
+    if any(h not in ("v1", "v2") for h in args.hello_list):
+        p.error("--hello takes v1 and/or v2")
     try:
         args.ranks_list = [int(x) for x in args.ranks.split(",")]
         args.tensors_list = [int(x) for x in args.tensors.split(",")]
@@ -741,23 +834,30 @@ def main(argv: list[str] | None = None) -> None:
         for tensors in args.tensors_list:
             for period in args.period_list:
                 for ranks in args.ranks_list:
-                    spec = Spec(
-                        ranks,
-                        tensors,
-                        period,
-                        args.steps,
-                        args.kind,
-                        args.every,
-                        f"bench{ranks}x{tensors}p{str(period).replace('.', '_')}-{os.urandom(3).hex()}",
-                    )
-                    row = run_config(spec, args, Path(tmp))
-                    rows.append(row)
-                    print(
-                        f"# done {ranks} x {tensors} @ {period:g} s: lag p95 {quantile(row.lags, 0.95):.2f} s, "
-                        f"cpu {row.cpu_ms:.2f} ms/rank-step",
-                        flush=True,
-                    )
-    report(rows)
+                    for hello in args.hello_list:
+                        spec = Spec(
+                            ranks,
+                            tensors,
+                            period,
+                            args.steps,
+                            args.kind,
+                            args.every,
+                            f"bench{ranks}x{tensors}p{str(period).replace('.', '_')}-{os.urandom(3).hex()}",
+                            hello,
+                            args.admit_only,
+                        )
+                        row = run_config(spec, args, Path(tmp))
+                        rows.append(row)
+                        print(
+                            f"# done {ranks} x {tensors} @ {period:g} s ({hello}): admit {row.admit_s:.1f} s, "
+                            f"{row.errors} failed connects, lag p95 {quantile(row.lags, 0.95):.2f} s, "
+                            f"cpu {row.cpu_ms:.2f} ms/rank-step",
+                            flush=True,
+                        )
+    if args.admit_only:
+        report_admission(rows)
+    else:
+        report(rows)
 
 
 if __name__ == "__main__":

@@ -125,3 +125,30 @@ def test_distributed_rank_params_and_update_norms_validate() -> None:
     step = protocol.parse_message(wire.dumps(wire.step(1, 1, 0.0, scalars, metrics, status)), param_count=2)
     assert isinstance(step, protocol.Step)
     assert step.arrays()["param_before_norm"] == metrics["param_before_norm"].tobytes()
+
+
+def test_a_ranks_v2_hellos_validate_and_name_the_jobs_list_by_the_servers_digest() -> None:
+    """wire.rank_hellos: the digest hello, the full v2 hello and the v1 hello all validate; the
+    hook's digest is the server's (a real optimizer's hparams: floats, a tuple, bools, None); and
+    every rank's pieces come out as its v1 params give them."""
+    model = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.Linear(4, 2))
+    opt = torch.optim.AdamW(model.parameters(), lr=3e-4, betas=(0.9, 0.95))
+    digests = set()
+    for rank in (0, 1):
+        layout = build_layout([opt], model, rank=rank)
+        run = {"id": f"job.r{rank}", "started_at": 1.0, "config": {}}
+        v1 = wire.hello(
+            run, layout.hello_params(), layout.hello_groups(), {"job": "job", "rank": rank, "world_size": 2}
+        )
+        tried = wire.rank_hellos(v1)
+        assert [h["v"] for h in tried] == ([2] if rank else []) + [2, 1]
+        full_v1 = protocol.parse_message(wire.dumps(tried[-1]))
+        assert isinstance(full_v1, protocol.Hello)
+        expected = protocol.params_digest(full_v1.params, full_v1.groups)
+        for message in tried[:-1]:
+            parsed = protocol.parse_message(wire.dumps(message))
+            assert isinstance(parsed, protocol.Hello) and parsed.params_digest == expected
+            assert parsed.rank_pieces().counted_flags(4) == [p.counted for p in full_v1.params]
+        assert tried[0].get("params") is (None if rank else tried[0]["params"])
+        digests.add(expected)
+    assert len(digests) == 1  # the job's list, whatever the rank's pieces

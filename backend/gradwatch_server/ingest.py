@@ -38,10 +38,11 @@ from starlette.websockets import WebSocketDisconnected
 from .cost import StepCost
 from .deps import token_ok
 from .diagnostics import Diagnostics, Finding
+from .jobs.admission import admission
 from .jobs.assembler import JobAssembler
 from .live import LiveHub, worker_headers
 from .notify import Notifier, RunRef, tell
-from .protocol import RESENT, Close, Hello, ProtocolError, Step, Steps, parse_message
+from .protocol import RESENT, Close, Hello, Pieces, ProtocolError, Step, Steps, parse_message
 from .sessions import Sessions
 from .settings import Settings
 from .store import ParamsMismatch, Run, StepData, Store, UnknownRun
@@ -52,6 +53,17 @@ CLOSE_INVALID = 1003
 CLOSE_POLICY = 1008
 CLOSE_TOO_BIG = 1009
 CLOSE_SERVER_ERROR = 1011
+#: A v2 hello names its job's parameters by a digest this server does not know: send the hello
+#: again with the full list (docs/protocol.md, "Version 2").
+CLOSE_NEED_PARAMS = 4002
+
+#: How long a hello that names its job's parameters by digest waits for them to become known (the
+#: rank that sends them in full may be a moment behind it) before it is told to send them.
+DIGEST_WAIT_S = 5.0
+#: Its job's stored list is looked at this often meanwhile (another worker may have stored it);
+#: this process's own hellos are seen at once.
+DIGEST_POLL_S = 0.05
+DIGEST_STORE_EVERY_S = 1.0
 
 #: Messages validated but not yet stored; when full, the reader stops reading the socket.
 MAX_PENDING = 64
@@ -214,13 +226,16 @@ class IngestConnection:
 
     async def _hello_rank(self, hello: Hello) -> None:
         """A rank's hello: open its run and its job's; the run list hears of the job only."""
-        assert hello.dist is not None
-        try:
-            opened = await _on_hello_thread(self.store.open_rank, hello)
+        dist = hello.dist
+        assert dist is not None
+        if hello.names_params:
+            hello = await self._resolve(hello)
+        try:  # with the other ranks' hellos waiting meanwhile, in one transaction
+            opened = await admission(self.store, _on_hello_thread).open(hello)
         except ParamsMismatch as exc:
             raise Refusal(CLOSE_INVALID, str(exc)) from None
-        self.job = hello.dist.job
-        self.rank = hello.dist.rank
+        self.job = dist.job
+        self.rank = dist.rank
         self.param_count = len(hello.params)
         await self._welcome(opened.rank.run.last_seq)
         if opened.job_created or opened.job_resumed:
@@ -232,8 +247,41 @@ class IngestConnection:
             log.exception("diagnostics of job %s failed", job)
             return
         if self.jobs is not None:
-            self.jobs.opened(job, found, hello.dist.rank, hello.dist.world_size, opened.rank.run.last_step)
+            self.jobs.opened(job, found, dist.rank, dist.world_size, opened.rank.run.last_step)
         await self._send_findings(found)
+
+    async def _resolve(self, hello: Hello) -> Hello:
+        """A v2 hello that names its job's parameters by digest, with them (and its pieces, by
+        default every piece whole and counted). A digest not known is waited for while its job
+        has no run yet (the rank that sends the list may be a moment behind), at most
+        DIGEST_WAIT_S; then, or at once if the job's run has another list, the hello is refused
+        with CLOSE_NEED_PARAMS (the full list then says how it differs)."""
+        assert hello.dist is not None and hello.params_digest is not None
+        digest, job = hello.params_digest, hello.dist.job
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + DIGEST_WAIT_S
+        next_look = loop.time()
+        while (found := self.store.param_lists.known(digest)) is None:
+            job_there = False
+            if loop.time() >= next_look:
+                found, job_there = await _on_hello_thread(self.store.resolve_params, job, digest)
+                if found is not None:
+                    break
+                next_look = loop.time() + DIGEST_STORE_EVERY_S
+            if job_there or loop.time() >= deadline:
+                raise Refusal(
+                    CLOSE_NEED_PARAMS,
+                    f"params_digest {digest[:16]}... is not known to this server: send the hello again "
+                    "with the job's full parameter list (params and groups)",
+                )
+            await asyncio.sleep(DIGEST_POLL_S)
+        params, groups = found
+        pieces = hello.pieces if hello.pieces is not None else Pieces()
+        try:
+            pieces.check(params)
+        except ValueError as exc:
+            raise Refusal(CLOSE_INVALID, f"invalid hello message: {exc}") from None
+        return hello.model_copy(update={"params": params, "groups": groups, "pieces": pieces})
 
     async def _welcome(self, last_seq: int) -> None:
         await self._send(

@@ -1,6 +1,8 @@
-"""Wire protocol v1 (hook -> server): the one definition both sides are checked against.
+"""Wire protocol v1 and v2 (hook -> server): the one definition both sides are checked against.
 
-See docs/protocol.md. `parse_message` turns one text frame into a validated `Hello`, `Step`, `Steps`
+See docs/protocol.md. Version 2 adds to v1's hello, for a rank of a distributed job, a digest of
+the job's parameter list (`params_digest`) that may stand for the list, and the rank's own pieces
+of the parameters (`pieces`) in a compact form; every other message reads as in v1. `parse_message` turns one text frame into a validated `Hello`, `Step`, `Steps`
 or `Close`, or raises `ProtocolError` with a message that says what is wrong. Per-parameter arrays
 are decoded from base64 during validation, so a `Step` carries the raw little-endian bytes that
 the store keeps as they are.
@@ -10,8 +12,10 @@ from __future__ import annotations
 
 import base64
 import binascii
+import hashlib
 import json
 import math
+from collections.abc import Sequence
 from typing import Annotated, Any, Literal
 
 import numpy as np
@@ -30,6 +34,8 @@ from pydantic import (
 )
 
 PROTOCOL_VERSION = 1
+#: The versions this server reads: v2 is v1 plus the hello's `params_digest` and `pieces`.
+PROTOCOL_VERSIONS = (1, 2)
 
 #: Bit pattern of the float32 NaN that means "does not apply to this parameter" (no `.grad`,
 #: no such optimizer state yet). Test for it on the raw uint32 bits, before any arithmetic.
@@ -116,7 +122,7 @@ class _Message(BaseModel):
     # strict: no "1" for 1, no true for 1; forbid: a misspelt field is an error, not ignored.
     model_config = ConfigDict(strict=True, extra="forbid", frozen=True)
 
-    v: Literal[1]
+    v: Literal[1, 2]
 
 
 class RunInfo(BaseModel):
@@ -202,12 +208,73 @@ def is_stream_id(run_id: str) -> bool:
     return "." in run_id
 
 
+#: A `params_digest`: SHA-256 in lowercase hex (protocol v2).
+DIGEST_PATTERN = r"^[0-9a-f]{64}$"
+ParamsDigest = Annotated[str, StringConstraints(pattern=DIGEST_PATTERN)]
+
+
+def params_digest(params: Sequence[ParamInfo], groups: Sequence[GroupInfo]) -> str:
+    """The digest of a job's parameter list and param groups (v2's `params_digest`): SHA-256 of
+    their canonical JSON (each parameter `[name, shape, numel, dtype, group, optimizer]` in order,
+    each group `[optimizer, index, name, hparams]` sorted by (optimizer, index); keys sorted, no
+    spaces, ASCII). A rank's own pieces (`local_numel`, `counted`) are not part of it."""
+    canon = {
+        "params": [[p.name, list(p.shape), p.numel, p.dtype, p.group, p.optimizer] for p in params],
+        "groups": [
+            [g.optimizer, g.index, g.name, g.hparams] for g in sorted(groups, key=lambda g: (g.optimizer, g.index))
+        ],
+    }
+    text = json.dumps(canon, sort_keys=True, separators=(",", ":"), allow_nan=False)
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+class Pieces(BaseModel):
+    """A rank's pieces of the job's parameters (v2), in parameter order: `counted` one flag for
+    every piece or one per parameter; `local_numel` None (every piece is the whole tensor) or one
+    count per parameter."""
+
+    model_config = ConfigDict(strict=True, extra="forbid", frozen=True)
+
+    counted: bool | list[bool] = True
+    local_numel: list[Annotated[int, Field(ge=0)]] | None = None
+
+    def check(self, params: Sequence[ParamInfo]) -> None:
+        """Raise ValueError unless these pieces fit `params` (one per parameter, none larger)."""
+        n = len(params)
+        if isinstance(self.counted, list) and len(self.counted) != n:
+            raise ValueError(f"pieces.counted has {len(self.counted)} flags for {n} parameters")
+        if self.local_numel is not None:
+            if len(self.local_numel) != n:
+                raise ValueError(f"pieces.local_numel has {len(self.local_numel)} counts for {n} parameters")
+            for p, local in zip(params, self.local_numel):
+                if local > p.numel:
+                    raise ValueError(f"pieces.local_numel {local} of {p.name!r} is above its numel {p.numel}")
+
+    def counted_flags(self, count: int) -> list[bool]:
+        return list(self.counted) if isinstance(self.counted, list) else [self.counted] * count
+
+    @classmethod
+    def of(cls, params: Sequence[ParamInfo]) -> Pieces:
+        """The pieces a v1 hello gives in its params, compactly (one flag where all agree)."""
+        flags = [p.counted for p in params]
+        counted: bool | list[bool] = flags[0] if flags and all(f == flags[0] for f in flags) else flags or True
+        whole = all(p.local_numel is None or p.local_numel == p.numel for p in params)
+        return cls.model_construct(counted=counted, local_numel=None if whole else [p.piece_numel for p in params])
+
+
 class Hello(_Message):
+    """v1: `params` (and `groups`) in full. v2, for a rank (`dist`): `params_digest` names the
+    job's parameter list and groups, which may then be left out (the server has them from an
+    earlier hello of the job, else it closes with CLOSE_NEED_PARAMS: send them in full);
+    `pieces` gives the rank's own pieces (then `params` carry none)."""
+
     type: Literal["hello"]
     run: RunInfo
-    params: list[ParamInfo]
+    params: list[ParamInfo] = Field(default_factory=list)
     groups: list[GroupInfo] = Field(default_factory=list)
     dist: DistInfo | None = None
+    params_digest: ParamsDigest | None = None
+    pieces: Pieces | None = None
 
     @model_validator(mode="after")
     def _stream_id(self) -> Hello:
@@ -225,6 +292,41 @@ class Hello(_Message):
                 f"(job {self.dist.job!r}, rank {self.dist.rank})"
             )
         return self
+
+    @model_validator(mode="after")
+    def _version_2(self) -> Hello:
+        v2 = self.params_digest is not None or self.pieces is not None
+        if v2 and self.v < 2:
+            raise ValueError('params_digest and pieces are protocol version 2: send "v": 2')
+        if v2 and self.dist is None:
+            raise ValueError("params_digest and pieces are for a rank of a distributed job (a hello with dist)")
+        if "params" not in self.model_fields_set:
+            if self.params_digest is None:
+                raise ValueError("params: Field required (or, in v2, a params_digest that names them)")
+            if self.groups:
+                raise ValueError("groups without params: a hello that names its parameters by digest sends neither")
+            return self
+        if self.pieces is not None:
+            if any(p.local_numel is not None or not p.counted for p in self.params):
+                raise ValueError("with pieces, give each piece there, not in params (local_numel, counted)")
+            self.pieces.check(self.params)
+        if self.params_digest is not None:
+            digest = params_digest(self.params, self.groups)
+            if digest != self.params_digest:
+                raise ValueError(
+                    f"params_digest {self.params_digest} does not match the params and groups sent "
+                    f"(their digest is {digest}; docs/protocol.md says how it is computed)"
+                )
+        return self
+
+    @property
+    def names_params(self) -> bool:
+        """A v2 hello that names the job's parameters by digest instead of listing them."""
+        return "params" not in self.model_fields_set
+
+    def rank_pieces(self) -> Pieces:
+        """This rank's pieces of the parameters: `pieces`, or as `params` give them."""
+        return self.pieces if self.pieces is not None else Pieces.of(self.params)
 
     @field_validator("params")
     @classmethod
@@ -450,8 +552,11 @@ def validate_message(data: object, param_count: int | None = None) -> Message:
     if not isinstance(data, dict):
         raise ProtocolError("frame must be a JSON object")
     version = data.get("v")
-    if type(version) is not int or version != PROTOCOL_VERSION:
-        raise ProtocolError(f"unsupported protocol version {version!r}: this server speaks version {PROTOCOL_VERSION}")
+    if type(version) is not int or version not in PROTOCOL_VERSIONS:
+        raise ProtocolError(
+            f"unsupported protocol version {version!r}: this server speaks versions "
+            + ", ".join(map(str, PROTOCOL_VERSIONS))
+        )
     kind = data.get("type")
     if not isinstance(kind, str) or kind not in _MODELS:
         raise ProtocolError(f"unknown message type {kind!r}: expected one of {', '.join(_MODELS)}")

@@ -13,7 +13,7 @@ advises WITHOUT ROWID only for rows well under a twentieth of a page).
 Changing this file needs a new migration under migrations/versions/ (0002 added `findings` and
 `diagnoses`, 0003 `run_tags`, 0004 `metric_blocks`, 0005 `deleted_runs`, 0006 distributed jobs:
 `runs.parent_id/rank/world_size`, `params.local_numel/counted`, `partial_steps`, 0007 `runs.kind` and
-`rank_summaries`, 0008 `rank_spread`); a test checks that the migrations produce
+`rank_summaries`, 0008 `rank_spread`, 0009 `runs.pieces`); a test checks that the migrations produce
 exactly these tables.
 """
 
@@ -71,6 +71,10 @@ runs = Table(
     # "job" (a distributed job's parent run) or "rank" (one rank's child run). Set when the run is
     # created; migration 0007 filled it from parent_id and world_size.
     Column("kind", String(8), nullable=False, server_default="run"),
+    # A rank's run (kind "rank") opened since migration 0009 keeps no parameter rows of its own:
+    # it shares its job's, and this holds its pieces of them as JSON (`counted`: one flag or one
+    # per parameter; `local_numel`: null, every piece whole, or one count per parameter).
+    Column("pieces", Text),
 )
 
 # Runs deleted (DELETE /api/runs/{id}, `gradwatch gc`), by id: a request for one is answered

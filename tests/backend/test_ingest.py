@@ -173,7 +173,7 @@ def _huge_frame() -> str:
 
 BAD_FRAMES = {
     "malformed JSON": ('{"v": 1, "type": "step", ', 1003, "not valid JSON"),
-    "wrong version": (json.dumps({**step(1, 1), "v": 2}), 1003, "unsupported protocol version 2"),
+    "wrong version": (json.dumps({**step(1, 1), "v": 3}), 1003, "unsupported protocol version 3"),
     "version true": (json.dumps({**step(1, 1), "v": True}), 1003, "unsupported protocol version"),
     "wrong types": (json.dumps({**step(1, 1), "seq": "1"}), 1003, "seq"),
     "bad base64 length": (json.dumps(step(1, 1, arrays={"grad_norm": f32(1, 2, 3)})), 1003, "expected 8"),

@@ -94,3 +94,26 @@ def test_a_new_run_is_stored_with_its_kind(db_url: str) -> None:
         assert kinds == {"solo": "run", "job": "job", "job.r1": "rank"}
     finally:
         store.close()
+
+
+def test_a_downgrade_below_0009_gives_a_rank_that_shares_its_jobs_list_its_rows_back(db_url: str) -> None:
+    """A rank's run opened since 0009 keeps its pieces, not rows; going back to 0008 (whose
+    readers expect rows) writes the job's rows with the rank's pieces."""
+    store = open_store(db_url)
+    for rank in (0, 1):
+        parsed = parse_message(json.dumps(rank_hello("j", rank, 2, local_numel=[3, 3], counted=[True, rank == 0])))
+        assert isinstance(parsed, Hello)
+        store.open_rank(parsed)
+    assert store.get_params("j.r1")[1].counted is False
+    store.close()
+    config = Config()
+    config.set_main_option("script_location", str(resources.files("gradwatch_server.migrations")))
+    engine = create_db_engine(db_url)
+    with engine.begin() as conn:
+        config.attributes["connection"] = conn
+        command.downgrade(config, "0008")
+        rows = conn.execute(
+            text("SELECT name, local_numel, counted FROM params WHERE run_id = 'j.r1' ORDER BY idx")
+        ).all()
+    engine.dispose()
+    assert [(r.name, r.local_numel, bool(r.counted)) for r in rows] == [("fc.weight", 3, True), ("fc.bias", 3, False)]

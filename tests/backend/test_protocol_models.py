@@ -47,7 +47,7 @@ def test_valid_messages() -> None:
 @pytest.mark.parametrize(
     ("change", "text"),
     [
-        ({"v": 2}, "unsupported protocol version 2"),
+        ({"v": 3}, "unsupported protocol version 3"),
         ({"v": "1"}, "unsupported protocol version '1'"),
         ({"v": 1.0}, "unsupported protocol version 1.0"),
         ({"type": "bye"}, "unknown message type 'bye'"),

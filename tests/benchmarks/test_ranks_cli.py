@@ -16,7 +16,6 @@ SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "ranks.py"
 
 
 @pytest.mark.server
-@pytest.mark.server
 @pytest.mark.parametrize("kind, every", [("ddp", 1), ("fsdp", 2)])
 def test_a_small_job_is_stored_whole_and_its_row_printed(kind: str, every: int) -> None:
     done = subprocess.run(
@@ -37,6 +36,24 @@ def test_a_small_job_is_stored_whole_and_its_row_printed(kind: str, every: int) 
     assert re.search(r"^3 x 5 @ 0\.2 s: met: .*every step stored", done.stdout, re.M)
 
 
+@pytest.mark.server
+def test_a_jobs_start_alone_is_timed_with_either_hello() -> None:
+    """--admit-only: every rank welcomed, none failed, by digest (v2) and by list (v1)."""
+    done = subprocess.run(
+        [sys.executable, str(SCRIPT), "--ranks", "3", "--tensors", "5", "--steps", "2", "--admit-only"]
+        + ["--hello", "v2,v1"],
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
+    assert done.returncode == 0, done.stderr
+    for hello in ("v2", "v1"):
+        row = next(line for line in done.stdout.splitlines() if line.startswith(f"| 3 x 5 | {hello} |"))
+        cells = [c.strip() for c in row.strip("|").split("|")]
+        assert cells[2] == "3/3" and cells[4:7] == ["0", "0", "0"]  # welcomed; no failed connect, drop or ask
+        assert re.search(rf"^3 x 5 \({hello}\): met:", done.stdout, re.M)
+
+
 @pytest.mark.parametrize(
     "args, message",
     [
@@ -45,6 +62,7 @@ def test_a_small_job_is_stored_whole_and_its_row_printed(kind: str, every: int) 
         (["--period", "0"], "--period must be above 0"),
         (["--steps", "1"], "--steps must be 2 or more"),
         (["--workers", "2"], "--workers above 1 needs --db postgresql://"),
+        (["--hello", "v3"], "--hello takes v1 and/or v2"),
     ],
 )
 def test_bad_flags_are_refused(args: list[str], message: str) -> None:

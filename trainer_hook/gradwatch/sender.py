@@ -37,7 +37,7 @@ from websockets.exceptions import ConnectionClosed
 from websockets.sync.client import ClientConnection
 
 from . import wire
-from .connection import CLOSE_INVALID, handshake, refusal, replies
+from .connection import CLOSE_INVALID, negotiate, refusal, replies
 from .spool import SpoolWriter
 from .wire import UnsentStep
 
@@ -96,6 +96,8 @@ class Sender:
         self.max_linger = min(max(max_linger, MIN_LINGER_S), MAX_LINGER_S)
         self.linger = min(linger, self.max_linger)
         self.hello = hello
+        #: the hellos to try in turn (wire.rank_hellos), serialized on the sender thread
+        self._hellos: Optional[list[str]] = None
         self.token = token
         self.max_unacked_bytes = max_unacked_bytes
         self.spool = spool
@@ -356,9 +358,13 @@ class Sender:
     def _connect(self) -> None:
         # A server that stops reading must not hold this thread in a send for long: past 1 s
         # the send fails, the connection is dropped and retried, and the pump keeps spooling.
-        ws, reply = handshake(
-            self.ws_url, wire.dumps(self.hello), self.token, self._ws_scope, send_timeout=1.0, waiting=self._awaiting
+        if self._hellos is None:
+            self._hellos = [wire.dumps(h) for h in wire.rank_hellos(self.hello)]
+        ws, reply, taken = negotiate(
+            self.ws_url, self._hellos, self.token, self._ws_scope, send_timeout=1.0, waiting=self._awaiting
         )
+        if taken and taken == len(self._hellos) - 1:  # a server older than v2: v1 from now on
+            self._hellos = self._hellos[taken:]
         self._ws = ws
         last_seq = int(reply.get("last_seq", 0))
         self._acknowledge(last_seq)

@@ -1,4 +1,4 @@
-"""Wire protocol v1, hook side: message builders (see docs/protocol.md).
+"""Wire protocol v1 and v2, hook side: message builders (see docs/protocol.md).
 
 The server's pydantic models in ``gradwatch_server.protocol`` are the one definition; a test
 validates every message built here against them.
@@ -7,6 +7,7 @@ validates every message built here against them.
 from __future__ import annotations
 
 import base64
+import hashlib
 import json
 import math
 from collections.abc import Mapping, Sequence
@@ -16,6 +17,8 @@ from typing import Any, Optional
 import numpy as np
 
 PROTOCOL_VERSION = 1
+#: v2: v1 plus a rank's hello naming its job's parameter list by digest (`rank_hellos`).
+PROTOCOL_VERSION_2 = 2
 
 #: Bit pattern of the float32 NaN that means "does not apply" (no grad, no such state yet).
 #: A quiet NaN that no hardware produces, so every other NaN stays a measured value.
@@ -51,6 +54,47 @@ def hello(
     if dist is not None:
         message["dist"] = dict(dist)
     return message
+
+
+def params_digest(params: Sequence[Mapping[str, Any]], groups: Sequence[Mapping[str, Any]]) -> str:
+    """v2's `params_digest` of a hello's `params` and `groups`: SHA-256 of their canonical JSON
+    (each parameter `[name, shape, numel, dtype, group, optimizer]` in order, each group
+    `[optimizer, index, name, hparams]` by (optimizer, index); keys sorted, no spaces, ASCII).
+    A rank's own pieces (`local_numel`, `counted`) are not part of it."""
+    canon = {
+        "params": [[p["name"], list(p["shape"]), p["numel"], p["dtype"], p["group"], p["optimizer"]] for p in params],
+        "groups": [
+            [g["optimizer"], g["index"], g.get("name"), dict(g.get("hparams") or {})]
+            for g in sorted(groups, key=lambda g: (g["optimizer"], g["index"]))
+        ],
+    }
+    text = json.dumps(canon, sort_keys=True, separators=(",", ":"), allow_nan=False)
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def rank_hellos(message: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """The hellos a rank of a distributed job tries in turn, from its v1 `hello` (with `dist`):
+    v2 naming the job's parameter list by digest (rank > 0: the list is usually there already),
+    v2 with the list in full (a server that does not know the digest closes with
+    CLOSE_NEED_PARAMS), and v1 as given (for a server older than v2). A hello without `dist` is
+    tried as it is."""
+    dist = message.get("dist")
+    if dist is None:
+        return [dict(message)]
+    params = message["params"]
+    groups = message.get("groups", [])
+    job_wide = [{k: v for k, v in p.items() if k not in ("local_numel", "counted")} for p in params]
+    counted = [bool(p.get("counted", True)) for p in params]
+    local = [int(p.get("local_numel", p["numel"])) for p in params]
+    pieces: dict[str, Any] = {
+        "counted": counted[0] if counted and all(c == counted[0] for c in counted) else counted or True,
+        "local_numel": None if all(n == p["numel"] for n, p in zip(local, params)) else local,
+    }
+    digest = params_digest(job_wide, groups)
+    base = {k: v for k, v in message.items() if k not in ("params", "groups")}
+    named = {**base, "v": PROTOCOL_VERSION_2, "params_digest": digest, "pieces": pieces}
+    full = {**named, "params": job_wide, "groups": list(groups)}
+    return ([named] if int(dist["rank"]) > 0 else []) + [full, dict(message)]
 
 
 def step(

@@ -28,6 +28,7 @@ from sqlalchemy.exc import IntegrityError, OperationalError
 from .. import blocks, migrations, tails
 from ..jobs.memory import JobMemory
 from ..protocol import Hello
+from . import admission as _admission
 from . import engine as _engine
 from . import findings as _findings
 from . import jobs as _jobs
@@ -39,6 +40,7 @@ from . import steps as _steps
 from .blocks_sql import backfill_blocks
 from .engine import create_db_engine, display_url
 from .jobs import Assembly, OpenedRank, RankSummaries
+from .param_lists import ParamList, ParamLists
 from .ranks import PartialRange
 from .records import (
     RUN_STATUSES,
@@ -115,6 +117,7 @@ class Store:
         self._write_lock = threading.Lock()
         self._known_names: set[_steps.SeriesName] = set()
         self._tails = tails.Tails()
+        self.param_lists = ParamLists()
 
     def close(self) -> None:
         self.engine.dispose()
@@ -148,10 +151,36 @@ class Store:
         """Open a rank's run and its job's run from a hello with `dist` (jobs.open_rank)."""
         try:
             with self._write() as conn:
-                return _jobs.open_rank(conn, hello, self._clock())
+                opened = _jobs.open_rank(conn, hello, self._clock(), self.param_lists)
         except IntegrityError:  # PostgreSQL: another rank's hello created the job's run meanwhile
             with self._write() as conn:
-                return _jobs.open_rank(conn, hello, self._clock())
+                opened = _jobs.open_rank(conn, hello, self._clock(), self.param_lists)
+        if opened.job_created:  # the ranks that follow may name its list by digest
+            self.param_lists.remember_job(hello.params, hello.groups)
+        return opened
+
+    def open_ranks(self, hellos: Sequence[Hello]) -> list[OpenedRank | ParamsMismatch]:
+        """Open the runs of several ranks' hellos of one job in one transaction (admission.py):
+        per hello, what `open_rank` returns, or the ParamsMismatch it raises."""
+        try:
+            with self._write() as conn:
+                opened = _admission.open_ranks(conn, hellos, self._clock(), self.param_lists)
+        except IntegrityError:  # PostgreSQL: another worker's hello created a run meanwhile
+            with self._write() as conn:
+                opened = _admission.open_ranks(conn, hellos, self._clock(), self.param_lists)
+        for hello, result in zip(hellos, opened):
+            if isinstance(result, OpenedRank) and result.job_created:
+                self.param_lists.remember_job(hello.params, hello.groups)
+        return opened
+
+    def resolve_params(self, job: str, digest: str) -> tuple[ParamList | None, bool]:
+        """The parameter list and groups `digest` names (protocol v2): known to this store, or
+        `job`'s stored list if that is its digest (None if neither); and whether `job`'s run
+        exists (param_lists.py)."""
+        if not storable(job):
+            return self.param_lists.known(digest), False
+        with self._read() as conn:
+            return self.param_lists.resolve(conn, job, digest)
 
     def assemble(
         self,

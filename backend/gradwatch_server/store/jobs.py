@@ -28,8 +28,9 @@ from ..protocol import Hello
 from ..schema import param_metrics, params, partial_steps, runs, scalars, steps
 from ..schema import rank_summaries as rank_summaries_table
 from . import spread as _spread
+from .param_lists import ParamLists
 from .records import OpenedRun, ParamsMismatch, Run, StepData, StoredStep
-from .runs import get_series_names, open_run, to_run
+from .runs import get_series_names, open_run, shared_pieces, to_run
 from .steps import NotifyInTransaction, SeriesName, Written, _fill, write_steps
 
 #: Most steps one assembly reads per rank (the caller asks again while `more`).
@@ -86,14 +87,18 @@ class _Rank:
         return step is not None and (self.last_step is None or self.last_step < step)
 
 
-def open_rank(conn: Connection, hello: Hello, now: float) -> OpenedRank:
+def open_rank(conn: Connection, hello: Hello, now: float, lists: ParamLists) -> OpenedRank:
     """Open a rank's run and its job's run (the first hello of any rank creates the job's run
     from its own name, project, config, parameters and groups). A rank whose parameters
-    (names, shapes) or world size differ from the job's is refused, saying which."""
+    (names, shapes) or world size differ from the job's is refused, saying which; one whose
+    `params_digest` is its job's is not compared row by row. The rank's run shares the job's
+    parameter rows and keeps its own pieces (runs.pieces)."""
     dist = hello.dist
     assert dist is not None
     job = conn.execute(
-        select(runs.c.status, runs.c.world_size, runs.c.kind).where(runs.c.id == dist.job).with_for_update()
+        select(runs.c.status, runs.c.world_size, runs.c.kind, runs.c.created_at)
+        .where(runs.c.id == dist.job)
+        .with_for_update()
     ).one_or_none()
     if job is not None:
         if job.kind != "job":
@@ -104,14 +109,17 @@ def open_rank(conn: Connection, hello: Hello, now: float) -> OpenedRank:
             raise ParamsMismatch(
                 f"job {dist.job!r} has world_size {job.world_size}; rank {dist.rank} says {dist.world_size}"
             )
-        _check_params(conn, dist.job, dist.rank, hello)
+        if hello.params_digest is None or hello.params_digest != lists.job_digest(conn, dist.job, job.created_at):
+            check_params(conn, dist.job, dist.rank, hello)
         if job.status != "running":
             conn.execute(
                 update(runs).where(runs.c.id == dist.job).values(status="running", finished_at=None, updated_at=now)
             )
     else:
         open_run(conn, hello, now, run_id=dist.job, world_size=dist.world_size)
-    rank = open_run(conn, hello, now, parent_id=dist.job, rank=dist.rank, world_size=dist.world_size)
+    rank = open_run(
+        conn, hello, now, parent_id=dist.job, rank=dist.rank, world_size=dist.world_size, pieces=hello.rank_pieces()
+    )
     parent = to_run(conn.execute(select(runs).where(runs.c.id == dist.job)).one())
     return OpenedRank(
         rank=rank,
@@ -121,7 +129,7 @@ def open_rank(conn: Connection, hello: Hello, now: float) -> OpenedRank:
     )
 
 
-def _check_params(conn: Connection, job: str, rank: int, hello: Hello) -> None:
+def check_params(conn: Connection, job: str, rank: int, hello: Hello) -> None:
     stored = [
         (r.name, json.loads(r.shape))
         for r in conn.execute(
@@ -219,6 +227,8 @@ def _pieces_info(
         ):
             counted.setdefault(r.run_id, []).append(r.counted is None or bool(r.counted))
             full.setdefault(r.run_id, []).append(r.local_numel is None or r.local_numel == r.numel)
+    for run_id, (flags, whole) in shared_pieces(conn, [r for r in todo if r not in counted]).items():
+        counted[run_id], full[run_id] = flags, whole
     for run_id in counted:
         memory.counted[run_id] = np.array(counted[run_id], dtype=bool)
         memory.full[run_id] = np.array(full[run_id], dtype=bool)

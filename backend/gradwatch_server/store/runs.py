@@ -9,7 +9,7 @@ from typing import Any
 
 from sqlalchemy import ColumnElement, Connection, bindparam, delete, func, insert, or_, select, update
 
-from ..protocol import Hello
+from ..protocol import Hello, Pieces
 from ..schema import deleted_runs, findings, groups, params, run_tags, runs, series_names
 from .records import (
     SEVERITIES,
@@ -48,16 +48,18 @@ def open_run(
     parent_id: str | None = None,
     rank: int | None = None,
     world_size: int | None = None,
+    pieces: Pieces | None = None,
 ) -> OpenedRun:
     """Create the run of a `hello`, or resume it (same parameter names, same order).
 
     `run_id` stands for the hello's run id (a job's run, opened from a rank's hello); a rank's
-    run has `parent_id`, `rank` and `world_size` and keeps each parameter's piece (local_numel,
-    counted); a job's run has `world_size` only.
+    run has `parent_id`, `rank` and `world_size`, and `pieces`: it keeps no parameter rows (its
+    job's stand for them, checked by the caller) but its pieces of them (local_numel, counted,
+    in runs.pieces); a job's run has `world_size` only.
     """
     info = hello.run
     run_id = info.id if run_id is None else run_id
-    pieces = parent_id is not None
+    pieces_json = None if pieces is None else json.dumps(pieces.model_dump(), separators=(",", ":"))
     existing = conn.execute(
         select(runs.c.status, runs.c.kind).where(runs.c.id == run_id).with_for_update()
     ).one_or_none()
@@ -66,7 +68,13 @@ def open_run(
             f"run {run_id!r} is a distributed job's run: only its ranks write to it (a hello with "
             '"dist"); give this run another id'
         )
-    if existing is not None:
+    if existing is not None and pieces is not None:
+        conn.execute(
+            update(runs)
+            .where(runs.c.id == run_id)
+            .values(status="running", finished_at=None, updated_at=now, pieces=pieces_json)
+        )
+    elif existing is not None:
         stored = (
             conn.execute(select(params.c.name).where(params.c.run_id == run_id).order_by(params.c.idx)).scalars().all()
         )
@@ -76,30 +84,8 @@ def open_run(
         conn.execute(update(runs).where(runs.c.id == run_id).values(status="running", finished_at=None, updated_at=now))
     else:
         conn.execute(delete(deleted_runs).where(deleted_runs.c.id == run_id))  # here again: not deleted
-        conn.execute(
-            insert(runs).values(
-                id=run_id,
-                name=info.name or (run_id if parent_id is None else parent_id),
-                project=info.project or "default",
-                status="running",
-                created_at=info.started_at,
-                updated_at=now,
-                finished_at=None,
-                last_seq=0,
-                steps=0,
-                last_step=None,
-                param_count=len(hello.params),
-                param_numel=sum(p.numel for p in hello.params),
-                optimizer=info.optimizer,
-                config=json.dumps(info.config, allow_nan=False),
-                hook_version=info.hook_version,
-                parent_id=parent_id,
-                rank=rank,
-                world_size=world_size,
-                kind="rank" if parent_id is not None else "job" if world_size is not None else "run",
-            )
-        )
-        if hello.params:
+        conn.execute(insert(runs).values(**run_row(hello, now, run_id, parent_id, rank, world_size, pieces_json)))
+        if hello.params and pieces is None:
             conn.execute(
                 insert(params),
                 [
@@ -112,13 +98,13 @@ def open_run(
                         "dtype": p.dtype,
                         "group_idx": p.group,
                         "optimizer_idx": p.optimizer,
-                        "local_numel": p.piece_numel if pieces else None,
-                        "counted": p.counted if pieces else None,
+                        "local_numel": None,
+                        "counted": None,
                     }
                     for i, p in enumerate(hello.params)
                 ],
             )
-        if hello.groups:
+        if hello.groups and pieces is None:
             conn.execute(
                 insert(groups),
                 [
@@ -134,6 +120,41 @@ def open_run(
             )
     run = to_run(conn.execute(select(runs).where(runs.c.id == run_id)).one(), *run_details(conn, [run_id]))
     return OpenedRun(run=run, created=existing is None, resumed_from=None if existing is None else existing.status)
+
+
+def run_row(
+    hello: Hello,
+    now: float,
+    run_id: str,
+    parent_id: str | None,
+    rank: int | None,
+    world_size: int | None,
+    pieces_json: str | None,
+) -> dict[str, Any]:
+    """The `runs` row of a run created from `hello` (open_run's arguments)."""
+    info = hello.run
+    return {
+        "id": run_id,
+        "name": info.name or (run_id if parent_id is None else parent_id),
+        "project": info.project or "default",
+        "status": "running",
+        "created_at": info.started_at,
+        "updated_at": now,
+        "finished_at": None,
+        "last_seq": 0,
+        "steps": 0,
+        "last_step": None,
+        "param_count": len(hello.params),
+        "param_numel": sum(p.numel for p in hello.params),
+        "optimizer": info.optimizer,
+        "config": json.dumps(info.config, allow_nan=False),
+        "hook_version": info.hook_version,
+        "parent_id": parent_id,
+        "rank": rank,
+        "world_size": world_size,
+        "kind": "rank" if parent_id is not None else "job" if world_size is not None else "run",
+        "pieces": pieces_json,
+    }
 
 
 def close_run(conn: Connection, run_id: str, seq: int, status: str, now: float) -> bool:
@@ -262,7 +283,8 @@ def running_run_ids(conn: Connection) -> list[str]:
 
 def get_params(conn: Connection, run_id: str) -> list[Param]:
     """The run's parameters by index; plain rows, and each distinct shape decoded once (the run
-    page asks for them several times)."""
+    page asks for them several times). A rank's run that shares its job's rows (runs.pieces)
+    gets the job's, with its own pieces."""
     c = params.c
     rows = plain_rows(
         conn,
@@ -270,7 +292,7 @@ def get_params(conn: Connection, run_id: str) -> list[Param]:
         .where(c.run_id == run_id)
         .order_by(c.idx),
     )
-    return [
+    found = [
         Param(
             index=r[0],
             name=r[1],
@@ -284,12 +306,76 @@ def get_params(conn: Connection, run_id: str) -> list[Param]:
         )
         for r in rows
     ]
+    if found:
+        return found
+    shared = _shares(conn, run_id)
+    if shared is None:
+        return found
+    job, pieces = shared
+    job_params = get_params(conn, job)
+    flags = pieces.counted_flags(len(job_params))
+    local = pieces.local_numel
+    return [
+        Param(
+            index=p.index,
+            name=p.name,
+            shape=p.shape,
+            numel=p.numel,
+            dtype=p.dtype,
+            group=p.group,
+            optimizer=p.optimizer,
+            local_numel=p.numel if local is None else local[i],
+            counted=flags[i],
+        )
+        for i, p in enumerate(job_params)
+    ]
+
+
+def _shares(conn: Connection, run_id: str) -> tuple[str, Pieces] | None:
+    """(its job, its pieces) for a rank's run that shares its job's parameter rows, else None."""
+    row = conn.execute(select(runs.c.parent_id, runs.c.pieces).where(runs.c.id == run_id)).one_or_none()
+    if row is None or row.pieces is None or row.parent_id is None:
+        return None
+    return row.parent_id, Pieces.model_construct(**json.loads(row.pieces))
+
+
+def shared_pieces(conn: Connection, run_ids: Sequence[str]) -> dict[str, tuple[list[bool], list[bool]]]:
+    """Of the rank runs among `run_ids` that share their job's parameter rows (runs.pieces): per
+    run, whether each of its pieces counts and whether each is the whole tensor."""
+    out: dict[str, tuple[list[bool], list[bool]]] = {}
+    numels: dict[str, list[int]] = {}
+    for lo in range(0, len(run_ids), 512):
+        for r in conn.execute(
+            select(runs.c.id, runs.c.parent_id, runs.c.pieces).where(
+                runs.c.id.in_(run_ids[lo : lo + 512]), runs.c.pieces.is_not(None)
+            )
+        ):
+            if r.parent_id not in numels:
+                numels[r.parent_id] = list(
+                    conn.execute(
+                        select(params.c.numel).where(params.c.run_id == r.parent_id).order_by(params.c.idx)
+                    ).scalars()
+                )
+            numel = numels[r.parent_id]
+            given = json.loads(r.pieces)
+            counted = given["counted"]
+            local = given["local_numel"]
+            out[r.id] = (
+                list(counted) if isinstance(counted, list) else [bool(counted)] * len(numel),
+                [True] * len(numel) if local is None else [a == b for a, b in zip(local, numel)],
+            )
+    return out
 
 
 def get_groups(conn: Connection, run_id: str) -> list[Group]:
+    """The run's param groups (a rank's run that shares its job's parameter rows: the job's)."""
     rows = conn.execute(
         select(groups).where(groups.c.run_id == run_id).order_by(groups.c.optimizer_idx, groups.c.idx)
     ).all()
+    if not rows:
+        shared = _shares(conn, run_id)
+        if shared is not None:
+            return get_groups(conn, shared[0])
     return [Group(optimizer=r.optimizer_idx, index=r.idx, name=r.name, hparams=json.loads(r.hparams)) for r in rows]
 
 
@@ -309,6 +395,7 @@ def to_run(
     row: Any, tags: Mapping[str, list[str]] | None = None, counts: Mapping[str, dict[str, int]] | None = None
 ) -> Run:
     data = row._asdict()
+    data.pop("pieces", None)  # a rank's pieces of its job's parameters: get_params reads them
     data["config"] = json.loads(data["config"])
     data["tags"] = list((tags or {}).get(data["id"], []))
     data["findings"] = dict((counts or {}).get(data["id"]) or no_findings())
