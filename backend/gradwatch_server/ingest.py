@@ -287,10 +287,14 @@ class IngestConnection:
 
     async def _steps(self, steps: list[Step]) -> None:
         batch = [StepData(seq=s.seq, step=s.step, time=s.time, scalars=s.scalars, arrays=s.arrays()) for s in steps]
+        notice = self.hub.steps_notice(self.run_id)
         try:
-            stored = await asyncio.to_thread(
-                self.store.write_steps, self.run_id, batch, self.hub.steps_notice(self.run_id), self.job is not None
-            )
+            if self.job is not None and self.jobs is not None:  # with other ranks' frames: a group commit
+                stored = await self.jobs.commits.write(self.run_id, batch, notice)
+            else:
+                stored = await asyncio.to_thread(
+                    self.store.write_steps, self.run_id, batch, notice, self.job is not None
+                )
         except UnknownRun:
             raise _deleted(self.run_id) from None
         new = [data for data, is_new in zip(batch, stored) if is_new]

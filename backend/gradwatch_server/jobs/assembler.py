@@ -31,6 +31,7 @@ from ..live import LiveHub
 from ..notify import Notifier, RunRef, tell
 from ..protocol import GRAD_STATUS, PROTOCOL_VERSION, Step
 from ..store import StepData, Store, UnknownRun
+from .commits import GroupCommits
 from .memory import JobMemory
 
 log = logging.getLogger("gradwatch.jobs")
@@ -120,6 +121,8 @@ class JobAssembler:
         self._admitting = 0  # hellos this process is validating or opening (of ranks unknown yet)
         self._jobs: dict[str, _Job] = {}
         self._timer: asyncio.Task[None] | None = None
+        #: the ranks' frames, stored in group commits (commits.py)
+        self.commits = GroupCommits(store)
 
     def _job(self, job: str) -> _Job:
         now = self._clock()
@@ -158,6 +161,9 @@ class JobAssembler:
         state.users += 1
         try:
             async with state.lock:
+                # the assembly this one waited for may have taken every step ready
+                if rank is not None and not closed and state.nothing_ready(late):
+                    return None
                 return await self._assemble(job, state, late)
         finally:
             state.users -= 1
