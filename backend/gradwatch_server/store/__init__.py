@@ -334,11 +334,7 @@ class Store:
             return []
         try:
             with self._write() as conn:
-                now = self._clock()
-                done = [
-                    _steps.write_steps(conn, run_id, batch, now, self._known_names, self._tails, notify, False)
-                    for run_id, batch, notify in writes
-                ]
+                done = _steps.write_rank_batches(conn, writes, self._clock(), self._known_names)
         except Exception as exc:
             if len(writes) == 1:
                 return [exc]
@@ -349,10 +345,9 @@ class Store:
                 except Exception as one:
                     alone.append(one)
             return alone
-        for (run_id, _, _), written in zip(writes, done):
+        for written in done:
             if written.changed:  # only once committed
                 self._known_names |= written.names
-                self._tails.keep(run_id, written.tail)
         return [written.stored for written in done]
 
     def step_times(self, run_id: str, wanted: Sequence[int] | np.ndarray) -> tuple[np.ndarray, float | None]:

@@ -200,9 +200,10 @@ def _pieces_info(
     for run_id in counted:
         memory.counted[run_id] = np.array(counted[run_id], dtype=bool)
         memory.full[run_id] = np.array(full[run_id], dtype=bool)
-    known = [r for r in run_ids if r in memory.full]
-    replicated = np.logical_and.reduce([memory.full[r] for r in known]) if known else None
-    return {r: memory.counted[r] for r in known}, replicated
+    known = tuple(r for r in run_ids if r in memory.full)
+    if memory.replicated is None or memory.replicated[0] != known:  # once per set of ranks, not per step
+        memory.replicated = (known, np.logical_and.reduce([memory.full[r] for r in known]) if known else None)
+    return {r: memory.counted[r] for r in known}, memory.replicated[1]
 
 
 def _rank_steps(conn: Connection, rank: int, run_id: str, wanted: Sequence[int], memory: JobMemory) -> list[StoredStep]:
