@@ -96,7 +96,10 @@ def _scalar(value: object) -> float:
         return _NON_FINITE[value]
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise ValueError('must be a number or one of the strings "NaN", "Infinity", "-Infinity"')
-    return float(value)
+    try:
+        return float(value)
+    except OverflowError:  # an integer beyond float64's range
+        raise ValueError("is too large for a float64") from None
 
 
 #: On the wire a JSON number or "NaN"/"Infinity"/"-Infinity"; after validation a float.
