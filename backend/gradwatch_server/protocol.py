@@ -246,7 +246,11 @@ class Hello(_Message):
 def _decode_base64(value: object) -> bytes:
     if not isinstance(value, str):
         raise ValueError("must be a base64 string")
-    try:
+    try:  # in C, without b64decode's regex pass (half a frame's validation); accepts a subset of it
+        return binascii.a2b_base64(value, strict_mode=True)
+    except (binascii.Error, ValueError):
+        pass
+    try:  # what strict mode refuses but validate=True takes (as the protocol always has)
         return base64.b64decode(value, validate=True)
     except (binascii.Error, ValueError):
         raise ValueError("is not valid base64 (standard alphabet, padded)") from None
