@@ -12,7 +12,8 @@ warning to the `--notify` webhooks (notify.py: queued, never awaited), unless it
 this connection resumed the run.
 
 A rank of a distributed job (a hello with `dist`) streams into its own run `JOB.rRANK` the same
-way, but that run gets no diagnostics and is never announced to the run list; after each of its
+way, but its batches are stored with other ranks' in group commits (jobs/commits.py; acked once
+committed), its run gets no diagnostics and is never announced to the run list; after each of its
 committed batches (and its close) the job's ready steps are assembled into the job's run
 (jobs/assembler.py), and the job's new findings are sent to this hook ahead of the ack.
 

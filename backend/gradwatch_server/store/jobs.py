@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
-from sqlalchemy import Connection, delete, func, insert, select, update
+from sqlalchemy import ColumnElement, Connection, delete, func, insert, select, update
 
 from .. import tails
 from ..jobs import assemble as _assemble
@@ -330,7 +330,7 @@ def _steps_after(conn: Connection, run_ids: Sequence[str], after: int | None) ->
     more than its combination)."""
     out: dict[str, list[int]] = {r: [] for r in run_ids}
     for lo in range(0, len(run_ids), ASSEMBLE_CHUNK):
-        where = [steps.c.run_id.in_(run_ids[lo : lo + ASSEMBLE_CHUNK])]
+        where: list[ColumnElement[bool]] = [steps.c.run_id.in_(run_ids[lo : lo + ASSEMBLE_CHUNK])]
         if after is not None:
             where.append(steps.c.step > after)
         order = func.row_number().over(partition_by=steps.c.run_id, order_by=steps.c.step).label("n")
