@@ -100,3 +100,35 @@ def test_connections_writing_at_once_share_commits_and_each_gets_its_own_answer(
         got = rows(store, f"{JOB}.r{r}")
         assert [(s, scalars["loss"]) for s, _, scalars, _ in got] == [(s, r + 1 / s) for s in range(1, 4)]
         assert [np.frombuffer(a["grad_norm"], "<f4").tolist() for *_, a in got] == [[r, s] for s in range(1, 4)]
+
+
+def test_a_job_knows_nothing_is_ready_as_the_full_rule_does_while_its_ranks_report() -> None:
+    """The assembler's `nothing_ready` (a scan resumed frame after frame) against the rule it
+    stands for, over random frames, closes and losses: it never answers True where the rule
+    answers False (that would skip a ready step)."""
+    from gradwatch_server.jobs.assembler import _Job
+
+    rng = np.random.default_rng(7)
+    ranks = 12
+    job = _Job(first_seen=0.0, touched=0.0, world_size=ranks, assembled=0)
+    agree = 0
+    for _ in range(2000):
+        r = int(rng.integers(ranks))
+        event = rng.random()
+        if event < 0.8:
+            job.frontier[r] = max(job.frontier.get(r, 0), (job.assembled or 0) + int(rng.integers(0, 3)))
+            job.lost.discard(r)
+        elif event < 0.85:
+            job.lost.add(r)
+        elif event < 0.9:
+            job.closed.add(r)
+        elif event < 0.93:
+            job.closed.discard(r)
+        else:  # an assembly took the steps every waited rank has
+            job.assembled = (job.assembled or 0) + 1
+        waited = [x for x in range(ranks) if x not in job.closed and x not in job.lost]
+        rule = all(x in job.frontier for x in waited) and any(job.frontier[x] <= job.assembled for x in waited)
+        got = job.nothing_ready([])
+        assert not got or rule
+        agree += got == rule
+    assert agree > 1900  # False where the rule says True only just after a rank is waited for again
