@@ -12,7 +12,8 @@ warning to the `--notify` webhooks (notify.py: queued, never awaited), unless it
 this connection resumed the run.
 
 A rank of a distributed job (a hello with `dist`) streams into its own run `JOB.rRANK` the same
-way, but that run gets no diagnostics and is never announced to the run list; after each of its
+way, but its batches are stored with other ranks' in group commits (jobs/commits.py; acked once
+committed), its run gets no diagnostics and is never announced to the run list; after each of its
 committed batches (and its close) the job's ready steps are assembled into the job's run
 (jobs/assembler.py), and the job's new findings are sent to this hook ahead of the ack.
 
@@ -340,10 +341,14 @@ class IngestConnection:
             )
             for s in steps
         ]
+        notice = self.hub.steps_notice(self.run_id)
         try:
-            stored = await asyncio.to_thread(
-                self.store.write_steps, self.run_id, batch, self.hub.steps_notice(self.run_id), self.job is not None
-            )
+            if self.job is not None and self.jobs is not None:  # with other ranks' frames: a group commit
+                stored = await self.jobs.commits.write(self.run_id, batch, notice)
+            else:
+                stored = await asyncio.to_thread(
+                    self.store.write_steps, self.run_id, batch, notice, self.job is not None
+                )
         except UnknownRun:
             raise _deleted(self.run_id) from None
         new = [data for data, is_new in zip(batch, stored) if is_new]

@@ -56,6 +56,7 @@ def test_valid_messages() -> None:
         ({"time": "now"}, "time"),
         ({"scalars": {"loss": True}}, 'must be a number or one of the strings "NaN"'),
         ({"scalars": {"loss": "nan"}}, "scalars.loss"),
+        ({"scalars": {"loss": 10**400}}, "scalars.loss: is too large for a float64"),
         ({"scalars": {"x" * 129: 1.0}}, "scalars"),
         ({"params": {"grad_norm": b64(f32(1, 2, 3))}}, "decodes to 12 bytes, expected 8 (2 parameters x 4 bytes)"),
         ({"params": {"grad_norm": "AAA"}}, "not valid base64"),

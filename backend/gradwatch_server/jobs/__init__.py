@@ -3,6 +3,7 @@ ranks' steps.
 
 - `assemble`: the combination rules, pure functions of a `RankStep` (one rank's step) per rank;
 - `memory`: what the assembling process keeps of a job between assemblies (`JobMemory`);
+- `commits`: the ranks' frames of every connection stored in group commits (`GroupCommits`);
 - `assembler`: `JobAssembler`, which runs the assembly after a rank's batch and on a timer, and
   tells the job's findings;
 - `ranks`: what GET /api/runs/{id}/ranks answers.

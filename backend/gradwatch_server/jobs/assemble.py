@@ -285,6 +285,10 @@ def _same(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     return same
 
 
+def _bitwise_equal(a: np.ndarray, b: np.ndarray) -> bool:
+    return a.dtype == b.dtype and a.shape == b.shape and a.tobytes() == b.tobytes()
+
+
 def desync(pieces: Sequence[RankStep], replicated: np.ndarray) -> tuple[np.ndarray, dict[int, int]] | None:
     """For `rank_desync`: per parameter, how many ranks' local gradient differs from rank 0's
     (grad_norm beyond tolerance, or grad_status), over the `replicated` parameters (the full
@@ -301,10 +305,13 @@ def desync(pieces: Sequence[RankStep], replicated: np.ndarray) -> tuple[np.ndarr
         if not measured(other.arrays):
             continue
         differs = np.zeros(len(replicated), dtype=bool)
+        # replicas in step send the same bits (what _same finds the same: the common case, cheap)
         if "grad_norm" in base.arrays and "grad_norm" in other.arrays:
-            differs |= ~_same(other.arrays["grad_norm"], base.arrays["grad_norm"])
+            if not _bitwise_equal(other.arrays["grad_norm"], base.arrays["grad_norm"]):
+                differs |= ~_same(other.arrays["grad_norm"], base.arrays["grad_norm"])
         if GRAD_STATUS in base.arrays and GRAD_STATUS in other.arrays:
-            differs |= other.arrays[GRAD_STATUS] != base.arrays[GRAD_STATUS]
+            if not _bitwise_equal(other.arrays[GRAD_STATUS], base.arrays[GRAD_STATUS]):
+                differs |= other.arrays[GRAD_STATUS] != base.arrays[GRAD_STATUS]
         differs &= replicated
         counts += differs
         if differs.any():

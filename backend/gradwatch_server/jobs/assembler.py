@@ -31,6 +31,7 @@ from ..live import LiveHub
 from ..notify import Notifier, RunRef, tell
 from ..protocol import GRAD_STATUS, PROTOCOL_VERSION, Step
 from ..store import StepData, Store, UnknownRun
+from .commits import GroupCommits
 from .memory import JobMemory
 
 log = logging.getLogger("gradwatch.jobs")
@@ -77,6 +78,9 @@ class _Job:
     closed: set[int] = field(default_factory=set)
     lost: set[int] = field(default_factory=set)
     assembled: int | None = None  # the job's run's last step, as of this process's last assembly
+    #: `_behind`'s scan: the ranks below `scan_at` were past `scan_for` (the job's last step then)
+    scan_at: int = 0
+    scan_for: int | None = None
 
     def nothing_ready(self, late: Sequence[int]) -> bool:
         """Whether no step can be ready: some rank still waited for has stored nothing beyond
@@ -87,10 +91,28 @@ class _Job:
         without closing here: the timer's assembly finds it lost, and goes on without it."""
         if self.world_size is None or self.assembled is None or any(s <= self.assembled for s in late):
             return False
-        waited = [r for r in range(self.world_size) if r not in self.closed and r not in self.lost]
-        if any(r not in self.frontier for r in waited):
-            return False
-        return any(self.frontier[r] <= self.assembled for r in waited)
+        if len(self.frontier) < self.world_size:  # some rank unknown here: is it waited for?
+            waited = (r for r in range(self.world_size) if r not in self.closed and r not in self.lost)
+            if any(r not in self.frontier for r in waited):
+                return False
+        return self._behind(self.assembled)
+
+    def _behind(self, assembled: int) -> bool:
+        """Whether a waited rank has stored nothing beyond `assembled`. Every rank's frame asks,
+        so the scan resumes where it stopped (a rank's frontier only grows: one found past the
+        job's last step stays past it until the job's next step), which makes it linear in the
+        ranks per global step, not per frame. A rank that is waited for again (a lost rank back,
+        a closed one resumed) may be skipped until then: that answers False, which only costs an
+        assembly that finds nothing."""
+        if self.scan_for != assembled:
+            self.scan_at, self.scan_for = 0, assembled
+        assert self.world_size is not None
+        while self.scan_at < self.world_size:
+            r = self.scan_at
+            if r not in self.closed and r not in self.lost and self.frontier.get(r, assembled + 1) <= assembled:
+                return True
+            self.scan_at += 1
+        return False
 
 
 class JobAssembler:
@@ -120,6 +142,8 @@ class JobAssembler:
         self._admitting = 0  # hellos this process is validating or opening (of ranks unknown yet)
         self._jobs: dict[str, _Job] = {}
         self._timer: asyncio.Task[None] | None = None
+        #: the ranks' frames, stored in group commits (commits.py)
+        self.commits = GroupCommits(store)
 
     def _job(self, job: str) -> _Job:
         now = self._clock()
@@ -158,6 +182,9 @@ class JobAssembler:
         state.users += 1
         try:
             async with state.lock:
+                # the assembly this one waited for may have taken every step ready
+                if rank is not None and not closed and state.nothing_ready(late):
+                    return None
                 return await self._assemble(job, state, late)
         finally:
             state.users -= 1

@@ -47,6 +47,8 @@ class JobMemory:
         self._bytes = 0
         self.counted: dict[str, np.ndarray] = {}  # rank's run id -> whether each piece counts
         self.full: dict[str, np.ndarray] = {}  # rank's run id -> whether each piece is the whole tensor
+        #: the rank runs `full` was last combined over, and which parameters are whole on all of them
+        self.replicated: tuple[tuple[str, ...], np.ndarray | None] | None = None
         self.pruned_through = 0  # the ranks' per-parameter rows up to here are pruned (`_prune`)
         self.heard = Hearing()  # what this process hears of the ranks before the store does
 

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
-from sqlalchemy import Connection, delete, insert, select, update
+from sqlalchemy import ColumnElement, Connection, delete, func, insert, select, update
 
 from .. import tails
 from ..jobs import assemble as _assemble
@@ -30,6 +30,7 @@ from ..schema import rank_summaries as rank_summaries_table
 from . import spread as _spread
 from .param_lists import ParamLists
 from .records import OpenedRun, ParamsMismatch, Run, StepData, StoredStep
+from .rows import plain_rows
 from .runs import get_series_names, open_run, shared_pieces, to_run
 from .steps import NotifyInTransaction, SeriesName, Written, _fill, write_steps
 
@@ -232,9 +233,10 @@ def _pieces_info(
     for run_id in counted:
         memory.counted[run_id] = np.array(counted[run_id], dtype=bool)
         memory.full[run_id] = np.array(full[run_id], dtype=bool)
-    known = [r for r in run_ids if r in memory.full]
-    replicated = np.logical_and.reduce([memory.full[r] for r in known]) if known else None
-    return {r: memory.counted[r] for r in known}, replicated
+    known = tuple(r for r in run_ids if r in memory.full)
+    if memory.replicated is None or memory.replicated[0] != known:  # once per set of ranks, not per step
+        memory.replicated = (known, np.logical_and.reduce([memory.full[r] for r in known]) if known else None)
+    return {r: memory.counted[r] for r in known}, memory.replicated[1]
 
 
 def _rank_steps(conn: Connection, rank: int, run_id: str, wanted: Sequence[int], memory: JobMemory) -> list[StoredStep]:
@@ -309,13 +311,9 @@ def assemble(
     present = [r for r in ranks if r.run_id is not None]
     have: dict[int, list[int]] = {}
     bound: int | None = None
+    after = _steps_after(conn, [r.run_id for r in present if r.run_id is not None], parent.last_step)
     for r in present:
-        where = [steps.c.run_id == r.run_id] + (
-            [steps.c.step > parent.last_step] if parent.last_step is not None else []
-        )
-        found = list(
-            conn.execute(select(steps.c.step).where(*where).order_by(steps.c.step).limit(ASSEMBLE_CHUNK)).scalars()
-        )
+        found = after[r.run_id] if r.run_id is not None else []
         have[r.rank] = found
         if len(found) == ASSEMBLE_CHUNK:  # this rank has more beyond: only steps up to here are known
             bound = found[-1] if bound is None else min(bound, found[-1])
@@ -357,6 +355,27 @@ def assemble(
             conn.execute(update(runs).where(runs.c.id == job).values(status=status, finished_at=now, updated_at=now))
             done.status = status
     return done
+
+
+def _steps_after(conn: Connection, run_ids: Sequence[str], after: int | None) -> dict[str, list[int]]:
+    """Each run's first ASSEMBLE_CHUNK stored steps after step `after` (None: from its first),
+    sorted: one query per ASSEMBLE_CHUNK runs (a query per rank cost a large job's assembly
+    more than its combination)."""
+    out: dict[str, list[int]] = {r: [] for r in run_ids}
+    for lo in range(0, len(run_ids), ASSEMBLE_CHUNK):
+        where: list[ColumnElement[bool]] = [steps.c.run_id.in_(run_ids[lo : lo + ASSEMBLE_CHUNK])]
+        if after is not None:
+            where.append(steps.c.step > after)
+        order = func.row_number().over(partition_by=steps.c.run_id, order_by=steps.c.step).label("n")
+        numbered = select(steps.c.run_id, steps.c.step, order).where(*where).subquery()
+        query = (
+            select(numbered.c.run_id, numbered.c.step)
+            .where(numbered.c.n <= ASSEMBLE_CHUNK)
+            .order_by(numbered.c.run_id, numbered.c.step)
+        )
+        for run_id, step in plain_rows(conn, query):
+            out[run_id].append(step)
+    return out
 
 
 def _write(

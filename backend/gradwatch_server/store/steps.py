@@ -7,14 +7,14 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
-from sqlalchemy import BindParameter, Connection, Engine, bindparam, case, func, insert, or_, select, update
+from sqlalchemy import BindParameter, Connection, Engine, bindparam, case, func, insert, or_, select, tuple_, update
 
 from .. import tails
 from ..protocol import array_dtype
 from ..schema import param_metrics, runs, series_names, steps
 from ..schema import scalars as scalars_table
 from .blocks_sql import update_blocks
-from .records import StepData, StoredStep
+from .records import StepData, StoredStep, UnknownRun
 from .rows import insert_plain
 from .runs import get_series_names, lock_run
 from .values import decode_scalars, encode_scalar
@@ -170,6 +170,112 @@ def _add_arrays(conn: Connection, run_id: str, resent: Sequence[StepData]) -> li
                 rows.append((run_id, metric, d.step, raw, array_dtype(metric)))
     insert_plain(conn, param_metrics, rows)
     return sorted({row[2] for row in rows})
+
+
+#: A rank's run of a job as a group commit locks it (`write_rank_batches`).
+_LOCK_RUNS = (
+    select(runs.c.id, runs.c.last_seq, runs.c.last_step, runs.c.steps)
+    .where(runs.c.id.in_(bindparam("run_ids", expanding=True)))
+    .with_for_update()
+)
+_STORED_RANK_STEPS = select(steps.c.run_id, steps.c.step).where(
+    tuple_(steps.c.run_id, steps.c.step).in_(bindparam("keys", expanding=True))
+)
+
+
+def write_rank_batches(
+    conn: Connection,
+    writes: Sequence[tuple[str, Sequence[StepData], NotifyInTransaction | None]],
+    now: float,
+    known: set[SeriesName],
+) -> list[Written]:
+    """`write_steps` of several ranks' runs of jobs (distinct run ids; no blocks, no tails: a
+    rank's rows are kept for a recent window only, store/jobs.py) in the caller's transaction,
+    each statement once for all of them rather than once per run: a group commit of a large
+    job's frames (jobs/commits.py) spent more on building and running its statements per rank
+    than on SQLite's work. Raises UnknownRun if any run is missing (the caller stores each alone)."""
+    ids = [run_id for run_id, _, _ in writes]
+    locked = {r.id: r for r in conn.execute(_LOCK_RUNS, {"run_ids": ids})}
+    missing = [run_id for run_id in ids if run_id not in locked]
+    if missing:
+        raise UnknownRun(f"no run {missing[0]!r}")
+    fresh: list[list[int]] = []
+    seqs: list[int] = []
+    for run_id, batch, _ in writes:
+        last_seq, mine = locked[run_id].last_seq, []
+        for i, data in enumerate(batch):
+            if data.seq > last_seq:
+                last_seq = data.seq
+                mine.append(i)
+            elif mine and data.seq == last_seq == batch[mine[-1]].seq:
+                mine.append(i)  # the steps of one `steps` message share its seq
+        fresh.append(mine)
+        seqs.append(last_seq)
+    keys = sorted({(run_id, batch[i].step) for (run_id, batch, _), mine in zip(writes, fresh) for i in mine})
+    have = set() if not keys else {(r, s) for r, s in conn.execute(_STORED_RANK_STEPS, {"keys": keys})}
+    out: list[Written] = []
+    new_by_run: list[tuple[str, list[StepData]]] = []
+    for (run_id, batch, notify), mine in zip(writes, fresh):
+        stored = [False] * len(batch)
+        for i in mine:
+            if (run_id, batch[i].step) not in have:
+                have.add((run_id, batch[i].step))
+                stored[i] = True
+        new = [data for data, keep in zip(batch, stored) if keep]
+        new_by_run.append((run_id, new))
+        out.append(Written(stored, changed=bool(mine)))
+        told = None if notify is None or not new else notify(new)
+        if told is not None:
+            conn.execute(select(func.pg_notify(*told)))
+    insert_plain(conn, steps, [(r, d.step, d.seq, d.time) for r, new in new_by_run for d in new])
+    insert_plain(
+        conn,
+        scalars_table,
+        [(r, k, d.step, *encode_scalar(x)) for r, new in new_by_run for d in new for k, x in d.scalars.items()],
+    )
+    insert_plain(
+        conn,
+        param_metrics,
+        [(r, m, d.step, raw, array_dtype(m)) for r, new in new_by_run for d in new for m, raw in d.arrays.items()],
+    )
+    for (run_id, new), written in zip(new_by_run, out):
+        written.names = {(run_id, "scalar", k) for d in new for k in d.scalars} | {
+            (run_id, "param", m) for d in new for m in d.arrays
+        }
+    _add_names_of_runs(conn, {n for w in out for n in w.names} - known)
+    advance = [
+        {"run_id": run_id, "seq_now": seq, "new": len(new), "top": max(d.step for d in new), "now": now}
+        for (run_id, new), seq, written in zip(new_by_run, seqs, out)
+        if written.changed and new
+    ]
+    if advance:
+        conn.execute(_ADVANCE, advance)
+    seq_only = [
+        {"run_id": run_id, "seq_now": seq, "now": now}
+        for (run_id, new), seq, written in zip(new_by_run, seqs, out)
+        if written.changed and not new
+    ]
+    if seq_only:
+        conn.execute(_ADVANCE_SEQ, seq_only)
+    return out
+
+
+def _add_names_of_runs(conn: Connection, todo: set[SeriesName]) -> None:
+    """Store the series names `todo` (of any runs) that are not stored yet."""
+    if not todo:
+        return
+    run_ids = sorted({r for r, _, _ in todo})
+    stored = {
+        (r.run_id, r.kind, r.name)
+        for r in conn.execute(
+            select(series_names.c.run_id, series_names.c.kind, series_names.c.name).where(
+                series_names.c.run_id.in_(run_ids)
+            )
+        )
+    }
+    missing = [{"run_id": r, "kind": k, "name": n} for r, k, n in sorted(todo - stored)]
+    if missing:
+        conn.execute(insert(series_names), missing)
 
 
 def add_names(
