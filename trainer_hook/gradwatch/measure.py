@@ -88,6 +88,9 @@ def norm_preps(tensors: list[torch.Tensor]) -> list[Optional[Prep]]:
 
 #: The dtypes whose norms `_foreach_norm` computes as float32.
 _FUSED_DTYPES = frozenset({torch.float32, torch.float16, torch.bfloat16})
+_dtype = operator.attrgetter("dtype")
+#: `fused_norms`' prep where no tensor needs one
+_NO_PREP: list[Optional[Prep]] = []
 
 
 def _norm_apart(t: torch.Tensor) -> torch.Tensor:
@@ -247,6 +250,10 @@ class Probe:
         self.params_bytes = float(sum(local_nbytes(w.param) for w in layout.params if w.shard.owns_bytes))
         self._devices = {p.device for p in self.params}
         self._cuda = any(d.type == "cuda" for d in self._devices)
+        #: one device and whole tensors (no pieces): `read_grads` takes its short path
+        self._plain = len(self._devices) == 1 and all(v is None for v in self.views)
+        #: no parameter that `norm_preps` would read by rows (a `.grad` has its parameter's size)
+        self._no_rows = all(p.numel() < _CPU_ROWS_MIN_NUMEL for p in self.params)
         self._plans: dict[Optional[tuple[int, ...]], _StatePlan] = {}  # by the indices read_state is given
         self._pending: Optional[_Pending] = None
         self._pinned: dict[int, list[torch.Tensor]] = {}  # free pinned host buffers by length
@@ -270,6 +277,51 @@ class Probe:
             return
         started = time.perf_counter()
         assert pending.grad_bytes is not None
+        if self._plain:
+            self._read_plain_grads(pending, indices, optimizer)
+        else:
+            self._read_grads(pending, indices, optimizer)
+        if self.updates:
+            views = self.views
+            for i in range(len(self.params)) if indices is None else indices:
+                p, view = self.params[i].detach(), views[i]
+                pending.before[i] = (p if view is None else view(p)).clone()
+        pending.cost_s += time.perf_counter() - started
+
+    def _read_plain_grads(
+        self, pending: _Pending, indices: Optional[Collection[int]], optimizer: Optional[int]
+    ) -> None:
+        """`read_grads` on one device without pieces (a single-process run): one pass over the
+        `.grad`s, and what `fused_norms` does to each worked out only where it can matter (a
+        measured step's Python is a share of its cost that grows with the tensor count)."""
+        params, idx, ts, nbytes = self.params, [], [], []
+        for i in range(len(params)) if indices is None else indices:
+            g = params[i].grad
+            if g is not None:
+                if g.is_sparse:  # nn.Embedding(sparse=True): fused norms take dense tensors only
+                    nbytes.append(grad_nbytes(g))
+                    g = g.coalesce().values()
+                else:
+                    nbytes.append(g.nbytes)
+                idx.append(i)
+                ts.append(g)
+        if not ts:
+            return
+        index = np.asarray(idx)
+        assert pending.grad_bytes is not None
+        pending.grad_bytes[index] = nbytes
+        # a .grad has its parameter's size and dtype: with no parameter large enough to be read
+        # by rows, only a dtype outside the fused ones needs a prep
+        prep = _NO_PREP if self._no_rows and all(map(_FUSED_DTYPES.__contains__, map(_dtype, ts))) else None
+        norms = fused_norms(ts, prep)
+        inv_scale = self._inverse_scale(ts[0].device, optimizer)
+        if inv_scale is not None:
+            norms = list((torch.stack(norms) * inv_scale).unbind())
+        pending.segments.append(_Segment("grad_norm", index, norms))
+
+    def _read_grads(self, pending: _Pending, indices: Optional[Collection[int]], optimizer: Optional[int]) -> None:
+        """`read_grads` in general: grouped by device, each rank's piece of a parameter."""
+        assert pending.grad_bytes is not None
         by_device: dict[torch.device, tuple[list[int], list[torch.Tensor]]] = {}
         views, owns = self.views, self._owns_bytes
         for i in range(len(self.params)) if indices is None else indices:
@@ -292,11 +344,6 @@ class Probe:
             if inv_scale is not None:
                 norms = list((torch.stack(norms) * inv_scale).unbind())
             pending.segments.append(_Segment("grad_norm", np.asarray(idx), norms))
-        if self.updates:
-            for i in range(len(self.params)) if indices is None else indices:
-                p, view = self.params[i].detach(), views[i]
-                pending.before[i] = (p if view is None else view(p)).clone()
-        pending.cost_s += time.perf_counter() - started
 
     @torch.no_grad()
     def read_state(self, indices: Optional[Collection[int]] = None) -> None:

@@ -13,6 +13,9 @@ class EveryN:
     """Steps 1, 1+N, 1+2N, ...; aligned (a distributed job): N, 2N, 3N, ..., the same steps on
     every rank, whichever step a rank started watching at."""
 
+    #: whether the sampler learns from costs and step times (the cost meter skips the medians if not)
+    learns = False
+
     def __init__(self, n: int) -> None:
         self.n = n
         self.aligned = False
@@ -53,6 +56,8 @@ class AutoInterval:
     """
 
     EXCESS_WINDOW = 5
+
+    learns = True
 
     def __init__(self, budget: float = 0.01, max_interval: int = 1000) -> None:
         self.budget = budget
@@ -183,7 +188,7 @@ class CostMeter:
     def begin_step(self, previous_measured: bool) -> None:
         """A step begins; after a measured one, the sampler learns what it cost all told (wall time)."""
         self.step_times.tick(time.perf_counter())
-        if previous_measured:
+        if previous_measured and self.sampler.learns:
             self.sampler.observe_step(self.step_times.last(), self.step_times.typical())
 
     def measured(self, cost_s: Optional[float]) -> int:
@@ -194,7 +199,7 @@ class CostMeter:
         when many steps could have been measured meanwhile)."""
         self._since_measured += 1
         steps, self._since_measured = self._since_measured, 0
-        if cost_s is not None:
+        if cost_s is not None and self.sampler.learns:
             self.sampler.observe(cost_s + self._render_s, self.step_times.typical(), self.every_step_s())
         return steps
 
