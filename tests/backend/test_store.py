@@ -362,14 +362,18 @@ def test_two_transactions_diagnosing_a_new_run_at_once_both_succeed_on_postgresq
                 thread.start()
                 with store.engine.connect() as watch:  # until the second waits on the first's key
                     deadline = time.monotonic() + 30
-                    while not watch.execute(
-                        text(
-                            "SELECT count(*) FROM pg_stat_activity "
-                            "WHERE wait_event_type = 'Lock' AND datname = current_database()"
-                        )
-                    ).scalar():
+                    waiting = 0
+                    while not waiting:
                         assert time.monotonic() < deadline, "the second transaction never waited on the first"
+                        assert thread.is_alive(), f"the second transaction ended without waiting: {errors}"
                         time.sleep(0.02)
+                        waiting = watch.execute(
+                            text(
+                                "SELECT count(*) FROM pg_stat_activity "
+                                "WHERE wait_event_type = 'Lock' AND datname = current_database()"
+                            )
+                        ).scalar()
+                        watch.rollback()  # pg_stat_activity is a snapshot per transaction: a new one each time
                 first.commit()
             thread.join(30)
             assert not thread.is_alive()

@@ -3,7 +3,7 @@ the assembly leaves it (docs/distributed.md, "What the job keeps of each rank"):
 a 1,024-rank job (benchmarks/job_reads.py, tests/browser/test_ranks_view.py) without streaming
 it, which takes minutes on a small machine.
 
-Written: every rank's hello (`Store.open_rank`'s `open_rank`); every rank's steps (`Store.write_steps` on its
+Written: every rank's hello (`Store.open_ranks`'s `open_ranks`, the batched admission); every rank's steps (`Store.write_steps` on its
 run), with its scalars and per-parameter rows for its last `rank_rows` steps only (what the
 assembly's pruning keeps of older steps is the step row); the job's global steps
 (`Store.write_steps` on the job's run); a summary per rank step (`rank_summaries`) and the spread
@@ -25,7 +25,8 @@ from sqlalchemy import insert
 from gradwatch_server.protocol import Hello
 from gradwatch_server.schema import partial_steps, rank_summaries
 from gradwatch_server.store import StepData, Store
-from gradwatch_server.store.jobs import open_rank
+from gradwatch_server.store.admission import open_ranks
+from gradwatch_server.store.jobs import OpenedRank
 from gradwatch_server.store.spread import write_spread
 
 STRAGGLER = 7
@@ -101,9 +102,10 @@ def fill_job(
 ) -> None:
     """Write the job (see the module docstring): `ranks` ranks of `params`, `steps` steps."""
     rng = np.random.default_rng(0)
-    with store._write() as conn:  # Store.open_rank's, in one transaction rather than 1,024
-        for rank in range(ranks):
-            open_rank(conn, rank_hello(job, rank, ranks, params), T0)
+    hellos = [rank_hello(job, rank, ranks, params) for rank in range(ranks)]
+    with store._write() as conn:  # Store.open_ranks's, opened at T0
+        opened = open_ranks(conn, hellos, T0, store.param_lists)
+    assert all(isinstance(r, OpenedRank) for r in opened), "a rank's hello was refused"
     rows = param_arrays(len(params), rng)  # one set of rank rows: the reads never look at their values
     summaries: list[dict[str, Any]] = []
     for rank in range(ranks):
