@@ -240,7 +240,9 @@ def test_the_recorders_late_norms_are_judged_live_and_reach_the_browsers(tmp_pat
                     elif message["type"] == "finding":
                         published = message["finding"]
                 assert published == found[0]
-                assert late[28] == pytest.approx([25.0 * (1 + 0.02 * ((28 * 7) % 5 - 2)), 0.2 * 0.98, 0.3 * 0.98], rel=1e-6)
+                assert late[28] == pytest.approx(
+                    [25.0 * (1 + 0.02 * ((28 * 7) % 5 - 2)), 0.2 * 0.98, 0.3 * 0.98], rel=1e-6
+                )
                 with httpx.Client(base_url=server.url, timeout=10) as http:
                     api = http.get(f"/api/runs/{run}/diagnostics").json()
                 assert [(f["code"], f["first_step"]) for f in api] == [("grad_norm_spike", 28)]
