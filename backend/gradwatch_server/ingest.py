@@ -352,8 +352,11 @@ class IngestConnection:
         except UnknownRun:
             raise _deleted(self.run_id) from None
         new = [data for data, is_new in zip(batch, stored) if is_new]
+        late = [s for s, data in zip(steps, batch) if data.resent]
         if self.job is not None:
             await self._assemble(new)
+        elif late:  # norms added to steps judged unmeasured: the run is judged again from the store
+            await self._report(self.diagnostics.rejudge)
         elif new:
             await self._report(lambda run_id: self.diagnostics.observe(run_id, new))
         ack: dict[str, object] = {
@@ -366,6 +369,8 @@ class IngestConnection:
             ack["cpu_per_step"] = cpu_per_step
         await self._send(ack)
         self.hub.publish_steps(self.run_id, [step for step, is_new in zip(steps, stored) if is_new])
+        if late and self.job is None:  # the window's norms: the charts add them to the steps they show
+            self.hub.publish_steps(self.run_id, late)
 
     async def _report(self, diagnose: Callable[[str], list[Finding]], notify: bool = True) -> None:
         """Run the diagnostics (off the loop); send the hook each new code (again if its severity

@@ -195,3 +195,56 @@ def as_in_the_api(live: dict[str, Any]) -> dict[str, Any]:
     if isinstance(figure, dict) and "evidence" not in figure:
         return {**live, "figure": {**figure, "evidence": None}}
     return live
+
+
+def measured(seq: int, n: int, spike: float = 1.0, *, resent: bool = False) -> dict[str, Any]:
+    """A measured step of steady gradient norms (a little noise), `enc.weight`'s times `spike`;
+    `resent`: the flight recorder's norms of a step sent before without them."""
+    noise = 1.0 + 0.02 * ((n * 7) % 5 - 2)
+    scalars = {"loss": 1.0, "flight/resent": 1.0} if resent else {"loss": 1.0}
+    norms = f32(0.5 * noise * spike, 0.2 * noise, 0.3 * noise)
+    return step(seq, n, scalars=scalars, grad_status=[2, 2, 2], arrays={"grad_norm": norms})
+
+
+def test_the_recorders_late_norms_are_judged_live_and_reach_the_browsers(tmp_path: Path) -> None:
+    """Steps 25-30 are sent unmeasured (sampled), then the flight recorder sends 26-28 again
+    with their norms, a 50x spike at 28: the spike is found then, before the ack, told once,
+    and the browsers get the late values and the finding; a window of steady norms finds nothing."""
+    server = start_server(tmp_path)
+    try:
+        for run, spike in (("late", 50.0), ("quiet", 1.0)):
+            with connect(f"{server.ws_url}/ws/live?run={run}", open_timeout=10) as live, Hook(server.ws_url) as hook:
+                assert hook.call(hello(run, params=PARAMS, config={"every": 1}))["type"] == "welcome"
+                for n in range(1, 25):
+                    assert hook.call(measured(n, n))["type"] == "ack"
+                for n in range(25, 31):
+                    assert hook.call(step(n, n, scalars={"loss": 1.0}))["type"] == "ack"
+                assert hook.findings == []  # the spike at 28 is not known yet
+                for seq, n in ((31, 26), (32, 27), (33, 28)):
+                    hook.send(measured(seq, n, spike if n == 28 else 1.0, resent=True))
+                frames = frames_until_ack(hook, 33)
+                hook.send(measured(34, 31))  # the next measured step: judged after the window, nothing new
+                frames += frames_until_ack(hook, 34)
+                found = [f["finding"] for f in frames if f["type"] == "finding"]
+                if spike == 1.0:
+                    assert found == []
+                    continue
+                assert [(f["code"], f["first_step"], f["params"]) for f in found] == [
+                    ("grad_norm_spike", 28, ["enc.weight"])
+                ]
+                late, published = {}, None
+                while published is None or 28 not in late:
+                    message = json.loads(live.recv(10))
+                    if message["type"] == "step" and "flight/resent" in message["scalars"]:
+                        late[message["step"]] = message["params"]["grad_norm"]
+                    elif message["type"] == "finding":
+                        published = message["finding"]
+                assert published == found[0]
+                assert late[28] == pytest.approx(
+                    [25.0 * (1 + 0.02 * ((28 * 7) % 5 - 2)), 0.2 * 0.98, 0.3 * 0.98], rel=1e-6
+                )
+                with httpx.Client(base_url=server.url, timeout=10) as http:
+                    api = http.get(f"/api/runs/{run}/diagnostics").json()
+                assert [(f["code"], f["first_step"]) for f in api] == [("grad_norm_spike", 28)]
+    finally:
+        server.stop()

@@ -11,6 +11,7 @@ import torch
 import gradwatch
 from gradwatch.recorder import AFTER, BEFORE, RESENT
 from support.sent import sent_steps
+from support.server import start_server
 
 pytestmark = pytest.mark.unit
 
@@ -87,6 +88,23 @@ def test_the_server_stores_the_window_before_the_flush_into_its_steps(server) ->
             values = dict(zip(got["step"], got["series"][0]["value"]))
             assert [values[s] for s in window] == pytest.approx([oracle[s][name] for s in window], rel=1e-5)
         assert RESENT not in http.get(f"/api/runs/{run_id}/metrics").json()["scalars"]  # nor stored as a scalar
+
+
+@pytest.mark.server
+def test_a_spike_after_a_flush_is_told_to_on_finding_once_and_a_quiet_run_gets_none(tmp_path) -> None:
+    """A real loop and server (SQLite): the window the recorder sends again over a flush is judged
+    live, and the spike reaches on_finding once, at its step, while the run is open."""
+    srv = start_server(tmp_path)
+    try:
+        for spike_at in (SPIKE, None):
+            got: list[dict[str, object]] = []
+            train(every=EVERY, spike_at=spike_at, steps=50, server=srv.url, warn=False, on_finding=got.append)
+            if spike_at is None:
+                assert got == []
+            else:
+                assert [(f["code"], f["first_step"]) for f in got] == [("grad_norm_spike", SPIKE)]
+    finally:
+        srv.stop()
 
 
 def test_a_quiet_run_sends_no_recorded_steps() -> None:

@@ -180,6 +180,21 @@ class Diagnostics:
             self._save(run_id, diag, mark=False)
             return diag.findings()
 
+    def rejudge(self, run_id: str) -> list[Finding]:
+        """Steps judged already got values late (the flight recorder's window before an incident,
+        protocol.RESENT, whose norms the store added to steps first judged unmeasured): the checks
+        keep windows and medians in step order and cannot take a step before their last one, so
+        the run is diagnosed again from its stored steps, as a resumed run is; the changed
+        findings are stored; the run's current findings (told to the hook once, again if graver)."""
+        with self._run_lock(run_id):
+            with self._lock:
+                held = self._runs.get(run_id)
+            diag = self._rebuild(run_id, save=False)
+            diag.saved = {} if held is None else held.saved
+            self._keep(run_id, diag)
+            self._save(run_id, diag, mark=False)
+            return diag.findings()
+
     def close_run(self, run_id: str) -> None:
         """The run ended: record how far its findings go, and let its state go."""
         with self._run_lock(run_id):

@@ -449,6 +449,10 @@ function flush() {
   const msgs = page.queue.splice(0).sort((a, b) => a.step - b.step);
   const last = state.run.last_step || 0;
   const fresh = msgs.filter((m) => m.step > last);
+  // The flight recorder's window (scalar flight/resent): norms of steps drawn already without
+  // them. The charts fetch the run's series again, which hold them now (a step is never drawn twice).
+  const late = msgs.some((m) => m.step <= last && m.scalars && "flight/resent" in m.scalars);
+  if (late) return requestReload(0);
   if (!fresh.length) return;
   if (!state.run.steps && !page.firstStepsReload) {
     page.firstStepsReload = true; // the run's first steps: fetch them to pick the parameters to show
