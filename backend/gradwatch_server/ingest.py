@@ -124,6 +124,11 @@ def _deleted(run_id: str) -> Refusal:
     return Refusal(CLOSE_INVALID, f"run {run_id!r} was deleted on the server; start a new run")
 
 
+#: The last step at which the flight recorder's late norms are judged live (`Diagnostics.rejudge`
+#: rebuilds the run's diagnosis from its stored steps: about 1.3 s at this step, docs/diagnostics.md).
+REJUDGE_MAX_STEP = 2_000
+
+
 class IngestConnection:
     def __init__(
         self,
@@ -355,7 +360,10 @@ class IngestConnection:
         late = [s for s, data in zip(steps, batch) if data.resent]
         if self.job is not None:
             await self._assemble(new)
-        elif late:  # norms added to steps judged unmeasured: the run is judged again from the store
+        elif late and max(d.step for d in batch) <= REJUDGE_MAX_STEP:
+            # norms added to steps judged unmeasured: the run is judged again from the store (about
+            # 0.6 ms a stored step: bounded, since the ack waits for it; beyond, a diagnosis
+            # re-derived from the store sees them)
             await self._report(self.diagnostics.rejudge)
         elif new:
             await self._report(lambda run_id: self.diagnostics.observe(run_id, new))
