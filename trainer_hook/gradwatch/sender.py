@@ -64,6 +64,10 @@ _Item = Union[MessageFactory, _StepItem]
 #: and 16 MiB frames).
 MAX_BATCH_STEPS = 1024
 MAX_BATCH_BYTES = 4 << 20
+#: A replica's measured steps kept (their arrays) to answer the server's `arrays` request: a
+#: step whose `grad_digest` differs from rank 0's (docs/protocol.md, version 2).
+REPLICA_RING_STEPS = 256
+
 #: Bounds of the pace the server may ask for (`linger` in its `welcome` and `ack`).
 MIN_LINGER_S, MAX_LINGER_S = 0.01, 5.0
 #: The longest pace of a hook whose training process acts on findings (`watch(on_finding=...)`):
@@ -123,6 +127,10 @@ class Sender:
         self._ws_scope = contextlib.ExitStack()  # websockets>=17 wants connect() as a context manager
         self._closing = threading.Event()
         self._wake = threading.Event()  # set by close(): stop waiting for the next drain
+        #: a DDP replica's measured steps go as their digest once the server speaks v2 (`_v2`)
+        self._replica = wire.is_replica(hello)
+        self._v2 = False
+        self._ring: collections.deque[UnsentStep] = collections.deque(maxlen=REPLICA_RING_STEPS)
         self._thread = threading.Thread(target=self._run, name="gradwatch-sender", daemon=True)
         self._thread.start()
 
@@ -241,6 +249,7 @@ class Sender:
                 log.exception("gradwatch: could not build a step; skipped")
                 continue
             for record in made if isinstance(made, list) else [made]:  # the flight recorder's held steps
+                record = self._replica_step(record)
                 if run and (
                     record.keys() != run[0].keys()
                     or len(run) >= MAX_BATCH_STEPS
@@ -251,6 +260,30 @@ class Sender:
                 size += record.nbytes
         flush()
         self._serialized += taken  # only now: every item taken is in `_unacked` (or skipped)
+
+    def _replica_step(self, record: UnsentStep) -> UnsentStep:
+        """A replica's measured step as its digest (its arrays kept in the ring), on v2."""
+        measured = record.grad_status is not None or "grad_norm" in record.metrics
+        if not (self._replica and self._v2 and measured) or wire.RESENT in record.scalars:
+            return record
+        self._ring.append(record)
+        return wire.digested(record)
+
+    def _send_arrays(self, steps: Any) -> None:
+        """The server asks for the arrays behind some of this replica's digests: each step sent
+        again from the ring, marked RESENT; one no longer held is sent marked, without arrays
+        (the server then judges that step without this rank)."""
+        held = {r.step: r for r in self._ring}
+        for s in steps if isinstance(steps, list) else []:
+            record = held.get(s) if isinstance(s, int) else None
+            if record is None:
+                if isinstance(s, int):
+                    log.warning("gradwatch: the server asked for step %d's arrays, no longer held", s)
+                    gone = UnsentStep(s, time.time(), {wire.RESENT: 1.0}, {}, None)
+                    self._add(lambda seq, g=gone: wire.steps(seq, [g]))
+                continue
+            again = UnsentStep(record.step, record.time, {**record.scalars, wire.RESENT: 1.0}, record.metrics, record.grad_status)
+            self._add(lambda seq, r=again: wire.steps(seq, [r]))
 
     def _unsent(self) -> bool:
         """Whether the connection has messages to be sent (unconnected, `_connect` sends them all)."""
@@ -308,6 +341,8 @@ class Sender:
                     log.warning("gradwatch: the server refused a message: %s", reply.get("message"))
                 elif reply.get("type") == "finding":  # a diagnostic (findings.py); never raises
                     self.on_finding(reply.get("finding"))
+                elif reply.get("type") == "arrays":  # a replica's digest differs from rank 0's
+                    self._send_arrays(reply.get("steps"))
         except ConnectionClosed as exc:
             self._refused(exc)
             self._disconnect()
@@ -365,6 +400,7 @@ class Sender:
         )
         if taken and taken == len(self._hellos) - 1:  # a server older than v2: v1 from now on
             self._hellos = self._hellos[taken:]
+        self._v2 = taken < len(self._hellos) - 1
         self._ws = ws
         last_seq = int(reply.get("last_seq", 0))
         self._acknowledge(last_seq)
