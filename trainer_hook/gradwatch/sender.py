@@ -226,14 +226,19 @@ class Sender:
         """Serialize every submitted item in order into `_unacked` (and the spool); runs of steps
         with the same keys become one message each."""
         run: list[UnsentStep] = []
+        whole: list[UnsentStep] = []  # a replica's digested steps with their arrays: what the spool keeps
         size = taken = 0
 
         def flush() -> None:
             nonlocal size
             if run:
-                records = run.copy()
-                self._add(lambda seq: wire.steps(seq, records))
+                records, kept = run.copy(), whole.copy()
+                same = all(a is b for a, b in zip(kept, records))
+                spooled = None if same else lambda seq: wire.steps(seq, kept)
+                make: MessageFactory = lambda seq: wire.steps(seq, records)  # noqa: E731
+                self._add(make) if spooled is None else self._add(make, spooled)
                 run.clear()
+                whole.clear()
                 size = 0
 
         while self._items:
@@ -248,8 +253,8 @@ class Sender:
             except Exception:
                 log.exception("gradwatch: could not build a step; skipped")
                 continue
-            for record in made if isinstance(made, list) else [made]:  # the flight recorder's held steps
-                record = self._replica_step(record)
+            for full in made if isinstance(made, list) else [made]:  # the flight recorder's held steps
+                record = self._replica_step(full)
                 if run and (
                     record.keys() != run[0].keys()
                     or len(run) >= MAX_BATCH_STEPS
@@ -257,6 +262,7 @@ class Sender:
                 ):
                     flush()
                 run.append(record)
+                whole.append(full)
                 size += record.nbytes
         flush()
         self._serialized += taken  # only now: every item taken is in `_unacked` (or skipped)
@@ -307,17 +313,20 @@ class Sender:
     def _past_deadline(self) -> bool:
         return self._closing.is_set() and time.monotonic() > self._deadline
 
-    def _add(self, factory: MessageFactory) -> Optional[str]:
-        """Serialize one message, spool it and keep it until acknowledged; returns its text."""
+    def _add(self, factory: MessageFactory, spooled: Optional[MessageFactory] = None) -> Optional[str]:
+        """Serialize one message, spool it and keep it until acknowledged; returns its text.
+        `spooled`: what the spool keeps instead (a replica's steps with their arrays, which a
+        replay sends: its connection cannot answer the server's ask for them)."""
         try:
             body = factory(self._seq + 1)
             text = wire.dumps(body)
+            kept = text if spooled is None or self.spool is None else wire.dumps(spooled(self._seq + 1))
         except Exception:
             log.exception("gradwatch: could not build a message; skipped")
             return None
         self._seq += 1
         if self.spool is not None:
-            self._spool_append(text)
+            self._spool_append(kept)
         self._unacked.append((self._seq, text))
         self._unacked_bytes += len(text)
         while self._unacked_bytes > self.max_unacked_bytes and len(self._unacked) > 1:
