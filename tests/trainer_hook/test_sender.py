@@ -17,10 +17,10 @@ from websockets.sync.client import connect
 
 import gradwatch
 from gradwatch.sender import MAX_LINGER_S, MIN_LINGER_S, SPOOL_EVERY_S, Sender
+from gradwatch.wire import UnsentStep
 from gradwatch_server.live import IDLE_LINGER_S, LIVE_LINGER_S
 from support.sent import wait_serialized
 from support.server import start_server
-from gradwatch.wire import UnsentStep
 from support.wiremsg import rank_hello
 from support.wiresteps import split
 

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import functools
 import json
 import logging
 import math
@@ -45,6 +46,10 @@ log = logging.getLogger("gradwatch")
 
 #: Builds the message body for a sequence number; runs on the sender thread.
 MessageFactory = Callable[[int], dict[str, Any]]
+
+
+def _one_step(record: UnsentStep, seq: int) -> dict[str, Any]:
+    return wire.steps(seq, [record])
 
 
 class _StepItem:
@@ -281,15 +286,16 @@ class Sender:
         (the server then judges that step without this rank)."""
         held = {r.step: r for r in self._ring}
         for s in steps if isinstance(steps, list) else []:
-            record = held.get(s) if isinstance(s, int) else None
-            if record is None:
-                if isinstance(s, int):
-                    log.warning("gradwatch: the server asked for step %d's arrays, no longer held", s)
-                    gone = UnsentStep(s, time.time(), {wire.RESENT: 1.0}, {}, None)
-                    self._add(lambda seq, g=gone: wire.steps(seq, [g]))
+            if not isinstance(s, int):
                 continue
-            again = UnsentStep(record.step, record.time, {**record.scalars, wire.RESENT: 1.0}, record.metrics, record.grad_status)
-            self._add(lambda seq, r=again: wire.steps(seq, [r]))
+            record = held.get(s)
+            if record is None:
+                log.warning("gradwatch: the server asked for step %d's arrays, no longer held", s)
+                again = UnsentStep(s, time.time(), {wire.RESENT: 1.0}, {}, None)
+            else:
+                scalars = {**record.scalars, wire.RESENT: 1.0}
+                again = UnsentStep(record.step, record.time, scalars, record.metrics, record.grad_status)
+            self._add(functools.partial(_one_step, again))
 
     def _unsent(self) -> bool:
         """Whether the connection has messages to be sent (unconnected, `_connect` sends them all)."""
