@@ -71,8 +71,8 @@ class JobMemory:
                     return
                 arrays = {m: np.frombuffer(raw, dtype=array_dtype(m)) for m, raw in d.arrays.items()}
                 old = self._steps.setdefault(d.step, {}).get(rank)
-                if d.resent:  # arrays asked of a replica (or the recorder's): added to its step
-                    if old is None:  # assembled already, or not kept: the store has them
+                if d.resent:  # the arrays asked of a replica: added to its step
+                    if old is None or old.digest is None:  # assembled, not kept, or the flight recorder's
                         continue
                     # none: the replica no longer holds them, the step is judged without it
                     digest = old.digest if arrays else None
