@@ -339,7 +339,7 @@ def make_lane(kind: str, model: nn.Module, loss_fn: Callable[[nn.Module], torch.
                     if t is not None:
                         t.sum()
 
-        def both() -> None:  # each parameter's four tensors in turn, as the floor read them until 2026-11-26
+        def both() -> None:  # each parameter's four tensors in turn, all before the step (floor_before)
             for _, p in named:
                 st = lane.opt.state[p]
                 for t in (p.grad, p, st.get("exp_avg"), st.get("exp_avg_sq")):
