@@ -229,10 +229,14 @@ def workload(b: Build, args: list[str], folder: Path) -> dict[str, float]:
     return result
 
 
-def ratio_cells(name: str, base: list[float], head: list[float]) -> tuple[float, float, float]:
-    """HEAD/BASE per round: (median, smallest, largest). Overheads compare their watched steps."""
+def ratio_cells(name: str, base: list[float], head: list[float]) -> tuple[float, float, float] | None:
+    """HEAD/BASE per round: (median, smallest, largest); None where a BASE round measured 0, as a
+    CPU time below its clock's tick does, so that no ratio is defined. Overheads compare their
+    watched steps."""
     if name.endswith("overhead %"):
         ratios = [(1 + h / 100) / (1 + b / 100) for b, h in zip(base, head, strict=True)]
+    elif any(b == 0 for b in base):
+        return None
     else:
         ratios = [h / b for b, h in zip(base, head, strict=True)]
     return statistics.median(ratios), min(ratios), max(ratios)
@@ -250,11 +254,11 @@ def table(base: Build, head: Build, figures: dict[str, Figures]) -> str:
     ]
     for name in figures[base.label].values:
         b, h = figures[base.label].values[name], figures[head.label].values[name]
-        mid, low, high = ratio_cells(name, b, h)
+        cells = ratio_cells(name, b, h)
+        ratio = "n/a (a BASE round measured 0)" if cells is None else "{:.3f} ({:.3f}-{:.3f})".format(*cells)
         better = "higher is better" if name.endswith(HIGHER_IS_BETTER) else "lower is better"
         lines.append(
-            f"| {name} ({better}) | {number(statistics.median(b))} | {number(statistics.median(h))} "
-            f"| {mid:.3f} ({low:.3f}-{high:.3f}) |"
+            f"| {name} ({better}) | {number(statistics.median(b))} | {number(statistics.median(h))} | {ratio} |"
         )
     return "\n".join(lines)
 

@@ -17,7 +17,7 @@ from gradwatch import spool
 REPO = Path(__file__).resolve().parents[2]
 SCRIPT = REPO / "benchmarks" / "compare.py"
 sys.path.insert(0, str(SCRIPT.parent))
-from compare import write_spool  # noqa: E402
+from compare import ratio_cells, write_spool  # noqa: E402
 
 pytestmark = pytest.mark.unit  # a test that starts a server says so (@pytest.mark.server)
 
@@ -55,8 +55,18 @@ def test_two_commits_compare_in_a_tiny_configuration() -> None:
     for figure in ("ingest rows/s", "export csv s", "series ms", "heatmap ms", "hook every=1 mlp overhead %"):
         assert any(name.startswith(figure) for name in names), (figure, done.stdout)
     for row in rows:
-        ratio = row.split("|")[4].split()[0]
-        assert float(ratio) > 0, row
+        base, ratio = row.split("|")[2].strip(), row.split("|")[4].split()[0]
+        if float(base.replace(",", "")) == 0:
+            assert ratio == "n/a", row
+        else:
+            assert float(ratio) > 0, row
+
+
+def test_a_base_round_that_measured_zero_gives_no_ratio_instead_of_failing() -> None:
+    """A CPU time under its clock's tick reads 0: the figure has no ratio, and the others keep theirs."""
+    assert ratio_cells("hook mlp server CPU ms/step", [0.0, 5.0], [5.0, 5.0]) is None
+    assert ratio_cells("series ms", [2.0, 4.0, 8.0], [3.0, 4.0, 4.0]) == (1.0, 0.5, 1.5)
+    assert ratio_cells("hook every=1 mlp overhead %", [0.0], [10.0]) == pytest.approx((1.1, 1.1, 1.1))
 
 
 @pytest.mark.parametrize(
