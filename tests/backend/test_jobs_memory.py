@@ -175,3 +175,31 @@ def test_ranks_keep_their_per_parameter_rows_in_the_recent_window_and_where_they
     fresh, _ = seeded(tmp_path / "whole.db", 12, desync_at=3)
     fresh.assemble(JOB, 30.0, 0.0, memory=JobMemory())
     assert job_rows(store) == job_rows(fresh)
+
+
+def test_a_job_behind_is_assembled_a_bounded_range_at_a_time_up_to_its_slowest_rank(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    whole, _ = seeded(tmp_path / "whole.db", 12)
+    whole.assemble(JOB, 30.0, 0.0, memory=JobMemory())  # 12 steps at once: within LOOKAHEAD
+    monkeypatch.setattr(store_jobs, "LOOKAHEAD", 4)
+    store = open_store(f"sqlite:///{tmp_path / 'bounded.db'}")
+    sent = batches(12)
+    for rank in range(2):
+        hello = parse_message(json.dumps(rank_hello(JOB, rank, 2, **PIECES[rank])))
+        assert isinstance(hello, Hello)
+        store.open_rank(hello)
+    store.write_steps(f"{JOB}.r0", sent[0])
+    store.write_steps(f"{JOB}.r1", sent[1][:9])  # rank 1, the slowest, stored steps 1..9 so far
+    calls = []
+    done = store.assemble(JOB, 30.0, 0.0, memory=JobMemory())
+    calls.append(([d.step for d in done.steps], done.more))
+    while done.more:
+        done = store.assemble(JOB, 30.0, 0.0, memory=JobMemory())
+        calls.append(([d.step for d in done.steps], done.more))
+    # LOOKAHEAD steps of the slowest rank per call, and nothing beyond its last step
+    assert calls == [([1, 2, 3, 4], True), ([5, 6, 7, 8], True), ([9], False)]
+    store.write_steps(f"{JOB}.r1", sent[1][9:])
+    done = store.assemble(JOB, 30.0, 0.0, memory=JobMemory())
+    assert ([d.step for d in done.steps], done.more) == ([10, 11, 12], False)
+    assert job_rows(store) == job_rows(whole)
