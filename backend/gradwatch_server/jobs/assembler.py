@@ -40,6 +40,9 @@ log = logging.getLogger("gradwatch.jobs")
 MAX_INTERVAL_S = 5.0
 #: Shortest: however small the timeout, the timer never spins.
 MIN_INTERVAL_S = 0.05
+#: Most of a job's steps assembled whole that this process remembers (the latest: a rank's step
+#: older than those is taken as possibly completing a partial one, which costs an assembly).
+WHOLE_KEPT = 4096
 
 
 def as_steps(batch: Sequence[StepData]) -> list[Step]:
@@ -80,6 +83,9 @@ class _Job:
     #: the job's run's last step (-1: none), as of this process's last assembly or, before it, of
     #: a rank's hello here: at most the stored one, which only makes `nothing_ready` say False
     assembled: int | None = None
+    #: the job's latest steps that this process assembled (or completed) with every rank: a
+    #: rank's step among them cannot complete a partial step (at most WHOLE_KEPT of them)
+    whole: set[int] = field(default_factory=set)
     #: `_behind`'s scan: the ranks below `scan_at` were past `scan_for` (the job's last step then)
     scan_at: int = 0
     scan_for: int | None = None
@@ -87,17 +93,28 @@ class _Job:
     def nothing_ready(self, late: Sequence[int]) -> bool:
         """Whether no step can be ready: some rank still waited for has stored nothing beyond
         the job's last step (a step is ready when every waited rank has it or is past it), and
-        no stored step may complete a partial one (those are at most the job's last step).
+        no stored step may complete a partial one (those are at most the job's last step, and
+        not among the steps this process assembled whole: a group commit stores many ranks'
+        frames, and the assembly that one of them runs may take the others' steps before their
+        connections ask; each asking again read every rank).
         Only where every waited rank said hello to this process: a rank known elsewhere (another
         worker, before a restart) leaves it to the store. Never so for a rank that stopped
         without closing here: the timer's assembly finds it lost, and goes on without it."""
-        if self.world_size is None or self.assembled is None or any(s <= self.assembled for s in late):
+        if self.world_size is None or self.assembled is None:
+            return False
+        if any(s <= self.assembled and s not in self.whole for s in late):
             return False
         if len(self.frontier) < self.world_size:  # some rank unknown here: is it waited for?
             waited = (r for r in range(self.world_size) if r not in self.closed and r not in self.lost)
             if any(r not in self.frontier for r in waited):
                 return False
         return self._behind(self.assembled)
+
+    def keep_whole(self, steps: Sequence[int]) -> None:
+        """`steps` are stored whole in the job's run (assembled, or completed, here)."""
+        self.whole.update(steps)
+        if len(self.whole) > 2 * WHOLE_KEPT:
+            self.whole = set(sorted(self.whole)[-WHOLE_KEPT:])
 
     def close_frees_nothing(self) -> bool:
         """Whether a rank's close (the rank is in `closed` now) can neither make a step ready nor
@@ -215,6 +232,7 @@ class JobAssembler:
             state.assembled = done.last_step if done.last_step is not None else state.assembled
             for missing in done.partial.values():
                 state.lost.update(missing)
+            state.keep_whole([d.step for d in done.steps if d.step not in done.partial] + done.completed)
             before = done.steps_before if before is None else before
             new += done.steps
             status = done.status or status
