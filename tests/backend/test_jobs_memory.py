@@ -132,7 +132,7 @@ def test_the_memory_keeps_the_oldest_steps_within_its_bound_and_frees_what_is_as
     assert memory.take(0, 5) is not None
 
 
-def test_ranks_keep_their_per_parameter_rows_in_the_recent_window_and_where_they_desynced(
+def test_ranks_keep_their_measured_per_parameter_rows_in_the_recent_window_and_where_they_desynced(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(store_jobs, "RANK_WINDOW", 4)
@@ -148,9 +148,11 @@ def test_ranks_keep_their_per_parameter_rows_in_the_recent_window_and_where_they
     assert done.steps[2].scalars.get("dist/desync/r1") == 1.0  # step 3: rank 1's fc.bias differs
     for rank in range(2):
         kept = {r.step for chunk in store.iter_steps(f"{JOB}.r{rank}") for r in chunk if r.arrays}
-        assert kept == {3, 9, 10, 11, 12}  # the desync evidence, and the last 4 steps
+        # the desync evidence, and the last 4 steps' measured ones (an unmeasured step's passes
+        # and clears are in the job's row: the rank keeps its summary, and its scalars for the window)
+        assert kept == {3, 9, 11}
         scalars = {r.step for chunk in store.iter_steps(f"{JOB}.r{rank}") for r in chunk if "time/step_s" in r.scalars}
-        assert scalars == {3, 9, 10, 11, 12}  # the rank's scalars go with its per-parameter rows
+        assert scalars == {3, 9, 10, 11, 12}  # its scalars: the window's, and the evidence's
     # every rank step's summary stays, as the rank sent it (NaN: no norm on an unmeasured step)
     summaries = store.rank_summaries(JOB)
     expected = [

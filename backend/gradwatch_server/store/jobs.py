@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
-from sqlalchemy import ColumnElement, Connection, delete, func, insert, select, update
+from sqlalchemy import ColumnElement, Connection, bindparam, delete, func, insert, select, update
 
 from .. import tails
 from ..jobs import assemble as _assemble
@@ -472,6 +472,37 @@ def _write(
         conn.execute(
             insert(partial_steps),
             [{"run_id": job, "step": s, "missing": json.dumps(m)} for s, m in done.partial.items()],
+        )
+    _drop_unmeasured(conn, done, by_step, by_rank)
+
+
+#: The per-parameter metric a measured step has (an unmeasured one: passes and clears only).
+MEASURED = "grad_norm"
+
+
+def _drop_unmeasured(
+    conn: Connection, done: Assembly, by_step: dict[int, list[_assemble.RankStep]], by_rank: dict[int, str]
+) -> None:
+    """Delete the ranks' per-parameter rows of the steps just stored that the job did not measure
+    (with every=N, a rank's passes and clears): they tell nothing that the job's row (their
+    combination) and the rank's summary do not, so a rank's unmeasured step keeps its summary
+    and, for the recent window, its scalars. In the assembly's transaction: the job's row is
+    committed with it. A partial step's are kept (it is assembled again from them)."""
+    rows = [
+        {"r": by_rank[p.rank], "m": m, "s": d.step}
+        for d in done.steps
+        if MEASURED not in d.arrays and d.step not in done.partial
+        for p in by_step[d.step]
+        if MEASURED not in p.arrays
+        for m in p.arrays
+    ]
+    if rows:
+        c = param_metrics.c
+        conn.execute(
+            delete(param_metrics).where(
+                c.run_id == bindparam("r"), c.metric == bindparam("m"), c.step == bindparam("s")
+            ),
+            rows,
         )
 
 
