@@ -253,7 +253,7 @@ class IngestConnection:
             log.exception("diagnostics of job %s failed", job)
             return
         if self.jobs is not None:
-            self.jobs.opened(job, found, dist.rank, dist.world_size, opened.rank.run.last_step)
+            self.jobs.opened(job, found, dist.rank, dist.world_size, opened.rank.run.last_step, opened.job.last_step)
         await self._send_findings(found)
 
     async def _resolve(self, hello: Hello) -> Hello:

@@ -8,6 +8,7 @@ for a silent rank (--rank-timeout 60): its tests never see a rank lost; `quick` 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import time
@@ -18,6 +19,7 @@ from typing import Any
 import httpx
 import numpy as np
 import pytest
+from sqlalchemy import event
 from websockets.sync.client import connect
 
 from gradwatch_server.diagnostics import Diagnostics
@@ -661,3 +663,40 @@ def test_a_rank_queued_behind_the_writer_or_its_admission_is_not_lost(tmp_path: 
 def job_steps_in(http: httpx.Client, run_id: str) -> dict[int, dict[str, Any]]:
     lines = http.get(f"/api/runs/{run_id}/export", params={"format": "json"}).text
     return {d["step"]: d for d in map(json.loads, lines.splitlines()) if d["type"] == "step" and d.get("rank") is None}
+
+
+def test_a_jobs_first_step_and_its_ranks_closes_assemble_once_not_once_per_rank(tmp_path: Path) -> None:
+    """An assembly reads every rank (its runs, their new steps): one per global step, not one per
+    rank's frame. A job's first step used to be assembled once per rank's first frame (the job's
+    last step was unknown until the first assembly) and every rank's close ran one: quadratic
+    in the ranks at a job's start and end. Here 12 ranks send 3 steps and close: the assemblies
+    (counted by their read of the job's ranks) are the 3 steps', the last close's, and the
+    timer's (one per `interval_s`); the job is finished, every step whole."""
+    ranks, steps = 12, 3
+    url = f"sqlite:///{tmp_path / 'x.db'}"
+    with in_process_server(url, rank_timeout_s=20.0) as server, server.client() as http:
+        store = server.app.state.store
+        assemblies: list[str] = []
+
+        def count(conn: Any, cursor: Any, statement: str, *args: Any) -> None:
+            if statement.startswith("SELECT runs.id, runs.rank, runs.status, runs.last_step, runs.updated_at"):
+                assemblies.append(statement)
+
+        with contextlib.ExitStack() as stack:
+            hooks = [stack.enter_context(server.hook()) for _ in range(ranks)]
+            for rank, hook in enumerate(hooks):
+                assert hook.call(rank_hello("j-once", rank, ranks))["type"] == "welcome"
+            event.listen(store.engine, "before_cursor_execute", count)
+            started = time.monotonic()
+            for i in range(1, steps + 1):
+                for hook in hooks:
+                    assert send(hook, i, i, [1.0, 2.0])["type"] == "ack"
+            for hook in hooks:
+                assert hook.call(close(steps + 1))["type"] == "ack"
+            elapsed = time.monotonic() - started
+        event.remove(store.engine, "before_cursor_execute", count)
+        assert http.get("/api/runs/j-once").json()["status"] == "finished"
+        stored = job_steps_in(http, "j-once")
+        assert [stored[s]["scalars"]["dist/ranks"] for s in range(1, steps + 1)] == [float(ranks)] * steps
+        timer = int(elapsed / server.app.state.jobs.interval_s) + 1
+        assert steps + 1 <= len(assemblies) <= steps + 1 + timer < ranks

@@ -55,7 +55,8 @@ def local_total(rank: int, step: int) -> float:
 
 
 def send(store: Store, rank: int, steps: range, seq0: int) -> None:
-    """A batch of rank `rank`'s steps, stored and then assembled, as ingest does."""
+    """A batch of rank `rank`'s steps, stored and then assembled, as ingest does (asking again
+    while more may be ready, as the assembler does)."""
     batch = [
         StepData(
             seq0 + k,
@@ -67,7 +68,9 @@ def send(store: Store, rank: int, steps: range, seq0: int) -> None:
         for k, s in enumerate(steps)
     ]
     stored = store.write_steps(f"{JOB}.r{rank}", batch)
-    store.assemble(JOB, TIMEOUT_S, 0.0, late=[d.step for d, new in zip(batch, stored) if new])
+    done = store.assemble(JOB, TIMEOUT_S, 0.0, late=[d.step for d, new in zip(batch, stored) if new])
+    while done.more:
+        done = store.assemble(JOB, TIMEOUT_S, 0.0)
 
 
 def job_grad_norms(store: Store) -> dict[int, list[float]]:

@@ -132,7 +132,7 @@ def test_the_memory_keeps_the_oldest_steps_within_its_bound_and_frees_what_is_as
     assert memory.take(0, 5) is not None
 
 
-def test_ranks_keep_their_per_parameter_rows_in_the_recent_window_and_where_they_desynced(
+def test_ranks_keep_their_measured_per_parameter_rows_in_the_recent_window_and_where_they_desynced(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(store_jobs, "RANK_WINDOW", 4)
@@ -148,9 +148,11 @@ def test_ranks_keep_their_per_parameter_rows_in_the_recent_window_and_where_they
     assert done.steps[2].scalars.get("dist/desync/r1") == 1.0  # step 3: rank 1's fc.bias differs
     for rank in range(2):
         kept = {r.step for chunk in store.iter_steps(f"{JOB}.r{rank}") for r in chunk if r.arrays}
-        assert kept == {3, 9, 10, 11, 12}  # the desync evidence, and the last 4 steps
+        # the desync evidence, and the last 4 steps' measured ones (an unmeasured step's passes
+        # and clears are in the job's row: the rank keeps its summary, and its scalars for the window)
+        assert kept == {3, 9, 11}
         scalars = {r.step for chunk in store.iter_steps(f"{JOB}.r{rank}") for r in chunk if "time/step_s" in r.scalars}
-        assert scalars == {3, 9, 10, 11, 12}  # the rank's scalars go with its per-parameter rows
+        assert scalars == {3, 9, 10, 11, 12}  # its scalars: the window's, and the evidence's
     # every rank step's summary stays, as the rank sent it (NaN: no norm on an unmeasured step)
     summaries = store.rank_summaries(JOB)
     expected = [
@@ -175,3 +177,31 @@ def test_ranks_keep_their_per_parameter_rows_in_the_recent_window_and_where_they
     fresh, _ = seeded(tmp_path / "whole.db", 12, desync_at=3)
     fresh.assemble(JOB, 30.0, 0.0, memory=JobMemory())
     assert job_rows(store) == job_rows(fresh)
+
+
+def test_a_job_behind_is_assembled_a_bounded_range_at_a_time_up_to_its_slowest_rank(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    whole, _ = seeded(tmp_path / "whole.db", 12)
+    whole.assemble(JOB, 30.0, 0.0, memory=JobMemory())  # 12 steps at once: within LOOKAHEAD
+    monkeypatch.setattr(store_jobs, "LOOKAHEAD", 4)
+    store = open_store(f"sqlite:///{tmp_path / 'bounded.db'}")
+    sent = batches(12)
+    for rank in range(2):
+        hello = parse_message(json.dumps(rank_hello(JOB, rank, 2, **PIECES[rank])))
+        assert isinstance(hello, Hello)
+        store.open_rank(hello)
+    store.write_steps(f"{JOB}.r0", sent[0])
+    store.write_steps(f"{JOB}.r1", sent[1][:9])  # rank 1, the slowest, stored steps 1..9 so far
+    calls = []
+    done = store.assemble(JOB, 30.0, 0.0, memory=JobMemory())
+    calls.append(([d.step for d in done.steps], done.more))
+    while done.more:
+        done = store.assemble(JOB, 30.0, 0.0, memory=JobMemory())
+        calls.append(([d.step for d in done.steps], done.more))
+    # LOOKAHEAD steps of the slowest rank per call, and nothing beyond its last step
+    assert calls == [([1, 2, 3, 4], True), ([5, 6, 7, 8], True), ([9], False)]
+    store.write_steps(f"{JOB}.r1", sent[1][9:])
+    done = store.assemble(JOB, 30.0, 0.0, memory=JobMemory())
+    assert ([d.step for d in done.steps], done.more) == ([10, 11, 12], False)
+    assert job_rows(store) == job_rows(whole)

@@ -40,6 +40,9 @@ log = logging.getLogger("gradwatch.jobs")
 MAX_INTERVAL_S = 5.0
 #: Shortest: however small the timeout, the timer never spins.
 MIN_INTERVAL_S = 0.05
+#: Most of a job's steps assembled whole that this process remembers (the latest: a rank's step
+#: older than those is taken as possibly completing a partial one, which costs an assembly).
+WHOLE_KEPT = 4096
 
 
 def as_steps(batch: Sequence[StepData]) -> list[Step]:
@@ -72,12 +75,17 @@ class _Job:
     memory: JobMemory = field(default_factory=JobMemory)  # the ranks' pieces and parameters kept here
     world_size: int | None = None
     #: What this process knows of the ranks, to skip an assembly that cannot find a step ready:
-    #: each rank's last stored step (from its hello here, then its batches), the ranks that
-    #: closed here, and those the last assembly went on without (lost, until they send again).
+    #: each rank's last stored step (from its hello here, then its batches; -1: none), the ranks
+    #: that closed here, and those the last assembly went on without (lost, until they send again).
     frontier: dict[int, int] = field(default_factory=dict)
     closed: set[int] = field(default_factory=set)
     lost: set[int] = field(default_factory=set)
-    assembled: int | None = None  # the job's run's last step, as of this process's last assembly
+    #: the job's run's last step (-1: none), as of this process's last assembly or, before it, of
+    #: a rank's hello here: at most the stored one, which only makes `nothing_ready` say False
+    assembled: int | None = None
+    #: the job's latest steps that this process assembled (or completed) with every rank: a
+    #: rank's step among them cannot complete a partial step (at most WHOLE_KEPT of them)
+    whole: set[int] = field(default_factory=set)
     #: `_behind`'s scan: the ranks below `scan_at` were past `scan_for` (the job's last step then)
     scan_at: int = 0
     scan_for: int | None = None
@@ -85,17 +93,37 @@ class _Job:
     def nothing_ready(self, late: Sequence[int]) -> bool:
         """Whether no step can be ready: some rank still waited for has stored nothing beyond
         the job's last step (a step is ready when every waited rank has it or is past it), and
-        no stored step may complete a partial one (those are at most the job's last step).
+        no stored step may complete a partial one (those are at most the job's last step, and
+        not among the steps this process assembled whole: a group commit stores many ranks'
+        frames, and the assembly that one of them runs may take the others' steps before their
+        connections ask; each asking again read every rank).
         Only where every waited rank said hello to this process: a rank known elsewhere (another
         worker, before a restart) leaves it to the store. Never so for a rank that stopped
         without closing here: the timer's assembly finds it lost, and goes on without it."""
-        if self.world_size is None or self.assembled is None or any(s <= self.assembled for s in late):
+        if self.world_size is None or self.assembled is None:
+            return False
+        if any(s <= self.assembled and s not in self.whole for s in late):
             return False
         if len(self.frontier) < self.world_size:  # some rank unknown here: is it waited for?
             waited = (r for r in range(self.world_size) if r not in self.closed and r not in self.lost)
             if any(r not in self.frontier for r in waited):
                 return False
         return self._behind(self.assembled)
+
+    def keep_whole(self, steps: Sequence[int]) -> None:
+        """`steps` are stored whole in the job's run (assembled, or completed, here)."""
+        self.whole.update(steps)
+        if len(self.whole) > 2 * WHOLE_KEPT:
+            self.whole = set(sorted(self.whole)[-WHOLE_KEPT:])
+
+    def close_frees_nothing(self) -> bool:
+        """Whether a rank's close (the rank is in `closed` now) can neither make a step ready nor
+        end the job: a rank still waited for has stored nothing beyond the job's last step
+        (`nothing_ready`), and some rank has not closed here (the last close settles the job's
+        status), or the job is settled already (the closes that waited for the one that settled
+        it). Without it each rank's close ran an assembly that reads every rank: at a 1,024-rank
+        job's end, as many assemblies as ranks."""
+        return self.settled or (len(self.closed) < (self.world_size or 0) and self.nothing_ready(()))
 
     def _behind(self, assembled: int) -> bool:
         """Whether a waited rank has stored nothing beyond `assembled`. Every rank's frame asks,
@@ -173,7 +201,7 @@ class JobAssembler:
         if rank is not None:
             state.memory.add(rank, batch)
             if batch:
-                state.frontier[rank] = max(state.frontier.get(rank, 0), *late)
+                state.frontier[rank] = max(state.frontier.get(rank, -1), *late)
                 state.lost.discard(rank)
             if closed:
                 state.closed.add(rank)
@@ -182,8 +210,9 @@ class JobAssembler:
         state.users += 1
         try:
             async with state.lock:
-                # the assembly this one waited for may have taken every step ready
-                if rank is not None and not closed and state.nothing_ready(late):
+                # the assembly this one waited for may have taken every step ready (a close is
+                # asked here only: with no assembly under way, the job's last step is current)
+                if rank is not None and (state.close_frees_nothing() if closed else state.nothing_ready(late)):
                     return None
                 return await self._assemble(job, state, late)
         finally:
@@ -203,6 +232,7 @@ class JobAssembler:
             state.assembled = done.last_step if done.last_step is not None else state.assembled
             for missing in done.partial.values():
                 state.lost.update(missing)
+            state.keep_whole([d.step for d in done.steps if d.step not in done.partial] + done.completed)
             before = done.steps_before if before is None else before
             new += done.steps
             status = done.status or status
@@ -291,13 +321,25 @@ class JobAssembler:
             if told.changed:
                 self._hub.publish_finding(job, public)
 
-    def opened(self, job: str, found: list[Finding], rank: int, world_size: int, last_step: int | None) -> None:
-        """A rank's hello (its run's last stored step `last_step`): the job's findings so far
-        were news when they were found, not now."""
+    def opened(
+        self,
+        job: str,
+        found: list[Finding],
+        rank: int,
+        world_size: int,
+        last_step: int | None,
+        job_last_step: int | None = None,
+    ) -> None:
+        """A rank's hello (its run's last stored step `last_step`, its job's `job_last_step`;
+        None: none): the job's findings so far were news when they were found, not now."""
         state = self._job(job)
         state.settled = False  # a job resumed by a rank's hello runs again
         state.world_size = world_size
-        state.frontier[rank] = max(state.frontier.get(rank, 0), last_step or 0)
+        state.frontier[rank] = max(state.frontier.get(rank, -1), -1 if last_step is None else last_step)
+        # Known before the first assembly, so that a job's first step is assembled once, not
+        # once per rank's first frame (each reading every rank).
+        job_last = -1 if job_last_step is None else job_last_step
+        state.assembled = job_last if state.assembled is None else max(state.assembled, job_last)
         state.closed.discard(rank)
         known = state.announced
         for finding in found:

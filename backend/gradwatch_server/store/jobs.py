@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
-from sqlalchemy import ColumnElement, Connection, delete, func, insert, select, update
+from sqlalchemy import ColumnElement, Connection, bindparam, delete, func, insert, select, update
 
 from .. import tails
 from ..jobs import assemble as _assemble
@@ -36,6 +36,11 @@ from .steps import NotifyInTransaction, SeriesName, Written, _fill, write_steps
 
 #: Most steps one assembly reads per rank (the caller asks again while `more`).
 ASSEMBLE_CHUNK = 512
+#: Steps of its slowest waited rank one assembly looks at beyond the job's last (the caller asks
+#: again while `more`): each rank's stored steps are read in that range only. Reading every step
+#: after the job's last made a job that fell behind read ranks x steps behind per assembly, so
+#: the lag fed itself (at 1,024 ranks a quarter of the server's CPU).
+LOOKAHEAD = 16
 
 
 #: Steps behind the job's last one whose per-parameter rows each rank's run keeps whole: the
@@ -311,7 +316,10 @@ def assemble(
     present = [r for r in ranks if r.run_id is not None]
     have: dict[int, list[int]] = {}
     bound: int | None = None
-    after = _steps_after(conn, [r.run_id for r in present if r.run_id is not None], parent.last_step)
+    horizon = _horizon(conn, waited, parent.last_step)
+    after = _steps_after(conn, [r.run_id for r in present if r.run_id is not None], parent.last_step, horizon)
+    if horizon is not None and horizon[1]:  # its slowest rank has more beyond: only steps up to here
+        bound = horizon[0]
     for r in present:
         found = after[r.run_id] if r.run_id is not None else []
         have[r.rank] = found
@@ -357,15 +365,38 @@ def assemble(
     return done
 
 
-def _steps_after(conn: Connection, run_ids: Sequence[str], after: int | None) -> dict[str, list[int]]:
-    """Each run's first ASSEMBLE_CHUNK stored steps after step `after` (None: from its first),
-    sorted: one query per ASSEMBLE_CHUNK runs (a query per rank cost a large job's assembly
-    more than its combination)."""
+def _horizon(conn: Connection, waited: Sequence[_Rank], after: int | None) -> tuple[int, bool] | None:
+    """The last step this assembly may find ready, and whether more may be ready beyond it: a
+    step is ready only once every waited rank has it or is past it, so none is beyond the
+    slowest waited rank's last step, nor (now) beyond its LOOKAHEAD-th step after `after`.
+    None: no rank is waited for (every step left is assembled, ASSEMBLE_CHUNK at a time)."""
+    if not waited:
+        return None
+    slowest = min(waited, key=lambda r: -1 if r.last_step is None else r.last_step)
+    if slowest.run_id is None or slowest.last_step is None:  # it never said hello or stored a step
+        return (-1 if after is None else after), False
+    query = select(steps.c.step).where(steps.c.run_id == slowest.run_id)
+    if after is not None:
+        query = query.where(steps.c.step > after)
+    far = conn.execute(query.order_by(steps.c.step).limit(1).offset(LOOKAHEAD - 1)).scalar_one_or_none()
+    if far is None or far >= slowest.last_step:
+        return slowest.last_step, False
+    return int(far), True
+
+
+def _steps_after(
+    conn: Connection, run_ids: Sequence[str], after: int | None, horizon: tuple[int, bool] | None = None
+) -> dict[str, list[int]]:
+    """Each run's first ASSEMBLE_CHUNK stored steps after step `after` (None: from its first)
+    up to the `horizon`'s step, sorted: one query per ASSEMBLE_CHUNK runs (a query per rank cost
+    a large job's assembly more than its combination)."""
     out: dict[str, list[int]] = {r: [] for r in run_ids}
     for lo in range(0, len(run_ids), ASSEMBLE_CHUNK):
         where: list[ColumnElement[bool]] = [steps.c.run_id.in_(run_ids[lo : lo + ASSEMBLE_CHUNK])]
         if after is not None:
             where.append(steps.c.step > after)
+        if horizon is not None:
+            where.append(steps.c.step <= horizon[0])
         order = func.row_number().over(partition_by=steps.c.run_id, order_by=steps.c.step).label("n")
         numbered = select(steps.c.run_id, steps.c.step, order).where(*where).subquery()
         query = (
@@ -441,6 +472,37 @@ def _write(
         conn.execute(
             insert(partial_steps),
             [{"run_id": job, "step": s, "missing": json.dumps(m)} for s, m in done.partial.items()],
+        )
+    _drop_unmeasured(conn, done, by_step, by_rank)
+
+
+#: The per-parameter metric a measured step has (an unmeasured one: passes and clears only).
+MEASURED = "grad_norm"
+
+
+def _drop_unmeasured(
+    conn: Connection, done: Assembly, by_step: dict[int, list[_assemble.RankStep]], by_rank: dict[int, str]
+) -> None:
+    """Delete the ranks' per-parameter rows of the steps just stored that the job did not measure
+    (with every=N, a rank's passes and clears): they tell nothing that the job's row (their
+    combination) and the rank's summary do not, so a rank's unmeasured step keeps its summary
+    and, for the recent window, its scalars. In the assembly's transaction: the job's row is
+    committed with it. A partial step's are kept (it is assembled again from them)."""
+    rows = [
+        {"r": by_rank[p.rank], "m": m, "s": d.step}
+        for d in done.steps
+        if MEASURED not in d.arrays and d.step not in done.partial
+        for p in by_step[d.step]
+        if MEASURED not in p.arrays
+        for m in p.arrays
+    ]
+    if rows:
+        c = param_metrics.c
+        conn.execute(
+            delete(param_metrics).where(
+                c.run_id == bindparam("r"), c.metric == bindparam("m"), c.step == bindparam("s")
+            ),
+            rows,
         )
 
 
