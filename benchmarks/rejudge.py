@@ -13,7 +13,11 @@ round, `judge_late` then `rejudge`, the median over rounds. Also: what keeping s
 judging a step (`RunDiagnosis` fed the same steps with and without them, interleaved) and a
 snapshot's size.
 
-    python benchmarks/rejudge.py [--steps 1000,5000,50000] [--params 100] [--rounds 3]
+    python benchmarks/rejudge.py [--steps 1000,5000,50000] [--params 100] [--rounds 3] [--worst]
+
+`--worst`: each size rounded up so that the window's first step is one a snapshot was taken
+after, which `judge_late` cannot start from: it replays from the snapshot before (the longest
+replay a window of the recorder's makes: SNAPSHOT_EVERY + the window + the new steps).
 """
 
 from __future__ import annotations
@@ -150,6 +154,7 @@ def main() -> None:
     parser.add_argument("--steps", default="1000,5000,50000")
     parser.add_argument("--params", type=int, default=100)
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--worst", action="store_true", help="place the window where the replay is longest")
     args = parser.parse_args()
     print(
         f"snapshots: every {RunDiagnosis.SNAPSHOT_EVERY} judged steps, the last {RunDiagnosis.SNAPSHOTS} kept",
@@ -161,7 +166,10 @@ def main() -> None:
         f"without ({with_snaps / without - 1:+.1%}); one snapshot holds {size / 1024:.0f} KiB of arrays",
         flush=True,
     )
+    every = RunDiagnosis.SNAPSHOT_EVERY
     for n in (int(x) for x in args.steps.split(",")):
+        if args.worst:  # the window's first step, n - RESENT + 1, a multiple of SNAPSHOT_EVERY
+            n += (-(n - RESENT + 1)) % every
         late, whole, found = measure(n, args.params, args.rounds)
         print(
             f"late batch at step {n} x {args.params} params: judge_late {late * 1e3:.0f} ms, "

@@ -380,7 +380,7 @@ class IngestConnection:
         await self._send(ack)
         self.hub.publish_steps(self.run_id, [step for step, is_new in zip(steps, stored) if is_new])
         if late and self.job is None:  # the window's norms: the charts add them to the steps they show
-            self.hub.publish_steps(self.run_id, late)
+            self.hub.publish_late(self.run_id, late)
         if whole:  # its findings are told as they come; the next batch (or close) waits for it
             self.rejudging = asyncio.create_task(self._report(self.diagnostics.rejudge))
 
