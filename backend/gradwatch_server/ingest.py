@@ -9,7 +9,9 @@ diagnostics engine before it is acknowledged: a new finding (or one whose severi
 sent to the hook (`finding`) ahead of the ack that covers its step, so a hook that has its acks
 has its findings; new or changed findings go to the browsers, and a new (or graver) error or
 warning to the `--notify` webhooks (notify.py: queued, never awaited), unless it was known before
-this connection resumed the run.
+this connection resumed the run. The flight recorder's late norms are judged the same way
+(`Diagnostics.judge_late`); only values older than the diagnosis' snapshots have the run judged
+again whole after their batch's ack, its findings sent before the next batch's.
 
 A rank of a distributed job (a hello with `dist`) streams into its own run `JOB.rRANK` the same
 way, but its batches are stored with other ranks' in group commits (jobs/commits.py; acked once
@@ -362,9 +364,9 @@ class IngestConnection:
             await self._assemble(new)
         elif late:
             # norms added to steps judged unmeasured: judged again from the diagnosis' snapshot
-            # before them, with this batch's new steps (a few dozen steps, whatever the run's
-            # length); a window older than the snapshots has the run judged again whole, after
-            # the ack (about 0.6 ms a stored step: docs/benchmarks.md)
+            # before them, with this batch's new steps (at most 128 steps and the batch's, whatever
+            # the run's length); a window older than the snapshots has the run judged again whole,
+            # after the ack (about 0.7 ms a stored step: docs/benchmarks.md)
             earliest = min(s.step for s in late)
             whole = not await self._report(lambda run_id: self.diagnostics.judge_late(run_id, earliest))
         elif new:

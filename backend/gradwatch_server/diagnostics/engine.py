@@ -348,13 +348,14 @@ class Diagnostics:
     ) -> RunDiagnosis:
         """Diagnose a run afresh from its stored steps (leaving out `skip`, which the caller feeds).
         Snapshots for `judge_late` are kept unless the hook says its flight recorder is off (a
-        run that resends steps all the same gets them from its first `rejudge`)."""
+        run that resends steps all the same gets them from its first `rejudge`), or the run is a
+        distributed job's (its assembly does not judge late values)."""
         run = self.store.get_run(run_id)
         if run is None:
             raise UnknownRun(f"no run {run_id!r}")
         params = self.store.get_params(run_id)
         if snapshots is None:
-            snapshots = run.config.get("flight_recorder") is not False
+            snapshots = run.kind == "run" and run.config.get("flight_recorder") is not False
         diag = RunDiagnosis(
             RunContext.of([(p.name, p.numel, p.dtype) for p in params], run.config), snapshots=snapshots
         )
