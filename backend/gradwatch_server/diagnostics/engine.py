@@ -118,10 +118,6 @@ class RunDiagnosis:
         if self._since >= self.SNAPSHOT_EVERY:
             self._snap()
 
-    @property
-    def snapshots(self) -> bool:
-        return self._snapshots is not None
-
     def _snap(self) -> None:
         self._since = 0
         if self._snapshots is not None:
