@@ -9,7 +9,9 @@ diagnostics engine before it is acknowledged: a new finding (or one whose severi
 sent to the hook (`finding`) ahead of the ack that covers its step, so a hook that has its acks
 has its findings; new or changed findings go to the browsers, and a new (or graver) error or
 warning to the `--notify` webhooks (notify.py: queued, never awaited), unless it was known before
-this connection resumed the run.
+this connection resumed the run. The flight recorder's late norms are judged the same way
+(`Diagnostics.judge_late`); only values older than the diagnosis' snapshots have the run judged
+again whole after their batch's ack, its findings sent before the next batch's.
 
 A rank of a distributed job (a hello with `dist`) streams into its own run `JOB.rRANK` the same
 way, but its batches are stored with other ranks' in group commits (jobs/commits.py; acked once
@@ -124,11 +126,6 @@ def _deleted(run_id: str) -> Refusal:
     return Refusal(CLOSE_INVALID, f"run {run_id!r} was deleted on the server; start a new run")
 
 
-#: The last step at which the flight recorder's late norms are judged live (`Diagnostics.rejudge`
-#: rebuilds the run's diagnosis from its stored steps: about 1.3 s at this step, docs/diagnostics.md).
-REJUDGE_MAX_STEP = 2_000
-
-
 class IngestConnection:
     def __init__(
         self,
@@ -159,6 +156,8 @@ class IngestConnection:
         self.param_count = 0
         self.reported: dict[str, dict[str, object]] = {}  # findings this connection has passed on
         self.queued = 0  # a rank's frames read and not yet stored (the job's assembler hears of them)
+        #: a whole re-diagnosis of the run after late values (`_steps`), running after its batch's ack
+        self.rejudging: asyncio.Task[bool] | None = None
 
     async def serve(self) -> None:
         await self.ws.accept(headers=worker_headers())
@@ -187,9 +186,10 @@ class IngestConnection:
             log.exception("ingest of run %s failed", self.run_id or "(before hello)")
             await self._refuse(Refusal(CLOSE_SERVER_ERROR, "server error while storing; see the server log"))
         finally:
-            if reader is not None:
-                reader.cancel()
-                await asyncio.gather(reader, return_exceptions=True)
+            for task in (reader, self.rejudging):
+                if task is not None:
+                    task.cancel()
+                    await asyncio.gather(task, return_exceptions=True)
             self._hear(-self.queued)
             if self.state is not State.AWAIT_HELLO:
                 self.sessions.detach(self.run_id, closed=self.state is State.CLOSED)
@@ -340,6 +340,7 @@ class IngestConnection:
             self.jobs.hear(self.job, self.rank, queued)
 
     async def _steps(self, steps: list[Step]) -> None:
+        await self._settle()
         batch = [
             StepData(
                 seq=s.seq, step=s.step, time=s.time, scalars=s.scalars, arrays=s.arrays(), resent=RESENT in s.scalars
@@ -358,13 +359,16 @@ class IngestConnection:
             raise _deleted(self.run_id) from None
         new = [data for data, is_new in zip(batch, stored) if is_new]
         late = [s for s, data in zip(steps, batch) if data.resent]
+        whole = False
         if self.job is not None:
             await self._assemble(new)
-        elif late and max(d.step for d in batch) <= REJUDGE_MAX_STEP:
-            # norms added to steps judged unmeasured: the run is judged again from the store (about
-            # 0.6 ms a stored step: bounded, since the ack waits for it; beyond, a diagnosis
-            # re-derived from the store sees them)
-            await self._report(self.diagnostics.rejudge)
+        elif late:
+            # norms added to steps judged unmeasured: judged again from the diagnosis' snapshot
+            # before them, with this batch's new steps (at most 128 steps and the batch's, whatever
+            # the run's length); a window older than the snapshots has the run judged again whole,
+            # after the ack (about 0.7 ms a stored step: docs/benchmarks.md)
+            earliest = min(s.step for s in late)
+            whole = not await self._report(lambda run_id: self.diagnostics.judge_late(run_id, earliest))
         elif new:
             await self._report(lambda run_id: self.diagnostics.observe(run_id, new))
         ack: dict[str, object] = {
@@ -378,16 +382,28 @@ class IngestConnection:
         await self._send(ack)
         self.hub.publish_steps(self.run_id, [step for step, is_new in zip(steps, stored) if is_new])
         if late and self.job is None:  # the window's norms: the charts add them to the steps they show
-            self.hub.publish_steps(self.run_id, late)
+            self.hub.publish_late(self.run_id, late)
+        if whole:  # its findings are told as they come; the next batch (or close) waits for it
+            self.rejudging = asyncio.create_task(self._report(self.diagnostics.rejudge))
 
-    async def _report(self, diagnose: Callable[[str], list[Finding]], notify: bool = True) -> None:
+    async def _settle(self) -> None:
+        """Let the run's whole re-diagnosis end before the next batch is stored or the run
+        closed: it reads the steps stored so far, and the next batch's are judged after them."""
+        if self.rejudging is not None:
+            await asyncio.gather(self.rejudging, return_exceptions=True)
+            self.rejudging = None
+
+    async def _report(self, diagnose: Callable[[str], list[Finding] | None], notify: bool = True) -> bool:
         """Run the diagnostics (off the loop); send the hook each new code (again if its severity
-        changes), and the webhooks too (with `notify`); the browsers each change."""
+        changes), and the webhooks too (with `notify`); the browsers each change. False where
+        `diagnose` judged nothing (None)."""
         try:
             found = await asyncio.to_thread(diagnose, self.run_id)
         except Exception:  # diagnostics must never stop ingest: log, and carry on storing
             log.exception("diagnostics of run %s failed", self.run_id)
-            return
+            return True
+        if found is None:
+            return False
         for finding in found:
             public = finding.to_dict()
             told = tell(self.reported, public)
@@ -397,6 +413,7 @@ class IngestConnection:
                     self.notifier.finding(self.run_ref, public)
             if told.changed:
                 self.hub.publish_finding(self.run_id, public)
+        return True
 
     async def _assemble(self, stored: Sequence[StepData] = (), closed: bool = False) -> None:
         """A rank's batch is committed (its new steps `stored`), or its close: assemble the job's
@@ -419,6 +436,7 @@ class IngestConnection:
                 await self._send({"type": "finding", "finding": public})
 
     async def _close(self, close: Close) -> None:
+        await self._settle()
         try:
             changed = await asyncio.to_thread(self.store.close_run, self.run_id, seq=close.seq, status=close.status)
         except UnknownRun:

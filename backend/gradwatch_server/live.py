@@ -127,6 +127,11 @@ class LiveHub:
         for step in steps:
             self.publish_step(run_id, step)
 
+    def publish_late(self, run_id: str, steps: Sequence[Step]) -> None:
+        """Steps stored before that got arrays late (the flight recorder's, protocol.RESENT: their
+        scalars hold it), once committed: the pages watching the run fetch their series again."""
+        self.publish_steps(run_id, steps)
+
     def steps_notice(self, run_id: str) -> Callable[[Sequence[StepData]], tuple[str, str]] | None:
         """What to NOTIFY in the transaction that stores a run's steps (`Store.write_steps`):
         nothing for one process; relay.py's hub announces them to every worker."""

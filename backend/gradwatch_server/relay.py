@@ -5,7 +5,10 @@ channel `gradwatch_live`, and every worker, the publisher included, delivers to 
 what its listener receives: each browser gets each event once, in commit order, whichever worker
 it is connected to. The steps' notification is sent in the transaction that stores them, so a
 hook that moves to another worker never has its later steps shown first and a worker killed
-after a commit cannot lose it. Payloads must stay under PostgreSQL's 8000 bytes, so steps always
+after a commit cannot lose it. Steps that got the flight recorder's arrays late are announced
+after their commit (`{"k": "late", "run", "steps": [lo, hi]}`): a worker whose browsers watch the
+run reads the stored steps of that range back and sends them marked `flight/resent`, as one
+process does, so that the pages fetch their series again. Payloads must stay under PostgreSQL's 8000 bytes, so steps always
 travel as a reference (`{"k": "steps", "run", "steps": [lo, hi], "seq": [lo, hi]}`) read back
 only by a worker whose browsers watch the run; run events and findings travel whole when they fit.
 A broken connection makes browsers reconnect and catch up over REST (close code 1013). A worker
@@ -32,7 +35,7 @@ from psycopg.conninfo import make_conninfo
 from sqlalchemy.engine import make_url
 
 from .live import LIVE_LINGER_S, LiveHub, finding_event, run_event
-from .protocol import Step
+from .protocol import RESENT, Step
 from .store import Run, StepData, Store, StoreError, display_url
 
 log = logging.getLogger("gradwatch.relay")
@@ -85,12 +88,12 @@ class Event:
     @classmethod
     def parse(cls, payload: dict[str, Any]) -> Event:
         kind, text = payload["k"], payload.get("text")
-        if kind not in ("run", "steps", "finding", "resync") or not isinstance(text, (str, type(None))):
+        if kind not in ("run", "steps", "late", "finding", "resync") or not isinstance(text, (str, type(None))):
             raise ValueError(f"unknown kind {kind!r}")
         run_id = "" if kind == "resync" else str(payload["run"])
-        if kind == "steps":
+        if kind in ("steps", "late"):
             lo, hi = (int(v) for v in payload["steps"])
-            first, last = (int(v) for v in payload["seq"])
+            first, last = (int(v) for v in payload["seq"]) if kind == "steps" else (0, 0)
             return cls(kind, run_id, None, steps=(lo, hi), seq=(first, last))
         return cls(kind, run_id, text, code=str(payload.get("code", "")))
 
@@ -114,6 +117,10 @@ class RelayedHub(LiveHub):
 
     def publish_steps(self, run_id: str, steps: Sequence[Step]) -> None:
         pass  # announced by the transaction that stored them (steps_notice)
+
+    def publish_late(self, run_id: str, steps: Sequence[Step]) -> None:
+        if steps:  # after the commit, so after the notice of the batch's new steps
+            self._relay.announce("late", run_id, steps=[min(s.step for s in steps), max(s.step for s in steps)])
 
     def steps_notice(self, run_id: str) -> Callable[[Sequence[StepData]], tuple[str, str]]:
         def notice(new: Sequence[StepData]) -> tuple[str, str]:
@@ -347,9 +354,14 @@ class Relay:
                 text = None if run is None else run_event(run)
             if text is not None:
                 hub.send_all(text)
-        elif event.kind == "steps" and hub.watching(event.run_id):
-            records = await asyncio.to_thread(self.store.batch_steps, event.run_id, event.steps, event.seq)
+        elif event.kind in ("steps", "late") and hub.watching(event.run_id):
+            late = event.kind == "late"
+            records = await asyncio.to_thread(
+                self.store.batch_steps, event.run_id, event.steps, None if late else event.seq
+            )
             for record in records:
+                if late:
+                    record.scalars[RESENT] = 1.0
                 hub.publish_record(event.run_id, record)
         elif event.kind == "finding" and hub.watching(event.run_id):
             text = event.text

@@ -3,13 +3,16 @@ mark of how far they go, answered from the store while current, derived again wh
 
 from __future__ import annotations
 
+import itertools
 import json
+from collections import deque
 from collections.abc import Iterator
+from typing import Any
 
 import numpy as np
 import pytest
 
-from gradwatch_server.diagnostics import RULES_VERSION, Diagnostics
+from gradwatch_server.diagnostics import RULES_VERSION, Diagnostics, Finding, RunDiagnosis
 from gradwatch_server.protocol import Hello, parse_message
 from gradwatch_server.store import DiagnosisMark, StepData, Store, StoredFinding, open_store
 from support.wiremsg import f32, hello, with_absent
@@ -26,8 +29,8 @@ def store(db_url: str) -> Iterator[Store]:
     s.close()
 
 
-def open_run(store: Store, run_id: str) -> None:
-    message = parse_message(json.dumps(hello(run_id, params=PARAMS)))
+def open_run(store: Store, run_id: str, **config: Any) -> None:
+    message = parse_message(json.dumps(hello(run_id, params=PARAMS, config={"every": 1, **config})))
     assert isinstance(message, Hello)
     store.open_run(message)
 
@@ -169,3 +172,130 @@ def test_with_several_workers_only_the_hooks_worker_stores_a_running_runs_findin
         ("nonfinite_grad", 9),
     ]
     assert store.get_diagnosis("shared") == DiagnosisMark(steps=9, last_step=9, version=RULES_VERSION)
+
+
+# -- the flight recorder's late norms ----------------------------------------------------------
+
+
+def norms(n: int, spike: tuple[float, float] = (1.0, 1.0)) -> bytes:
+    """Step n's steady gradient norms (a little noise), each parameter's times its `spike`."""
+    noise = 1.0 + 0.02 * ((n * 7) % 5 - 2)
+    return f32(0.5 * noise * spike[0], 0.2 * noise * spike[1]).tobytes()
+
+
+def sampled(seq: Iterator[int], steps: range) -> list[StepData]:
+    """Steps of a loop measured every 10 steps; the others carry the loss only (cheap facts)."""
+    return [
+        StepData(seq=next(seq), step=n, time=float(n), scalars={"loss": 1.0}, arrays={})
+        if n % 10
+        else StepData(
+            seq=next(seq),
+            step=n,
+            time=float(n),
+            scalars={"loss": 1.0},
+            arrays={"grad_norm": norms(n), "grad_status": bytes([2, 2])},
+        )
+        for n in steps
+    ]
+
+
+def resent(seq: Iterator[int], steps: range, spike: tuple[float, float]) -> list[StepData]:
+    """The flight recorder's norms of `steps`, sent before without them, the last one's times `spike`."""
+    return [
+        StepData(
+            seq=next(seq),
+            step=n,
+            time=float(n),
+            scalars={"loss": 1.0, "flight/resent": 1.0},
+            arrays={"grad_norm": norms(n, spike if n == steps[-1] else (1.0, 1.0))},
+            resent=True,
+        )
+        for n in steps
+    ]
+
+
+def same(a: object, b: object) -> bool:
+    """Two checks' states are equal: arrays bit for bit (NaN where NaN), the rest by value."""
+    if isinstance(a, np.ndarray) and isinstance(b, np.ndarray):
+        return a.dtype == b.dtype and np.array_equal(a, b, equal_nan=a.dtype.kind == "f")
+    if isinstance(a, dict) and isinstance(b, dict):
+        return a.keys() == b.keys() and all(same(a[k], b[k]) for k in a)
+    if isinstance(a, (list, tuple, deque)) and isinstance(b, (list, tuple, deque)):
+        return type(a) is type(b) and len(a) == len(b) and all(same(x, y) for x, y in zip(a, b))
+    if hasattr(a, "__dict__"):  # a check, its windows, its finding
+        return type(a) is type(b) and same(vars(a), vars(b))
+    return bool(a == b)
+
+
+def held(engine: Diagnostics, run_id: str) -> RunDiagnosis:
+    return engine._runs[run_id]  # the live state, to compare with a whole re-diagnosis's
+
+
+def public(found: list[Finding]) -> list[dict[str, Any]]:
+    return [f.to_dict() for f in found]
+
+
+def test_late_norms_are_judged_from_a_snapshot_exactly_as_a_whole_rejudge(store: Store) -> None:
+    """A sampled run of 2,382 steps; at steps 326 and 2,374 (neither measured) the flight
+    recorder resends the 7 steps up to it with their norms, a 50x spike at it (enc.weight's, then
+    head.bias's), with the next batch's steps: each is judged from the state's snapshot before the
+    window (the window's first step is one a snapshot was taken after: 320 and 2,368 are multiples
+    of SNAPSHOT_EVERY), and the findings and every check's state equal a re-diagnosis of the
+    stored run from its start (`rejudge`, on a fresh engine)."""
+    open_run(store, "long", flight_recorder=True)
+    engine, seq = Diagnostics(store), itertools.count(1)
+    assert engine.open_run("long", 0) == []
+    done = 0
+
+    def stream(through: int) -> None:
+        nonlocal done
+        for lo in range(done + 1, through + 1, 64):
+            batch = sampled(seq, range(lo, min(lo + 64, through + 1)))
+            assert all(store.write_steps("long", batch))
+            engine.observe("long", batch)
+        done = through
+
+    assert 320 % RunDiagnosis.SNAPSHOT_EVERY == 2_368 % RunDiagnosis.SNAPSHOT_EVERY == 0
+    for at, spike, params in ((326, (50.0, 1.0), ["enc.weight"]), (2_374, (1.0, 50.0), list(PARAMS))):
+        stream(at)
+        before = engine.current("long")
+        assert [f.params for f in before if f.code == "grad_norm_spike"] == ([] if at < 1_000 else [("enc.weight",)])
+        late, new = resent(seq, range(at - 6, at + 1), spike), sampled(seq, range(at + 1, at + 9))
+        assert store.write_steps("long", late + new) == [False] * len(late) + [True] * len(new)
+        found = engine.judge_late("long", at - 6)
+        done = at + 8
+        assert found is not None
+        assert [(f.code, f.first_step, list(f.params)) for f in found] == [("grad_norm_spike", 326, params)]
+        oracle = Diagnostics(store)
+        assert public(found) == public(oracle.rejudge("long"))
+        mine, whole = held(engine, "long"), held(oracle, "long")
+        assert (mine.steps, mine.last_step) == (whole.steps, whole.last_step) == (done, done)
+        assert same(mine.checks, whole.checks)
+    assert [(f.code, f.first_step) for f in store.get_findings("long")] == [("grad_norm_spike", 326)]
+    assert store.get_findings("long")[0].params == list(PARAMS)
+
+
+def test_late_norms_beyond_the_snapshots_are_left_to_a_whole_rejudge(store: Store) -> None:
+    """Late values older than every kept snapshot (or a run whose hook said its flight recorder
+    is off, which keeps none) are not judged (None, the state untouched) but by `rejudge`; a run
+    judged whole keeps snapshots from then on."""
+    seq = itertools.count(1)
+    assert RunDiagnosis.SNAPSHOT_EVERY * RunDiagnosis.SNAPSHOTS < 399 - 201  # the snapshots' reach
+    for run_id, config, first in (("old", {"flight_recorder": True}, 201), ("off", {"flight_recorder": False}, 391)):
+        open_run(store, run_id, **config)
+        engine = Diagnostics(store)
+        engine.open_run(run_id, 0)
+        batch = sampled(seq, range(1, 400))  # 20 measured steps before 200: the spike scores from then
+        store.write_steps(run_id, batch)
+        engine.observe(run_id, batch)
+        late = resent(seq, range(first, first + 6), (50.0, 1.0))
+        store.write_steps(run_id, late)
+        assert engine.judge_late(run_id, first) is None
+        assert engine.current(run_id) == []
+        found = engine.rejudge(run_id)
+        assert [(f.code, f.first_step) for f in found] == [("grad_norm_spike", first + 5)]
+        assert public(found) == public(Diagnostics(store).rejudge(run_id))
+        later = resent(seq, range(batch[-1].step - 3, batch[-1].step + 1), (1.0, 50.0))
+        store.write_steps(run_id, later)
+        found = engine.judge_late(run_id, later[0].step)
+        assert found is not None and found[0].params == PARAMS

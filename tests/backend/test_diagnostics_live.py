@@ -10,13 +10,14 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import numpy as np
 import pytest
 from websockets.sync.client import connect
 
 from gradwatch_server.live import LIVE_LINGER_S
 from gradwatch_server.store import open_store
 from support.server import server_command, server_env, start_server
-from support.wiremsg import Hook, close, f32, hello, step, with_absent
+from support.wiremsg import Hook, close, f32, hello, step, steps, with_absent
 
 pytestmark = pytest.mark.server
 
@@ -246,5 +247,68 @@ def test_the_recorders_late_norms_are_judged_live_and_reach_the_browsers(tmp_pat
                 with httpx.Client(base_url=server.url, timeout=10) as http:
                     api = http.get(f"/api/runs/{run}/diagnostics").json()
                 assert [(f["code"], f["first_step"]) for f in api] == [("grad_norm_spike", 28)]
+    finally:
+        server.stop()
+
+
+def measured_block(seq: int, numbers: range) -> dict[str, Any]:
+    """`measured`'s steps as one `steps` message."""
+    noise = 1.0 + 0.02 * (np.array([(n * 7) % 5 - 2 for n in numbers]) * 1.0)
+    return steps(
+        seq,
+        numbers,
+        scalars={"loss": [1.0] * len(numbers)},
+        arrays={"grad_norm": np.stack([0.5 * noise, 0.2 * noise, 0.3 * noise], axis=1)},
+        grad_status=[[2, 2, 2]] * len(numbers),
+    )
+
+
+def test_late_norms_are_judged_at_any_step_and_beyond_the_snapshots_after_the_ack(tmp_path: Path) -> None:
+    """A run past step 2,000: the recorder's window before a spike at 2,375 is judged from the
+    diagnosis' snapshot, its finding told before the ack. Late norms from far back (a NaN at step
+    1,005, older than every snapshot) have the run judged again whole after that batch's ack: the
+    finding comes after it, before the next ack, and both are in the API."""
+    server = start_server(tmp_path)
+    try:
+        with Hook(server.ws_url) as hook:
+            assert hook.call(hello("long", params=PARAMS, config={"every": 10}))["type"] == "welcome"
+            seq = 0
+            for lo, hi in ((1, 500), (500, 1_000), (1_011, 1_511), (1_511, 2_011), (2_011, 2_367)):
+                seq += 1
+                assert hook.call(measured_block(seq, range(lo, hi)))["type"] == "ack"
+                if hi == 1_000:
+                    seq += 1
+                    cheap = steps(seq, range(1_000, 1_011), scalars={"loss": [1.0] * 11})
+                    assert hook.call(cheap)["type"] == "ack"
+            seq += 1
+            assert hook.call(steps(seq, range(2_367, 2_376), scalars={"loss": [1.0] * 9}))["type"] == "ack"
+            for n in range(2_369, 2_376):
+                seq += 1
+                hook.send(measured(seq, n, 50.0 if n == 2_375 else 1.0, resent=True))
+            frames = frames_until_ack(hook, seq)
+            assert [(f["type"], f.get("finding", {}).get("first_step")) for f in frames][-2:] == [
+                ("finding", 2_375),
+                ("ack", None),
+            ]
+            assert frames[-2]["finding"]["code"] == "grad_norm_spike"
+
+            seq += 1
+            nan = step(
+                seq, 1_005, scalars={"loss": 1.0, "flight/resent": 1.0}, arrays={"grad_norm": f32(0.5, np.nan, 0.3)}
+            )
+            hook.send(nan)
+            # the late batch's ack does not wait for the whole re-diagnosis; the next batch's does
+            assert [f["type"] for f in frames_until_ack(hook, seq)] == ["ack"]
+            seq += 1
+            hook.send(measured(seq, 2_376))
+            frames = frames_until_ack(hook, seq)
+            assert [(f["type"], f.get("finding", {}).get("code")) for f in frames] == [
+                ("finding", "nonfinite_grad"),
+                ("ack", None),
+            ]
+            assert (frames[0]["finding"]["first_step"], frames[0]["finding"]["params"]) == (1_005, ["enc.bias"])
+        with httpx.Client(base_url=server.url, timeout=10) as http:
+            api = http.get("/api/runs/long/diagnostics").json()
+        assert [(f["code"], f["first_step"]) for f in api] == [("nonfinite_grad", 1_005), ("grad_norm_spike", 2_375)]
     finally:
         server.stop()

@@ -450,6 +450,47 @@ def test_postgresql_workers_keep_a_moving_runs_findings_whole(serve_workers: Cal
         assert nonfinite(response.json()) == [whole]
 
 
+def test_postgresql_workers_send_the_flight_recorders_late_steps_to_every_browser(
+    serve_workers: Callable[..., Workers],
+) -> None:
+    """Steps 11-14 are sent with their loss only, then the flight recorder sends 12 and 13 again
+    with their gradient norms (`flight/resent`): a browser watching the run on either worker gets
+    them once, with the norms sent and the marker, so that its page fetches its series again."""
+    workers = serve_workers(crash_grace_s=60)
+    watchers = browsers(workers, "wk-late", per_worker=1)
+    hook = Hook(workers, "wk-late", 1)
+    hook.connect()
+    hook.send_steps(1, 10)
+    late = {12: [0.5, 0.25, 40.0], 13: [0.5, 0.25, 0.75]}
+    for seq, step, params in [(n, n, None) for n in range(11, 15)] + [(15, 12, late[12]), (16, 13, late[13])]:
+        message: dict[str, Any] = {
+            "v": 1,
+            "type": "step",
+            "seq": seq,
+            "step": step,
+            "time": 1_700_000_000.0 + step,
+            "scalars": {"loss": 0.5} if params is None else {"loss": 0.5, "flight/resent": 1.0},
+            "params": {} if params is None else {"grad_norm": b64(params, "<f4")},
+        }
+        assert hook.call(message) == {"type": "ack", "seq": seq, "linger": pytest.approx(0.25)}
+
+    def resent(b: Browser) -> list[tuple[int, list[float], float]]:
+        return [
+            (m["step"], m["params"]["grad_norm"], m["scalars"]["flight/resent"])
+            for m in b.steps()
+            if "flight/resent" in m["scalars"]
+        ]
+
+    wait_until(lambda: all(len(resent(b)) >= 2 for b in watchers), "the late steps on every browser")
+    time.sleep(1.0)  # anything sent twice would arrive now
+    for b in watchers:
+        b.stop()
+        assert resent(b) == [(12, late[12], 1.0), (13, late[13], 1.0)], f"a browser on worker {b.pid}"
+        assert [m["step"] for m in b.steps() if "flight/resent" not in m["scalars"]] == list(range(1, 15))
+    assert workers.stop() == 0
+    assert "Traceback" not in workers.server.log()
+
+
 def test_postgresql_workers_recover_when_their_database_connections_drop(
     serve_workers: Callable[..., Workers], pg_url: str
 ) -> None:

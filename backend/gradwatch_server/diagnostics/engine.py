@@ -7,6 +7,12 @@ mark saying how many steps they cover. A run the server holds no state for (afte
 or an imported run) is diagnosed again from its stored steps when it is resumed or its findings
 are asked for; a finished run whose stored findings are current is answered from the store.
 
+The flight recorder's late norms (steps judged unmeasured that get their `grad_norm` later) are
+judged exactly at a cost independent of the run's length: a run's diagnosis keeps copies of its
+checks' state every `SNAPSHOT_EVERY` judged steps (the last `SNAPSHOTS`), and a batch that resends
+steps rewinds to the copy before its earliest step and replays the stored steps from there
+(`Diagnostics.judge_late`), as a diagnosis derived from the start would have judged them.
+
 Cost: the checks are vectorised over parameters and run in a worker thread, once per stored
 step; the medians of exploding/vanishing dominate (docs/benchmarks.md).
 """
@@ -14,9 +20,11 @@ step; the medians of exploding/vanishing dominate (docs/benchmarks.md).
 from __future__ import annotations
 
 import collections
+import copy
 import logging
 import threading
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -57,17 +65,43 @@ CHECKS: tuple[type[Check], ...] = (
 )
 
 
-class RunDiagnosis:
-    """One run's checks and findings. Not thread-safe: `Diagnostics` serialises access per run."""
+@dataclass(frozen=True)
+class _Snapshot:
+    """A run's checks as they were after judging its steps up to `last_step` (None: none yet)."""
 
-    def __init__(self, context: RunContext, checks: Iterable[type[Check]] = CHECKS) -> None:
+    checks: list[Check]
+    steps: int
+    last_step: int | None
+
+
+class RunDiagnosis:
+    """One run's checks and findings. Not thread-safe: `Diagnostics` serialises access per run.
+
+    With `snapshots`, a copy of the checks' state is kept every `SNAPSHOT_EVERY` judged steps, the
+    last `SNAPSHOTS` of them (the start's until they replace it), so that `rewind` can go back
+    before a step whose values came late. The flight recorder resends at most 8 steps back
+    (recorder.BEFORE); the kept copies reach at least (SNAPSHOTS - 1) x SNAPSHOT_EVERY = 64 judged
+    steps back, and a replay from them is at most SNAPSHOTS x SNAPSHOT_EVERY steps plus the batch's.
+    Their cost: a copy of the checks' state (about 3 KB per parameter) every SNAPSHOT_EVERY steps,
+    SNAPSHOTS of them held per run (docs/benchmarks.md, issue 25).
+    """
+
+    SNAPSHOT_EVERY = 64
+    SNAPSHOTS = 2
+
+    def __init__(self, context: RunContext, checks: Iterable[type[Check]] = CHECKS, *, snapshots: bool = True) -> None:
         self.context = context
         self.checks = [cls() for cls in checks]
         self.steps = 0  # steps offered (each stored step once)
         self.last_step: int | None = None
         self.saved: dict[str, Finding] = {}  # findings as last stored (Diagnostics keeps this)
+        self._snapshots: collections.deque[_Snapshot] | None = (
+            collections.deque(maxlen=self.SNAPSHOTS) if snapshots else None
+        )
+        self._since = 0  # steps judged since the last snapshot
         for check in list(self.checks):
             self._run(check, lambda c: c.start(context))
+        self._snap()
 
     def observe(self, step: StepView, measured: bool = True) -> None:
         """Feed one step; a step not after the last one seen is counted but not judged."""
@@ -80,6 +114,33 @@ class RunDiagnosis:
                 self._run(check, lambda c: c.observe(self.context, step))
             else:
                 self._run(check, lambda c: c.observe_unmeasured(self.context, step))
+        self._since += 1
+        if self._since >= self.SNAPSHOT_EVERY:
+            self._snap()
+
+    def _snap(self) -> None:
+        self._since = 0
+        if self._snapshots is not None:
+            self._snapshots.append(_Snapshot(copy.deepcopy(self.checks), self.steps, self.last_step))
+
+    def rewind(self, before: int) -> bool:
+        """Go back to the state before step `before` (from the latest snapshot that is before it,
+        whose later steps the caller feeds again); False, and the state unchanged, if no kept
+        snapshot is that early. Nothing judged at or after `before`: nothing to do."""
+        if self.last_step is None or before > self.last_step:
+            return True
+        kept = self._snapshots
+        if not kept:
+            return False
+        ok = [i for i, s in enumerate(kept) if s.last_step is None or s.last_step < before]
+        if not ok:
+            return False
+        for _ in range(len(kept) - 1 - ok[-1]):  # later copies hold the steps to judge again
+            kept.pop()
+        point = kept[-1]
+        self.checks = copy.deepcopy(point.checks)  # the copy stays, for a later rewind to it
+        self.steps, self.last_step, self._since = point.steps, point.last_step, 0
+        return True
 
     def observe_data(self, data: StepData) -> None:
         self.observe_record(data.step, data.scalars, data.arrays)
@@ -180,16 +241,36 @@ class Diagnostics:
             self._save(run_id, diag, mark=False)
             return diag.findings()
 
-    def rejudge(self, run_id: str) -> list[Finding]:
-        """Steps judged already got values late (the flight recorder's window before an incident,
-        protocol.RESENT, whose norms the store added to steps first judged unmeasured): the checks
-        keep windows and medians in step order and cannot take a step before their last one, so
-        the run is diagnosed again from its stored steps, as a resumed run is; the changed
-        findings are stored; the run's current findings (told to the hook once, again if graver)."""
+    def judge_late(self, run_id: str, earliest: int) -> list[Finding] | None:
+        """Steps from `earliest` on got values late (the flight recorder's window before an
+        incident, protocol.RESENT, whose norms the store added to steps first judged unmeasured),
+        and the batch that brought them is stored: the checks keep windows and medians in step
+        order and cannot take a step before their last one, so the run's diagnosis goes back to
+        its snapshot before `earliest` and judges the stored steps from there again (and the
+        batch's new ones), exactly as a diagnosis from the start would; the changed findings are
+        stored; the run's current findings. None, with nothing changed, where the kept snapshots
+        do not reach back to `earliest` (the caller has the run judged again whole: `rejudge`)."""
         with self._run_lock(run_id):
             with self._lock:
                 held = self._runs.get(run_id)
-            diag = self._rebuild(run_id, save=False)
+            diag = self._ensure(run_id)  # none held: rebuilt from the store, late values and all
+            if held is not None and not diag.rewind(earliest):
+                return None
+            try:
+                self._feed(run_id, diag, after=diag.last_step, skip=set())
+            except Exception:  # rewound but not caught up: derived again from the store next time
+                self.forget(run_id)
+                raise
+            self._save(run_id, diag, mark=False)
+            return diag.findings()
+
+    def rejudge(self, run_id: str) -> list[Finding]:
+        """The run diagnosed again whole from its stored steps, as a resumed run is (late values
+        that `judge_late` cannot reach); the changed findings are stored; its current findings."""
+        with self._run_lock(run_id):
+            with self._lock:
+                held = self._runs.get(run_id)
+            diag = self._rebuild(run_id, save=False, snapshots=True)
             diag.saved = {} if held is None else held.saved
             self._keep(run_id, diag)
             self._save(run_id, diag, mark=False)
@@ -258,13 +339,22 @@ class Diagnostics:
             while len(self._runs) > self.max_runs:
                 self._runs.popitem(last=False)  # its lock stays: another thread may hold it
 
-    def _rebuild(self, run_id: str, skip: set[int] | None = None, *, save: bool = True) -> RunDiagnosis:
-        """Diagnose a run afresh from its stored steps (leaving out `skip`, which the caller feeds)."""
+    def _rebuild(
+        self, run_id: str, skip: set[int] | None = None, *, save: bool = True, snapshots: bool | None = None
+    ) -> RunDiagnosis:
+        """Diagnose a run afresh from its stored steps (leaving out `skip`, which the caller feeds).
+        Snapshots for `judge_late` are kept unless the hook says its flight recorder is off (a
+        run that resends steps all the same gets them from its first `rejudge`), or the run is a
+        distributed job's (its assembly does not judge late values)."""
         run = self.store.get_run(run_id)
         if run is None:
             raise UnknownRun(f"no run {run_id!r}")
         params = self.store.get_params(run_id)
-        diag = RunDiagnosis(RunContext.of([(p.name, p.numel, p.dtype) for p in params], run.config))
+        if snapshots is None:
+            snapshots = run.kind == "run" and run.config.get("flight_recorder") is not False
+        diag = RunDiagnosis(
+            RunContext.of([(p.name, p.numel, p.dtype) for p in params], run.config), snapshots=snapshots
+        )
         self._feed(run_id, diag, after=None, skip=skip or set())
         if save:
             self._save(run_id, diag, replace=True)

@@ -406,7 +406,9 @@ class Store:
             after=after,
         )
 
-    def batch_steps(self, run_id: str, steps_range: tuple[int, int], seq_range: tuple[int, int]) -> list[StoredStep]:
+    def batch_steps(
+        self, run_id: str, steps_range: tuple[int, int], seq_range: tuple[int, int] | None
+    ) -> list[StoredStep]:
         return _steps.batch_steps(self.engine, run_id, steps_range, seq_range)
 
     # -- series ----------------------------------------------------------------------------

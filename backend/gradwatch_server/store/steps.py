@@ -363,13 +363,17 @@ def iter_steps(
 
 
 def batch_steps(
-    engine: Engine, run_id: str, steps_range: tuple[int, int], seq_range: tuple[int, int]
+    engine: Engine, run_id: str, steps_range: tuple[int, int], seq_range: tuple[int, int] | None
 ) -> list[StoredStep]:
     """The steps one `write_steps` stored, every series, by step: those with step and seq in
     these ranges (the lowest and highest of the batch). No other write stores a seq in the
     batch's range (seqs are stored only above the run's committed seq); the step range keeps
-    the reads on the primary keys. `serve --workers N` reads another worker's batch with it."""
-    where = [steps.c.run_id == run_id, steps.c.step.between(*steps_range), steps.c.seq.between(*seq_range)]
+    the reads on the primary keys. `serve --workers N` reads another worker's batch with it.
+    Without `seq_range`: every stored step in the step range (steps that got the flight
+    recorder's arrays late keep the seq they were first stored with)."""
+    where = [steps.c.run_id == run_id, steps.c.step.between(*steps_range)]
+    if seq_range is not None:
+        where.append(steps.c.seq.between(*seq_range))
     keys, names = _names(engine, run_id, True)
     with engine.connect() as conn:
         head = conn.execute(select(steps.c.step, steps.c.seq, steps.c.time).where(*where).order_by(steps.c.step)).all()
