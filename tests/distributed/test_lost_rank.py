@@ -99,7 +99,8 @@ def test_a_killed_rank_marks_the_run_and_its_spool_completes_it(tmp_path: Path) 
         port = find_free_port()
         ranks = [
             context.Process(
-                target=_rank_main, args=(rank, 2, port, str(tmp_path), lost_rank_job, (server.url, str(tmp_path)))
+                target=_rank_main,
+                args=(rank, 2, port, str(tmp_path), dict(os.environ), lost_rank_job, (server.url, str(tmp_path))),
             )
             for rank in range(2)
         ]

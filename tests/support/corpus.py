@@ -4,20 +4,29 @@ with the hook against a real `gradwatch serve`, then its runs' findings and logg
 A script states what it should get as module-level constants, read here without running it
 (`declared`): `EXPECTED_CODES`, `CAUSE_STEP`, `WITHIN`, `EXPECTED_SEVERITY`, `UNSTABLE`,
 `STABLE_CONTROL`. Files named `_*.py` are the scripts' shared code, not scripts.
+
+`run_all` forks each script's process from one interpreter that has imported torch and the hook
+already (`Prefork`, tests/support/prefork.py): a script's process is its own as before, without
+the 2 s of importing torch that were most of a small script's time.
 """
 
 from __future__ import annotations
 
 import ast
 import concurrent.futures
+import itertools
+import json
+import os
 import re
+import signal
 import statistics
 import subprocess
 import sys
-from collections.abc import Sequence
+import threading
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 import httpx
 
@@ -75,26 +84,103 @@ class Outcome:
         return {f["code"] for f in self.findings[run_id]}
 
 
-def run_script(script: Path, server: ServerProcess, folder: Path, every: str = "1") -> Outcome:
-    """Run one script against `server`; `every` reaches it as CORPUS_EVERY (corpus/_tiny.py)."""
-    env = server_env(
-        {
-            "GRADWATCH_SERVER": server.url,
-            "GRADWATCH_SPOOL": str(folder / "spool"),
-            "PYTHONWARNINGS": "default",
-            "CORPUS_EVERY": every,
-        }
+#: what every script's process is started with; the settings of one run (`run_env`) are read by
+#: the script when it runs, so a forked child takes them as a fresh interpreter would
+BASE_ENV = {"PYTHONWARNINGS": "default"}
+SCRIPT_TIMEOUT_S = 240
+
+
+def run_env(server: ServerProcess, folder: Path, every: str) -> dict[str, str]:
+    """A script's environment: the server, its spool, and `every` as CORPUS_EVERY (corpus/_sampling.py)."""
+    return server_env(
+        {**BASE_ENV, "GRADWATCH_SERVER": server.url, "GRADWATCH_SPOOL": str(folder / "spool"), "CORPUS_EVERY": every}
     )
-    done = subprocess.run(
-        [sys.executable, str(script)], capture_output=True, text=True, timeout=240, env=env, cwd=folder
-    )
+
+
+class Prefork:
+    """The client of tests/support/prefork.py: `run` forks a script's process from the server's
+    interpreter (torch and the hook imported) and waits for it like `subprocess.run`. Thread-safe:
+    several scripts run at once."""
+
+    def __init__(self, folder: Path) -> None:
+        self.folder = folder
+        self.proc = subprocess.Popen(
+            [sys.executable, str(Path(__file__).with_name("prefork.py"))],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+            env=server_env(BASE_ENV),
+            cwd=folder,
+        )
+        self._ids = itertools.count()
+        self._replies: dict[str, dict[str, Any]] = {}
+        self._changed = threading.Condition()
+        self._reader = threading.Thread(target=self._read, args=(self.proc.stdout,), daemon=True)
+        self._reader.start()
+
+    def _read(self, stream: IO[str]) -> None:
+        for line in stream:
+            message = json.loads(line)
+            with self._changed:
+                self._replies.setdefault(message["id"], {}).update(message)
+                self._changed.notify_all()
+        with self._changed:  # the server is gone: nothing more comes
+            self._replies["eof"] = {}
+            self._changed.notify_all()
+
+    def _wait(self, request_id: str, key: str, timeout: float) -> Any:
+        with self._changed:
+            got = self._changed.wait_for(
+                lambda: key in self._replies.get(request_id, {}) or "eof" in self._replies, timeout
+            )
+            if key not in self._replies.get(request_id, {}):
+                if got:
+                    raise RuntimeError(f"the corpus fork server ended (status {self.proc.poll()})")
+                return None
+            return self._replies[request_id][key]
+
+    def run(self, script: Path, env: Mapping[str, str], timeout: float) -> subprocess.CompletedProcess[str]:
+        """`python script` in `self.folder` with `env`, its output captured; TimeoutExpired past `timeout` s."""
+        assert self.proc.stdin is not None
+        request_id = str(next(self._ids))
+        out, err = (self.folder / "output" / f"{request_id}.{name}" for name in ("stdout", "stderr"))
+        out.parent.mkdir(exist_ok=True)
+        request = {"id": request_id, "script": str(script), "env": dict(env), "cwd": str(self.folder)}
+        with self._changed:
+            self.proc.stdin.write(json.dumps({**request, "stdout": str(out), "stderr": str(err)}) + "\n")
+            self.proc.stdin.flush()
+        pid = self._wait(request_id, "pid", 60)
+        if pid is None:
+            raise RuntimeError("the corpus fork server did not fork within 60 s")
+        returncode = self._wait(request_id, "returncode", timeout)
+        if returncode is None:
+            os.kill(pid, signal.SIGKILL)
+            self._wait(request_id, "returncode", 60)
+            raise subprocess.TimeoutExpired(script.name, timeout, out.read_text(), err.read_text())
+        return subprocess.CompletedProcess([sys.executable, str(script)], returncode, out.read_text(), err.read_text())
+
+    def close(self) -> None:
+        """EOF ends the server (and any script still running: it kills them)."""
+        assert self.proc.stdin is not None
+        self.proc.stdin.close()
+        self.proc.wait(30)
+        self._reader.join(30)
+
+
+def run_script(script: Path, server: ServerProcess, folder: Path, prefork: Prefork, every: str = "1") -> Outcome:
+    """Run one script against `server`, forked by `prefork`; `every` reaches it as CORPUS_EVERY."""
+    done = prefork.run(script, run_env(server, folder, every), SCRIPT_TIMEOUT_S)
     return Outcome(script, done.returncode, done.stdout, done.stderr, every=every)
 
 
 def run_all(runs: Sequence[tuple[Path, str]], server: ServerProcess, folder: Path, parallel: int) -> list[Outcome]:
     """Run (script, every) pairs a few at a time, then read their runs' findings and loss."""
-    with concurrent.futures.ThreadPoolExecutor(parallel) as pool:
-        outcomes = list(pool.map(lambda r: run_script(r[0], server, folder, r[1]), runs))
+    prefork = Prefork(folder)
+    try:
+        with concurrent.futures.ThreadPoolExecutor(parallel) as pool:
+            outcomes = list(pool.map(lambda r: run_script(r[0], server, folder, prefork, r[1]), runs))
+    finally:
+        prefork.close()
     with httpx.Client(base_url=server.url, timeout=30) as http:
         for outcome in outcomes:
             for run_id in re.findall(r"^gradwatch run: (\S+)$", outcome.stdout, re.M):

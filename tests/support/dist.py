@@ -6,10 +6,17 @@ returns what each rank returned, in rank order. `fn` must be a module-level func
 pickled by name) and return something picklable. A rank that raises fails the call with that
 rank's traceback. Each rank runs with one intra-op thread (`OMP_NUM_THREADS=1`), as on a real
 CPU job of several ranks per machine, and the test's environment otherwise (GRADWATCH_SPOOL...).
+
+The ranks start from multiprocessing's fork server (`forkserver`), which imports torch and the
+hook once per test process (`PRELOAD`) instead of once per rank as `spawn` did: importing torch
+was most of a small job's time. Like `spawn`, a rank is a fresh process of its own that imports
+the test's module by name and starts no thread of the parent's; it takes the environment of the
+`run_ranks` call (the fork server's own is that of its start).
 """
 
 from __future__ import annotations
 
+import multiprocessing
 import os
 import pickle
 import tempfile
@@ -27,11 +34,21 @@ from support.server import find_free_port
 
 #: Seconds a whole job may take before the parent gives up on it.
 JOB_TIMEOUT_S = 180.0
+#: What the fork server imports once, before it forks any rank (a module it cannot import is skipped).
+PRELOAD = ["torch", "torch.distributed", "torch.multiprocessing", "gradwatch.watcher"]
 
 
 def _rank_main(
-    rank: int, world_size: int, port: int, out_dir: str, fn: Callable[..., Any], args: Sequence[Any]
+    rank: int,
+    world_size: int,
+    port: int,
+    out_dir: str,
+    env: dict[str, str],
+    fn: Callable[..., Any],
+    args: Sequence[Any],
 ) -> None:
+    os.environ.clear()
+    os.environ.update(env)
     os.environ.update(
         MASTER_ADDR="127.0.0.1",
         MASTER_PORT=str(port),
@@ -56,13 +73,14 @@ def _rank_main(
 
 def run_ranks(fn: Callable[..., Any], world_size: int = 2, args: Sequence[Any] = ()) -> list[Any]:
     """`fn(rank, world_size, *args)` on each rank of a fresh gloo job; the ranks' results in order."""
+    multiprocessing.set_forkserver_preload(PRELOAD)
     with tempfile.TemporaryDirectory(prefix="gradwatch-dist-") as out_dir:
         ctx = mp.start_processes(
             _rank_main,
-            args=(world_size, find_free_port(), out_dir, fn, tuple(args)),
+            args=(world_size, find_free_port(), out_dir, dict(os.environ), fn, tuple(args)),
             nprocs=world_size,
             join=False,
-            start_method="spawn",
+            start_method="forkserver",
         )
         deadline = time.monotonic() + JOB_TIMEOUT_S
         while not ctx.join(timeout=1.0):

@@ -77,8 +77,13 @@ def rank_runs(
 
 def send_job(ws_url: str, ranks: list[RankRun], steps: int, lost: dict[int, int] | None = None) -> None:
     """Every rank sends steps 1..`steps` over its own websocket, a few steps at a time in turn,
-    and closes `finished`; a rank in `lost` ({rank: its last step}) stops there and its connection
-    drops without a close (the server marks it crashed after its grace period)."""
+    and once every rank has sent its last step, each closes `finished`; a rank in `lost` ({rank:
+    its last step}) stops there and its connection drops without a close (the server marks it
+    crashed after its grace period).
+
+    The closes come last, as a real job's ranks end together: a rank's close waits (up to the
+    server's JOB_CLOSE_WAIT_S, 2 s) for the job to hold its last step, which the ranks after it
+    had not sent yet when each closed in its turn (a 48-rank job spent most of its 36 s so)."""
     lost = lost or {}
     hooks = [Ingest(ws_url, r) for r in ranks]
     try:
@@ -93,9 +98,12 @@ def send_job(ws_url: str, ranks: list[RankRun], steps: int, lost: dict[int, int]
                     hook.steps(count)
                 if hook.last_step >= last:
                     done[rank] = True
-                    if rank not in lost:
-                        hook.close("finished")
-                    hook.__exit__(None, None, None)  # a lost rank's connection drops here, mid-job
+                    if rank in lost:
+                        hook.__exit__(None, None, None)  # a lost rank's connection drops here, mid-job
+        for rank, hook in enumerate(hooks):
+            if rank not in lost:
+                hook.close("finished")
+                hook.__exit__(None, None, None)
     finally:
         for hook in hooks:
             hook.__exit__(None, None, None)

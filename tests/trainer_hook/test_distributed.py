@@ -347,6 +347,7 @@ def rank_one_may_not_watch(rank: int, world_size: int, rank_one_watches: bool) -
                 timeout=0.1
             )
         store.wait(["test/done"], timedelta(seconds=60))  # rank 0 holds the store's server
+        store.set("test/seen", "1")  # rank 0 may end (and its store's server) once this wait is answered
         return {}
     model = nn.Linear(2, 2)
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
@@ -362,6 +363,7 @@ def rank_one_may_not_watch(rank: int, world_size: int, rank_one_watches: bool) -
         time.sleep(0.01)
     w.close(timeout=0.1)
     store.set("test/done", "1")
+    store.wait(["test/seen"], timedelta(seconds=60))
     return {"warnings": records.messages, "threads": records.threads, "job": w.run_id, "steps": w.step}
 
 
