@@ -191,6 +191,8 @@ class IngestConnection:
                 reader.cancel()
                 await asyncio.gather(reader, return_exceptions=True)
             self._hear(-self.queued)
+            if self.job is not None and self.jobs is not None:
+                self.jobs.unlisten(self.job, self.rank, self._ask_arrays)
             if self.state is not State.AWAIT_HELLO:
                 self.sessions.detach(self.run_id, closed=self.state is State.CLOSED)
 
@@ -254,6 +256,7 @@ class IngestConnection:
             return
         if self.jobs is not None:
             self.jobs.opened(job, found, dist.rank, dist.world_size, opened.rank.run.last_step)
+            self.jobs.listen(job, dist.rank, self._ask_arrays)
         await self._send_findings(found)
 
     async def _resolve(self, hello: Hello) -> Hello:
@@ -339,10 +342,23 @@ class IngestConnection:
             self.queued += queued
             self.jobs.hear(self.job, self.rank, queued)
 
+    async def _ask_arrays(self, steps: list[int]) -> None:
+        """Ask this replica for the arrays its `grad_digest` stood for at `steps` (their digest
+        differs from rank 0's): the hook sends them again, marked RESENT (docs/protocol.md)."""
+        await self._send({"type": "arrays", "steps": steps})
+
     async def _steps(self, steps: list[Step]) -> None:
+        if self.job is None and any(s.grad_digest is not None for s in steps):
+            raise Refusal(CLOSE_INVALID, "grad_digest is for a distributed job's rank (a hello with dist)")
         batch = [
             StepData(
-                seq=s.seq, step=s.step, time=s.time, scalars=s.scalars, arrays=s.arrays(), resent=RESENT in s.scalars
+                seq=s.seq,
+                step=s.step,
+                time=s.time,
+                scalars=s.scalars,
+                arrays=s.arrays(),
+                resent=RESENT in s.scalars,
+                digest=s.grad_digest,
             )
             for s in steps
         ]
@@ -358,8 +374,8 @@ class IngestConnection:
             raise _deleted(self.run_id) from None
         new = [data for data, is_new in zip(batch, stored) if is_new]
         late = [s for s, data in zip(steps, batch) if data.resent]
-        if self.job is not None:
-            await self._assemble(new)
+        if self.job is not None:  # with a replica's arrays asked for (resent): the step they held back
+            await self._assemble([d for d, is_new in zip(batch, stored) if is_new or d.resent])
         elif late and max(d.step for d in batch) <= REJUDGE_MAX_STEP:
             # norms added to steps judged unmeasured: the run is judged again from the store (about
             # 0.6 ms a stored step: bounded, since the ack waits for it; beyond, a diagnosis
