@@ -718,6 +718,12 @@ def report_admission(rows: list[Row]) -> None:
         )
 
 
+def label(s: Spec) -> str:
+    """A row's name in the table and its met/missed line: the kind, and for DDP what its
+    replicas send (`--replicas`), so that rows of one size tell apart."""
+    return f"{s.ranks} x {s.tensors} @ {s.period:g} s ({s.kind}{', replicas ' + s.replicas if s.kind == 'ddp' else ''})"
+
+
 def report(rows: list[Row]) -> None:
     head = (
         "ranks x tensors @ period",
@@ -748,7 +754,7 @@ def report(rows: list[Row]) -> None:
         s = r.spec
         target = 1.5 * r.one_process_bytes + SUMMARY_BYTES * s.ranks
         cells = [
-            f"{s.ranks} x {s.tensors} @ {s.period:g} s ({s.kind}{', replicas ' + s.replicas if s.kind == 'ddp' else ''})",
+            label(s),
             str(s.every),
             f"{r.stored}/{s.steps}",
             f"{r.admit_s:.1f}",
@@ -788,7 +794,7 @@ def report(rows: list[Row]) -> None:
         met = [k for k, ok in checks.items() if ok]
         missed = [k for k, ok in checks.items() if not ok]
         print(
-            f"{s.ranks} x {s.tensors} @ {s.period:g} s: met: {', '.join(met) or '-'}; missed: {', '.join(missed) or '-'}"
+            f"{label(s)}: met: {', '.join(met) or '-'}; missed: {', '.join(missed) or '-'}"
         )
 
 
