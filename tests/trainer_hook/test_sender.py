@@ -226,3 +226,18 @@ def test_a_replica_sends_its_digest_and_answers_the_servers_ask_from_its_ring(tm
     assert np.frombuffer(base64.b64decode(again[0]["params"]["grad_norm"]), "<f4").tolist() == own.tolist()
     job = {d["step"]: d for d in map(json.loads, lines.splitlines()) if d["type"] == "step" and d.get("rank") is None}
     assert [job[s]["params"]["desync_ranks"] for s in (1, 2)] == [[0.0, 0.0], [0.0, 1.0]]
+
+
+def test_a_replica_that_owns_optimizer_state_keeps_its_state_norms_beside_its_digest() -> None:
+    """A replica's digested step leaves out the norms the server reads from rank 0 only; its
+    optimizer-state norms go too unless its optimizer shards its state (ZeroRedundancyOptimizer:
+    each parameter's state is on its owner rank only, the server counts it from there)."""
+    grad, status = np.array([1.0, 0.5], dtype="<f4"), np.array([2, 2], dtype=np.uint8)
+    owned = np.array([0.25, np.frombuffer(np.uint32(0x7FDEAD00).tobytes(), "<f4")[0]], dtype="<f4")
+    norms = {"grad_norm": grad, "param_norm": grad * 3, "update_norm": grad / 9, "exp_avg_norm": owned}
+    record = UnsentStep(4, 1.7e9, {"loss": 1.0}, {**norms, "momentum_norm": owned}, status)
+    oracle = hashlib.blake2b(grad.tobytes() + b"\xff" + status.tobytes(), digest_size=16).hexdigest()
+    for state, kept in ((False, set()), (True, {"exp_avg_norm", "momentum_norm"})):
+        sent = gradwatch.wire.digested(record, state)
+        assert (sent.digest, sent.grad_status, set(sent.metrics)) == (oracle, None, kept)
+        assert all(sent.metrics[m] is record.metrics[m] for m in kept)

@@ -98,9 +98,11 @@ class Sender:
         spool: Optional[SpoolWriter] = None,
         linger: float = 0.25,
         max_linger: float = MAX_LINGER_S,
+        replica_state: bool = False,
     ) -> None:
         """`linger`: seconds between sends until the server says otherwise (`_pace`), never more
-        than `max_linger`."""
+        than `max_linger`. `replica_state`: a DDP replica's optimizer shards its state
+        (states.shards_state): its digested steps keep their state norms (wire.digested)."""
         self.ws_url = ws_url
         self.max_linger = min(max(max_linger, MIN_LINGER_S), MAX_LINGER_S)
         self.linger = min(linger, self.max_linger)
@@ -134,6 +136,7 @@ class Sender:
         self._wake = threading.Event()  # set by close(): stop waiting for the next drain
         #: a DDP replica's measured steps go as their digest once the server speaks v2 (`_v2`)
         self._replica = wire.is_replica(hello)
+        self._replica_state = replica_state
         self._v2 = False
         self._ring: collections.deque[UnsentStep] = collections.deque(maxlen=REPLICA_RING_STEPS)
         self._thread = threading.Thread(target=self._run, name="gradwatch-sender", daemon=True)
@@ -278,7 +281,7 @@ class Sender:
         if not (self._replica and self._v2 and measured) or wire.RESENT in record.scalars:
             return record
         self._ring.append(record)
-        return wire.digested(record)
+        return wire.digested(record, self._replica_state)
 
     def _send_arrays(self, steps: Any) -> None:
         """The server asks for the arrays behind some of this replica's digests: each step sent

@@ -123,11 +123,20 @@ def grad_digest(grad_norm: np.ndarray | None, grad_status: np.ndarray | None) ->
     return h.hexdigest()
 
 
-def digested(record: UnsentStep) -> UnsentStep:
+#: Per-parameter norms of what every rank holding a parameter has a piece of (the server's
+#: EVERY_RANK_NORMS): a replica's add nothing the server counts. Every other `<key>_norm` is of
+#: optimizer state, which a sharded optimizer keeps on the parameter's owner rank only.
+EVERY_RANK_NORMS = frozenset({"grad_norm", "param_norm", "update_norm", "param_before_norm"})
+
+
+def digested(record: UnsentStep, state: bool = False) -> UnsentStep:
     """A replica's measured step as it sends it: its scalars and the `grad_digest` of its
-    grad_norm and grad_status, none of its per-parameter arrays."""
+    grad_norm and grad_status; of its per-parameter arrays, with `state` (its optimizer shards
+    its state: ZeroRedundancyOptimizer), its optimizer-state norms, which the server takes from
+    the owner rank; none otherwise (rank 0's state is every parameter's)."""
     digest = grad_digest(record.metrics.get("grad_norm"), record.grad_status)
-    return UnsentStep(record.step, record.time, record.scalars, {}, None, digest)
+    kept = {m: v for m, v in record.metrics.items() if state and m.endswith("_norm") and m not in EVERY_RANK_NORMS}
+    return UnsentStep(record.step, record.time, record.scalars, kept, None, digest)
 
 
 def step(
