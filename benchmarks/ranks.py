@@ -793,9 +793,7 @@ def report(rows: list[Row]) -> None:
         }
         met = [k for k, ok in checks.items() if ok]
         missed = [k for k, ok in checks.items() if not ok]
-        print(
-            f"{label(s)}: met: {', '.join(met) or '-'}; missed: {', '.join(missed) or '-'}"
-        )
+        print(f"{label(s)}: met: {', '.join(met) or '-'}; missed: {', '.join(missed) or '-'}")
 
 
 def parse(argv: list[str] | None) -> argparse.Namespace:

@@ -319,6 +319,45 @@ def test_a_replicas_digest_is_in_sync_and_one_that_differs_is_asked_for_its_arra
     assert sorted(job_steps(srv.url, job)) == [1, 2]
 
 
+def test_a_closing_replica_is_asked_for_the_arrays_of_its_unjudged_digests_before_its_close_is_acked(
+    srv: ServerProcess, http: httpx.Client
+) -> None:
+    """Rank 1 (a whole replica) sends its digests and closes before rank 0's steps arrive: its
+    close is answered by an ask for the arrays of every step no comparison has settled, the
+    close is acknowledged once they came (then their acks), and rank_desync, judged when rank
+    0's steps arrive after rank 1 is gone, is exact (step 2's fc.bias differs)."""
+    job, status = "j-digest-close", [2, 2]
+    rank0 = {1: f32(1.0, 0.5), 2: f32(2.0, 0.5)}
+    own = {1: rank0[1], 2: f32(2.0, 0.75)}
+    with Hook(srv.ws_url) as r0, Hook(srv.ws_url) as r1:
+        r0.call(rank_hello(job, 0, 2))
+        r1.call(rank_hello(job, 1, 2, counted=[False, False]))
+        for i in (1, 2):
+            assert r1.call(digest_step(i, i, own[i], status))["type"] == "ack"
+        r1.send(close(3))
+        assert r1.recv() == {"type": "arrays", "steps": [1, 2]}  # rank 0's pieces not here yet
+        for seq, i in ((4, 1), (5, 2)):
+            r1.send(
+                step(
+                    seq,
+                    i,
+                    scalars={"loss": 1.0, "flight/resent": 1.0},
+                    arrays={"grad_norm": own[i]},
+                    grad_status=status,
+                )
+            )
+        assert r1.recv() == {"type": "ack", "seq": 5}  # the close's, after its answers, covers them
+        assert http.get(f"/api/runs/{job}.r1").json()["status"] == "finished"
+        r1.ws.close()
+        for i in (1, 2):
+            r0.call(step(i, i, scalars={"loss": float(i)}, arrays={"grad_norm": rank0[i]}, grad_status=status))
+        stored = wait_for(lambda: (s := job_steps(srv.url, job)) and 2 in s and s)
+        r0.call(close(3))
+    assert [stored[i]["params"]["desync_ranks"] for i in (1, 2)] == [[0.0, 0.0], [0.0, 1.0]]
+    found = {f["code"]: f for f in http.get(f"/api/runs/{job}/diagnostics").json()}
+    assert (found["rank_desync"]["params"], found["rank_desync"]["first_step"]) == (["fc.bias"], 2)
+
+
 def test_deleting_the_jobs_run_deletes_the_ranks_runs(srv: ServerProcess, http: httpx.Client) -> None:
     with Hook(srv.ws_url) as r0, Hook(srv.ws_url) as r1:
         r0.call(rank_hello("j-delete", 0, 2))

@@ -241,3 +241,33 @@ def test_a_replica_that_owns_optimizer_state_keeps_its_state_norms_beside_its_di
         sent = gradwatch.wire.digested(record, state)
         assert (sent.digest, sent.grad_status, set(sent.metrics)) == (oracle, None, kept)
         assert all(sent.metrics[m] is record.metrics[m] for m in kept)
+
+
+@pytest.mark.server
+def test_a_replica_that_closes_before_rank_0_sends_answers_the_ask_at_its_close(tmp_path: Path) -> None:
+    """Rank 1's run ends before rank 0's steps reach the server: its close is answered by an ask
+    for the steps no comparison has settled, which its ring answers before the close ends, so
+    the job's rank_desync is exact (step 2 differs) though rank 1 is gone when rank 0's come."""
+    server = start_server(tmp_path)
+    status = np.array([2, 2], dtype=np.uint8)
+    same, own = np.array([1.0, 0.5], dtype="<f4"), np.array([1.0, 0.75], dtype="<f4")
+    try:
+        senders = [
+            Sender(f"{server.ws_url}/ws/ingest", rank_hello("j-closes", r, 2, counted=[r == 0] * 2), linger=0.05)
+            for r in (0, 1)
+        ]
+        for s, grad in ((1, same), (2, own)):
+            record = UnsentStep(s, 1.7e9 + s, {"loss": 1.0}, {"grad_norm": grad}, status)
+            senders[1].submit_step(lambda r=record: r)
+        assert senders[1].close(timeout=10) and senders[1].pending == 0
+        for s in (1, 2):
+            record = UnsentStep(s, 1.7e9 + s, {"loss": 1.0}, {"grad_norm": same}, status)
+            senders[0].submit_step(lambda r=record: r)
+        assert senders[0].close(timeout=10)
+        lines = httpx.get(f"{server.url}/api/runs/j-closes/export", params={"format": "json"}).text
+        closed = [httpx.get(f"{server.url}/api/runs/{run}").json()["status"] for run in ("j-closes.r1", "j-closes")]
+        assert closed == ["finished", "finished"]  # the close, after its answers, still closes the rank
+    finally:
+        server.stop()
+    job = {d["step"]: d for d in map(json.loads, lines.splitlines()) if d["type"] == "step" and d.get("rank") is None}
+    assert [job[s]["params"]["desync_ranks"] for s in (1, 2)] == [[0.0, 0.0], [0.0, 1.0]]

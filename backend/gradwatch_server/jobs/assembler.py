@@ -159,6 +159,11 @@ class JobAssembler:
         if self._askers.get((job, rank)) is ask:
             del self._askers[(job, rank)]
 
+    def owed(self, job: str, rank: int) -> list[int]:
+        """The steps a closing replica of `job` is asked for the arrays of (JobMemory.owed)."""
+        state = self._jobs.get(job)
+        return [] if state is None else state.memory.owed(rank)
+
     async def _ask(self, job: str, state: _Job) -> None:
         """Ask the replicas for the arrays the assembly waits on (JobMemory.waits_on); one not
         connected here is asked again once it is (`listen`)."""

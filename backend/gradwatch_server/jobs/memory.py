@@ -107,6 +107,25 @@ class JobMemory:
                     self.asks.append((rank, step))
             return waiting
 
+    def owed(self, rank: int, now: float | None = None) -> list[int]:
+        """The steps `rank` sent a `grad_digest` for that no comparison has settled: rank 0's
+        piece of the step is not here yet, or differs and the arrays have not come. A closing
+        replica is asked for them all before its close is acknowledged (its ring answers; rank
+        0's piece may come after the rank has gone); each is marked asked (`wanted`), so that
+        the assembly waits for the answer rather than asking again (`waits_on`)."""
+        now = time.monotonic() if now is None else now
+        out: list[int] = []
+        with self._lock:
+            for step, pieces in self._steps.items():
+                piece, base = pieces.get(rank), pieces.get(0)
+                if piece is None or piece.digest is None or _has_grads(piece.arrays):
+                    continue
+                if base is not None and base.digest is None and base_digest(base.arrays) == piece.digest:
+                    continue  # in sync with rank 0's: nothing owed
+                self.wanted[(rank, step)] = now
+                out.append(step)
+        return sorted(out)
+
     def take_asks(self) -> list[tuple[int, int]]:
         with self._lock:
             asks, self.asks = self.asks, []
