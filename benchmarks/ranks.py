@@ -22,6 +22,8 @@ receives them (`/ws/live?run=JOB`, published once stored):
 - lag p50/p95/max: seconds from the last rank's frame of a step to the stored global step;
 - cpu/rank-step: the server's CPU seconds (its process and workers) from the first scheduled
   step to the last rank's close, per rank and step stored (ms);
+- steady: the same over the job's middle third only (stored steps a third to two thirds in),
+  once the hellos are done: what a rank-step costs the server (printed with each `# done`);
 - rss: the server's largest resident memory seen (MiB);
 - bytes/step: growth of the database's used pages per global step (SQLite) over the job's
   second half (the steady state: a rank's per-parameter rows older than the Ranks view's window
@@ -128,6 +130,9 @@ class Spec:
     job: str
     hello: str = "v2"  # "v2": rank 0 sends the list, the others its digest (wire.rank_hellos); "v1": all send it
     admit_only: bool = False  # each rank closes once welcomed: times the job's start alone
+    #: "digest": a DDP replica's measured steps carry its grad_digest, no arrays (the hook on v2);
+    #: "arrays": its per-parameter arrays (the hook before it, or on a v1 server)
+    replicas: str = "digest"
 
 
 def _hellos(spec: Spec, rank: int) -> list[str]:
@@ -222,6 +227,9 @@ def _templates(spec: Spec, rank: int) -> tuple[str, str]:
         )
 
     measured = template(wire.step(0, 0, 0.0, measured_scalars, {**norms, **cheap}, status))
+    if spec.kind == "ddp" and rank > 0 and spec.replicas == "digest" and spec.hello == "v2":
+        record = wire.UnsentStep(0, 0.0, measured_scalars, {**norms, **cheap}, status)
+        measured = template(wire.steps(0, [wire.digested(record)]))
     unmeasured = template(wire.step(0, 0, 0.0, cheap_scalars, cheap, None))
     return measured, unmeasured
 
@@ -529,6 +537,9 @@ class Row:
     load: float
     asked: int = 0  # hellos answered "send the full list"
     welcomed: int = 0  # ranks welcomed
+    #: the server's CPU per rank-step over the job's middle third (stored steps a third to two
+    #: thirds in): the steady state, the hellos long done (ms; NaN if the job never got there)
+    steady_ms: float = float("nan")
 
 
 def one_process_bytes(spec: Spec, tmp: Path) -> float:
@@ -586,6 +597,7 @@ def run_config(spec: Spec, args: argparse.Namespace, tmp: Path) -> Row:
 
         cpu0: float | None = None
         half: tuple[int, int] | None = None  # (used bytes, steps stored) at the job's half-way point
+        thirds: list[tuple[float, int]] = []  # (server CPU, steps stored) at a third and two thirds
 
         async def watch() -> int:
             nonlocal rss, cpu0, half
@@ -596,6 +608,8 @@ def run_config(spec: Spec, args: argparse.Namespace, tmp: Path) -> Row:
                 if cpu0 is None and time.time() >= t0:  # the stepping starts: the hellos are not counted
                     cpu0 = server_cpu(ps)
                 rss = max(rss, server_rss(ps))
+                if len(thirds) < 2 and len(stored) >= (len(thirds) + 1) * spec.steps // 3:
+                    thirds.append((server_cpu(ps), len(stored)))
                 if half is None and not args.db and spec.steps >= STEADY_STEPS and len(stored) >= spec.steps // 2:
                     half = (used_bytes(db_path), len(stored))
                 while not out.empty():
@@ -663,6 +677,11 @@ def run_config(spec: Spec, args: argparse.Namespace, tmp: Path) -> Row:
             load=os.getloadavg()[0],
             asked=asked,
             welcomed=len(welcomed),
+            steady_ms=(
+                1000 * (thirds[1][0] - thirds[0][0]) / (spec.ranks * (thirds[1][1] - thirds[0][1]))
+                if len(thirds) == 2 and thirds[1][1] > thirds[0][1]
+                else float("nan")
+            ),
         )
     finally:
         stop_server(proc)
@@ -699,6 +718,12 @@ def report_admission(rows: list[Row]) -> None:
         )
 
 
+def label(s: Spec) -> str:
+    """A row's name in the table and its met/missed line: the kind, and for DDP what its
+    replicas send (`--replicas`), so that rows of one size tell apart."""
+    return f"{s.ranks} x {s.tensors} @ {s.period:g} s ({s.kind}{', replicas ' + s.replicas if s.kind == 'ddp' else ''})"
+
+
 def report(rows: list[Row]) -> None:
     head = (
         "ranks x tensors @ period",
@@ -729,7 +754,7 @@ def report(rows: list[Row]) -> None:
         s = r.spec
         target = 1.5 * r.one_process_bytes + SUMMARY_BYTES * s.ranks
         cells = [
-            f"{s.ranks} x {s.tensors} @ {s.period:g} s ({s.kind})",
+            label(s),
             str(s.every),
             f"{r.stored}/{s.steps}",
             f"{r.admit_s:.1f}",
@@ -768,9 +793,7 @@ def report(rows: list[Row]) -> None:
         }
         met = [k for k, ok in checks.items() if ok]
         missed = [k for k, ok in checks.items() if not ok]
-        print(
-            f"{s.ranks} x {s.tensors} @ {s.period:g} s: met: {', '.join(met) or '-'}; missed: {', '.join(missed) or '-'}"
-        )
+        print(f"{label(s)}: met: {', '.join(met) or '-'}; missed: {', '.join(missed) or '-'}")
 
 
 def parse(argv: list[str] | None) -> argparse.Namespace:
@@ -797,8 +820,17 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument(
         "--admit-only", action="store_true", help="time the job's start alone: each rank closes once welcomed"
     )
+    p.add_argument(
+        "--replicas",
+        default="digest",
+        help="comma-separated, --kind ddp: digest (a replica's measured steps carry its grad_digest, as the hook "
+        "sends on v2) and/or arrays (its per-parameter arrays); default digest",
+    )
     args = p.parse_args(argv)
     args.hello_list = args.hello.split(",")
+    args.replicas_list = args.replicas.split(",")
+    if any(r not in ("digest", "arrays") for r in args.replicas_list):
+        p.error("--replicas takes digest and/or arrays")
     if any(h not in ("v1", "v2") for h in args.hello_list):
         p.error("--hello takes v1 and/or v2")
     try:
@@ -834,7 +866,7 @@ def main(argv: list[str] | None = None) -> None:
         for tensors in args.tensors_list:
             for period in args.period_list:
                 for ranks in args.ranks_list:
-                    for hello in args.hello_list:
+                    for hello, replicas in [(h, r) for h in args.hello_list for r in args.replicas_list]:
                         spec = Spec(
                             ranks,
                             tensors,
@@ -845,13 +877,15 @@ def main(argv: list[str] | None = None) -> None:
                             f"bench{ranks}x{tensors}p{str(period).replace('.', '_')}-{os.urandom(3).hex()}",
                             hello,
                             args.admit_only,
+                            replicas,
                         )
                         row = run_config(spec, args, Path(tmp))
                         rows.append(row)
                         print(
-                            f"# done {ranks} x {tensors} @ {period:g} s ({hello}): admit {row.admit_s:.1f} s, "
+                            f"# done {ranks} x {tensors} @ {period:g} s ({hello}, replicas {replicas}): admit {row.admit_s:.1f} s, "
                             f"{row.errors} failed connects, lag p95 {quantile(row.lags, 0.95):.2f} s, "
-                            f"cpu {row.cpu_ms:.2f} ms/rank-step",
+                            f"cpu {row.cpu_ms:.2f} ms/rank-step, steady {row.steady_ms:.2f}, "
+                            f"lag p50 {quantile(row.lags, 0.5):.2f} s, load {row.load:.1f}",
                             flush=True,
                         )
     if args.admit_only:

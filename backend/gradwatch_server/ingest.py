@@ -33,6 +33,7 @@ import json
 import logging
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from fastapi import WebSocket, WebSocketDisconnect
@@ -75,6 +76,10 @@ MAX_PENDING = 64
 #: job's findings (found when the last rank's steps arrive) reach every rank before it ends.
 #: Bounded well under the hook's own close timeout (5 s by default): nothing waits on it for data.
 JOB_CLOSE_WAIT_S = 2.0
+#: How long a DDP replica's close waits for the arrays it was asked for as it closed (the steps
+#: whose `grad_digest` no comparison has settled: JobMemory.owed); its hook answers from its ring
+#: at once. Bounded, with JOB_CLOSE_WAIT_S, under the hook's close timeout.
+CLOSE_ANSWER_WAIT_S = 2.0
 
 
 #: Threads of their own for hellos (validating one, opening its run): a crowd of ranks joining a
@@ -107,6 +112,16 @@ class Refusal(Exception):
 
 class _Disconnected:
     """Queued by the reader when the hook has gone: store what came before, then stop."""
+
+
+@dataclass
+class _Closing:
+    """A replica's close that waits for the arrays it was asked for (`IngestConnection._write`)."""
+
+    close: Close
+    owed: set[int]  # steps asked for and not yet answered
+    deadline: float  # loop time
+    acks: list[dict[str, object]] = field(default_factory=list)  # of its answers: the close's covers them
 
 
 #: The steps of one message (one `step`, or the K of a `steps`: stored in one transaction), or
@@ -191,6 +206,8 @@ class IngestConnection:
                     task.cancel()
                     await asyncio.gather(task, return_exceptions=True)
             self._hear(-self.queued)
+            if self.job is not None and self.jobs is not None:
+                self.jobs.unlisten(self.job, self.rank, self._ask_arrays)
             if self.state is not State.AWAIT_HELLO:
                 self.sessions.detach(self.run_id, closed=self.state is State.CLOSED)
 
@@ -254,6 +271,7 @@ class IngestConnection:
             return
         if self.jobs is not None:
             self.jobs.opened(job, found, dist.rank, dist.world_size, opened.rank.run.last_step, opened.job.last_step)
+            self.jobs.listen(job, dist.rank, self._ask_arrays)
         await self._send_findings(found)
 
     async def _resolve(self, hello: Hello) -> Hello:
@@ -315,22 +333,55 @@ class IngestConnection:
             await pending.put(_Disconnected())
 
     async def _write(self, pending: asyncio.Queue[Pending]) -> None:
-        """Store queued messages, steps in batches, until the reader's last item."""
+        """Store queued messages, steps in batches, until the reader's last item.
+
+        A DDP replica's close first asks it for the arrays behind the digests no comparison has
+        settled (rank 0's piece may come after the rank is gone: `JobAssembler.owed`); its
+        answers are stored, their acks held, and the close is done and acknowledged (with the seq
+        of the last answer) once they all came, or after CLOSE_ANSWER_WAIT_S."""
+        loop = asyncio.get_running_loop()
+        closing: _Closing | None = None
         while True:
-            items = [await pending.get()]
+            if closing is None:
+                items = [await pending.get()]
+            else:
+                try:
+                    items = [await asyncio.wait_for(pending.get(), max(0.0, closing.deadline - loop.time()))]
+                except TimeoutError:
+                    await self._end_close(closing)
+                    closing = None
+                    continue
             while isinstance(items[-1], tuple) and not pending.empty():
                 items.append(pending.get_nowait())
             steps = [step for item in items if isinstance(item, tuple) for step in item]
             if steps:
-                await self._steps(steps)
+                ack = await self._steps(steps, send_ack=closing is None)
+                if closing is not None:
+                    closing.acks.append(ack)
+                    closing.owed.difference_update(s.step for s in steps if RESENT in s.scalars)
             self._hear(-sum(isinstance(item, (tuple, Close)) for item in items))
             last = items[-1]
+            if closing is not None and (not closing.owed or not isinstance(last, tuple)):
+                with contextlib.suppress(WebSocketDisconnect, WebSocketDisconnected, RuntimeError):
+                    await self._end_close(closing)  # a hook gone meanwhile: its close still counts
+                closing = None
             if isinstance(last, Close):
-                await self._close(last)
+                owed = [] if self.job is None or self.jobs is None else self.jobs.owed(self.job, self.rank)
+                if owed:
+                    await self._ask_arrays(owed)
+                    closing = _Closing(last, set(owed), loop.time() + CLOSE_ANSWER_WAIT_S)
+                else:
+                    await self._close(last)
             elif isinstance(last, Refusal):
                 raise last
             elif isinstance(last, _Disconnected):
                 return
+
+    async def _end_close(self, closing: _Closing) -> None:
+        """A replica's close, its answers stored: the close takes the seq of its last answer
+        (its ack covers them; a close below the run's last seq reads as applied already)."""
+        seq = max([closing.close.seq, *(int(str(ack["seq"])) for ack in closing.acks)])
+        await self._close(closing.close.model_copy(update={"seq": seq}))
 
     def _hear(self, queued: int) -> None:
         """A rank's frame was read (+1: it waits on the writer) or its frames stored (-n): the
@@ -339,11 +390,26 @@ class IngestConnection:
             self.queued += queued
             self.jobs.hear(self.job, self.rank, queued)
 
-    async def _steps(self, steps: list[Step]) -> None:
+    async def _ask_arrays(self, steps: list[int]) -> None:
+        """Ask this replica for the arrays its `grad_digest` stood for at `steps` (their digest
+        differs from rank 0's): the hook sends them again, marked RESENT (docs/protocol.md)."""
+        await self._send({"type": "arrays", "steps": steps})
+
+    async def _steps(self, steps: list[Step], send_ack: bool = True) -> dict[str, object]:
+        """Store a batch of steps (and assemble or judge them); their ack is sent (`send_ack`)
+        or returned, to follow a replica's close (`_write`)."""
+        if self.job is None and any(s.grad_digest is not None for s in steps):
+            raise Refusal(CLOSE_INVALID, "grad_digest is for a distributed job's rank (a hello with dist)")
         await self._settle()
         batch = [
             StepData(
-                seq=s.seq, step=s.step, time=s.time, scalars=s.scalars, arrays=s.arrays(), resent=RESENT in s.scalars
+                seq=s.seq,
+                step=s.step,
+                time=s.time,
+                scalars=s.scalars,
+                arrays=s.arrays(),
+                resent=RESENT in s.scalars,
+                digest=s.grad_digest,
             )
             for s in steps
         ]
@@ -360,8 +426,8 @@ class IngestConnection:
         new = [data for data, is_new in zip(batch, stored) if is_new]
         late = [s for s, data in zip(steps, batch) if data.resent]
         whole = False
-        if self.job is not None:
-            await self._assemble(new)
+        if self.job is not None:  # with a replica's arrays asked for (resent): the step they held back
+            await self._assemble([d for d, is_new in zip(batch, stored) if is_new or d.resent])
         elif late:
             # norms added to steps judged unmeasured: judged again from the diagnosis' snapshot
             # before them, with this batch's new steps (at most 128 steps and the batch's, whatever
@@ -379,12 +445,14 @@ class IngestConnection:
         cpu_per_step = self.step_cost.stored(len(new))
         if cpu_per_step is not None:
             ack["cpu_per_step"] = cpu_per_step
-        await self._send(ack)
+        if send_ack:
+            await self._send(ack)
         self.hub.publish_steps(self.run_id, [step for step, is_new in zip(steps, stored) if is_new])
         if late and self.job is None:  # the window's norms: the charts add them to the steps they show
             self.hub.publish_late(self.run_id, late)
         if whole:  # its findings are told as they come; the next batch (or close) waits for it
             self.rejudging = asyncio.create_task(self._report(self.diagnostics.rejudge))
+        return ack
 
     async def _settle(self) -> None:
         """Let the run's whole re-diagnosis end before the next batch is stored or the run

@@ -405,6 +405,29 @@ StatusArray = Annotated[
 ]
 
 
+#: A replica's `grad_digest`: BLAKE2b, 16 bytes, as 32 lowercase hex digits (`grad_digest`).
+GradDigest = Annotated[str, Field(pattern=r"^[0-9a-f]{32}$")]
+
+
+def grad_digest(grad_norm: bytes | None, grad_status: bytes | None) -> str:
+    """The digest a DDP replica sends instead of its arrays (docs/protocol.md, version 2):
+    BLAKE2b (16 bytes) of its little-endian float32 grad_norm bytes, then a 0xFF byte, then its
+    uint8 grad_status bytes (either empty where not sent). Equal digests: the same bits."""
+    h = hashlib.blake2b(digest_size=16)
+    h.update(grad_norm or b"")
+    h.update(b"\xff")
+    h.update(grad_status or b"")
+    return h.hexdigest()
+
+
+def _check_digest_step(v: int, grad_norm: bool, grad_status: bool) -> None:
+    """A `grad_digest` stands for a replica's arrays: version 2, and not beside them."""
+    if v < 2:
+        raise ValueError('grad_digest needs "v": 2')
+    if grad_norm or grad_status:
+        raise ValueError("grad_digest stands for grad_norm and grad_status: send one or the others")
+
+
 class Step(_Message):
     type: Literal["step"]
     seq: int = Field(ge=1, le=MAX_INT64)
@@ -413,6 +436,9 @@ class Step(_Message):
     scalars: dict[SeriesName, ScalarValue] = Field(default_factory=dict, max_length=10_000)
     params: dict[SeriesName, Float32Array] = Field(default_factory=dict, max_length=1_000)
     grad_status: StatusArray | None = None
+    #: v2, a DDP replica's measured step: the digest of its grad_norm and grad_status
+    #: (`grad_digest`) instead of its per-parameter arrays (docs/protocol.md, version 2)
+    grad_digest: GradDigest | None = None
 
     @field_validator("params")
     @classmethod
@@ -420,6 +446,12 @@ class Step(_Message):
         if GRAD_STATUS in params:
             raise ValueError(f"{GRAD_STATUS!r} belongs in the top-level grad_status field")
         return params
+
+    @model_validator(mode="after")
+    def _digest_alone(self) -> Step:
+        if self.grad_digest is not None:
+            _check_digest_step(self.v, "grad_norm" in self.params, self.grad_status is not None)
+        return self
 
     def arrays(self) -> dict[str, bytes]:
         """Every per-parameter array as raw bytes, `grad_status` included."""
@@ -460,10 +492,15 @@ class Steps(_Message):
     scalars: dict[SeriesName, list[ScalarValue]] = Field(default_factory=dict, max_length=10_000)
     params: dict[SeriesName, Float32Matrix] = Field(default_factory=dict, max_length=1_000)
     grad_status: StatusMatrix | None = None
+    grad_digest: list[GradDigest] | None = None
 
     @model_validator(mode="after")
     def _columns_fit(self, info: ValidationInfo) -> Steps:
         k = len(self.step)
+        if self.grad_digest is not None:
+            _check_digest_step(self.v, "grad_norm" in self.params, self.grad_status is not None)
+            if len(self.grad_digest) != k:
+                raise ValueError(f"grad_digest has {len(self.grad_digest)} values for {k} steps")
         if any(b <= a for a, b in zip(self.step, self.step[1:])):
             raise ValueError("step must be strictly increasing")
         if len(self.time) != k:
@@ -509,6 +546,7 @@ class Steps(_Message):
                 scalars={key: values[i] for key, values in self.scalars.items()},
                 params={m: r[i] for m, r in params.items()},
                 grad_status=None if status is None else status[i],
+                grad_digest=None if self.grad_digest is None else self.grad_digest[i],
             )
             for i, (step, time) in enumerate(zip(self.step, self.time))
         ]

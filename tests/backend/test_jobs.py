@@ -9,6 +9,7 @@ for a silent rank (--rank-timeout 60): its tests never see a rank lost; `quick` 
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import math
 import time
@@ -268,6 +269,95 @@ def test_rank_desync_is_found_when_replicas_differ_and_not_when_equal(srv: Serve
         ]
     finally:
         store.close()
+
+
+def digest_oracle(grad_norm: np.ndarray, grad_status: list[int]) -> str:
+    """docs/protocol.md, version 2: BLAKE2b-16 of the float32 bytes, 0xFF, the uint8 codes."""
+    raw = grad_norm.astype("<f4").tobytes() + b"\xff" + bytes(grad_status)
+    return hashlib.blake2b(raw, digest_size=16).hexdigest()
+
+
+def digest_step(seq: int, index: int, grad: np.ndarray, status: list[int]) -> dict[str, Any]:
+    """A DDP replica's measured step in protocol v2: scalars and its grad_digest, no arrays."""
+    return {**step(seq, index, scalars={"loss": float(index)}), "v": 2, "grad_digest": digest_oracle(grad, status)}
+
+
+def test_a_replicas_digest_is_in_sync_and_one_that_differs_is_asked_for_its_arrays(
+    srv: ServerProcess, http: httpx.Client
+) -> None:
+    """Rank 1 is a whole replica (nothing counted): a digest equal to that of rank 0's arrays is
+    in sync; a differing one holds the job's step back and asks rank 1 for that step's arrays,
+    and rank_desync is judged on them, exactly (fc.weight equal, fc.bias not)."""
+    job, status = "j-digest", [2, 2]
+    with Hook(srv.ws_url) as r0, Hook(srv.ws_url) as r1:
+        r0.call(rank_hello(job, 0, 2))
+        r1.call(rank_hello(job, 1, 2, counted=[False, False]))
+        rank0 = {1: f32(1.0, 0.5), 2: f32(2.0, 0.5)}
+        for i in (1, 2):
+            r0.call(step(i, i, scalars={"loss": float(i)}, arrays={"grad_norm": rank0[i]}, grad_status=status))
+        assert r1.call(digest_step(1, 1, rank0[1], status))["type"] == "ack"  # the same bits: in sync
+        own = f32(2.0, 0.75)  # step 2 never synchronised fc.bias on rank 1
+        r1.send(digest_step(2, 2, own, status))
+        assert r1.recv() == {"type": "arrays", "steps": [2]}
+        assert r1.recv()["type"] == "ack"
+        assert sorted(job_steps(srv.url, job)) == [1]  # step 2 waits for rank 1's arrays
+        again = step(3, 2, scalars={"loss": 2.0, "flight/resent": 1.0}, arrays={"grad_norm": own}, grad_status=status)
+        assert r1.call(again)["type"] == "ack"
+        stored = wait_for(lambda: (s := job_steps(srv.url, job)) and 2 in s and s)
+        r0.call(close(3))
+        r1.call(close(4))
+    assert stored[1]["params"]["desync_ranks"] == [0.0, 0.0]  # fc.weight, fc.bias
+    assert stored[2]["params"]["desync_ranks"] == [0.0, 1.0]
+    assert stored[2]["scalars"]["dist/desync/r1"] == 1.0 and "dist/desync/r1" not in stored[1]["scalars"]
+    found = {f["code"]: f for f in http.get(f"/api/runs/{job}/diagnostics").json()}
+    assert (found["rank_desync"]["params"], found["rank_desync"]["first_step"]) == (["fc.bias"], 2)
+    # a digest that is not 32 hex digits, or in a v1 step: refused, saying why; the job unharmed
+    for bad, why in (({"grad_digest": "xyz"}, "grad_digest"), ({"v": 1}, '"v": 2')):
+        with Hook(srv.ws_url) as r1:
+            r1.call(rank_hello("j-digest-bad", 1, 2, counted=[False, False]))
+            r1.send({**digest_step(1, 1, own, status), **bad})
+            code, _, error = r1.refused()
+        assert code == 1003 and error is not None and why in error, error
+    assert sorted(job_steps(srv.url, job)) == [1, 2]
+
+
+def test_a_closing_replica_is_asked_for_the_arrays_of_its_unjudged_digests_before_its_close_is_acked(
+    srv: ServerProcess, http: httpx.Client
+) -> None:
+    """Rank 1 (a whole replica) sends its digests and closes before rank 0's steps arrive: its
+    close is answered by an ask for the arrays of every step no comparison has settled, the
+    close is acknowledged once they came (then their acks), and rank_desync, judged when rank
+    0's steps arrive after rank 1 is gone, is exact (step 2's fc.bias differs)."""
+    job, status = "j-digest-close", [2, 2]
+    rank0 = {1: f32(1.0, 0.5), 2: f32(2.0, 0.5)}
+    own = {1: rank0[1], 2: f32(2.0, 0.75)}
+    with Hook(srv.ws_url) as r0, Hook(srv.ws_url) as r1:
+        r0.call(rank_hello(job, 0, 2))
+        r1.call(rank_hello(job, 1, 2, counted=[False, False]))
+        for i in (1, 2):
+            assert r1.call(digest_step(i, i, own[i], status))["type"] == "ack"
+        r1.send(close(3))
+        assert r1.recv() == {"type": "arrays", "steps": [1, 2]}  # rank 0's pieces not here yet
+        for seq, i in ((4, 1), (5, 2)):
+            r1.send(
+                step(
+                    seq,
+                    i,
+                    scalars={"loss": 1.0, "flight/resent": 1.0},
+                    arrays={"grad_norm": own[i]},
+                    grad_status=status,
+                )
+            )
+        assert r1.recv() == {"type": "ack", "seq": 5}  # the close's, after its answers, covers them
+        assert http.get(f"/api/runs/{job}.r1").json()["status"] == "finished"
+        r1.ws.close()
+        for i in (1, 2):
+            r0.call(step(i, i, scalars={"loss": float(i)}, arrays={"grad_norm": rank0[i]}, grad_status=status))
+        stored = wait_for(lambda: (s := job_steps(srv.url, job)) and 2 in s and s)
+        r0.call(close(3))
+    assert [stored[i]["params"]["desync_ranks"] for i in (1, 2)] == [[0.0, 0.0], [0.0, 1.0]]
+    found = {f["code"]: f for f in http.get(f"/api/runs/{job}/diagnostics").json()}
+    assert (found["rank_desync"]["params"], found["rank_desync"]["first_step"]) == (["fc.bias"], 2)
 
 
 def test_deleting_the_jobs_run_deletes_the_ranks_runs(srv: ServerProcess, http: httpx.Client) -> None:

@@ -16,24 +16,31 @@ SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "ranks.py"
 
 
 @pytest.mark.server
-@pytest.mark.parametrize("kind, every", [("ddp", 1), ("fsdp", 2)])
-def test_a_small_job_is_stored_whole_and_its_row_printed(kind: str, every: int) -> None:
+@pytest.mark.parametrize(
+    "kind, every, rows",
+    [("ddp", 1, ["ddp, replicas digest", "ddp, replicas arrays"]), ("fsdp", 2, ["fsdp"])],
+)
+def test_a_small_job_is_stored_whole_and_its_row_printed(kind: str, every: int, rows: list[str]) -> None:
+    """A row per job, named by its kind and, for DDP, by what its replicas send (`--replicas`:
+    their grad_digest or their arrays), in the table and in its met/missed line."""
+    replicas = ["--replicas", "digest,arrays"] if kind == "ddp" else []
     done = subprocess.run(
         [sys.executable, str(SCRIPT), "--ranks", "3", "--tensors", "5", "--period", "0.2", "--steps", "4"]
-        + ["--kind", kind, "--every", str(every)],
+        + ["--kind", kind, "--every", str(every), *replicas],
         capture_output=True,
         text=True,
         timeout=240,
     )
     assert done.returncode == 0, done.stderr
-    row = next(line for line in done.stdout.splitlines() if line.startswith(f"| 3 x 5 @ 0.2 s ({kind})"))
-    cells = [c.strip() for c in row.strip("|").split("|")]
-    assert cells[1] == str(every)
-    assert cells[2] == "4/4"  # every global step reached the browser watching the job
-    assert cells[12:16] == ["0", "0", "0", "0"]  # no connect error, no drop, no partial step, no lost rank
-    lag_p50, lag_p95 = float(cells[4]), float(cells[5])
-    assert 0 <= lag_p50 <= lag_p95
-    assert re.search(r"^3 x 5 @ 0\.2 s: met: .*every step stored", done.stdout, re.M)
+    for name in rows:
+        row = next(line for line in done.stdout.splitlines() if line.startswith(f"| 3 x 5 @ 0.2 s ({name}) |"))
+        cells = [c.strip() for c in row.strip("|").split("|")]
+        assert cells[1] == str(every)
+        assert cells[2] == "4/4"  # every global step reached the browser watching the job
+        assert cells[12:16] == ["0", "0", "0", "0"]  # no connect error, no drop, no partial step, no lost rank
+        lag_p50, lag_p95 = float(cells[4]), float(cells[5])
+        assert 0 <= lag_p50 <= lag_p95
+        assert re.search(rf"^3 x 5 @ 0\.2 s \({name}\): met: .*every step stored", done.stdout, re.M)
 
 
 @pytest.mark.server
@@ -63,6 +70,7 @@ def test_a_jobs_start_alone_is_timed_with_either_hello() -> None:
         (["--steps", "1"], "--steps must be 2 or more"),
         (["--workers", "2"], "--workers above 1 needs --db postgresql://"),
         (["--hello", "v3"], "--hello takes v1 and/or v2"),
+        (["--replicas", "all"], "--replicas takes digest and/or arrays"),
     ],
 )
 def test_bad_flags_are_refused(args: list[str], message: str) -> None:

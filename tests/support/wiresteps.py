@@ -33,6 +33,7 @@ def split(msg: dict[str, Any]) -> list[dict[str, Any]]:
             "scalars": {key: values[i] for key, values in msg["scalars"].items()},
             "params": {m: r[i] for m, r in params.items()},
             **({} if status is None else {"grad_status": status[i]}),
+            **({"grad_digest": msg["grad_digest"][i]} if "grad_digest" in msg else {}),
         }
         for i, step in enumerate(msg["step"])
     ]

@@ -3,20 +3,25 @@ and the server sets the pace (short while a browser watches the run)."""
 
 from __future__ import annotations
 
+import base64
+import hashlib
 import json
 import time
 from pathlib import Path
 
 import httpx
+import numpy as np
 import pytest
 import torch
 from websockets.sync.client import connect
 
 import gradwatch
 from gradwatch.sender import MAX_LINGER_S, MIN_LINGER_S, SPOOL_EVERY_S, Sender
+from gradwatch.wire import UnsentStep
 from gradwatch_server.live import IDLE_LINGER_S, LIVE_LINGER_S
 from support.sent import wait_serialized
 from support.server import start_server
+from support.wiremsg import rank_hello
 from support.wiresteps import split
 
 pytestmark = pytest.mark.unit  # a test that starts a server says so (@pytest.mark.server)
@@ -181,3 +186,88 @@ def test_a_sender_with_no_server_waits_rather_than_spins(tmp_path: Path, monkeyp
         assert time.clock_gettime(clock) - cpu < 0.03  # spinning: 60-100 ms; waiting: a few ms
     finally:
         w.close(timeout=0.1)
+
+
+@pytest.mark.server
+def test_a_replica_sends_its_digest_and_answers_the_servers_ask_from_its_ring(tmp_path: Path) -> None:
+    """A DDP replica (rank 1, nothing counted) on protocol v2 sends a measured step's grad_digest
+    (BLAKE2b-16 of its grad_norm bytes, 0xFF, its grad_status) and no arrays; the real server asks
+    for the step whose digest differs from rank 0's, and the replica sends its arrays again."""
+    server = start_server(tmp_path)
+    status = np.array([2, 2], dtype=np.uint8)
+    same, own = np.array([1.0, 0.5], dtype="<f4"), np.array([1.0, 0.75], dtype="<f4")
+    hellos = [rank_hello("j-ring", 0, 2), rank_hello("j-ring", 1, 2, counted=[False, False])]
+    senders = [Sender(f"{server.ws_url}/ws/ingest", h, linger=0.05) for h in hellos]
+    sent: list[dict] = []
+    add = senders[1]._add
+    senders[1]._add = lambda *made: _record(add(*made), sent)  # type: ignore[method-assign]
+    try:
+        deadline = time.monotonic() + 10
+        while not senders[1]._v2 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        for rank, sender in enumerate(senders):
+            for s, grad in ((1, same), (2, same if rank == 0 else own)):
+                record = UnsentStep(s, 1.7e9 + s, {"loss": 1.0}, {"grad_norm": grad}, status)
+                sender.submit_step(lambda r=record: r)
+        deadline = time.monotonic() + 10
+        while not any(m.get("scalars", {}).get("flight/resent") for m in sent) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert all(s.close(timeout=10) for s in senders)
+        lines = httpx.get(f"{server.url}/api/runs/j-ring/export", params={"format": "json"}).text
+    finally:
+        server.stop()
+    digests = {m["step"]: m for msg in sent for m in split(msg) if "grad_digest" in m}
+    for s, grad in ((1, same), (2, own)):
+        oracle = hashlib.blake2b(grad.tobytes() + b"\xff" + status.tobytes(), digest_size=16).hexdigest()
+        assert (digests[s]["v"], digests[s]["grad_digest"], digests[s]["params"]) == (2, oracle, {})
+        assert "grad_status" not in digests[s]
+    again = [m for m in sent if m.get("scalars", {}).get("flight/resent")]
+    assert [m["step"] for m in again] == [2]  # only the step that differs from rank 0's
+    assert np.frombuffer(base64.b64decode(again[0]["params"]["grad_norm"]), "<f4").tolist() == own.tolist()
+    job = {d["step"]: d for d in map(json.loads, lines.splitlines()) if d["type"] == "step" and d.get("rank") is None}
+    assert [job[s]["params"]["desync_ranks"] for s in (1, 2)] == [[0.0, 0.0], [0.0, 1.0]]
+
+
+def test_a_replica_that_owns_optimizer_state_keeps_its_state_norms_beside_its_digest() -> None:
+    """A replica's digested step leaves out the norms the server reads from rank 0 only; its
+    optimizer-state norms go too unless its optimizer shards its state (ZeroRedundancyOptimizer:
+    each parameter's state is on its owner rank only, the server counts it from there)."""
+    grad, status = np.array([1.0, 0.5], dtype="<f4"), np.array([2, 2], dtype=np.uint8)
+    owned = np.array([0.25, np.frombuffer(np.uint32(0x7FDEAD00).tobytes(), "<f4")[0]], dtype="<f4")
+    norms = {"grad_norm": grad, "param_norm": grad * 3, "update_norm": grad / 9, "exp_avg_norm": owned}
+    record = UnsentStep(4, 1.7e9, {"loss": 1.0}, {**norms, "momentum_norm": owned}, status)
+    oracle = hashlib.blake2b(grad.tobytes() + b"\xff" + status.tobytes(), digest_size=16).hexdigest()
+    for state, kept in ((False, set()), (True, {"exp_avg_norm", "momentum_norm"})):
+        sent = gradwatch.wire.digested(record, state)
+        assert (sent.digest, sent.grad_status, set(sent.metrics)) == (oracle, None, kept)
+        assert all(sent.metrics[m] is record.metrics[m] for m in kept)
+
+
+@pytest.mark.server
+def test_a_replica_that_closes_before_rank_0_sends_answers_the_ask_at_its_close(tmp_path: Path) -> None:
+    """Rank 1's run ends before rank 0's steps reach the server: its close is answered by an ask
+    for the steps no comparison has settled, which its ring answers before the close ends, so
+    the job's rank_desync is exact (step 2 differs) though rank 1 is gone when rank 0's come."""
+    server = start_server(tmp_path)
+    status = np.array([2, 2], dtype=np.uint8)
+    same, own = np.array([1.0, 0.5], dtype="<f4"), np.array([1.0, 0.75], dtype="<f4")
+    try:
+        senders = [
+            Sender(f"{server.ws_url}/ws/ingest", rank_hello("j-closes", r, 2, counted=[r == 0] * 2), linger=0.05)
+            for r in (0, 1)
+        ]
+        for s, grad in ((1, same), (2, own)):
+            record = UnsentStep(s, 1.7e9 + s, {"loss": 1.0}, {"grad_norm": grad}, status)
+            senders[1].submit_step(lambda r=record: r)
+        assert senders[1].close(timeout=10) and senders[1].pending == 0
+        for s in (1, 2):
+            record = UnsentStep(s, 1.7e9 + s, {"loss": 1.0}, {"grad_norm": same}, status)
+            senders[0].submit_step(lambda r=record: r)
+        assert senders[0].close(timeout=10)
+        lines = httpx.get(f"{server.url}/api/runs/j-closes/export", params={"format": "json"}).text
+        closed = [httpx.get(f"{server.url}/api/runs/{run}").json()["status"] for run in ("j-closes.r1", "j-closes")]
+        assert closed == ["finished", "finished"]  # the close, after its answers, still closes the rank
+    finally:
+        server.stop()
+    job = {d["step"]: d for d in map(json.loads, lines.splitlines()) if d["type"] == "step" and d.get("rank") is None}
+    assert [job[s]["params"]["desync_ranks"] for s in (1, 2)] == [[0.0, 0.0], [0.0, 1.0]]

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import functools
 import json
 import logging
 import math
@@ -47,6 +48,10 @@ log = logging.getLogger("gradwatch")
 MessageFactory = Callable[[int], dict[str, Any]]
 
 
+def _one_step(record: UnsentStep, seq: int) -> dict[str, Any]:
+    return wire.steps(seq, [record])
+
+
 class _StepItem:
     """A submitted step: `make` runs on the sender thread (it may wait for the device-to-host
     copy and resolves the measurements), so the training thread does neither. It may make
@@ -64,6 +69,10 @@ _Item = Union[MessageFactory, _StepItem]
 #: and 16 MiB frames).
 MAX_BATCH_STEPS = 1024
 MAX_BATCH_BYTES = 4 << 20
+#: A replica's measured steps kept (their arrays) to answer the server's `arrays` request: a
+#: step whose `grad_digest` differs from rank 0's (docs/protocol.md, version 2).
+REPLICA_RING_STEPS = 256
+
 #: Bounds of the pace the server may ask for (`linger` in its `welcome` and `ack`).
 MIN_LINGER_S, MAX_LINGER_S = 0.01, 5.0
 #: The longest pace of a hook whose training process acts on findings (`watch(on_finding=...)`):
@@ -89,9 +98,11 @@ class Sender:
         spool: Optional[SpoolWriter] = None,
         linger: float = 0.25,
         max_linger: float = MAX_LINGER_S,
+        replica_state: bool = False,
     ) -> None:
         """`linger`: seconds between sends until the server says otherwise (`_pace`), never more
-        than `max_linger`."""
+        than `max_linger`. `replica_state`: a DDP replica's optimizer shards its state
+        (states.shards_state): its digested steps keep their state norms (wire.digested)."""
         self.ws_url = ws_url
         self.max_linger = min(max(max_linger, MIN_LINGER_S), MAX_LINGER_S)
         self.linger = min(linger, self.max_linger)
@@ -123,6 +134,11 @@ class Sender:
         self._ws_scope = contextlib.ExitStack()  # websockets>=17 wants connect() as a context manager
         self._closing = threading.Event()
         self._wake = threading.Event()  # set by close(): stop waiting for the next drain
+        #: a DDP replica's measured steps go as their digest once the server speaks v2 (`_v2`)
+        self._replica = wire.is_replica(hello)
+        self._replica_state = replica_state
+        self._v2 = False
+        self._ring: collections.deque[UnsentStep] = collections.deque(maxlen=REPLICA_RING_STEPS)
         self._thread = threading.Thread(target=self._run, name="gradwatch-sender", daemon=True)
         self._thread.start()
 
@@ -218,14 +234,19 @@ class Sender:
         """Serialize every submitted item in order into `_unacked` (and the spool); runs of steps
         with the same keys become one message each."""
         run: list[UnsentStep] = []
+        whole: list[UnsentStep] = []  # a replica's digested steps with their arrays: what the spool keeps
         size = taken = 0
 
         def flush() -> None:
             nonlocal size
             if run:
-                records = run.copy()
-                self._add(lambda seq: wire.steps(seq, records))
+                records, kept = run.copy(), whole.copy()
+                same = all(a is b for a, b in zip(kept, records))
+                spooled = None if same else lambda seq: wire.steps(seq, kept)
+                make: MessageFactory = lambda seq: wire.steps(seq, records)  # noqa: E731
+                self._add(make) if spooled is None else self._add(make, spooled)
                 run.clear()
+                whole.clear()
                 size = 0
 
         while self._items:
@@ -240,7 +261,8 @@ class Sender:
             except Exception:
                 log.exception("gradwatch: could not build a step; skipped")
                 continue
-            for record in made if isinstance(made, list) else [made]:  # the flight recorder's held steps
+            for full in made if isinstance(made, list) else [made]:  # the flight recorder's held steps
+                record = self._replica_step(full)
                 if run and (
                     record.keys() != run[0].keys()
                     or len(run) >= MAX_BATCH_STEPS
@@ -248,9 +270,35 @@ class Sender:
                 ):
                     flush()
                 run.append(record)
+                whole.append(full)
                 size += record.nbytes
         flush()
         self._serialized += taken  # only now: every item taken is in `_unacked` (or skipped)
+
+    def _replica_step(self, record: UnsentStep) -> UnsentStep:
+        """A replica's measured step as its digest (its arrays kept in the ring), on v2."""
+        measured = record.grad_status is not None or "grad_norm" in record.metrics
+        if not (self._replica and self._v2 and measured) or wire.RESENT in record.scalars:
+            return record
+        self._ring.append(record)
+        return wire.digested(record, self._replica_state)
+
+    def _send_arrays(self, steps: Any) -> None:
+        """The server asks for the arrays behind some of this replica's digests: each step sent
+        again from the ring, marked RESENT; one no longer held is sent marked, without arrays
+        (the server then judges that step without this rank)."""
+        held = {r.step: r for r in self._ring}
+        for s in steps if isinstance(steps, list) else []:
+            if not isinstance(s, int):
+                continue
+            record = held.get(s)
+            if record is None:
+                log.warning("gradwatch: the server asked for step %d's arrays, no longer held", s)
+                again = UnsentStep(s, time.time(), {wire.RESENT: 1.0}, {}, None)
+            else:
+                scalars = {**record.scalars, wire.RESENT: 1.0}
+                again = UnsentStep(record.step, record.time, scalars, record.metrics, record.grad_status)
+            self._add(functools.partial(_one_step, again))
 
     def _unsent(self) -> bool:
         """Whether the connection has messages to be sent (unconnected, `_connect` sends them all)."""
@@ -274,17 +322,20 @@ class Sender:
     def _past_deadline(self) -> bool:
         return self._closing.is_set() and time.monotonic() > self._deadline
 
-    def _add(self, factory: MessageFactory) -> Optional[str]:
-        """Serialize one message, spool it and keep it until acknowledged; returns its text."""
+    def _add(self, factory: MessageFactory, spooled: Optional[MessageFactory] = None) -> Optional[str]:
+        """Serialize one message, spool it and keep it until acknowledged; returns its text.
+        `spooled`: what the spool keeps instead (a replica's steps with their arrays, which a
+        replay sends: its connection cannot answer the server's ask for them)."""
         try:
             body = factory(self._seq + 1)
             text = wire.dumps(body)
+            kept = text if spooled is None or self.spool is None else wire.dumps(spooled(self._seq + 1))
         except Exception:
             log.exception("gradwatch: could not build a message; skipped")
             return None
         self._seq += 1
         if self.spool is not None:
-            self._spool_append(text)
+            self._spool_append(kept)
         self._unacked.append((self._seq, text))
         self._unacked_bytes += len(text)
         while self._unacked_bytes > self.max_unacked_bytes and len(self._unacked) > 1:
@@ -308,6 +359,8 @@ class Sender:
                     log.warning("gradwatch: the server refused a message: %s", reply.get("message"))
                 elif reply.get("type") == "finding":  # a diagnostic (findings.py); never raises
                     self.on_finding(reply.get("finding"))
+                elif reply.get("type") == "arrays":  # a replica's digest differs from rank 0's
+                    self._send_arrays(reply.get("steps"))
         except ConnectionClosed as exc:
             self._refused(exc)
             self._disconnect()
@@ -365,6 +418,7 @@ class Sender:
         )
         if taken and taken == len(self._hellos) - 1:  # a server older than v2: v1 from now on
             self._hellos = self._hellos[taken:]
+        self._v2 = taken < len(self._hellos) - 1
         self._ws = ws
         last_seq = int(reply.get("last_seq", 0))
         self._acknowledge(last_seq)

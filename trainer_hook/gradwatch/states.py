@@ -32,6 +32,13 @@ def state_of(optimizer: torch.optim.Optimizer) -> Any:
     return optimizer.state
 
 
+def shards_state(optimizer: torch.optim.Optimizer) -> bool:
+    """Whether `optimizer` keeps each parameter's state on the rank that owns it only (SHARDED):
+    a DDP replica's state norms are then the only ones of the parameters it owns, which the
+    server counts (docs/protocol.md, a replica's digest)."""
+    return state_of(optimizer) is not optimizer.state
+
+
 # -- quantized state ----------------------------------------------------------------------------
 #: elements of codes read at once: the norm never holds a float copy of a whole state tensor
 CHUNK = 1 << 20

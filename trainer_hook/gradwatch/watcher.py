@@ -31,6 +31,7 @@ from .rounds import Rounds
 from .sampling import CostMeter, make_sampler
 from .sender import FINDING_LINGER_S, MAX_LINGER_S, Sender
 from .spool import SpoolWriter, pending_spools, spool_dir
+from .states import shards_state
 from .unwrap import find_scaler, qualified_name, unwrap
 
 log = logging.getLogger("gradwatch")
@@ -125,6 +126,8 @@ class Watcher:
             spool=_open_spool(hello["run"]["id"], hello),
             # a callback acts on findings: they must reach it within a second of their step
             max_linger=MAX_LINGER_S if on_finding is None else FINDING_LINGER_S,
+            # a replica that owns optimizer state (ZeroRedundancyOptimizer) sends its state norms
+            replica_state=any(shards_state(o) for o in optimizers),
         )
         # a server on this machine: its CPU per step is part of what watching costs
         self._cost = CostMeter(self._sampler, _on_this_machine(url), lambda: self._sender.server_cpu_per_step)

@@ -24,6 +24,10 @@ PROTOCOL_VERSION_2 = 2
 #: A quiet NaN that no hardware produces, so every other NaN stays a measured value.
 ABSENT_BITS = 0x7FDEAD00
 
+#: The scalar that marks a step sent again with arrays it was first sent without (the flight
+#: recorder's, recorder.RESENT, and a replica's asked for by the server: protocol v2).
+RESENT = "flight/resent"
+
 GRAD_STATUS_NONE, GRAD_STATUS_ZERO, GRAD_STATUS_NONZERO, GRAD_STATUS_NONFINITE = 0, 1, 2, 3
 
 
@@ -97,6 +101,44 @@ def rank_hellos(message: Mapping[str, Any]) -> list[dict[str, Any]]:
     return ([named] if int(dist["rank"]) > 0 else []) + [full, dict(message)]
 
 
+def is_replica(message: Mapping[str, Any]) -> bool:
+    """Whether a rank's v1 `hello` is a DDP replica's: every piece the whole tensor and counted
+    on another rank. Its measured steps may send their `grad_digest` (protocol v2) alone."""
+    params = message.get("params") or []
+    return (
+        message.get("dist") is not None
+        and int(message["dist"]["rank"]) > 0
+        and bool(params)
+        and all(not p.get("counted", True) and p.get("local_numel", p["numel"]) == p["numel"] for p in params)
+    )
+
+
+def grad_digest(grad_norm: np.ndarray | None, grad_status: np.ndarray | None) -> str:
+    """What a replica sends for its grad_norm and grad_status (docs/protocol.md, version 2):
+    BLAKE2b, 16 bytes, of the float32 grad_norm bytes, a 0xFF byte, the uint8 status bytes."""
+    h = hashlib.blake2b(digest_size=16)
+    h.update(b"" if grad_norm is None else np.ascontiguousarray(grad_norm, dtype="<f4").tobytes())
+    h.update(b"\xff")
+    h.update(b"" if grad_status is None else np.ascontiguousarray(grad_status, dtype=np.uint8).tobytes())
+    return h.hexdigest()
+
+
+#: Per-parameter norms of what every rank holding a parameter has a piece of (the server's
+#: EVERY_RANK_NORMS): a replica's add nothing the server counts. Every other `<key>_norm` is of
+#: optimizer state, which a sharded optimizer keeps on the parameter's owner rank only.
+EVERY_RANK_NORMS = frozenset({"grad_norm", "param_norm", "update_norm", "param_before_norm"})
+
+
+def digested(record: UnsentStep, state: bool = False) -> UnsentStep:
+    """A replica's measured step as it sends it: its scalars and the `grad_digest` of its
+    grad_norm and grad_status; of its per-parameter arrays, with `state` (its optimizer shards
+    its state: ZeroRedundancyOptimizer), its optimizer-state norms, which the server takes from
+    the owner rank; none otherwise (rank 0's state is every parameter's)."""
+    digest = grad_digest(record.metrics.get("grad_norm"), record.grad_status)
+    kept = {m: v for m, v in record.metrics.items() if state and m.endswith("_norm") and m not in EVERY_RANK_NORMS}
+    return UnsentStep(record.step, record.time, record.scalars, kept, None, digest)
+
+
 def step(
     seq: int,
     step_index: int,
@@ -131,9 +173,11 @@ class UnsentStep:
     scalars: Mapping[str, float]
     metrics: Mapping[str, np.ndarray]
     grad_status: Optional[np.ndarray]
+    #: a replica's digest of its grad_norm and grad_status, sent instead of its arrays (`digested`)
+    digest: Optional[str] = None
 
-    def keys(self) -> tuple[frozenset[str], frozenset[str], bool]:
-        return frozenset(self.scalars), frozenset(self.metrics), self.grad_status is not None
+    def keys(self) -> tuple[frozenset[str], frozenset[str], bool, bool]:
+        return frozenset(self.scalars), frozenset(self.metrics), self.grad_status is not None, self.digest is not None
 
     @property
     def nbytes(self) -> int:
@@ -149,7 +193,10 @@ def steps(seq: int, records: Sequence[UnsentStep]) -> dict[str, Any]:
     column by column: each scalar a list, each per-parameter metric one steps x parameters array."""
     first = records[0]
     if len(records) == 1:
-        return step(seq, first.step, first.time, first.scalars, first.metrics, first.grad_status)
+        message = step(seq, first.step, first.time, first.scalars, first.metrics, first.grad_status)
+        if first.digest is not None:
+            message.update(v=PROTOCOL_VERSION_2, grad_digest=first.digest)
+        return message
     message = {
         "v": PROTOCOL_VERSION,
         "type": "steps",
@@ -166,6 +213,8 @@ def steps(seq: int, records: Sequence[UnsentStep]) -> dict[str, Any]:
         message["grad_status"] = b64_array(
             np.stack([r.grad_status for r in records if r.grad_status is not None]).astype(np.uint8, copy=False)
         )
+    if first.digest is not None:
+        message.update(v=PROTOCOL_VERSION_2, grad_digest=[r.digest for r in records])
     return message
 
 

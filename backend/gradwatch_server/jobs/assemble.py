@@ -9,13 +9,16 @@ the bits before any arithmetic; NaN and infinities are data and propagate.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from ..protocol import ABSENT_BITS, GRAD_STATUS, absent_mask
+from .memory import base_digest
 
+log = logging.getLogger("gradwatch.jobs")
 #: The per-parameter metric a job's run stores for `rank_desync`: per parameter, how many ranks'
 #: local gradient differs from rank 0's (0: in sync; ABSENT: the rule does not apply, the
 #: parameter being sharded or the step not measured on rank 0).
@@ -50,6 +53,8 @@ class RankStep:
     scalars: Mapping[str, float]
     arrays: Mapping[str, np.ndarray]
     counted: np.ndarray  # bool per parameter
+    #: a DDP replica's `grad_digest` in place of its grad_norm and grad_status (protocol v2)
+    digest: str | None = None
 
 
 @dataclass
@@ -162,6 +167,10 @@ def combine_scalars(pieces: Sequence[RankStep]) -> dict[str, float]:
         else:
             out[key] = float(values[0])
     return out
+
+
+def _measured(piece: RankStep) -> bool:
+    return piece.digest is not None or measured(piece.arrays)
 
 
 def measured(arrays: Mapping[str, np.ndarray]) -> bool:
@@ -301,10 +310,18 @@ def desync(pieces: Sequence[RankStep], replicated: np.ndarray) -> tuple[np.ndarr
     base = pieces[0]
     counts = np.zeros(len(replicated), dtype=np.float64)
     ranks: dict[int, int] = {}
+    own: str | None = None
     for other in pieces[1:]:
-        if not measured(other.arrays):
+        if not _measured(other):
             continue
         differs = np.zeros(len(replicated), dtype=bool)
+        if other.digest is not None and not measured(other.arrays):
+            # a replica's digest: the same bits as rank 0's, in sync; one that differs is
+            # assembled only once its arrays came (JobMemory.waits_on), or without the rank
+            own = own or base_digest(base.arrays)
+            if other.digest != own:
+                log.warning("rank %d's grad_digest differs from rank 0's and its arrays never came", other.rank)
+            continue
         # replicas in step send the same bits (what _same finds the same: the common case, cheap)
         if "grad_norm" in base.arrays and "grad_norm" in other.arrays:
             if not _bitwise_equal(other.arrays["grad_norm"], base.arrays["grad_norm"]):

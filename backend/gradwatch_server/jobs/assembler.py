@@ -23,7 +23,7 @@ import contextlib
 import logging
 import math
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 
 from ..diagnostics import Diagnostics, Finding
@@ -172,6 +172,40 @@ class JobAssembler:
         self._timer: asyncio.Task[None] | None = None
         #: the ranks' frames, stored in group commits (commits.py)
         self.commits = GroupCommits(store)
+        #: (job, rank) -> how to ask that rank's connection here for a replica's arrays
+        self._askers: dict[tuple[str, int], Callable[[list[int]], Awaitable[None]]] = {}
+
+    def listen(self, job: str, rank: int, ask: Callable[[list[int]], Awaitable[None]]) -> None:
+        """`rank`'s connection is here: a digest of its that differs from rank 0's is asked of
+        it by `ask` (its earlier asks go again, to this connection)."""
+        self._askers[(job, rank)] = ask
+        state = self._jobs.get(job)
+        if state is not None:
+            state.memory.wanted = {key: t for key, t in state.memory.wanted.items() if key[0] != rank}
+
+    def unlisten(self, job: str, rank: int, ask: Callable[[list[int]], Awaitable[None]]) -> None:
+        if self._askers.get((job, rank)) is ask:
+            del self._askers[(job, rank)]
+
+    def owed(self, job: str, rank: int) -> list[int]:
+        """The steps a closing replica of `job` is asked for the arrays of (JobMemory.owed)."""
+        state = self._jobs.get(job)
+        return [] if state is None else state.memory.owed(rank)
+
+    async def _ask(self, job: str, state: _Job) -> None:
+        """Ask the replicas for the arrays the assembly waits on (JobMemory.waits_on); one not
+        connected here is asked again once it is (`listen`)."""
+        by_rank: dict[int, list[int]] = {}
+        for rank, step in state.memory.take_asks():
+            by_rank.setdefault(rank, []).append(step)
+        for rank, steps in by_rank.items():
+            ask = self._askers.get((job, rank))
+            if ask is None:
+                continue  # asked again when the rank says hello here (`listen`)
+            try:
+                await ask(sorted(steps))
+            except Exception:  # the connection is going: its rank is asked again when back
+                log.info("job %s: rank %d could not be asked for steps %s' arrays", job, rank, steps)
 
     def _job(self, job: str) -> _Job:
         now = self._clock()
@@ -229,6 +263,7 @@ class JobAssembler:
                 self._store.assemble, job, self.rank_timeout_s, self._since(state), notify, late, state.memory
             )
             late = []
+            await self._ask(job, state)
             state.assembled = done.last_step if done.last_step is not None else state.assembled
             for missing in done.partial.values():
                 state.lost.update(missing)

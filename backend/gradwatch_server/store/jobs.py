@@ -328,8 +328,11 @@ def assemble(
     candidates = sorted({s for found in have.values() for s in found if bound is None or s <= bound})
     sets = {rank: set(found) for rank, found in have.items()}
     ready: list[int] = []
+    gone = {r.rank for r in ranks} - {r.rank for r in waited}  # asked of these, no arrays will come
     for s in candidates:
         if not all(s in sets.get(r.rank, ()) or (r.last_step is not None and r.last_step > s) for r in waited):
+            break
+        if memory.waits_on(s, gone):  # a replica's digest differs from rank 0's: its arrays are asked for
             break
         ready.append(s)
     if ready:
@@ -437,7 +440,14 @@ def _write(
             continue
         for record in _rank_steps(conn, r.rank, r.run_id, wanted, memory):
             by_step[record.step].append(
-                _assemble.RankStep(r.rank, record.time, record.scalars, record.arrays, counted[r.run_id])
+                _assemble.RankStep(
+                    r.rank,
+                    record.time,
+                    record.scalars,
+                    record.arrays,
+                    counted[r.run_id],
+                    memory.digest(r.rank, record.step),
+                )
             )
     batch: list[StepData] = []
     missing: dict[int, list[int]] = {}

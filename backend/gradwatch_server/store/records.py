@@ -106,6 +106,9 @@ class StepData:
     #: the flight recorder's arrays for a step stored earlier without them (protocol.RESENT): only
     #: its arrays are added, to the stored step; it is never stored as a step of its own
     resent: bool = False
+    #: a DDP replica's `grad_digest` (protocol v2) in place of its grad_norm and grad_status: kept
+    #: by the job's memory for `rank_desync`, not stored
+    digest: str | None = None
 
 
 @dataclass(frozen=True)

@@ -215,12 +215,19 @@ def write_rank_batches(
     have = set() if not keys else {(r, s) for r, s in conn.execute(_STORED_RANK_STEPS, {"keys": keys})}
     out: list[Written] = []
     new_by_run: list[tuple[str, list[StepData]]] = []
+    added: set[SeriesName] = set()
     for (run_id, batch, notify), mine in zip(writes, fresh):
         stored = [False] * len(batch)
+        resent = []
         for i in mine:
-            if (run_id, batch[i].step) not in have:
+            if batch[i].resent:  # arrays of a stored step (a replica's asked for, the recorder's)
+                if (run_id, batch[i].step) in have:
+                    resent.append(batch[i])
+            elif (run_id, batch[i].step) not in have:
                 have.add((run_id, batch[i].step))
                 stored[i] = True
+        if _add_arrays(conn, run_id, resent):
+            added |= {(run_id, "param", m) for d in resent for m in d.arrays}
         new = [data for data, keep in zip(batch, stored) if keep]
         new_by_run.append((run_id, new))
         out.append(Written(stored, changed=bool(mine)))
@@ -242,7 +249,7 @@ def write_rank_batches(
         written.names = {(run_id, "scalar", k) for d in new for k in d.scalars} | {
             (run_id, "param", m) for d in new for m in d.arrays
         }
-    _add_names_of_runs(conn, {n for w in out for n in w.names} - known)
+    _add_names_of_runs(conn, ({n for w in out for n in w.names} | added) - known)
     advance = [
         {"run_id": run_id, "seq_now": seq, "new": len(new), "top": max(d.step for d in new), "now": now}
         for (run_id, new), seq, written in zip(new_by_run, seqs, out)
