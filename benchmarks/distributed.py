@@ -3,7 +3,7 @@
 Every rank holds four copies of the model (same weights, its own optimizer), each wrapped alike
 (DDP, or FSDP2 `fully_shard` on a 1-D mesh): the baseline, unwatched; an A/A copy, unwatched too
 (the method's own bias and noise); `every=1`, watched on every rank and measuring every step;
-`every="auto"` (1% budget). Each watched copy streams, rank by
+`every="auto"` (0.4% budget). Each watched copy streams, rank by
 rank, to one local `gradwatch serve`, as a job does.
 
 The steps are interleaved as in benchmarks/overhead.py: a cycle visits the watched variants in a

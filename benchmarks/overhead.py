@@ -9,7 +9,7 @@ process of its own, as a training script would, beside a baseline twin (see Remo
   tb histogram        TensorBoard: add_histogram of each grad, every step
   wandb.watch         wandb (offline) watch(log="all", log_freq=1) and a wandb.log per step
   gradwatch every=1   the hook, streaming every step to a real local `gradwatch serve`
-  gradwatch auto      the same with every="auto" (1% budget; unmeasured steps send cheap facts)
+  gradwatch auto      the same with every="auto" (0.4% budget, all told; unmeasured steps send cheap facts)
   gradwatch no server every=1 with no server listening: everything goes to the spool on disk
   floor               one .sum() (on torch's threads) over the bytes the hook reads, where it reads them:
                       the grads before optimizer.step(), the params and Adam's moments after it
@@ -42,7 +42,7 @@ consecutive steps at the training's own pace (4x as many for every="auto") after
   step of that run, as if they ran on the training's cores one after the other (an upper bound:
   on 2 cores they also run beside it). The peers' background (wandb's service process) is not
   charged, which favours them.
-- How often every="auto" measures: it budgets 1% of the time between its steps, which the
+- How often every="auto" measures: it budgets 0.4% of the time between its steps, which the
   cycles stretch. Its figure is the median of its measured steps and that of its unmeasured
   steps in the cycles, weighted by how often it measured in that run (Watcher.measured_steps).
 

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 import gradwatch
-from gradwatch.sampling import AutoInterval, EveryN, StepTimes, make_sampler
+from gradwatch.sampling import AutoInterval, CostMeter, EveryN, StepTimes, make_sampler
 from support.sent import measured, sent_steps
 
 pytestmark = pytest.mark.unit
@@ -34,6 +34,32 @@ def test_auto_interval_leaves_room_for_what_every_step_costs() -> None:
     spent = AutoInterval(budget=0.01, max_interval=1000)
     spent.observe(cost_s=0.005, step_time_s=0.1, every_step_s=0.002)
     assert spent.interval == 1000
+
+
+@pytest.mark.parametrize("cost_ms", [0.05, 0.4, 3.0, 40.0])
+@pytest.mark.parametrize("every_step_ms", [0.0, 0.1, 0.3])
+def test_auto_default_budget_holds_the_whole_cost_under_half_a_percent(cost_ms: float, every_step_ms: float) -> None:
+    """every="auto"'s default budget (issue 27: within 0.5% of the unwatched step) bounds the
+    measured steps' cost spread over the interval plus what every step costs, the latter already
+    subtracted: 0.4% of the step, the rest a margin for what the estimates miss."""
+    auto = make_sampler("auto")
+    assert isinstance(auto, AutoInterval) and auto.budget == AutoInterval.BUDGET <= 0.005
+    step_s, cost_s, every_step_s = 0.1, cost_ms / 1e3, every_step_ms / 1e3
+    auto.observe(cost_s=cost_s, step_time_s=step_s, every_step_s=every_step_s)
+    assert cost_s / auto.interval + every_step_s <= auto.budget * step_s
+    assert cost_s / max(1, auto.interval - 1) + every_step_s > auto.budget * step_s or auto.interval == 1
+
+
+def test_every_step_cost_counts_both_step_hooks_of_an_unmeasured_step() -> None:
+    """What every step costs includes the unmeasured round's pre-step hooks (the flight
+    recorder's pass over the gradients runs there), once per round."""
+    meter = CostMeter(make_sampler("auto"), False, lambda: 0.0)
+    meter.pre_hook(0.002)
+    meter.pre_hook(0.0005)  # a second optimizer's step in the same round
+    meter.light_hook(0.001)
+    assert meter.every_step_s() == pytest.approx(0.0035)
+    meter.light_hook(0.001)  # the next round had no pre-step time: none carried over
+    assert meter.every_step_s() == pytest.approx(0.001)
 
 
 def test_auto_interval_hears_what_every_step_costs_between_measured_steps() -> None:

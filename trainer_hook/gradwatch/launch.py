@@ -57,7 +57,10 @@ def build_parser() -> argparse.ArgumentParser:
         "--run", metavar="NAME", help="the run's name (a second set of optimizers: NAME-2); default: the time"
     )
     parser.add_argument(
-        "--every", metavar="N", default="1", help='measure every N-th step, or "auto" (1%% of the step time); default 1'
+        "--every",
+        metavar="N",
+        default="1",
+        help='measure every N-th step, or "auto" (within 0.4%% of the step time); default 1',
     )
     parser.add_argument(
         "--server", metavar="URL", help=f"server URL (default: $GRADWATCH_SERVER, then {DEFAULT_SERVER})"

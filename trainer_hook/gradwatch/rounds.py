@@ -158,6 +158,7 @@ class Rounds:
     # D then G step; a critic stepped 5 times per generator step). Each optimizer is measured at
     # its first step of a sampled round: its gradients just before, its state just after.
     def _before_step(self, k: int, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> Any:
+        started = time.perf_counter()
         try:
             if self._close_requested:
                 self._stop_watching()
@@ -184,6 +185,9 @@ class Rounds:
                 self._recorder.record(self.step)  # one call per unmeasured step: device work only
         except Exception as exc:
             self._give_up(exc)
+        finally:
+            if not self._sampled:  # what this hook costs every step, for every="auto"
+                self._cost.pre_hook(time.perf_counter() - started)
         return None
 
     def _closure_returned(self, k: int, first: bool) -> None:

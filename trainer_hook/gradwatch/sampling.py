@@ -52,14 +52,19 @@ class AutoInterval:
     medians of the last EXCESS_WINDOW figures, so one pause cannot stretch the interval for
     long; step 1 is always measured. Aligned (a distributed job), the interval is rounded up to a
     power of two and a step is measured iff it is a multiple of it, so ranks with different
-    intervals still meet. Why: docs/design.md, "every="auto" budgets 1% of the step".
+    intervals still meet. The budget is the whole cost's, measured steps spread over the interval
+    plus every step's: 0.4% of the step, so that what the estimates miss stays under 0.5%. Why:
+    docs/design.md, "every="auto" budgets 0.4% of the step".
     """
+
+    #: the default budget, a share of the step time (docs/design.md: why 0.4%)
+    BUDGET = 0.004
 
     EXCESS_WINDOW = 5
 
     learns = True
 
-    def __init__(self, budget: float = 0.01, max_interval: int = 1000) -> None:
+    def __init__(self, budget: float = BUDGET, max_interval: int = 1000) -> None:
         self.budget = budget
         self.max_interval = max_interval
         self.interval = 1
@@ -164,11 +169,12 @@ class CostMeter:
     """What watching costs, told to the sampler (only `every="auto"` learns from it).
 
     A measured step costs the hook's training-thread time plus the sender thread's CPU to render
-    it; every step, measured or not, costs the post-step hook of an unmeasured step, the sender's
-    CPU per step (sending included), and, for a server on this machine, the CPU its acks say it
-    spends per stored step (`server_cpu`, read only when `server_here`).
-    Training thread: `begin_step`, `measured`, `unmeasured`. Sender thread: `render_began`,
-    `render_done`.
+    it; every step, measured or not, costs the pre- and post-step hooks of an unmeasured step
+    (the flight recorder's pass over the gradients included), the sender's CPU per step (sending
+    included), and, for a server on this machine, the CPU its acks say it spends per stored step
+    (`server_cpu`, read only when `server_here`).
+    Training thread: `begin_step`, `measured`, `unmeasured`, `pre_hook`, `light_hook`. Sender
+    thread: `render_began`, `render_done`.
     """
 
     def __init__(self, sampler: Sampler, server_here: bool, server_cpu: Callable[[], float]) -> None:
@@ -177,7 +183,8 @@ class CostMeter:
         self._server_here = server_here
         self._server_cpu = server_cpu
         self._server_seen = 0.0  # the server's figure the sampler last learnt
-        self._light_s = 0.0  # training-thread seconds of the last unmeasured step's post-step hook
+        self._light_s = 0.0  # training-thread seconds of the last unmeasured step's step hooks
+        self._pre_s = 0.0  # training-thread seconds of the open unmeasured round's pre-step hooks
         self._since_measured = 0  # steps since the last measured step
         self._sender_cpu = 0.0  # sender-thread CPU seconds when the last measured step's rendering began
         self._sender_step_s = 0.0  # sender-thread CPU seconds per step between the last two measured steps
@@ -210,9 +217,14 @@ class CostMeter:
             self._server_seen = self._server_cpu()
             self.sampler.observe_every_step(self.every_step_s())
 
+    def pre_hook(self, seconds: float) -> None:
+        """A pre-step hook of an unmeasured step took `seconds` (the flight recorder's pass included)."""
+        self._pre_s += seconds
+
     def light_hook(self, seconds: float) -> None:
-        """The post-step hook of an unmeasured step took `seconds`."""
-        self._light_s = seconds
+        """The post-step hook of an unmeasured step took `seconds`: with its pre-step hooks, what
+        the step's hooks cost."""
+        self._light_s, self._pre_s = seconds + self._pre_s, 0.0
 
     def every_step_s(self) -> float:
         """What every step costs, measured or not."""

@@ -379,8 +379,9 @@ def watch(
     scale, CUDA memory counters): no device work, and nothing per parameter. Per-parameter
     backward passes and how each `.grad` was cleared are exact on every measured step.
 
-    every: measure every N-th `optimizer.step()`, or "auto" to keep what measuring costs within 1%
-        of the step time (the hook's threads, and a server on this machine: its acks say its CPU).
+    every: measure every N-th `optimizer.step()`, or "auto" to keep all that watching costs within
+        0.4% of the step time (measured steps spread over the interval, every step's hooks, the
+        hook's threads, and a server on this machine: its acks say its CPU).
         A step that is not measured costs a few tens of µs, whatever the model's size
         (docs/benchmarks.md).
     updates: also measure `update_norm`/`update_ratio` (holds one copy of the
