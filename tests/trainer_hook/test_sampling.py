@@ -39,7 +39,7 @@ def test_auto_interval_leaves_room_for_what_every_step_costs() -> None:
 @pytest.mark.parametrize("cost_ms", [0.05, 0.4, 3.0, 40.0])
 @pytest.mark.parametrize("every_step_ms", [0.0, 0.1, 0.3])
 def test_auto_default_budget_holds_the_whole_cost_under_half_a_percent(cost_ms: float, every_step_ms: float) -> None:
-    """every="auto"'s default budget (issue 27: within 0.5% of the unwatched step) bounds the
+    """every="auto"'s default budget (all watching costs within 0.5% of the unwatched step) bounds the
     measured steps' cost spread over the interval plus what every step costs, the latter already
     subtracted: 0.4% of the step, the rest a margin for what the estimates miss."""
     auto = make_sampler("auto")
