@@ -707,6 +707,11 @@ def test_the_assembler_keeps_nothing_of_a_job_once_settled_or_deleted(tmp_path: 
             assert held() == {"j-deleted"}
             assert http.delete("/api/runs/j-deleted").status_code == 204
             assert held() == frozenset()
+            # what was under way at the deletion (a rank's frame heard, its batch's assembly)
+            # brings nothing back
+            server.portal.call(jobs.hear, "j-deleted", 0)
+            assert server.portal.call(jobs.assemble, "j-deleted") is None
+            assert held() == frozenset()
         with server.hook() as r0, server.hook() as r1:
             r0.call(rank_hello("j-elsewhere", 0, 2))
             r1.call(rank_hello("j-elsewhere", 1, 2))

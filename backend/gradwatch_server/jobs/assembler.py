@@ -43,6 +43,8 @@ MIN_INTERVAL_S = 0.05
 #: Most of a job's steps assembled whole that this process remembers (the latest: a rank's step
 #: older than those is taken as possibly completing a partial one, which costs an assembly).
 WHOLE_KEPT = 4096
+#: Most deleted jobs remembered, so that what was under way at the deletion keeps nothing of them.
+DELETED_KEPT = 1024
 
 
 def as_steps(batch: Sequence[StepData]) -> list[Step]:
@@ -169,6 +171,9 @@ class JobAssembler:
         self._started = clock()
         self._admitting = 0  # hellos this process is validating or opening (of ranks unknown yet)
         self._jobs: dict[str, _Job] = {}
+        #: jobs deleted here (the newest DELETED_KEPT): a frame or assembly still under way when
+        #: its run was deleted must not bring their state back (a deleted id is never reopened)
+        self._deleted: dict[str, None] = {}
         self._timer: asyncio.Task[None] | None = None
         #: the ranks' frames, stored in group commits (commits.py)
         self.commits = GroupCommits(store)
@@ -207,7 +212,9 @@ class JobAssembler:
             except Exception:  # the connection is going: its rank is asked again when back
                 log.info("job %s: rank %d could not be asked for steps %s' arrays", job, rank, steps)
 
-    def _job(self, job: str) -> _Job:
+    def _job(self, job: str) -> _Job | None:
+        if job in self._deleted:
+            return None
         now = self._clock()
         state = self._jobs.get(job)
         if state is None:
@@ -231,6 +238,8 @@ class JobAssembler:
         not read back), or its close (`closed`); a batch that cannot make a step ready (another
         rank has not stored one beyond the job's last yet) assembles nothing."""
         state = self._job(job)
+        if state is None:
+            return None
         late = [d.step for d in batch]
         if rank is not None:
             state.memory.add(rank, batch)
@@ -318,7 +327,9 @@ class JobAssembler:
     def hear(self, job: str, rank: int, queued: int = 0) -> None:
         """`rank` of `job` sent a frame to this process; `queued` (+n or -n): n of its frames
         start or stop waiting on this process's writer (hearing.py)."""
-        self._job(job).memory.heard.hear(rank, self._clock(), queued)
+        state = self._job(job)
+        if state is not None:
+            state.memory.heard.hear(rank, self._clock(), queued)
 
     def memory(self, job: str) -> JobMemory | None:
         """What this process keeps and heard of `job`'s ranks (None: nothing)."""
@@ -326,7 +337,11 @@ class JobAssembler:
         return None if state is None else state.memory
 
     def forget(self, job: str) -> None:
-        """The job's run was deleted: drop what is kept of it (once no assembly uses it)."""
+        """The job's run was deleted: drop what is kept of it (once no assembly uses it), and
+        keep nothing of it that a frame or assembly still under way would bring back."""
+        self._deleted[job] = None
+        while len(self._deleted) > DELETED_KEPT:
+            del self._deleted[next(iter(self._deleted))]
         state = self._jobs.get(job)
         if state is not None:
             state.settled = True
@@ -368,6 +383,8 @@ class JobAssembler:
         """A rank's hello (its run's last stored step `last_step`, its job's `job_last_step`;
         None: none): the job's findings so far were news when they were found, not now."""
         state = self._job(job)
+        if state is None:
+            return
         state.settled = False  # a job resumed by a rank's hello runs again
         state.world_size = world_size
         state.frontier[rank] = max(state.frontier.get(rank, -1), -1 if last_step is None else last_step)
