@@ -87,8 +87,9 @@ class GradTracker:
         # per parameter, the `.grad` the last backward pass since the step left and its version
         self._pass_ref: list[Optional[weakref.ref[torch.Tensor]]] = [None] * n
         self._pass_version = [0] * n
-        self._touched: list[int] = []  # parameters the running backward accumulated into
-        self._settling = False  # the end-of-backward callback of the running backward is queued
+        #: (parameter, its `.grad`, that tensor's version) per hook run since the last `_drain`
+        self._seen: list[tuple[int, Optional[torch.Tensor], int]] = []
+        self._settling = [False]  # the end-of-backward callback of the running backward is queued
         self._can_settle = True  # the autograd engine takes final callbacks
         #: perf_counter of the first gradient since the watcher last cleared it (its step timing)
         self.first_grad: list[float] = []
@@ -153,49 +154,20 @@ class GradTracker:
 
     def _counter(self, i: int, on: list[bool]) -> Any:
         """The hook of parameter `i` (a post hook of its accumulator node), active while `on[0]`.
-        It runs in every backward pass for every armed parameter, so its body keeps to locals
-        and a look at `.grad` and its version (no device work); a weak reference is made only
-        where `.grad` is a new tensor."""
-        passes, clear, refs = self._passes, self._clear, self._ref
-        pass_refs, pass_versions = self._pass_ref, self._pass_version
-        ref_to = weakref.ref
+        It runs in every backward pass for every armed parameter, so it only notes which `.grad`
+        it found and its version (no device work, no comparison): `_drain` compares, once per
+        backward for all the parameters it touched, in the order the hooks ran."""
+        seen, settling, settle = self._seen, self._settling, self._settle_at_end
+        note = seen.append
         p = self._params[i]
-
-        touched, settle = self._touched, self._settle_at_end
 
         def on_accumulate(grad_inputs: Any, grad_outputs: Any) -> None:
             if not on[0]:
                 return
-            touched.append(i)
-            if not self._settling:
-                settle()
             grad = p.grad
-            if grad is None:  # nothing to compare (a hook of the user's own set it to None)
-                passes[i] += 1
-                return
-            version = grad._version
-            if passes[i]:  # a later pass: compare with what the previous pass left
-                last = pass_refs[i]
-                if last is not None and last() is grad:
-                    before, pass_versions[i] = pass_versions[i], version
-                    if version - before <= 1:
-                        passes[i] += 1
-                    else:  # zero-filled since the previous pass
-                        passes[i], clear[i] = 1, CLEAR_ZERO
-                    return
-                passes[i], clear[i] = 1, CLEAR_NONE  # set to None since the previous pass
-                pass_refs[i], pass_versions[i] = ref_to(grad), version
-                return
-            passes[i] = 1
-            ref = refs[i]
-            old, old_version = _NO_GRAD if ref is None else ref
-            if old is not None and old() is grad:
-                pass_refs[i], pass_versions[i] = old, version
-                clear[i] = CLEAR_NOT if version - old_version <= 1 else CLEAR_ZERO
-            else:
-                pass_refs[i], pass_versions[i] = ref_to(grad), version
-                if ref is not None:
-                    clear[i] = CLEAR_NONE
+            note((i, grad, 0 if grad is None else grad._version))
+            if not settling[0]:
+                settle()
 
         return on_accumulate
 
@@ -206,22 +178,62 @@ class GradTracker:
         queue = torch.autograd.Variable._execution_engine.queue_callback
         try:
             queue(lambda: queue(self._settled))
-            self._settling = True
+            self._settling[0] = True
         except Exception as exc:  # no engine to call back: from now on, versions as the hooks saw them
             log.debug("gradwatch: cannot queue an end-of-backward callback: %s", exc)
-            self._touched.clear()
             self._can_settle = False
-            self._settling = True  # for good: the hooks stop asking
+            self._settling[0] = True  # for good: the hooks stop asking, `end_step` compares
 
     def _settled(self) -> None:
-        """The backward has ended: what each touched `.grad` holds now is what its pass left."""
-        params, pass_refs, pass_versions = self._params, self._pass_ref, self._pass_version
-        for i in self._touched:
-            grad, last = params[i].grad, pass_refs[i]
-            if grad is not None and last is not None and last() is grad:
+        """The backward has ended: count its passes (`_drain`), then what each touched `.grad`
+        holds now is what its pass left (DDP's in-place write of the reduced gradient included).
+        A `.grad` replaced after its hook ran reads as a clear at the next pass, whatever its
+        version, so the version is read from the tensor the hook saw (no second `.grad` read)."""
+        seen = self._drain()
+        pass_versions = self._pass_version
+        for i, grad, _ in seen:
+            if grad is not None:
                 pass_versions[i] = grad._version
-        self._touched.clear()
-        self._settling = False
+        seen.clear()
+        self._settling[0] = False
+
+    def _drain(self) -> list[tuple[int, Optional[torch.Tensor], int]]:
+        """Count the passes the hooks noted, in their order, each against what the previous pass
+        of its parameter left (see the module docstring); returns what they noted, for the
+        caller to clear."""
+        seen = self._seen
+        if not seen:
+            return seen
+        passes, clear, refs = self._passes, self._clear, self._ref
+        pass_refs, pass_versions = self._pass_ref, self._pass_version
+        ref_to = weakref.ref
+        for i, grad, version in seen:
+            if grad is None:  # nothing to compare (a hook of the user's own set it to None)
+                passes[i] += 1
+                continue
+            if passes[i]:  # a later pass: compare with what the previous pass left
+                last = pass_refs[i]
+                if last is not None and last() is grad:
+                    before, pass_versions[i] = pass_versions[i], version
+                    if version - before <= 1:
+                        passes[i] += 1
+                    else:  # zero-filled since the previous pass
+                        passes[i], clear[i] = 1, CLEAR_ZERO
+                    continue
+                passes[i], clear[i] = 1, CLEAR_NONE  # set to None since the previous pass
+                pass_refs[i], pass_versions[i] = ref_to(grad), version
+                continue
+            passes[i] = 1
+            ref = refs[i]
+            old, old_version = _NO_GRAD if ref is None else ref
+            if old is not None and old() is grad:
+                pass_refs[i], pass_versions[i] = old, version
+                clear[i] = CLEAR_NOT if version - old_version <= 1 else CLEAR_ZERO
+            else:
+                pass_refs[i], pass_versions[i] = ref_to(grad), version
+                if ref is not None:
+                    clear[i] = CLEAR_NONE
+        return seen
 
     def end_step(self, indices: Optional[Collection[int]] = None) -> tuple[list[int], list[Optional[float]]]:
         """Passes and clear codes (None = nothing to say) of the reported parameters `indices`
@@ -243,9 +255,9 @@ class GradTracker:
         Plain lists, no numpy: this runs on the training thread at every step.
         """
         params, refs = self._params, self._ref
-        self._touched.clear()
-        if self._can_settle:  # a backward that failed never ran its callback
-            self._settling = False
+        self._drain().clear()  # a backward that failed never ran its callback, nor one that could not queue it
+        if self._can_settle:
+            self._settling[0] = False
         if indices is None:  # one optimizer: whole lists at once
             passes, clear = self._passes[:], self._clear[:]
             self._passes[:] = [0] * len(params)

@@ -20,6 +20,7 @@ import operator
 import time
 from collections.abc import Callable, Collection, Iterable
 from dataclasses import dataclass, field
+from itertools import repeat
 from typing import Any, Optional
 
 import numpy as np
@@ -89,6 +90,8 @@ def norm_preps(tensors: list[torch.Tensor]) -> list[Optional[Prep]]:
 #: The dtypes whose norms `_foreach_norm` computes as float32.
 _FUSED_DTYPES = frozenset({torch.float32, torch.float16, torch.bfloat16})
 _dtype = operator.attrgetter("dtype")
+_GRAD = operator.attrgetter("grad")
+_IS_SPARSE = operator.attrgetter("is_sparse")
 #: `fused_norms`' prep where no tensor needs one
 _NO_PREP: list[Optional[Prep]] = []
 
@@ -130,15 +133,47 @@ class _StatePlan:
     #: quantized state (states.py): (metric, parameter index, its codes and scales), read apart
     quantized: list[tuple[str, int, Quantized]] = field(default_factory=list)
 
-    def valid(self) -> bool:
+    def __post_init__(self) -> None:
+        # `checks` flattened for `valid`, whose loops then run in C (map, all): per distinct
+        # state mapping, its parameters with a state and those without; every state's expected
+        # size; every (state, key, tensor) listed
+        self._with: dict[int, tuple[dict[Any, Any], list[torch.Tensor], list[dict[str, Any]]]] = {}
+        self._without: dict[int, tuple[dict[Any, Any], list[torch.Tensor]]] = {}
+        self._sizes: list[int] = []
+        self._owners: list[dict[str, Any]] = []
+        self._keys: list[str] = []
+        self._tensors: list[torch.Tensor] = []
         for states, p, state, size, keys, tensors in self.checks:
-            now = states.get(p)
             if state is None:
-                if now:
+                self._without.setdefault(id(states), (states, []))[1].append(p)
+                continue
+            _, ps, expected = self._with.setdefault(id(states), (states, [], []))
+            ps.append(p)
+            expected.append(state)
+            self._sizes.append(size)
+            self._owners += [state] * len(keys)
+            self._keys += keys
+            self._tensors += tensors
+        self._expected = [state for _, _, expected in self._with.values() for state in expected]
+        self._dicts = all(isinstance(state, dict) for state in self._expected)  # else `valid` asks each one
+
+    def valid(self) -> bool:
+        is_ = operator.is_
+        if not self._dicts:  # a custom optimizer's state mappings
+            for states, p, state, size, keys, tensors in self.checks:
+                now = states.get(p)
+                if state is None:
+                    if now:
+                        return False
+                elif now is not state or len(now) != size or not all(map(is_, map(now.get, keys), tensors)):
                     return False
-            elif now is not state or len(now) != size or not all(map(operator.is_, map(now.get, keys), tensors)):
-                return False
-        return True
+            return True
+        return (
+            all(all(map(is_, map(states.get, ps), expected)) for states, ps, expected in self._with.values())
+            and not any(any(map(states.get, ps)) for states, ps in self._without.values())
+            and list(map(len, self._expected)) == self._sizes
+            and all(map(is_, map(dict.get, self._owners, self._keys), self._tensors))
+        )
 
 
 @dataclass
@@ -254,6 +289,11 @@ class Probe:
         self._plain = len(self._devices) == 1 and all(v is None for v in self.views)
         #: no parameter that `norm_preps` would read by rows (a `.grad` has its parameter's size)
         self._no_rows = all(p.numel() < _CPU_ROWS_MIN_NUMEL for p in self.params)
+        #: every parameter's bytes, where `read_plain_grads` may take them for its dense `.grad`'s
+        self._param_nbytes: Optional[np.ndarray] = None
+        if self._plain and not any(p.is_sparse for p in self.params):
+            self._param_nbytes = np.array([p.nbytes for p in self.params], dtype=np.int64)
+        self._every_index = np.arange(len(self.params))
         self._plans: dict[Optional[tuple[int, ...]], _StatePlan] = {}  # by the indices read_state is given
         self._pending: Optional[_Pending] = None
         self._pinned: dict[int, list[torch.Tensor]] = {}  # free pinned host buffers by length
@@ -295,6 +335,15 @@ class Probe:
         `.grad`s, and what `fused_norms` does to each worked out only where it can matter (a
         measured step's Python is a share of its cost that grows with the tensor count)."""
         params, idx, ts, nbytes = self.params, [], [], []
+        if indices is None and self._param_nbytes is not None:  # one optimizer: every parameter
+            grads = list(map(_GRAD, params))
+            if all(map(operator.is_not, grads, repeat(None))) and not any(map(_IS_SPARSE, grads)):
+                # every `.grad` there and dense: it has its parameter's size and dtype (torch
+                # enforces both), so its bytes are the parameter's; the lists are made by `map`, in C
+                assert pending.grad_bytes is not None
+                pending.grad_bytes[:] = self._param_nbytes
+                self._plain_norms(pending, self._every_index, grads, optimizer)
+                return
         for i in range(len(params)) if indices is None else indices:
             g = params[i].grad
             if g is not None:
@@ -310,6 +359,12 @@ class Probe:
         index = np.asarray(idx)
         assert pending.grad_bytes is not None
         pending.grad_bytes[index] = nbytes
+        self._plain_norms(pending, index, ts, optimizer)
+
+    def _plain_norms(
+        self, pending: _Pending, index: np.ndarray, ts: list[torch.Tensor], optimizer: Optional[int]
+    ) -> None:
+        """The norms of `read_plain_grads`' gradients `ts` (of the parameters `index`)."""
         # a .grad has its parameter's size and dtype: with no parameter large enough to be read
         # by rows, only a dtype outside the fused ones needs a prep
         prep = _NO_PREP if self._no_rows and all(map(_FUSED_DTYPES.__contains__, map(_dtype, ts))) else None
