@@ -26,6 +26,11 @@ gradient into `.grad` in place at the end of every backward. So "what the previo
 taken when that backward ends: the first hook of a backward queues an autograd final callback,
 which queues one more, so that it runs after the callbacks queued during the backward (DDP's), and
 that one notes the version of each `.grad` the backward touched.
+
+The hooks themselves only note which `.grad` they found and its version; that callback (or the
+step's `end_step`, for a backward that never ran it) makes the comparisons above for the whole
+backward in one loop, in the hooks' order: the same counts, at a cost per tensor that a measured
+step pays once rather than inside each hook (docs/benchmarks.md).
 """
 
 from __future__ import annotations
