@@ -137,7 +137,11 @@ def main(argv: list[str] | None = None) -> int:
             f"{row['wall_hi'] * 1e6:+.1f}) | {row['cpu'] * 1e6:+8.1f} ({row['cpu_lo'] * 1e6:+.1f} to "
             f"{row['cpu_hi'] * 1e6:+.1f}) | {target_us(n):9.0f} | {'yes' if ok else 'no'}"
         )
-    print("target met at every count (the upper bound of the wall or CPU interval)" if met else "target NOT met at some count")
+    print(
+        "target met at every count (the upper bound of the wall or CPU interval)"
+        if met
+        else "target NOT met at some count"
+    )
     return 0
 
 
