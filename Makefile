@@ -4,7 +4,11 @@
 PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
+# --no-compile: pip would byte-compile all ~18,000 modules it installs (55 CPU-s on this machine,
+# nearly a minute of a fresh CI set-up); Python compiles those the tests import at their first
+# import instead, once, into the same __pycache__.
 PIP    := $(BIN)/python -m pip --disable-pip-version-check -q
+INSTALL := $(PIP) install --no-compile
 # Pinned: on these machines torch==2.13.0 is a local CPU build; a range would pull CUDA wheels.
 TORCH  := torch==2.13.0
 # Our two packages; the server with its `postgres` extra (psycopg 3) so that the demo can be
@@ -19,12 +23,12 @@ $(BIN)/python:
 # Dependencies change rarely: install them once per change of the files that declare them
 # (this Makefile included: it picks the extras).
 $(VENV)/.stamp-deps: $(BIN)/python trainer_hook/pyproject.toml backend/pyproject.toml constraints.txt Makefile
-	$(BIN)/python -c "import torch" 2>/dev/null || $(PIP) install $(TORCH)
-	$(PIP) install -c constraints.txt $(PKGS)
+	$(BIN)/python -c "import torch" 2>/dev/null || $(INSTALL) $(TORCH)
+	$(INSTALL) -c constraints.txt $(PKGS)
 	touch $@
 
 $(VENV)/.stamp-test-deps: $(VENV)/.stamp-deps requirements-test.txt
-	$(PIP) install -c constraints.txt -r requirements-test.txt
+	$(INSTALL) -c constraints.txt -r requirements-test.txt
 	touch $@
 
 # The dashboard's browser code from the npm registry (vendor/package-lock.json pins it): Plotly's
@@ -36,9 +40,11 @@ $(PLOTLY_JS): vendor/package.json vendor/package-lock.json scripts/install-vendo
 # Our own code is reinstalled every time (non-editable, as users get it: the wheel must carry
 # the dashboard), without touching the dependencies.
 setup: $(VENV)/.stamp-deps $(PLOTLY_JS)
-	$(PIP) install --no-deps --force-reinstall $(PKGS)
+	$(INSTALL) --no-deps --force-reinstall $(PKGS)
 
-setup-test: setup $(VENV)/.stamp-test-deps system-deps
+# The system packages first: on a fresh machine they include npm, which `setup` then finds (one
+# apt-get update for all, not one for npm and another for the rest).
+setup-test: system-deps setup $(VENV)/.stamp-test-deps
 
 system-deps:
 	./scripts/install-system-deps.sh
@@ -47,12 +53,12 @@ demo: setup
 	./scripts/demo.sh
 
 # Both cores: the tests run on two pytest-xdist workers, a test file per worker so that a module's
-# fixtures are built once; those whose assertions time something (the `integration` tier and the
-# `timed` marker) run afterwards on a quiet machine. Both always run; either failing fails the target.
-TIMED := integration or timed
+# fixtures are built once, the longest files first (tests/support/schedule.py: xdist's own order,
+# by number of tests, is off); those whose assertions time something (the `timed` marker: a test,
+# or a module of tests/integration) run afterwards on a quiet machine. Both always run; either failing fails the target.
 test: setup-test
-	$(BIN)/python -m pytest -n 2 --dist loadfile -m "not ($(TIMED))" --durations=10; parallel=$$?; \
-	$(BIN)/python -m pytest -m "$(TIMED)" --durations=10; timed=$$?; \
+	$(BIN)/python -m pytest -n 2 --dist loadfile --no-loadscope-reorder -m "not timed" --durations=10; parallel=$$?; \
+	$(BIN)/python -m pytest -m timed --durations=10; timed=$$?; \
 	test $$parallel -eq 0 && test $$timed -eq 0
 
 # The tiers are markers each test module declares (tests/support/tiers.py; pytest.ini lists them).
@@ -60,7 +66,7 @@ test: setup-test
 # are built once.
 FAST := not (browser or postgres or server or corpus or integration)
 test-fast: setup $(VENV)/.stamp-test-deps
-	$(BIN)/python -m pytest -n auto --dist loadfile -m "$(FAST)"
+	$(BIN)/python -m pytest -n auto --dist loadfile --no-loadscope-reorder -m "$(FAST)"
 
 # Lint, format and types (ruff.toml; mypy's strict setting in each package's pyproject.toml).
 # The tools are pinned in requirements-test.txt.
@@ -84,7 +90,7 @@ screenshot: setup-test
 
 # The peers the overhead benchmark compares with (TensorBoard, wandb) go into .venv for it only.
 $(VENV)/.stamp-bench-peers: $(VENV)/.stamp-test-deps benchmarks/requirements-peers.txt
-	$(PIP) install -c constraints.txt -r benchmarks/requirements-peers.txt
+	$(INSTALL) -c constraints.txt -r benchmarks/requirements-peers.txt
 	touch $@
 
 # MLflow, the peer of the storage benchmark, gets a venv of its own (see the requirements file).

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from support import pg, tiers
+from support import pg, schedule, tiers
 from support.databases import DATABASES, new_database
 from support.server import ServerProcess, find_free_port, start_server
 
@@ -32,14 +32,30 @@ from support.server import ServerProcess, find_free_port, start_server
 # integration.
 
 
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """The `postgres` marker for each test on PostgreSQL: the `postgresql` variant of `db_url` or
-    `module_db_url`, or a test that asks for the `postgres` server itself."""
+    `module_db_url`, or a test that asks for the `postgres` server itself. On an xdist worker, the
+    modules longest first (tests/support/schedule.py): each worker collects, all in that order."""
     for item in items:
         params = getattr(getattr(item, "callspec", None), "params", {})
         on_postgres = "postgresql" in (params.get("db_url"), params.get("module_db_url"))
         if on_postgres or "postgres" in getattr(item, "fixturenames", ()):
             item.add_marker("postgres")
+    if hasattr(config, "workerinput"):
+        schedule.longest_first(items, schedule.load())
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--record-durations",
+        metavar="PATH",
+        help="write the seconds each test module took to PATH (JSON; tests/support/schedule.py)",
+    )
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    if path := config.getoption("--record-durations"):
+        config.pluginmanager.register(schedule.Recorder(Path(path)), "record-durations")
 
 
 @pytest.hookimpl(tryfirst=True)

@@ -84,6 +84,6 @@ def test_what_starts_a_server_or_a_browser_carries_its_tier(markers: dict[str, s
     assert markers["test_browsers_follow_runs_and_steps[sqlite]"] == {"unit", "server"}  # the `server` fixture
     assert markers["test_browsers_follow_runs_and_steps[postgresql]"] == {"unit", "server", "postgres"}
     # the folder's tier (its conftest.py), and the postgres fixture of a fixture of the module
-    assert markers["test_postgresql_workers_keep_a_moving_runs_findings_whole"] == {"postgres", "integration"}
+    assert markers["test_postgresql_workers_keep_a_moving_runs_findings_whole"] == {"postgres", "integration", "timed"}
     assert markers["test_compare_page"] == {"browser"}
     assert markers["test_global_norms_equal_one_process_on_the_full_batch"] == {"server"}

@@ -9,11 +9,15 @@ import time
 from pathlib import Path
 
 import httpx
+import pytest
 import torch
 from websockets.sync.client import connect
 
 import gradwatch
 from support.server import start_server
+
+#: asserts on wall-clock time: `make test` runs it alone, after the parallel tests
+pytestmark = pytest.mark.timed
 
 RUNS, STEPS, DASHBOARDS = 16, 40, 4
 

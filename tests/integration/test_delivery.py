@@ -18,6 +18,7 @@ import torch
 
 import gradwatch
 from gradwatch.spool import read_records
+from support.distruns import settled, wait_for
 from support.server import ServerProcess, find_free_port, start_server
 from support.wiresteps import spooled_steps
 
@@ -160,10 +161,19 @@ def test_training_process_sigkilled_replays_every_complete_record(tmp_path: Path
     assert proc.stdout is not None
     run_id = proc.stdout.readline().strip()
     assert proc.stdout.readline().strip() == "40"
-    time.sleep(0.8)  # the sender spools what was submitted every `linger` (0.25 s with no server)
+    path = spool_dir / f"{run_id}.spool"
+
+    def spooled_past_40() -> bool:
+        """The sender spools what was submitted every `linger` (0.25 s with no server): wait until
+        the records before the last hold step 40, so that the torn tail made below leaves 40."""
+        if not path.exists():
+            return False
+        records = list(read_records(path)[0])
+        return len(spooled_steps(records[:-1])) >= 40
+
+    wait_for("40 steps spooled", spooled_past_40, timeout=60)
     proc.send_signal(signal.SIGKILL)
     proc.wait()
-    path = spool_dir / f"{run_id}.spool"
     data = path.read_bytes()
     path.write_bytes(data[:-7])  # and a torn tail, as a kill mid-write leaves
     records, report = read_records(path)
@@ -175,8 +185,8 @@ def test_training_process_sigkilled_replays_every_complete_record(tmp_path: Path
         assert out.returncode == 0, out.stderr
         assert "dropped" in out.stdout
         assert stored_steps(url, run_id) == steps == list(range(1, len(steps) + 1))
-        time.sleep(1.5)  # the server's crash grace in tests is 1 s: no close record, no hook
-        assert httpx.get(f"{url}/api/runs/{run_id}").json()["status"] == "crashed"
+        # no close record, no hook: crashed once the server's crash grace (1 s in tests) is over
+        assert settled(url, run_id, ("crashed",), timeout=30)["status"] == "crashed"
     finally:
         server.stop()
     print(f"\ntraining SIGKILLed: {len(steps)}/{len(steps)} complete spooled steps replayed, torn tail dropped")

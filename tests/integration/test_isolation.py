@@ -13,12 +13,16 @@ import threading
 import time
 from pathlib import Path
 
+import pytest
 import torch
 from websockets.sync.server import serve
 
 import gradwatch
 from gradwatch.spool import read_records
 from support.wiresteps import spooled_steps
+
+#: asserts on wall-clock time: `make test` runs it alone, after the parallel tests
+pytestmark = pytest.mark.timed
 
 
 def step_times(model: torch.nn.Module, opt: torch.optim.Optimizer, steps: int) -> list[float]:

@@ -24,6 +24,9 @@ from gradwatch_server.store import open_store
 from support.server import ServerProcess, start_server
 from support.wiremsg import close, rank_hello, step
 
+#: asserts on wall-clock time: `make test` runs it alone, after the parallel tests
+pytestmark = pytest.mark.timed
+
 JOB = "killed-job"
 RANKS, STEPS, PERIOD_S = 64, 16, 0.25
 KILL_AT = 5  # the job's stored steps when the server is killed

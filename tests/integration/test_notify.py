@@ -23,6 +23,9 @@ import gradwatch
 from gradwatch_server.notify import Notifier, RunRef
 from support.server import find_free_port, server_command, server_env, start_server
 
+#: asserts on wall-clock time: `make test` runs it alone, after the parallel tests
+pytestmark = pytest.mark.timed
+
 SLOW_S = 6.0
 
 

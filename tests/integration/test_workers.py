@@ -33,6 +33,9 @@ from support.databases import new_database
 from support.server import ServerProcess, server_command, server_env, start_server
 from support.synthetic_dist import rank_runs
 
+#: asserts on wall-clock time: `make test` runs it alone, after the parallel tests
+pytestmark = pytest.mark.timed
+
 WORKERS = 2
 WORKER_HEADER = "x-gradwatch-worker"
 STEPS = 30

@@ -8,7 +8,8 @@ or, for a folder whose every test is of one tier, in that folder's conftest.py
 - `server`: starts a real `gradwatch serve` process;
 - `browser`: drives a real Chromium (tests/browser);
 - `corpus`: runs the diagnostics corpus, a training script per process (tests/diagnostics);
-- `integration`: whole runs against servers that fail on purpose, timed (tests/integration).
+- `integration`: whole runs against servers that fail on purpose (tests/integration); a module
+  of them whose assertions time something also carries the `timed` marker (run alone).
 
 A test of a `unit` module that starts a server carries `@pytest.mark.server` itself. Whatever the
 tier, a test on PostgreSQL (the `postgresql` variant of the `db_url` fixtures, or the `postgres`
