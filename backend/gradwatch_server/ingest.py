@@ -76,6 +76,9 @@ MAX_PENDING = 64
 #: job's findings (found when the last rank's steps arrive) reach every rank before it ends.
 #: Bounded well under the hook's own close timeout (5 s by default): nothing waits on it for data.
 JOB_CLOSE_WAIT_S = 2.0
+#: How often that wait looks at the store when nothing here wakes it: a job assembled or settled by
+#: another worker (`serve --workers N`). An assembly in this process wakes it at once.
+JOB_CLOSE_LOOK_S = 0.5
 #: How long a DDP replica's close waits for the arrays it was asked for as it closed (the steps
 #: whose `grad_digest` no comparison has settled: JobMemory.owed); its hook answers from its ring
 #: at once. Bounded, with JOB_CLOSE_WAIT_S, under the hook's close timeout.
@@ -533,21 +536,28 @@ class IngestConnection:
     async def _await_job(self) -> Run | None:
         """Wait, at most JOB_CLOSE_WAIT_S, until the job's run holds this rank's last step (the
         other ranks' connections assemble it) or the job has ended; the job's run then (None if
-        it or this rank's run is gone)."""
+        it or this rank's run is gone). The assembly here that stores the step wakes the wait
+        (`JobAssembler.wait_for_step`); the store is looked at again on waking, and every
+        JOB_CLOSE_LOOK_S for a job another worker assembles or settles."""
         assert self.job is not None
         loop = asyncio.get_running_loop()
         deadline = loop.time() + JOB_CLOSE_WAIT_S
+        mine, job = await asyncio.gather(
+            asyncio.to_thread(self.store.get_run, self.run_id), asyncio.to_thread(self.store.get_run, self.job)
+        )
         while True:
-            mine, job = await asyncio.gather(
-                asyncio.to_thread(self.store.get_run, self.run_id), asyncio.to_thread(self.store.get_run, self.job)
-            )
             if mine is None or job is None:
                 return None
             if job.status != "running" or mine.last_step is None or loop.time() >= deadline:
                 return job
             if job.last_step is not None and job.last_step >= mine.last_step:
                 return job
-            await asyncio.sleep(0.05)
+            wait = min(JOB_CLOSE_LOOK_S, deadline - loop.time())
+            if self.jobs is None:
+                await asyncio.sleep(wait)
+            else:
+                await self.jobs.wait_for_step(self.job, mine.last_step, wait)
+            job = await asyncio.to_thread(self.store.get_run, self.job)
 
     async def _send(self, message: dict[str, object]) -> None:
         await self.ws.send_text(json.dumps(message, separators=(",", ":")))
