@@ -1,11 +1,12 @@
-"""Wire protocol v1 and v2 (hook -> server): the one definition both sides are checked against.
+"""Wire protocol v1, v2 and v3 (hook -> server): the one definition both sides are checked against.
 
 See docs/protocol.md. Version 2 adds to v1's hello, for a rank of a distributed job, a digest of
 the job's parameter list (`params_digest`) that may stand for the list, and the rank's own pieces
 of the parameters (`pieces`) in a compact form; every other message reads as in v1. `parse_message` turns one text frame into a validated `Hello`, `Step`, `Steps`
 or `Close`, or raises `ProtocolError` with a message that says what is wrong. Per-parameter arrays
 are decoded from base64 during validation, so a `Step` carries the raw little-endian bytes that
-the store keeps as they are.
+the store keeps as they are. Version 3 sends a `step` or `steps` message as a binary frame, its
+arrays raw after a JSON header: `parse_binary` reads it into the same models, with no base64.
 """
 
 from __future__ import annotations
@@ -592,10 +593,14 @@ def _describe(exc: ValidationError, kind: str) -> str:
     return f"invalid {kind} message: " + "; ".join(parts) + suffix
 
 
+#: One decoder for every frame: `json.loads` with an option builds a new one per call.
+_JSON = json.JSONDecoder(parse_constant=_refuse_constant)
+
+
 def parse_message(text: str | bytes, param_count: int | None = None) -> Message:
     """Validate one frame. `param_count` is the length of the run's `params` (after `hello`)."""
     try:
-        data = json.loads(text, parse_constant=_refuse_constant)
+        data = _JSON.decode(text) if isinstance(text, str) else json.loads(text, parse_constant=_refuse_constant)
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise ProtocolError(f"frame is not valid JSON: {exc}") from None
     return validate_message(data, param_count)
@@ -643,7 +648,7 @@ def parse_binary(frame: bytes, param_count: int | None = None) -> Step | Steps:
             f"binary frame is truncated: its header says {size} bytes, {len(frame) - _HEADER_LENGTH} follow"
         )
     try:
-        header = json.loads(frame[_HEADER_LENGTH:body], parse_constant=_refuse_constant)
+        header = _JSON.decode(frame[_HEADER_LENGTH:body].decode())
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise ProtocolError(f"binary frame's header is not valid JSON: {exc}") from None
     if not isinstance(header, dict):
