@@ -17,6 +17,7 @@ import pytest
 from websockets.sync.server import ServerConnection, serve
 
 from gradwatch.sender import Sender
+from gradwatch.spool import SpoolWriter, read_records
 from gradwatch.wire import UnsentStep
 from gradwatch_server.protocol import Step, parse_binary, parse_message
 from support.server import start_server
@@ -69,18 +70,23 @@ def two_servers() -> Iterator[tuple[str, list[list[str | bytes]]]]:
 
 
 def test_a_step_goes_binary_to_a_server_that_reads_it_and_as_json_after_reconnecting_to_one_that_does_not(
-    two_servers: tuple[str, list[list[str | bytes]]],
+    two_servers: tuple[str, list[list[str | bytes]]], tmp_path: Path
 ) -> None:
+    """The spool keeps the step as JSON (a replay may meet any server)."""
     url, received = two_servers
-    sender = Sender(url, hello("bin"), linger=0.05)
+    spool = SpoolWriter(tmp_path, "bin", json.dumps(hello("bin")))
+    sender = Sender(url, hello("bin"), linger=0.05, spool=spool)
     try:
         assert wait_until(lambda: sender._binary)
         sender.submit_step(lambda: UnsentStep(1, 1.7e9, {"loss": 0.5}, {"grad_norm": GRAD}, STATUS))
         assert wait_until(lambda: len(received) >= 2 and len(received[1]) >= 1)
+        spooled = list(read_records(spool.path)[0])
         assert sender.close(timeout=10)
     finally:
         sender.close(timeout=1)
+    assert len(spooled) == 2  # the hello, the step
     first, second = received[0][0], received[1][0]
+    assert parse_message(spooled[1], 2) == parse_message(second, 2)
     assert isinstance(first, bytes) and isinstance(second, str)
     assert not sender._binary  # the second server does not read binary frames
     for message in (parse_binary(first, 2), parse_message(second, 2)):
