@@ -6,6 +6,8 @@ the job's parameter list with its own `local_numel`/`counted`), then one `step` 
 on schedule, every rank on the same clock, and a `close`. The frames are built with the hook's
 own message builders (`gradwatch.wire`) once per rank, so the simulator costs a string format
 per frame: the ranks of a configuration run as asyncio tasks in a few processes (`--procs`).
+Step frames go as binary frames (protocol v3, their arrays raw) to a server whose welcome lists
+version 3, as the hook sends them, else as JSON (`--frames json`: JSON always).
 `--kind ddp`: replicas (the same local norms on every rank, counted on rank 0); `--kind fsdp`:
 each rank its own shard of every tensor, all counted. With `--every N`, steps between the
 measured ones carry only their cheap facts (no norms, no status), as the hook sends them.
@@ -38,7 +40,7 @@ receives them (`/ws/live?run=JOB`, published once stored):
   `GET /api/runs/JOB/ranks/spread?metric=time/step_s` (ms).
 
     python benchmarks/ranks.py [--ranks 8,32,64] [--tensors 700] [--period 1] [--steps 60]
-        [--kind ddp|fsdp] [--every 1] [--procs N] [--workers N] [--db URL]
+        [--kind ddp|fsdp] [--every 1] [--procs N] [--workers N] [--db URL] [--frames binary|json]
 
 The figures are the server's under the load of the simulator on the same machine (a 2-core box
 shares its cores between them): the load average is printed with each row.
@@ -133,6 +135,9 @@ class Spec:
     #: "digest": a DDP replica's measured steps carry its grad_digest, no arrays (the hook on v2);
     #: "arrays": its per-parameter arrays (the hook before it, or on a v1 server)
     replicas: str = "digest"
+    #: "binary": step frames as binary (protocol v3) to a server whose welcome lists version 3,
+    #: as the hook sends them (JSON to one that does not); "json": JSON text frames always
+    frames: str = "binary"
 
 
 def _hellos(spec: Spec, rank: int) -> list[str]:
@@ -178,9 +183,14 @@ def _hellos(spec: Spec, rank: int) -> list[str]:
     return [wire.dumps(h) for h in (wire.rank_hellos(v1) if spec.hello == "v2" else [v1])]
 
 
-def _templates(spec: Spec, rank: int) -> tuple[str, str]:
-    """The rank's measured and unmeasured step frames, with `%(seq)d`, `%(step)d` and
-    `%(time)r` left to fill: encoded once, formatted per step."""
+#: A step frame encoded once: a JSON text frame with `%(seq)d`, `%(step)d` and `%(time)r` left to
+#: fill, or a binary one (protocol v3) as its header so and its arrays' bytes.
+Template = str | tuple[str, bytes]
+
+
+def _templates(spec: Spec, rank: int) -> tuple[str, str, Template, Template]:
+    """The rank's measured and unmeasured step frames, as JSON text, then as binary frames
+    (protocol v3): encoded once, formatted per step (`_fill`)."""
     from gradwatch import wire
 
     n = spec.tensors
@@ -226,12 +236,28 @@ def _templates(spec: Spec, rank: int) -> tuple[str, str]:
             .replace("-333.5", "%(time)r", 1)
         )
 
-    measured = template(wire.step(0, 0, 0.0, measured_scalars, {**norms, **cheap}, status))
+    def binary(record: Any) -> Template:
+        frame = wire.binary_steps(0, [record])
+        size = int.from_bytes(frame[:4], "little")
+        return template(json.loads(frame[4 : 4 + size])), frame[4 + size :]
+
+    record = wire.UnsentStep(0, 0.0, measured_scalars, {**norms, **cheap}, status)
     if spec.kind == "ddp" and rank > 0 and spec.replicas == "digest" and spec.hello == "v2":
-        record = wire.UnsentStep(0, 0.0, measured_scalars, {**norms, **cheap}, status)
-        measured = template(wire.steps(0, [wire.digested(record)]))
-    unmeasured = template(wire.step(0, 0, 0.0, cheap_scalars, cheap, None))
-    return measured, unmeasured
+        record = wire.digested(record)
+    cheap_record = wire.UnsentStep(0, 0.0, cheap_scalars, cheap, None)
+    measured = template(wire.steps(0, [record]))
+    unmeasured = template(wire.steps(0, [cheap_record]))
+    return measured, unmeasured, binary(record), binary(cheap_record)
+
+
+def _fill(template: Template, values: dict[str, Any]) -> str | bytes:
+    """A step frame from its template (`_templates`)."""
+    from gradwatch import wire
+
+    if isinstance(template, str):
+        return template % values
+    header, arrays = template
+    return wire.binary_payload(header % values, arrays)
 
 
 # -- a simulated rank ------------------------------------------------------------------------
@@ -249,17 +275,29 @@ class RankResult:
 
 
 async def _rank(
-    spec: Spec, rank: int, url: str, t0: float, result: RankResult, frames: tuple[list[str], str, str]
+    spec: Spec,
+    rank: int,
+    url: str,
+    t0: float,
+    result: RankResult,
+    frames: tuple[list[str], str, str, Template, Template],
 ) -> None:
-    hellos, measured, unmeasured = frames
+    from gradwatch import wire
+
+    hellos, measured, unmeasured, measured_binary, unmeasured_binary = frames
+    binary = False  # whether this connection's server reads binary step frames (its welcome)
     tried = 0  # which of `hellos` this connection sends
     produced = 0  # steps the "training" has made so far (on schedule from t0)
     backoff = BACKOFF_S
     done = asyncio.Event()
 
-    def frame(step: int) -> str:
-        template = measured if spec.every <= 1 or step % spec.every == 1 or step == 1 else unmeasured
-        return template % {"seq": step, "step": step, "time": t0 + step * spec.period}
+    def frame(step: int) -> str | bytes:
+        measuring = spec.every <= 1 or step % spec.every == 1 or step == 1
+        if binary:
+            template = measured_binary if measuring else unmeasured_binary
+        else:
+            template = measured if measuring else unmeasured
+        return _fill(template, {"seq": step, "step": step, "time": t0 + step * spec.period})
 
     async def schedule() -> None:
         nonlocal produced
@@ -302,6 +340,7 @@ async def _rank(
                 backoff = min(backoff * 2, BACKOFF_MAX_S)
                 continue
             backoff = BACKOFF_S
+            binary = spec.frames == "binary" and wire.reads_binary(welcome)
             if result.welcomed is None:
                 result.welcomed = time.time()
             if spec.admit_only:  # the start alone: leave once welcomed (what a close costs is not timed)
@@ -553,7 +592,7 @@ def one_process_bytes(spec: Spec, tmp: Path) -> float:
         for p in hello["params"]:
             p.pop("local_numel")
             p.pop("counted")
-        measured, unmeasured = _templates(spec, 0)
+        measured, unmeasured, _, _ = _templates(spec, 0)
 
         async def send() -> None:
             async with websockets.connect(base.replace("http", "ws", 1) + "/ws/ingest", max_size=None) as ws:
@@ -826,6 +865,13 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
         help="comma-separated, --kind ddp: digest (a replica's measured steps carry its grad_digest, as the hook "
         "sends on v2) and/or arrays (its per-parameter arrays); default digest",
     )
+    p.add_argument(
+        "--frames",
+        default="binary",
+        choices=("binary", "json"),
+        help="binary: step frames as binary (protocol v3) to a server that reads them, as the hook sends them; "
+        "json: JSON text frames always; default binary",
+    )
     args = p.parse_args(argv)
     args.hello_list = args.hello.split(",")
     args.replicas_list = args.replicas.split(",")
@@ -878,11 +924,13 @@ def main(argv: list[str] | None = None) -> None:
                             hello,
                             args.admit_only,
                             replicas,
+                            args.frames,
                         )
                         row = run_config(spec, args, Path(tmp))
                         rows.append(row)
                         print(
-                            f"# done {ranks} x {tensors} @ {period:g} s ({hello}, replicas {replicas}): admit {row.admit_s:.1f} s, "
+                            f"# done {ranks} x {tensors} @ {period:g} s ({hello}, replicas {replicas}, "
+                            f"{args.frames} frames): admit {row.admit_s:.1f} s, "
                             f"{row.errors} failed connects, lag p95 {quantile(row.lags, 0.95):.2f} s, "
                             f"cpu {row.cpu_ms:.2f} ms/rank-step, steady {row.steady_ms:.2f}, "
                             f"lag p50 {quantile(row.lags, 0.5):.2f} s, load {row.load:.1f}",

@@ -152,3 +152,34 @@ def test_a_ranks_v2_hellos_validate_and_name_the_jobs_list_by_the_servers_digest
         assert tried[0].get("params") is (None if rank else tried[0]["params"])
         digests.add(expected)
     assert len(digests) == 1  # the job's list, whatever the rank's pieces
+
+
+def test_the_hooks_binary_frames_read_as_its_json_messages() -> None:
+    """A `step` and a `steps` frame (v3), a replica's digested steps among them: the server reads
+    each binary frame as the JSON message built from the same records, arrays bit for bit, and
+    `binary_as_json` (what a hook resends to a server older than v3) gives that JSON message."""
+    assert wire.PROTOCOL_VERSION_3 == protocol.BINARY_VERSION and wire.BINARY_ALIGN == protocol.BINARY_ALIGN
+    rng = np.random.default_rng(5)
+    absent = np.frombuffer(np.uint32(wire.ABSENT_BITS).tobytes(), "<f4")[0]
+
+    def record(s: int, digest: bool = False) -> wire.UnsentStep:
+        grad = rng.random(3).astype(np.float32)
+        grad[2] = absent
+        full = wire.UnsentStep(
+            s,
+            1.0 + s,
+            {"loss": float("nan"), "lr/0": 1e-3},
+            {"grad_norm": grad, "param_norm": grad * 2},
+            np.array([2, 3, 0], np.uint8),
+        )
+        return wire.digested(full) if digest else full
+
+    for records in ([record(1)], [record(2), record(3), record(4)], [record(5, True), record(6, True)]):
+        frame = wire.binary_steps(9, records)
+        size = int.from_bytes(frame[:4], "little")
+        assert (4 + size) % wire.BINARY_ALIGN == 0
+        from_json = protocol.parse_message(wire.dumps(wire.steps(9, records)), param_count=3)
+        from_binary = protocol.parse_binary(frame, param_count=3)
+        assert type(from_binary) is type(from_json)
+        assert repr(from_binary.model_dump(exclude={"v"})) == repr(from_json.model_dump(exclude={"v"}))  # NaN too
+        assert wire.binary_as_json(frame) == wire.steps(9, records)

@@ -46,7 +46,18 @@ from .jobs.admission import admission
 from .jobs.assembler import JobAssembler
 from .live import LiveHub, worker_headers
 from .notify import Notifier, RunRef, tell
-from .protocol import RESENT, Close, Hello, Pieces, ProtocolError, Step, Steps, parse_message
+from .protocol import (
+    READ_VERSIONS,
+    RESENT,
+    Close,
+    Hello,
+    Pieces,
+    ProtocolError,
+    Step,
+    Steps,
+    parse_binary,
+    parse_message,
+)
 from .sessions import Sessions
 from .settings import Settings
 from .store import ParamsMismatch, Run, StepData, Store, UnknownRun
@@ -76,6 +87,9 @@ MAX_PENDING = 64
 #: job's findings (found when the last rank's steps arrive) reach every rank before it ends.
 #: Bounded well under the hook's own close timeout (5 s by default): nothing waits on it for data.
 JOB_CLOSE_WAIT_S = 2.0
+#: How often that wait looks at the store when nothing here wakes it: a job assembled or settled by
+#: another worker (`serve --workers N`). An assembly in this process wakes it at once.
+JOB_CLOSE_LOOK_S = 0.5
 #: How long a DDP replica's close waits for the arrays it was asked for as it closed (the steps
 #: whose `grad_digest` no comparison has settled: JobMemory.owed); its hook answers from its ring
 #: at once. Bounded, with JOB_CLOSE_WAIT_S, under the hook's close timeout.
@@ -185,6 +199,11 @@ class IngestConnection:
                     "'Authorization: Bearer TOKEN' (watch(token=...) or GRADWATCH_TOKEN)",
                 )
             text = await self._receive()
+            if isinstance(text, bytes):
+                raise Refusal(
+                    CLOSE_INVALID,
+                    "the first message must be hello, in a JSON text frame (binary frames carry steps only)",
+                )
             with contextlib.nullcontext() if self.jobs is None else self.jobs.admitting():
                 first = await _on_hello_thread(self._parse, text)
                 if not isinstance(first, Hello):
@@ -211,20 +230,26 @@ class IngestConnection:
             if self.state is not State.AWAIT_HELLO:
                 self.sessions.detach(self.run_id, closed=self.state is State.CLOSED)
 
-    async def _receive(self) -> str:
+    async def _receive(self) -> str | bytes:
+        """The next frame: JSON text, or binary (a version 3 step frame, `parse_binary`)."""
         message = await self.ws.receive()
         if message["type"] == "websocket.disconnect":
             raise WebSocketDisconnect(message.get("code", 1000))
-        text = message.get("text")
-        if not isinstance(text, str):
-            raise Refusal(CLOSE_INVALID, "binary frames are not part of the protocol; send JSON text frames")
-        if len(text) > self.settings.max_frame_bytes:
+        frame = message.get("text")
+        if frame is None:
+            frame = message.get("bytes")
+        if not isinstance(frame, (str, bytes)):
+            raise Refusal(CLOSE_INVALID, "empty websocket message: send JSON text frames or binary step frames")
+        if len(frame) > self.settings.max_frame_bytes:
             raise Refusal(CLOSE_TOO_BIG, f"frame larger than {self.settings.max_frame_bytes} bytes")
-        return text
+        return frame
 
-    def _parse(self, text: str) -> Hello | Step | Steps | Close:
+    def _parse(self, frame: str | bytes) -> Hello | Step | Steps | Close:
+        param_count = self.param_count if self.state is not State.AWAIT_HELLO else None
         try:
-            return parse_message(text, self.param_count if self.state is not State.AWAIT_HELLO else None)
+            if isinstance(frame, bytes):
+                return parse_binary(frame, param_count)
+            return parse_message(frame, param_count)
         except ProtocolError as exc:
             raise Refusal(CLOSE_INVALID, str(exc)) from None
 
@@ -309,7 +334,13 @@ class IngestConnection:
 
     async def _welcome(self, last_seq: int) -> None:
         await self._send(
-            {"type": "welcome", "run_id": self.run_id, "last_seq": last_seq, "linger": self.hub.linger(self.run_id)}
+            {
+                "type": "welcome",
+                "run_id": self.run_id,
+                "last_seq": last_seq,
+                "linger": self.hub.linger(self.run_id),
+                "versions": list(READ_VERSIONS),  # 3: binary step frames (docs/protocol.md)
+            }
         )
 
     async def _read(self, pending: asyncio.Queue[Pending]) -> None:
@@ -533,21 +564,28 @@ class IngestConnection:
     async def _await_job(self) -> Run | None:
         """Wait, at most JOB_CLOSE_WAIT_S, until the job's run holds this rank's last step (the
         other ranks' connections assemble it) or the job has ended; the job's run then (None if
-        it or this rank's run is gone)."""
+        it or this rank's run is gone). The assembly here that stores the step wakes the wait
+        (`JobAssembler.wait_for_step`); the store is looked at again on waking, and every
+        JOB_CLOSE_LOOK_S for a job another worker assembles or settles."""
         assert self.job is not None
         loop = asyncio.get_running_loop()
         deadline = loop.time() + JOB_CLOSE_WAIT_S
+        mine, job = await asyncio.gather(
+            asyncio.to_thread(self.store.get_run, self.run_id), asyncio.to_thread(self.store.get_run, self.job)
+        )
         while True:
-            mine, job = await asyncio.gather(
-                asyncio.to_thread(self.store.get_run, self.run_id), asyncio.to_thread(self.store.get_run, self.job)
-            )
             if mine is None or job is None:
                 return None
             if job.status != "running" or mine.last_step is None or loop.time() >= deadline:
                 return job
             if job.last_step is not None and job.last_step >= mine.last_step:
                 return job
-            await asyncio.sleep(0.05)
+            wait = min(JOB_CLOSE_LOOK_S, deadline - loop.time())
+            if self.jobs is None:
+                await asyncio.sleep(wait)
+            else:
+                await self.jobs.wait_for_step(self.job, mine.last_step, wait)
+            job = await asyncio.to_thread(self.store.get_run, self.job)
 
     async def _send(self, message: dict[str, object]) -> None:
         await self.ws.send_text(json.dumps(message, separators=(",", ":")))

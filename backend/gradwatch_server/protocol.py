@@ -1,11 +1,12 @@
-"""Wire protocol v1 and v2 (hook -> server): the one definition both sides are checked against.
+"""Wire protocol v1, v2 and v3 (hook -> server): the one definition both sides are checked against.
 
 See docs/protocol.md. Version 2 adds to v1's hello, for a rank of a distributed job, a digest of
 the job's parameter list (`params_digest`) that may stand for the list, and the rank's own pieces
 of the parameters (`pieces`) in a compact form; every other message reads as in v1. `parse_message` turns one text frame into a validated `Hello`, `Step`, `Steps`
 or `Close`, or raises `ProtocolError` with a message that says what is wrong. Per-parameter arrays
 are decoded from base64 during validation, so a `Step` carries the raw little-endian bytes that
-the store keeps as they are.
+the store keeps as they are. Version 3 sends a `step` or `steps` message as a binary frame, its
+arrays raw after a JSON header: `parse_binary` reads it into the same models, with no base64.
 """
 
 from __future__ import annotations
@@ -34,8 +35,15 @@ from pydantic import (
 )
 
 PROTOCOL_VERSION = 1
-#: The versions this server reads: v2 is v1 plus the hello's `params_digest` and `pieces`.
+#: The versions of JSON text frames this server reads: v2 is v1 plus the hello's `params_digest`
+#: and `pieces`.
 PROTOCOL_VERSIONS = (1, 2)
+#: Version 3: a `step` or `steps` message as a binary frame (`parse_binary`), its per-parameter
+#: arrays raw after a JSON header, no base64. The welcome's `versions` lists it.
+BINARY_VERSION = 3
+#: What the welcome says this server reads (`versions`): a hook sends binary step frames only to
+#: a server that lists BINARY_VERSION.
+READ_VERSIONS = (*PROTOCOL_VERSIONS, BINARY_VERSION)
 
 #: Bit pattern of the float32 NaN that means "does not apply to this parameter" (no `.grad`,
 #: no such optimizer state yet). Test for it on the raw uint32 bits, before any arithmetic.
@@ -125,7 +133,7 @@ class _Message(BaseModel):
     # strict: no "1" for 1, no true for 1; forbid: a misspelt field is an error, not ignored.
     model_config = ConfigDict(strict=True, extra="forbid", frozen=True)
 
-    v: Literal[1, 2]
+    v: Literal[1, 2, 3]
 
 
 class RunInfo(BaseModel):
@@ -351,6 +359,8 @@ class Hello(_Message):
 
 
 def _decode_base64(value: object) -> bytes:
+    if isinstance(value, bytes):  # a binary frame's array (`parse_binary`): raw already
+        return value
     if not isinstance(value, str):
         raise ValueError("must be a base64 string")
     try:  # in C, without b64decode's regex pass (half a frame's validation); accepts a subset of it
@@ -382,7 +392,7 @@ def _decode_floats(value: object, info: ValidationInfo) -> bytes:
 
 def _decode_codes(value: object, info: ValidationInfo) -> bytes:
     raw = _decode_array(value, info, 1)
-    if raw and max(raw) >= len(GRAD_STATUS_NAMES):
+    if raw and int(np.frombuffer(raw, dtype="u1").max()) >= len(GRAD_STATUS_NAMES):
         raise ValueError(f"has a code above {len(GRAD_STATUS_NAMES) - 1}")
     return raw
 
@@ -522,7 +532,7 @@ class Steps(_Message):
                     f"{where} decodes to {len(raw)} bytes, expected {k * count * itemsize} "
                     f"({k} steps x {count} parameters x {itemsize} bytes)"
                 )
-        if self.grad_status and max(self.grad_status) >= len(GRAD_STATUS_NAMES):
+        if self.grad_status and int(np.frombuffer(self.grad_status, dtype="u1").max()) >= len(GRAD_STATUS_NAMES):
             raise ValueError(f"grad_status has a code above {len(GRAD_STATUS_NAMES) - 1}")
         return self
 
@@ -583,10 +593,14 @@ def _describe(exc: ValidationError, kind: str) -> str:
     return f"invalid {kind} message: " + "; ".join(parts) + suffix
 
 
+#: One decoder for every frame: `json.loads` with an option builds a new one per call.
+_JSON = json.JSONDecoder(parse_constant=_refuse_constant)
+
+
 def parse_message(text: str | bytes, param_count: int | None = None) -> Message:
     """Validate one frame. `param_count` is the length of the run's `params` (after `hello`)."""
     try:
-        data = json.loads(text, parse_constant=_refuse_constant)
+        data = _JSON.decode(text) if isinstance(text, str) else json.loads(text, parse_constant=_refuse_constant)
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise ProtocolError(f"frame is not valid JSON: {exc}") from None
     return validate_message(data, param_count)
@@ -607,6 +621,71 @@ def validate_message(data: object, param_count: int | None = None) -> Message:
         raise ProtocolError(f"unknown message type {kind!r}: expected one of {', '.join(_MODELS)}")
     try:
         return _MODELS[kind].model_validate(data, context={"param_count": param_count})
+    except ValidationError as exc:
+        raise ProtocolError(_describe(exc, kind)) from None
+
+
+#: A binary frame (version 3) starts with its JSON header's length, a little-endian uint32.
+_HEADER_LENGTH = 4
+#: The header is padded (JSON whitespace) so that the arrays start at a multiple of this offset.
+BINARY_ALIGN = 8
+
+
+def parse_binary(frame: bytes, param_count: int | None = None) -> Step | Steps:
+    """Validate one binary frame (version 3, docs/protocol.md): a `step` or `steps` message whose
+    header (JSON: the message without its arrays; `params` the list of the metrics' names, in
+    the order of their arrays, `grad_status` true when its codes follow them) precedes the raw
+    little-endian arrays, each steps x parameters, float32 (uint8 for grad_status). Every check
+    of the JSON form applies, and the frame's size must be exactly what the header says."""
+    if param_count is None:
+        raise ProtocolError("a binary frame carries steps: send hello (a JSON text frame) first")
+    if len(frame) < _HEADER_LENGTH:
+        raise ProtocolError(f"binary frame of {len(frame)} bytes is truncated: it has no header length")
+    size = int.from_bytes(frame[:_HEADER_LENGTH], "little")
+    body = _HEADER_LENGTH + size
+    if body > len(frame):
+        raise ProtocolError(
+            f"binary frame is truncated: its header says {size} bytes, {len(frame) - _HEADER_LENGTH} follow"
+        )
+    try:
+        header = _JSON.decode(frame[_HEADER_LENGTH:body].decode())
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise ProtocolError(f"binary frame's header is not valid JSON: {exc}") from None
+    if not isinstance(header, dict):
+        raise ProtocolError("binary frame's header must be a JSON object")
+    if header.get("v") != BINARY_VERSION or type(header.get("v")) is not int:
+        raise ProtocolError(f'binary frame\'s header must say "v": {BINARY_VERSION}, not {header.get("v")!r}')
+    kind = header.get("type")
+    if kind not in ("step", "steps"):
+        raise ProtocolError(f"a binary frame carries a step or steps message, not {kind!r}: send it as JSON text")
+    names, status = header.get("params", []), header.get("grad_status", False)
+    if not isinstance(names, list) or not all(isinstance(n, str) for n in names) or len(set(names)) != len(names):
+        raise ProtocolError("binary frame's header: params must be a list of distinct metric names")
+    if not isinstance(status, bool):
+        raise ProtocolError("binary frame's header: grad_status must be true or false")
+    rows = header.get("step")
+    rows = len(rows) if kind == "steps" and isinstance(rows, list) else 1
+    width = rows * param_count
+    expected = width * (4 * len(names) + (1 if status else 0))
+    if len(frame) - body != expected:
+        raise ProtocolError(
+            f"binary frame carries {len(frame) - body} bytes of arrays, expected {expected} "
+            f"({len(names)} float32 arrays{' and grad_status' if status else ''} of {rows} steps x "
+            f"{param_count} parameters)"
+        )
+    view = memoryview(frame)
+    arrays: dict[str, bytes] = {}
+    at = body
+    for name in names:
+        arrays[name] = bytes(view[at : at + 4 * width])
+        at += 4 * width
+    data = {**header, "params": arrays}
+    if status:
+        data["grad_status"] = bytes(view[at : at + width])
+    else:
+        data.pop("grad_status", None)
+    try:
+        return _MODELS[kind].model_validate(data, context={"param_count": param_count})  # type: ignore[return-value]
     except ValidationError as exc:
         raise ProtocolError(_describe(exc, kind)) from None
 

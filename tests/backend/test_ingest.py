@@ -44,7 +44,13 @@ def run_steps(http: httpx.Client, run_id: str) -> list[int]:
 def good_run(ws_url: str, run_id: str, steps: int = 3) -> None:
     """A well-behaved client: hello, `steps` steps, close, every message acknowledged."""
     with Hook(ws_url) as hook:
-        assert hook.call(hello(run_id)) == {"type": "welcome", "run_id": run_id, "last_seq": 0, "linger": IDLE_LINGER_S}
+        assert hook.call(hello(run_id)) == {
+            "type": "welcome",
+            "run_id": run_id,
+            "last_seq": 0,
+            "linger": IDLE_LINGER_S,
+            "versions": [1, 2, 3],
+        }
         for i in range(1, steps + 1):
             ack = hook.call(
                 step(i, i, scalars={"loss": 1.0 / i}, arrays={"grad_norm": f32(i, i + 0.5)}, grad_status=[2, 2])
@@ -241,11 +247,11 @@ def test_step_before_hello_is_refused(srv: ServerProcess) -> None:
     assert code == 1003 and "first message must be hello" in error and reason
 
 
-def test_binary_frame_is_refused(srv: ServerProcess) -> None:
+def test_a_binary_frame_before_hello_is_refused(srv: ServerProcess) -> None:
     with Hook(srv.ws_url) as hook:
         hook.ws.send(b"\x00\x01")
         code, _, error = hook.refused()
-    assert code == 1003 and "text frames" in error
+    assert code == 1003 and "first message must be hello, in a JSON text frame" in error
 
 
 def test_disconnect_without_close_marks_the_run_crashed(srv: ServerProcess, http: httpx.Client) -> None:

@@ -795,3 +795,39 @@ def test_a_jobs_first_step_and_its_ranks_closes_assemble_once_not_once_per_rank(
         assert [stored[s]["scalars"]["dist/ranks"] for s in range(1, steps + 1)] == [float(ranks)] * steps
         timer = int(elapsed / server.app.state.jobs.interval_s) + 1
         assert steps + 1 <= len(assemblies) <= steps + 1 + timer < ranks
+
+
+def test_a_closing_ranks_wait_for_its_jobs_step_ends_when_the_step_is_stored_or_the_job_settled_elsewhere(
+    tmp_path: Path,
+) -> None:
+    """A rank's close is acked once the job's run holds the rank's last step: the close waits on
+    the assembler (no poll), and the assembly that stores the step wakes it; its ack comes with
+    that step stored. A job settled by another worker (here another store on the same file marks
+    it crashed) wakes nothing here: the wait still ends, the job's run read from the store."""
+    url = f"sqlite:///{tmp_path / 'x.db'}"
+    with in_process_server(url, rank_timeout_s=60.0) as server, server.client() as http:
+        jobs = server.app.state.jobs
+        with server.hook() as r0, server.hook() as r1:
+            r0.call(rank_hello("j-wake", 0, 2))
+            r1.call(rank_hello("j-wake", 1, 2))
+            send(r0, 1, 1, [1.0, 2.0])
+            r0.send(close(2))
+            assert wait_for(lambda: server.portal.call(jobs.waiting, "j-wake") == 1)
+            assert send(r1, 1, 1, [3.0, 4.0])["type"] == "ack"
+            assert r0.recv() == {"type": "ack", "seq": 2}
+            stored = job_steps_in(http, "j-wake")
+            assert stored[1]["scalars"]["dist/ranks"] == 2.0
+            assert server.portal.call(jobs.waiting, "j-wake") == 0
+        with server.hook() as r0, server.hook() as r1:
+            r0.call(rank_hello("j-elsewhere", 0, 2))
+            r1.call(rank_hello("j-elsewhere", 1, 2))
+            send(r0, 1, 1, [1.0, 2.0])
+            r0.send(close(2))
+            assert wait_for(lambda: server.portal.call(jobs.waiting, "j-elsewhere") == 1)
+            other = open_store(url)  # another worker marks the job crashed
+            try:
+                assert other.mark_crashed("j-elsewhere", time.time() + 1)
+            finally:
+                other.close()
+            assert r0.recv() == {"type": "ack", "seq": 2}
+            assert http.get("/api/runs/j-elsewhere").json()["status"] == "crashed"

@@ -17,21 +17,23 @@ SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "ranks.py"
 
 @pytest.mark.server
 @pytest.mark.parametrize(
-    "kind, every, rows",
-    [("ddp", 1, ["ddp, replicas digest", "ddp, replicas arrays"]), ("fsdp", 2, ["fsdp"])],
+    "kind, every, rows, frames",
+    [("ddp", 1, ["ddp, replicas digest", "ddp, replicas arrays"], "binary"), ("fsdp", 2, ["fsdp"], "json")],
 )
-def test_a_small_job_is_stored_whole_and_its_row_printed(kind: str, every: int, rows: list[str]) -> None:
+def test_a_small_job_is_stored_whole_and_its_row_printed(kind: str, every: int, rows: list[str], frames: str) -> None:
     """A row per job, named by its kind and, for DDP, by what its replicas send (`--replicas`:
-    their grad_digest or their arrays), in the table and in its met/missed line."""
+    their grad_digest or their arrays), in the table and in its met/missed line; its step frames
+    binary (protocol v3) or JSON (`--frames`)."""
     replicas = ["--replicas", "digest,arrays"] if kind == "ddp" else []
     done = subprocess.run(
         [sys.executable, str(SCRIPT), "--ranks", "3", "--tensors", "5", "--period", "0.2", "--steps", "4"]
-        + ["--kind", kind, "--every", str(every), *replicas],
+        + ["--kind", kind, "--every", str(every), "--frames", frames, *replicas],
         capture_output=True,
         text=True,
         timeout=240,
     )
     assert done.returncode == 0, done.stderr
+    assert f"{frames} frames" in done.stdout
     for name in rows:
         row = next(line for line in done.stdout.splitlines() if line.startswith(f"| 3 x 5 @ 0.2 s ({name}) |"))
         cells = [c.strip() for c in row.strip("|").split("|")]

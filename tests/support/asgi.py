@@ -105,10 +105,10 @@ class _AsgiWebSocket:
 
         return self._portal.call(receive)
 
-    def send(self, text: str) -> None:
+    def send(self, text: str | bytes) -> None:
         if self._closed is not None:
             raise ConnectionClosed(self._closed, None)
-        self._send_message({"type": "websocket.receive", "text": text})
+        self._send_message({"type": "websocket.receive", "bytes" if isinstance(text, bytes) else "text": text})
 
     def recv(self, timeout: float | None = None) -> str:
         if self._closed is None:

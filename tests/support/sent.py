@@ -11,7 +11,7 @@ import numpy as np
 
 from gradwatch import Watcher
 from gradwatch.sender import Sender
-from gradwatch.wire import ABSENT_BITS
+from gradwatch.wire import ABSENT_BITS, binary_as_json
 from support.wiresteps import split
 
 
@@ -39,8 +39,8 @@ def sent_steps(w: Watcher, timeout: float = 5.0) -> list[dict[str, Any]]:
     assert wait_serialized(w._sender, timeout), "the sender thread did not serialize in time"
     names = [p.name for p in w.layout.params]
     out = []
-    for _, text in list(w._sender._unacked):
-        for msg in split(json.loads(text)):
+    for _, payload in list(w._sender._unacked):  # JSON text, or a binary step frame (protocol v3)
+        for msg in split(json.loads(payload) if isinstance(payload, str) else binary_as_json(payload)):
             msg["params"] = {k: dict(zip(names, decode(v))) for k, v in msg["params"].items()}
             if "grad_status" in msg:
                 msg["grad_status"] = dict(zip(names, decode(msg["grad_status"], "u1")))

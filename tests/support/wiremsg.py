@@ -130,8 +130,8 @@ class Hook:
     def __exit__(self, *exc: object) -> None:
         self._connect.__exit__(None, None, None)
 
-    def send(self, message: Mapping[str, Any] | str) -> None:
-        self.ws.send(message if isinstance(message, str) else json.dumps(message, allow_nan=False))
+    def send(self, message: Mapping[str, Any] | str | bytes) -> None:
+        self.ws.send(message if isinstance(message, (str, bytes)) else json.dumps(message, allow_nan=False))
 
     def recv(self, timeout: float = 10) -> dict[str, Any]:
         """The next reply; `finding` frames (diagnostics, sent ahead of acks) go to `self.findings`,
@@ -145,7 +145,7 @@ class Hook:
                 return frame
             self.findings.append(frame["finding"])
 
-    def call(self, message: Mapping[str, Any] | str) -> dict[str, Any]:
+    def call(self, message: Mapping[str, Any] | str | bytes) -> dict[str, Any]:
         self.send(message)
         return self.recv()
 
@@ -184,3 +184,19 @@ def steps(
     if grad_status is not None:
         message["grad_status"] = b64(np.asarray(grad_status, dtype="u1"))
     return message
+
+
+def binary(message: Mapping[str, Any], header: Mapping[str, Any] | None = None) -> bytes:
+    """A `step` or `steps` message (as built here, arrays in base64) as a version 3 binary frame
+    (docs/protocol.md): uint32 little-endian header length, the JSON header (the message with
+    `params` the list of its metrics' names and `grad_status` true where sent, padded with spaces
+    to a multiple of 8 bytes from the frame's start), then each array's raw bytes in that order.
+    `header`: keys to put in (or over) the header, to build inconsistent frames."""
+    arrays = [base64.b64decode(v) for v in message["params"].values()]
+    head = {**message, "v": 3, "params": list(message["params"])}
+    if "grad_status" in message:
+        arrays.append(base64.b64decode(message["grad_status"]))
+        head["grad_status"] = True
+    text = json.dumps({**head, **(header or {})}, allow_nan=False).encode()
+    text += b" " * (-(4 + len(text)) % 8)
+    return len(text).to_bytes(4, "little") + text + b"".join(arrays)

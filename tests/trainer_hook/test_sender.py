@@ -17,7 +17,7 @@ from websockets.sync.client import connect
 
 import gradwatch
 from gradwatch.sender import MAX_LINGER_S, MIN_LINGER_S, SPOOL_EVERY_S, Sender
-from gradwatch.wire import UnsentStep
+from gradwatch.wire import UnsentStep, binary_as_json
 from gradwatch_server.live import IDLE_LINGER_S, LIVE_LINGER_S
 from support.sent import wait_serialized
 from support.server import start_server
@@ -45,7 +45,7 @@ def test_fast_steps_go_out_batched_in_order_and_arrive_whole(tmp_path: Path) -> 
         w = gradwatch.watch(opt, model=model, server=server.url, every=3, warn=False)
         sent: list[dict] = []
         add = w._sender._add
-        w._sender._add = lambda factory: _record(add(factory), sent)  # type: ignore[method-assign]
+        w._sender._add = lambda *made: _record(add(*made), sent)  # type: ignore[method-assign]
         train(w, model, opt, 60)
         w.close(timeout=10)
         steps = [m["step"] for msg in sent for m in split(msg)]
@@ -66,10 +66,11 @@ def test_fast_steps_go_out_batched_in_order_and_arrive_whole(tmp_path: Path) -> 
         server.stop()
 
 
-def _record(text: str | None, sent: list[dict]) -> str | None:
-    if text is not None:
-        sent.append(json.loads(text))
-    return text
+def _record(payload: str | bytes | None, sent: list[dict]) -> str | bytes | None:
+    """Keep a message the sender made, as JSON (a binary step frame as the message it stands for)."""
+    if payload is not None:
+        sent.append(json.loads(payload) if isinstance(payload, str) else binary_as_json(payload))
+    return payload
 
 
 @pytest.mark.server

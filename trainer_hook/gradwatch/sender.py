@@ -46,6 +46,10 @@ log = logging.getLogger("gradwatch")
 
 #: Builds the message body for a sequence number; runs on the sender thread.
 MessageFactory = Callable[[int], dict[str, Any]]
+#: Builds a step message's binary frame (protocol v3) for a sequence number.
+FrameFactory = Callable[[int], bytes]
+#: A serialized message as kept until acknowledged: JSON text, or a binary step frame.
+Payload = Union[str, bytes]
 
 
 def _one_step(record: UnsentStep, seq: int) -> dict[str, Any]:
@@ -124,7 +128,7 @@ class Sender:
         # tests wait for before reading `_unacked`: tests/support/sent.py)
         self._submitted = 0
         self._serialized = 0
-        self._unacked: collections.deque[tuple[int, str]] = collections.deque()
+        self._unacked: collections.deque[tuple[int, Payload]] = collections.deque()
         self._unacked_bytes = 0
         self._next_drain = 0.0
         self._next_send = 0.0
@@ -138,6 +142,8 @@ class Sender:
         self._replica = wire.is_replica(hello)
         self._replica_state = replica_state
         self._v2 = False
+        #: the server reads binary step frames (protocol v3, its welcome's `versions`): steps go so
+        self._binary = False
         self._ring: collections.deque[UnsentStep] = collections.deque(maxlen=REPLICA_RING_STEPS)
         self._thread = threading.Thread(target=self._run, name="gradwatch-sender", daemon=True)
         self._thread.start()
@@ -244,7 +250,8 @@ class Sender:
                 same = all(a is b for a, b in zip(kept, records))
                 spooled = None if same else lambda seq: wire.steps(seq, kept)
                 make: MessageFactory = lambda seq: wire.steps(seq, records)  # noqa: E731
-                self._add(make) if spooled is None else self._add(make, spooled)
+                frame: FrameFactory = lambda seq: wire.binary_steps(seq, records)  # noqa: E731
+                self._add(make, spooled, frame)
                 run.clear()
                 whole.clear()
                 size = 0
@@ -308,13 +315,13 @@ class Sender:
         """Send the messages serialized since the last send, in order (those still in memory:
         evicted ones go from the spool when `_connect` resends)."""
         assert self._ws is not None
-        unsent = [text for seq, text in self._unacked if seq > self._sent_upto]
+        unsent = [payload for seq, payload in self._unacked if seq > self._sent_upto]
         self._sent_upto = self._seq
-        for text in unsent:
+        for payload in unsent:
             if self._past_deadline():
                 return
             try:
-                self._ws.send(text)
+                self._ws.send(payload)
             except Exception:
                 self._disconnect()  # `_connect` sends every unacknowledged message
                 return
@@ -322,30 +329,38 @@ class Sender:
     def _past_deadline(self) -> bool:
         return self._closing.is_set() and time.monotonic() > self._deadline
 
-    def _add(self, factory: MessageFactory, spooled: Optional[MessageFactory] = None) -> Optional[str]:
-        """Serialize one message, spool it and keep it until acknowledged; returns its text.
-        `spooled`: what the spool keeps instead (a replica's steps with their arrays, which a
-        replay sends: its connection cannot answer the server's ask for them)."""
+    def _add(
+        self, factory: MessageFactory, spooled: Optional[MessageFactory] = None, frame: Optional[FrameFactory] = None
+    ) -> Optional[Payload]:
+        """Serialize one message, spool it and keep it until acknowledged; returns it as kept.
+        `spooled`: what the
+        spool keeps instead (a replica's steps with their arrays, which a replay sends: its
+        connection cannot answer the server's ask for them). `frame`: the message as a binary
+        frame, sent instead of its JSON to a server that reads them (the spool keeps JSON)."""
+        seq = self._seq + 1
         try:
-            body = factory(self._seq + 1)
-            text = wire.dumps(body)
-            kept = text if spooled is None or self.spool is None else wire.dumps(spooled(self._seq + 1))
+            payload: Payload = frame(seq) if frame is not None and self._binary else wire.dumps(factory(seq))
+            kept = None
+            if self.spool is not None:
+                kept = (
+                    payload if spooled is None and isinstance(payload, str) else wire.dumps((spooled or factory)(seq))
+                )
         except Exception:
             log.exception("gradwatch: could not build a message; skipped")
             return None
-        self._seq += 1
-        if self.spool is not None:
+        self._seq = seq
+        if kept is not None:
             self._spool_append(kept)
-        self._unacked.append((self._seq, text))
-        self._unacked_bytes += len(text)
+        self._unacked.append((seq, payload))
+        self._unacked_bytes += len(payload)
         while self._unacked_bytes > self.max_unacked_bytes and len(self._unacked) > 1:
-            seq, old = self._unacked.popleft()
+            old_seq, old = self._unacked.popleft()
             self._unacked_bytes -= len(old)
             if self.spool is not None:
-                self._evicted_upto = seq  # still on disk: resent from there
+                self._evicted_upto = old_seq  # still on disk: resent from there
             else:
                 self._drop("unacknowledged data exceeds the memory limit")
-        return text
+        return payload
 
     def _read_acks(self, timeout: float) -> None:
         assert self._ws is not None
@@ -372,8 +387,8 @@ class Sender:
             return
         if exc.rcvd is not None and exc.rcvd.code == CLOSE_INVALID:
             if self._unacked:
-                seq, text = self._unacked.popleft()
-                self._unacked_bytes -= len(text)
+                seq, payload = self._unacked.popleft()
+                self._unacked_bytes -= len(payload)
                 log.warning("gradwatch: %s: message %d was dropped", why, seq)
         else:
             log.warning("gradwatch: %s", why)
@@ -395,8 +410,8 @@ class Sender:
         if seq >= self._evicted_upto:
             self._evicted_upto = 0
         while self._unacked and self._unacked[0][0] <= seq:
-            _, text = self._unacked.popleft()
-            self._unacked_bytes -= len(text)
+            _, payload = self._unacked.popleft()
+            self._unacked_bytes -= len(payload)
 
     def _awaiting(self) -> bool:
         """While the welcome is awaited (a server admitting a crowd): spool what was submitted,
@@ -419,6 +434,7 @@ class Sender:
         if taken and taken == len(self._hellos) - 1:  # a server older than v2: v1 from now on
             self._hellos = self._hellos[taken:]
         self._v2 = taken < len(self._hellos) - 1
+        self._binary = wire.reads_binary(reply)
         self._ws = ws
         last_seq = int(reply.get("last_seq", 0))
         self._acknowledge(last_seq)
@@ -428,8 +444,13 @@ class Sender:
                 seq = json.loads(text).get("seq", 0)
                 if last_seq < seq <= self._evicted_upto:
                     ws.send(text)
-        for _, text in list(self._unacked):
-            ws.send(text)
+        if not self._binary:  # binary frames made for an earlier server: as JSON to this one
+            self._unacked = collections.deque(
+                (seq, p if isinstance(p, str) else wire.dumps(wire.binary_as_json(p))) for seq, p in self._unacked
+            )
+            self._unacked_bytes = sum(len(p) for _, p in self._unacked)
+        for _, payload in list(self._unacked):
+            ws.send(payload)
         self._sent_upto = self._seq
 
     def _disconnect(self) -> None:

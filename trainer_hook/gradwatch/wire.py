@@ -19,6 +19,11 @@ import numpy as np
 PROTOCOL_VERSION = 1
 #: v2: v1 plus a rank's hello naming its job's parameter list by digest (`rank_hellos`).
 PROTOCOL_VERSION_2 = 2
+#: v3: a `step`/`steps` message as a binary frame (`binary_steps`): sent only to a server whose
+#: welcome lists 3 in its `versions` (`reads_binary`).
+PROTOCOL_VERSION_3 = 3
+#: A binary frame's arrays start at a multiple of this offset (its header is padded with spaces).
+BINARY_ALIGN = 8
 
 #: Bit pattern of the float32 NaN that means "does not apply" (no grad, no such state yet).
 #: A quiet NaN that no hardware produces, so every other NaN stays a measured value.
@@ -215,6 +220,80 @@ def steps(seq: int, records: Sequence[UnsentStep]) -> dict[str, Any]:
         )
     if first.digest is not None:
         message.update(v=PROTOCOL_VERSION_2, grad_digest=[r.digest for r in records])
+    return message
+
+
+def reads_binary(welcome: Mapping[str, Any]) -> bool:
+    """Whether the server that sent this welcome reads binary step frames (version 3)."""
+    versions = welcome.get("versions")
+    return isinstance(versions, list) and PROTOCOL_VERSION_3 in versions
+
+
+def binary_frame(header: Mapping[str, Any], arrays: Sequence[Any]) -> bytes:
+    """A binary frame (version 3): the JSON header's length (uint32, little-endian), the header
+    padded with spaces to BINARY_ALIGN, then the arrays' raw bytes (little-endian), in order."""
+    return binary_payload(json.dumps(header, allow_nan=False, separators=(",", ":")), b"".join(arrays))
+
+
+def binary_payload(header: str, arrays: bytes) -> bytes:
+    """`binary_frame` with its header serialized and its arrays joined already (the rank
+    simulator, benchmarks/ranks.py, formats the header per step and keeps the arrays)."""
+    text = header.encode()
+    text += b" " * (-(4 + len(text)) % BINARY_ALIGN)
+    return b"".join((len(text).to_bytes(4, "little"), text, arrays))
+
+
+def binary_steps(seq: int, records: Sequence[UnsentStep]) -> bytes:
+    """`steps(seq, records)` as a binary frame (version 3): the header is the JSON message with
+    `params` the list of the metrics' names and `grad_status` true or absent; the arrays follow,
+    each steps x parameters, step-major: the metrics' float32, then the uint8 grad_status."""
+    first = records[0]
+    names = list(first.metrics)
+    header: dict[str, Any] = {"v": PROTOCOL_VERSION_3, "seq": seq}
+    if len(records) == 1:
+        header.update(
+            type="step",
+            step=first.step,
+            time=first.time,
+            scalars={k: json_scalar(float(v)) for k, v in first.scalars.items()},
+        )
+        arrays = [np.ascontiguousarray(first.metrics[k], dtype="<f4") for k in names]
+        if first.grad_status is not None:
+            arrays.append(np.ascontiguousarray(first.grad_status, dtype=np.uint8))
+    else:
+        header.update(
+            type="steps",
+            step=[r.step for r in records],
+            time=[r.time for r in records],
+            scalars={k: [json_scalar(float(r.scalars[k])) for r in records] for k in first.scalars},
+        )
+        arrays = [np.stack([r.metrics[k] for r in records]).astype("<f4", copy=False) for k in names]
+        if first.grad_status is not None:
+            arrays.append(np.stack([r.grad_status for r in records if r.grad_status is not None]).astype(np.uint8))
+    header["params"] = names
+    if first.grad_status is not None:
+        header["grad_status"] = True
+    if first.digest is not None:
+        header["grad_digest"] = first.digest if len(records) == 1 else [r.digest for r in records]
+    return binary_frame(header, arrays)
+
+
+def binary_as_json(frame: bytes) -> dict[str, Any]:
+    """A binary step frame (`binary_steps`) as the JSON message it stands for (its arrays in
+    base64): what a hook resends to a server that does not read binary frames."""
+    size = int.from_bytes(frame[:4], "little")
+    header = json.loads(frame[4 : 4 + size])
+    names, status = header.pop("params"), header.pop("grad_status", False)
+    floats = len(names) * 4 + (1 if status else 0)
+    width = (len(frame) - 4 - size) // floats if floats else 0  # steps x parameters
+    at = 4 + size
+    params = {}
+    for name in names:
+        params[name] = base64.b64encode(frame[at : at + 4 * width]).decode("ascii")
+        at += 4 * width
+    message = {**header, "v": PROTOCOL_VERSION_2 if "grad_digest" in header else PROTOCOL_VERSION, "params": params}
+    if status:
+        message["grad_status"] = base64.b64encode(frame[at : at + width]).decode("ascii")
     return message
 
 

@@ -91,6 +91,15 @@ class _Job:
     #: `_behind`'s scan: the ranks below `scan_at` were past `scan_for` (the job's last step then)
     scan_at: int = 0
     scan_for: int | None = None
+    #: set (and replaced) when an assembly here stored steps of the job or settled it: what a
+    #: closing rank's connection waits on (`JobAssembler.wait_for_step`) instead of polling
+    progress: asyncio.Event = field(default_factory=asyncio.Event)
+    waiters: int = 0  # connections waiting on `progress`
+
+    def progressed(self) -> None:
+        """Wake whoever waits on the job's progress (the next wait takes a new event)."""
+        self.progress.set()
+        self.progress = asyncio.Event()
 
     def nothing_ready(self, late: Sequence[int]) -> bool:
         """Whether no step can be ready: some rank still waited for has stored nothing beyond
@@ -300,7 +309,40 @@ class JobAssembler:
             run = await asyncio.to_thread(self._store.get_run, job)
             if run is not None:
                 self._hub.publish_run(run)
+        if new or status is not None:  # judged and told: the closing ranks' waits may end
+            state.progressed()
         return found
+
+    async def wait_for_step(self, job: str, step: int, timeout: float) -> bool:
+        """Wait, at most `timeout` s, until an assembly in this process has stored `job`'s step
+        `step` (its findings judged) or settled the job; whether one did. A rank's close waits so
+        for its last step (ingest.py) instead of polling the store: the assembly that stores the
+        step wakes it. A job assembled or settled by another worker (or not held here) wakes
+        nothing: the caller looks at the store after `timeout`."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        while True:
+            state = self._jobs.get(job)
+            if state is not None and (state.settled or (state.assembled is not None and state.assembled >= step)):
+                return True
+            remaining = deadline - loop.time()
+            if remaining <= 0:
+                return False
+            if state is None:
+                await asyncio.sleep(remaining)
+                continue
+            state.waiters += 1
+            try:
+                await asyncio.wait_for(state.progress.wait(), remaining)
+            except TimeoutError:
+                pass
+            finally:
+                state.waiters -= 1
+
+    def waiting(self, job: str) -> int:
+        """How many closing ranks' connections wait here for `job`'s progress."""
+        state = self._jobs.get(job)
+        return 0 if state is None else state.waiters
 
     def since(self, job: str) -> float:
         """When this process first saw `job` (its start if it has not): a rank's silence counts
@@ -345,6 +387,7 @@ class JobAssembler:
         state = self._jobs.get(job)
         if state is not None:
             state.settled = True
+            state.progressed()
             self._release(job, state)
 
     async def _judge(self, job: str, state: _Job, new: list[StepData], before: int) -> list[Finding] | None:
@@ -419,6 +462,7 @@ class JobAssembler:
         or deleted) and that nothing here touched since."""
         for job, state in list(self._jobs.items()):
             if job not in running and state.users == 0 and state.touched < asked:
+                state.progressed()  # its closing ranks look at the store
                 del self._jobs[job]
 
     async def close(self) -> None:
