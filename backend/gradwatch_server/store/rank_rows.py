@@ -52,40 +52,38 @@ def _keys_of(text: str) -> tuple[str, ...]:
     return tuple(json.loads(text))
 
 
-def pack(scalars: Mapping[str, float]) -> tuple[tuple[str, ...], bytes]:
-    """A step's scalars as its key set (in the frame's order) and their float64 bytes."""
-    keys = tuple(scalars)
-    return keys, struct.pack(f"<{len(keys)}d", *scalars.values())
-
-
 def unpack(keys: Sequence[str], raw: bytes) -> dict[str, float]:
     return dict(zip(keys, struct.unpack(f"<{len(keys)}d", raw), strict=True))
 
 
-def _memory(values: Mapping[str, float]) -> float | None:
-    """The allocated bytes of the rank's lowest CUDA device, else its resident memory."""
-    allocated = sorted(
-        (int(k.split(":")[1].split("/")[0]), v)
-        for k, v in values.items()
+@functools.lru_cache(maxsize=4096)
+def _plan(keys: tuple[str, ...]) -> tuple[int | None, int | None, int | None, int | None]:
+    """Where a key set holds the summary's four figures: step time, time before backward, memory
+    (the allocated bytes of the rank's lowest CUDA device, else its resident memory) and local
+    total gradient norm (None: not in the set). Once per key set, not per frame."""
+    index = {k: i for i, k in enumerate(keys)}
+    cuda = sorted(
+        (int(k.split(":")[1].split("/")[0]), k)
+        for k in keys
         if k.startswith("mem/cuda:") and k.endswith("/allocated") and k.split(":")[1].split("/")[0].isdigit()
     )
-    return allocated[0][1] if allocated else values.get(RSS_BYTES)
+    memory = cuda[0][1] if cuda else RSS_BYTES
+    return index.get(STEP_S), index.get(BEFORE_BACKWARD_S), index.get(memory), index.get(LOCAL_NORM)
 
 
-def _finite(x: float | None) -> float | None:
-    return x if x is not None and math.isfinite(x) else None
+Summary = tuple[float | None, float | None, float | None, float | None]
 
 
-def summary_values(values: Mapping[str, float]) -> tuple[float | None, float | None, float | None, float | None]:
-    """A rank step's summary: step time, time before backward, memory (`_memory`) and local total
+def _summary(keys: tuple[str, ...], values: tuple[float, ...]) -> Summary:
+    a, b, c, d = (None if i is None or not math.isfinite(values[i]) else values[i] for i in _plan(keys))
+    return a, b, c, d
+
+
+def summary_values(scalars: Mapping[str, float]) -> Summary:
+    """A rank step's summary: step time, time before backward, memory (`_plan`) and local total
     gradient norm (None where not sent or not finite: a summary is for spread and outliers, the
     rank's own scalars while kept and the job's step have the exact values)."""
-    return (
-        _finite(values.get(STEP_S)),
-        _finite(values.get(BEFORE_BACKWARD_S)),
-        _finite(_memory(values)),
-        _finite(values.get(LOCAL_NORM)),
-    )
+    return _summary(tuple(scalars), tuple(scalars.values()))
 
 
 def write(
@@ -98,11 +96,12 @@ def write(
     sets: dict[tuple[str, int], tuple[str, ...]] = {}
     for run_id, new in new_by_run:
         for d in new:
-            keys, raw = pack(d.scalars)
+            keys, values = tuple(d.scalars), tuple(d.scalars.values())
             kid = keys_id(keys)
             if (run_id, "keys", str(kid)) not in known:
                 sets[(run_id, kid)] = keys
-            rows.append((run_id, d.step, d.seq, d.time, *summary_values(d.scalars), d.digest, kid, raw))
+            raw = struct.pack(f"<{len(values)}d", *values)
+            rows.append((run_id, d.step, d.seq, d.time, *_summary(keys, values), d.digest, kid, raw))
     insert_plain(conn, rank_steps, rows)
     if not sets:
         return set()
