@@ -26,8 +26,8 @@ from gradwatch_server.protocol import Hello
 from gradwatch_server.schema import partial_steps
 from gradwatch_server.store import StepData, Store
 from gradwatch_server.store.admission import open_ranks
-from gradwatch_server.store.rank_rows import prune
 from gradwatch_server.store.jobs import OpenedRank
+from gradwatch_server.store.rank_rows import prune
 from gradwatch_server.store.spread import write_spread
 
 STRAGGLER = 7
