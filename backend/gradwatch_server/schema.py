@@ -13,8 +13,8 @@ advises WITHOUT ROWID only for rows well under a twentieth of a page).
 Changing this file needs a new migration under migrations/versions/ (0002 added `findings` and
 `diagnoses`, 0003 `run_tags`, 0004 `metric_blocks`, 0005 `deleted_runs`, 0006 distributed jobs:
 `runs.parent_id/rank/world_size`, `params.local_numel/counted`, `partial_steps`, 0007 `runs.kind` and
-`rank_summaries`, 0008 `rank_spread`, 0009 `runs.pieces`); a test checks that the migrations produce
-exactly these tables.
+`rank_summaries`, 0008 `rank_spread`, 0009 `runs.pieces`, 0010 `rank_steps` and `rank_keys`); a
+test checks that the migrations produce exactly these tables.
 """
 
 from __future__ import annotations
@@ -200,6 +200,42 @@ rank_summaries = Table(
     Column("before_backward_s", Double),
     Column("memory_bytes", Double),
     Column("local_norm", Double),
+    sqlite_with_rowid=False,
+)
+
+# A rank's step as one row (since migration 0010; store/rank_rows.py): what `steps`, `scalars`
+# and `rank_summaries` held of it in about 20 rows. The summary in columns (as rank_summaries:
+# kept for the whole job), and, for the Ranks view's recent window only (store/jobs.py RANK_WINDOW),
+# the rank's scalars packed (`scalars`: float64 values in the order of its key set `key_set`, a
+# rank_keys row) and a DDP replica's `grad_digest` (so that a comparison survives a restart and
+# works across workers). Past the window those three are dropped: the row is its summary.
+# Rows of ranks stored before 0010 stay in `steps`, `scalars` and `rank_summaries`, read as before.
+rank_steps = Table(
+    "rank_steps",
+    metadata,
+    _run_id(),
+    Column("step", BigInteger, primary_key=True),
+    Column("seq", BigInteger, nullable=False),
+    Column("time", Double, nullable=False),
+    Column("step_s", Double),
+    Column("before_backward_s", Double),
+    Column("memory_bytes", Double),
+    Column("local_norm", Double),
+    Column("digest", String(64)),
+    Column("key_set", BigInteger),
+    Column("scalars", LargeBinary),
+    sqlite_with_rowid=False,
+)
+
+# The key sets of a rank's packed scalars (rank_steps.key_set): `id` is a hash of the keys in order
+# (`keys`, a JSON list), so that any process stores the same set under the same id without
+# coordinating; a rank has a few (its measured and unmeasured steps').
+rank_keys = Table(
+    "rank_keys",
+    metadata,
+    _run_id(),
+    Column("id", BigInteger, primary_key=True),
+    Column("keys", Text, nullable=False),
     sqlite_with_rowid=False,
 )
 

@@ -360,6 +360,55 @@ def test_a_closing_replica_is_asked_for_the_arrays_of_its_unjudged_digests_befor
     assert (found["rank_desync"]["params"], found["rank_desync"]["first_step"]) == (["fc.bias"], 2)
 
 
+def test_a_replicas_digest_is_compared_across_a_server_restart_in_either_order(tmp_path: Path, db_url: str) -> None:
+    """A replica's grad_digest is stored with its step (rank_steps), not only kept in the
+    process's memory: a server restarted between rank 0's arrays and rank 1's differing digest,
+    in either order, asks rank 1 for its arrays and finds the rank_desync (the digest once lived
+    in memory only: the comparison was lost, and the step stored with a warning)."""
+    status = [2, 2]
+    rank0, own = f32(1.0, 0.5), f32(1.0, 0.75)  # rank 1's fc.bias never synchronised
+    server = start_server(tmp_path, db_url=db_url, crash_grace_s=60, args=("--rank-timeout", "60"))
+    try:
+        with Hook(server.ws_url) as a0, Hook(server.ws_url) as a1, Hook(server.ws_url) as b0:
+            a0.call(rank_hello("j-dr-a", 0, 2))
+            a1.call(rank_hello("j-dr-a", 1, 2, counted=[False, False]))
+            b0.call(rank_hello("j-dr-b", 0, 2))
+            assert a1.call(digest_step(1, 1, own, status))["type"] == "ack"  # job a: the digest first
+            step1 = step(1, 1, scalars={"loss": 1.0}, arrays={"grad_norm": rank0}, grad_status=status)
+            assert b0.call(step1)["type"] == "ack"  # job b: rank 0's arrays first
+    finally:
+        server.stop()  # the hooks keep training and spooling; nothing acknowledged is resent
+    server = start_server(tmp_path, db_url=db_url, crash_grace_s=60, args=("--rank-timeout", "60"))
+    resent = step(2, 1, scalars={"loss": 1.0, "flight/resent": 1.0}, arrays={"grad_norm": own}, grad_status=status)
+    try:
+        with Hook(server.ws_url) as a0, Hook(server.ws_url) as a1:
+            a1.call(rank_hello("j-dr-a", 1, 2, counted=[False, False]))
+            a0.call(rank_hello("j-dr-a", 0, 2))
+            assert a0.call(step1)["type"] == "ack"
+            assert a1.recv() == {"type": "arrays", "steps": [1]}  # its stored digest differs
+            assert a1.call(resent)["type"] == "ack"
+            wait_for(lambda: 1 in job_steps(server.url, "j-dr-a"))
+            a0.call(close(2))
+            a1.call(close(3))
+        with Hook(server.ws_url) as b0, Hook(server.ws_url) as b1:
+            b0.call(rank_hello("j-dr-b", 0, 2))
+            b1.call(rank_hello("j-dr-b", 1, 2, counted=[False, False]))
+            b1.send(digest_step(1, 1, own, status))
+            assert b1.recv() == {"type": "arrays", "steps": [1]}  # rank 0's stored arrays differ
+            assert b1.recv()["type"] == "ack"
+            assert b1.call(resent)["type"] == "ack"
+            wait_for(lambda: 1 in job_steps(server.url, "j-dr-b"))
+            b0.call(close(2))
+            b1.call(close(3))
+        for job in ("j-dr-a", "j-dr-b"):
+            stored = job_steps(server.url, job)
+            assert stored[1]["params"]["desync_ranks"] == [0.0, 1.0], job  # fc.weight, fc.bias
+            found = {f["code"]: f for f in httpx.get(f"{server.url}/api/runs/{job}/diagnostics").json()}
+            assert (found["rank_desync"]["params"], found["rank_desync"]["first_step"]) == (["fc.bias"], 1), job
+    finally:
+        server.stop()
+
+
 def test_deleting_the_jobs_run_deletes_the_ranks_runs(srv: ServerProcess, http: httpx.Client) -> None:
     with Hook(srv.ws_url) as r0, Hook(srv.ws_url) as r1:
         r0.call(rank_hello("j-delete", 0, 2))

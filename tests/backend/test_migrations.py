@@ -12,7 +12,7 @@ from alembic.config import Config
 from sqlalchemy import text
 
 from gradwatch_server.protocol import Hello, parse_message
-from gradwatch_server.store import create_db_engine, open_store
+from gradwatch_server.store import StepData, create_db_engine, open_store
 from support.wiremsg import hello, rank_hello
 
 pytestmark = pytest.mark.unit
@@ -117,3 +117,48 @@ def test_a_downgrade_below_0009_gives_a_rank_that_shares_its_jobs_list_its_rows_
         ).all()
     engine.dispose()
     assert [(r.name, r.local_numel, bool(r.counted)) for r in rows] == [("fc.weight", 3, True), ("fc.bias", 3, False)]
+
+
+def test_a_0009_database_keeps_reading_its_ranks_rows_and_stores_new_ones_as_rank_steps(db_url: str) -> None:
+    """0010 adds tables only: a rank's steps stored before (a `steps` row, a `scalars` row per
+    scalar, a `rank_summaries` row) are read as before, beside those stored since (one
+    `rank_steps` row each)."""
+    _at_revision(db_url, "0009")
+    engine = create_db_engine(db_url)
+    with engine.begin() as conn:
+        for row in (_run_row("job", None, None, 2), _run_row("job.r0", "job", 0, 2)):
+            kind = "job" if row["parent_id"] is None else "rank"
+            conn.execute(
+                text(
+                    "INSERT INTO runs (id, name, project, status, created_at, updated_at, last_seq, steps, "
+                    "param_count, param_numel, config, parent_id, rank, world_size, kind) VALUES (:id, :name, "
+                    ":project, :status, :created_at, :updated_at, 1, 1, :param_count, :param_numel, :config, "
+                    ":parent_id, :rank, :world_size, :kind)"
+                ),
+                {**row, "kind": kind},
+            )
+        conn.execute(text("INSERT INTO steps (run_id, step, seq, time) VALUES ('job.r0', 1, 1, 10.0)"))
+        conn.execute(text("INSERT INTO scalars (run_id, key, step, value) VALUES ('job.r0', 'time/step_s', 1, 0.5)"))
+        conn.execute(text("INSERT INTO series_names (run_id, kind, name) VALUES ('job.r0', 'scalar', 'time/step_s')"))
+        conn.execute(
+            text(
+                "INSERT INTO rank_summaries (run_id, step, time, step_s, memory_bytes) "
+                "VALUES ('job.r0', 1, 10.0, 0.5, 100.0)"
+            )
+        )
+    engine.dispose()
+    store = open_store(db_url)
+    try:
+        assert store.write_steps("job.r0", [StepData(2, 2, 11.0, {"time/step_s": 0.25, "mem/rss_bytes": 200.0}, {})])
+        found, values = store.scalar_series("job.r0", "time/step_s")
+        assert (found.tolist(), values.tolist()) == ([1, 2], [0.5, 0.25])
+        summaries = store.rank_summaries("job")
+        assert (summaries.step.tolist(), summaries.step_s.tolist(), summaries.memory_bytes.tolist()) == (
+            [1, 2],
+            [0.5, 0.25],
+            [100.0, 200.0],
+        )
+        assert [s.step for chunk in store.iter_steps("job.r0") for s in chunk] == [1, 2]
+        assert store.get_run("job") is not None and [r.id for r in store.rank_runs("job")] == ["job.r0"]
+    finally:
+        store.close()

@@ -4,9 +4,9 @@ a 1,024-rank job (benchmarks/job_reads.py, tests/browser/test_ranks_view.py) wit
 it, which takes minutes on a small machine.
 
 Written: every rank's hello (`Store.open_ranks`'s `open_ranks`, the batched admission); every rank's steps (`Store.write_steps` on its
-run), with its scalars and per-parameter rows for its last `rank_rows` steps only (what the
-assembly's pruning keeps of older steps is the step row); the job's global steps
-(`Store.write_steps` on the job's run); a summary per rank step (`rank_summaries`) and the spread
+run: a `rank_steps` row each, its summary), with its scalars and per-parameter rows for its last
+`rank_rows` steps only (what the assembly's pruning keeps of older steps is the summary); the job's global steps
+(`Store.write_steps` on the job's run); the spread
 across the ranks per step (`rank_spread`, store/spread.py); and the last rank lost `lost` steps
 before the end, those steps of the job partial. Rank STRAGGLER's time before backward is 5x
 the others': the spread's one outlier. What each rank sent is `rank_scalars(rank, step)`.
@@ -23,10 +23,11 @@ import numpy as np
 from sqlalchemy import insert
 
 from gradwatch_server.protocol import Hello
-from gradwatch_server.schema import partial_steps, rank_summaries
+from gradwatch_server.schema import partial_steps
 from gradwatch_server.store import StepData, Store
 from gradwatch_server.store.admission import open_ranks
 from gradwatch_server.store.jobs import OpenedRank
+from gradwatch_server.store.rank_rows import prune
 from gradwatch_server.store.spread import write_spread
 
 STRAGGLER = 7
@@ -114,7 +115,7 @@ def fill_job(
         for step in range(1, last + 1):
             sent = rank_scalars(rank, step)
             kept = step > steps - rank_rows
-            batch.append(StepData(step, step, T0 + step, sent if kept else {}, rows if kept else {}))
+            batch.append(StepData(step, step, T0 + step, sent, rows if kept else {}))
             summaries.append(
                 {
                     "run_id": f"{job}.r{rank}",
@@ -127,9 +128,8 @@ def fill_job(
                 }
             )
         store.write_steps(f"{job}.r{rank}", batch, rank_run=True)
-    with store._write() as conn:  # what the assembly inserts with the job's steps (store/jobs.py `_write`)
-        for lo in range(0, len(summaries), 100_000):
-            conn.execute(insert(rank_summaries), summaries[lo : lo + 100_000])
+    with store._write() as conn:  # what the assembly does with the job's steps (store/jobs.py `_write`, `_prune`)
+        prune(conn, [f"{job}.r{rank}" for rank in range(ranks)], 0, steps - rank_rows, [])
         write_spread(conn, job, summaries)
     batch = [
         StepData(

@@ -16,7 +16,7 @@ from ..protocol import GRAD_STATUS, array_dtype, grad_digest
 from .hearing import Hearing
 
 if TYPE_CHECKING:  # the store imports this module: its records are types here only
-    from ..store.records import StepData
+    from ..store.records import StepData, StoredStep
 
 #: Most bytes of the ranks' pieces a job's memory keeps (1,024 ranks of 700 tensors: about 12
 #: steps); past it a rank's step is not kept, and its assembly reads the rank's stored rows back,
@@ -56,6 +56,10 @@ class JobMemory:
         #: the rank runs `full` was last combined over, and which parameters are whole on all of them
         self.replicated: tuple[tuple[str, ...], np.ndarray | None] | None = None
         self.pruned_through = 0  # the ranks' per-parameter rows up to here are pruned (`_prune`)
+        #: whether the job's ranks have steps stored before migration 0010 (None: not asked yet),
+        #: and the run ids of its ranks that said hello, as of the last assembly
+        self.legacy: bool | None = None
+        self.rank_runs: list[str] = []
         self.heard = Hearing()  # what this process hears of the ranks before the store does
         #: replicas' steps whose digest differs from rank 0's: (rank, step) -> asked for their
         #: arrays already; `asks` are those the assembler has yet to send (`waits_on`)
@@ -81,6 +85,31 @@ class JobMemory:
                     sent = _Sent(d.time, dict(d.scalars), arrays, size, d.digest)
                 self._steps[d.step][rank] = sent
                 self._bytes += sent.size - (0 if old is None else old.size)
+
+    def absent(self, step: int, ranks: Collection[int]) -> list[int]:
+        """Those of `ranks` whose piece of `step` is not kept here."""
+        with self._lock:
+            pieces = self._steps.get(step, {})
+            return [r for r in ranks if r not in pieces]
+
+    def has_digest(self, step: int) -> bool:
+        """Whether a piece kept of `step` is a replica's digest."""
+        with self._lock:
+            return any(p.digest is not None for p in self._steps.get(step, {}).values())
+
+    def recall(self, rank: int, record: StoredStep) -> None:
+        """Keep a rank's step read back from the store (stored before a restart, or through another
+        worker), so that a digest comparison sees it (`waits_on`); within the bound, as `add`."""
+        with self._lock:
+            size = sum(a.nbytes for a in record.arrays.values())
+            if rank in self._steps.get(record.step, {}) or self._bytes + size > MEMORY_BYTES:
+                return
+            arrays = dict(record.arrays)
+            digest = None if _has_grads(arrays) else record.digest
+            self._steps.setdefault(record.step, {})[rank] = _Sent(
+                record.time, dict(record.scalars), arrays, size, digest
+            )
+            self._bytes += size
 
     def waits_on(self, step: int, gone: Collection[int], now: float | None = None) -> bool:
         """Whether `step` waits for a replica's arrays: a rank sent its `grad_digest`, and it

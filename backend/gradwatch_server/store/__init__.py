@@ -371,9 +371,9 @@ class Store:
             if len(writes) == 1:
                 return [exc]
             alone: list[list[bool] | Exception] = []
-            for run_id, batch, notify in writes:
+            for one_write in writes:
                 try:
-                    alone.append(self.write_steps(run_id, batch, notify, rank_run=True))
+                    alone.append(self.write_rank_steps([one_write])[0])
                 except Exception as one:
                     alone.append(one)
             return alone

@@ -25,8 +25,8 @@ from .. import tails
 from ..jobs import assemble as _assemble
 from ..jobs.memory import JobMemory
 from ..protocol import Hello
-from ..schema import param_metrics, params, partial_steps, runs, scalars, steps
-from ..schema import rank_summaries as rank_summaries_table
+from ..schema import param_metrics, params, partial_steps, rank_steps, runs, scalars, steps
+from . import rank_rows as _rank_rows
 from . import spread as _spread
 from .param_lists import ParamLists
 from .records import OpenedRun, ParamsMismatch, Run, StepData, StoredStep
@@ -254,28 +254,34 @@ def _rank_steps(conn: Connection, rank: int, run_id: str, wanted: Sequence[int],
         if sent is None:
             missing.append(s)
         else:
-            out.append(StoredStep(step=s, seq=0, time=sent.time, scalars=sent.scalars, arrays=sent.arrays))
+            out.append(
+                StoredStep(step=s, seq=0, time=sent.time, scalars=sent.scalars, arrays=sent.arrays, digest=sent.digest)
+            )
     if missing:
-        out += _read(conn, run_id, missing)
+        out += _read(conn, run_id, missing, _legacy(conn, memory))
     return out
 
 
-def _read(conn: Connection, run_id: str, wanted: Sequence[int]) -> list[StoredStep]:
-    """A rank's stored steps `wanted` (sorted), every series."""
+def _legacy(conn: Connection, memory: JobMemory) -> bool:
+    """Whether the job's ranks have steps stored before migration 0010 (asked once per job)."""
+    if memory.legacy is None:
+        memory.legacy = _rank_rows.legacy_ranks(conn, list(memory.rank_runs))
+    return memory.legacy
+
+
+def _read(conn: Connection, run_id: str, wanted: Sequence[int], legacy: bool = True) -> list[StoredStep]:
+    """A rank's stored steps `wanted` (sorted), every series, and a replica's digest: its
+    `rank_steps` rows (and, `legacy`, its rows of before migration 0010)."""
     lo, hi = wanted[0], wanted[-1]
     want = set(wanted)
     records = {
-        r.step: StoredStep(step=r.step, seq=r.seq, time=r.time)
-        for r in conn.execute(
-            select(steps.c.step, steps.c.seq, steps.c.time).where(
-                steps.c.run_id == run_id, steps.c.step.between(lo, hi)
-            )
-        )
-        if r.step in want
+        step: StoredStep(step=step, seq=seq, time=t)
+        for step, seq, t in _rank_rows.heads(conn, run_id, lambda c: (c.step.between(lo, hi),))
+        if step in want
     }
-    _fill(
-        conn, run_id, records, get_series_names(conn, run_id, "scalar"), get_series_names(conn, run_id, "param"), lo, hi
-    )
+    keys = get_series_names(conn, run_id, "scalar") if legacy else []
+    _fill(conn, run_id, records, keys, get_series_names(conn, run_id, "param"), lo, hi, packed=False)
+    _rank_rows.fill(conn, run_id, records, lo, hi)
     return [records[s] for s in sorted(records)]
 
 
@@ -316,8 +322,10 @@ def assemble(
     present = [r for r in ranks if r.run_id is not None]
     have: dict[int, list[int]] = {}
     bound: int | None = None
-    horizon = _horizon(conn, waited, parent.last_step)
-    after = _steps_after(conn, [r.run_id for r in present if r.run_id is not None], parent.last_step, horizon)
+    memory.rank_runs = [r.run_id for r in present if r.run_id is not None]
+    legacy = _legacy(conn, memory)
+    horizon = _horizon(conn, waited, parent.last_step, legacy)
+    after = _steps_after(conn, memory.rank_runs, parent.last_step, horizon, legacy)
     if horizon is not None and horizon[1]:  # its slowest rank has more beyond: only steps up to here
         bound = horizon[0]
     for r in present:
@@ -332,6 +340,7 @@ def assemble(
     for s in candidates:
         if not all(s in sets.get(r.rank, ()) or (r.last_step is not None and r.last_step > s) for r in waited):
             break
+        _recall(conn, s, present, sets, memory)
         if memory.waits_on(s, gone):  # a replica's digest differs from rank 0's: its arrays are asked for
             break
         ready.append(s)
@@ -368,7 +377,41 @@ def assemble(
     return done
 
 
-def _horizon(conn: Connection, waited: Sequence[_Rank], after: int | None) -> tuple[int, bool] | None:
+def _recall(
+    conn: Connection, step: int, present: Sequence[_Rank], sets: dict[int, set[int]], memory: JobMemory
+) -> None:
+    """Before a digest comparison of `step`: where the memory lacks rank 0's piece or a replica's
+    digest (stored before a restart, or through another worker), read them back into it, so that
+    a digest stored durably (rank_steps) is compared as one just received. Nothing is read when
+    the memory holds every rank's piece of the step (a job on one process, no restart)."""
+    runs_of = {r.rank: r.run_id for r in present if r.run_id is not None and step in sets.get(r.rank, ())}
+    absent = memory.absent(step, list(runs_of))
+    if not absent:
+        return
+    ids = [runs_of[r] for r in absent]
+    digests = {
+        run_id
+        for lo in range(0, len(ids), ASSEMBLE_CHUNK)
+        for run_id in conn.execute(
+            select(rank_steps.c.run_id).where(
+                rank_steps.c.run_id.in_(ids[lo : lo + ASSEMBLE_CHUNK]),
+                rank_steps.c.step == step,
+                rank_steps.c.digest.is_not(None),
+            )
+        ).scalars()
+    }
+    if not digests and not memory.has_digest(step):
+        return
+    legacy = _legacy(conn, memory)
+    for rank in absent:
+        if rank == 0 or runs_of[rank] in digests:
+            for record in _read(conn, runs_of[rank], [step], legacy):
+                memory.recall(rank, record)
+
+
+def _horizon(
+    conn: Connection, waited: Sequence[_Rank], after: int | None, legacy: bool = True
+) -> tuple[int, bool] | None:
     """The last step this assembly may find ready, and whether more may be ready beyond it: a
     step is ready only once every waited rank has it or is past it, so none is beyond the
     slowest waited rank's last step, nor (now) beyond its LOOKAHEAD-th step after `after`.
@@ -378,30 +421,36 @@ def _horizon(conn: Connection, waited: Sequence[_Rank], after: int | None) -> tu
     slowest = min(waited, key=lambda r: -1 if r.last_step is None else r.last_step)
     if slowest.run_id is None or slowest.last_step is None:  # it never said hello or stored a step
         return (-1 if after is None else after), False
-    query = select(steps.c.step).where(steps.c.run_id == slowest.run_id)
+    heads = _rank_rows.step_heads(legacy)
+    query = select(heads.c.step).where(heads.c.run_id == slowest.run_id)
     if after is not None:
-        query = query.where(steps.c.step > after)
-    far = conn.execute(query.order_by(steps.c.step).limit(1).offset(LOOKAHEAD - 1)).scalar_one_or_none()
+        query = query.where(heads.c.step > after)
+    far = conn.execute(query.order_by(heads.c.step).limit(1).offset(LOOKAHEAD - 1)).scalar_one_or_none()
     if far is None or far >= slowest.last_step:
         return slowest.last_step, False
     return int(far), True
 
 
 def _steps_after(
-    conn: Connection, run_ids: Sequence[str], after: int | None, horizon: tuple[int, bool] | None = None
+    conn: Connection,
+    run_ids: Sequence[str],
+    after: int | None,
+    horizon: tuple[int, bool] | None = None,
+    legacy: bool = True,
 ) -> dict[str, list[int]]:
     """Each run's first ASSEMBLE_CHUNK stored steps after step `after` (None: from its first)
     up to the `horizon`'s step, sorted: one query per ASSEMBLE_CHUNK runs (a query per rank cost
     a large job's assembly more than its combination)."""
     out: dict[str, list[int]] = {r: [] for r in run_ids}
+    heads = _rank_rows.step_heads(legacy)
     for lo in range(0, len(run_ids), ASSEMBLE_CHUNK):
-        where: list[ColumnElement[bool]] = [steps.c.run_id.in_(run_ids[lo : lo + ASSEMBLE_CHUNK])]
+        where: list[ColumnElement[bool]] = [heads.c.run_id.in_(run_ids[lo : lo + ASSEMBLE_CHUNK])]
         if after is not None:
-            where.append(steps.c.step > after)
+            where.append(heads.c.step > after)
         if horizon is not None:
-            where.append(steps.c.step <= horizon[0])
-        order = func.row_number().over(partition_by=steps.c.run_id, order_by=steps.c.step).label("n")
-        numbered = select(steps.c.run_id, steps.c.step, order).where(*where).subquery()
+            where.append(heads.c.step <= horizon[0])
+        order = func.row_number().over(partition_by=heads.c.run_id, order_by=heads.c.step).label("n")
+        numbered = select(heads.c.run_id, heads.c.step, order).where(*where).subquery()
         query = (
             select(numbered.c.run_id, numbered.c.step)
             .where(numbered.c.n <= ASSEMBLE_CHUNK)
@@ -446,7 +495,7 @@ def _write(
                     record.scalars,
                     record.arrays,
                     counted[r.run_id],
-                    memory.digest(r.rank, record.step),
+                    record.digest if not _assemble.measured(record.arrays) else None,
                 )
             )
     batch: list[StepData] = []
@@ -464,6 +513,7 @@ def _write(
             missing[s] = absent
     done.written = write_steps(conn, job, batch, now, known, run_tails, notify)
     done.steps = [d for d, new in zip(batch, done.written.stored) if new]
+    # the ranks' summaries are their rank_steps rows, stored with their frames: here, their spread
     rows = [
         summary(by_rank[p.rank], s, p)
         for d in done.steps
@@ -472,7 +522,6 @@ def _write(
         if summarize is None or p.rank in summarize.get(s, ())
     ]
     if rows:
-        conn.execute(insert(rank_summaries_table), rows)
         if summarize is None:  # every rank's summary of these steps: their spread across ranks
             _spread.write_spread(conn, job, rows)
         else:  # late ranks of partial steps: the spread of those steps with every rank now
@@ -516,40 +565,18 @@ def _drop_unmeasured(
         )
 
 
-#: What a rank's summary takes from its step's scalars (rank_summaries' columns).
-STEP_S, BEFORE_BACKWARD_S, RSS_BYTES, LOCAL_NORM = (
-    "time/step_s",
-    "time/before_backward_s",
-    "mem/rss_bytes",
-    "grad_norm_total",
-)
-
-
 def summary(run_id: str, step: int, piece: _assemble.RankStep) -> dict[str, Any]:
-    """A rank step's summary row: its step time, time before backward, memory (the allocated
-    bytes of its lowest CUDA device, else its resident memory: what the Ranks section draws per
-    rank) and local total gradient norm (None where not sent: an unmeasured step has no norm).
-    Non-finite values are stored as NULL: a summary is for spread and outliers, the rank's own
-    rows (while kept) and the job's step have the exact values."""
-    values = piece.scalars
-    allocated = sorted(
-        (int(k.split(":")[1].split("/")[0]), v)
-        for k, v in values.items()
-        if k.startswith("mem/cuda:") and k.endswith("/allocated") and k.split(":")[1].split("/")[0].isdigit()
-    )
-    memory = allocated[0][1] if allocated else values.get(RSS_BYTES)
-
-    def finite(x: float | None) -> float | None:
-        return x if x is not None and np.isfinite(x) else None
-
+    """A rank step's summary as a row (rank_rows.summary_values: step time, time before backward,
+    memory, local total gradient norm; None where not sent or not finite)."""
+    step_s, before_backward_s, memory, local_norm = _rank_rows.summary_values(piece.scalars)
     return {
         "run_id": run_id,
         "step": step,
         "time": piece.time,
-        "step_s": finite(values.get(STEP_S)),
-        "before_backward_s": finite(values.get(BEFORE_BACKWARD_S)),
-        "memory_bytes": finite(memory),
-        "local_norm": finite(values.get(LOCAL_NORM)),
+        "step_s": step_s,
+        "before_backward_s": before_backward_s,
+        "memory_bytes": memory,
+        "local_norm": local_norm,
     }
 
 
@@ -567,16 +594,18 @@ def _prune(conn: Connection, job: str, run_ids: Sequence[str], last_step: int, m
         scalars.c.run_id == job, scalars.c.key.startswith(_assemble.DESYNC_PREFIX), scalars.c.step.between(lo, hi)
     )
     for at in range(0, len(run_ids), ASSEMBLE_CHUNK):
-        for table in (param_metrics, scalars):
+        chunk = run_ids[at : at + ASSEMBLE_CHUNK]
+        for table in (param_metrics, scalars) if _legacy(conn, memory) else (param_metrics,):
             conn.execute(
                 delete(table).where(
-                    table.c.run_id.in_(run_ids[at : at + ASSEMBLE_CHUNK]),
+                    table.c.run_id.in_(chunk),
                     table.c.step > lo,
                     table.c.step <= hi,
                     table.c.step.not_in(partial),
                     table.c.step.not_in(desync),
                 )
             )
+        _rank_rows.prune(conn, chunk, lo, hi, (partial, desync))
     memory.pruned_through = hi
 
 
@@ -608,9 +637,10 @@ def _complete(
     if not rows:
         return
     lo, hi = min(r.step for r in rows), max(r.step for r in rows)
+    heads = _rank_rows.step_heads(_legacy(conn, memory))
     sets = {
         r.rank: set(
-            conn.execute(select(steps.c.step).where(steps.c.run_id == r.run_id, steps.c.step.between(lo, hi))).scalars()
+            conn.execute(select(heads.c.step).where(heads.c.run_id == r.run_id, heads.c.step.between(lo, hi))).scalars()
         )
         for r in present
         if r.run_id is not None
@@ -668,7 +698,8 @@ class RankSummaries:
 def rank_summaries(conn: Connection, job: str, first: int | None = None, last: int | None = None) -> RankSummaries:
     """The job's rank step summaries in steps `first`..`last` (either None: unbounded): one
     query, read as plain rows into arrays."""
-    s = rank_summaries_table.c
+    table = _rank_rows.summaries()
+    s = table.c
     where = [runs.c.parent_id == job]
     if first is not None:
         where.append(s.step >= first)
@@ -676,7 +707,7 @@ def rank_summaries(conn: Connection, job: str, first: int | None = None, last: i
         where.append(s.step <= last)
     rows = conn.execute(
         select(runs.c.rank, s.step, s.time, s.step_s, s.before_backward_s, s.memory_bytes, s.local_norm)
-        .select_from(rank_summaries_table.join(runs, runs.c.id == s.run_id))
+        .select_from(table.join(runs, runs.c.id == s.run_id))
         .where(*where)
         .order_by(runs.c.rank, s.step)
     ).all()

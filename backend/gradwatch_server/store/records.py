@@ -107,7 +107,8 @@ class StepData:
     #: its arrays are added, to the stored step; it is never stored as a step of its own
     resent: bool = False
     #: a DDP replica's `grad_digest` (protocol v2) in place of its grad_norm and grad_status: kept
-    #: by the job's memory for `rank_desync`, not stored
+    #: by the job's memory for `rank_desync`, and stored with the rank's step (rank_steps) for
+    #: the recent window, so that a comparison survives a restart
     digest: str | None = None
 
 
@@ -141,3 +142,4 @@ class StoredStep:
     time: float
     scalars: dict[str, float] = field(default_factory=dict)
     arrays: dict[str, np.ndarray] = field(default_factory=dict)
+    digest: str | None = None  # a DDP replica's grad_digest (a rank's step, in its recent window)

@@ -25,7 +25,7 @@ from .rows import plain_rows
 from .values import shape
 
 _LOCK_RUN = (
-    select(runs.c.last_seq, runs.c.status, runs.c.last_step, runs.c.steps)
+    select(runs.c.last_seq, runs.c.status, runs.c.last_step, runs.c.steps, runs.c.kind)
     .where(runs.c.id == bindparam("run_id"))
     .with_for_update()
 )  # built once: it runs for every stored batch

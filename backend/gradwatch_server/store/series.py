@@ -14,8 +14,9 @@ from sqlalchemy import Connection, and_, func, or_, select
 
 from .. import blocks
 from ..protocol import array_dtype
-from ..schema import metric_blocks, param_metrics, runs
+from ..schema import metric_blocks, param_metrics, rank_steps, runs
 from ..schema import scalars as scalars_table
+from . import rank_rows as _rank_rows
 from .blocks_sql import raw_stretches, stored_stretches
 from .rows import joined, metric_where, plain_rows, window
 from .values import scalar_columns
@@ -32,7 +33,10 @@ def scalar_series(
         .where(s.run_id == run_id, s.key == key, *window(s.step, start, end))
         .order_by(s.step),
     )
-    return scalar_columns(rows)
+    found, values = scalar_columns(rows)
+    # a rank's run: its steps since migration 0010 are packed rows (kept for the recent window)
+    packed = _rank_rows.scalar_series(conn, run_id, key, window(rank_steps.c.step, start, end))
+    return _rank_rows.merge_series(found, values, *packed)
 
 
 def metric_steps(conn: Connection, run_id: str, metric: str, start: int | None, end: int | None) -> np.ndarray:

@@ -1,8 +1,8 @@
 """The spread of a per-rank figure across a job's ranks (rank_spread.py): its quantiles at each
-step, written by the assembly with the ranks' step summaries (`rank_spread`, a row per job, metric
+step, written by the assembly from the ranks' step summaries (`rank_spread`, a row per job, metric
 and step), and the ranks' own values over the window's last steps, for the outlier ranks, read
-from the summaries (rank_summaries: kept for the whole job, where a rank's own scalars are kept
-only for a recent window).
+from the summaries (rank_steps' summary columns, rank_summaries' before migration 0010: kept for
+the whole job, where a rank's own scalars are kept only for a recent window).
 
 Why a table of quantiles: a window of 300 steps of a 1,024-rank job is 307,200 summaries, about
 1.5 s to read and sort per request on a small machine, where 300 rows of quantiles read in a few
@@ -21,15 +21,16 @@ import numpy as np
 from sqlalchemy import Connection, delete, insert, select
 
 from ..jobs.rank_spread import QUANTILES, step_quantiles
-from ..schema import rank_spread, rank_summaries, runs, steps
+from ..schema import rank_spread, runs, steps
+from .rank_rows import summaries
 
 #: The spread's metrics and the summary column each reads ("memory": a rank's lowest CUDA
-#: device's allocated bytes, else its resident set; store/jobs.py `summary`).
+#: device's allocated bytes, else its resident set; rank_rows.summary_values).
 COLUMNS = {
-    "time/step_s": rank_summaries.c.step_s,
-    "time/before_backward_s": rank_summaries.c.before_backward_s,
-    "memory": rank_summaries.c.memory_bytes,
-    "grad_norm_total": rank_summaries.c.local_norm,
+    "time/step_s": "step_s",
+    "time/before_backward_s": "before_backward_s",
+    "memory": "memory_bytes",
+    "grad_norm_total": "local_norm",
 }
 #: Rank values the outliers are judged on at most: the window's last steps up to this many.
 OUTLIER_VALUES = 16_384
@@ -65,7 +66,7 @@ def spread_rows(job: str, summaries: Iterable[Mapping[str, Any]]) -> list[dict[s
     out: list[dict[str, Any]] = []
     for step, found in sorted(by_step.items()):
         for metric, column in COLUMNS.items():
-            values = np.array([np.nan if s[column.name] is None else s[column.name] for s in found], np.float64)
+            values = np.array([np.nan if s[column] is None else s[column] for s in found], np.float64)
             out.append(_row(job, metric, step, values))
     return out
 
@@ -95,10 +96,11 @@ def rewrite_spread(conn: Connection, job: str, wanted: Sequence[int]) -> None:
     if not wanted:
         return
     conn.execute(delete(rank_spread).where(rank_spread.c.run_id == job, rank_spread.c.step.in_(wanted)))
-    s = rank_summaries.c
+    table = summaries()
+    s = table.c
     found = conn.execute(
-        select(s.step, *COLUMNS.values())
-        .join(runs, runs.c.id == s.run_id)
+        select(s.step, *(s[c] for c in COLUMNS.values()))
+        .select_from(table.join(runs, runs.c.id == s.run_id))
         .where(runs.c.parent_id == job, s.step.in_(wanted))
     ).all()
     write_spread(conn, job, [r._asdict() for r in found])
@@ -139,11 +141,11 @@ def rank_values(
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(rank, step, value) of `key` in the job's rank summaries of steps `after`+1..`last`, by
     rank and step, as arrays; a value not sent (or not finite) as NaN."""
-    column = COLUMNS[key]
-    s = rank_summaries.c
+    table = summaries()
+    s = table.c
     rows = conn.execute(
-        select(runs.c.rank, s.step, column)
-        .join(runs, runs.c.id == s.run_id)
+        select(runs.c.rank, s.step, s[COLUMNS[key]])
+        .select_from(table.join(runs, runs.c.id == s.run_id))
         .where(runs.c.parent_id == job, s.step > after, s.step <= last)
         .order_by(runs.c.rank, s.step)
     ).all()

@@ -5,14 +5,16 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
-from sqlalchemy import BindParameter, Connection, Engine, bindparam, case, func, insert, or_, select, tuple_, update
+from sqlalchemy import BindParameter, Connection, Engine, bindparam, case, func, insert, or_, select, update
 
 from .. import tails
 from ..protocol import array_dtype
 from ..schema import param_metrics, runs, series_names, steps
 from ..schema import scalars as scalars_table
+from . import rank_rows as _rank_rows
 from .blocks_sql import update_blocks
 from .records import StepData, StoredStep, UnknownRun
 from .rows import insert_plain
@@ -72,8 +74,8 @@ def write_steps(
     param_blocks: bool = True,
 ) -> Written:
     """Store step messages in the caller's transaction; per message, False if it was stored already.
-    Without `param_blocks` (a rank's run of a job, whose rows are kept for a recent window only:
-    store/jobs.py; its summaries for the whole job) its series get no blocks.
+    Without `param_blocks` its series get no blocks. A rank's run of a job is stored as
+    `write_rank_batches` stores it (no blocks: its rows are kept for a recent window only).
 
     A message is skipped when its seq is not above the run's committed seq, or its step is
     stored (then only the committed seq advances): resending is harmless. A step `resent` by the
@@ -82,6 +84,8 @@ def write_steps(
     """
     stored = [False] * len(batch)
     locked = lock_run(conn, run_id)
+    if locked.kind == "rank":  # a rank's run of a job: a row per step (store/rank_rows.py)
+        return write_rank_batches(conn, [(run_id, batch, notify)], now, known)[0]
     last_seq, last_step_before = locked.last_seq, locked.last_step
     fresh = []
     for i, data in enumerate(batch):
@@ -178,9 +182,6 @@ _LOCK_RUNS = (
     .where(runs.c.id.in_(bindparam("run_ids", expanding=True)))
     .with_for_update()
 )
-_STORED_RANK_STEPS = select(steps.c.run_id, steps.c.step).where(
-    tuple_(steps.c.run_id, steps.c.step).in_(bindparam("keys", expanding=True))
-)
 
 
 def write_rank_batches(
@@ -193,7 +194,9 @@ def write_rank_batches(
     rank's rows are kept for a recent window only, store/jobs.py) in the caller's transaction,
     each statement once for all of them rather than once per run: a group commit of a large
     job's frames (jobs/commits.py) spent more on building and running its statements per rank
-    than on SQLite's work. Raises UnknownRun if any run is missing (the caller stores each alone)."""
+    than on SQLite's work. A rank's step is one `rank_steps` row (store/rank_rows.py), its
+    per-parameter arrays `param_metrics` rows as any run's. Raises UnknownRun if any run is
+    missing (the caller stores each alone)."""
     ids = [run_id for run_id, _, _ in writes]
     locked = {r.id: r for r in conn.execute(_LOCK_RUNS, {"run_ids": ids})}
     missing = [run_id for run_id in ids if run_id not in locked]
@@ -212,7 +215,7 @@ def write_rank_batches(
         fresh.append(mine)
         seqs.append(last_seq)
     keys = sorted({(run_id, batch[i].step) for (run_id, batch, _), mine in zip(writes, fresh) for i in mine})
-    have = set() if not keys else {(r, s) for r, s in conn.execute(_STORED_RANK_STEPS, {"keys": keys})}
+    have = _rank_rows.stored(conn, keys)
     out: list[Written] = []
     new_by_run: list[tuple[str, list[StepData]]] = []
     added: set[SeriesName] = set()
@@ -234,22 +237,18 @@ def write_rank_batches(
         told = None if notify is None or not new else notify(new)
         if told is not None:
             conn.execute(select(func.pg_notify(*told)))
-    insert_plain(conn, steps, [(r, d.step, d.seq, d.time) for r, new in new_by_run for d in new])
-    insert_plain(
-        conn,
-        scalars_table,
-        [(r, k, d.step, *encode_scalar(x)) for r, new in new_by_run for d in new for k, x in d.scalars.items()],
-    )
+    named = _rank_rows.write(conn, new_by_run, known)
     insert_plain(
         conn,
         param_metrics,
         [(r, m, d.step, raw, array_dtype(m)) for r, new in new_by_run for d in new for m, raw in d.arrays.items()],
     )
+    by_run: dict[str, set[SeriesName]] = {}
+    for n in named:
+        by_run.setdefault(n[0], set()).add(n)
     for (run_id, new), written in zip(new_by_run, out):
-        written.names = {(run_id, "scalar", k) for d in new for k in d.scalars} | {
-            (run_id, "param", m) for d in new for m in d.arrays
-        }
-    _add_names_of_runs(conn, ({n for w in out for n in w.names} | added) - known)
+        written.names = {(run_id, "param", m) for d in new for m in d.arrays} | by_run.get(run_id, set())
+    _add_names_of_runs(conn, ({n for w in out for n in w.names if n[1] != "keys"} | added) - known)
     advance = [
         {"run_id": run_id, "seq_now": seq, "new": len(new), "top": max(d.step for d in new), "now": now}
         for (run_id, new), seq, written in zip(new_by_run, seqs, out)
@@ -311,18 +310,13 @@ def step_times(conn: Connection, run_id: str, wanted: Sequence[int] | np.ndarray
     """The wall time (Unix seconds, float64) of each of the `wanted` steps, NaN for one that
     is not stored, and the wall time of the run's first stored step (None: no steps)."""
     wanted = np.asarray(wanted, dtype=np.int64)
-    first = conn.execute(
-        select(steps.c.time).where(steps.c.run_id == run_id).order_by(steps.c.step).limit(1)
-    ).scalar_one_or_none()
+    head = _rank_rows.heads(conn, run_id, lambda c: (), 1)
+    first = head[0][2] if head else None
     if not len(wanted):
         return np.empty(0, dtype=np.float64), first
-    rows = conn.execute(
-        select(steps.c.step, steps.c.time)
-        .where(steps.c.run_id == run_id, steps.c.step.between(int(wanted.min()), int(wanted.max())))
-        .order_by(steps.c.step)
-    ).all()
-    known = np.array([r.step for r in rows], dtype=np.int64)
-    times = np.array([r.time for r in rows], dtype=np.float64)
+    rows = _rank_rows.heads(conn, run_id, lambda c: (c.step.between(int(wanted.min()), int(wanted.max())),))
+    known = np.array([r[0] for r in rows], dtype=np.int64)
+    times = np.array([r[2] for r in rows], dtype=np.float64)
     out = np.full(len(wanted), np.nan)
     if len(known):
         at = np.minimum(np.searchsorted(known, wanted), len(known) - 1)
@@ -354,19 +348,21 @@ def iter_steps(
         names = sorted(set(names) & set(metrics))
     while True:
         with engine.connect() as conn:
-            where = [steps.c.run_id == run_id] + ([steps.c.step > after] if after is not None else [])
-            head = conn.execute(
-                select(steps.c.step, steps.c.seq, steps.c.time).where(*where).order_by(steps.c.step).limit(chunk)
-            ).all()
+            head = _rank_rows.heads(conn, run_id, _after(after), chunk)
             if not head:
                 return
-            lo, hi = head[0].step, head[-1].step
-            records = {r.step: StoredStep(step=r.step, seq=r.seq, time=r.time) for r in head}
+            lo, hi = head[0][0], head[-1][0]
+            records = {step: StoredStep(step=step, seq=seq, time=t) for step, seq, t in head}
             _fill(conn, run_id, records, keys, names, lo, hi)
         for record in records.values():
             record.scalars = dict(sorted(record.scalars.items()))
         yield list(records.values())
         after = hi
+
+
+def _after(after: int | None) -> Callable[[Any], list[Any]]:
+    """The condition `step > after` on a table's columns (none: every step)."""
+    return lambda c: [] if after is None else [c.step > after]
 
 
 def batch_steps(
@@ -378,13 +374,14 @@ def batch_steps(
     the reads on the primary keys. `serve --workers N` reads another worker's batch with it.
     Without `seq_range`: every stored step in the step range (steps that got the flight
     recorder's arrays late keep the seq they were first stored with)."""
-    where = [steps.c.run_id == run_id, steps.c.step.between(*steps_range)]
-    if seq_range is not None:
-        where.append(steps.c.seq.between(*seq_range))
+
+    def where(c: Any) -> list[Any]:
+        return [c.step.between(*steps_range)] + ([c.seq.between(*seq_range)] if seq_range is not None else [])
+
     keys, names = _names(engine, run_id, True)
     with engine.connect() as conn:
-        head = conn.execute(select(steps.c.step, steps.c.seq, steps.c.time).where(*where).order_by(steps.c.step)).all()
-        records = {r.step: StoredStep(step=r.step, seq=r.seq, time=r.time) for r in head}
+        head = _rank_rows.heads(conn, run_id, where)
+        records = {step: StoredStep(step=step, seq=seq, time=t) for step, seq, t in head}
         if records:
             _fill(conn, run_id, records, keys, names, *steps_range)
     return list(records.values())
@@ -405,9 +402,11 @@ def _fill(
     names: Sequence[str],
     lo: int,
     hi: int,
+    packed: bool = True,
 ) -> None:
     """Read the scalars `keys` and parameter metrics `names` of steps lo..hi into `records`, for
-    the steps it holds only (not a step written since they were read)."""
+    the steps it holds only (not a step written since they were read); `packed`: a rank's
+    packed scalars too (rank_rows.fill)."""
     if keys:
         s = scalars_table.c
         rows = conn.execute(
@@ -416,6 +415,8 @@ def _fill(
         for r, value in zip(rows, decode_scalars(rows).tolist()):
             if r.step in records:
                 records[r.step].scalars[r.key] = value
+        if packed:
+            _rank_rows.fill(conn, run_id, records, lo, hi, keys)
     if names:
         p = param_metrics.c
         for r in conn.execute(
