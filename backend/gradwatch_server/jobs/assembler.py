@@ -5,7 +5,8 @@ committed batch of a rank and on a timer that notices lost ranks.
 nothing more is ready, then treats the job's new steps as any run's: the diagnostics engine
 judges them, the browsers watching `?run=JOB` get them, a changed status goes to every browser,
 and a new error or warning finding to the `--notify` webhooks. Calls for one job take turns (a
-lock per job), so the engine sees the job's steps in order. The hook whose batch completed a
+lock per job), so the engine sees the job's steps in order; those that come while one waits
+for the lock join it (`_Waiting`). The hook whose batch completed a
 step gets the job's findings from its own connection (ingest.py).
 
 The timer (`start`) looks at every running job each `interval` seconds (a quarter of
@@ -266,7 +267,9 @@ class JobAssembler:
         """Assemble what is ready of `job`; its current findings if steps were added, else None.
         `rank`'s connection just committed `batch` (kept here for the assembly: its pieces are
         not read back), or its close (`closed`); a batch that cannot make a step ready (another
-        rank has not stored one beyond the job's last yet) assembles nothing."""
+        rank has not stored one beyond the job's last yet) assembles nothing, and one that comes
+        while an assembly of the job waits for its turn joins it (None: the findings go to the
+        hook of the caller that led it)."""
         state = self._job(job)
         if state is None:
             return None
