@@ -880,3 +880,48 @@ def test_a_closing_ranks_wait_for_its_jobs_step_ends_when_the_step_is_stored_or_
                 other.close()
             assert r0.recv() == {"type": "ack", "seq": 2}
             assert http.get("/api/runs/j-elsewhere").json()["status"] == "crashed"
+
+
+def test_frames_committed_while_a_jobs_assembly_waits_join_it(tmp_path: Path) -> None:
+    """A worker of `serve --workers N` cannot tell from memory whether the ranks on the other
+    workers have a step (here rank 4, not connected to this server), so every rank's frame asks
+    for an assembly that reads every rank. Those committed while one waits for the job's lock
+    (held here, as by the assembly before it) join it: 4 frames, 1 assembly (counted by its read
+    of the job's ranks), each frame acknowledged; the step is assembled whole once rank 4 sends
+    it, its norms exact (oracle: the square root of the sum of the counted squared pieces)."""
+    ranks, here = 5, 4
+    url = f"sqlite:///{tmp_path / 'x.db'}"
+    with in_process_server(url, rank_timeout_s=20.0) as server, server.client() as http:
+        store, jobs = server.app.state.store, server.app.state.jobs
+        assemblies: list[str] = []
+
+        def count(conn: Any, cursor: Any, statement: str, *args: Any) -> None:
+            if statement.startswith("SELECT runs.id, runs.rank, runs.status, runs.last_step, runs.updated_at"):
+                assemblies.append(statement)
+
+        with contextlib.ExitStack() as stack:
+            hooks = [stack.enter_context(server.hook()) for _ in range(ranks)]
+            for rank, hook in enumerate(hooks[:here]):
+                assert hook.call(rank_hello("j-join", rank, ranks, **PIECES))["type"] == "welcome"
+            state = jobs._jobs["j-join"]
+            server.portal.call(state.lock.acquire)
+            event.listen(store.engine, "before_cursor_execute", count)
+            try:
+                for rank, hook in enumerate(hooks[:here]):
+                    hook.send(step(1, 1, arrays={"grad_norm": f32(rank + 1.0, 2.0)}))
+                assert wait_for(lambda: state.waiting is not None and len(state.waiting.late) == here)
+            finally:
+                server.portal.call(state.lock.release)
+            assert [hook.recv()["type"] for hook in hooks[:here]] == ["ack"] * here
+            event.remove(store.engine, "before_cursor_execute", count)
+            assert len(assemblies) == 1
+            assert job_steps_in(http, "j-join") == {}  # rank 4 has not sent step 1
+            assert hooks[here].call(rank_hello("j-join", here, ranks, **PIECES))["type"] == "welcome"
+            assert hooks[here].call(step(1, 1, arrays={"grad_norm": f32(here + 1.0, 2.0)}))["type"] == "ack"
+            stored = wait_for(lambda: job_steps_in(http, "j-join"))
+        assert list(stored) == [1] and stored[1]["scalars"]["dist/ranks"] == ranks
+        assert stored[1]["params"]["grad_norm"] == [
+            global_norm([(r + 1.0, True) for r in range(ranks)]),
+            global_norm([(2.0, True)] * ranks),
+        ]
+        assert partial_steps(store, "j-join") == []

@@ -605,6 +605,79 @@ def test_postgresql_workers_assemble_a_job_whose_ranks_are_on_both(serve_workers
     assert "Traceback" not in log, log
 
 
+KILLED_JOB, KILLED_RANKS, KILLED_STEPS, KILL_AFTER = "wk-killed", 4, 9, 6
+
+
+def test_postgresql_workers_lose_no_job_step_when_one_is_killed_mid_job(serve_workers: Callable[..., Workers]) -> None:
+    """A job of 4 ranks, 2 on each worker; once step 6 is acknowledged every rank sends steps 7 to
+    9 and one worker is SIGKILLed at once (its ranks' frames, its assemblies, maybe under way).
+    Its ranks reconnect to whichever worker takes them and send every step again, as a hook
+    resends what is unacknowledged: every global step is stored once and whole (no partial step,
+    no lost rank), its total norm exact (oracle: the square root of the sum of every rank's
+    squared local norms)."""
+    workers = serve_workers(crash_grace_s=60)
+    pids = sorted({pid for _, pid in spread(lambda: open_ws(workers, "/ws/live"), per_worker=1)})
+    ranks = rank_runs(KILLED_JOB, "job-worker-killed", KILLED_RANKS)
+    sent: dict[int, dict[int, dict[str, Any]]] = {run.rank: {} for run in ranks}
+
+    def connect(run: Any, avoid: int | None = None, want: int | None = None) -> ClientConnection:
+        ws, pid = open_ws(workers, "/ws/ingest")
+        while (want is not None and pid != want) or pid == avoid:
+            ws.close()
+            ws, pid = open_ws(workers, "/ws/ingest")
+        ws.send(json.dumps(run.hello()))
+        assert json.loads(ws.recv(30))["type"] == "welcome"
+        return ws
+
+    def send(run: Any, ws: ClientConnection, steps: range) -> None:
+        for step in steps:
+            message = sent[run.rank].setdefault(step, run.step(step, step))
+            ws.send(json.dumps(message))
+
+    def acked(ws: ClientConnection, last: int) -> None:
+        seq = 0
+        while seq < last:
+            frame = json.loads(ws.recv(30))
+            assert frame["type"] in ("ack", "finding"), frame
+            seq = frame["seq"] if frame["type"] == "ack" else seq
+
+    sockets = [connect(run, want=pids[run.rank % 2]) for run in ranks]
+    for run, ws in zip(ranks, sockets, strict=True):
+        send(run, ws, range(1, KILL_AFTER + 1))
+    for ws in sockets:
+        acked(ws, KILL_AFTER)
+    for run, ws in zip(ranks, sockets, strict=True):
+        send(run, ws, range(KILL_AFTER + 1, KILLED_STEPS + 1))
+    os.kill(pids[0], signal.SIGKILL)
+    for run, ws in zip(ranks, sockets, strict=True):
+        if run.rank % 2 == 0:  # on the killed worker: what it acknowledged may be all it stored
+            ws.close()
+            sockets[run.rank] = ws = connect(run, avoid=pids[0])
+            send(run, ws, range(1, KILLED_STEPS + 1))
+        acked(ws, KILLED_STEPS)
+    for ws in sockets:
+        ws.send(json.dumps({"v": 1, "type": "close", "seq": KILLED_STEPS + 1, "status": "finished"}))
+    wait_until(lambda: get_run(workers, KILLED_JOB)["status"] == "finished", "the job finished")
+
+    job = get_run(workers, KILLED_JOB)
+    assert (job["steps"], job["last_step"]) == (KILLED_STEPS, KILLED_STEPS)
+    answer = httpx.get(f"{workers.server.url}/api/runs/{KILLED_JOB}/ranks", timeout=30).json()
+    assert [(r["rank"], r["steps"], r["lost"]) for r in answer["ranks"]] == [
+        (r, KILLED_STEPS, False) for r in range(KILLED_RANKS)
+    ]
+    assert answer["partial"] == {"steps": 0, "ranges": []}
+    totals = httpx.get(f"{workers.server.url}/api/runs/{KILLED_JOB}/series", params={"key": "grad_norm_total"}).json()
+    assert totals["step"] == list(range(1, KILLED_STEPS + 1))
+    for step, total in zip(totals["step"], totals["value"], strict=True):
+        pieces = np.stack(
+            [np.frombuffer(base64.b64decode(sent[r][step]["params"]["grad_norm"]), "<f4") for r in sent]
+        ).astype(np.float64)
+        per_param = np.sqrt((pieces**2).sum(axis=0)).astype(np.float32).astype(np.float64)
+        assert total == pytest.approx(math.sqrt(float((per_param**2).sum())), rel=1e-6), step
+    for ws in sockets:
+        ws.close()
+
+
 # -- the command line ---------------------------------------------------------------------------
 
 

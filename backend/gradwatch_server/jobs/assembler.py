@@ -5,7 +5,8 @@ committed batch of a rank and on a timer that notices lost ranks.
 nothing more is ready, then treats the job's new steps as any run's: the diagnostics engine
 judges them, the browsers watching `?run=JOB` get them, a changed status goes to every browser,
 and a new error or warning finding to the `--notify` webhooks. Calls for one job take turns (a
-lock per job), so the engine sees the job's steps in order. The hook whose batch completed a
+lock per job), so the engine sees the job's steps in order; those that come while one waits
+for the lock join it (`_Waiting`). The hook whose batch completed a
 step gets the job's findings from its own connection (ingest.py).
 
 The timer (`start`) looks at every running job each `interval` seconds (a quarter of
@@ -65,12 +66,42 @@ def as_steps(batch: Sequence[StepData]) -> list[Step]:
 
 
 @dataclass
+class _Waiting:
+    """An assembly of a job waiting for its lock, which has read nothing yet: the frames
+    committed meanwhile join it instead of each queueing one of their own. With `serve
+    --workers N` a worker does not know how far the other workers' ranks are (`nothing_ready`
+    cannot tell), so every frame of a step ran an assembly that read every rank: 32 a step on
+    each worker at 64 ranks, most of them finding nothing. Joined, a worker runs at most the
+    one under way and one more, which reads after every frame that joined it is committed."""
+
+    done: asyncio.Future[bool]  # whether it ran (or found nothing to run): else a joiner runs its own
+    late: list[int] = field(default_factory=list)
+    timer: bool = False  # the timer's (or another caller's with no rank): never skipped
+    closes: bool = False  # some rank's close joined
+
+    def join(self, rank: int | None, late: Sequence[int], closed: bool) -> None:
+        self.late += late
+        self.timer |= rank is None
+        self.closes |= closed
+
+    def skippable(self, state: _Job) -> bool:
+        """Whether none of those joined can make a step ready (`_Job.nothing_ready`) nor end the
+        job (`_Job.close_frees_nothing`), now that the assembly before it is done."""
+        if self.timer:
+            return False
+        if self.closes and not state.close_frees_nothing():
+            return False
+        return state.nothing_ready(self.late)
+
+
+@dataclass
 class _Job:
     """What this process keeps of a job while its status is unsettled."""
 
     first_seen: float  # when this process first saw the job (server time)
     touched: float  # when it last did
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    waiting: _Waiting | None = None  # the assembly waiting for `lock`, which later frames join
     users: int = 0  # assemblies holding or awaiting the lock
     settled: bool = False  # finished, crashed or deleted: drop once no assembly uses it
     announced: dict[str, dict[str, object]] = field(default_factory=dict)  # code -> finding as told
@@ -245,7 +276,9 @@ class JobAssembler:
         """Assemble what is ready of `job`; its current findings if steps were added, else None.
         `rank`'s connection just committed `batch` (kept here for the assembly: its pieces are
         not read back), or its close (`closed`); a batch that cannot make a step ready (another
-        rank has not stored one beyond the job's last yet) assembles nothing."""
+        rank has not stored one beyond the job's last yet) assembles nothing, and one that comes
+        while an assembly of the job waits for its turn joins it (None: the findings go to the
+        hook of the caller that led it)."""
         state = self._job(job)
         if state is None:
             return None
@@ -261,15 +294,40 @@ class JobAssembler:
                 return None
         state.users += 1
         try:
-            async with state.lock:
-                # the assembly this one waited for may have taken every step ready (a close is
-                # asked here only: with no assembly under way, the job's last step is current)
-                if rank is not None and (state.close_frees_nothing() if closed else state.nothing_ready(late)):
+            waiting = state.waiting
+            # one waits for the lock and has read nothing yet: it takes ours (the findings go
+            # to the hook of the one that runs it); if it never ran (cancelled), ours runs
+            if waiting is not None:
+                waiting.join(rank, late, closed)
+                if await asyncio.shield(waiting.done):
                     return None
-                return await self._assemble(job, state, late)
+            return await self._lead(job, state, rank, late, closed)
         finally:
             state.users -= 1
             self._release(job, state)
+
+    async def _lead(
+        self, job: str, state: _Job, rank: int | None, late: Sequence[int], closed: bool
+    ) -> list[Finding] | None:
+        """Run an assembly for this caller and those that join it while it waits (`_Waiting`)."""
+        waiting = state.waiting = _Waiting(asyncio.get_running_loop().create_future())
+        waiting.join(rank, late, closed)
+        ran = False
+        try:
+            async with state.lock:
+                state.waiting = None  # from here on it reads: later frames wait for the next one
+                # the assembly this one waited for may have taken every step ready (a close is
+                # asked here only: with no assembly under way, the job's last step is current)
+                if waiting.skippable(state):
+                    ran = True
+                    return None
+                found = await self._assemble(job, state, waiting.late)
+                ran = True
+                return found
+        finally:
+            if state.waiting is waiting:
+                state.waiting = None
+            waiting.done.set_result(ran)
 
     async def _assemble(self, job: str, state: _Job, late: list[int]) -> list[Finding] | None:
         notify = self._hub.steps_notice(job)

@@ -31,8 +31,9 @@ from . import spread as _spread
 from .param_lists import ParamLists
 from .records import OpenedRun, ParamsMismatch, Run, StepData, StoredStep
 from .rows import plain_rows
-from .runs import get_series_names, open_run, shared_pieces, to_run
-from .steps import NotifyInTransaction, SeriesName, Written, _fill, write_steps
+from .runs import open_run, shared_pieces, to_run
+from .steps import NotifyInTransaction, SeriesName, Written, write_steps
+from .values import decode_scalars
 
 #: Most steps one assembly reads per rank (the caller asks again while `more`).
 ASSEMBLE_CHUNK = 512
@@ -244,21 +245,31 @@ def _pieces_info(
     return {r: memory.counted[r] for r in known}, memory.replicated[1]
 
 
-def _rank_steps(conn: Connection, rank: int, run_id: str, wanted: Sequence[int], memory: JobMemory) -> list[StoredStep]:
-    """A rank's steps `wanted` (sorted), every series: from `memory` where it holds them, else
-    read back from the rank's run."""
-    out: list[StoredStep] = []
-    missing: list[int] = []
-    for s in wanted:
-        sent = memory.take(rank, s)
-        if sent is None:
-            missing.append(s)
-        else:
-            out.append(
-                StoredStep(step=s, seq=0, time=sent.time, scalars=sent.scalars, arrays=sent.arrays, digest=sent.digest)
-            )
+def _rank_steps(
+    conn: Connection, wanted: dict[int, tuple[str, Sequence[int]]], memory: JobMemory
+) -> dict[int, list[StoredStep]]:
+    """Per rank, its steps `wanted` (rank -> its run and the steps, sorted), every series: from
+    `memory` where it holds them (the ranks connected to this process), the others read back
+    from their runs all at once (`_read`)."""
+    out: dict[int, list[StoredStep]] = {}
+    missing: dict[str, list[int]] = {}
+    of_run: dict[str, int] = {}
+    for rank, (run_id, steps_) in wanted.items():
+        mine = out.setdefault(rank, [])
+        for s in steps_:
+            sent = memory.take(rank, s)
+            if sent is None:
+                missing.setdefault(run_id, []).append(s)
+                of_run[run_id] = rank
+            else:
+                mine.append(
+                    StoredStep(
+                        step=s, seq=0, time=sent.time, scalars=sent.scalars, arrays=sent.arrays, digest=sent.digest
+                    )
+                )
     if missing:
-        out += _read(conn, run_id, missing, _legacy(conn, memory))
+        for run_id, records in _read(conn, missing, _legacy(conn, memory)).items():
+            out[of_run[run_id]] = sorted([*out[of_run[run_id]], *records], key=lambda r: r.step)
     return out
 
 
@@ -269,20 +280,46 @@ def _legacy(conn: Connection, memory: JobMemory) -> bool:
     return memory.legacy
 
 
-def _read(conn: Connection, run_id: str, wanted: Sequence[int], legacy: bool = True) -> list[StoredStep]:
-    """A rank's stored steps `wanted` (sorted), every series, and a replica's digest: its
-    `rank_steps` rows (and, `legacy`, its rows of before migration 0010)."""
-    lo, hi = wanted[0], wanted[-1]
-    want = set(wanted)
-    records = {
-        step: StoredStep(step=step, seq=seq, time=t)
-        for step, seq, t in _rank_rows.heads(conn, run_id, lambda c: (c.step.between(lo, hi),))
-        if step in want
-    }
-    keys = get_series_names(conn, run_id, "scalar") if legacy else []
-    _fill(conn, run_id, records, keys, get_series_names(conn, run_id, "param"), lo, hi, packed=False)
-    _rank_rows.fill(conn, run_id, records, lo, hi)
-    return [records[s] for s in sorted(records)]
+def _read(conn: Connection, wanted: dict[str, list[int]], legacy: bool = True) -> dict[str, list[StoredStep]]:
+    """Ranks' stored steps `wanted` (run -> steps), every series and a replica's digest, in one
+    query per table per ASSEMBLE_CHUNK runs: their `rank_steps` rows, their arrays, and (`legacy`)
+    their rows of before migration 0010. With `serve --workers N` an assembly reads back every
+    step of the ranks connected to the other workers, and reading them rank by rank (their
+    series' names, then their steps, scalars and arrays) cost a 64-rank job's worker more than
+    its own frames."""
+    records: dict[str, dict[int, StoredStep]] = {r: {} for r in wanted}
+    ids = sorted(wanted)
+    if not ids:
+        return {}
+    lo = min(min(w) for w in wanted.values())
+    hi = max(max(w) for w in wanted.values())
+    want = {(r, s) for r, w in wanted.items() for s in w}
+    heads, c, p = _rank_rows.step_heads(legacy).c, scalars.c, param_metrics.c
+    for at in range(0, len(ids), ASSEMBLE_CHUNK):
+        chunk = ids[at : at + ASSEMBLE_CHUNK]
+        for r in conn.execute(
+            select(heads.run_id, heads.step, heads.seq, heads.time).where(
+                heads.run_id.in_(chunk), heads.step.between(lo, hi)
+            )
+        ):
+            if (r.run_id, r.step) in want:
+                records[r.run_id][r.step] = StoredStep(step=r.step, seq=r.seq, time=r.time)
+        if legacy:
+            rows = conn.execute(
+                select(c.run_id, c.key, c.step, c.value, c.special).where(c.run_id.in_(chunk), c.step.between(lo, hi))
+            ).all()
+            for row, value in zip(rows, decode_scalars(rows).tolist()):
+                record = records[row.run_id].get(row.step)
+                if record is not None:
+                    record.scalars[row.key] = value
+        for a in conn.execute(
+            select(p.run_id, p.metric, p.step, p.data, p.dtype).where(p.run_id.in_(chunk), p.step.between(lo, hi))
+        ):
+            record = records[a.run_id].get(a.step)
+            if record is not None:
+                record.arrays[a.metric] = np.frombuffer(a.data, dtype="<" + a.dtype)
+        _rank_rows.fill_runs(conn, chunk, records, lo, hi)
+    return {r: [found[s] for s in sorted(found)] for r, found in records.items()}
 
 
 def assemble(
@@ -403,10 +440,11 @@ def _recall(
     if not digests and not memory.has_digest(step):
         return
     legacy = _legacy(conn, memory)
+    wanted = {runs_of[rank]: [step] for rank in absent if rank == 0 or runs_of[rank] in digests}
+    read = _read(conn, wanted, legacy)
     for rank in absent:
-        if rank == 0 or runs_of[rank] in digests:
-            for record in _read(conn, runs_of[rank], [step], legacy):
-                memory.recall(rank, record)
+        for record in read.get(runs_of[rank], ()):
+            memory.recall(rank, record)
 
 
 def _horizon(
@@ -483,11 +521,12 @@ def _write(
     by_rank = {r.rank: r.run_id for r in present if r.run_id is not None}
     counted, replicated = _pieces_info(conn, run_ids, memory)
     by_step: dict[int, list[_assemble.RankStep]] = {s: [] for s in ready}
+    wanted = {r.rank: [s for s in ready if s in sets.get(r.rank, ())] for r in present if r.run_id is not None}
+    records = _rank_steps(conn, {rank: (by_rank[rank], w) for rank, w in wanted.items() if w}, memory)
     for r in present:
-        wanted = [s for s in ready if s in sets.get(r.rank, ())]
-        if not wanted or r.run_id is None:
+        if r.run_id is None:
             continue
-        for record in _rank_steps(conn, r.rank, r.run_id, wanted, memory):
+        for record in records.get(r.rank, ()):
             by_step[record.step].append(
                 _assemble.RankStep(
                     r.rank,

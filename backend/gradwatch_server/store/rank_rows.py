@@ -223,6 +223,29 @@ def fill(
         record.digest = digest
 
 
+def fill_runs(
+    conn: Connection, run_ids: Sequence[str], records: Mapping[str, dict[int, StoredStep]], lo: int, hi: int
+) -> None:
+    """`fill` for several ranks' runs at once (run -> step -> record): one query for their rows,
+    one for their key sets."""
+    r = rank_steps.c
+    rows = plain_rows(
+        conn,
+        select(r.run_id, r.step, r.key_set, r.scalars, r.digest).where(
+            r.run_id.in_(run_ids), r.step.between(lo, hi), r.key_set.is_not(None)
+        ),
+    )
+    if not rows:
+        return
+    sets = _key_sets(conn, {(row[0], int(row[2])) for row in rows})
+    for run_id, step, kid, raw, digest in rows:
+        record = records.get(run_id, {}).get(step)
+        if record is None or kid not in sets:
+            continue
+        record.scalars.update(unpack(sets[kid], raw))
+        record.digest = digest
+
+
 def scalar_series(conn: Connection, run_id: str, key: str, where: Sequence[Any]) -> tuple[list[int], list[float]]:
     """(steps, values) of one scalar of a rank's run from its packed rows (`where`: conditions on
     rank_steps.c.step), by step."""

@@ -26,13 +26,26 @@ def joined(rows: Sequence[Any], first: int) -> bytes:
     return b"".join([b"".join(r[first:]) for r in rows])
 
 
+#: Fewest rows that insert_plain sends to PostgreSQL by COPY rather than executemany.
+COPY_FROM = 16
+
+
 def insert_plain(conn: Connection, table: Any, rows: list[tuple[Any, ...]]) -> None:
-    """INSERT rows (tuples in the order of the table's columns) with the driver's executemany:
-    SQLAlchemy's handling of each row's parameters costs about as much as SQLite's insert."""
+    """INSERT rows (tuples in the order of the table's columns) with the driver's executemany
+    (PostgreSQL: COPY, from COPY_FROM rows): SQLAlchemy's handling of each row's parameters
+    costs about as much as SQLite's insert."""
     if not rows:
         return
-    mark = "?" if conn.dialect.paramstyle == "qmark" else "%s"
     names = ", ".join(c.name for c in table.columns)
+    if conn.dialect.name == "postgresql" and len(rows) >= COPY_FROM:
+        # COPY: one statement for all the rows, which PostgreSQL parses and plans once (a group
+        # commit of a large job's frames is hundreds of rows; executemany sends each one)
+        with conn.connection.dbapi_connection.cursor() as cursor:  # type: ignore[union-attr]
+            with cursor.copy(f"COPY {table.name} ({names}) FROM STDIN") as copy:
+                for row in rows:
+                    copy.write_row(row)
+        return
+    mark = "?" if conn.dialect.paramstyle == "qmark" else "%s"
     conn.exec_driver_sql(f"INSERT INTO {table.name} ({names}) VALUES ({', '.join([mark] * len(table.columns))})", rows)
 
 
