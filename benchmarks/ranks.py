@@ -272,6 +272,7 @@ class RankResult:
     first_try: float | None = None
     acked: int = 0
     asked: int = 0  # hellos the server answered with "send the full list" (close code 4002)
+    binary: bool = False  # its last connection's server read binary step frames (and got them)
 
 
 async def _rank(
@@ -340,7 +341,7 @@ async def _rank(
                 backoff = min(backoff * 2, BACKOFF_MAX_S)
                 continue
             backoff = BACKOFF_S
-            binary = spec.frames == "binary" and wire.reads_binary(welcome)
+            binary = result.binary = spec.frames == "binary" and wire.reads_binary(welcome)
             if result.welcomed is None:
                 result.welcomed = time.time()
             if spec.admit_only:  # the start alone: leave once welcomed (what a close costs is not timed)
@@ -426,7 +427,16 @@ def _ranks_process(spec: Spec, ranks: list[int], url: str, t0: float, out: Any) 
     asyncio.run(main())
     out.put(
         {
-            r: (res.sent, res.connect_errors, res.dropped, res.welcomed, res.first_try, res.acked, res.asked)
+            r: (
+                res.sent,
+                res.connect_errors,
+                res.dropped,
+                res.welcomed,
+                res.first_try,
+                res.acked,
+                res.asked,
+                res.binary,
+            )
             for r, res in results.items()
         }
     )
@@ -576,6 +586,7 @@ class Row:
     load: float
     asked: int = 0  # hellos answered "send the full list"
     welcomed: int = 0  # ranks welcomed
+    binary: int = 0  # ranks that sent binary step frames (their server reads protocol v3)
     #: the server's CPU per rank-step over the job's middle third (stored steps a third to two
     #: thirds in): the steady state, the hellos long done (ms; NaN if the job never got there)
     steady_ms: float = float("nan")
@@ -671,9 +682,10 @@ def run_config(spec: Spec, args: argparse.Namespace, tmp: Path) -> Row:
         sent_by_step: dict[int, float] = {}
         errors = dropped = 0
         welcomed, tries = [], []
-        asked = 0
-        for sent, errs, drops, welcome, first_try, _acked, asks in results.values():
+        asked = binary = 0
+        for sent, errs, drops, welcome, first_try, _acked, asks, took_binary in results.values():
             asked += asks
+            binary += took_binary
             errors += errs
             dropped += drops
             if welcome is not None:
@@ -716,6 +728,7 @@ def run_config(spec: Spec, args: argparse.Namespace, tmp: Path) -> Row:
             load=os.getloadavg()[0],
             asked=asked,
             welcomed=len(welcomed),
+            binary=binary,
             steady_ms=(
                 1000 * (thirds[1][0] - thirds[0][0]) / (spec.ranks * (thirds[1][1] - thirds[0][1]))
                 if len(thirds) == 2 and thirds[1][1] > thirds[0][1]
@@ -930,7 +943,7 @@ def main(argv: list[str] | None = None) -> None:
                         rows.append(row)
                         print(
                             f"# done {ranks} x {tensors} @ {period:g} s ({hello}, replicas {replicas}, "
-                            f"{args.frames} frames): admit {row.admit_s:.1f} s, "
+                            f"--frames {args.frames}: {row.binary} ranks sent binary): admit {row.admit_s:.1f} s, "
                             f"{row.errors} failed connects, lag p95 {quantile(row.lags, 0.95):.2f} s, "
                             f"cpu {row.cpu_ms:.2f} ms/rank-step, steady {row.steady_ms:.2f}, "
                             f"lag p50 {quantile(row.lags, 0.5):.2f} s, load {row.load:.1f}",

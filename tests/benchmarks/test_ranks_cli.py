@@ -33,7 +33,8 @@ def test_a_small_job_is_stored_whole_and_its_row_printed(kind: str, every: int, 
         timeout=240,
     )
     assert done.returncode == 0, done.stderr
-    assert f"{frames} frames" in done.stdout
+    sent_binary = 3 * len(rows) if frames == "binary" else 0  # this server reads them: every rank sends them
+    assert f"--frames {frames}: {sent_binary // len(rows)} ranks sent binary" in done.stdout
     for name in rows:
         row = next(line for line in done.stdout.splitlines() if line.startswith(f"| 3 x 5 @ 0.2 s ({name}) |"))
         cells = [c.strip() for c in row.strip("|").split("|")]
