@@ -188,8 +188,8 @@ partial_steps = Table(
 
 # A rank's summary of each of its steps (a row of about 100 bytes): its step time, time before
 # backward, memory (the largest CUDA peak, else the resident memory) and local total gradient norm.
-# Written by the job's assembly for every rank step it combines, kept for the whole job: the rank's
-# per-parameter rows and scalars are kept for a recent window only (store/jobs.py, `_prune`).
+# Written by the job's assembly for every rank step it combined before migration 0010 (since then
+# a rank step's summary is in its `rank_steps` row); the rows stay, read beside those.
 rank_summaries = Table(
     "rank_summaries",
     metadata,
