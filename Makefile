@@ -4,11 +4,12 @@
 PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
-# --no-compile: pip would byte-compile all ~18,000 modules it installs (55 CPU-s on this machine,
-# nearly a minute of a fresh CI set-up); Python compiles those the tests import at their first
-# import instead, once, into the same __pycache__.
 PIP    := $(BIN)/python -m pip --disable-pip-version-check -q
-INSTALL := $(PIP) install --no-compile
+# pip byte-compiles what it installs (about a minute of a fresh set-up), and it must: where
+# PYTHONDONTWRITEBYTECODE is set (these machines set it) Python never writes a .pyc itself, so
+# without pip's every process of the suite compiled torch, FastAPI and the rest from source
+# (a fresh clone's parallel tier took 19 min instead of 12).
+INSTALL := $(PIP) install
 # Pinned: on these machines torch==2.13.0 is a local CPU build; a range would pull CUDA wheels.
 TORCH  := torch==2.13.0
 # Our two packages; the server with its `postgres` extra (psycopg 3) so that the demo can be

@@ -189,7 +189,10 @@ def scalars_run(run_id: str, params: list[str], extra: tuple[str, ...]) -> Scala
 
 
 def box(p: sync_api.Page, selector: str) -> dict[str, float]:
-    b = p.locator(selector).first.bounding_box()
+    """The element's box once it is drawn (the page may draw it a frame after its row exists)."""
+    first = p.locator(selector).first
+    sync_api.expect(first).to_be_visible()
+    b = first.bounding_box()
     assert b is not None, f"{selector} is not drawn"
     return b
 
