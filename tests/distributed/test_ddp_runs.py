@@ -68,6 +68,10 @@ def train(rank: int, url: str, run: str, micro: int, desync_step: int | None = N
             grads = norms(named, lambda p: p.grad)
             opt.step()
             oracle[step] = {"grad_norm": grads, **state_norms(named, opt)}
+        if rank > 0:  # rank 0 closes first: a replica closing before rank 0's steps reached the
+            torch.distributed.barrier()  # server is asked for every digest not yet compared
+    if rank == 0:
+        torch.distributed.barrier()
     return w.run_id, oracle
 
 
