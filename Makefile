@@ -5,10 +5,9 @@ PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
 PIP    := $(BIN)/python -m pip --disable-pip-version-check -q
-# pip byte-compiles what it installs (about a minute of a fresh set-up), and it must: where
-# PYTHONDONTWRITEBYTECODE is set (these machines set it) Python never writes a .pyc itself, so
-# without pip's every process of the suite compiled torch, FastAPI and the rest from source
-# (a fresh clone's parallel tier took 19 min instead of 12).
+# pip byte-compiles what it installs, and it must: where PYTHONDONTWRITEBYTECODE is set (these
+# machines set it) Python never writes a .pyc itself, so without pip's every process the suite
+# starts would compile torch, FastAPI and the rest from source.
 INSTALL := $(PIP) install
 # Pinned: on these machines torch==2.13.0 is a local CPU build; a range would pull CUDA wheels.
 TORCH  := torch==2.13.0

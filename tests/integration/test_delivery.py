@@ -98,8 +98,8 @@ def test_sync_without_a_server_fails_clearly_and_keeps_the_spool(tmp_path: Path,
     assert bad.returncode == 2 and "http(s)://" in bad.stderr  # bad usage
 
 
-#: thirty server starts: asserts nothing timed, so it runs with the parallel tests, and takes
-#: minutes beside them on a loaded 2-core machine (301 s at load 10-12), past pytest.ini's 300 s
+#: thirty server starts: asserts nothing timed, so it runs with the parallel tests, where beside
+#: them on a loaded machine it may take longer than pytest.ini's 300 s
 @pytest.mark.timeout(900)
 def test_server_sigkilled_mid_run_loses_and_duplicates_nothing(tmp_path: Path) -> None:
     trials, steps = 10, 120

@@ -70,9 +70,9 @@ class _Waiting:
     """An assembly of a job waiting for its lock, which has read nothing yet: the frames
     committed meanwhile join it instead of each queueing one of their own. With `serve
     --workers N` a worker does not know how far the other workers' ranks are (`nothing_ready`
-    cannot tell), so every frame of a step ran an assembly that read every rank: 32 a step on
-    each worker at 64 ranks, most of them finding nothing. Joined, a worker runs at most the
-    one under way and one more, which reads after every frame that joined it is committed."""
+    cannot tell), so every frame of a step would run an assembly that reads every rank, most of
+    them finding nothing. Joined, a worker runs at most the one under way and one more, which
+    reads after every frame that joined it is committed."""
 
     done: asyncio.Future[bool]  # whether it ran (or found nothing to run): else a joiner runs its own
     late: list[int] = field(default_factory=list)

@@ -284,9 +284,8 @@ def _read(conn: Connection, wanted: dict[str, list[int]], legacy: bool = True) -
     """Ranks' stored steps `wanted` (run -> steps), every series and a replica's digest, in one
     query per table per ASSEMBLE_CHUNK runs: their `rank_steps` rows, their arrays, and (`legacy`)
     their rows of before migration 0010. With `serve --workers N` an assembly reads back every
-    step of the ranks connected to the other workers, and reading them rank by rank (their
-    series' names, then their steps, scalars and arrays) cost a 64-rank job's worker more than
-    its own frames."""
+    step of the ranks connected to the other workers: read rank by rank, that would cost a
+    worker more than its own frames."""
     records: dict[str, dict[int, StoredStep]] = {r: {} for r in wanted}
     ids = sorted(wanted)
     if not ids:

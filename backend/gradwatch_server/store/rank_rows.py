@@ -2,9 +2,8 @@
 the whole job), and, for the recent window only, its scalars packed and a DDP replica's
 `grad_digest` (docs/distributed.md, "What the run holds").
 
-A rank-step was about 20 rows (a `steps` row, a `scalars` row per scalar, a `rank_summaries` row
-written by the assembly), built in Python and stored one by one: 18% of the server's CPU at
-1,024 ranks. Now it is one tuple in one executemany per group commit. The scalars are float64
+One row, not a row per scalar: at a thousand ranks the rows a rank-step makes are the server's
+cost, so each is one tuple in one executemany per group commit. The scalars are float64
 values (bit for bit: NaN, -0.0) in the order of the frame's keys, a key set stored once per rank
 (`rank_keys`, its id a hash of the keys: any worker stores the same set under the same id).
 
@@ -283,8 +282,8 @@ def merge_series(
 def prune(conn: Connection, run_ids: Sequence[str], lo: int, hi: int, keep: Sequence[Any]) -> None:
     """Drop the packed scalars and digests of these ranks' steps lo+1..hi but those whose step is
     in one of `keep` (selects of steps): each row is deleted and inserted again as its summary alone.
-    Not an UPDATE: on SQLite a row shrunk in place leaves its page as full as it was (measured:
-    206 bytes a rank-step kept against 91), a deleted range frees whole pages to reuse."""
+    Not an UPDATE: on SQLite a row shrunk in place leaves its page as full as it was, while a
+    deleted range frees whole pages to reuse."""
     r = rank_steps.c
     where = [
         r.run_id.in_(run_ids),
