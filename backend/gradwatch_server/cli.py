@@ -233,10 +233,6 @@ def _find_run(store: Store, ref: str) -> Run:
 
 
 def cmd_serve(args: argparse.Namespace, env: Mapping[str, str], out: IO[str]) -> int:
-    from . import serving, workers
-    from .app import create_app
-    from .store import display_url, open_store
-
     settings = Settings.from_env(
         env,
         db_url=args.db,
@@ -249,6 +245,12 @@ def cmd_serve(args: argparse.Namespace, env: Mapping[str, str], out: IO[str]) ->
         public_url=args.public_url,
         rank_timeout_s=args.rank_timeout,
     )
+    # The app (FastAPI, the store, the diagnostics: about a second) once the settings are valid:
+    # a bad one is refused at once.
+    from . import serving, workers
+    from .app import create_app
+    from .store import display_url, open_store
+
     problem = workers.refusal(settings)
     if problem:
         print(f"gradwatch: error: {problem}", file=sys.stderr)

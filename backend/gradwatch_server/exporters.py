@@ -22,17 +22,19 @@ import tempfile
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Protocol, TypeVar
+from typing import TYPE_CHECKING, Protocol, TypeVar
 
 import numpy as np
-import pyarrow as pa
-import pyarrow.parquet as pq
 
 from .jobs.ranks import is_job
 from .jsonvalues import metric_list, word
 from .models import ParamPublic, RunPublic
 from .protocol import GRAD_STATUS, GRAD_STATUS_NAMES, absent_mask
 from .store import Param, Run, Store, StoredStep
+
+if TYPE_CHECKING:
+    # pyarrow is imported by the Parquet exports only: it is about 0.1 s of every server's start.
+    import pyarrow as pa
 
 #: The CSV's leading columns, in this order, whether or not the run has them (contract).
 FIXED_METRICS = ("grad_norm", GRAD_STATUS, "param_norm", "exp_avg_norm", "exp_avg_sq_norm")
@@ -244,6 +246,8 @@ def export_jsonl(store: Store, run: Run, progress: Progress | None = None, *, ra
 
 
 def _arrow_schema(columns: list[str], with_rank: bool) -> pa.Schema:
+    import pyarrow as pa
+
     fields = [pa.field("step", pa.int64()), pa.field("param", pa.string())]
     fields += [pa.field(c, pa.string() if c == GRAD_STATUS else pa.float32()) for c in columns[2:]]
     if with_rank:
@@ -252,6 +256,8 @@ def _arrow_schema(columns: list[str], with_rank: bool) -> pa.Schema:
 
 
 def _arrow_chunk(schema: pa.Schema, params: list[Param], rank: int | None, chunk: list[StoredStep]) -> pa.Table:
+    import pyarrow as pa
+
     n, p = len(chunk), len(params)
     data: dict[str, pa.Array] = {
         "step": pa.array(np.repeat([r.step for r in chunk], p).astype(np.int64)),
@@ -281,6 +287,8 @@ def export_parquet(store: Store, run: Run, progress: Progress | None = None, *, 
     pyarrow writes to a temporary file, and the bytes are passed on as they land there:
     Parquet needs its footer last, and a native file keeps pyarrow off Python file objects.
     """
+    import pyarrow.parquet as pq
+
     params = store.get_params(run.id)
     sources = export_sources(store, run, ranks)
     schema = _arrow_schema(csv_columns(series_union(store, sources, "param")), ranked(run, ranks))

@@ -16,9 +16,6 @@ import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
-import pyarrow as pa
-import pyarrow.parquet as pq
-
 from .exporters import (
     RANK_COLUMN,
     Format,
@@ -91,7 +88,10 @@ def steps_jsonl(store: Store, run: Run, progress: Progress | None = None, *, ran
 def steps_parquet(store: Store, run: Run, progress: Progress | None = None, *, ranks: bool = True) -> Iterator[bytes]:
     """The table as Parquet (float64 scalars, null where a step lacks one; a job's `rank` int32,
     null on its global rows), the run's description in the file's metadata; streamed from a
-    temporary file as the per-parameter Parquet is."""
+    temporary file as the per-parameter Parquet is. pyarrow is imported here only, as in exporters."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
     sources = export_sources(store, run, ranks)
     keys = series_union(store, sources, "scalar")
     with_rank = ranked(run, ranks)

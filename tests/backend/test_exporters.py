@@ -3,6 +3,8 @@ step's values as CSV text."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from dataclasses import replace
 
 import numpy as np
@@ -91,3 +93,15 @@ def test_a_steps_values_are_written_as_each_one_alone_would_be(values: np.ndarra
     not the step's values are all alike."""
     expected = ["" if int(v.view(np.uint32)) == ABSENT_BITS else str(v) for v in values]
     assert list(_text_column(values, len(values))) == expected
+
+
+def test_the_server_imports_pyarrow_only_for_a_parquet_export() -> None:
+    """pyarrow is about 0.1 s of an import: every `gradwatch serve` would pay it for the Parquet
+    exports alone. A fresh interpreter, as a server's start is."""
+    code = (
+        "import sys; import gradwatch_server.app, gradwatch_server.cli, gradwatch_server.step_table;"
+        "print('pyarrow' in sys.modules)"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert out.stdout.split() == ["False"]

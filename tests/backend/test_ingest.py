@@ -258,7 +258,10 @@ def test_disconnect_without_close_marks_the_run_crashed(srv: ServerProcess, http
     with Hook(srv.ws_url) as hook:
         hook.call(hello("crashy"))
         hook.call(step(1, 1, scalars={"loss": 1.0}))
-    assert http.get("/api/runs/crashy").json()["status"] == "running"
+    disconnected = time.monotonic()
+    status = http.get("/api/runs/crashy").json()["status"]
+    # running through the crash grace (0.5 s: `srv`); a loaded machine may answer after it
+    assert status == "running" or (status == "crashed" and time.monotonic() - disconnected >= 0.5), status
     deadline = time.monotonic() + 10
     while http.get("/api/runs/crashy").json()["status"] != "crashed":
         assert time.monotonic() < deadline, "the run was never marked crashed"

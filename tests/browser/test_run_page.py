@@ -83,10 +83,15 @@ def test_zoom_fetches_the_window_at_full_resolution(dash: ServerProcess, page: P
     page.page.add_init_script("""{
         const fetch0 = window.fetch;
         window.__heldBack = [];
+        window.__heldBackSettled = 0;
         window.fetch = (url, opts) => {
             if (!String(url).includes('start=601&')) return fetch0(url, opts);
             window.__heldBack.push(String(url));
-            return new Promise((r) => setTimeout(r, 1500)).then(() => fetch0(url, opts));
+            // settled: its body is in, or the page aborted it (the zoom's AbortController)
+            return new Promise((r) => setTimeout(r, 1500))
+                .then(() => fetch0(url, opts))
+                .then(async (answer) => { await answer.clone().arrayBuffer(); return answer; })
+                .finally(() => { window.__heldBackSettled += 1; });
         };
     }""")
     p = page.open(dash.url + "/runs/zoomed")
@@ -115,11 +120,14 @@ def test_zoom_fetches_the_window_at_full_resolution(dash: ServerProcess, page: P
 
     # A zoom overtaken by a newer one: its late answers are dropped, the newer window stays.
     set_zoom(p, 600.6, 700.4)  # steps 601-700: answers held back 1.5 s
-    p.wait_for_timeout(300)  # its requests are out
+    # Conditions, not times (a loaded machine takes longer than any fixed wait): its loss request
+    # is out, then the newer zoom is drawn, then every held-back answer has reached the page (or
+    # was aborted by it) and two frames have been drawn since.
+    p.wait_for_function("window.__heldBack.some((u) => u.includes('/series?key=loss&start=601&end=700&'))")
     set_zoom(p, 1100.6, 1200.4)  # steps 1101-1200
     p.wait_for_function("document.body.dataset.zoom === '1101-1200'")
-    p.wait_for_timeout(2000)  # the older answers have come (and gone)
-    assert any("/series?key=loss&start=601&end=700&" in u for u in p.evaluate("window.__heldBack"))
+    p.wait_for_function("window.__heldBackSettled === window.__heldBack.length")
+    p.evaluate("new Promise((r) => requestAnimationFrame(() => requestAnimationFrame(() => setTimeout(r))))")
     assert p.evaluate("document.body.dataset.zoom") == "1101-1200"
     assert chart(p, "loss").get_attribute("data-window") == "1101-1200"
     assert loss_steps(p, 1101, 1200) == list(range(1101, 1201))

@@ -138,6 +138,7 @@ def test_the_servers_cost_is_kept_only_when_sane() -> None:
 
 
 @pytest.mark.server
+@pytest.mark.timed  # it asserts what happens within SPOOL_EVERY_S and IDLE_LINGER_S: a quiet machine
 def test_a_step_is_spooled_within_a_second_whatever_the_servers_pace(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
