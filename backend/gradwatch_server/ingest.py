@@ -31,6 +31,7 @@ import enum
 import functools
 import json
 import logging
+import math
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -96,6 +97,17 @@ JOB_CLOSE_LOOK_S = 0.5
 CLOSE_ANSWER_WAIT_S = 2.0
 
 
+#: A rank of a job this large (world_size) has its step acks paced: at most one every RANK_ACK_EVERY_S
+#: (cumulative, each sent only once what it covers is committed). One ack a rank-step is a socket
+#: write, the largest single cost of a big job's frames on the server (docs/benchmarks.md,
+#: "Large jobs"); a smaller job keeps an ack per commit, which its clients may wait on in turn.
+PACED_ACKS_FROM_RANKS = 64
+#: Well under the hook's own pace while no browser watches (IDLE_LINGER_S, 5 s): a hook that
+#: sends at that pace still has each send acked at once; one sending every step, a second apart,
+#: is acked every third step, and keeps those steps a little longer (memory, spool).
+RANK_ACK_EVERY_S = 3.0
+
+
 #: Threads of their own for hellos (validating one, opening its run): a crowd of ranks joining a
 #: running job is admitted while the other ranks' step writes fill the default executor, rather
 #: than queued behind them past the hook's welcome timeout (each retry a new hello: a storm).
@@ -128,6 +140,13 @@ class _Disconnected:
     """Queued by the reader when the hook has gone: store what came before, then stop."""
 
 
+class _AckDue:
+    """Queued by the held ack's timer: send it now (`IngestConnection._hold`)."""
+
+
+_ACK_DUE = _AckDue()
+
+
 @dataclass
 class _Closing:
     """A replica's close that waits for the arrays it was asked for (`IngestConnection._write`)."""
@@ -140,7 +159,7 @@ class _Closing:
 
 #: The steps of one message (one `step`, or the K of a `steps`: stored in one transaction), or
 #: what ends the batch.
-Pending = tuple[Step, ...] | Close | Refusal | _Disconnected
+Pending = tuple[Step, ...] | Close | Refusal | _Disconnected | _AckDue
 
 
 def close_reason(message: str) -> str:
@@ -187,6 +206,12 @@ class IngestConnection:
         self.queued = 0  # a rank's frames read and not yet stored (the job's assembler hears of them)
         #: a whole re-diagnosis of the run after late values (`_steps`), running after its batch's ack
         self.rejudging: asyncio.Task[bool] | None = None
+        self.paced = False  # a rank of a large job: acks at most every RANK_ACK_EVERY_S (`_hold`)
+        self.held: dict[str, object] | None = None  # an ack not sent yet (what it covers is committed)
+        self.held_timer: asyncio.TimerHandle | None = None
+        self.ack_sent_at = -math.inf  # loop time of the last step ack sent
+        self.linger_sent: object = None  # the linger that ack asked for
+        self.pending: asyncio.Queue[Pending] | None = None
 
     async def serve(self) -> None:
         await self.ws.accept(headers=worker_headers())
@@ -210,6 +235,7 @@ class IngestConnection:
                     raise Refusal(CLOSE_INVALID, f"the first message must be hello, not {first.type}")
                 await self._hello(first)
             pending: asyncio.Queue[Pending] = asyncio.Queue(MAX_PENDING)
+            self.pending = pending
             reader = asyncio.create_task(self._read(pending))
             await self._write(pending)
         except Refusal as refusal:
@@ -220,6 +246,8 @@ class IngestConnection:
             log.exception("ingest of run %s failed", self.run_id or "(before hello)")
             await self._refuse(Refusal(CLOSE_SERVER_ERROR, "server error while storing; see the server log"))
         finally:
+            if self.held_timer is not None:
+                self.held_timer.cancel()
             for task in (reader, self.rejudging):
                 if task is not None:
                     task.cancel()
@@ -284,6 +312,7 @@ class IngestConnection:
             raise Refusal(CLOSE_INVALID, str(exc)) from None
         self.job = dist.job
         self.rank = dist.rank
+        self.paced = dist.world_size >= PACED_ACKS_FROM_RANKS
         self.param_count = len(hello.params)
         await self._welcome(opened.rank.run.last_seq)
         if opened.job_created or opened.job_resumed:
@@ -382,8 +411,13 @@ class IngestConnection:
                     await self._end_close(closing)
                     closing = None
                     continue
-            while isinstance(items[-1], tuple) and not pending.empty():
+            while isinstance(items[-1], (tuple, _AckDue)) and not pending.empty():
                 items.append(pending.get_nowait())
+            if any(isinstance(item, _AckDue) for item in items):  # a held ack's time has come
+                await self._send_held()
+                items = [item for item in items if not isinstance(item, _AckDue)]
+                if not items:
+                    continue
             steps = [step for item in items if isinstance(item, tuple) for step in item]
             if steps:
                 ack = await self._steps(steps, send_ack=closing is None)
@@ -477,7 +511,7 @@ class IngestConnection:
         if cpu_per_step is not None:
             ack["cpu_per_step"] = cpu_per_step
         if send_ack:
-            await self._send(ack)
+            await self._hold(ack)
         self.hub.publish_steps(self.run_id, [step for step, is_new in zip(steps, stored) if is_new])
         if late and self.job is None:  # the window's norms: the charts add them to the steps they show
             self.hub.publish_late(self.run_id, late)
@@ -534,8 +568,40 @@ class IngestConnection:
             if tell(self.reported, public).news:
                 await self._send({"type": "finding", "finding": public})
 
+    async def _hold(self, ack: dict[str, object]) -> None:
+        """Send a step ack, or on a paced connection hold it (the newest covers the ones before
+        it) until RANK_ACK_EVERY_S has passed since the last one sent, or its linger changed;
+        a held ack is sent at the latest RANK_ACK_EVERY_S after it was held (a timer queues
+        `_ACK_DUE` for the writer), before an error frame, and is covered by a close's ack."""
+        loop = asyncio.get_running_loop()
+        now = loop.time()
+        if not self.paced or now - self.ack_sent_at >= RANK_ACK_EVERY_S or ack["linger"] != self.linger_sent:
+            self.held = ack
+            await self._send_held()
+            return
+        self.held = ack
+        if self.held_timer is None:
+            self.held_timer = loop.call_at(now + RANK_ACK_EVERY_S, self._ack_due)
+
+    def _ack_due(self) -> None:
+        self.held_timer = None
+        if self.pending is not None:
+            with contextlib.suppress(asyncio.QueueFull):  # a full queue: the writer acks soon anyway
+                self.pending.put_nowait(_ACK_DUE)
+
+    async def _send_held(self) -> None:
+        if self.held_timer is not None:
+            self.held_timer.cancel()
+            self.held_timer = None
+        ack, self.held = self.held, None
+        if ack is not None:
+            self.ack_sent_at = asyncio.get_running_loop().time()
+            self.linger_sent = ack["linger"]
+            await self._send(ack)
+
     async def _close(self, close: Close) -> None:
         await self._settle()
+        self.held = None  # the close's ack covers it
         try:
             changed = await asyncio.to_thread(self.store.close_run, self.run_id, seq=close.seq, status=close.status)
         except UnknownRun:
@@ -593,6 +659,7 @@ class IngestConnection:
     async def _refuse(self, refusal: Refusal) -> None:
         log.info("ingest of run %s refused (%d): %s", self.run_id or "(before hello)", refusal.code, refusal.message)
         try:
+            await self._send_held()  # what came before the refused message is acknowledged first
             await self._send({"type": "error", "message": refusal.message})
             await self.ws.close(refusal.code, close_reason(refusal.message))
         except (WebSocketDisconnect, WebSocketDisconnected, RuntimeError):

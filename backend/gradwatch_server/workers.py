@@ -86,6 +86,7 @@ def serve(settings: Settings, log_level: str) -> bool:
 def app() -> FastAPI:
     """The app of one worker process: uvicorn calls this factory in each."""
     from .app import create_app
+    from .serving import tune_gc
 
     try:
         passed = json.loads(os.environ[SETTINGS_ENV])
@@ -95,4 +96,6 @@ def app() -> FastAPI:
             "run `gradwatch serve --workers N`"
         ) from None
     configure_logging(passed["log_level"])
-    return create_app(Settings.model_validate(passed["settings"]))
+    built = create_app(Settings.model_validate(passed["settings"]))
+    tune_gc()  # as `serving.run` does for one process
+    return built

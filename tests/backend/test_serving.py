@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import signal
 import threading
 import time
@@ -36,3 +37,17 @@ def test_a_stop_signal_ends_the_wait_at_once(monkeypatch: pytest.MonkeyPatch, fr
     thread.join(timeout=20)
     assert not thread.is_alive()
     assert time.monotonic() - asked < 10  # a minute's tick, had the signal not woken it
+
+
+def test_tune_gc_freezes_what_exists_and_collects_less_often() -> None:
+    """What exists before the server starts is out of the collector's view, and its young
+    generation is GC_THRESHOLD's (restored afterwards: this process is pytest's)."""
+    before = gc.get_threshold()
+    kept = [{"i": i} for i in range(1000)]  # live containers that the freeze must take
+    try:
+        serving.tune_gc()
+        assert gc.get_threshold() == serving.GC_THRESHOLD
+        assert gc.get_freeze_count() >= len(kept)
+    finally:
+        gc.unfreeze()
+        gc.set_threshold(*before)
