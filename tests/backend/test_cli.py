@@ -14,7 +14,9 @@ import pyarrow.parquet as pq
 import pytest
 from pydantic import ValidationError
 
+from gradwatch_server import cli
 from gradwatch_server.settings import Settings
+from support.scripts import Done, run_main
 from support.server import ServerProcess, find_free_port, server_command, server_env, start_server
 from support.wiremsg import Hook, close, f32, hello, step, with_absent
 
@@ -25,6 +27,12 @@ def gradwatch(*args: str, cwd: Path | None = None, stdin: str | None = None) -> 
     return subprocess.run(
         [*server_command(), *args], capture_output=True, text=True, timeout=120, cwd=cwd, env=server_env(), input=stdin
     )
+
+
+def parsed(*args: str) -> Done:
+    """`gradwatch *args` in this process, for what the argument handling decides (help, usage
+    errors) before a command does anything: the tests above and below run each command as a process."""
+    return run_main(cli.main, Path("gradwatch"), list(args))
 
 
 @pytest.fixture(scope="module")
@@ -52,13 +60,13 @@ def db(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.mark.parametrize("command", [[], ["serve"], ["runs"], ["export"], ["import"], ["sync"], ["gc"]])
 def test_every_command_has_help(command: list[str]) -> None:
-    result = gradwatch(*command, "--help")
+    result = parsed(*command, "--help")
     assert result.returncode == 0 and result.stdout.startswith("usage: gradwatch")
 
 
 def test_usage_errors_exit_2() -> None:
-    assert gradwatch().returncode == 2
-    result = gradwatch("export", "r", "--format", "xml")
+    assert parsed().returncode == 2
+    result = parsed("export", "r", "--format", "xml")
     assert result.returncode == 2 and "invalid choice: 'xml'" in result.stderr
     result = gradwatch("serve", "--port", "70000")
     assert result.returncode == 2 and "port" in result.stderr
@@ -164,13 +172,13 @@ BAD_RANK_TIMEOUTS = ("0", "-1", "inf", "-inf", "nan", "1e-9", "0.099")
 
 
 def test_serve_takes_a_rank_timeout() -> None:
-    help_text = " ".join(gradwatch("serve", "--help").stdout.split())
+    help_text = " ".join(parsed("serve", "--help").stdout.split())
     assert "--rank-timeout SECONDS" in help_text and "then 30" in help_text and "partial" in help_text
     for bad in BAD_RANK_TIMEOUTS:
-        result = gradwatch("serve", f"--rank-timeout={bad}")
+        result = parsed("serve", f"--rank-timeout={bad}")
         assert result.returncode == 2 and "--rank-timeout" in result.stderr, result.stderr
         assert "finite number of seconds of at least 0.1" in result.stderr and "pass e.g. 30" in result.stderr
-    result = gradwatch("serve", "--rank-timeout", "soon")
+    result = parsed("serve", "--rank-timeout", "soon")
     assert result.returncode == 2 and "not a number of seconds: 'soon'" in result.stderr, result.stderr
     assert Settings.from_env({}).rank_timeout_s == 30.0
     assert Settings.from_env({"GRADWATCH_RANK_TIMEOUT_S": "2.5"}).rank_timeout_s == 2.5
@@ -318,7 +326,7 @@ def test_gc_usage_errors_exit_2(tmp_path: Path) -> None:
         (["--older-than", "x"], "not a number"),
         (["--crashed", "--dry-run", "--yes"], "not allowed"),
     ]:
-        result = gradwatch("gc", *args, "--db", db)
+        result = parsed("gc", *args, "--db", db)
         assert result.returncode == 2 and says in result.stderr, (args, result.stderr)
 
 

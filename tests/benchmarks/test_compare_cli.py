@@ -17,7 +17,10 @@ from gradwatch import spool
 REPO = Path(__file__).resolve().parents[2]
 SCRIPT = REPO / "benchmarks" / "compare.py"
 sys.path.insert(0, str(SCRIPT.parent))
+import compare  # noqa: E402
 from compare import ratio_cells, write_spool  # noqa: E402
+
+from support.scripts import run_main  # noqa: E402
 
 pytestmark = pytest.mark.unit  # a test that starts a server says so (@pytest.mark.server)
 
@@ -80,6 +83,6 @@ def test_a_base_round_that_measured_zero_gives_no_ratio_instead_of_failing() -> 
     ],
 )
 def test_bad_arguments_are_refused_with_what_to_do(args: list[str], message: str) -> None:
-    done = subprocess.run([sys.executable, str(SCRIPT), *args], capture_output=True, text=True, timeout=120)
+    done = run_main(compare.main, SCRIPT, args)  # refused before anything is built: the tiny run is the process
     assert done.returncode != 0
     assert message in done.stderr

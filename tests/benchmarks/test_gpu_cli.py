@@ -11,6 +11,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from support.scripts import load, run_main
+
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "benchmarks" / "gpu.py"
 
@@ -20,20 +22,12 @@ pytestmark = [
 ]
 
 
-def test_without_a_gpu_it_says_so_and_exits_3() -> None:
-    done = subprocess.run([sys.executable, str(SCRIPT), "--rounds", "3"], capture_output=True, text=True, timeout=120)
-    assert done.returncode == 3, done.stderr
-    assert "no CUDA device" in done.stdout
-
-
-@pytest.mark.parametrize("args", [["--models", "resnet"], ["--rounds", "1"], ["--rounds", "some"]])
-def test_bad_flags_are_refused(args: list[str]) -> None:
-    done = subprocess.run([sys.executable, str(SCRIPT), *args], capture_output=True, text=True, timeout=120)
-    assert done.returncode == 2 and "usage:" in done.stderr, done.stderr
-
-
-def test_the_gpu_check_dry_run_skips_the_cuda_tests_with_their_reason(tmp_path: Path) -> None:
-    env = {**os.environ, "GPU_WHEELS": "none", "PYTHON": sys.executable, "OUT": str(tmp_path)}
+@pytest.fixture(scope="module")
+def dry_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[subprocess.CompletedProcess[str], Path]:
+    """One dry run of the GPU check (its CUDA tests, then the benchmark as a process), whose parts
+    the tests below each read."""
+    out = tmp_path_factory.mktemp("gpu-out")
+    env = {**os.environ, "GPU_WHEELS": "none", "PYTHON": sys.executable, "OUT": str(out)}
     done = subprocess.run(
         ["bash", str(ROOT / "scripts" / "gpu-check.sh"), "--quick"],
         capture_output=True,
@@ -41,7 +35,28 @@ def test_the_gpu_check_dry_run_skips_the_cuda_tests_with_their_reason(tmp_path: 
         timeout=300,
         env=env,
     )
+    return done, out
+
+
+def test_without_a_gpu_it_says_so_and_exits_3(dry_run: tuple[subprocess.CompletedProcess[str], Path]) -> None:
+    """gpu.py's own process, run by the check: its line, and the check's reading of its exit 3."""
+    done, out = dry_run
+    assert "gpu.py: no CUDA device on this machine" in done.stdout, done.stdout + done.stderr
+    assert "no CUDA device" in (out / "gpu-bench.log").read_text()
+    assert "the benchmark did not run (no CUDA device)" in done.stdout  # printed for exit 3 only
+    assert "benchmark exit 3" in done.stdout
+
+
+@pytest.mark.parametrize("args", [["--models", "resnet"], ["--rounds", "1"], ["--rounds", "some"]])
+def test_bad_flags_are_refused(args: list[str]) -> None:
+    done = run_main(load(SCRIPT).main, SCRIPT, args)  # argparse's refusal, in this process: no torch import
+    assert done.returncode == 2 and "usage:" in done.stderr, done.stderr
+
+
+def test_the_gpu_check_dry_run_skips_the_cuda_tests_with_their_reason(
+    dry_run: tuple[subprocess.CompletedProcess[str], Path],
+) -> None:
+    done, out = dry_run
     assert done.returncode == 0, done.stdout + done.stderr
-    summary = (tmp_path / "cuda-tests.txt").read_text()
+    summary = (out / "cuda-tests.txt").read_text()
     assert "needs a CUDA device" in summary and " skipped" in summary and "passed" not in summary
-    assert "the benchmark did not run (no CUDA device)" in done.stdout

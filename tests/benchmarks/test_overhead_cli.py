@@ -11,7 +11,10 @@ import pytest
 
 BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
 sys.path.insert(0, str(BENCHMARKS))
+import overhead  # noqa: E402
 from overhead import Figure  # noqa: E402
+
+from support.scripts import run_main  # noqa: E402
 
 pytestmark = pytest.mark.unit
 
@@ -50,6 +53,12 @@ def test_auto_weighs_measured_and_unmeasured_steps_by_its_share() -> None:
     ],
 )
 def test_bad_flags_are_refused_with_what_to_do(args: list[str], message: str) -> None:
-    done = subprocess.run([sys.executable, str(SCRIPT), *args], capture_output=True, text=True, timeout=120)
+    done = run_main(overhead.main, SCRIPT, args)  # argparse's refusal, in this process: no torch import
     assert done.returncode == 2
     assert message in done.stderr
+
+
+def test_the_script_run_as_a_process_exits_2_on_a_bad_flag() -> None:
+    done = subprocess.run([sys.executable, str(SCRIPT), "--cycles", "1"], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2
+    assert "--cycles must be 2 or more" in done.stderr

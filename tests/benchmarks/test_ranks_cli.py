@@ -10,6 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from support.scripts import load, run_main
+
 pytestmark = pytest.mark.unit  # a test that starts a server says so (@pytest.mark.server)
 
 SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "ranks.py"
@@ -77,5 +79,5 @@ def test_a_jobs_start_alone_is_timed_with_either_hello() -> None:
     ],
 )
 def test_bad_flags_are_refused(args: list[str], message: str) -> None:
-    done = subprocess.run([sys.executable, str(SCRIPT), *args], capture_output=True, text=True, timeout=120)
+    done = run_main(load(SCRIPT).main, SCRIPT, args)  # argparse's refusal: the small jobs above are the process
     assert done.returncode == 2 and message in done.stderr, done.stderr

@@ -9,6 +9,8 @@ from pathlib import Path
 
 import pytest
 
+from support.scripts import load, run_main
+
 pytestmark = pytest.mark.unit
 
 SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "unmeasured_step.py"
@@ -32,5 +34,5 @@ def test_a_short_run_prints_a_row_per_tensor_count_against_its_target(tmp_path: 
 
 @pytest.mark.parametrize("args", [["--steps", "0"], ["--tensors", "3"], ["--steps", "many"], ["--server", "remote"]])
 def test_bad_flags_are_refused(args: list[str]) -> None:
-    done = subprocess.run([sys.executable, str(SCRIPT), *args], capture_output=True, text=True, timeout=120)
+    done = run_main(load(SCRIPT).main, SCRIPT, args)  # argparse's refusal: the short run above is the process
     assert done.returncode == 2 and "usage:" in done.stderr, done.stderr
