@@ -559,6 +559,8 @@ def _write(
         for p in by_step[s]
         if summarize is None or p.rank in summarize.get(s, ())
     ]
+    if rows and _legacy(conn, memory):  # steps stored before 0010 have no rank_steps row to hold it
+        _rank_rows.keep_legacy_summaries(conn, rows)
     if rows:
         if summarize is None:  # every rank's summary of these steps: their spread across ranks
             _spread.write_spread(conn, job, rows)
