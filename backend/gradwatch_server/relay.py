@@ -13,6 +13,10 @@ travel as a reference (`{"k": "steps", "run", "steps": [lo, hi], "seq": [lo, hi]
 only by a worker whose browsers watch the run; run events and findings travel whole when they fit.
 A broken connection makes browsers reconnect and catch up over REST (close code 1013). A worker
 holding a run's hook holds a shared advisory lock on it, which crash detection asks about.
+The same channel carries the jobs' coordination (jobs/assembler.py): the worker that owns a
+job's assembly holds an exclusive advisory lock on it (`owns`), and the others tell it when their
+ranks have stored a step (`{"k": "job"}`) or ask a replica connected to them for its arrays
+(`{"k": "ask"}`).
 With one process (SQLite, or no --workers) LiveHub delivers directly and nothing here runs.
 The reasoning, case by case: docs/design.md, Live updates across workers.
 """

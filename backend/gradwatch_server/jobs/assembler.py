@@ -163,6 +163,7 @@ class _Job:
     told: int = -2
     here: list[int] = field(default_factory=list)  # the ranks connected here, as of the scan's start
     here_at: int = 0
+    here_for: int | None = None  # the step told when `here` was listed
 
     def others_through(self) -> int | None:
         """The step through which every rank not connected here has stored, as the other
@@ -273,11 +274,18 @@ class JobAssembler:
         self._askers[(job, rank)] = ask
         state = self._jobs.get(job)
         if state is not None:
+            state.here_for, state.here_at = None, 0  # the ranks here are listed again
             state.memory.wanted = {key: t for key, t in state.memory.wanted.items() if key[0] != rank}
 
     def unlisten(self, job: str, rank: int, ask: Callable[[list[int]], Awaitable[None]]) -> None:
         if self._askers.get((job, rank)) is ask:
             del self._askers[(job, rank)]
+            state = self._jobs.get(job)
+            if self._coordinator is not None and state is not None:
+                # it may come back on another worker, which tells of it: what is known here of
+                # it would hold back `nothing_ready` (the scans start again)
+                state.frontier.pop(rank, None)
+                state.scan_for, state.here_for, state.here_at = None, None, 0
 
     async def ask_here(self, job: str, rank: int, steps: list[int]) -> None:
         """The owner of `job` (another worker) asks `rank` for its arrays of `steps`, if its
@@ -396,8 +404,8 @@ class JobAssembler:
         """The last step that every rank connected here (and not closed) has stored. The scan
         resumes where it stopped (each rank's frontier only grows), so it is linear in the ranks
         per step told, not per frame."""
-        if state.here_at == 0:
-            state.here = sorted(r for j, r in self._askers if j == job)
+        if state.here_at == 0 and state.here_for != state.told:  # once per step told
+            state.here, state.here_for = sorted(r for j, r in self._askers if j == job), state.told
         while state.here_at < len(state.here):
             r = state.here[state.here_at]
             if r not in state.closed and state.frontier.get(r, -1) <= state.told:
@@ -416,11 +424,15 @@ class JobAssembler:
 
     async def told(self, job: str, worker: str, step: int, late: Sequence[int], closed: bool) -> None:
         """Worker `worker`'s ranks of `job` have all stored `step` (or `late`, or a close): this
-        worker assembles what is ready if it owns the job (a timer's assembly: never skipped)."""
-        state = self._jobs.get(job) or self._job(job)
+        worker assembles what is ready if it owns the job. Skipped where a rank connected here,
+        or another worker's, has stored nothing beyond the job's last step (`nothing_ready`: that
+        rank's frame, or its worker's word, asks again); a close never is (it may end the job)."""
+        state = self._job(job)
         if state is None or self._coordinator is None or not await self._coordinator.owns(job):
             return
         state.elsewhere[worker] = max(state.elsewhere.get(worker, -1), step)
+        if not closed and state.nothing_ready(late):
+            return
         await self.assemble(job, also_late=late)
 
     async def _lead(
