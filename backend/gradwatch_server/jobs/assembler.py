@@ -211,6 +211,8 @@ class _Job:
         status), or the job is settled already (the closes that waited for the one that settled
         it). Without it each rank's close ran an assembly that reads every rank: at a 1,024-rank
         job's end, as many assemblies as ranks."""
+        if self.elsewhere:  # other workers' closes are not known here: any may be the last
+            return self.settled
         return self.settled or (len(self.closed) < (self.world_size or 0) and self.nothing_ready(()))
 
     def _behind(self, assembled: int) -> bool:
@@ -396,6 +398,11 @@ class JobAssembler:
             state.closed.add(rank)
         old = [s for s in late if state.assembled is not None and s <= state.assembled]
         through = self._through_here(job, state)
+        # A close is told once no rank here is open: only then can this worker's closes end the
+        # job (the owner reads every rank's status), and a rank that closed early is not waited
+        # for by the store's assembly, which the next step's word runs (told per close, a job's
+        # end made the owner run an assembly per rank)
+        closed = closed and all(r in state.closed for j, r in self._askers if j == job)
         if closed or old or through > state.told:
             state.told = max(state.told, through)
             self._coordinator.tell_owner(job, state.told, old, closed)
