@@ -161,6 +161,9 @@ class _Job:
     #: this worker told the owner last (-2: nothing yet), with the scan of its ranks (`_behind`'s)
     elsewhere: dict[str, int] = field(default_factory=dict)
     told: int = -2
+    #: the last assembly found a rank that never said hello (with a `Coordinator` only: a hello
+    #: here or another worker's word clears it): a job's start, its ranks still being admitted
+    unheard: bool = False
     here: list[int] = field(default_factory=list)  # the ranks connected here, as of the scan's start
     here_at: int = 0
     here_for: int | None = None  # the step told when `here` was listed
@@ -189,6 +192,8 @@ class _Job:
             return False
         if any(s <= self.assembled and s not in self.whole for s in late):
             return False
+        if self.unheard:  # no step is ready before every rank said hello (a hello clears it)
+            return True
         others = self.others_through()
         if others is not None and others <= self.assembled:
             return True  # a rank on another worker has stored nothing beyond: it tells when it has
@@ -438,6 +443,7 @@ class JobAssembler:
         if state is None or self._coordinator is None or not await self._coordinator.owns(job):
             return
         state.elsewhere[worker] = max(state.elsewhere.get(worker, -1), step)
+        state.unheard = False  # its word may follow a hello there
         if not closed and state.nothing_ready(late):
             return
         await self.assemble(job, also_late=late)
@@ -477,6 +483,7 @@ class JobAssembler:
             late = []
             await self._ask(job, state)
             state.assembled = done.last_step if done.last_step is not None else state.assembled
+            state.unheard = done.unheard and self._coordinator is not None
             for missing in done.partial.values():
                 state.lost.update(missing)
             state.keep_whole([d.step for d in done.steps if d.step not in done.partial] + done.completed)
@@ -632,6 +639,9 @@ class JobAssembler:
         job_last = -1 if job_last_step is None else job_last_step
         state.assembled = job_last if state.assembled is None else max(state.assembled, job_last)
         state.closed.discard(rank)
+        state.unheard = False
+        if self._coordinator is not None:  # the owner, if another worker, hears of the hello
+            self._coordinator.tell_owner(job, state.told)
         known = state.announced
         for finding in found:
             known.setdefault(finding.code, finding.to_dict())
