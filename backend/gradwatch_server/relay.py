@@ -109,6 +109,7 @@ class Event:
     step: int = -1
     late: tuple[int, ...] = ()
     closed: bool = False
+    ranks: int | None = None
 
     @classmethod
     def parse(cls, payload: dict[str, Any]) -> Event:
@@ -121,10 +122,17 @@ class Event:
         if kind == "job":
             lo, hi = (int(v) for v in payload.get("late") or (0, -1))
             late = tuple(range(max(lo, hi - LATE_SPAN + 1), hi + 1))
+            ranks = payload.get("ranks")
             return cls(
-                kind, run_id, None, worker=str(payload["w"]), step=int(payload["step"]), late=late,
+                kind,
+                run_id,
+                None,
+                worker=str(payload["w"]),
+                step=int(payload["step"]),
+                late=late,
                 closed=bool(payload.get("closed")),
-            )  # fmt: skip
+                ranks=None if ranks is None else int(ranks),
+            )
         if kind == "ask":
             return cls(kind, run_id, None, step=int(payload["rank"]), late=tuple(int(v) for v in payload["steps"]))
         if kind in ("steps", "late"):
@@ -201,6 +209,7 @@ class Relay:
         self._tried: dict[str, float] = {}  # job -> when this worker last tried to take it
         self.jobs: JobAssembler | None = None  # told of the jobs' notes (app.py)
         self._jobs_tasks: set[asyncio.Task[None]] = set()  # the notes being handled
+        self._inbox: asyncio.Queue[str] = asyncio.Queue()  # live events received, for `_deliver_all`
 
     # -- life --------------------------------------------------------------------------------
 
@@ -214,7 +223,7 @@ class Relay:
         except BaseException:
             await self.close()
             raise
-        self._tasks.append(asyncio.create_task(self._send()))
+        self._tasks += [asyncio.create_task(self._send()), asyncio.create_task(self._deliver_all())]
 
     async def close(self) -> None:
         if len(self._tasks) > 1:
@@ -374,8 +383,12 @@ class Relay:
                 conn = await self._notifier()
                 await conn.execute("SELECT pg_advisory_unlock(%s)", (job_lock_key(job),))
 
-    def tell_owner(self, job: str, step: int, late: Sequence[int] = (), closed: bool = False) -> None:
+    def tell_owner(
+        self, job: str, step: int, late: Sequence[int] = (), closed: bool = False, ranks: int | None = None
+    ) -> None:
         reference: dict[str, Any] = {"step": step}
+        if ranks is not None:
+            reference["ranks"] = ranks
         if late:
             reference["late"] = [min(late), max(late)]
         if closed:
@@ -400,7 +413,8 @@ class Relay:
                         listening.set_result(None)
                     delay = RETRY_MIN_S
                     async for note in conn.notifies():
-                        await self._receive(note.payload)
+                        if not self._job_note(note.payload):
+                            self._inbox.put_nowait(note.payload)
             except Exception as exc:  # the database is away (psycopg.Error) or worse: never stop listening
                 if not listening.done():
                     listening.set_exception(StoreError(f"cannot listen for the other workers on {self._where}: {exc}"))
@@ -414,6 +428,30 @@ class Relay:
                 )
             await asyncio.sleep(delay)
             delay = min(delay * 2, RETRY_MAX_S)
+
+    def _job_note(self, payload: str) -> bool:
+        """Handle a job's note or ask at once (in a task of its own); False for anything else,
+        which `_deliver_all` hands to the browsers in order. Not behind them: a live event's
+        read-back (a watched run's steps) would hold up the owner's next assembly."""
+        try:
+            note = json.loads(payload)
+            if not isinstance(note, dict) or note.get("k") not in ("job", "ask"):
+                return False
+            event = Event.parse(note)
+        except (ValueError, KeyError, TypeError, AttributeError):
+            return False  # `_receive` says what is wrong with it
+        jobs = self.jobs
+        if jobs is not None and event.kind == "job" and event.worker != self.worker:
+            self._spawn(jobs.told(event.run_id, event.worker, event.step, event.late, event.closed, event.ranks))
+        elif jobs is not None and event.kind == "ask":
+            self._spawn(jobs.ask_here(event.run_id, event.step, list(event.late)))
+        return True
+
+    async def _deliver_all(self) -> None:
+        """The live events as they came, one after the other (a read-back awaited in turn)."""
+        while True:
+            payload = await self._inbox.get()
+            await self._receive(payload)
 
     def _spawn(self, work: Any) -> None:
         task = asyncio.get_running_loop().create_task(work)
@@ -443,12 +481,7 @@ class Relay:
     async def _deliver(self, event: Event) -> None:
         hub = self.hub
         jobs = self.jobs
-        if event.kind in ("job", "ask"):
-            if jobs is not None and event.kind == "job" and event.worker != self.worker:
-                # its own task: the listener goes on receiving while the owner assembles
-                self._spawn(jobs.told(event.run_id, event.worker, event.step, event.late, event.closed))
-            elif jobs is not None and event.kind == "ask":
-                self._spawn(jobs.ask_here(event.run_id, event.step, list(event.late)))
+        if event.kind in ("job", "ask"):  # handled as they come (`_job_note`)
             return
         if event.kind == "steps" and jobs is not None:
             jobs.stored_elsewhere(event.run_id, event.steps[1])

@@ -85,9 +85,12 @@ class Coordinator(Protocol):
         """`job` is settled here: another worker may take it when it runs again."""
         ...
 
-    def tell_owner(self, job: str, step: int, late: Sequence[int] = (), closed: bool = False) -> None:
+    def tell_owner(
+        self, job: str, step: int, late: Sequence[int] = (), closed: bool = False, ranks: int | None = None
+    ) -> None:
         """Every rank connected here has stored `job`'s step `step` (-1: none yet); `late`:
-        steps a rank here stored that may complete a partial step; `closed`: a rank closed."""
+        steps a rank here stored that may complete a partial step; `closed`: a rank closed;
+        `ranks`: how many of the job's ranks said hello here (told at each hello)."""
         ...
 
     def ask_elsewhere(self, job: str, rank: int, steps: list[int]) -> None:
@@ -161,9 +164,15 @@ class _Job:
     #: this worker told the owner last (-2: nothing yet), with the scan of its ranks (`_behind`'s)
     elsewhere: dict[str, int] = field(default_factory=dict)
     told: int = -2
-    #: the last assembly found a rank that never said hello (with a `Coordinator` only: a hello
-    #: here or another worker's word clears it): a job's start, its ranks still being admitted
+    #: the last assembly found a rank that never said hello (with a `Coordinator` only; cleared
+    #: once every rank said hello here or to another worker, as told): a job's start
     unheard: bool = False
+    counts: dict[str, int] = field(default_factory=dict)  # worker -> its ranks that said hello there
+
+    def heard_all(self) -> bool:
+        """Whether every rank said hello here or (as told) to another worker."""
+        return len(self.frontier) + sum(self.counts.values()) >= (self.world_size or 0)
+
     here: list[int] = field(default_factory=list)  # the ranks connected here, as of the scan's start
     here_at: int = 0
     here_for: int | None = None  # the step told when `here` was listed
@@ -434,7 +443,9 @@ class JobAssembler:
             state.assembled = step
             state.progressed()
 
-    async def told(self, job: str, worker: str, step: int, late: Sequence[int], closed: bool) -> None:
+    async def told(
+        self, job: str, worker: str, step: int, late: Sequence[int], closed: bool, ranks: int | None = None
+    ) -> None:
         """Worker `worker`'s ranks of `job` have all stored `step` (or `late`, or a close): this
         worker assembles what is ready if it owns the job. Skipped where a rank connected here,
         or another worker's, has stored nothing beyond the job's last step (`nothing_ready`: that
@@ -443,7 +454,10 @@ class JobAssembler:
         if state is None or self._coordinator is None or not await self._coordinator.owns(job):
             return
         state.elsewhere[worker] = max(state.elsewhere.get(worker, -1), step)
-        state.unheard = False  # its word may follow a hello there
+        if ranks is not None:
+            state.counts[worker] = ranks
+        if state.heard_all():  # the last hello may have been there
+            state.unheard = False
         if not closed and state.nothing_ready(late):
             return
         await self.assemble(job, also_late=late)
@@ -639,9 +653,10 @@ class JobAssembler:
         job_last = -1 if job_last_step is None else job_last_step
         state.assembled = job_last if state.assembled is None else max(state.assembled, job_last)
         state.closed.discard(rank)
-        state.unheard = False
+        if self._coordinator is None or state.heard_all():
+            state.unheard = False
         if self._coordinator is not None:  # the owner, if another worker, hears of the hello
-            self._coordinator.tell_owner(job, state.told)
+            self._coordinator.tell_owner(job, state.told, ranks=len(state.frontier))
         known = state.announced
         for finding in found:
             known.setdefault(finding.code, finding.to_dict())
