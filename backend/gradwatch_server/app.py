@@ -74,7 +74,9 @@ def create_app(settings: Settings) -> FastAPI:
         app.state.step_cost = StepCost()
         notifier = Notifier(settings.notify, settings.dashboard_url()) if settings.notify else None
         app.state.notifier = notifier
-        jobs = JobAssembler(store, hub, app.state.diagnostics, settings.rank_timeout_s, notifier)
+        jobs = JobAssembler(store, hub, app.state.diagnostics, settings.rank_timeout_s, notifier, coordinator=relay)
+        if relay is not None:
+            relay.jobs = jobs
         app.state.jobs = jobs
         sessions.watch(await asyncio.to_thread(store.running_run_ids))
         jobs.start()

@@ -13,6 +13,10 @@ travel as a reference (`{"k": "steps", "run", "steps": [lo, hi], "seq": [lo, hi]
 only by a worker whose browsers watch the run; run events and findings travel whole when they fit.
 A broken connection makes browsers reconnect and catch up over REST (close code 1013). A worker
 holding a run's hook holds a shared advisory lock on it, which crash detection asks about.
+The same channel carries the jobs' coordination (jobs/assembler.py): the worker that owns a
+job's assembly holds an exclusive advisory lock on it (`owns`), and the others tell it when their
+ranks have stored a step (`{"k": "job"}`) or ask a replica connected to them for its arrays
+(`{"k": "ask"}`).
 With one process (SQLite, or no --workers) LiveHub delivers directly and nothing here runs.
 The reasoning, case by case: docs/design.md, Live updates across workers.
 """
@@ -25,10 +29,12 @@ import hashlib
 import itertools
 import json
 import logging
+import math
+import os
 import secrets
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import psycopg
 from psycopg.conninfo import make_conninfo
@@ -37,6 +43,9 @@ from sqlalchemy.engine import make_url
 from .live import LIVE_LINGER_S, LiveHub, finding_event, run_event
 from .protocol import RESENT, Step
 from .store import Run, StepData, Store, StoreError, display_url
+
+if TYPE_CHECKING:
+    from .jobs.assembler import JobAssembler
 
 log = logging.getLogger("gradwatch.relay")
 
@@ -51,6 +60,10 @@ BATCH = 256
 RETRY_MIN_S, RETRY_MAX_S = 0.25, 10.0
 #: At shutdown, how long queued notifications may take to go out.
 FLUSH_S = 2.0
+#: How often a worker that does not own a job tries to take it (its owner may be gone).
+OWN_RETRY_S = 1.0
+#: Most steps a job's note names as possibly completing partial steps (a range, expanded).
+LATE_SPAN = 4096
 
 
 def conninfo(db_url: str) -> str:
@@ -62,7 +75,7 @@ def conninfo(db_url: str) -> str:
         "user": url.username,
         "password": url.password,
         "dbname": url.database,
-        "application_name": "gradwatch relay",
+        "application_name": f"gradwatch relay {os.getpid()}",  # which worker (pg_stat_activity)
     }
     params.update({k: v if isinstance(v, str) else v[-1] for k, v in url.query.items()})
     return make_conninfo(**{k: v for k, v in params.items() if v is not None})
@@ -71,6 +84,12 @@ def conninfo(db_url: str) -> str:
 def hook_lock_key(run_id: str) -> int:
     """The advisory lock key of a run's hooks: 64 bits of a hash of its id, as a signed bigint."""
     digest = hashlib.blake2b(b"gradwatch.hook\x00" + run_id.encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "big", signed=True)
+
+
+def job_lock_key(job: str) -> int:
+    """The advisory lock key of a job's assembly (its owner holds it): as `hook_lock_key`."""
+    digest = hashlib.blake2b(b"gradwatch.job\x00" + job.encode(), digest_size=8).digest()
     return int.from_bytes(digest, "big", signed=True)
 
 
@@ -84,13 +103,38 @@ class Event:
     steps: tuple[int, int] = (0, 0)
     seq: tuple[int, int] = (0, 0)
     code: str = ""
+    #: a job's note to its owner ("job": the worker, its ranks' step, a close) or an ask of a
+    #: replica's arrays ("ask": the rank, its steps in `late`)
+    worker: str = ""
+    step: int = -1
+    late: tuple[int, ...] = ()
+    closed: bool = False
+    ranks: int | None = None
 
     @classmethod
     def parse(cls, payload: dict[str, Any]) -> Event:
         kind, text = payload["k"], payload.get("text")
-        if kind not in ("run", "steps", "late", "finding", "resync") or not isinstance(text, (str, type(None))):
+        if kind not in ("run", "steps", "late", "finding", "resync", "job", "ask") or not isinstance(
+            text, (str, type(None))
+        ):
             raise ValueError(f"unknown kind {kind!r}")
         run_id = "" if kind == "resync" else str(payload["run"])
+        if kind == "job":
+            lo, hi = (int(v) for v in payload.get("late") or (0, -1))
+            late = tuple(range(max(lo, hi - LATE_SPAN + 1), hi + 1))
+            ranks = payload.get("ranks")
+            return cls(
+                kind,
+                run_id,
+                None,
+                worker=str(payload["w"]),
+                step=int(payload["step"]),
+                late=late,
+                closed=bool(payload.get("closed")),
+                ranks=None if ranks is None else int(ranks),
+            )
+        if kind == "ask":
+            return cls(kind, run_id, None, step=int(payload["rank"]), late=tuple(int(v) for v in payload["steps"]))
         if kind in ("steps", "late"):
             lo, hi = (int(v) for v in payload["steps"])
             first, last = (int(v) for v in payload["seq"]) if kind == "steps" else (0, 0)
@@ -161,6 +205,11 @@ class Relay:
         self._conn: psycopg.AsyncConnection[Any] | None = None
         self._conn_lock = asyncio.Lock()
         self._tasks: list[asyncio.Task[None]] = []
+        self._owned: set[str] = set()  # jobs whose assembly this worker owns (locked on `_conn`)
+        self._tried: dict[str, float] = {}  # job -> when this worker last tried to take it
+        self.jobs: JobAssembler | None = None  # told of the jobs' notes (app.py)
+        self._jobs_tasks: set[asyncio.Task[None]] = set()  # the notes being handled
+        self._inbox: asyncio.Queue[str] = asyncio.Queue()  # live events received, for `_deliver_all`
 
     # -- life --------------------------------------------------------------------------------
 
@@ -174,15 +223,15 @@ class Relay:
         except BaseException:
             await self.close()
             raise
-        self._tasks.append(asyncio.create_task(self._send()))
+        self._tasks += [asyncio.create_task(self._send()), asyncio.create_task(self._deliver_all())]
 
     async def close(self) -> None:
         if len(self._tasks) > 1:
             with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(self._outbox.join(), FLUSH_S)
-        for task in self._tasks:
+        for task in [*self._tasks, *self._jobs_tasks]:
             task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
+        await asyncio.gather(*self._tasks, *self._jobs_tasks, return_exceptions=True)
         self._tasks = []
         if self._conn is not None:
             await self._conn.close()  # lets go of the hooks' locks
@@ -255,6 +304,7 @@ class Relay:
         await self._drop_connection()
         self._conn = await psycopg.AsyncConnection.connect(self._conninfo, autocommit=True)
         self._held = set()  # a new session holds no locks
+        self._owned = set()
         if self._wanted:
             self._queue(None)
         return self._conn
@@ -298,6 +348,56 @@ class Relay:
             await conn.execute("SELECT pg_advisory_unlock_shared(%s)", (hook_lock_key(run_id),))
             self._held.discard(run_id)
 
+    # -- which worker assembles a job (jobs/assembler.py, Coordinator) --------------------------
+
+    async def owns(self, job: str) -> bool:
+        """Whether this worker owns `job`'s assembly: it holds the job's advisory lock on its
+        notify connection, taken here if no worker holds it (tried at most every OWN_RETRY_S).
+        A worker that dies, or loses that connection, lets go of it: another takes the job."""
+        if job in self._owned and self._conn is not None and not self._conn.closed:
+            return True
+        now = asyncio.get_running_loop().time()
+        if now - self._tried.get(job, -math.inf) < OWN_RETRY_S:
+            return False
+        self._tried[job] = now
+        try:
+            async with self._conn_lock:
+                conn = await self._notifier()
+                cursor = await conn.execute("SELECT pg_try_advisory_lock(%s)", (job_lock_key(job),))
+                row = await cursor.fetchone()
+                if row and row[0]:
+                    self._owned.add(job)
+                    self._tried.pop(job, None)
+        except psycopg.Error as exc:  # the database is away: the store's lock still orders assemblies
+            log.warning("live relay: cannot ask who assembles job %s (%s)", job, exc)
+        return job in self._owned
+
+    async def release(self, job: str) -> None:
+        """`job` is settled: let go of its lock (a resumed job is taken again by its next frame)."""
+        self._tried.pop(job, None)
+        if job not in self._owned:
+            return
+        self._owned.discard(job)
+        with contextlib.suppress(psycopg.Error):
+            async with self._conn_lock:
+                conn = await self._notifier()
+                await conn.execute("SELECT pg_advisory_unlock(%s)", (job_lock_key(job),))
+
+    def tell_owner(
+        self, job: str, step: int, late: Sequence[int] = (), closed: bool = False, ranks: int | None = None
+    ) -> None:
+        reference: dict[str, Any] = {"step": step}
+        if ranks is not None:
+            reference["ranks"] = ranks
+        if late:
+            reference["late"] = [min(late), max(late)]
+        if closed:
+            reference["closed"] = True
+        self.announce("job", job, **reference)
+
+    def ask_elsewhere(self, job: str, rank: int, steps: list[int]) -> None:
+        self.announce("ask", job, rank=rank, steps=steps[:LATE_SPAN])
+
     # -- receiving -----------------------------------------------------------------------------
 
     async def _listen(self, listening: asyncio.Future[None]) -> None:
@@ -313,7 +413,8 @@ class Relay:
                         listening.set_result(None)
                     delay = RETRY_MIN_S
                     async for note in conn.notifies():
-                        await self._receive(note.payload)
+                        if not self._job_note(note.payload):
+                            self._inbox.put_nowait(note.payload)
             except Exception as exc:  # the database is away (psycopg.Error) or worse: never stop listening
                 if not listening.done():
                     listening.set_exception(StoreError(f"cannot listen for the other workers on {self._where}: {exc}"))
@@ -327,6 +428,40 @@ class Relay:
                 )
             await asyncio.sleep(delay)
             delay = min(delay * 2, RETRY_MAX_S)
+
+    def _job_note(self, payload: str) -> bool:
+        """Handle a job's note or ask at once (in a task of its own); False for anything else,
+        which `_deliver_all` hands to the browsers in order. Not behind them: a live event's
+        read-back (a watched run's steps) would hold up the owner's next assembly."""
+        try:
+            note = json.loads(payload)
+            if not isinstance(note, dict) or note.get("k") not in ("job", "ask"):
+                return False
+            event = Event.parse(note)
+        except (ValueError, KeyError, TypeError, AttributeError):
+            return False  # `_receive` says what is wrong with it
+        jobs = self.jobs
+        if jobs is not None and event.kind == "job" and event.worker != self.worker:
+            self._spawn(jobs.told(event.run_id, event.worker, event.step, event.late, event.closed, event.ranks))
+        elif jobs is not None and event.kind == "ask":
+            self._spawn(jobs.ask_here(event.run_id, event.step, list(event.late)))
+        return True
+
+    async def _deliver_all(self) -> None:
+        """The live events as they came, one after the other (a read-back awaited in turn)."""
+        while True:
+            payload = await self._inbox.get()
+            await self._receive(payload)
+
+    def _spawn(self, work: Any) -> None:
+        task = asyncio.get_running_loop().create_task(work)
+        self._jobs_tasks.add(task)
+        task.add_done_callback(self._jobs_done)
+
+    def _jobs_done(self, task: asyncio.Task[None]) -> None:
+        self._jobs_tasks.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            log.error("live relay: a job's note failed", exc_info=task.exception())
 
     async def _receive(self, payload: str) -> None:
         """Hand an event to this worker's browsers (reading it back if referenced)."""
@@ -345,6 +480,11 @@ class Relay:
 
     async def _deliver(self, event: Event) -> None:
         hub = self.hub
+        jobs = self.jobs
+        if event.kind in ("job", "ask"):  # handled as they come (`_job_note`)
+            return
+        if event.kind == "steps" and jobs is not None:
+            jobs.stored_elsewhere(event.run_id, event.steps[1])
         if event.kind == "resync":
             hub.drop_all()
         elif event.kind == "run" and hub.listening():

@@ -162,3 +162,65 @@ def test_a_0009_database_keeps_reading_its_ranks_rows_and_stores_new_ones_as_ran
         assert store.get_run("job") is not None and [r.id for r in store.rank_runs("job")] == ["job.r0"]
     finally:
         store.close()
+
+
+def test_a_ranks_step_stored_before_0010_and_assembled_after_keeps_its_summary(db_url: str) -> None:
+    """A running job's rank step stored before 0010 (a `steps` row and its scalars, no summary
+    yet: the job's assembly wrote the summary) and assembled after the upgrade gets its summary
+    (a `rank_summaries` row, as the assembly wrote before 0010), read by the Ranks view beside
+    those of the steps stored since; the summary outlives the rank's scalars, pruned later."""
+    _at_revision(db_url, "0009")
+    engine = create_db_engine(db_url)
+    with engine.begin() as conn:
+        for row in (_run_row("job", None, None, 1), _run_row("job.r0", "job", 0, 1)):
+            kind = "job" if row["parent_id"] is None else "rank"
+            conn.execute(
+                text(
+                    "INSERT INTO runs (id, name, project, status, created_at, updated_at, last_seq, steps, "
+                    "param_count, param_numel, config, parent_id, rank, world_size, kind, last_step) VALUES "
+                    "(:id, :name, :project, 'running', :created_at, :updated_at, :seq, :steps, :param_count, "
+                    ":param_numel, :config, :parent_id, :rank, :world_size, :kind, :last_step)"
+                ),
+                {
+                    **row,
+                    "kind": kind,
+                    "seq": 0 if kind == "job" else 1,
+                    "steps": 0 if kind == "job" else 1,
+                    "last_step": None if kind == "job" else 1,
+                },
+            )
+        for run_id in ("job", "job.r0"):
+            conn.execute(
+                text(
+                    "INSERT INTO params (run_id, idx, name, shape, numel, dtype, group_idx, optimizer_idx, "
+                    "local_numel, counted) VALUES (:run_id, 0, 'w', '[2]', 2, 'float32', 0, 0, :local, :counted)"
+                ),
+                {
+                    "run_id": run_id,
+                    "local": None if run_id == "job" else 2,
+                    "counted": None if run_id == "job" else True,
+                },
+            )
+        conn.execute(text("INSERT INTO steps (run_id, step, seq, time) VALUES ('job.r0', 1, 1, 10.0)"))
+        for key, value in (("time/step_s", 0.5), ("mem/rss_bytes", 100.0)):
+            conn.execute(
+                text("INSERT INTO scalars (run_id, key, step, value) VALUES ('job.r0', :key, 1, :value)"),
+                {"key": key, "value": value},
+            )
+            conn.execute(
+                text("INSERT INTO series_names (run_id, kind, name) VALUES ('job.r0', 'scalar', :key)"), {"key": key}
+            )
+    engine.dispose()
+    store = open_store(db_url)
+    try:
+        assert store.write_steps("job.r0", [StepData(2, 2, 11.0, {"time/step_s": 0.25, "mem/rss_bytes": 200.0}, {})])
+        done = store.assemble("job", rank_timeout=60.0, since=0.0)
+        assert [d.step for d in done.steps] == [1, 2] and not done.partial
+        summaries = store.rank_summaries("job")
+        assert (summaries.step.tolist(), summaries.step_s.tolist(), summaries.memory_bytes.tolist()) == (
+            [1, 2],
+            [0.5, 0.25],
+            [100.0, 200.0],
+        )
+    finally:
+        store.close()

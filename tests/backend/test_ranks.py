@@ -368,6 +368,10 @@ def test_import_of_a_jobs_export_restores_its_global_steps_and_leaves_the_ranks_
 ) -> None:
     exported = tmp_path / "job.jsonl"
     exported.write_bytes(http.get(f"/api/runs/{JOB}/export", params={"format": "json"}).content)
+    # Read now, not after the subprocesses: their seconds idle the client's pooled connection
+    # about as long as the server's keep-alive (uvicorn's 5 s), and a request sent as the server
+    # closes it fails with "Server disconnected" (seen once on PostgreSQL under load).
+    served = [r for r in _csv(http, JOB, "steps") if r["rank"] == ""]
     db = f"sqlite:///{tmp_path / 'imported.db'}"
     done = subprocess.run(
         [*server_command(), "import", str(exported), "--db", db],
@@ -390,6 +394,5 @@ def test_import_of_a_jobs_export_restores_its_global_steps_and_leaves_the_ranks_
         timeout=120,
     )
     rows = list(csv.DictReader(io.StringIO(again.stdout)))
-    served = [r for r in _csv(http, JOB, "steps") if r["rank"] == ""]
     assert [r["grad_norm_total"] for r in rows] == [r["grad_norm_total"] for r in served]
     assert [int(r["step"]) for r in rows] == list(range(1, STEPS + 1))

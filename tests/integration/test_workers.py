@@ -294,6 +294,20 @@ def wait_until(condition: Callable[[], bool], what: str, timeout: float = DEADLI
         time.sleep(0.05)
 
 
+def job_owners(pg_url: str) -> list[int]:
+    """The pids of the workers that hold a job's assembly in this database (an exclusive
+    advisory lock on the relay's connection, named after its worker; the hooks' are shared)."""
+    import psycopg
+
+    with psycopg.connect(pg_url, autocommit=True) as conn:
+        rows = conn.execute(
+            "SELECT a.application_name FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid "
+            "WHERE l.locktype = 'advisory' AND l.mode = 'ExclusiveLock' AND l.granted "
+            "AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())"
+        ).fetchall()
+    return sorted(int(name.rsplit(" ", 1)[1]) for (name,) in rows)
+
+
 def get_run(workers: Workers, run_id: str) -> dict[str, Any]:
     response = httpx.get(f"{workers.server.url}/api/runs/{run_id}", timeout=30)
     assert response.status_code == 200, response.text
@@ -510,7 +524,7 @@ def test_postgresql_workers_recover_when_their_database_connections_drop(
     wait_until(lambda: all(len(b.steps()) == 5 for b in watching), "the first steps")
     with psycopg.connect(pg_url, autocommit=True) as conn:
         ended = conn.execute(
-            "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity WHERE application_name = 'gradwatch relay'"
+            "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity WHERE application_name LIKE 'gradwatch relay %'"
         ).fetchone()
     assert ended == (2 * WORKERS,)  # a listening and a notifying connection per worker
     wait_until(lambda: all(b.closed_with == 1013 for b in watching), "the browsers closed with 1013")
@@ -538,11 +552,14 @@ def test_postgresql_workers_recover_when_their_database_connections_drop(
 JOB, JOB_RANKS, JOB_STEPS, JOB_STRAGGLER = "wk-job", 8, 12, 3
 
 
-def test_postgresql_workers_assemble_a_job_whose_ranks_are_on_both(serve_workers: Callable[..., Workers]) -> None:
+def test_postgresql_workers_assemble_a_job_whose_ranks_are_on_both(
+    serve_workers: Callable[..., Workers], pg_url: str
+) -> None:
     """A job of 8 ranks, 4 streaming to each worker: every global step is assembled once,
     whole (no partial step, no lost rank), its total norm exact (oracle: the square root of the
     sum of every rank's squared local norms, FSDP-like pieces all counted), and the spread across
-    the ranks is each step's quantiles of what they sent, the straggler its outlier."""
+    the ranks is each step's quantiles of what they sent, the straggler its outlier. One worker
+    owns the job's assembly while it runs, and lets go of it once the job has finished."""
     workers = serve_workers(crash_grace_s=60)
     pids = sorted({pid for _, pid in spread(lambda: open_ws(workers, "/ws/live"), per_worker=1)})
     ranks = rank_runs(JOB, "job-on-two-workers", JOB_RANKS, straggler=JOB_STRAGGLER)
@@ -571,9 +588,12 @@ def test_postgresql_workers_assemble_a_job_whose_ranks_are_on_both(serve_workers
                 frame = json.loads(ws.recv(30))
                 assert frame["type"] in ("ack", "finding"), frame
                 acked = frame["seq"] if frame["type"] == "ack" else acked
+    owners = job_owners(pg_url)
+    assert len(owners) == 1 and owners[0] in pids, (owners, pids)
     for ws in sockets:
         ws.send(json.dumps({"v": 1, "type": "close", "seq": JOB_STEPS + 1, "status": "finished"}))
     wait_until(lambda: get_run(workers, JOB)["status"] == "finished", "the job finished")
+    wait_until(lambda: job_owners(pg_url) == [], "the owner let go of the finished job")
 
     job = get_run(workers, JOB)
     assert (job["steps"], job["last_step"]) == (JOB_STEPS, JOB_STEPS)
@@ -608,10 +628,15 @@ def test_postgresql_workers_assemble_a_job_whose_ranks_are_on_both(serve_workers
 KILLED_JOB, KILLED_RANKS, KILLED_STEPS, KILL_AFTER = "wk-killed", 4, 9, 6
 
 
-def test_postgresql_workers_lose_no_job_step_when_one_is_killed_mid_job(serve_workers: Callable[..., Workers]) -> None:
+@pytest.mark.parametrize("victim", ["owner", "other"])
+def test_postgresql_workers_lose_no_job_step_when_one_is_killed_mid_job(
+    serve_workers: Callable[..., Workers], pg_url: str, victim: str
+) -> None:
     """A job of 4 ranks, 2 on each worker; once step 6 is acknowledged every rank sends steps 7 to
-    9 and one worker is SIGKILLed at once (its ranks' frames, its assemblies, maybe under way).
-    Its ranks reconnect to whichever worker takes them and send every step again, as a hook
+    9 and one worker is SIGKILLed at once (its ranks' frames, its assemblies, maybe under way):
+    the one that owns the job's assembly, or the other, which only stores its ranks' rows (and
+    acknowledges them once committed). The survivor takes the job over if it did not own it.
+    The killed worker's ranks reconnect to the survivor and send every step again, as a hook
     resends what is unacknowledged: every global step is stored once and whole (no partial step,
     no lost rank), its total norm exact (oracle: the square root of the sum of every rank's
     squared local norms)."""
@@ -646,18 +671,22 @@ def test_postgresql_workers_lose_no_job_step_when_one_is_killed_mid_job(serve_wo
         send(run, ws, range(1, KILL_AFTER + 1))
     for ws in sockets:
         acked(ws, KILL_AFTER)
+    owners = job_owners(pg_url)
+    assert len(owners) == 1 and owners[0] in pids, (owners, pids)
+    killed = owners[0] if victim == "owner" else next(p for p in pids if p != owners[0])
     for run, ws in zip(ranks, sockets, strict=True):
         send(run, ws, range(KILL_AFTER + 1, KILLED_STEPS + 1))
-    os.kill(pids[0], signal.SIGKILL)
+    os.kill(killed, signal.SIGKILL)
     for run, ws in zip(ranks, sockets, strict=True):
-        if run.rank % 2 == 0:  # on the killed worker: what it acknowledged may be all it stored
+        if pids[run.rank % 2] == killed:  # what it acknowledged may be all it stored
             ws.close()
-            sockets[run.rank] = ws = connect(run, avoid=pids[0])
+            sockets[run.rank] = ws = connect(run, avoid=killed)
             send(run, ws, range(1, KILLED_STEPS + 1))
         acked(ws, KILLED_STEPS)
     for ws in sockets:
         ws.send(json.dumps({"v": 1, "type": "close", "seq": KILLED_STEPS + 1, "status": "finished"}))
     wait_until(lambda: get_run(workers, KILLED_JOB)["status"] == "finished", "the job finished")
+    wait_until(lambda: job_owners(pg_url) == [], "the survivor let go of the finished job")
 
     job = get_run(workers, KILLED_JOB)
     assert (job["steps"], job["last_step"]) == (KILLED_STEPS, KILLED_STEPS)

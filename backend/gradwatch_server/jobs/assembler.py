@@ -15,6 +15,14 @@ while another is ahead is lost, the steps waiting on it are assembled without it
 (`partial_steps`), and once every rank has closed or is lost the job's run is finished or
 crashed. With `serve --workers N` every worker runs it; the lock on the job's row makes them
 take turns.
+
+With `serve --workers N` one worker owns each job's assembly (`Coordinator`: an advisory lock
+per job on PostgreSQL, relay.py): the others only store their ranks' frames, acknowledge them
+once committed, and tell the owner when every rank connected to them has stored a step (and
+of a close, or of a step that may complete a partial one); the owner reads their rows of the
+ready steps back. A worker whose owner is gone takes the job over (its frames and its timer try
+the lock). Ownership only spares work: the lock on the job's row still keeps any two
+assemblies from storing a step twice (docs/design.md, "A job's ranks on several workers").
 """
 
 from __future__ import annotations
@@ -26,6 +34,7 @@ import math
 import time
 from collections.abc import Awaitable, Callable, Iterator, Sequence
 from dataclasses import dataclass, field
+from typing import Protocol
 
 from ..diagnostics import Diagnostics, Finding
 from ..live import LiveHub
@@ -63,6 +72,30 @@ def as_steps(batch: Sequence[StepData]) -> list[Step]:
         )
         for d in batch
     ]
+
+
+class Coordinator(Protocol):
+    """How the workers of `serve --workers N` share a job's assembly (relay.Relay)."""
+
+    async def owns(self, job: str) -> bool:
+        """Whether this worker assembles `job` (it takes the job if no worker does)."""
+        ...
+
+    async def release(self, job: str) -> None:
+        """`job` is settled here: another worker may take it when it runs again."""
+        ...
+
+    def tell_owner(
+        self, job: str, step: int, late: Sequence[int] = (), closed: bool = False, ranks: int | None = None
+    ) -> None:
+        """Every rank connected here has stored `job`'s step `step` (-1: none yet); `late`:
+        steps a rank here stored that may complete a partial step; `closed`: a rank closed;
+        `ranks`: how many of the job's ranks said hello here (told at each hello)."""
+        ...
+
+    def ask_elsewhere(self, job: str, rank: int, steps: list[int]) -> None:
+        """Ask `rank`, connected to another worker, for its arrays of `steps` (its digest differs)."""
+        ...
 
 
 @dataclass
@@ -126,6 +159,28 @@ class _Job:
     #: closing rank's connection waits on (`JobAssembler.wait_for_step`) instead of polling
     progress: asyncio.Event = field(default_factory=asyncio.Event)
     waiters: int = 0  # connections waiting on `progress`
+    #: With `serve --workers N` (a `Coordinator`): the step through which each other worker's
+    #: connected ranks have all stored (what they told this worker, the job's owner), and the one
+    #: this worker told the owner last (-2: nothing yet), with the scan of its ranks (`_behind`'s)
+    elsewhere: dict[str, int] = field(default_factory=dict)
+    told: int = -2
+    #: the last assembly found a rank that never said hello (with a `Coordinator` only; cleared
+    #: once every rank said hello here or to another worker, as told): a job's start
+    unheard: bool = False
+    counts: dict[str, int] = field(default_factory=dict)  # worker -> its ranks that said hello there
+
+    def heard_all(self) -> bool:
+        """Whether every rank said hello here or (as told) to another worker."""
+        return len(self.frontier) + sum(self.counts.values()) >= (self.world_size or 0)
+
+    here: list[int] = field(default_factory=list)  # the ranks connected here, as of the scan's start
+    here_at: int = 0
+    here_for: int | None = None  # the step told when `here` was listed
+
+    def others_through(self) -> int | None:
+        """The step through which every rank not connected here has stored, as the other
+        workers told (None: some worker's word is missing, or none came)."""
+        return min(self.elsewhere.values()) if self.elsewhere else None
 
     def progressed(self) -> None:
         """Wake whoever waits on the job's progress (the next wait takes a new event)."""
@@ -146,9 +201,14 @@ class _Job:
             return False
         if any(s <= self.assembled and s not in self.whole for s in late):
             return False
-        if len(self.frontier) < self.world_size:  # some rank unknown here: is it waited for?
+        if self.unheard:  # no step is ready before every rank said hello (a hello clears it)
+            return True
+        others = self.others_through()
+        if others is not None and others <= self.assembled:
+            return True  # a rank on another worker has stored nothing beyond: it tells when it has
+        if len(self.frontier) < self.world_size and others is None:
             waited = (r for r in range(self.world_size) if r not in self.closed and r not in self.lost)
-            if any(r not in self.frontier for r in waited):
+            if any(r not in self.frontier for r in waited):  # some rank unknown here: is it waited for?
                 return False
         return self._behind(self.assembled)
 
@@ -165,6 +225,8 @@ class _Job:
         status), or the job is settled already (the closes that waited for the one that settled
         it). Without it each rank's close ran an assembly that reads every rank: at a 1,024-rank
         job's end, as many assemblies as ranks."""
+        if self.elsewhere:  # other workers' closes are not known here: any may be the last
+            return self.settled
         return self.settled or (len(self.closed) < (self.world_size or 0) and self.nothing_ready(()))
 
     def _behind(self, assembled: int) -> bool:
@@ -200,8 +262,10 @@ class JobAssembler:
         rank_timeout_s: float,
         notifier: Notifier | None = None,
         clock: Callable[[], float] = time.time,
+        coordinator: Coordinator | None = None,
     ) -> None:
         self._store = store
+        self._coordinator = coordinator
         self._clock = clock
         self._hub = hub
         self._diagnostics = diagnostics
@@ -226,11 +290,28 @@ class JobAssembler:
         self._askers[(job, rank)] = ask
         state = self._jobs.get(job)
         if state is not None:
+            state.here_for, state.here_at = None, 0  # the ranks here are listed again
             state.memory.wanted = {key: t for key, t in state.memory.wanted.items() if key[0] != rank}
 
     def unlisten(self, job: str, rank: int, ask: Callable[[list[int]], Awaitable[None]]) -> None:
         if self._askers.get((job, rank)) is ask:
             del self._askers[(job, rank)]
+            state = self._jobs.get(job)
+            if self._coordinator is not None and state is not None:
+                # it may come back on another worker, which tells of it: what is known here of
+                # it would hold back `nothing_ready` (the scans start again)
+                state.frontier.pop(rank, None)
+                state.scan_for, state.here_for, state.here_at = None, None, 0
+
+    async def ask_here(self, job: str, rank: int, steps: list[int]) -> None:
+        """The owner of `job` (another worker) asks `rank` for its arrays of `steps`, if its
+        connection is here."""
+        ask = self._askers.get((job, rank))
+        if ask is not None:
+            try:
+                await ask(steps)
+            except Exception:  # the connection is going: the owner asks again
+                log.info("job %s: rank %d could not be asked for steps %s' arrays", job, rank, steps)
 
     def owed(self, job: str, rank: int) -> list[int]:
         """The steps a closing replica of `job` is asked for the arrays of (JobMemory.owed)."""
@@ -246,7 +327,9 @@ class JobAssembler:
         for rank, steps in by_rank.items():
             ask = self._askers.get((job, rank))
             if ask is None:
-                continue  # asked again when the rank says hello here (`listen`)
+                if self._coordinator is not None:  # the worker it is connected to asks it
+                    self._coordinator.ask_elsewhere(job, rank, sorted(steps))
+                continue  # else asked again when the rank says hello here (`listen`)
             try:
                 await ask(sorted(steps))
             except Exception:  # the connection is going: its rank is asked again when back
@@ -271,7 +354,12 @@ class JobAssembler:
         return frozenset(self._jobs)
 
     async def assemble(
-        self, job: str, rank: int | None = None, batch: Sequence[StepData] = (), closed: bool = False
+        self,
+        job: str,
+        rank: int | None = None,
+        batch: Sequence[StepData] = (),
+        closed: bool = False,
+        also_late: Sequence[int] = (),
     ) -> list[Finding] | None:
         """Assemble what is ready of `job`; its current findings if steps were added, else None.
         `rank`'s connection just committed `batch` (kept here for the assembly: its pieces are
@@ -282,7 +370,11 @@ class JobAssembler:
         state = self._job(job)
         if state is None:
             return None
-        late = [d.step for d in batch]
+        late = [d.step for d in batch] + list(also_late)
+        if self._coordinator is not None and not await self._coordinator.owns(job):
+            if rank is not None:
+                self._store_only(job, state, rank, late, closed)
+            return None
         if rank is not None:
             state.memory.add(rank, batch)
             if batch:
@@ -305,6 +397,70 @@ class JobAssembler:
         finally:
             state.users -= 1
             self._release(job, state)
+
+    def _store_only(self, job: str, state: _Job, rank: int, late: Sequence[int], closed: bool) -> None:
+        """On a worker that does not own `job`: `rank`'s frames are committed (its acks go now,
+        they are durable in its rows); tell the owner when every rank connected here has stored
+        a step it had not told, of a close, and of steps that may complete a partial one (at most
+        the job's last step as this worker heard it). Its pieces are not kept: the owner reads
+        them back, one query per table for all of this worker's ranks."""
+        assert self._coordinator is not None
+        if late:
+            state.frontier[rank] = max(state.frontier.get(rank, -1), *late)
+            state.lost.discard(rank)
+        if closed:
+            state.closed.add(rank)
+        old = [s for s in late if state.assembled is not None and s <= state.assembled]
+        through = self._through_here(job, state)
+        # A close is told once no rank here is open: only then can this worker's closes end the
+        # job (the owner reads every rank's status), and a rank that closed early is not waited
+        # for by the store's assembly, which the next step's word runs (told per close, a job's
+        # end made the owner run an assembly per rank)
+        closed = closed and all(r in state.closed for j, r in self._askers if j == job)
+        if closed or old or through > state.told:
+            state.told = max(state.told, through)
+            self._coordinator.tell_owner(job, state.told, old, closed)
+
+    def _through_here(self, job: str, state: _Job) -> int:
+        """The last step that every rank connected here (and not closed) has stored. The scan
+        resumes where it stopped (each rank's frontier only grows), so it is linear in the ranks
+        per step told, not per frame."""
+        if state.here_at == 0 and state.here_for != state.told:  # once per step told
+            state.here, state.here_for = sorted(r for j, r in self._askers if j == job), state.told
+        while state.here_at < len(state.here):
+            r = state.here[state.here_at]
+            if r not in state.closed and state.frontier.get(r, -1) <= state.told:
+                return state.told
+            state.here_at += 1
+        state.here_at = 0
+        return min((state.frontier.get(r, -1) for r in state.here if r not in state.closed), default=state.told)
+
+    def stored_elsewhere(self, job: str, step: int) -> None:
+        """Another worker (`job`'s owner) stored `job`'s steps through `step`: a closing rank's
+        wait here ends, and a rank's step up to it may complete a partial one (`_store_only`)."""
+        state = self._jobs.get(job)
+        if state is not None and (state.assembled is None or step > state.assembled):
+            state.assembled = step
+            state.progressed()
+
+    async def told(
+        self, job: str, worker: str, step: int, late: Sequence[int], closed: bool, ranks: int | None = None
+    ) -> None:
+        """Worker `worker`'s ranks of `job` have all stored `step` (or `late`, or a close): this
+        worker assembles what is ready if it owns the job. Skipped where a rank connected here,
+        or another worker's, has stored nothing beyond the job's last step (`nothing_ready`: that
+        rank's frame, or its worker's word, asks again); a close never is (it may end the job)."""
+        state = self._job(job)
+        if state is None or self._coordinator is None or not await self._coordinator.owns(job):
+            return
+        state.elsewhere[worker] = max(state.elsewhere.get(worker, -1), step)
+        if ranks is not None:
+            state.counts[worker] = ranks
+        if state.heard_all():  # the last hello may have been there
+            state.unheard = False
+        if not closed and state.nothing_ready(late):
+            return
+        await self.assemble(job, also_late=late)
 
     async def _lead(
         self, job: str, state: _Job, rank: int | None, late: Sequence[int], closed: bool
@@ -341,6 +497,7 @@ class JobAssembler:
             late = []
             await self._ask(job, state)
             state.assembled = done.last_step if done.last_step is not None else state.assembled
+            state.unheard = done.unheard and self._coordinator is not None
             for missing in done.partial.values():
                 state.lost.update(missing)
             state.keep_whole([d.step for d in done.steps if d.step not in done.partial] + done.completed)
@@ -360,6 +517,8 @@ class JobAssembler:
         if status is not None:
             state.settled = True
             log.info("job %s %s: every rank closed or was lost", job, status)
+            if self._coordinator is not None:
+                await self._coordinator.release(job)
             try:
                 await asyncio.to_thread(self._diagnostics.close_run, job)
             except Exception:
@@ -494,6 +653,10 @@ class JobAssembler:
         job_last = -1 if job_last_step is None else job_last_step
         state.assembled = job_last if state.assembled is None else max(state.assembled, job_last)
         state.closed.discard(rank)
+        if self._coordinator is None or state.heard_all():
+            state.unheard = False
+        if self._coordinator is not None:  # the owner, if another worker, hears of the hello
+            self._coordinator.tell_owner(job, state.told, ranks=len(state.frontier))
         known = state.announced
         for finding in found:
             known.setdefault(finding.code, finding.to_dict())

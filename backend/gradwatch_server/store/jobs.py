@@ -80,6 +80,8 @@ class Assembly:
     steps_before: int = 0  # the job's run's stored steps before these
     written: Written | None = None
     last_step: int | None = None  # the job's run's last step after this assembly
+    #: a rank waited for has not said hello yet: no step can be ready until it does (or is lost)
+    unheard: bool = False
 
 
 @dataclass
@@ -355,6 +357,7 @@ def assemble(
     ranks = _ranks(conn, job, parent.world_size)
     lost = _lost_ranks(ranks, now, rank_timeout, since, memory)
     waited = [r for r in ranks if r.status in (None, "running") and r.rank not in lost]
+    done.unheard = any(r.run_id is None for r in waited)
     present = [r for r in ranks if r.run_id is not None]
     have: dict[int, list[int]] = {}
     bound: int | None = None
@@ -559,6 +562,8 @@ def _write(
         for p in by_step[s]
         if summarize is None or p.rank in summarize.get(s, ())
     ]
+    if rows and _legacy(conn, memory):  # steps stored before 0010 have no rank_steps row to hold it
+        _rank_rows.keep_legacy_summaries(conn, rows)
     if rows:
         if summarize is None:  # every rank's summary of these steps: their spread across ranks
             _spread.write_spread(conn, job, rows)

@@ -22,7 +22,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
-from sqlalchemy import Connection, Subquery, bindparam, delete, select, union_all
+from sqlalchemy import Connection, Subquery, bindparam, delete, insert, select, union_all
 from sqlalchemy.dialects import postgresql, sqlite
 
 from ..schema import rank_keys, rank_steps, rank_summaries, steps
@@ -142,6 +142,22 @@ def stored(conn: Connection, keys: Iterable[tuple[str, int]], legacy: bool = Tru
             )
         }
     return found & keys
+
+
+def keep_legacy_summaries(conn: Connection, rows: Sequence[Mapping[str, Any]]) -> None:
+    """The summaries (`rows`, as `rank_summaries` rows) of rank steps stored before 0010 (a
+    `steps` row, no `rank_steps` row) that are assembled now: their `rank_summaries` rows, as
+    the assembly wrote them before 0010 (a step stored since has its summary in its rank_steps
+    row). Without them such a step would have no summary once its scalars are pruned."""
+    keys = {(r["run_id"], r["step"]) for r in rows}
+    legacy = keys - stored(conn, keys, legacy=False)
+    if not legacy:
+        return
+    s = rank_summaries.c
+    runs_, steps_ = sorted({r for r, _ in legacy}), sorted({t for _, t in legacy})
+    legacy -= {(r, t) for r, t in conn.execute(select(s.run_id, s.step).where(s.run_id.in_(runs_), s.step.in_(steps_)))}
+    if legacy:
+        conn.execute(insert(rank_summaries), [r for r in rows if (r["run_id"], r["step"]) in legacy])
 
 
 def step_heads(legacy: bool = True) -> Subquery:
