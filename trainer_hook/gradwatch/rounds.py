@@ -297,7 +297,7 @@ class Rounds:
         measured rounds count passes. `scan` is exact when every backward that touches an
         optimizer's parameters reaches its sentinel: a round counted with hooks in which every
         parameter had either its sentinel's passes or none says so, one process and plain
-        tensors (DDP and FSDP write `.grad` inside the backward) are its other conditions; a
+        tensors, no process group (DDP and FSDP write `.grad` inside the backward) are its others; a
         scan in doubt (`GradTracker.doubtful`) goes back to hooks for good."""
         tracker, passes = self._tracker, self._passes
         uniform = True
@@ -314,7 +314,7 @@ class Rounds:
         if scanned:
             self._scanned_rounds += 1
             self._scan_doubted |= tracker.doubtful
-        ok = not self._scan_doubted and self.dist is None and tracker.plain
+        ok = not self._scan_doubted and tracker.plain and not _process_group()
         if not scanned:  # a round counted with hooks says whether the next may scan
             ok = ok and uniform
         else:  # and every VERIFY_EVERY-th measured round is counted with hooks again, to check
@@ -428,6 +428,12 @@ class Rounds:
             return
         k = next(k for k, o in enumerate(self.layout.optimizers) if o is optimizer)
         self._tracker.end_step(self._hooked(k))
+
+
+def _process_group() -> bool:
+    """Whether a process group is up: DDP or FSDP may write `.grad` inside a backward (DDP's
+    reducer does at world size 1 too, where the watcher has no `dist`)."""
+    return torch.distributed.is_available() and torch.distributed.is_initialized()
 
 
 def _host_arrays(passes: list[int], clear: list[Optional[float]]) -> dict[str, np.ndarray]:
