@@ -82,17 +82,22 @@ def test_every_n_samples_but_counts_per_step() -> None:
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     w = gradwatch.watch(opt, model=model, server=NOWHERE, every=3)
     hooked = []  # how many tensors carry a gradient hook during each step's backward passes
+    scanned = []  # whether the others are counted by one pass over the `.grad`s per backward
     for _ in range(7):
         opt.zero_grad()
         model(torch.randn(2, 4)).sum().backward()
         model(torch.randn(2, 4)).sum().backward()
         hooked.append(w._rounds._tracker.armed)
+        scanned.append(w._rounds._tracker.scanning)
         opt.step()
     msgs = sent_steps(w)
     w.close(timeout=0.1)
     assert [m["step"] for m in measured(msgs)] == [1, 4, 7]
-    # per-parameter hooks are armed for the measured steps only; one sentinel otherwise
-    assert hooked == [4, 1, 1, 4, 1, 1, 4]
+    # per-parameter hooks are armed for the first measured step only, one sentinel otherwise; the
+    # later measured steps count the others by a scan, as the first showed every backward
+    # reaching the sentinel (one process, plain tensors)
+    assert hooked == [4, 1, 1, 1, 1, 1, 1]
+    assert scanned == [False, False, False, True, False, False, True]
     # every step is recorded; counts are per step (2, not 6) whatever the interval: per parameter
     # on measured steps, the sentinel's on the others, which send no per-parameter array
     assert [m["step"] for m in msgs] == list(range(1, 8))
@@ -145,6 +150,67 @@ def test_the_sentinel_follows_the_parameter_with_the_most_passes() -> None:
     w.close(timeout=0.1)
     assert [m["params"]["backward_passes"]["a.weight"] for m in measured(msgs)] == [3.0, 3.0]
     assert [m["scalars"]["backward_passes"] for m in msgs] == [3.0] * 6
+
+
+class TwoHeads(torch.nn.Module):
+    """A trunk and two heads; `b`'s bias is the first sentinel (the last parameter)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.trunk, self.a, self.b = torch.nn.Linear(4, 4), torch.nn.Linear(4, 1), torch.nn.Linear(4, 1)
+
+    def forward(self, x: torch.Tensor, heads: str = "ab") -> torch.Tensor:
+        h = self.trunk(x)
+        return sum(getattr(self, k)(h).sum() for k in heads)
+
+
+def heads_run(clear: Callable[[torch.optim.Optimizer], None], steps: int):
+    """Step 1 runs one backward through both heads; the later steps one through head `a` alone
+    (which reaches no sentinel), then one through both. Returns the measured steps (every=1)
+    and whether the passes were scanned during each step."""
+    torch.manual_seed(0)
+    model = TwoHeads()
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    w = gradwatch.watch(opt, model=model, server=NOWHERE)
+    scanned = []
+    for i in range(steps):
+        clear(opt)
+        if i:
+            model(torch.randn(2, 4), "a").backward()
+        model(torch.randn(2, 4)).backward()
+        scanned.append(w._rounds._tracker.scanning)
+        opt.step()
+    msgs = measured(sent_steps(w))
+    w.close(timeout=0.1)
+    return msgs, scanned
+
+
+def test_a_scan_in_doubt_goes_back_to_hooks() -> None:
+    """The scan counts only backward passes that reach a sentinel: one that did not shows as a
+    `.grad` that moved by more than a clear and a pass, and the next steps go back to hooks,
+    which count every parameter exactly again (`zero_grad(set_to_none=False)`)."""
+    msgs, scanned = heads_run(lambda o: o.zero_grad(set_to_none=False), 5)
+    assert scanned == [False, True, False, False, False]
+    for m in msgs[2:]:
+        assert m["params"]["backward_passes"]["trunk.weight"] == 2.0
+        assert m["params"]["backward_passes"]["a.bias"] == 2.0
+        assert m["params"]["backward_passes"]["b.bias"] == 1.0
+        assert m["params"]["grad_clear"]["trunk.weight"] == 2.0
+
+
+def test_hooks_count_a_measured_round_now_and_then_to_check_the_scan() -> None:
+    """A pass that reached no sentinel into a `.grad` set to None leaves nothing to doubt: one
+    measured round in VERIFY_EVERY is counted with hooks, which see the passes differ, and the
+    steps after it are counted with hooks for good."""
+    from gradwatch.rounds import VERIFY_EVERY
+
+    steps = VERIFY_EVERY + 4
+    msgs, scanned = heads_run(lambda o: o.zero_grad(), steps)
+    assert scanned == [False] + [True] * VERIFY_EVERY + [False] * 3
+    for m in msgs[VERIFY_EVERY + 1 :]:
+        assert m["params"]["backward_passes"]["trunk.weight"] == 2.0
+        assert m["params"]["backward_passes"]["b.weight"] == 1.0
+        assert m["params"]["grad_clear"]["trunk.weight"] == 1.0
 
 
 @pytest.mark.parametrize(

@@ -109,6 +109,11 @@ class GradTracker:
         #: hooks, not an accumulator node
         self._on_node = [on_node and type(p) in (torch.nn.Parameter, torch.Tensor) for p in params]
         self._key = object()  # this tracker's mark in a node's metadata: the hook it already has
+        #: distinct tensors counted without a hook of their own (`scan`): the end-of-backward
+        #: callback that a hooked sentinel queues looks at their `.grad`s instead
+        self._scanned: list[int] = []
+        #: a scan saw what only a backward pass it missed explains (see `scan`)
+        self.doubtful = False
 
     # -- arming: which tensors are hooked --------------------------------------------------
     def arm(self, indices: Optional[Collection[int]] = None) -> None:
@@ -122,7 +127,12 @@ class GradTracker:
         emptied hook dict); a node that is no longer held dies with the graph that used it, and
         the next forward makes a fresh one without hooks. A node that outlives its disarming (a
         graph kept alive) keeps an inert hook, turned on again if the node is armed again."""
-        slots = range(len(self._params)) if indices is None else {self._slot[i] for i in indices}
+        self.arm_slots(range(len(self._params)) if indices is None else {self._slot[i] for i in indices})
+
+    def arm_slots(self, slots: Collection[int]) -> None:
+        """`arm` by distinct tensor."""
+        if self._scanned:
+            self._scanned = [u for u in self._scanned if u not in slots]
         nodes, params, hookable, key = self._nodes, self._params, self._hookable, self._key
         for u in slots:
             if u in nodes or not hookable[u]:
@@ -141,8 +151,53 @@ class GradTracker:
             known[0] = True
             nodes[u] = (node, known)
 
+    def scan(self, indices: Optional[Collection[int]] = None) -> None:
+        """Count the reported parameters `indices` (default: all) without hooking them: at the
+        end of every backward pass that reaches a hooked sentinel, one pass over their `.grad`s
+        notes each that the backward touched (a different tensor, or a version moved since what
+        the last pass or step left) as its hook would have, and `_drain` counts them the same.
+
+        Exact where every backward pass that touches them also reaches a sentinel and nothing
+        writes to a `.grad` inside a backward after its accumulation (the caller's guard: one
+        process, plain tensors, and a measured step with hooks that showed every parameter
+        counted with its sentinel). A pass that reached no sentinel shows at a later scan as a
+        version moved by more than one after a pass: `doubtful` is set, for the caller to go
+        back to hooks. Counts start at the next `end_step`, as `arm`'s do."""
+        slots = range(len(self._params)) if indices is None else {self._slot[i] for i in indices}
+        known = set(self._scanned)
+        self._scanned += [u for u in slots if u not in known and u not in self._nodes and self._hookable[u]]
+
+    @property
+    def plain(self) -> bool:
+        """Whether every tensor is hooked on its accumulator node and reported once (what `scan`
+        needs besides one process)."""
+        return all(self._on_node) and not self._shared
+
+    @property
+    def scanning(self) -> bool:
+        return bool(self._scanned)
+
+    def to_scan(self, keep: Collection[int]) -> None:
+        """Count every hooked parameter but the reported parameters `keep` (the sentinels, which
+        stay hooked) by `scan` from now on; the counts so far carry on."""
+        kept = {self._slot[i] for i in keep}
+        moved = [u for u in self._nodes if u not in kept]
+        for u in moved:
+            _unhook(*self._nodes.pop(u))
+        self._scanned += moved
+
+    def to_hooks(self) -> None:
+        """Hook the scanned parameters again (`scan` was in doubt); the counts so far carry on."""
+        scanned, self._scanned = self._scanned, []
+        self.arm_slots(scanned)
+        self.doubtful = False
+
     def disarm(self, keep: Collection[int] = ()) -> None:
-        """Unhook every parameter but the reported parameters `keep` (the sentinels)."""
+        """Unhook every parameter but the reported parameters `keep` (the sentinels), and stop
+        scanning."""
+        for u in self._scanned:
+            self._passes[u], self._clear[u] = 0, None
+        self._scanned = []
         kept = {self._slot[i] for i in keep}
         for u in [u for u in self._nodes if u not in kept]:
             _unhook(*self._nodes.pop(u))
@@ -194,6 +249,8 @@ class GradTracker:
         holds now is what its pass left (DDP's in-place write of the reduced gradient included).
         A `.grad` replaced after its hook ran reads as a clear at the next pass, whatever its
         version, so the version is read from the tensor the hook saw (no second `.grad` read)."""
+        if self._scanned:
+            self._scan_touched()
         seen = self._drain()
         pass_versions = self._pass_version
         for i, grad, _ in seen:
@@ -201,6 +258,36 @@ class GradTracker:
                 pass_versions[i] = grad._version
         seen.clear()
         self._settling[0] = False
+
+    def _scan_touched(self) -> None:
+        """Note, as their hooks would have, the scanned tensors whose `.grad` the ending backward
+        touched: not the tensor, or not the version, that the last pass (or the step) left."""
+        note, params, passes = self._seen.append, self._params, self._passes
+        refs, pass_refs, pass_versions = self._ref, self._pass_ref, self._pass_version
+        for u in self._scanned:
+            grad = params[u].grad
+            if grad is None:
+                continue
+            version = grad._version
+            if passes[u]:
+                last = pass_refs[u]
+                if last is not None and last() is grad:
+                    moved = version - pass_versions[u]
+                    if moved == 0:
+                        continue
+                    if moved > 1:  # a pass that reached no sentinel, or a write in between
+                        self.doubtful = True
+                note((u, grad, version))
+                continue
+            ref = refs[u]
+            if ref is not None:
+                old, old_version = ref
+                if old is not None and old() is grad:
+                    if version == old_version:
+                        continue
+                    if version - old_version > 2:  # more than a clear (`zero_()`) and one pass
+                        self.doubtful = True
+            note((u, grad, version))
 
     def _drain(self) -> list[tuple[int, Optional[torch.Tensor], int]]:
         """Count the passes the hooks noted, in their order, each against what the previous pass
@@ -278,6 +365,7 @@ class GradTracker:
         return passes, clear
 
     def remove(self) -> None:
+        self._scanned = []
         for held, on in self._nodes.values():
             _unhook(held, on)
         self._nodes.clear()

@@ -36,6 +36,10 @@ from .wire import UnsentStep
 
 log = logging.getLogger("gradwatch")
 
+#: With `GradTracker.scan`, one measured round in this many is counted with hooks again, which
+#: checks that every backward still reaches a sentinel (its cost spread over the others).
+VERIFY_EVERY = 16
+
 
 class Rounds:
     """The training-thread side of a watched run: the optimizers' step hooks and what they do.
@@ -94,6 +98,12 @@ class Rounds:
         self._upcoming = self._sampler(1)  # whether the next round is measured (decided a round ahead)
         self._armed = [self._upcoming] * len(optimizers)  # per optimizer: all its parameters hooked
         self._switch_s = 0.0  # training-thread seconds spent arming and disarming since the last measured step
+        #: count the measured steps' passes by `GradTracker.scan` (one pass over the `.grad`s per
+        #: backward) rather than a hook per parameter: one process, plain tensors, and a measured
+        #: round with hooks that showed every backward reaching a sentinel (`_choose_counting`)
+        self._scan_ok = False
+        self._scan_doubted = False  # a scan was in doubt: hooks for good
+        self._scanned_rounds = 0  # measured rounds counted by `scan`
         if self._upcoming:
             self._tracker.arm()
         else:
@@ -228,10 +238,14 @@ class Rounds:
                 self._emit(started)
                 # what the round taught the sampler (every="auto") may change its mind about the next
                 self._upcoming = self._sampler.revise(self.step + 1, self._upcoming)
+                if self._sampled:
+                    self._choose_counting()
                 if self._upcoming:
                     for j in range(len(self._members)):
                         if not self._armed[j]:
                             self._arm(j)
+                    if self._scan_ok and not self._tracker.scanning:
+                        self._tracker.to_scan(keep=self._sentinel_list())
                 elif not self._closed:
                     self._disarm()
                 if not self._sampled:  # what this hook costs every step, for every="auto"
@@ -258,7 +272,10 @@ class Rounds:
     def _arm(self, k: int) -> None:
         """Hook every parameter of optimizer `k`; their counts start now, as the step's do."""
         started = time.perf_counter()
-        self._tracker.arm(self._members[k])
+        if self._scan_ok:
+            self._tracker.scan(self._members[k])
+        else:
+            self._tracker.arm(self._members[k])
         self._tracker.end_step(self._members[k])
         self._armed[k] = True
         self._switch_s += time.perf_counter() - started
@@ -269,18 +286,45 @@ class Rounds:
         if not any(self._armed):
             return
         started = time.perf_counter()
-        if self._sampled:
-            for k, members in enumerate(self._members):
-                indices = range(len(self._passes)) if members is None else members
-                best = max(
-                    (i for i in indices if self._tracker.hookable(i)), key=self._passes.__getitem__, default=None
-                )
-                current = self._sentinels[k]
-                if best is not None and (current is None or self._passes[best] > self._passes[current]):
-                    self._sentinels[k] = best
         self._tracker.disarm(keep=self._sentinel_list())
+        self._tracker.arm(self._sentinel_list())  # a sentinel that `scan` counted gets its hook
         self._armed = [False] * len(self._armed)
         self._switch_s += time.perf_counter() - started
+
+    def _choose_counting(self) -> None:
+        """After a measured round: make each optimizer's sentinel the parameter that the round saw
+        the most backward passes into (they tell unmeasured steps), and choose how the next
+        measured rounds count passes. `scan` is exact when every backward that touches an
+        optimizer's parameters reaches its sentinel: a round counted with hooks in which every
+        parameter had either its sentinel's passes or none says so, one process and plain
+        tensors, no process group (DDP and FSDP write `.grad` inside the backward) are its others; a
+        scan in doubt (`GradTracker.doubtful`) goes back to hooks for good."""
+        tracker, passes = self._tracker, self._passes
+        uniform = True
+        for k, members in enumerate(self._members):
+            indices = range(len(passes)) if members is None else members
+            hookable = [i for i in indices if tracker.hookable(i)]
+            best = max(hookable, key=passes.__getitem__, default=None)
+            current = self._sentinels[k]
+            if best is not None and (current is None or passes[best] > passes[current]):
+                self._sentinels[k] = current = best
+            most = 0 if current is None else passes[current]
+            uniform = uniform and most > 0 and all(passes[i] in (0, most) for i in hookable)
+        scanned = tracker.scanning
+        if scanned:
+            self._scanned_rounds += 1
+            self._scan_doubted |= tracker.doubtful
+        ok = not self._scan_doubted and tracker.plain and not _process_group()
+        if not scanned:  # a round counted with hooks says whether the next may scan
+            ok = ok and uniform
+        else:  # and every VERIFY_EVERY-th measured round is counted with hooks again, to check
+            ok = ok and self._scan_ok and self._scanned_rounds % VERIFY_EVERY != 0
+        self._scan_ok = ok
+        if scanned and not ok:
+            tracker.to_hooks()
+        if tracker.scanning:  # a new sentinel that `scan` counted gets its hook, an old one loses it
+            tracker.arm(self._sentinel_list())
+            tracker.to_scan(keep=self._sentinel_list())
 
     def _give_up(self, exc: Exception) -> None:
         """A failure inside gradwatch must not end the training: say so, with the traceback, and
@@ -384,6 +428,12 @@ class Rounds:
             return
         k = next(k for k, o in enumerate(self.layout.optimizers) if o is optimizer)
         self._tracker.end_step(self._hooked(k))
+
+
+def _process_group() -> bool:
+    """Whether a process group is up: DDP or FSDP may write `.grad` inside a backward (DDP's
+    reducer does at world size 1 too, where the watcher has no `dist`)."""
+    return torch.distributed.is_available() and torch.distributed.is_initialized()
 
 
 def _host_arrays(passes: list[int], clear: list[Optional[float]]) -> dict[str, np.ndarray]:
