@@ -791,6 +791,10 @@ def test_a_rank_queued_behind_the_writer_or_its_admission_is_not_lost(tmp_path: 
             with store._write_lock:  # the writer is busy (SQLite's writers take turns on this lock)
                 r1.send(step(2, 2, scalars={"loss": 2.0}, arrays={"grad_norm": f32(1, 2), "param_norm": f32(2, 3)}))
                 r2.send(rank_hello("j-queued", 2, 3))
+                # the rank waits from when the server has read its frame (a busy test process can
+                # hold the server's event loop back from reading it): then three rank timeouts
+                memory = server.app.state.jobs.memory("j-queued")
+                assert wait_for(lambda: memory.heard.last(1, math.inf) == math.inf, timeout=30)
                 time.sleep(3 * timeout)
                 ranks = http.get("/api/runs/j-queued/ranks").json()["ranks"]
                 assert [(r["rank"], r["lost"]) for r in ranks] == [(0, False), (1, False)]
