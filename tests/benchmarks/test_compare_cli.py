@@ -61,6 +61,8 @@ def test_two_commits_compare_in_a_tiny_configuration() -> None:
         base, ratio = row.split("|")[2].strip(), row.split("|")[4].split()[0]
         if float(base.replace(",", "")) == 0:
             assert ratio == "n/a", row
+        elif "server CPU" in row:  # read in the kernel's 10 ms ticks: this tiny run's may be 0
+            assert float(ratio) >= 0, row
         else:
             assert float(ratio) > 0, row
 
