@@ -33,7 +33,8 @@ from .protocol import GRAD_STATUS, GRAD_STATUS_NAMES, absent_mask
 from .store import Param, Run, Store, StoredStep
 
 if TYPE_CHECKING:
-    # pyarrow is imported by the Parquet exports only: it is about 0.1 s of every server's start.
+    # pyarrow is imported by the Parquet exports only: a server that never exports Parquet must
+    # not pay for importing it at every start.
     import pyarrow as pa
 
 #: The CSV's leading columns, in this order, whether or not the run has them (contract).

@@ -96,8 +96,8 @@ def test_a_steps_values_are_written_as_each_one_alone_would_be(values: np.ndarra
 
 
 def test_the_server_imports_pyarrow_only_for_a_parquet_export() -> None:
-    """pyarrow is about 0.1 s of an import: every `gradwatch serve` would pay it for the Parquet
-    exports alone. A fresh interpreter, as a server's start is."""
+    """pyarrow is heavy to import, and only the Parquet exports need it: a server's start must
+    not import it. A fresh interpreter, as a server's start is."""
     code = (
         "import sys; import gradwatch_server.app, gradwatch_server.cli, gradwatch_server.step_table;"
         "print('pyarrow' in sys.modules)"
