@@ -12,6 +12,8 @@ Variants:
   gradwatch every=1  streaming every step to a real `gradwatch serve` on this machine (spooling
                      to disk where the server's packages are missing: said in the output)
   gradwatch auto     every="auto"
+  gradwatch every=N  every N-th step measured (`gradwatch unmeasured`: every=10**9, so that only
+                     the first step is: what a step the hook does not measure costs)
   wandb.watch        wandb offline, watch(log="all", log_freq=1) and a wandb.log per step
 
 The variants take turns by blocks of STEPS consecutive steps, each block between two blocks of
@@ -164,7 +166,7 @@ def start_server(tmp: Path) -> tuple[subprocess.Popen[bytes] | None, str, str]:
 def make_lane(kind: str, model: nn.Module, loss_fn: Callable[[nn.Module], torch.Tensor], url: str, tmp: Path) -> Lane:
     lane = Lane(kind, model, loss_fn)
     if kind.startswith("gradwatch"):
-        every: int | str = 1 if kind.endswith("every=1") else "auto"
+        every = gradwatch_every(kind)
         lane.watcher = gradwatch.watch(lane.opt, model=lane.model, server=url, project="gpu-bench", every=every)
     elif kind == "wandb.watch":
         import wandb
@@ -172,6 +174,18 @@ def make_lane(kind: str, model: nn.Module, loss_fn: Callable[[nn.Module], torch.
         lane.wandb_run = wandb.init(project="gpu-bench", mode="offline", dir=str(tmp))  # its hooks log to wandb.run
         wandb.watch(lane.model, log="all", log_freq=1)
     return lane
+
+
+def gradwatch_every(kind: str) -> int | str:
+    """The `every` of a gradwatch variant's name; ValueError for a name that says none."""
+    if kind == "gradwatch auto":
+        return "auto"
+    if kind == "gradwatch unmeasured":
+        return 10**9
+    head, _, n = kind.partition(" every=")
+    if head == "gradwatch" and n.isdigit() and int(n) >= 1:
+        return int(n)
+    raise ValueError(f"unknown gradwatch variant {kind!r}: gradwatch auto, gradwatch every=N or gradwatch unmeasured")
 
 
 def timed_block(lane: Lane, steps: int) -> float:
@@ -361,6 +375,17 @@ def main() -> int:
     unknown = [m for m in models if m not in TASKS]
     if unknown:
         parser.error(f"unknown model(s) {', '.join(unknown)}: choose among {', '.join(TASKS)}")
+    variants = [v for v in args.variants.split(",") if v]
+    for kind in variants:
+        if kind.startswith("gradwatch"):
+            try:
+                gradwatch_every(kind)
+            except ValueError as exc:
+                parser.error(str(exc))
+        elif kind not in ("aa", "wandb.watch"):
+            parser.error(
+                f"unknown variant {kind!r}: choose among aa, gradwatch every=N, gradwatch auto, gradwatch unmeasured, wandb.watch"
+            )
     if args.rounds < 3:
         parser.error("--rounds must be at least 3")
     if not torch.cuda.is_available():
@@ -381,7 +406,6 @@ def main() -> int:
     try:
         for task in models:
             print(f"{task}: {args.rounds} rounds ...", flush=True)
-            variants = [v for v in args.variants.split(",") if v]
             profile_to = (
                 args.profile.with_name(f"{args.profile.stem}-{task}{args.profile.suffix}") if args.profile else None
             )

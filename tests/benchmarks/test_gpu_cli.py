@@ -60,3 +60,26 @@ def test_the_gpu_check_dry_run_skips_the_cuda_tests_with_their_reason(
     assert done.returncode == 0, done.stdout + done.stderr
     summary = (out / "cuda-tests.txt").read_text()
     assert "needs a CUDA device" in summary and " skipped" in summary and "passed" not in summary
+
+
+@pytest.mark.parametrize(
+    ("args", "says"),
+    [
+        (["--rounds", "2"], "--rounds must be at least 3"),
+        (["--models", "gpt,huge"], "unknown model(s) huge"),
+        (["--variants", "aa,gradwatch every=0"], "unknown gradwatch variant 'gradwatch every=0'"),
+        (["--variants", "gradwatch sometimes"], "unknown gradwatch variant 'gradwatch sometimes'"),
+        (["--variants", "aa,tensorboard"], "unknown variant 'tensorboard'"),
+    ],
+)
+def test_bad_flags_are_refused_before_anything_runs(args: list[str], says: str) -> None:
+    done = run_main(load(SCRIPT).main, SCRIPT, args)
+    assert done.returncode == 2 and says in done.stderr, (done.returncode, done.stderr)
+
+
+@pytest.mark.parametrize(
+    ("kind", "every"),
+    [("gradwatch auto", "auto"), ("gradwatch every=1", 1), ("gradwatch every=8", 8), ("gradwatch unmeasured", 10**9)],
+)
+def test_a_gradwatch_variant_names_its_every(kind: str, every: int | str) -> None:
+    assert load(SCRIPT).gradwatch_every(kind) == every
