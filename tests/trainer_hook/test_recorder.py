@@ -4,12 +4,15 @@ torch.linalg.vector_norm; the other unmeasured steps keep their cheap facts only
 
 from __future__ import annotations
 
+import warnings
+
 import httpx
+import numpy as np
 import pytest
 import torch
 
 import gradwatch
-from gradwatch.recorder import AFTER, BEFORE, RESENT
+from gradwatch.recorder import AFTER, BEFORE, MAD_SIGMA, RATIO, REFRESH, RESENT, WARMUP, Z, _History
 from support.sent import sent_steps
 from support.server import start_server
 
@@ -123,3 +126,39 @@ def test_the_recorder_is_off_at_every_step_when_asked_and_by_default_on_cpu() ->
     w.close(timeout=0.1)
     with pytest.raises(TypeError, match="flight_recorder"):
         gradwatch.watch(torch.optim.SGD(torch.nn.Linear(2, 2).parameters()), server=NOWHERE, flight_recorder=1)  # type: ignore[arg-type]
+
+
+def test_a_row_is_scored_against_the_median_and_spread_of_at_most_refresh_rows_ago() -> None:
+    """The incident test's statistics (sender thread): per series, the median and 1.4826 x MAD of
+    the kept log values, NaNs left out, as they were when last recomputed, at most REFRESH rows
+    before; oracle: numpy's nanmedian over the rows kept at that moment."""
+    rng = np.random.default_rng(0)
+    history = _History(3)
+    kept: list[np.ndarray] = []
+    refreshed_at = None
+    for k in range(WARMUP + 3 * REFRESH):
+        row = np.exp(rng.normal(0.0, 0.1, 3))
+        if k < WARMUP + REFRESH:
+            row[1] = np.nan  # a parameter with no .grad yet: its column holds NaNs for a while
+        before = history._stats
+        found = history.spike(row.copy(), RATIO)
+        assert found is None, k  # no spike in this noise
+        if history._stats is not before:
+            refreshed_at = len(kept)
+            logs = np.array(kept)
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", RuntimeWarning)  # the all-NaN column's median is NaN
+                median = np.nanmedian(logs, axis=0)
+                mad = np.nanmedian(np.abs(logs - median), axis=0)
+            np.testing.assert_allclose(history._stats[0], median)
+            np.testing.assert_allclose(history._stats[1], mad * MAD_SIGMA)
+        if len(kept) >= WARMUP:
+            assert refreshed_at is not None and len(kept) - refreshed_at < REFRESH
+        kept.append(np.log(row))
+    spike = np.exp(np.array([0.0, 0.0, 2.0]))  # e^2 = 7.4x the third series' median
+    found = history.spike(spike, RATIO)
+    assert found is not None
+    z, ratio = found
+    median, spread = history._stats
+    assert z[2] == pytest.approx((2.0 - median[2]) / spread[2]) and z[2] >= Z
+    assert ratio[2] == pytest.approx(np.exp(2.0 - median[2]))

@@ -9,18 +9,18 @@ passed since the first, or a measured step comes, the rows of the held steps are
 host in one copy (on CUDA into pinned memory with `non_blocking` and an event: the training
 thread never waits) and the held steps go to the sender (`flush`).
 
-Sender thread (`FlightBatch.render`): the rows are scored against each parameter's and the
-total's own recent history (the server's spike score, spikes.py: log value against the median of
-the last WINDOW values in units of 1.4826 x MAD) and a loss logged with the step against the
-recent losses; around a step that scores as a spike (Z and RATIO as the server's grad_norm_spike,
-a loss LOSS_RATIO above its median) or holds a non-finite norm, the steps from BEFORE before it to
-AFTER after it are sent with their `grad_norm` (full resolution), the others with their cheap
-facts only, as without the recorder. The server stores and diagnoses those steps as measured ones.
-The window crosses flushes: the last BEFORE steps sent without their norms are kept on the host
-(their rows were copied with their batch: no device work), and those an incident of a later
-batch reaches are sent again with their `grad_norm` and the scalar RESENT, which tells a server
-to add the norms to the steps it stored (docs/protocol.md; an older server skips them as steps
-already stored).
+Sender thread (`FlightBatch.render`): the rows are scored against each parameter's and the total's
+own recent history (the server's spike score, spikes.py: log value against the median of the last
+WINDOW values in units of 1.4826 x MAD, here recomputed every REFRESH steps) and a loss logged with
+the step against the recent losses; around a step that scores as a spike (Z and RATIO as the
+server's grad_norm_spike, a loss LOSS_RATIO above its median) or holds a non-finite norm, the steps
+from BEFORE before it to AFTER after it are sent with their `grad_norm` (full resolution), the
+others with their cheap facts only, as without the recorder. The server stores and diagnoses those
+steps as measured ones. The window crosses flushes: the last BEFORE steps sent without their norms
+are kept on the host (their rows were copied with their batch: no device work), and those an
+incident of a later batch reaches are sent again with their `grad_norm` and the scalar RESENT,
+which tells a server to add the norms to the steps it stored (docs/protocol.md; an older server
+skips them as steps already stored).
 
 Cost: one fused norm pass over the gradients per unmeasured step, and one copy of at most `size`
 rows per flush (docs/benchmarks.md). Only whole tensors are recorded (no DTensor or FSDP piece).
@@ -29,16 +29,18 @@ rows per flush (docs/benchmarks.md). Only whole tensors are recorded (no DTensor
 from __future__ import annotations
 
 import math
+import operator
 import time
 import warnings
 from collections import deque
 from collections.abc import Callable, Sequence
+from itertools import repeat
 from typing import Any, Optional
 
 import numpy as np
 import torch
 
-from .measure import fused_norms
+from .measure import Prep, fused_norms, norm_preps
 from .wire import ABSENT_BITS, UnsentStep
 
 #: The longest the cheap facts of unmeasured steps are held for the recorder (the spool's pace).
@@ -49,16 +51,28 @@ BEFORE, AFTER = 8, 8
 WINDOW, WARMUP, Z, RATIO = 128, 20, 6.0, 3.0
 LOSS_RATIO = 2.0
 MAD_SIGMA = 1.4826
+#: Rows scored against one computation of the median and spread (`_History`).
+REFRESH = 16
 #: The scalar of a step sent again with the norms the recorder kept (docs/protocol.md).
 RESENT = "flight/resent"
 
+_GRAD = operator.attrgetter("grad")
+_IS_SPARSE = operator.attrgetter("is_sparse")
+
 
 class _History:
-    """Recent log values of a few series (the sender thread's, for the incident test)."""
+    """Recent log values of a few series (the sender thread's, for the incident test).
+
+    A row is scored against the median and spread of the kept rows as they were at most REFRESH
+    rows ago: recomputing them sorts the whole window per series, milliseconds at hundreds of
+    tensors, which a row each would cost the sender thread at every step (and the training
+    thread the GIL); a window of WINDOW rows moves little in REFRESH."""
 
     def __init__(self, count: int) -> None:
         self.values: deque[np.ndarray] = deque(maxlen=WINDOW)
         self.count = count
+        self._since = 0  # rows kept since the median and spread were computed
+        self._stats: Optional[tuple[np.ndarray, np.ndarray]] = None
 
     def spike(self, row: np.ndarray, ratio_min: float) -> Optional[tuple[np.ndarray, np.ndarray]]:
         """(score, ratio to the median) per series when `row` holds a spike against the kept
@@ -67,17 +81,30 @@ class _History:
             logs = np.log(row)
         found = None
         if len(self.values) >= WARMUP:
-            kept = np.array(self.values)
-            with np.errstate(divide="ignore", invalid="ignore"), warnings.catch_warnings():
-                warnings.simplefilter("ignore", RuntimeWarning)  # an all-NaN column: no .grad yet
-                median = np.nanmedian(kept, axis=0)
-                spread = np.nanmedian(np.abs(kept - median), axis=0) * MAD_SIGMA
+            if self._stats is None or self._since >= REFRESH:
+                self._stats = _median_and_spread(np.array(self.values))
+                self._since = 0
+            median, spread = self._stats
+            with np.errstate(divide="ignore", invalid="ignore"):
                 z = np.where(spread > 0, (logs - median) / spread, np.where(logs > median, np.inf, 0.0))
                 ratio = np.exp(logs - median)
                 if np.any((z >= Z) & (ratio >= ratio_min)):
                     found = (z, ratio)
         self.values.append(np.where(np.isfinite(logs), logs, np.nan))
+        self._since += 1
         return found
+
+
+def _median_and_spread(kept: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Per column of `kept`, the median and 1.4826 x the median absolute deviation, NaNs left
+    out (`np.median` where there are none: `nanmedian` is several times slower)."""
+    if not np.isnan(kept).any():
+        median = np.median(kept, axis=0)
+        return median, np.median(np.abs(kept - median), axis=0) * MAD_SIGMA
+    with np.errstate(divide="ignore", invalid="ignore"), warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # an all-NaN column: no .grad yet
+        median = np.nanmedian(kept, axis=0)
+        return median, np.nanmedian(np.abs(kept - median), axis=0) * MAD_SIGMA
 
 
 class FlightRecorder:
@@ -97,6 +124,12 @@ class FlightRecorder:
         for i, (p, keep) in enumerate(zip(self.params, recorded)):
             if keep:
                 self._by_device.setdefault(p.device, []).append(i)
+        self._on_device = {d: [self.params[i] for i in idx] for d, idx in self._by_device.items()}
+        # a .grad has its parameter's dtype, device and size (torch enforces them): where no
+        # parameter needs a prep, no gradient does, and the fused call takes them as they are
+        self._prep: dict[torch.device, Optional[list[Optional[Prep]]]] = {
+            d: [] if not any(norm_preps(ps)) else None for d, ps in self._on_device.items()
+        }
         self._rings = {d: torch.full((size, len(idx)), math.nan, device=d) for d, idx in self._by_device.items()}
         self._slot_of: dict[int, int] = {}  # step -> its ring row
         self._absent: dict[int, list[int]] = {}  # step -> the parameters that had no .grad (host-side)
@@ -118,20 +151,22 @@ class FlightRecorder:
         self._next = (slot + 1) % self.size
         absent: list[int] = []
         for device, idx in self._by_device.items():
-            ring = self._rings[device]
-            grads = [self.params[i].grad for i in idx]
-            present = [k for k, g in enumerate(grads) if g is not None and not g.is_sparse]
-            absent.extend(idx[k] for k, g in enumerate(grads) if g is None or g.is_sparse)
-            row = ring[slot]
-            if len(present) < len(idx):
+            row = self._rings[device][slot]
+            grads = list(map(_GRAD, self._on_device[device]))
+            if all(map(operator.is_not, grads, repeat(None))) and not any(map(_IS_SPARSE, grads)):
+                norms = torch.stack(fused_norms(grads, self._prep[device]))
+                present = None
+            else:
+                present = [k for k, g in enumerate(grads) if g is not None and not g.is_sparse]
+                absent.extend(idx[k] for k, g in enumerate(grads) if g is None or g.is_sparse)
                 row.fill_(math.nan)
-            if not present:
-                continue
-            norms = torch.stack(fused_norms([grads[k] for k in present]))  # type: ignore[misc]
+                if not present:
+                    continue
+                norms = torch.stack(fused_norms([grads[k] for k in present]))
             scale = self._inverse_scale(device)
             if scale is not None:
                 norms = norms * scale
-            if len(present) == len(idx):
+            if present is None:
                 row.copy_(norms)
             else:  # views of the row, not an index tensor: building one on the device would sync
                 torch._foreach_copy_([row[k] for k in present], list(norms.unbind()))
