@@ -361,7 +361,7 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=25, help="timed rounds per model (default 25)")
     parser.add_argument(
         "--variants",
-        default="aa,gradwatch every=1,gradwatch auto,wandb.watch",
+        default="aa,gradwatch every=1,gradwatch auto,gradwatch unmeasured,wandb.watch",
         help="comma-separated, besides the baseline",
     )
     parser.add_argument("--out", type=Path, help="also write the table (markdown) to this file")

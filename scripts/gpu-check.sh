@@ -16,7 +16,7 @@ mkdir -p "$OUT"
 PY=${PYTHON:-python3}
 ROUNDS=${GPU_ROUNDS:-20}
 [ "${1:-}" = "--quick" ] && ROUNDS=5
-VARIANTS=${GPU_VARIANTS:-aa,gradwatch every=1,gradwatch auto,wandb.watch}
+VARIANTS=${GPU_VARIANTS:-aa,gradwatch every=1,gradwatch auto,gradwatch unmeasured,wandb.watch}
 
 export PYTHONUNBUFFERED=1 OMP_NUM_THREADS=${OMP_NUM_THREADS:-4}
 

@@ -18,17 +18,17 @@ SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "unmeasured_step.p
 
 def test_a_short_run_prints_a_row_per_tensor_count_against_its_target(tmp_path: Path) -> None:
     done = subprocess.run(
-        [sys.executable, str(SCRIPT), "--tensors", "4,6", "--steps", "3"],
+        [sys.executable, str(SCRIPT), "--tensors", "4,6", "--steps", "3", "--flight-recorder"],
         capture_output=True,
         text=True,
         timeout=120,
         cwd=tmp_path,
     )
     assert done.returncode == 0, done.stderr
-    assert "3 watched steps each" in done.stdout
+    assert "3 watched steps each" in done.stdout and "the flight recorder on" in done.stdout
     for count, target in ((4, 22), (6, 23)):  # 20 us + 0.5 us per tensor
         row = rf"^\s+{count} \| watched \|\s+\d+\.\d\d \|\s+[+-]\d+\.\d \([+-]\d+\.\d to [+-]\d+\.\d\) \|"
-        assert re.search(row + rf".*\|\s+{target} \| (yes|no)$", done.stdout, re.M), done.stdout
+        assert re.search(row + rf".*\|\s+-?\d+ \|\s+{target} \| (yes|no)$", done.stdout, re.M), done.stdout
     assert re.search(r"^target (met at every count|NOT met at some count)", done.stdout, re.M), done.stdout
 
 
