@@ -52,16 +52,19 @@ system-deps:
 demo: setup
 	./scripts/demo.sh
 
-# Both cores: the tests run on two pytest-xdist workers, a test file per worker so that a module's
+# Both cores: the tests run on three pytest-xdist workers, a test file per worker so that a module's
 # fixtures are built once, the longest files first (tests/support/schedule.py: xdist's own order,
 # by number of tests, is off); those whose assertions time something (the `timed` marker: a test,
 # or a module of tests/integration) run afterwards on a quiet machine. Both always run; either failing fails the target.
+# Three workers on CI's two cores: the parallel tier's tests wait much of their time (a server's
+# start, a hook's pace, a browser), so two workers left about a quarter of both cores idle
+# (docs/development.md, "How long the suite takes"); the third fills it.
 # The timed tier collects only the modules whose text marks a test `timed` (TIMED_MODULES), not
 # the whole suite for its few tests (about 10 s); tests/conftest.py fails any collection where a
 # `timed` test's module does not say `mark.timed`, so none is left out of both tiers.
 TIMED_MODULES = $(shell grep -rlE --include='test_*.py' 'mark\.timed' tests | sort)
 test: setup-test
-	$(BIN)/python -m pytest -n 2 --dist loadfile --no-loadscope-reorder -m "not timed" --durations=10; parallel=$$?; \
+	$(BIN)/python -m pytest -n 3 --dist loadfile --no-loadscope-reorder -m "not timed" --durations=10; parallel=$$?; \
 	$(BIN)/python -m pytest -m timed --durations=10 $(TIMED_MODULES); timed=$$?; \
 	test $$parallel -eq 0 && test $$timed -eq 0
 
