@@ -58,13 +58,15 @@ demo: setup
 # or a module of tests/integration) run afterwards on a quiet machine. Both always run; either failing fails the target.
 # Three workers on CI's two cores: the parallel tier's tests wait much of their time (a server's
 # start, a hook's pace, a browser), so two workers left about a quarter of both cores idle
-# (docs/development.md, "How long the suite takes"); the third fills it.
+# (docs/development.md, "How long the suite takes"); the third fills it. Each worker's torch
+# takes one intra-op thread (OMP_NUM_THREADS=1, as the processes the tests start already do):
+# three workers of two threads each would only contend for the two cores.
 # The timed tier collects only the modules whose text marks a test `timed` (TIMED_MODULES), not
 # the whole suite for its few tests (about 10 s); tests/conftest.py fails any collection where a
 # `timed` test's module does not say `mark.timed`, so none is left out of both tiers.
 TIMED_MODULES = $(shell grep -rlE --include='test_*.py' 'mark\.timed' tests | sort)
 test: setup-test
-	$(BIN)/python -m pytest -n 3 --dist loadfile --no-loadscope-reorder -m "not timed" --durations=10; parallel=$$?; \
+	OMP_NUM_THREADS=1 $(BIN)/python -m pytest -n 3 --dist loadfile --no-loadscope-reorder -m "not timed" --durations=10; parallel=$$?; \
 	$(BIN)/python -m pytest -m timed --durations=10 $(TIMED_MODULES); timed=$$?; \
 	test $$parallel -eq 0 && test $$timed -eq 0
 
