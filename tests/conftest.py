@@ -35,7 +35,8 @@ from support.server import ServerProcess, find_free_port, start_server
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """The `postgres` marker for each test on PostgreSQL: the `postgresql` variant of `db_url` or
     `module_db_url`, or a test that asks for the `postgres` server itself. A `timed` test whose
-    module does not say so in its text fails the collection (tiers.timed_outside_their_tier). On
+    module does not say so in its text fails the collection (tiers.timed_outside_their_tier; on
+    an xdist worker that is an INTERNALERROR: `pytest --collect-only` without -n says why). On
     an xdist worker, the modules longest first (tests/support/schedule.py): each worker collects,
     all in that order."""
     for item in items:
