@@ -52,13 +52,22 @@ system-deps:
 demo: setup
 	./scripts/demo.sh
 
-# Both cores: the tests run on two pytest-xdist workers, a test file per worker so that a module's
+# Both cores: the tests run on three pytest-xdist workers, a test file per worker so that a module's
 # fixtures are built once, the longest files first (tests/support/schedule.py: xdist's own order,
 # by number of tests, is off); those whose assertions time something (the `timed` marker: a test,
 # or a module of tests/integration) run afterwards on a quiet machine. Both always run; either failing fails the target.
+# Three workers on CI's two cores: the parallel tier's tests wait much of their time (a server's
+# start, a hook's pace, a browser), so two workers left about a quarter of both cores idle
+# (docs/development.md, "How long the suite takes"); the third fills it. Each worker's torch
+# takes one intra-op thread (OMP_NUM_THREADS=1, as the processes the tests start already do):
+# three workers of two threads each would only contend for the two cores.
+# The timed tier collects only the modules whose text marks a test `timed` (TIMED_MODULES), not
+# the whole suite for its few tests (about 10 s); tests/conftest.py fails any collection where a
+# `timed` test's module does not say `mark.timed`, so none is left out of both tiers.
+TIMED_MODULES = $(shell grep -rlE --include='test_*.py' 'mark\.timed' tests | sort)
 test: setup-test
-	$(BIN)/python -m pytest -n 2 --dist loadfile --no-loadscope-reorder -m "not timed" --durations=10; parallel=$$?; \
-	$(BIN)/python -m pytest -m timed --durations=10; timed=$$?; \
+	OMP_NUM_THREADS=1 $(BIN)/python -m pytest -n 3 --dist loadfile --no-loadscope-reorder -m "not timed" --durations=10; parallel=$$?; \
+	$(BIN)/python -m pytest -m timed --durations=10 $(TIMED_MODULES); timed=$$?; \
 	test $$parallel -eq 0 && test $$timed -eq 0
 
 # The tiers are markers each test module declares (tests/support/tiers.py; pytest.ini lists them).
@@ -71,11 +80,14 @@ test-fast: setup $(VENV)/.stamp-test-deps
 # Lint, format and types (ruff.toml; mypy's strict setting in each package's pyproject.toml).
 # The tools are pinned in requirements-test.txt.
 LINTED := backend trainer_hook tests benchmarks examples
+# The two packages' mypy runs side by side, one a core: each is one process (on a fresh clone,
+# without its cache, about 45 s and 60 s), so run in turn they left the second core idle.
 check: $(VENV)/.stamp-test-deps
 	$(BIN)/ruff check $(LINTED)
 	$(BIN)/ruff format --check $(LINTED)
-	cd backend && ../$(BIN)/mypy
-	cd trainer_hook && ../$(BIN)/mypy
+	(cd backend && ../$(BIN)/mypy) & backend=$$!; \
+	(cd trainer_hook && ../$(BIN)/mypy); hook=$$?; \
+	wait $$backend && test $$hook -eq 0
 
 # What `check` asks of the layout, applied: imports sorted, then the formatter.
 format: $(VENV)/.stamp-test-deps

@@ -34,13 +34,21 @@ from support.server import ServerProcess, find_free_port, start_server
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """The `postgres` marker for each test on PostgreSQL: the `postgresql` variant of `db_url` or
-    `module_db_url`, or a test that asks for the `postgres` server itself. On an xdist worker, the
-    modules longest first (tests/support/schedule.py): each worker collects, all in that order."""
+    `module_db_url`, or a test that asks for the `postgres` server itself. A `timed` test whose
+    module does not say so in its text fails the collection (tiers.timed_outside_their_tier; on
+    an xdist worker that is an INTERNALERROR: `pytest --collect-only` without -n says why). On
+    an xdist worker, the modules longest first (tests/support/schedule.py): each worker collects,
+    all in that order."""
     for item in items:
         params = getattr(getattr(item, "callspec", None), "params", {})
         on_postgres = "postgresql" in (params.get("db_url"), params.get("module_db_url"))
         if on_postgres or "postgres" in getattr(item, "fixturenames", ()):
             item.add_marker("postgres")
+    if missing := tiers.timed_outside_their_tier(items):
+        raise pytest.UsageError(
+            f"marked `timed` where the module does not say `{tiers.TIMED_TEXT}` (`make test` finds its timed "
+            f"tier's modules by that text: Makefile, TIMED_MODULES): {', '.join(missing)}"
+        )
     if hasattr(config, "workerinput"):
         schedule.longest_first(items, schedule.load())
 

@@ -9,6 +9,7 @@ markers.
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -60,6 +61,28 @@ def test_a_test_of_a_tier_that_may_not_start_a_server_is_refused_one(tmp_path: P
     with pytest.raises(RuntimeError, match=r"test_tiers\.py::.* starts a `gradwatch serve`.*@pytest\.mark\.server"):
         start_server(tmp_path)
     assert not list(tmp_path.iterdir())  # refused before anything started
+
+
+class Collected:
+    """What `tiers.timed_outside_their_tier` reads of a collected test: its path, id and markers."""
+
+    def __init__(self, path: Path, marks: set[str]) -> None:
+        self.path, self.nodeid, self.marks = path, f"{path.name}::test_x", marks
+
+    def get_closest_marker(self, name: str) -> object | None:
+        return name if name in self.marks else None
+
+
+def test_a_timed_test_must_be_found_by_its_modules_text(tmp_path: Path) -> None:
+    """`make test`'s timed tier collects the modules whose text says `mark.timed` (the Makefile's
+    grep); a test marked `timed` otherwise (a folder's conftest, a helper) would run in neither
+    tier: tests/conftest.py refuses the collection."""
+    says, silent = tmp_path / "test_says.py", tmp_path / "test_silent.py"
+    says.write_text("import pytest\n\n\n@pytest.mark.timed\ndef test_x() -> None: ...\n")
+    silent.write_text("def test_x() -> None: ...\n")
+    items = [Collected(says, {"timed"}), Collected(silent, {"timed"}), Collected(silent, {"unit"})]
+    assert tiers.timed_outside_their_tier(items) == ["test_silent.py::test_x"]  # type: ignore[arg-type]
+    assert f"'{re.escape(tiers.TIMED_TEXT)}'" in (REPO / "Makefile").read_text()  # what the grep looks for
 
 
 @pytest.fixture(scope="module")

@@ -28,7 +28,7 @@ from torch import nn
 
 import gradwatch
 from gradwatch.spool import read_records, spool_dir
-from support.dist import _rank_main
+from support.dist import PRELOAD, _rank_main
 from support.distruns import exported, get, job_of, settled, wait_for
 from support.server import find_free_port, server_env, start_server
 
@@ -95,7 +95,10 @@ def test_a_killed_rank_marks_the_run_and_its_spool_completes_it(tmp_path: Path) 
     server = start_server(tmp_path, args=("--rank-timeout", str(RANK_TIMEOUT_S)))
     spool = tmp_path / "spool"
     try:
-        context = multiprocessing.get_context("spawn")
+        # the fork server that support.dist's jobs use: torch and the hook imported once, not
+        # once per rank (a spawned rank took about 10 s to reach its job on a loaded machine)
+        multiprocessing.set_forkserver_preload(PRELOAD)
+        context = multiprocessing.get_context("forkserver")
         port = find_free_port()
         ranks = [
             context.Process(

@@ -1,11 +1,11 @@
-"""The order in which `make test`'s parallel tier hands test modules to its two workers: the
+"""The order in which `make test`'s parallel tier hands test modules to its workers: the
 longest first, by each module's recorded seconds (tests/durations.json).
 
 `--dist loadfile` gives a worker a whole module at a time, in collection order once xdist's own
 reordering (by number of tests) is off (`--no-loadscope-reorder`). Ordered by count, the modules
 of one or two long tests (an example's training run, a torchrun job) came last, and one worker
 ran them while the other had nothing left to do. Longest first, what is left at the end is short,
-so both workers finish close together. A module the file does not know (a new one) counts as
+so the workers finish close together. A module the file does not know (a new one) counts as
 `UNKNOWN_S`, ahead of the short ones. The figures only order the modules: a stale file makes the
 run less even, never wrong.
 

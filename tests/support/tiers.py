@@ -49,6 +49,27 @@ def folder_tier(tier: str) -> Callable[[pytest.Item], None]:
     return pytest_itemcollected
 
 
+#: The text by which `make test` finds the modules of its timed tier (Makefile: TIMED_MODULES).
+TIMED_TEXT = "mark.timed"
+
+
+def timed_outside_their_tier(items: list[pytest.Item]) -> list[str]:
+    """The `timed` tests whose module's text does not say TIMED_TEXT: `make test`'s timed tier,
+    which collects only the modules that do, would leave them out (and its parallel tier leaves
+    out every `timed` test)."""
+    says: dict[Path, bool] = {}
+    missing = []
+    for item in items:
+        if item.get_closest_marker("timed") is None:
+            continue
+        module = Path(str(item.path))
+        if module not in says:
+            says[module] = TIMED_TEXT in module.read_text()
+        if not says[module]:
+            missing.append(item.nodeid)
+    return missing
+
+
 def check_may_start_server() -> None:
     """Raise if the running test may not start a server (see `refuse_servers`)."""
     if refuse_servers:
