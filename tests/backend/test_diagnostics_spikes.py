@@ -236,3 +236,26 @@ def test_loss_spike_fires_at_ten_times_the_median_after_a_fast_fall() -> None:
     assert f is not None and f.first_step == 60
     assert f.figure is not None and f.figure.evidence is not None and f.figure.evidence["z"] < 6
     assert f.figure.evidence["ratio"] >= 10
+
+
+def test_a_score_with_a_least_ratio_skips_only_rows_below_it() -> None:
+    """With `least`, a row is either scored as without it, or left at 0 and 0 where its ratio
+    (scored without `least`) is below `least`."""
+    rng = np.random.default_rng(7)
+    window = SpikeWindow(40, 128)
+    sigma = np.where(np.arange(40) < 20, 0.02, 0.4)  # half of the rows steady: tight bounds
+    for n in range(150):
+        row = np.exp(sigma * rng.standard_normal(40))
+        row[rng.random(40) < 0.05] = math.nan  # missing values are not kept
+        window.push(row)
+        new = np.where(np.arange(40) < 20, rng.uniform(1.5, 4.0, 40), np.exp(rng.standard_normal(40)))
+        new[0] = math.nan
+        for least in (2.0, 3.0):
+            z, ratio = window.score(new, warmup=20)
+            zl, ratiol = window.score(new, warmup=20, least=least)
+            skipped = (zl == 0) & (ratiol == 0)
+            np.testing.assert_array_equal(zl[~skipped], z[~skipped])
+            np.testing.assert_array_equal(ratiol[~skipped], ratio[~skipped])
+            assert (ratio[skipped] < least).all()
+            if n > 40 and n % 3 == 0:
+                assert skipped.any() and not skipped.all()

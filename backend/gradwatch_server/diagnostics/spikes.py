@@ -42,18 +42,32 @@ class SpikeWindow:
         with np.errstate(divide="ignore", invalid="ignore"):
             logs = np.log(values)
         rows = self._rows[np.isfinite(logs)]
+        if not len(rows):
+            return
         self.values[rows, self.pos[rows]] = logs[rows]
         self.pos[rows] = (self.pos[rows] + 1) % self.values.shape[1]
         self.count[rows] += 1
 
-    def score(self, values: np.ndarray, warmup: int) -> tuple[np.ndarray, np.ndarray]:
+    def score(self, values: np.ndarray, warmup: int, least: float | None = None) -> tuple[np.ndarray, np.ndarray]:
         """Per row: (robust z-score, value / median) of `values` against the kept ones; NaN
-        where the row has fewer than `warmup` values or the value is not finite and positive."""
+        where the row has fewer than `warmup` values or the value is not finite and positive.
+
+        With `least` (a ratio the caller needs at least), a row whose value is below `least`
+        times even its smallest kept value (so below `least` times their median) is not scored:
+        0 and 0 there. The medians (two sorts of each row) were this class's cost, at every
+        ingested step, and most steps have no such row."""
         n = len(self._rows)
         z, ratio = np.full(n, np.nan), np.full(n, np.nan)
         with np.errstate(divide="ignore", invalid="ignore"):
             logs = np.log(values)
         ready = (self.count >= warmup) & np.isfinite(logs)
+        if least is not None and ready.any():
+            # fl(x - median) <= fl(x - smallest), as median >= smallest; a margin far above
+            # exp's rounding keeps a value just below the bound from reading as at it
+            with np.errstate(invalid="ignore"):
+                below = ready & (logs - np.fmin.reduce(self.values, axis=1) < math.log(least) - 1e-9)
+            z[below], ratio[below] = 0.0, 0.0
+            ready &= ~below
         if not ready.any():
             return z, ratio
         kept = self.values[ready]
@@ -133,7 +147,7 @@ class GradNormSpike(Check):
         values = _usable_grads(step)
         if self.params is None:
             self.params = SpikeWindow(len(values), self.WINDOW)
-        z, ratio = self.params.score(values, self.WARMUP)
+        z, ratio = self.params.score(values, self.WARMUP, least=self.RATIO)
         total = _total(step)
         tz, tratio = self.total.score(np.array([np.nan if total is None else total]), self.WARMUP)
         if step.spike_z is not None and step.spike_ratio is not None:  # the flight recorder scored it
@@ -212,7 +226,7 @@ class LargeUpdate(Check):
             return
         if self.window is None:
             self.window = SpikeWindow(len(values), self.WINDOW)
-        z, ratio = self.window.score(values, self.WARMUP)
+        z, ratio = self.window.score(values, self.WARMUP, least=self.RATIO)
         ready = self.window.count >= self.WARMUP
         self.window.push(values)
         with np.errstate(invalid="ignore"):
@@ -362,7 +376,7 @@ class LossSpike(Check):
                 self.grads = window
             else:
                 self.updates = window
-        z, ratio = window.score(values, self.WARMUP)
+        z, ratio = window.score(values, self.WARMUP, least=self.MOVED_RATIO)
         window.push(values)
         if step is not None and step.spike_z is not None and step.spike_ratio is not None:  # scored by the hook
             z, ratio = np.where(np.isnan(z), step.spike_z, z), np.where(np.isnan(ratio), step.spike_ratio, ratio)
