@@ -149,14 +149,17 @@ class GradNormSpike(Check):
             self.params = SpikeWindow(len(values), self.WINDOW)
         z, ratio = self.params.score(values, self.WARMUP, least=self.RATIO)
         total = _total(step)
-        tz, tratio = self.total.score(np.array([np.nan if total is None else total]), self.WARMUP)
+        # no total: nothing to score nor keep (score and push would find no log)
+        none = np.array([np.nan])
+        tz, tratio = (none, none) if total is None else self.total.score(np.array([total]), self.WARMUP)
         if step.spike_z is not None and step.spike_ratio is not None:  # the flight recorder scored it
             z, ratio = np.where(np.isnan(z), step.spike_z, z), np.where(np.isnan(ratio), step.spike_ratio, ratio)
             hook_z, hook_ratio = step.scalar("flight/total_z"), step.scalar("flight/total_ratio")
             if np.isnan(tz[0]) and hook_z is not None and hook_ratio is not None:
                 tz, tratio = np.array([hook_z]), np.array([hook_ratio])
         self.params.push(values)
-        self.total.push(np.array([np.nan if total is None else total]))
+        if total is not None:
+            self.total.push(np.array([total]))
         with np.errstate(invalid="ignore"):
             flagged = (z >= self.Z) & (ratio >= self.RATIO)
             total_flagged = bool(tz[0] >= self.Z and tratio[0] >= self.RATIO)
