@@ -106,7 +106,8 @@ def _floats(raw: bytes | np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     )
     absent = absent_mask(arr)
     values = arr.astype(np.float64)
-    values[absent] = np.nan
+    if absent.any():  # most arrays have none: no masked write at every step
+        values[absent] = np.nan
     return values, absent
 
 
