@@ -259,3 +259,29 @@ def test_a_score_with_a_least_ratio_skips_only_rows_below_it() -> None:
             assert (ratio[skipped] < least).all()
             if n > 40 and n % 3 == 0:
                 assert skipped.any() and not skipped.all()
+
+
+def test_grad_norm_spike_and_loss_spike_share_one_score_a_step_and_find_what_each_alone_finds() -> None:
+    """The two checks keep the same window of gradient norms: scored once a step (`StepView.memo`),
+    they find, after every step, what each finds fed a step of its own (no sharing)."""
+    norms = noisy(200, seed=3, sigma=0.3)
+    norms[120:123, 0] *= 20  # the gradient leads the loss
+    norms[150, 2] *= 15
+    losses = np.exp(0.05 * np.random.default_rng(4).standard_normal(200))
+    losses[124] *= 30
+    shared = [GradNormSpike(), LossSpike()]
+    alone = [GradNormSpike(), LossSpike()]
+    for check in (*shared, *alone):
+        check.start(RUN)
+    for n, (row, loss) in enumerate(zip(norms, losses)):
+        step = measured(n + 1, row, loss=float(loss))
+        for check in shared:
+            check.observe(RUN, step)
+        assert len(step.memo) == 1  # one score, read by both
+        for check in alone:
+            check.observe(RUN, measured(n + 1, row, loss=float(loss)))
+        assert [c.finding for c in shared] == [c.finding for c in alone]
+        assert len(shared[1].recent) == len(alone[1].recent)  # the parameters that moved, and when
+        for a, b in zip(shared[1].recent, alone[1].recent):
+            assert a[0] == b[0] and a[2] == b[2] and np.array_equal(a[1], b[1], equal_nan=True)
+    assert all(c.finding is not None for c in shared)

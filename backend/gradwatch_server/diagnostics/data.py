@@ -139,6 +139,8 @@ class StepView:
     #: between measured steps (scored against every step's norms, which the server lacks)
     spike_z: np.ndarray | None = None
     spike_ratio: np.ndarray | None = None
+    #: what checks derive from this step and share, filled as they run (spikes.py's gradient score)
+    memo: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
 
     @classmethod
     def of(

@@ -36,11 +36,13 @@ class SpikeWindow:
         self.pos = np.zeros(count, dtype=np.int64)
         self.count = np.zeros(count, dtype=np.int64)
         self._rows = np.arange(count)
+        self.last = b""  # the logs of the last push (`_grad_score`'s key)
 
     def push(self, values: np.ndarray) -> None:
         """Keep each row's value where it is finite and positive."""
         with np.errstate(divide="ignore", invalid="ignore"):
             logs = np.log(values)
+        self.last = logs.tobytes()
         rows = self._rows[np.isfinite(logs)]
         if not len(rows):
             return
@@ -95,6 +97,27 @@ def _usable_grads(step: StepView) -> np.ndarray:
     return np.where(step.status == NONZERO, step.grad_norm, np.nan)
 
 
+#: The least ratio to its median a gradient norm is scored at (`_grad_score`): the smaller of
+#: `GradNormSpike.RATIO` and `LossSpike.MOVED_RATIO`, which each compare with their own.
+GRAD_LEAST = 2.0
+
+
+def _grad_score(step: StepView, window: SpikeWindow, warmup: int) -> tuple[np.ndarray, np.ndarray]:
+    """`window.score` of the step's usable gradient norms (at least GRAD_LEAST times the median;
+    rows below it 0 and 0), made once a step for the checks that keep the same window:
+    `grad_norm_spike`'s and `loss_spike`'s each keep every measured step's usable norms, so
+    before this step's push they hold the same values, and their two scores were the largest
+    part of the checks' cost on a run with noisy norms. Kept on the step (`StepView.memo`) for a
+    window of the same fill (counts, positions, last push), never mutated by its readers."""
+    key = (warmup, window.values.shape, window.count.tobytes(), window.pos.tobytes(), window.last)
+    held = step.memo.get("grad_score")
+    if held is not None and held[0] == key:
+        return held[1], held[2]
+    z, ratio = window.score(_usable_grads(step), warmup, least=GRAD_LEAST)
+    step.memo["grad_score"] = (key, z, ratio)
+    return z, ratio
+
+
 def _total(step: StepView) -> float | None:
     """The step's total gradient norm: what the loop's `clip_grad_norm_` returned when it
     clipped (the hook sends it as `clip/total_norm`), else the hook's own (`grad_norm_total`)."""
@@ -147,7 +170,7 @@ class GradNormSpike(Check):
         values = _usable_grads(step)
         if self.params is None:
             self.params = SpikeWindow(len(values), self.WINDOW)
-        z, ratio = self.params.score(values, self.WARMUP, least=self.RATIO)
+        z, ratio = _grad_score(step, self.params, self.WARMUP)  # rows below RATIO: 0 and 0, or below it
         total = _total(step)
         # no total: nothing to score nor keep (score and push would find no log)
         none = np.array([np.nan])
@@ -366,12 +389,15 @@ class LossSpike(Check):
         self.recent: deque[tuple[int, np.ndarray, str]] = deque()
 
     def observe(self, run: RunContext, step: StepView) -> None:
-        self._track("gradient", _usable_grads(step), step.step, step)
+        self._track("gradient", _usable_grads(step), step.step, step, shared=True)
         if step.update_ratio is not None:
             self._track("update", step.update_ratio, step.step)
         self.observe_unmeasured(run, step)
 
-    def _track(self, series: str, values: np.ndarray, at: int, step: StepView | None = None) -> None:
+    def _track(
+        self, series: str, values: np.ndarray, at: int, step: StepView | None = None, shared: bool = False
+    ) -> None:
+        """`shared`: `values` are the step's usable gradient norms, scored as `_grad_score` does."""
         window = self.grads if series == "gradient" else self.updates
         if window is None:
             window = SpikeWindow(len(values), 128)
@@ -379,7 +405,10 @@ class LossSpike(Check):
                 self.grads = window
             else:
                 self.updates = window
-        z, ratio = window.score(values, self.WARMUP, least=self.MOVED_RATIO)
+        if shared and step is not None:
+            z, ratio = _grad_score(step, window, self.WARMUP)
+        else:
+            z, ratio = window.score(values, self.WARMUP, least=self.MOVED_RATIO)
         window.push(values)
         if step is not None and step.spike_z is not None and step.spike_ratio is not None:  # scored by the hook
             z, ratio = np.where(np.isnan(z), step.spike_z, z), np.where(np.isnan(ratio), step.spike_ratio, ratio)
