@@ -264,6 +264,9 @@ def test_a_score_with_a_least_ratio_skips_only_rows_below_it() -> None:
 def test_grad_norm_spike_and_loss_spike_share_one_score_a_step_and_find_what_each_alone_finds() -> None:
     """The two checks keep the same window of gradient norms: scored once a step (`StepView.memo`),
     they find, after every step, what each finds fed a step of its own (no sharing)."""
+    from gradwatch_server.diagnostics.spikes import GRAD_LEAST
+
+    assert GRAD_LEAST <= min(GradNormSpike.RATIO, LossSpike.MOVED_RATIO)  # what each compares with
     norms = noisy(200, seed=3, sigma=0.3)
     norms[120:123, 0] *= 20  # the gradient leads the loss
     norms[150, 2] *= 15

@@ -170,7 +170,7 @@ class GradNormSpike(Check):
         values = _usable_grads(step)
         if self.params is None:
             self.params = SpikeWindow(len(values), self.WINDOW)
-        z, ratio = _grad_score(step, self.params, self.WARMUP)  # rows below RATIO: 0 and 0, or below it
+        z, ratio = _grad_score(step, self.params, self.WARMUP)  # rows below GRAD_LEAST x: 0 and 0
         total = _total(step)
         # no total: nothing to score nor keep (score and push would find no log)
         none = np.array([np.nan])
