@@ -462,3 +462,84 @@ def test_rank_desync_names_the_parameters_the_ranks_and_the_first_step() -> None
 def test_rank_desync_is_quiet_while_the_replicas_agree() -> None:
     check = RankDesync()
     assert feed(check, [job_step(n, [0.0, 0.0, None]) for n in range(1, 30)]) == [None] * 29
+
+
+def test_norm_history_medians_of_some_rows_and_its_bounds_match_a_naive_oracle() -> None:
+    """`median(rows=...)` makes only those rows' medians, each the number `median()` gives; the
+    kept medians follow the pushes; `bounds` are each window's least and greatest value."""
+    from gradwatch_server.diagnostics.values import NormHistory
+
+    rng = np.random.default_rng(5)
+    history, fresh = NormHistory(6, 8), NormHistory(6, 8)  # `fresh`: medians made anew at every step
+    kept: list[list[float]] = [[] for _ in range(6)]
+    for n in range(40):
+        mask = rng.random(6) < (0.0 if n % 5 == 4 else 0.5)  # some steps push nothing
+        values = rng.lognormal(size=6)
+        history.push(mask, values)
+        fresh.push(mask, values)
+        for j in np.flatnonzero(mask):
+            kept[int(j)].append(float(values[j]))
+        rows = rng.random(6) < 0.5
+        for last in (None, 5):
+            got = history.median(last, rows=rows)
+            want = NormHistory.median(fresh, last)
+            fresh._known[:] = False  # noqa: SLF001 - the oracle forgets its medians
+            for i, seen in enumerate(kept):
+                if not rows[i] or not seen:
+                    assert np.isnan(got[i])
+                else:
+                    assert got[i] == want[i]
+                    window = seen[-8:] if last is None else seen[-min(last, 8) :]
+                    assert got[i] == pytest.approx(float(np.median(window)))
+        least, greatest = history.bounds()
+        for i, seen in enumerate(kept):
+            if seen:
+                assert (least[i], greatest[i]) == (min(seen[-8:]), max(seen[-8:]))
+            else:
+                assert np.isnan(least[i]) and np.isnan(greatest[i])
+
+
+class _EveryMedianExploding(ExplodingGrad):
+    """The oracle: no bounds (`_NormJump._near`'s default), every judged parameter's median."""
+
+    def _near(self, value: np.ndarray, history: object, streak: np.ndarray) -> np.ndarray:
+        return np.zeros(len(value), dtype=bool)
+
+
+class _EveryMedianVanishing(VanishingGrad):
+    def _near(self, value: np.ndarray, history: object, streak: np.ndarray) -> np.ndarray:
+        return np.zeros(len(value), dtype=bool)
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_exploding_and_vanishing_find_what_every_median_finds(seed: int) -> None:
+    """The windows' bounds spare medians, never a finding: against checks that make every
+    judged parameter's median, the same finding after every step, on norms that jump up,
+    collapse, go to zero for good, and come back."""
+    rng = np.random.default_rng(seed)
+    steps = []
+    for n in range(1, 160):
+        norm = np.exp(0.05 * rng.standard_normal(3)) * np.array([1.0, 0.01, 2.0])  # tight bounds: most steps near
+        status = [NONZERO] * 3
+        if 60 <= n < 64:
+            norm[0] *= 50.0  # jumps up and stays: exploding_grad's
+        elif rng.random() < 0.1:
+            norm[0] *= rng.uniform(7.0, 14.0)  # around exploding_grad's 10x
+        if 90 <= n < 93:
+            norm[1] *= 1e-5  # collapses: vanishing_grad's
+        elif rng.random() < 0.1:
+            norm[1] *= 10 ** rng.uniform(-3.5, -2.5)  # around vanishing_grad's 1/1000
+        if n >= 120:
+            status[2], norm[2] = ZERO, 0.0  # a gradient gone to zero for good (dead ReLUs)
+        if rng.random() < 0.05:
+            status[1], norm[1] = NONE, math.nan
+        steps.append(step(n, status, norm=[None if math.isnan(v) else float(v) for v in norm], passes=[1.0] * 3))
+    for fast, oracle in ((ExplodingGrad(), _EveryMedianExploding()), (VanishingGrad(), _EveryMedianVanishing())):
+        fast.start(RUN)
+        oracle.start(RUN)
+        for s in steps:
+            fast.observe(RUN, s)
+            oracle.observe(RUN, s)
+            assert fast.finding == oracle.finding
+            np.testing.assert_array_equal(fast.streak, oracle.streak)  # the steps judged far so far
+        assert fast.finding is not None  # the steps above do trigger both

@@ -236,3 +236,55 @@ def test_loss_spike_fires_at_ten_times_the_median_after_a_fast_fall() -> None:
     assert f is not None and f.first_step == 60
     assert f.figure is not None and f.figure.evidence is not None and f.figure.evidence["z"] < 6
     assert f.figure.evidence["ratio"] >= 10
+
+
+def test_a_score_with_a_least_ratio_skips_only_rows_below_it() -> None:
+    """With `least`, a row is either scored as without it, or left at 0 and 0 where its ratio
+    (scored without `least`) is below `least`."""
+    rng = np.random.default_rng(7)
+    window = SpikeWindow(40, 128)
+    sigma = np.where(np.arange(40) < 20, 0.02, 0.4)  # half of the rows steady: tight bounds
+    for n in range(150):
+        row = np.exp(sigma * rng.standard_normal(40))
+        row[rng.random(40) < 0.05] = math.nan  # missing values are not kept
+        window.push(row)
+        new = np.where(np.arange(40) < 20, rng.uniform(1.5, 4.0, 40), np.exp(rng.standard_normal(40)))
+        new[0] = math.nan
+        for least in (2.0, 3.0):
+            z, ratio = window.score(new, warmup=20)
+            zl, ratiol = window.score(new, warmup=20, least=least)
+            skipped = (zl == 0) & (ratiol == 0)
+            np.testing.assert_array_equal(zl[~skipped], z[~skipped])
+            np.testing.assert_array_equal(ratiol[~skipped], ratio[~skipped])
+            assert (ratio[skipped] < least).all()
+            if n > 40 and n % 3 == 0:
+                assert skipped.any() and not skipped.all()
+
+
+def test_grad_norm_spike_and_loss_spike_share_one_score_a_step_and_find_what_each_alone_finds() -> None:
+    """The two checks keep the same window of gradient norms: scored once a step (`StepView.memo`),
+    they find, after every step, what each finds fed a step of its own (no sharing)."""
+    from gradwatch_server.diagnostics.spikes import GRAD_LEAST
+
+    assert GRAD_LEAST <= min(GradNormSpike.RATIO, LossSpike.MOVED_RATIO)  # what each compares with
+    norms = noisy(200, seed=3, sigma=0.3)
+    norms[120:123, 0] *= 20  # the gradient leads the loss
+    norms[150, 2] *= 15
+    losses = np.exp(0.05 * np.random.default_rng(4).standard_normal(200))
+    losses[124] *= 30
+    shared = [GradNormSpike(), LossSpike()]
+    alone = [GradNormSpike(), LossSpike()]
+    for check in (*shared, *alone):
+        check.start(RUN)
+    for n, (row, loss) in enumerate(zip(norms, losses)):
+        step = measured(n + 1, row, loss=float(loss))
+        for check in shared:
+            check.observe(RUN, step)
+        assert len(step.memo) == 1  # one score, read by both
+        for check in alone:
+            check.observe(RUN, measured(n + 1, row, loss=float(loss)))
+        assert [c.finding for c in shared] == [c.finding for c in alone]
+        assert len(shared[1].recent) == len(alone[1].recent)  # the parameters that moved, and when
+        for a, b in zip(shared[1].recent, alone[1].recent):
+            assert a[0] == b[0] and a[2] == b[2] and np.array_equal(a[1], b[1], equal_nan=True)
+    assert all(c.finding is not None for c in shared)

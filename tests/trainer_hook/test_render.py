@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import os
 import threading
 
 import pytest
@@ -40,3 +41,20 @@ def test_a_rendered_step_carries_its_norms_and_what_the_hook_cost() -> None:
         assert step.metrics["grad_norm"][i] == pytest.approx(float(torch.linalg.vector_norm(grads[name])), rel=1e-5)
     assert step.scalars["hook/train_s"] == snapshot.cost_s > 0
     assert step.scalars["hook/sender_cpu_s"] >= 0 and step.scalars["mem/rss_bytes"] > 0
+
+
+def test_the_resident_memory_is_read_afresh_each_time() -> None:
+    """`mem/rss_bytes` (read from a descriptor kept open) follows the process's resident memory:
+    64 MiB touched between two reads show, as /proc/self/statm opened anew says."""
+    from gradwatch.render import _rss_bytes
+
+    def statm() -> float:
+        with open("/proc/self/statm", "rb") as f:
+            return float(int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE"))
+
+    before = _rss_bytes()
+    assert before is not None and abs(before - statm()) < 8 << 20
+    block = torch.ones(16 << 20)  # 64 MiB, written: resident
+    after = _rss_bytes()
+    assert after is not None and after - before > 48 << 20 and abs(after - statm()) < 8 << 20
+    del block

@@ -106,7 +106,8 @@ def _floats(raw: bytes | np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     )
     absent = absent_mask(arr)
     values = arr.astype(np.float64)
-    values[absent] = np.nan
+    if absent.any():  # most arrays have none: no masked write at every step
+        values[absent] = np.nan
     return values, absent
 
 
@@ -138,6 +139,8 @@ class StepView:
     #: between measured steps (scored against every step's norms, which the server lacks)
     spike_z: np.ndarray | None = None
     spike_ratio: np.ndarray | None = None
+    #: what checks derive from this step and share, filled as they run (spikes.py's gradient score)
+    memo: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
 
     @classmethod
     def of(

@@ -36,24 +36,40 @@ class SpikeWindow:
         self.pos = np.zeros(count, dtype=np.int64)
         self.count = np.zeros(count, dtype=np.int64)
         self._rows = np.arange(count)
+        self.last = b""  # the logs of the last push (`_grad_score`'s key)
 
     def push(self, values: np.ndarray) -> None:
         """Keep each row's value where it is finite and positive."""
         with np.errstate(divide="ignore", invalid="ignore"):
             logs = np.log(values)
+        self.last = logs.tobytes()
         rows = self._rows[np.isfinite(logs)]
+        if not len(rows):
+            return
         self.values[rows, self.pos[rows]] = logs[rows]
         self.pos[rows] = (self.pos[rows] + 1) % self.values.shape[1]
         self.count[rows] += 1
 
-    def score(self, values: np.ndarray, warmup: int) -> tuple[np.ndarray, np.ndarray]:
+    def score(self, values: np.ndarray, warmup: int, least: float | None = None) -> tuple[np.ndarray, np.ndarray]:
         """Per row: (robust z-score, value / median) of `values` against the kept ones; NaN
-        where the row has fewer than `warmup` values or the value is not finite and positive."""
+        where the row has fewer than `warmup` values or the value is not finite and positive.
+
+        With `least` (a ratio the caller needs at least), a row whose value is below `least`
+        times even its smallest kept value (so below `least` times their median) is not scored:
+        0 and 0 there. The medians (two sorts of each row) were this class's cost, at every
+        ingested step, and most steps have no such row."""
         n = len(self._rows)
         z, ratio = np.full(n, np.nan), np.full(n, np.nan)
         with np.errstate(divide="ignore", invalid="ignore"):
             logs = np.log(values)
         ready = (self.count >= warmup) & np.isfinite(logs)
+        if least is not None and ready.any():
+            # fl(x - median) <= fl(x - smallest), as median >= smallest; a margin far above
+            # exp's rounding keeps a value just below the bound from reading as at it
+            with np.errstate(invalid="ignore"):
+                below = ready & (logs - np.fmin.reduce(self.values, axis=1) < math.log(least) - 1e-9)
+            z[below], ratio[below] = 0.0, 0.0
+            ready &= ~below
         if not ready.any():
             return z, ratio
         kept = self.values[ready]
@@ -79,6 +95,27 @@ def _usable_grads(step: StepView) -> np.ndarray:
     """Gradient norms a spike is judged on: non-zero and finite (NaN elsewhere); NaN and Inf are
     `nonfinite_grad`'s, and a zero gradient is no scale to compare with."""
     return np.where(step.status == NONZERO, step.grad_norm, np.nan)
+
+
+#: The least ratio to its median a gradient norm is scored at (`_grad_score`): the smaller of
+#: `GradNormSpike.RATIO` and `LossSpike.MOVED_RATIO`, which each compare with their own.
+GRAD_LEAST = 2.0
+
+
+def _grad_score(step: StepView, window: SpikeWindow, warmup: int) -> tuple[np.ndarray, np.ndarray]:
+    """`window.score` of the step's usable gradient norms (at least GRAD_LEAST times the median;
+    rows below it 0 and 0), made once a step for the checks that keep the same window:
+    `grad_norm_spike`'s and `loss_spike`'s each keep every measured step's usable norms, so
+    before this step's push they hold the same values, and their two scores were the largest
+    part of the checks' cost on a run with noisy norms. Kept on the step (`StepView.memo`) for a
+    window of the same fill (counts, positions, last push), never mutated by its readers."""
+    key = (warmup, window.values.shape, window.count.tobytes(), window.pos.tobytes(), window.last)
+    held = step.memo.get("grad_score")
+    if held is not None and held[0] == key:
+        return held[1], held[2]
+    z, ratio = window.score(_usable_grads(step), warmup, least=GRAD_LEAST)
+    step.memo["grad_score"] = (key, z, ratio)
+    return z, ratio
 
 
 def _total(step: StepView) -> float | None:
@@ -133,16 +170,19 @@ class GradNormSpike(Check):
         values = _usable_grads(step)
         if self.params is None:
             self.params = SpikeWindow(len(values), self.WINDOW)
-        z, ratio = self.params.score(values, self.WARMUP)
+        z, ratio = _grad_score(step, self.params, self.WARMUP)  # rows below GRAD_LEAST x: 0 and 0
         total = _total(step)
-        tz, tratio = self.total.score(np.array([np.nan if total is None else total]), self.WARMUP)
+        # no total: nothing to score nor keep (score and push would find no log)
+        none = np.array([np.nan])
+        tz, tratio = (none, none) if total is None else self.total.score(np.array([total]), self.WARMUP)
         if step.spike_z is not None and step.spike_ratio is not None:  # the flight recorder scored it
             z, ratio = np.where(np.isnan(z), step.spike_z, z), np.where(np.isnan(ratio), step.spike_ratio, ratio)
             hook_z, hook_ratio = step.scalar("flight/total_z"), step.scalar("flight/total_ratio")
             if np.isnan(tz[0]) and hook_z is not None and hook_ratio is not None:
                 tz, tratio = np.array([hook_z]), np.array([hook_ratio])
         self.params.push(values)
-        self.total.push(np.array([np.nan if total is None else total]))
+        if total is not None:
+            self.total.push(np.array([total]))
         with np.errstate(invalid="ignore"):
             flagged = (z >= self.Z) & (ratio >= self.RATIO)
             total_flagged = bool(tz[0] >= self.Z and tratio[0] >= self.RATIO)
@@ -212,7 +252,7 @@ class LargeUpdate(Check):
             return
         if self.window is None:
             self.window = SpikeWindow(len(values), self.WINDOW)
-        z, ratio = self.window.score(values, self.WARMUP)
+        z, ratio = self.window.score(values, self.WARMUP, least=self.RATIO)
         ready = self.window.count >= self.WARMUP
         self.window.push(values)
         with np.errstate(invalid="ignore"):
@@ -349,12 +389,15 @@ class LossSpike(Check):
         self.recent: deque[tuple[int, np.ndarray, str]] = deque()
 
     def observe(self, run: RunContext, step: StepView) -> None:
-        self._track("gradient", _usable_grads(step), step.step, step)
+        self._track("gradient", _usable_grads(step), step.step, step, shared=True)
         if step.update_ratio is not None:
             self._track("update", step.update_ratio, step.step)
         self.observe_unmeasured(run, step)
 
-    def _track(self, series: str, values: np.ndarray, at: int, step: StepView | None = None) -> None:
+    def _track(
+        self, series: str, values: np.ndarray, at: int, step: StepView | None = None, shared: bool = False
+    ) -> None:
+        """`shared`: `values` are the step's usable gradient norms, scored as `_grad_score` does."""
         window = self.grads if series == "gradient" else self.updates
         if window is None:
             window = SpikeWindow(len(values), 128)
@@ -362,7 +405,10 @@ class LossSpike(Check):
                 self.grads = window
             else:
                 self.updates = window
-        z, ratio = window.score(values, self.WARMUP)
+        if shared and step is not None:
+            z, ratio = _grad_score(step, window, self.WARMUP)
+        else:
+            z, ratio = window.score(values, self.WARMUP, least=self.MOVED_RATIO)
         window.push(values)
         if step is not None and step.spike_z is not None and step.spike_ratio is not None:  # scored by the hook
             z, ratio = np.where(np.isnan(z), step.spike_z, z), np.where(np.isnan(ratio), step.spike_ratio, ratio)

@@ -59,36 +59,77 @@ class NormHistory:
         self.pos = np.zeros(count, dtype=np.int64)
         self.count = np.zeros(count, dtype=np.int64)
         self._rows = np.arange(count)
+        # Medians of whole windows and the windows' bounds, kept until their rows change: a
+        # parameter whose norms stop coming (a gradient gone to zero) is judged at every step
+        # against the same window.
+        self._medians = np.full(count, np.nan)
+        self._known = np.zeros(count, dtype=bool)
+        self._bounds: tuple[np.ndarray, np.ndarray] | None = None
 
     def push(self, mask: np.ndarray, values: np.ndarray) -> None:
         rows = self._rows[mask]
+        if not len(rows):
+            return
         self.values[rows, self.pos[rows]] = values[rows]
         self.pos[rows] = (self.pos[rows] + 1) % self.values.shape[1]
         self.count[rows] += 1
+        self._known[rows] = False
+        self._bounds = None
 
-    def median(self, last: int | None = None) -> np.ndarray:
-        """Per parameter: the median of its last `last` values (all kept ones by default); NaN if none."""
+    def median(self, last: int | None = None, rows: np.ndarray | None = None) -> np.ndarray:
+        """Per parameter: the median of its last `last` values (all kept ones by default); NaN if
+        none. With `rows` (a mask), only those rows' medians are made (NaN elsewhere), each the
+        same number as without it."""
         window = self.values.shape[1]
         depth = window if last is None else min(last, window)
+        if depth == window:  # whole windows: from the rows' kept medians, the others made and kept
+            wanted = np.ones(len(self._rows), dtype=bool) if rows is None else rows
+            todo = wanted & ~self._known
+            if todo.any():
+                self._medians[todo] = self._made(window, todo)[todo]
+                self._known |= todo
+            return np.where(wanted, self._medians, np.nan)
+        return self._made(depth, rows)
+
+    def _made(self, depth: int, rows: np.ndarray | None) -> np.ndarray:
+        """`median(depth)` made afresh."""
+        if rows is not None and not rows.any():
+            return np.full(len(self._rows), np.nan)
+        window = self.values.shape[1]
+        index = self._rows if rows is None else self._rows[rows]
+        values, pos, count = self.values[index], self.pos[index], self.count[index]
         if depth == window:
-            recent = self.values  # the order does not matter to a median
+            recent = values  # the order does not matter to a median
         else:
-            cols = (self.pos[:, None] - np.arange(1, depth + 1)[None, :]) % window
-            recent = self.values[self._rows[:, None], cols]
-        out = np.full(len(self._rows), np.nan)
-        full = self.count >= depth  # no gaps: np.median, much faster than nanmedian
+            cols = (pos[:, None] - np.arange(1, depth + 1)[None, :]) % window
+            recent = values[np.arange(len(index))[:, None], cols]
+        sub = np.full(len(index), np.nan)
+        full = count >= depth  # no gaps: np.median, much faster than nanmedian
         if full.all():
-            return _row_medians(recent)
-        if full.any():
-            out[full] = _row_medians(recent[full])
-        part = (self.count > 0) & ~full
-        if part.any() and depth == window:  # not wrapped yet: a row's values are its first `count`
-            for n in np.unique(self.count[part]):
-                rows = part & (self.count == n)
-                out[rows] = _row_medians(self.values[rows, :n])
-        elif part.any():
-            out[part] = np.nanmedian(recent[part], axis=1)
+            sub = _row_medians(recent)
+        else:
+            if full.any():
+                sub[full] = _row_medians(recent[full])
+            part = (count > 0) & ~full
+            if part.any() and depth == window:  # not wrapped yet: a row's values are its first `count`
+                for n in np.unique(count[part]):
+                    same = part & (count == n)
+                    sub[same] = _row_medians(values[same, :n])
+            elif part.any():
+                sub[part] = np.nanmedian(recent[part], axis=1)
+        if rows is None:
+            return sub
+        out = np.full(len(self._rows), np.nan)
+        out[index] = sub
         return out
+
+    def bounds(self) -> tuple[np.ndarray, np.ndarray]:
+        """Per parameter: the smallest and the largest kept value (NaN if none). A median lies
+        between them, in floating point too: cheap bounds that spare most medians (`_NormJump`)."""
+        if self._bounds is None:
+            with np.errstate(invalid="ignore"):
+                self._bounds = np.fmin.reduce(self.values, axis=1), np.fmax.reduce(self.values, axis=1)
+        return self._bounds
 
 
 class _NormJump(Check):
@@ -111,9 +152,15 @@ class _NormJump(Check):
         self.streak: np.ndarray | None = None
         self.began: np.ndarray | None = None
         self.ratio: np.ndarray | None = None
+        self.named: np.ndarray | None = None  # the parameters the finding names, as a mask
 
     def _far(self, value: np.ndarray, median: np.ndarray, history: NormHistory, streak: np.ndarray) -> np.ndarray:
         raise NotImplementedError
+
+    def _near(self, value: np.ndarray, history: NormHistory, streak: np.ndarray) -> np.ndarray:
+        """Where `_far` is false whatever the median within the window's bounds (True: no need
+        to make the median); False where that cannot be told (the default)."""
+        return np.zeros(len(value), dtype=bool)
 
     def _message(self, names: tuple[str, ...], first: int, ratio: float) -> tuple[str, Figure]:
         raise NotImplementedError
@@ -132,10 +179,13 @@ class _NormJump(Check):
         value = np.where(step.status == ZERO, 0.0, step.grad_norm)
         # Non-finite norms are nonfinite_grad's: they neither extend nor break a streak here.
         judged = reached & ((step.status == ZERO) | (step.status == NONZERO)) & (history.count >= self.WARMUP)
-        # Only judged parameters need their median: none until WARMUP sampled steps have passed
-        # (with every="auto", hundreds of steps), and the medians of the rest are not read.
-        median = history.median() if judged.any() else np.full(n, np.nan)
-        far = judged & self._far(value, median, history, streak)
+        # Only the parameters that may be far need their median: judged (none until WARMUP sampled
+        # steps have passed), and far even from the bound of their window's median (`_near`: a
+        # median lies between its window's least and greatest value). Most steps have none, and
+        # the medians (a sort of each window, at every ingested step) were this check's cost.
+        maybe = judged & ~self._near(value, history, streak)
+        median = history.median(rows=maybe) if maybe.any() else np.full(n, np.nan)
+        far = maybe & self._far(value, median, history, streak)
         with np.errstate(divide="ignore", invalid="ignore"):
             ratio = np.where(far, value / median, 0.0)
         self.began[far & (streak == 0)] = step.step
@@ -147,9 +197,12 @@ class _NormJump(Check):
         if not flagged.any():
             return
         before = self.finding
+        if before is not None and self.named is not None and not (flagged & ~self.named).any():
+            return  # every flagged parameter is named already: the finding stays as it is
         names = set(before.params if before else ()) | set(run.names(flagged))
         if before is not None and len(names) == len(before.params):
             return
+        self.named = flagged if self.named is None else self.named | flagged
         ordered = tuple(p for p in run.params if p in names)
         first = (
             int(self.began[flagged].min())
@@ -185,6 +238,11 @@ class ExplodingGrad(_NormJump):
         with np.errstate(invalid="ignore"):
             return np.asarray(value > self.RATIO * median)
 
+    def _near(self, value: np.ndarray, history: NormHistory, streak: np.ndarray) -> np.ndarray:
+        # median >= least, so RATIO * median >= RATIO * least (rounding is monotonic)
+        with np.errstate(invalid="ignore"):
+            return np.asarray(value <= self.RATIO * history.bounds()[0])
+
     def _message(self, names: tuple[str, ...], first: int, ratio: float) -> tuple[str, Figure]:
         text = f"{ratio:.0f}×"
         message = (
@@ -218,8 +276,13 @@ class VanishingGrad(_NormJump):
             low = value < self.RATIO * median
             if not low.any():  # the usual case: skip the recent medians (a gather and a sort per step)
                 return np.asarray(low)
-            sudden = value < self.SUDDEN * history.median(self.RECENT)
+            sudden = value < self.SUDDEN * history.median(self.RECENT, rows=low & (streak == 0))
         return np.asarray(low & ((streak > 0) | sudden))
+
+    def _near(self, value: np.ndarray, history: NormHistory, streak: np.ndarray) -> np.ndarray:
+        # median <= greatest, so RATIO * median <= RATIO * greatest (rounding is monotonic)
+        with np.errstate(invalid="ignore"):
+            return np.asarray(value >= self.RATIO * history.bounds()[1])
 
     def _message(self, names: tuple[str, ...], first: int, ratio: float) -> tuple[str, Figure]:
         text = "0×" if ratio == 0 else f"{ratio:.1e}×"
