@@ -96,7 +96,7 @@ def test_a_killed_rank_marks_the_run_and_its_spool_completes_it(tmp_path: Path) 
     spool = tmp_path / "spool"
     try:
         # the fork server that support.dist's jobs use: torch and the hook imported once, not
-        # once per rank (a spawned rank took about 10 s to reach its job on a loaded machine)
+        # once per rank (a spawned rank imports them again before it reaches its job)
         multiprocessing.set_forkserver_preload(PRELOAD)
         context = multiprocessing.get_context("forkserver")
         port = find_free_port()

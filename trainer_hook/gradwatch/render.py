@@ -42,7 +42,7 @@ class StepRenderer:
 
 
 #: (pid, descriptor) of /proc/self/statm, kept open: a read at offset 0 is the current figure, and
-#: opening the file cost most of the read (about 11 us against 1.6 a step, docs/benchmarks.md).
+#: opening the file is most of a read's cost (docs/benchmarks.md).
 #: Keyed by pid: a forked child opens its own (the parent's would report the parent).
 _statm: Optional[tuple[int, int]] = None
 _PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096

@@ -56,8 +56,8 @@ class SpikeWindow:
 
         With `least` (a ratio the caller needs at least), a row whose value is below `least`
         times even its smallest kept value (so below `least` times their median) is not scored:
-        0 and 0 there. The medians (two sorts of each row) were this class's cost, at every
-        ingested step, and most steps have no such row."""
+        0 and 0 there. The medians (two sorts of each row, at every ingested step) are this
+        class's largest cost, and most steps have no such row."""
         n = len(self._rows)
         z, ratio = np.full(n, np.nan), np.full(n, np.nan)
         with np.errstate(divide="ignore", invalid="ignore"):

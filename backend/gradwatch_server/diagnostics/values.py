@@ -182,7 +182,7 @@ class _NormJump(Check):
         # Only the parameters that may be far need their median: judged (none until WARMUP sampled
         # steps have passed), and far even from the bound of their window's median (`_near`: a
         # median lies between its window's least and greatest value). Most steps have none, and
-        # the medians (a sort of each window, at every ingested step) were this check's cost.
+        # a median sorts its whole window, at every ingested step: the check's largest cost.
         maybe = judged & ~self._near(value, history, streak)
         median = history.median(rows=maybe) if maybe.any() else np.full(n, np.nan)
         far = maybe & self._far(value, median, history, streak)
