@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 import torch
 
+from gradwatch import measure
 from gradwatch.layout import build_layout
 from gradwatch.measure import Probe, is_absent
 from gradwatch.wire import GRAD_STATUS_NONE, GRAD_STATUS_NONFINITE, GRAD_STATUS_NONZERO, GRAD_STATUS_ZERO
@@ -205,3 +206,51 @@ def test_state_read_once_a_parameter_without_state_gets_some() -> None:
     assert metrics["exp_avg_norm"][i] == pytest.approx(
         float(torch.linalg.vector_norm(opt.state[fc2]["exp_avg"])), rel=1e-5
     )
+
+
+def test_fused_norms_read_every_kind_of_tensor_as_its_own_norm() -> None:
+    """`fused_norms` in input order, whichever way its plan reads each tensor: small ones of one
+    shape stacked into matrices (in several chunks), large ones by rows, float64 apart, the rest
+    fused; with non-contiguous, 0-d, empty, bf16 and non-finite tensors among them."""
+    torch.manual_seed(0)
+    small = [torch.randn(16, 16) for _ in range(5)]
+    small[2][3, 4] = float("inf")
+    small[4][0, 0] = float("nan")
+    many = [torch.randn(4096) for _ in range(70)]  # 70 x 4096 elements: more than one chunk
+    tensors = [
+        small[0],
+        torch.randn(1 << 17),  # by rows
+        small[1],
+        torch.randn(16, 16).t(),  # non-contiguous, same shape as `small`
+        torch.randn(3, dtype=torch.float64),  # apart
+        torch.randn(16, 16, dtype=torch.bfloat16),
+        torch.randn(16, 16, dtype=torch.bfloat16),
+        torch.tensor(2.5),
+        torch.tensor(-1.5),
+        torch.zeros(0),
+        torch.randn(5000),  # too large to stack, alone in the fused call
+        *many,
+        small[2],
+        small[3],
+        small[4],
+        torch.zeros(16, 16),
+    ]
+    norms = measure.fused_norms(tensors)
+    assert norms.dtype == torch.float32 and norms.shape == (len(tensors),)
+    plan = measure.norm_plan(tensors)
+    assert plan.fused and len([run for run in plan.stacked if tensors[run[0]].numel() == 4096]) > 1
+    want = oracle(list(tensors))
+    for got, w in zip(norms.tolist(), want):
+        if math.isnan(w):
+            assert math.isnan(got)
+        else:
+            assert got == pytest.approx(w, rel=1e-5, abs=1e-30)
+    torch.testing.assert_close(measure.fused_norms(tensors, plan), norms, rtol=0, atol=0, equal_nan=True)
+
+
+def test_a_plan_made_from_parameters_reads_their_non_contiguous_grads() -> None:
+    params = [torch.randn(8, 8) for _ in range(4)]
+    plan = measure.norm_plan(params)
+    assert plan.stacked
+    grads = [torch.randn(8, 8).t() for _ in params]
+    assert measure.fused_norms(grads, plan).tolist() == pytest.approx(oracle(list(grads)), rel=1e-5)

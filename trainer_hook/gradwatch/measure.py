@@ -6,9 +6,9 @@ step left them), then `Probe.finish`; all only enqueue device work. The norms
 of one step are concatenated into one vector per device and copied to the host once: on CUDA into
 pinned memory with ``non_blocking=True`` and an event, so the training thread never waits for the
 GPU. `Snapshot.resolve` (on the sender thread) waits for that copy and scatters the vector back
-into per-parameter arrays. The norms stay a list of 0-d tensors until one stack per device, on
-the training thread (on the sender thread the stack costs that thread more than it saves this
-one). Why: docs/design.md, The hook; figures: docs/benchmarks.md.
+into per-parameter arrays. Each read makes one vector of norms; one `cat` per device joins
+them, on the training thread (on the sender thread joining costs that thread more than it saves
+this one). Why: docs/design.md, The hook; figures: docs/benchmarks.md.
 
 Every norm is of this rank's local piece of a parameter (`WatchedParam.view`: a DTensor's local
 tensor, an FSDP1 FlatParameter's slice; pieces.py), never of a gathered tensor: no collective.
@@ -44,26 +44,79 @@ _SCALAR_STATE_KEYS = frozenset({"step"})
 #: to the speed of a multi-threaded `.sum()` over the same bytes (docs/benchmarks.md).
 _CPU_ROWS_MIN_NUMEL = 1 << 17
 _CPU_ROW = 4096
+#: On CPU the fused norm costs each tensor a few microseconds of dispatch, more than reading a
+#: small one: tensors of one shape and dtype with at most `_STACK_MAX_NUMEL` elements are copied
+#: into one matrix (at most `_STACK_CHUNK` elements, which stay in the cache) whose row norms are
+#: theirs, bit for bit (docs/benchmarks.md).
+_STACK_MAX_NUMEL = 4096
+_STACK_CHUNK = 1 << 18
 
 
-def fused_norms(tensors: list[torch.Tensor], prep: Optional[list[Optional[Prep]]] = None) -> list[torch.Tensor]:
-    """L2 norm of each tensor as a float32 0-d tensor on its device, in one fused call per device
-    (on CPU, plus one row-parallel reduction per large tensor). `prep`, from `norm_preps`, says
-    what to do to each tensor first; worked out here when not given."""
+def fused_norms(tensors: list[torch.Tensor], plan: Optional[NormPlan] = None) -> torch.Tensor:
+    """L2 norm of each tensor, as one float32 vector on their device: one fused call per device
+    (on CPU, plus a row-parallel reduction per large tensor and one per run of small ones).
+    `plan`, from `norm_plan`, says how; worked out here when not given."""
     if not tensors:
-        return []
-    if prep is None:
-        prep = norm_preps(tensors)
-    if any(prep):
-        tensors = [f(t) if f else t for t, f in zip(tensors, prep)]
-    try:
-        return list(torch._foreach_norm(tensors, 2, dtype=torch.float32))
-    except TypeError:  # torch < 2.3 has no dtype argument: norms come in the tensors' dtype
-        return [n.float() for n in torch._foreach_norm(tensors, 2)]
+        return torch.zeros(0)
+    if plan is None:
+        plan = norm_plan(tensors)
+    parts = []
+    fused = tensors if plan.fused is None else [tensors[i] for i in plan.fused]
+    if fused:
+        if plan.prep:
+            fused = [f(t) if f else t for t, f in zip(fused, plan.prep)]
+        try:
+            parts.append(torch.stack(torch._foreach_norm(fused, 2, dtype=torch.float32)))
+        except TypeError:  # torch < 2.3 has no dtype argument: norms come in the tensors' dtype
+            parts.append(torch.stack([n.float() for n in torch._foreach_norm(fused, 2)]))
+    for run in plan.stacked:
+        rows = torch.stack([tensors[i] for i in run]).view(len(run), -1)
+        parts.append(torch.linalg.vector_norm(rows, dim=1, dtype=torch.float32))
+    norms = parts[0] if len(parts) == 1 else torch.cat(parts)
+    return norms if plan.order is None else norms[plan.order]
 
 
 #: What `fused_norms` does to a tensor before the fused call: a tensor with the same norm.
 Prep = Callable[[torch.Tensor], torch.Tensor]
+
+
+@dataclass(frozen=True)
+class NormPlan:
+    """How `fused_norms` reads a list of tensors (`norm_plan`). It depends on their devices,
+    dtypes, shapes and layouts only: a plan made from parameters holds for their `.grad`s where
+    it has no prep (a `.grad` has its parameter's device, dtype and shape, not always its layout)."""
+
+    #: per tensor of the fused call, what is done to it first (`norm_preps`); [] where nothing
+    prep: list[Optional[Prep]]
+    #: the tensors read by the fused call; None: all of them
+    fused: Optional[list[int]] = None
+    #: runs of small CPU tensors of one shape and dtype, each read as the rows of one matrix
+    stacked: tuple[list[int], ...] = ()
+    #: where each tensor's norm is among the fused call's then the runs' (None: in order)
+    order: Optional[torch.Tensor] = None
+
+
+def norm_plan(tensors: list[torch.Tensor]) -> NormPlan:
+    """`fused_norms`' plan for `tensors`."""
+    prep = norm_preps(tensors)
+    runs: dict[tuple[torch.Size, torch.dtype], list[int]] = {}
+    for i, (t, f) in enumerate(zip(tensors, prep)):
+        if f is None and t.device.type == "cpu" and t.layout == torch.strided and 0 < t.numel() <= _STACK_MAX_NUMEL:
+            runs.setdefault((t.shape, t.dtype), []).append(i)
+    stacked: list[list[int]] = []
+    for (shape, _), idx in runs.items():
+        if len(idx) > 1:
+            per = max(1, _STACK_CHUNK // max(1, shape.numel()))
+            stacked += [idx[j : j + per] for j in range(0, len(idx), per)]
+    if not stacked:
+        return NormPlan(prep if any(prep) else [])
+    taken = {i for run in stacked for i in run}
+    fused = [i for i in range(len(tensors)) if i not in taken]
+    fused_prep = [prep[i] for i in fused]
+    slots = fused + [i for run in stacked for i in run]  # the tensor whose norm each slot holds
+    order = torch.empty(len(slots), dtype=torch.long)
+    order[torch.tensor(slots)] = torch.arange(len(slots))
+    return NormPlan(fused_prep if any(fused_prep) else [], fused, tuple(stacked), order)
 
 
 def norm_preps(tensors: list[torch.Tensor]) -> list[Optional[Prep]]:
@@ -89,11 +142,8 @@ def norm_preps(tensors: list[torch.Tensor]) -> list[Optional[Prep]]:
 
 #: The dtypes whose norms `_foreach_norm` computes as float32.
 _FUSED_DTYPES = frozenset({torch.float32, torch.float16, torch.bfloat16})
-_dtype = operator.attrgetter("dtype")
 _GRAD = operator.attrgetter("grad")
 _IS_SPARSE = operator.attrgetter("is_sparse")
-#: `fused_norms`' prep where no tensor needs one
-_NO_PREP: list[Optional[Prep]] = []
 
 
 def _norm_apart(t: torch.Tensor) -> torch.Tensor:
@@ -123,9 +173,9 @@ class _StatePlan:
     checks: list[
         tuple[dict[Any, Any], torch.Tensor, Optional[dict[str, Any]], int, tuple[str, ...], tuple[torch.Tensor, ...]]
     ]
-    #: per device: the tensors in reading order, what `fused_norms` does to each first
-    #: (`norm_preps`), and the segments they make: (metric, parameter indices, count)
-    reads: list[tuple[list[torch.Tensor], list[Optional[Prep]], list[tuple[str, np.ndarray, int]]]]
+    #: per device: the tensors in reading order, how `fused_norms` reads them (`norm_plan`), and
+    #: the segments they make: (metric, parameter indices, count)
+    reads: list[tuple[list[torch.Tensor], NormPlan, list[tuple[str, np.ndarray, int]]]]
     optimizer_bytes: int  # every tensor in the states, the scalar ones (`step`) included
     #: per device, parallel to its tensors: the view of this rank's piece (DTensor, FSDP1) to
     #: take at each step, or None everywhere when no tensor needs one
@@ -178,19 +228,19 @@ class _StatePlan:
 
 @dataclass
 class _Segment:
-    """`values[k]` (a float32 0-d tensor, not yet stacked) is metric `metric` of parameter
-    `index[k]` (a scalar when `index` is None)."""
+    """`values[k]` (a float32 vector on the device) is metric `metric` of parameter `index[k]`
+    (a scalar when `index` is None)."""
 
     metric: str
     index: Optional[np.ndarray]
-    values: list[torch.Tensor]
+    values: torch.Tensor
 
 
 @dataclass
 class _DeviceBuffer:
     """One device's norms on the host: (metric, parameter indices, count) per stretch of `host`.
-    Only counts, not the segments: their hundreds of 0-d tensors are freed on the training
-    thread, as soon as they are joined, rather than on the sender thread."""
+    Only counts, not the segments: their tensors are freed on the training thread, as soon as
+    they are joined, rather than on the sender thread."""
 
     segments: list[tuple[str, Optional[np.ndarray], int]]
     host: torch.Tensor
@@ -287,8 +337,11 @@ class Probe:
         self._cuda = any(d.type == "cuda" for d in self._devices)
         #: one device and whole tensors (no pieces): `read_grads` takes its short path
         self._plain = len(self._devices) == 1 and all(v is None for v in self.views)
-        #: no parameter that `norm_preps` would read by rows (a `.grad` has its parameter's size)
-        self._no_rows = all(p.numel() < _CPU_ROWS_MIN_NUMEL for p in self.params)
+        #: how `fused_norms` reads every parameter's `.grad`, made from the parameters where it
+        #: holds for them (see `NormPlan`): no parameter is large enough to be read by rows
+        self._grad_plan: Optional[NormPlan] = None
+        if all(p.numel() < _CPU_ROWS_MIN_NUMEL for p in self.params):
+            self._grad_plan = norm_plan(self.params)
         #: every parameter's bytes, where `read_plain_grads` may take them for its dense `.grad`'s
         self._param_nbytes: Optional[np.ndarray] = None
         if self._plain and not any(p.is_sparse for p in self.params):
@@ -342,7 +395,7 @@ class Probe:
                 # enforces both), so its bytes are the parameter's; the lists are made by `map`, in C
                 assert pending.grad_bytes is not None
                 pending.grad_bytes[:] = self._param_nbytes
-                self._plain_norms(pending, self._every_index, grads, optimizer)
+                self._plain_norms(pending, self._every_index, grads, optimizer, self._grad_plan)
                 return
         for i in range(len(params)) if indices is None else indices:
             g = params[i].grad
@@ -362,16 +415,19 @@ class Probe:
         self._plain_norms(pending, index, ts, optimizer)
 
     def _plain_norms(
-        self, pending: _Pending, index: np.ndarray, ts: list[torch.Tensor], optimizer: Optional[int]
+        self,
+        pending: _Pending,
+        index: np.ndarray,
+        ts: list[torch.Tensor],
+        optimizer: Optional[int],
+        plan: Optional[NormPlan] = None,
     ) -> None:
-        """The norms of `read_plain_grads`' gradients `ts` (of the parameters `index`)."""
-        # a .grad has its parameter's size and dtype: with no parameter large enough to be read
-        # by rows, only a dtype outside the fused ones needs a prep
-        prep = _NO_PREP if self._no_rows and all(map(_FUSED_DTYPES.__contains__, map(_dtype, ts))) else None
-        norms = fused_norms(ts, prep)
+        """The norms of `read_plain_grads`' gradients `ts` (of the parameters `index`), read as
+        `plan` says (worked out here when None)."""
+        norms = fused_norms(ts, plan)
         inv_scale = self._inverse_scale(ts[0].device, optimizer)
         if inv_scale is not None:
-            norms = list((torch.stack(norms) * inv_scale).unbind())
+            norms = norms * inv_scale
         pending.segments.append(_Segment("grad_norm", index, norms))
 
     def _read_grads(self, pending: _Pending, indices: Optional[Collection[int]], optimizer: Optional[int]) -> None:
@@ -397,7 +453,7 @@ class Probe:
             norms = fused_norms(ts)
             inv_scale = self._inverse_scale(device, optimizer)
             if inv_scale is not None:
-                norms = list((torch.stack(norms) * inv_scale).unbind())
+                norms = norms * inv_scale
             pending.segments.append(_Segment("grad_norm", np.asarray(idx), norms))
 
     @torch.no_grad()
@@ -415,16 +471,16 @@ class Probe:
         if plan is None or not plan.valid():
             plan = self._plans[key] = self._state_plan(range(len(self.params)) if indices is None else indices)
         pending.optimizer_bytes += plan.optimizer_bytes
-        for (tensors, prep, segments), views in zip(plan.reads, plan.views):  # one pass per device
+        for (tensors, how, segments), views in zip(plan.reads, plan.views):  # one pass per device
             if views is not None:  # pieces' views are taken anew: FSDP swaps its params' storage
                 tensors = [t if v is None else v(t) for t, v in zip(tensors, views)]
-            norms = fused_norms(tensors, prep)
+            norms = fused_norms(tensors, how)
             offset = 0
             for metric, idx, count in segments:
                 pending.segments.append(_Segment(metric, idx, norms[offset : offset + count]))
                 offset += count
         for metric, i, q in plan.quantized:
-            pending.segments.append(_Segment(metric, np.asarray([i]), [q.norm()]))
+            pending.segments.append(_Segment(metric, np.asarray([i]), q.norm().reshape(1)))
         if self.signals:
             pending.segments.extend(self._signals(range(len(self.params)) if indices is None else indices))
         pending.cost_s += time.perf_counter() - started
@@ -448,7 +504,7 @@ class Probe:
                 if value.device.type == "cpu":
                     scalars[key] = float(value.detach().reshape(-1)[0]) if value.numel() else float("nan")
                 elif value.numel():  # rides along with the one device-to-host copy instead of syncing now
-                    segments.append(_Segment(key, None, [value.detach().reshape(-1)[0].float()]))
+                    segments.append(_Segment(key, None, value.detach().reshape(-1)[:1].float()))
             elif isinstance(value, (int, float)) and not isinstance(value, bool):
                 scalars[key] = float(value)
         buffers = self._to_host(segments)
@@ -537,8 +593,8 @@ class Probe:
             else:
                 viewed = None
             segments = [(m, np.asarray(idx), len(ts)) for m, (idx, ts, _) in metrics.items()]
-            # the preps are worked out on the local views: their shapes and layouts stay the same
-            reads.append(([t for _, ts, _ in metrics.values() for t in ts], norm_preps(on_device), segments))
+            # the plan is worked out on the local views: their shapes and layouts stay the same
+            reads.append(([t for _, ts, _ in metrics.values() for t in ts], norm_plan(on_device), segments))
             views.append(viewed)
         return _StatePlan(checks, reads, nbytes, views, quantized)
 
@@ -551,16 +607,16 @@ class Probe:
         views = self.views
         for idx in by_device.values():
             old = [before[i] for i in idx]
-            old_norms = torch.stack(fused_norms(old))
+            old_norms = fused_norms(old)
             after = [self.params[i].detach() for i in idx]
             after = [p if views[i] is None else views[i](p) for p, i in zip(after, idx)]  # type: ignore[misc]
             torch._foreach_sub_(old, after)  # old := p_before - p_after
-            update = torch.stack(fused_norms(old))
+            update = fused_norms(old)
             index = np.asarray(idx)
-            segments.append(_Segment("update_norm", index, list(update.unbind())))
-            segments.append(_Segment("update_ratio", index, list((update / old_norms).unbind())))
+            segments.append(_Segment("update_norm", index, update))
+            segments.append(_Segment("update_ratio", index, update / old_norms))
             if self._before_norms:  # the server divides the global norms: update_ratio is per rank
-                segments.append(_Segment("param_before_norm", index, list(old_norms.unbind())))
+                segments.append(_Segment("param_before_norm", index, old_norms))
         return segments
 
     def _signals(self, indices: Iterable[int]) -> list[_Segment]:
@@ -573,7 +629,7 @@ class Probe:
         for i in indices:
             by_device.setdefault(self.params[i].device, []).append(i)
         return [
-            _Segment(metric, np.asarray(idx), values)
+            _Segment(metric, np.asarray(idx), torch.stack(values))
             for on_device in by_device.values()
             for metric, idx, values in optimizer_signals(
                 self.params, on_device, states, groups, self.views, pieces=self._before_norms
@@ -595,12 +651,12 @@ class Probe:
     def _to_host(self, segments: list[_Segment]) -> list[_DeviceBuffer]:
         by_device: dict[torch.device, list[_Segment]] = {}
         for seg in segments:
-            if seg.values:
-                by_device.setdefault(seg.values[0].device, []).append(seg)
+            if seg.values.numel():
+                by_device.setdefault(seg.values.device, []).append(seg)
         buffers = []
         for device, segs in by_device.items():
-            flat = torch.stack([t for s in segs for t in s.values])
-            placed = [(s.metric, s.index, len(s.values)) for s in segs]
+            flat = torch.cat([s.values for s in segs])
+            placed = [(s.metric, s.index, s.values.numel()) for s in segs]
             if device.type == "cpu":
                 buffers.append(_DeviceBuffer(placed, flat))
                 continue

@@ -40,7 +40,7 @@ from typing import Any, Optional
 import numpy as np
 import torch
 
-from .measure import Prep, fused_norms, norm_preps
+from .measure import NormPlan, fused_norms, norm_plan, norm_preps
 from .wire import ABSENT_BITS, UnsentStep
 
 #: The longest the cheap facts of unmeasured steps are held for the recorder (the spool's pace).
@@ -123,9 +123,9 @@ class FlightRecorder:
                 self._by_device.setdefault(p.device, []).append(i)
         self._on_device = {d: [self.params[i] for i in idx] for d, idx in self._by_device.items()}
         # a .grad has its parameter's dtype, device and size (torch enforces them): where no
-        # parameter needs a prep, no gradient does, and the fused call takes them as they are
-        self._prep: dict[torch.device, Optional[list[Optional[Prep]]]] = {
-            d: [] if not any(norm_preps(ps)) else None for d, ps in self._on_device.items()
+        # parameter needs a prep, the parameters' plan is their gradients' (`NormPlan`)
+        self._plan: dict[torch.device, Optional[NormPlan]] = {
+            d: None if any(norm_preps(ps)) else norm_plan(ps) for d, ps in self._on_device.items()
         }
         self._rings = {d: torch.full((size, len(idx)), math.nan, device=d) for d, idx in self._by_device.items()}
         self._slot_of: dict[int, int] = {}  # step -> its ring row
@@ -151,7 +151,7 @@ class FlightRecorder:
             row = self._rings[device][slot]
             grads = list(map(_GRAD, self._on_device[device]))
             if all(map(operator.is_not, grads, repeat(None))) and not any(map(_IS_SPARSE, grads)):
-                norms = torch.stack(fused_norms(grads, self._prep[device]))
+                norms = fused_norms(grads, self._plan[device])
                 present = None
             else:
                 present = [k for k, g in enumerate(grads) if g is not None and not g.is_sparse]
@@ -159,7 +159,7 @@ class FlightRecorder:
                 row.fill_(math.nan)
                 if not present:
                     continue
-                norms = torch.stack(fused_norms([grads[k] for k in present]))
+                norms = fused_norms([grads[k] for k in present])
             scale = self._inverse_scale(device)
             if scale is not None:
                 norms = norms * scale

@@ -90,6 +90,11 @@ class Rounds:
             if len(optimizers) == 1
             else [[i for i, w in enumerate(layout.params) if w.optimizer == k] for k in range(len(optimizers))]
         )
+        #: per optimizer, its parameters that can be hooked (the candidates for its sentinel)
+        self._hookable = [
+            [i for i in (range(len(layout.params)) if members is None else members) if self._tracker.hookable(i)]
+            for members in self._members
+        ]
         # Per-parameter gradient hooks cost every backward pass, so they are armed only for the
         # steps that are measured (from the previous step of each optimizer, where their counts
         # start); the other steps hook one sentinel parameter per optimizer (docs/design.md).
@@ -300,17 +305,17 @@ class Rounds:
         tensors, no process group (DDP and FSDP write `.grad` inside the backward) are its others; a
         scan in doubt (`GradTracker.doubtful`) goes back to hooks for good."""
         tracker, passes = self._tracker, self._passes
-        uniform = True
-        for k, members in enumerate(self._members):
-            indices = range(len(passes)) if members is None else members
-            hookable = [i for i in indices if tracker.hookable(i)]
+        scanned = tracker.scanning
+        uniform, moved = True, False
+        for k, hookable in enumerate(self._hookable):
             best = max(hookable, key=passes.__getitem__, default=None)
             current = self._sentinels[k]
             if best is not None and (current is None or passes[best] > passes[current]):
                 self._sentinels[k] = current = best
-            most = 0 if current is None else passes[current]
-            uniform = uniform and most > 0 and all(passes[i] in (0, most) for i in hookable)
-        scanned = tracker.scanning
+                moved = True
+            if not scanned:  # `uniform` is read after a round counted with hooks only
+                most = 0 if current is None else passes[current]
+                uniform = uniform and most > 0 and all(passes[i] in (0, most) for i in hookable)
         if scanned:
             self._scanned_rounds += 1
             self._scan_doubted |= tracker.doubtful
@@ -322,7 +327,7 @@ class Rounds:
         self._scan_ok = ok
         if scanned and not ok:
             tracker.to_hooks()
-        if tracker.scanning:  # a new sentinel that `scan` counted gets its hook, an old one loses it
+        if moved and tracker.scanning:  # a new sentinel that `scan` counted gets its hook, an old one loses it
             tracker.arm(self._sentinel_list())
             tracker.to_scan(keep=self._sentinel_list())
 
