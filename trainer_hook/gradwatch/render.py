@@ -105,21 +105,38 @@ def _same_segments(x: Segments, y: Segments) -> bool:
 
 
 Resolved = tuple[dict[str, np.ndarray], np.ndarray, dict[str, float]]
+#: the "does not apply" value (wire.ABSENT_BITS) as a float32
+_ABSENT = np.array(ABSENT_BITS, dtype=np.uint32).view(np.float32)
+#: id of an index array -> (the array, whether it is 0..n-1 for its probe's n parameters); the
+#: array is held so that its id is not another's (a probe keeps its plans' few arrays)
+_ORDERED: dict[int, tuple[np.ndarray, bool]] = {}
+
+
+def _in_order(index: np.ndarray, n: int) -> bool:
+    """Whether `index` is every parameter in order (the gradients and states of a one-optimizer
+    run), remembered per array."""
+    known = _ORDERED.get(id(index))
+    if known is None or known[0] is not index:
+        if len(_ORDERED) >= 256:  # arrays made anew per step (a gradient absent): forget them
+            _ORDERED.clear()
+        known = _ORDERED[id(index)] = (index, len(index) == n and bool(np.array_equal(index, np.arange(n))))
+    return known[1]
 
 
 def _resolve(snapshots: Sequence[Snapshot]) -> list[Resolved]:
     """`Snapshot.resolve` of each of `snapshots` (laid out alike: `_same_layout`), computed as
     one steps x parameters array per metric; each step's arrays are rows of those."""
     first, n, p = snapshots[0], len(snapshots), snapshots[0].num_params
-    absent = np.full((n, p), ABSENT_BITS, dtype=np.uint32).view(np.float32)
-    metrics: dict[str, np.ndarray] = {"grad_norm": absent.copy()}
+    # each metric's array; a segment of every parameter in order is the host copy's columns as
+    # they are (no absent values to fill, no scatter)
+    metrics: dict[str, Optional[np.ndarray]] = {"grad_norm": None}
     scalars: list[dict[str, Any]] = [dict(s.scalars) for s in snapshots]
     for b, buf in enumerate(first.buffers):
         for s in snapshots:
             event = s.buffers[b].event
             if event is not None:
                 event.synchronize()
-        host = _rows([s.buffers[b].host.numpy() for s in snapshots])
+        host = np.array([s.buffers[b].host.numpy() for s in snapshots])  # a copy: the buffers go back to the probe
         offset = 0
         for metric, index, count in buf.segments:
             chunk = host[:, offset : offset + count]
@@ -127,14 +144,20 @@ def _resolve(snapshots: Sequence[Snapshot]) -> list[Resolved]:
             if index is None:
                 for row, values in zip(scalars, chunk[:, 0].tolist()):
                     row[metric] = values
-            else:
-                if metric not in metrics:
-                    metrics[metric] = absent.copy()
-                metrics[metric][:, index] = chunk
+                continue
+            values = metrics.get(metric)
+            if values is None and _in_order(index, p):
+                metrics[metric] = chunk
+                continue
+            if values is None:
+                values = metrics[metric] = np.full((n, p), _ABSENT, dtype=np.float32)
+            values[:, index] = chunk
     for name in first.host_metrics:
         values = _rows([s.host_metrics[name] for s in snapshots])
-        metrics[name] = np.where(np.isnan(values), absent, values).astype(np.float32)
+        metrics[name] = np.where(np.isnan(values), _ABSENT, values).astype(np.float32, copy=False)
     grad_norm = metrics["grad_norm"]
+    if grad_norm is None:
+        grad_norm = metrics["grad_norm"] = np.full((n, p), _ABSENT, dtype=np.float32)
     status = np.full(grad_norm.shape, GRAD_STATUS_NONZERO, dtype=np.uint8)
     status[grad_norm == 0] = GRAD_STATUS_ZERO
     status[~np.isfinite(grad_norm)] = GRAD_STATUS_NONFINITE
@@ -151,11 +174,12 @@ def _resolve(snapshots: Sequence[Snapshot]) -> list[Resolved]:
     for k in np.flatnonzero(none.any(axis=1)).tolist():
         present = grads[k][~none[k]]
         totals[k] = float(np.sqrt(np.sum(present * present)))
-    names = list(metrics)
+    columns = {name: values for name, values in metrics.items() if values is not None}  # all of them
+    names = list(columns)
     out: list[Resolved] = []
     # each step's arrays: rows of the batch's (`list` makes the row views in C)
     for row, arrays, status_row, total, nbytes, zero in zip(
-        scalars, zip(*map(list, metrics.values())), list(status), totals, all_bytes, zero_bytes
+        scalars, zip(*map(list, columns.values())), list(status), totals, all_bytes, zero_bytes
     ):
         row["grad_norm_total"] = total
         row["mem/grads_bytes"] = float(nbytes)

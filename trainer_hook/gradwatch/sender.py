@@ -251,6 +251,7 @@ class Sender:
         run: list[UnsentStep] = []
         whole: list[UnsentStep] = []  # a replica's digested steps with their arrays: what the spool keeps
         size = taken = 0
+        run_keys = None  # the keys of `run`'s steps
 
         def flush() -> None:
             nonlocal size
@@ -286,12 +287,10 @@ class Sender:
                 made = self._make(items, renderer)
             for full in made:
                 record = self._replica_step(full)
-                if run and (
-                    record.keys() != run[0].keys()
-                    or len(run) >= MAX_BATCH_STEPS
-                    or size + record.nbytes > MAX_BATCH_BYTES
-                ):
+                keys = record.keys()
+                if run and (keys != run_keys or len(run) >= MAX_BATCH_STEPS or size + record.nbytes > MAX_BATCH_BYTES):
                     flush()
+                run_keys = keys
                 run.append(record)
                 whole.append(full)
                 size += record.nbytes

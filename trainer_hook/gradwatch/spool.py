@@ -55,10 +55,15 @@ Payload = Union[str, bytes]
 
 
 def frame(payload: Payload) -> bytes:
+    return b"".join(_framed(payload))
+
+
+def _framed(payload: Payload) -> tuple[bytes, bytes]:
+    """A record's header and its payload's bytes."""
     if isinstance(payload, bytes):
-        return _HEADER.pack(BINARY_MAGIC, len(payload), zlib.crc32(payload)) + payload
+        return _HEADER.pack(BINARY_MAGIC, len(payload), zlib.crc32(payload)), payload
     data = payload.encode("utf-8")
-    return _HEADER.pack(MAGIC, len(data), zlib.crc32(data)) + data
+    return _HEADER.pack(MAGIC, len(data), zlib.crc32(data)), data
 
 
 def as_json(payload: Payload) -> str:
@@ -80,7 +85,8 @@ class SpoolWriter:
         self._file.flush()
 
     def append(self, payload: Payload) -> None:
-        self._file.write(frame(payload))
+        for part in _framed(payload):  # `frame`'s bytes, without copying the payload into them
+            self._file.write(part)
 
     def flush(self) -> None:
         """Hand buffered records to the OS: they survive the process being killed from here on."""
