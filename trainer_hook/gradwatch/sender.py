@@ -238,7 +238,11 @@ class Sender:
         wait = min(max(min(due) - time.monotonic(), 0.001), SPOOL_EVERY_S) if due else SPOOL_EVERY_S
         if self._closing.is_set():  # close() waits `timeout` at most, whatever pace the server set
             wait = min(wait, max(self._deadline - time.monotonic(), 0.001))
-        if self._ws is not None and self._unacked:
+        # Replies (acks, findings, a replica's `arrays`) answer what was sent: read only while
+        # something sent is unacknowledged. A wait in `recv` that times out costs this thread
+        # more than one on the event (websockets' receiving code, its TimeoutError), and with the
+        # spool written every second and sends every `linger` most waits would be such.
+        if self._ws is not None and self._unacked and self._sent_upto > self._acked:
             self._read_acks(wait)
         elif self._ws is None:  # `_run` retries the connection meanwhile
             time.sleep(0.02) if self._closing.is_set() else self._wake.wait(min(wait, 0.05))
