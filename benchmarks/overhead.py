@@ -33,14 +33,19 @@ and about 14, a one-time cost of about two measured steps; a long run pays its s
 
 What interleaving cannot see is measured on each gradwatch variant alone, in a run of SEGMENT
 consecutive steps at the training's own pace (4x as many for every="auto") after its warm-up:
-- Background work: the hook's sender thread, and its server (one per variant, so that each
-  one's CPU is its own). It runs while every variant steps, so the paired ratio does not see
-  it; and its cost per step depends on the pace (the sender batches what a `linger`, 5 s
-  while no browser watches, brings). Its own variant's steps see a part of it (its hooks may
-  wait for the GIL while its sender serializes).
-  A gradwatch figure is charged the CPU seconds of its watcher's threads and of its server per
+- Background work: the hook's threads (its sender, its websocket's) and its server (one per
+  variant, so that each one's CPU is its own). It runs while every variant steps, so the paired
+  ratio does not see it; and its cost per step depends on the pace (the sender batches what a
+  `linger`, 5 s while no browser watches, brings: a segment holds a few of the server's batches,
+  whose fixed costs the longer MLP segment spreads). Its own variant's steps see a part of it
+  (its hooks may wait for the GIL while its sender serializes).
+  A gradwatch figure is charged the CPU seconds of its hook's threads and of its server per
   step of that run, as if they ran on the training's cores one after the other (an upper bound:
-  on 2 cores they also run beside it). The peers' background (wandb's service process) is not
+  on 2 cores they also run beside it), and prints the two apart. Both are read on the kernel's
+  CPU clocks, to the nanosecond: the hook's threads as the training process's CPU less its
+  training thread's and torch's own threads' (threads that ended, such as a connection
+  attempt's, stay counted), the server as its process's (/proc's 10 ms ticks, the fallback, read
+  0.1 ms a step over 100 steps). The peers' background (wandb's service process) is not
   charged, which favours them.
 - How often every="auto" measures: it budgets 0.4% of the time between its steps, which the
   cycles stretch. Its figure is the median of its measured steps and that of its unmeasured
@@ -177,25 +182,41 @@ WARMUP = 3  # untimed steps of each variant before the timed cycles
 #: steady state, not that
 AUTO_WARMUP = 40
 CYCLES = {"mlp": 200, "gpt": 30, "wide": 60}  # default timed cycles per model: a few minutes each
-SEGMENT = {"mlp": 100, "gpt": 12, "wide": 30}  # consecutive steps of a gradwatch variant alone: about 4 s, 7 s
+#: consecutive steps of a gradwatch variant alone: about 20 s (the MLP: four of the server's 5 s
+#: batches, so that one more or less moves its figure by a quarter of a batch's fixed cost), 7 s
+SEGMENT = {"mlp": 300, "gpt": 12, "wide": 30}
 
 
-def thread_cpu(threads: list[threading.Thread]) -> float:
-    """CPU seconds so far of `threads`, each read on its own clock (0 for one that ended)."""
-    total = 0.0
-    for t in threads:
-        if t.ident is not None and t.is_alive():
-            try:
-                total += time.clock_gettime(time.pthread_getcpuclockid(t.ident))
-            except (OSError, ProcessLookupError):  # it ended meanwhile
-                pass
-    return total
+def _cpu_clock(clock: int) -> float | None:
+    try:
+        return time.clock_gettime(clock)
+    except (OSError, OverflowError):  # gone, or not Linux
+        return None
 
 
 def process_cpu(pid: int) -> float:
-    """CPU seconds so far (user + system) of process `pid`, from /proc (Linux)."""
+    """CPU seconds so far (user + system, its ended threads included) of process `pid`: Linux's
+    CPU clock of that process (clock id `~pid << 3 | 2`, what clock_getcpuclockid gives), to
+    the nanosecond; else /proc's ticks (10 ms)."""
+    seconds = _cpu_clock((~pid << 3) | 2)
+    if seconds is not None:
+        return seconds
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def hook_threads_cpu() -> float:
+    """CPU seconds so far of this process's threads but the calling (training) thread and those
+    that Python did not start (torch's own): the hook's (its sender, its websocket's threads,
+    and those that ended: a connection attempt's). Linux's per-thread CPU clocks
+    (`~tid << 3 | 6`) for torch's threads."""
+    python = {t.native_id for t in threading.enumerate()}
+    others = 0.0
+    for task in os.listdir("/proc/self/task"):
+        tid = int(task)
+        if tid not in python:
+            others += _cpu_clock((~tid << 3) | 6) or 0.0
+    return time.process_time() - time.thread_time() - others
 
 
 def acked(w: gradwatch.Watcher, timeout: float = 30.0) -> None:
@@ -217,7 +238,6 @@ class Lane:
         self.after_step: Callable[[], None] | None = None
         self.watcher: gradwatch.Watcher | None = None
         self.server: subprocess.Popen | None = None
-        self.threads: list[threading.Thread] = []  # the watcher's own threads
         self.warmup = WARMUP
 
     def step(self) -> tuple[float, bool]:
@@ -235,8 +255,7 @@ class Lane:
         return took, self.watcher is not None and self.watcher.measured_steps > measured
 
     def watch(self, every: int | str, server: str, spool: Path) -> None:
-        """Attach gradwatch, spooling to `spool`; its threads are noted for their CPU."""
-        before = set(threading.enumerate())
+        """Attach gradwatch, spooling to `spool`."""
         os.environ["GRADWATCH_SPOOL"] = str(spool)
         self.watcher = gradwatch.watch(
             self.opt,
@@ -250,18 +269,22 @@ class Lane:
         # the replay of earlier spools reads GRADWATCH_SPOOL on its own thread: let it finish
         while any(t.name == "gradwatch-replay" and t.is_alive() for t in threading.enumerate()):
             time.sleep(0.01)
-        self.threads = [t for t in threading.enumerate() if t not in before and t.name.startswith("gradwatch")]
 
-    def alone(self, steps: int) -> tuple[float, float]:
-        """CPU seconds a step of this variant's threads and server, and the share of steps its
-        hook measured, over `steps` consecutive steps at the training's own pace (a gradwatch variant)."""
+    def alone(self, steps: int) -> tuple[float, float, float]:
+        """CPU seconds a step of this variant's hook threads and of its server, and the share of
+        steps its hook measured, over `steps` consecutive steps at the training's own pace (a
+        gradwatch variant; on the training thread)."""
         assert self.watcher is not None
         self.settle()
-        cpu, measured = self.background_cpu(), self.watcher.measured_steps
+        hook, server, measured = self.background_cpu(), self.server_cpu(), self.watcher.measured_steps
         for _ in range(steps):
             self.step()
         self.settle()
-        return (self.background_cpu() - cpu) / steps, (self.watcher.measured_steps - measured) / steps
+        return (
+            (self.background_cpu() - hook) / steps,
+            (self.server_cpu() - server) / steps,
+            (self.watcher.measured_steps - measured) / steps,
+        )
 
     def settle(self) -> None:
         """Wait until the watcher's threads have done their work on the steps so far: the server
@@ -272,8 +295,12 @@ class Lane:
             time.sleep(1.0)
 
     def background_cpu(self) -> float:
-        """CPU seconds so far of this variant's own threads and server (0 for a peer)."""
-        return thread_cpu(self.threads) + (process_cpu(self.server.pid) if self.server is not None else 0.0)
+        """CPU seconds so far of this variant's hook threads (0 for a peer), read on the training thread."""
+        return hook_threads_cpu() if self.watcher is not None else 0.0
+
+    def server_cpu(self) -> float:
+        """CPU seconds so far of this variant's server (0 without one)."""
+        return process_cpu(self.server.pid) if self.server is not None else 0.0
 
     def close(self) -> None:
         if self.watcher is not None:
@@ -405,6 +432,7 @@ class Figure:
         self.measured: list[bool] = []
         self.share: float | None = None  # every="auto": the share of steps it measures alone
         self.charge = 0.0  # background CPU a step, as a fraction of the baseline step
+        self.background: tuple[float, float] | None = None  # its CPU seconds a step: the hook's threads, the server
 
     def estimate(self, ratios: list[float] | None = None, measured: list[bool] | None = None) -> float:
         """The median overhead plus the charge; with a share, the medians of measured and
@@ -468,7 +496,7 @@ class Remote:
     def warm_up(self) -> None:
         self._call("warm_up")
 
-    def alone(self, steps: int) -> tuple[float, float]:
+    def alone(self, steps: int) -> tuple[float, float, float]:
         """See `Lane.alone`."""
         return self._call("alone", steps)
 
@@ -539,7 +567,7 @@ def bench(name: str, cycles: int, wanted: list[str], tmp: Path) -> dict[str, Any
             k: lanes[k].alone(SEGMENT[name] * (4 if k == "gradwatch_auto" else 1)) for k in lanes if k in GRADWATCH
         }
         if "gradwatch_auto" in alone:
-            figures["gradwatch_auto"].share = alone["gradwatch_auto"][1]
+            figures["gradwatch_auto"].share = alone["gradwatch_auto"][2]
         base_times: list[float] = []
         report = max(1, cycles // 10)
         for c in range(cycles):
@@ -561,8 +589,9 @@ def bench(name: str, cycles: int, wanted: list[str], tmp: Path) -> dict[str, Any
         for lane in lanes.values():
             lane.close()
     step = statistics.median(base_times)
-    for k, (cpu, _) in alone.items():
-        figures[k].charge = cpu / step
+    for k, (hook, server, _) in alone.items():
+        figures[k].charge = (hook + server) / step
+        figures[k].background = (hook, server)
     return {"model": name, "baseline": step, "figures": figures}
 
 
@@ -626,9 +655,14 @@ def main() -> None:
         for v in (v for v in GRADWATCH if v in figures):
             f = figures[v]
             share = f"; it measured {f.share:.1%} of its steps alone" if f.share is not None else ""
+            split = (
+                ""
+                if f.background is None
+                else " (hook threads {:.3f} ms, server {:.3f} ms)".format(*(1e3 * s for s in f.background))
+            )
             print(
                 f"{r['model']} {LABELS[v]}: on the training thread {f.estimate() - f.charge:+.1%}, its threads and "
-                f"server {f.charge * step * 1e3:.2f} ms a step (+{f.charge:.1%}){share}"
+                f"server {f.charge * step * 1e3:.2f} ms a step (+{f.charge:.1%}){split}{share}"
             )
         total = {v: f.estimate() for v, f in figures.items()}
         if "wandb" in total and total.get("gradwatch", 0) > 0:

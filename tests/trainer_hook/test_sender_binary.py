@@ -14,10 +14,12 @@ from pathlib import Path
 import httpx
 import numpy as np
 import pytest
+from websockets.exceptions import ConnectionClosed
 from websockets.sync.server import ServerConnection, serve
 
+from gradwatch.replay import replay
 from gradwatch.sender import Sender
-from gradwatch.spool import SpoolWriter, read_records
+from gradwatch.spool import SpoolWriter, read_payloads, read_records
 from gradwatch.wire import UnsentStep
 from gradwatch_server.protocol import Step, parse_binary, parse_message
 from support.server import start_server
@@ -72,7 +74,7 @@ def two_servers() -> Iterator[tuple[str, list[list[str | bytes]]]]:
 def test_a_step_goes_binary_to_a_server_that_reads_it_and_as_json_after_reconnecting_to_one_that_does_not(
     two_servers: tuple[str, list[list[str | bytes]]], tmp_path: Path
 ) -> None:
-    """The spool keeps the step as JSON (a replay may meet any server)."""
+    """The spool keeps the step as the binary frame, which reads back as the JSON sent to the second."""
     url, received = two_servers
     spool = SpoolWriter(tmp_path, "bin", json.dumps(hello("bin")))
     sender = Sender(url, hello("bin"), linger=0.05, spool=spool)
@@ -124,3 +126,31 @@ def test_the_steps_a_sender_sends_binary_are_stored_as_submitted(tmp_path: Path)
     stored = np.array([s["value"] for s in body["series"]], dtype="<f4").T
     assert stored.tobytes() == np.stack(grads).tobytes()
     assert kinds[:2] == [bytes, bytes] and kinds[-1] is str  # the steps binary, the close JSON
+
+
+def test_a_spooled_binary_frame_replays_binary_to_a_server_that_reads_it_and_as_json_to_one_that_does_not(
+    two_servers: tuple[str, list[list[str | bytes]]], tmp_path: Path
+) -> None:
+    """The spool keeps a step as the binary frame the sender made; replay sends it as such to a
+    server whose welcome lists version 3 (the first connection, which drops without an ack: the
+    file stays) and as the JSON it stands for to one older (the second, which acks it)."""
+    url, received = two_servers
+    spool = SpoolWriter(tmp_path, "bin", json.dumps(hello("bin")))
+    sender = Sender("ws://127.0.0.1:9", hello("bin"), linger=0.05, spool=spool)  # nothing listens: it spools
+    try:
+        sender.submit_step(lambda: UnsentStep(1, 1.7e9, {"loss": 0.5}, {"grad_norm": GRAD}, STATUS))
+        assert wait_until(lambda: sender._serialized == 1)
+    finally:
+        sender.close(timeout=0.2)
+    payloads = list(read_payloads(spool.path)[0])
+    assert len(payloads) == 3 and isinstance(payloads[1], bytes)  # the hello, the step, the close
+    with pytest.raises((OSError, ConnectionClosed)):
+        replay(spool.path, url, timeout=5)
+    assert spool.path.exists()
+    delivery = replay(spool.path, url, timeout=5)
+    assert delivery.sent == 2 and not spool.path.exists()
+    first, second = received[0][0], received[1][0]
+    assert first == payloads[1] and isinstance(second, str)
+    a, b = parse_binary(first, 2), parse_message(second, 2)
+    assert a.model_dump(exclude={"v"}) == b.model_dump(exclude={"v"})
+    assert isinstance(b, Step) and np.frombuffer(b.params["grad_norm"], "<f4").tolist() == GRAD.tolist()

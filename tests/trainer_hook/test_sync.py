@@ -23,7 +23,7 @@ import pytest
 import torch
 
 import gradwatch
-from gradwatch.spool import frame, read_records
+from gradwatch.spool import frame, read_payloads, read_records
 from support.server import REPO, find_free_port, start_server
 from support.wiresteps import spooled_steps
 
@@ -49,7 +49,9 @@ BLOCKER = "import sys\nfor name in {names!r}:\n    sys.modules[name] = None  # i
 
 
 def offline_run(server: str, steps: int, run: str) -> gradwatch.Watcher:
-    """A real run whose server is away: everything it sends stays in the spool."""
+    """A real run whose server is away: everything it sends stays in the spool. Seeded: two runs
+    measure the same values at the same steps."""
+    torch.manual_seed(0)
     model = torch.nn.Linear(8, 2)
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     w = gradwatch.watch(opt, model=model, server=server, run=run)
@@ -67,12 +69,25 @@ def hook_sync(*args: str, env: dict[str, str] | None = None) -> subprocess.Compl
     )
 
 
+def grad_norms(url: str, run_id: str, steps: int) -> list[list[float]]:
+    body = httpx.get(
+        f"{url}/api/runs/{run_id}/params/series", params={"metric": "grad_norm", "param": ["weight", "bias"]}
+    ).json()
+    assert body["step"][:steps] == list(range(1, steps + 1))
+    return [s["value"][:steps] for s in body["series"]]
+
+
 @pytest.mark.server
 def test_sync_delivers_each_run_and_reports_progress(tmp_path: Path, spool_dir: Path) -> None:
+    """The first run's spool keeps its steps as binary frames; the second's is rewritten as JSON
+    alone, as hooks wrote spools before: both deliver the same values."""
     port = find_free_port()
     url = f"http://127.0.0.1:{port}"
     runs = [offline_run(url, 5 + i, f"offline-{i}") for i in range(2)]
     assert len(list(spool_dir.glob("*.spool"))) == 2
+    assert any(isinstance(p, bytes) for p in read_payloads(spool_dir / f"{runs[0].run_id}.spool")[0])
+    rewrite_spool(spool_dir / f"{runs[1].run_id}.spool", {})
+    assert all(isinstance(p, str) for p in read_payloads(spool_dir / f"{runs[1].run_id}.spool")[0])
     server = start_server(tmp_path, port=port)
     try:
         out = hook_sync("--server", url)
@@ -84,6 +99,7 @@ def test_sync_delivers_each_run_and_reports_progress(tmp_path: Path, spool_dir: 
             run = httpx.get(f"{url}/api/runs/{w.run_id}").json()
             assert (run["steps"], run["status"]) == (5 + i, "finished")
         assert not list(spool_dir.glob("*.spool"))
+        assert grad_norms(url, runs[0].run_id, 5) == grad_norms(url, runs[1].run_id, 5)
     finally:
         server.stop()
 

@@ -25,7 +25,8 @@ from websockets.exceptions import ConnectionClosed
 from websockets.sync.client import ClientConnection
 
 from .connection import CLOSE_INVALID, CLOSE_POLICY, CLOSE_TOO_BIG, Refused, closed, handshake, replies
-from .spool import claim, read_records
+from .spool import Payload, as_json, claim, read_payloads
+from .wire import binary_header, reads_binary
 
 #: What a moved-aside spool file's name ends with (after `.spool`: replay never lists it again).
 REJECTED = ".rejected"
@@ -91,10 +92,10 @@ def _move_aside(path: Path) -> Path:
     return target
 
 
-def _seq(text: str, number: int) -> int:
+def _seq(payload: Payload, number: int) -> int:
     """The `seq` of a spooled message; _Unsendable when the record is not a message with one."""
     try:
-        seq = json.loads(text)["seq"]
+        seq = (binary_header(payload) if isinstance(payload, bytes) else json.loads(payload))["seq"]
         if isinstance(seq, bool) or not isinstance(seq, int):
             raise TypeError(f"seq {seq!r} is not an integer")
         return seq
@@ -102,17 +103,21 @@ def _seq(text: str, number: int) -> int:
         raise _Unsendable(f"record {number} is not a message with a seq ({type(exc).__name__}: {exc})") from None
 
 
-def _check_hello(text: str) -> None:
+def _check_hello(text: Payload) -> str:
+    """The hello, the first record; _Unsendable when it is not one."""
+    if isinstance(text, bytes):
+        raise _Unsendable("its first record is not a hello (a binary frame)")
     try:
         message = json.loads(text)
     except ValueError as exc:
         raise _Unsendable(f"its first record is not a hello (ValueError: {exc})") from None
     if not isinstance(message, dict) or message.get("type") != "hello":
         raise _Unsendable("its first record is not a hello")
+    return text
 
 
 def _deliver(path: Path, ws_url: str, token: Optional[str], timeout: float) -> Delivery:
-    records, report = read_records(path)
+    records, report = read_payloads(path)
     try:
         hello = next(records, None)
     except UnicodeDecodeError as exc:
@@ -120,21 +125,22 @@ def _deliver(path: Path, ws_url: str, token: Optional[str], timeout: float) -> D
     if hello is None:  # torn before its hello was complete: nothing to deliver
         path.unlink(missing_ok=True)
         return Delivery(path.stem, torn=report.torn)
-    _check_hello(hello)
+    hello = _check_hello(hello)
     sent = last = 0
     with contextlib.ExitStack() as scope:
         ws, welcome = handshake(
             ws_url, hello, token, scope, open_timeout=10, welcome_timeout=timeout, send_timeout=timeout
         )
         acked = int(welcome.get("last_seq", 0))
+        binary = reads_binary(welcome)
         number = 1
         try:
             try:
-                for number, text in enumerate(records, 2):
-                    seq = _seq(text, number)
+                for number, payload in enumerate(records, 2):
+                    seq = _seq(payload, number)
                     last = max(last, seq)
-                    if seq > acked:
-                        ws.send(text)
+                    if seq > acked:  # a binary step frame as JSON to a server that does not read them
+                        ws.send(payload if binary else as_json(payload))
                         sent += 1
             except UnicodeDecodeError as exc:
                 raise _Unsendable(f"record {number + 1} is not text ({exc})") from None
@@ -178,14 +184,20 @@ def _refused_message(ws: ClientConnection, why: str) -> NoReturn:
 
 
 def _wait_acks(ws: ClientConnection, acked: int, timeout: float) -> int:
-    """Read the replies that come within `timeout`; returns the highest seq acknowledged."""
+    """Read the replies that come within `timeout`; returns the highest seq acknowledged. A close
+    right after replies is read at the next call (the acks before it count: a server may close
+    once it has acknowledged the run's `close`)."""
     answered = False
-    for reply in replies(ws, timeout):
-        answered = True
-        if reply.get("type") == "ack":
-            acked = max(acked, int(reply["seq"]))
-        elif reply.get("type") == "error":
-            raise _ErrorReply(str(reply.get("message")))
+    try:
+        for reply in replies(ws, timeout):
+            answered = True
+            if reply.get("type") == "ack":
+                acked = max(acked, int(reply["seq"]))
+            elif reply.get("type") == "error":
+                raise _ErrorReply(str(reply.get("message")))
+    except ConnectionClosed:
+        if not answered:
+            raise
     if not answered:
         raise TimeoutError(f"the server acknowledged nothing for {timeout:g} s")
     return acked

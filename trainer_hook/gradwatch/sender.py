@@ -26,7 +26,6 @@ from __future__ import annotations
 import collections
 import contextlib
 import functools
-import json
 import logging
 import math
 import random
@@ -39,7 +38,7 @@ from websockets.sync.client import ClientConnection
 
 from . import wire
 from .connection import CLOSE_INVALID, negotiate, refusal, replies
-from .spool import SpoolWriter
+from .spool import SpoolWriter, as_json
 from .wire import UnsentStep
 
 log = logging.getLogger("gradwatch")
@@ -68,6 +67,16 @@ class _StepItem:
 
 
 _Item = Union[MessageFactory, _StepItem]
+
+
+def _renderer(make: Callable[..., Any]) -> Any:
+    """The renderer of a step submitted as `functools.partial(renderer.render, snapshot, steps)`
+    (rounds.py) by a renderer that renders several steps in one pass (`render_many`, render.py),
+    else None: the sender renders the steps it drains together (fewer numpy calls a step)."""
+    func = make.func if isinstance(make, functools.partial) and not make.keywords else None
+    owner = getattr(func, "__self__", None)
+    return owner if getattr(func, "__name__", None) == "render" and hasattr(owner, "render_many") else None
+
 
 #: Most steps, and about the most bytes, of one `steps` message (the server takes 4,096 steps
 #: and 16 MiB frames).
@@ -229,7 +238,11 @@ class Sender:
         wait = min(max(min(due) - time.monotonic(), 0.001), SPOOL_EVERY_S) if due else SPOOL_EVERY_S
         if self._closing.is_set():  # close() waits `timeout` at most, whatever pace the server set
             wait = min(wait, max(self._deadline - time.monotonic(), 0.001))
-        if self._ws is not None and self._unacked:
+        # Replies (acks, findings, a replica's `arrays`) answer what was sent: read only while
+        # something sent is unacknowledged. A wait in `recv` that times out costs this thread
+        # more than one on the event (websockets' receiving code, its TimeoutError), and with the
+        # spool written every second and sends every `linger` most waits would be such.
+        if self._ws is not None and self._unacked and self._sent_upto > self._acked:
             self._read_acks(wait)
         elif self._ws is None:  # `_run` retries the connection meanwhile
             time.sleep(0.02) if self._closing.is_set() else self._wake.wait(min(wait, 0.05))
@@ -242,6 +255,7 @@ class Sender:
         run: list[UnsentStep] = []
         whole: list[UnsentStep] = []  # a replica's digested steps with their arrays: what the spool keeps
         size = taken = 0
+        run_keys = None  # the keys of `run`'s steps
 
         def flush() -> None:
             nonlocal size
@@ -263,24 +277,49 @@ class Sender:
                 flush()
                 self._add(item)
                 continue
-            try:
-                made = item.make()
-            except Exception:
-                log.exception("gradwatch: could not build a step; skipped")
-                continue
-            for full in made if isinstance(made, list) else [made]:  # the flight recorder's held steps
-                record = self._replica_step(full)
-                if run and (
-                    record.keys() != run[0].keys()
-                    or len(run) >= MAX_BATCH_STEPS
-                    or size + record.nbytes > MAX_BATCH_BYTES
+            renderer = _renderer(item.make)
+            if renderer is None:
+                made = self._make([item])
+            else:  # the steps queued after it that the same renderer makes: rendered with it
+                items = [item]
+                while (
+                    self._items and isinstance(after := self._items[0], _StepItem) and _renderer(after.make) is renderer
                 ):
+                    items.append(after)
+                    self._items.popleft()
+                taken += len(items) - 1
+                made = self._make(items, renderer)
+            for full in made:
+                record = self._replica_step(full)
+                keys = record.keys()
+                if run and (keys != run_keys or len(run) >= MAX_BATCH_STEPS or size + record.nbytes > MAX_BATCH_BYTES):
                     flush()
+                run_keys = keys
                 run.append(record)
                 whole.append(full)
                 size += record.nbytes
         flush()
         self._serialized += taken  # only now: every item taken is in `_unacked` (or skipped)
+
+    def _make(self, items: list[_StepItem], renderer: Any = None) -> list[UnsentStep]:
+        """The records of `items`: made together by `renderer.render_many` when given (their
+        makes are its `render`'s: `_renderer`), else each by its own `make`; an item whose make
+        raises is skipped, with a warning (a batch that raises is made again item by item)."""
+        if renderer is not None:
+            try:
+                made: list[UnsentStep] = renderer.render_many([item.make.args for item in items])  # type: ignore[attr-defined]
+                return made
+            except Exception:
+                log.debug("gradwatch: could not render %d steps at once; one by one", len(items), exc_info=True)
+        records: list[UnsentStep] = []
+        for item in items:
+            try:
+                one = item.make()
+            except Exception:
+                log.exception("gradwatch: could not build a step; skipped")
+                continue
+            records.extend(one if isinstance(one, list) else [one])  # the flight recorder's held steps
+        return records
 
     def _replica_step(self, record: UnsentStep) -> UnsentStep:
         """A replica's measured step as its digest (its arrays kept in the ring), on v2."""
@@ -336,15 +375,15 @@ class Sender:
         `spooled`: what the
         spool keeps instead (a replica's steps with their arrays, which a replay sends: its
         connection cannot answer the server's ask for them). `frame`: the message as a binary
-        frame, sent instead of its JSON to a server that reads them (the spool keeps JSON)."""
+        frame, kept and spooled as such (never serialized as JSON too) unless this connection's
+        server does not read them (`_connect` turns those made before connecting into JSON)."""
         seq = self._seq + 1
         try:
-            payload: Payload = frame(seq) if frame is not None and self._binary else wire.dumps(factory(seq))
+            binary = frame is not None and (self._binary or self._ws is None)
+            payload: Payload = frame(seq) if frame is not None and binary else wire.dumps(factory(seq))
             kept = None
             if self.spool is not None:
-                kept = (
-                    payload if spooled is None and isinstance(payload, str) else wire.dumps((spooled or factory)(seq))
-                )
+                kept = payload if spooled is None else wire.dumps(spooled(seq))
         except Exception:
             log.exception("gradwatch: could not build a message; skipped")
             return None
@@ -440,14 +479,12 @@ class Sender:
         self._acknowledge(last_seq)
         self._pace(reply)
         if self._evicted_upto and self.spool is not None:
-            for text in self.spool.records():  # the hello, then messages in seq order
-                seq = json.loads(text).get("seq", 0)
+            for payload in self.spool.payloads():  # the hello, then messages in seq order
+                seq = wire.seq_of(payload)
                 if last_seq < seq <= self._evicted_upto:
-                    ws.send(text)
-        if not self._binary:  # binary frames made for an earlier server: as JSON to this one
-            self._unacked = collections.deque(
-                (seq, p if isinstance(p, str) else wire.dumps(wire.binary_as_json(p))) for seq, p in self._unacked
-            )
+                    ws.send(payload if self._binary else as_json(payload))
+        if not self._binary:  # binary frames made before connecting: as JSON to this server
+            self._unacked = collections.deque((seq, as_json(p)) for seq, p in self._unacked)
             self._unacked_bytes = sum(len(p) for _, p in self._unacked)
         for _, payload in list(self._unacked):
             ws.send(payload)
@@ -460,7 +497,7 @@ class Sender:
         except Exception as exc:  # already broken: nothing more to tell the server
             log.debug("gradwatch: closing the connection: %s", exc)
 
-    def _spool_append(self, text: str) -> None:
+    def _spool_append(self, text: Payload) -> None:
         assert self.spool is not None
         try:
             self.spool.append(text)

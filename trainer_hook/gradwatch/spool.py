@@ -4,10 +4,13 @@ killed server or a killed training process loses nothing that was serialized.
 One file per run, `<GRADWATCH_SPOOL>/<run id>.spool` (default `~/.gradwatch/spool`). The first
 record is the run's `hello`, then every message in `seq` order. A record is framed as
 
-    b"GWS1" | length (uint32 LE) | CRC-32 of the payload (uint32 LE) | payload (UTF-8 JSON)
+    magic (4 bytes) | length (uint32 LE) | CRC-32 of the payload (uint32 LE) | payload
 
-so a tail torn by a crash mid-write is detected (short frame or bad checksum) and dropped, never
-misread. The writer holds an exclusive `flock` on the file while its run is alive; replay
+where the magic says what the payload is: b"GWS1" a message as UTF-8 JSON; b"GWB1" a step
+message as its binary frame (protocol v3, `wire.binary_steps`), kept as the sender made it for
+the server instead of serialized again as JSON (added later: older spools have none, and an
+older hook reads one as a torn tail; docs/protocol.md). A tail torn by a crash mid-write is
+detected (short frame or bad checksum) and dropped, never misread. The writer holds an exclusive `flock` on the file while its run is alive; replay
 (replay.py) claims a file with the same lock, so it skips live runs and one replayer sends a file
 at a time. A file is deleted once the server has acknowledged everything in it.
 
@@ -25,7 +28,9 @@ import struct
 import zlib
 from collections.abc import Iterator, Mapping
 from pathlib import Path
-from typing import IO, Optional
+from typing import IO, Optional, Union
+
+from . import wire
 
 try:
     import fcntl
@@ -35,6 +40,8 @@ except ImportError:  # Windows
 log = logging.getLogger("gradwatch")
 
 MAGIC = b"GWS1"
+#: a record whose payload is a binary step frame (protocol v3), not JSON text
+BINARY_MAGIC = b"GWB1"
 _HEADER = struct.Struct("<4sII")
 SUFFIX = ".spool"
 
@@ -43,9 +50,25 @@ def spool_dir(env: Mapping[str, str] = os.environ) -> Path:
     return Path(env.get("GRADWATCH_SPOOL") or Path.home() / ".gradwatch" / "spool")
 
 
-def frame(payload: str) -> bytes:
+#: A record's payload: a message's JSON text, or a step message's binary frame.
+Payload = Union[str, bytes]
+
+
+def frame(payload: Payload) -> bytes:
+    return b"".join(_framed(payload))
+
+
+def _framed(payload: Payload) -> tuple[bytes, bytes]:
+    """A record's header and its payload's bytes."""
+    if isinstance(payload, bytes):
+        return _HEADER.pack(BINARY_MAGIC, len(payload), zlib.crc32(payload)), payload
     data = payload.encode("utf-8")
-    return _HEADER.pack(MAGIC, len(data), zlib.crc32(data)) + data
+    return _HEADER.pack(MAGIC, len(data), zlib.crc32(data)), data
+
+
+def as_json(payload: Payload) -> str:
+    """A record's message as JSON text (a binary step frame as the JSON message it stands for)."""
+    return payload if isinstance(payload, str) else wire.dumps(wire.binary_as_json(payload))
 
 
 class SpoolWriter:
@@ -61,17 +84,23 @@ class SpoolWriter:
         self._file.write(frame(hello))
         self._file.flush()
 
-    def append(self, payload: str) -> None:
-        self._file.write(frame(payload))
+    def append(self, payload: Payload) -> None:
+        for part in _framed(payload):  # `frame`'s bytes, without copying the payload into them
+            self._file.write(part)
 
     def flush(self) -> None:
         """Hand buffered records to the OS: they survive the process being killed from here on."""
         self._file.flush()
 
     def records(self) -> Iterator[str]:
-        """Every complete record written so far (the hello first)."""
+        """Every complete record written so far (the hello first), as JSON text."""
         self.flush()
         return read_records(self.path)[0]
+
+    def payloads(self) -> Iterator[Payload]:
+        """Every complete record written so far (the hello first), as written."""
+        self.flush()
+        return read_payloads(self.path)[0]
 
     def close(self, delete: bool) -> None:
         self._file.flush()
@@ -81,10 +110,18 @@ class SpoolWriter:
 
 
 def read_records(path: Path) -> tuple[Iterator[str], TailReport]:
-    """Iterate a spool's complete records; the report says afterwards whether a torn tail was dropped."""
+    """Iterate a spool's complete records as JSON text (`as_json`); the report says afterwards
+    whether a torn tail was dropped."""
+    payloads, report = read_payloads(path)
+    return map(as_json, payloads), report
+
+
+def read_payloads(path: Path) -> tuple[Iterator[Payload], TailReport]:
+    """Iterate a spool's complete records as written: JSON text, or a binary step frame (bytes);
+    the report says afterwards whether a torn tail was dropped."""
     report = TailReport()
 
-    def gen() -> Iterator[str]:
+    def gen() -> Iterator[Payload]:
         with open(path, "rb") as f:
             while True:
                 header = f.read(_HEADER.size)
@@ -94,7 +131,7 @@ def read_records(path: Path) -> tuple[Iterator[str], TailReport]:
                     report.torn = f"a {len(header)}-byte partial header"
                     return
                 magic, length, crc = _HEADER.unpack(header)
-                if magic != MAGIC:
+                if magic not in (MAGIC, BINARY_MAGIC):
                     report.torn = "a frame without the spool's magic bytes"
                     return
                 data = f.read(length)
@@ -102,7 +139,7 @@ def read_records(path: Path) -> tuple[Iterator[str], TailReport]:
                     report.torn = "a record cut short or failing its checksum"
                     return
                 report.records += 1
-                yield data.decode("utf-8")
+                yield data if magic == BINARY_MAGIC else data.decode("utf-8")
 
     return gen(), report
 

@@ -193,6 +193,17 @@ class UnsentStep:
         return arrays * 4 // 3 + 24 * len(self.scalars) + 32
 
 
+def scalar_columns(records: Sequence[UnsentStep]) -> dict[str, list[float | str]]:
+    """Each scalar of `records` (the first's keys) as a list over the steps, as JSON allows it
+    (`json_scalar`: a column whose sum is finite has no value to change; `np.array` of the rows
+    below, rather than `np.stack`, for the same reason: a few microseconds a step)."""
+    columns: dict[str, list[float | str]] = {}
+    for k in records[0].scalars:
+        values = [float(r.scalars[k]) for r in records]
+        columns[k] = list(values) if math.isfinite(sum(values)) else [json_scalar(v) for v in values]
+    return columns
+
+
 def steps(seq: int, records: Sequence[UnsentStep]) -> dict[str, Any]:
     """One message for `records` (same keys, increasing steps): a `step` for one, else `steps`,
     column by column: each scalar a list, each per-parameter metric one steps x parameters array."""
@@ -208,15 +219,12 @@ def steps(seq: int, records: Sequence[UnsentStep]) -> dict[str, Any]:
         "seq": seq,
         "step": [r.step for r in records],
         "time": [r.time for r in records],
-        "scalars": {k: [json_scalar(float(r.scalars[k])) for r in records] for k in first.scalars},
-        "params": {
-            k: b64_array(np.stack([r.metrics[k] for r in records]).astype(np.float32, copy=False))
-            for k in first.metrics
-        },
+        "scalars": scalar_columns(records),
+        "params": {k: b64_array(np.array([r.metrics[k] for r in records], dtype=np.float32)) for k in first.metrics},
     }
     if first.grad_status is not None:
         message["grad_status"] = b64_array(
-            np.stack([r.grad_status for r in records if r.grad_status is not None]).astype(np.uint8, copy=False)
+            np.array([r.grad_status for r in records if r.grad_status is not None], dtype=np.uint8)
         )
     if first.digest is not None:
         message.update(v=PROTOCOL_VERSION_2, grad_digest=[r.digest for r in records])
@@ -265,11 +273,11 @@ def binary_steps(seq: int, records: Sequence[UnsentStep]) -> bytes:
             type="steps",
             step=[r.step for r in records],
             time=[r.time for r in records],
-            scalars={k: [json_scalar(float(r.scalars[k])) for r in records] for k in first.scalars},
+            scalars=scalar_columns(records),
         )
-        arrays = [np.stack([r.metrics[k] for r in records]).astype("<f4", copy=False) for k in names]
+        arrays = [np.array([r.metrics[k] for r in records], dtype="<f4") for k in names]
         if first.grad_status is not None:
-            arrays.append(np.stack([r.grad_status for r in records if r.grad_status is not None]).astype(np.uint8))
+            arrays.append(np.array([r.grad_status for r in records if r.grad_status is not None], dtype=np.uint8))
     header["params"] = names
     if first.grad_status is not None:
         header["grad_status"] = True
@@ -278,11 +286,25 @@ def binary_steps(seq: int, records: Sequence[UnsentStep]) -> bytes:
     return binary_frame(header, arrays)
 
 
+def binary_header(frame: bytes) -> dict[str, Any]:
+    """A binary frame's JSON header (its `seq`, `type`, ...)."""
+    size = int.from_bytes(frame[:4], "little")
+    header: dict[str, Any] = json.loads(frame[4 : 4 + size])
+    return header
+
+
+def seq_of(payload: str | bytes) -> int:
+    """The `seq` of a serialized message (JSON text or binary frame); 0 for one without (a hello)."""
+    message = binary_header(payload) if isinstance(payload, bytes) else json.loads(payload)
+    seq: int = message.get("seq", 0)
+    return seq
+
+
 def binary_as_json(frame: bytes) -> dict[str, Any]:
     """A binary step frame (`binary_steps`) as the JSON message it stands for (its arrays in
     base64): what a hook resends to a server that does not read binary frames."""
     size = int.from_bytes(frame[:4], "little")
-    header = json.loads(frame[4 : 4 + size])
+    header = binary_header(frame)
     names, status = header.pop("params"), header.pop("grad_status", False)
     floats = len(names) * 4 + (1 if status else 0)
     width = (len(frame) - 4 - size) // floats if floats else 0  # steps x parameters
