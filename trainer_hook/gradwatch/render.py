@@ -49,8 +49,7 @@ class StepRenderer:
 
         The hook's cost per step is charged as one figure for the batch: the sender thread's
         CPU per step since the previous rendering began (sending included) is the same for each
-        of its steps, and the batch's rendering counts as one measured step's (an upper bound,
-        for every="auto", which seldom renders more than one at once)."""
+        of its steps, and each step's rendering is its share of the batch's."""
         sender_cpu_s = self._cost.render_began(sum(steps for _, steps in jobs))
         snapshots = [snapshot for snapshot, _ in jobs]
         rss = _rss_bytes()
@@ -71,7 +70,7 @@ class StepRenderer:
             start = end
         for snapshot in snapshots:  # only now: the sender renders them again, one by one, if this raised
             self._probe.recycle(snapshot)
-        self._cost.render_done()
+        self._cost.render_done(len(jobs))
         return records
 
 

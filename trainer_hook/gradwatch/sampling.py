@@ -241,5 +241,6 @@ class CostMeter:
         self._sender_step_s = cpu / steps if steps > 1 else 0.0
         return cpu / max(1, steps)
 
-    def render_done(self) -> None:
-        self._render_s = time.thread_time() - self._render_began
+    def render_done(self, steps: int = 1) -> None:
+        """The sender rendered `steps` measured steps together: each one's share is its cost."""
+        self._render_s = (time.thread_time() - self._render_began) / max(1, steps)
