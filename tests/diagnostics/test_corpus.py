@@ -152,7 +152,11 @@ def test_the_live_findings_are_those_of_the_steps_judged_one_by_one(
                 for chunk in store.iter_steps(run_id, metrics=METRICS, scalar_keys=(*SCALARS, *desync)):
                     for record in chunk:
                         diag.observe_record(record.step, record.scalars, record.arrays)
-                assert [f.to_dict() for f in diag.findings()] == found, (outcome.script.stem, outcome.every)
+                oracle = [f.to_dict() for f in diag.findings()]
+                for f in oracle:  # the API's shape: a figure's evidence is there, null if none
+                    if f["figure"] is not None:
+                        f["figure"].setdefault("evidence", None)
+                assert oracle == found, (outcome.script.stem, outcome.every)
                 compared += 1
         assert compared >= len(corpus)
     finally:

@@ -245,16 +245,54 @@ class _NormJump(Check):
                 ratios = value / median
         else:
             always = if_streak = ratios = np.zeros(value.shape, dtype=bool)
-        streaks = bool(rows.any())
-        for i, step in enumerate(batch.steps.tolist()):
-            far = always[i] | (if_streak[i] & (streak > 0)) if streaks else always[i]
-            if far.any():
-                began[far & (streak == 0)] = step
-                streak[far] += 1
-                self.ratio = np.asarray(np.where(far, ratios[i], self.ratio))
-            streak[judged[i] & ~far] = 0
-            self._flag(run, step, streak >= self.PERSIST)
+        if not self._scan(batch.steps, always, if_streak, judged, ratios):
+            for i, step in enumerate(batch.steps.tolist()):
+                far = always[i] | (if_streak[i] & (streak > 0))
+                if far.any():
+                    began[far & (streak == 0)] = step
+                    streak[far] += 1
+                    self.ratio = np.asarray(np.where(far, ratios[i], self.ratio))
+                streak[judged[i] & ~far] = 0
+                self._flag(run, step, streak >= self.PERSIST)
         history.push(kept[-1], norm[-1])
+
+    def _scan(
+        self, steps: np.ndarray, always: np.ndarray, if_streak: np.ndarray, judged: np.ndarray, ratios: np.ndarray
+    ) -> bool:
+        """The streaks, beginnings and ratios after the batch's steps (rows), all at once, where
+        no step flags a parameter the finding does not name yet (True: done); else nothing is
+        changed (False: the caller goes step by step, making the finding where it changes).
+
+        A streak is above 0 after a step that is far whatever the streak (`always`), 0 after a
+        judged step that is not far even with a streak (`if_streak` holds `always`, and both are
+        judged), and as before otherwise: the last such step tells, and a step far only with a
+        streak is far exactly where the streak before it is above 0. A streak's length is then
+        its far steps since its last judged step that was not far (or since the batch began)."""
+        assert self.streak is not None and self.began is not None and self.ratio is not None
+        start = self.streak
+        at = np.arange(len(steps))[:, None]
+        event = np.where(always, 1, np.where(judged & ~if_streak, 0, -1))
+        last = np.maximum.accumulate(np.where(event >= 0, at, -1), axis=0)
+        up = np.where(last >= 0, np.take_along_axis(event, np.maximum(last, 0), 0) == 1, start > 0)
+        up_before = np.vstack([start[None, :] > 0, up[:-1]])
+        far = always | (if_streak & up_before)
+        reset = judged & ~far
+        fars = np.cumsum(far, axis=0)
+        since = np.maximum.accumulate(np.where(reset, at, -1), axis=0)
+        after = np.where(since >= 0, fars - np.take_along_axis(fars, np.maximum(since, 0), 0), start + fars)
+        flagged = after >= self.PERSIST
+        if flagged.any() and (self.finding is None or self.named is None or (flagged & ~self.named).any()):
+            return False
+        before = np.vstack([start[None, :], after[:-1]])
+        began = far & (before == 0)
+        if began.any():
+            last_began = len(steps) - 1 - np.argmax(began[::-1], axis=0)
+            self.began = np.where(began.any(axis=0), steps[last_began], self.began)
+        if far.any():
+            last_far = len(steps) - 1 - np.argmax(far[::-1], axis=0)
+            self.ratio = np.where(far.any(axis=0), ratios[last_far, np.arange(far.shape[1])], self.ratio)
+        self.streak = np.ascontiguousarray(after[-1])
+        return True
 
     def _flag(self, run: RunContext, at: int, flagged: np.ndarray) -> None:
         """The finding after step `at`, whose streaks reach PERSIST at `flagged`."""
