@@ -227,8 +227,8 @@ def _memory_stretches_of(
     series: dict[str, tuple[list[int], list[Any]]] = {}
     held = [d.arrays if kind == "param" else d.scalars for d in inside]
     if held and all(h.keys() == held[0].keys() for h in held):  # every step has every series: by column
-        at = [d.step for d in inside]
-        series = {name: (at, [h[name] for h in held]) for name in held[0]}
+        every_step = [d.step for d in inside]
+        series = {name: (every_step, [h[name] for h in held]) for name in held[0]}
     for d, values_of in zip(inside, held) if not series else ():
         for name, value in values_of.items():
             steps_, values = series.setdefault(name, ([], []))
