@@ -1,7 +1,7 @@
 """The server's CPU per stored step, `every=1` on overhead.py's MLP (issue 27).
 
-A real `gradwatch serve` on SQLite (a subprocess of its own, from the same checkout: PYTHONPATH
-picks the code), the MLP of overhead.py (40 Linear(256), 80 tensors, AdamW) watched with
+A real `gradwatch serve` on SQLite (overhead.py's: a subprocess of its own, which imports the
+code PYTHONPATH names before the installed one), the MLP of overhead.py (40 Linear(256), 80 tensors, AdamW) watched with
 `every=1`, one torch thread, at the training's own pace. After `--warmup` steps (acked), each of
 `--rounds` rounds runs `--steps` steps, waits until the server has acknowledged all of them, and
 reads the server's CPU (its threads' run time from /proc/PID/task/*/schedstat, and utime + stime
@@ -28,7 +28,6 @@ import subprocess
 import sys
 import tempfile
 import time
-import urllib.request
 from pathlib import Path
 
 import torch
@@ -36,36 +35,7 @@ import torch
 import gradwatch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from overhead import acked, free_port, mlp_task, process_cpu, stop_server, thread_cpu  # noqa: E402
-
-
-def start_server(tmp: Path) -> tuple[subprocess.Popen[bytes], str]:
-    """`gradwatch serve` from the code on PYTHONPATH (`python -m gradwatch_server`), on SQLite."""
-    port = free_port()
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "gradwatch_server",
-            "serve",
-            "--db",
-            f"sqlite:///{tmp / 'bench.db'}",
-            "--port",
-            str(port),
-        ],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        try:
-            urllib.request.urlopen(url + "/api/health", timeout=1)
-            return proc, url
-        except OSError:
-            time.sleep(0.05)
-    proc.kill()
-    raise SystemExit("the gradwatch server did not start")
+from overhead import acked, mlp_task, process_cpu, start_server, stop_server, thread_cpu  # noqa: E402
 
 
 def tasks_cpu(pid: int) -> float:

@@ -88,9 +88,40 @@ def update_blocks(
                     ranges,
                     # raw steps are read a stretch per block already (grouping them again
                     # changes nothing, at a few numpy calls per series)
-                    found if i == 0 else {m: blocks.group(p, size) for m, p in found.items()},
+                    found if i == 0 else _grouped(found, size),
                     blocks.closed(size, before),
                 )
+
+
+def _grouped(found: Mapping[str, blocks.Stretches], size: int) -> dict[str, blocks.Stretches]:
+    """`blocks.group(stretches, size)` of each series: in one call for all where they hold the
+    same blocks (the usual case), a column each (the reductions run down the columns, so each
+    series gets what it would alone, at the numpy calls of one)."""
+    items = list(found.items())
+    head = items[0][1] if items else None
+    if (
+        head is None
+        or len(items) == 1
+        or not all(
+            np.array_equal(p.first, head.first) and np.array_equal(p.rows, head.rows) and p.low.dtype == head.low.dtype
+            for _, p in items
+        )
+    ):
+        return {m: blocks.group(p, size) for m, p in items}
+    widths = np.cumsum([0] + [p.low.shape[1] for _, p in items])
+    fields = ("low", "high", "total", "finite", "nan")
+    together = blocks.group(
+        blocks.Stretches(
+            head.first, head.rows, *(np.concatenate([getattr(p, f) for _, p in items], axis=1) for f in fields)
+        ),
+        size,
+    )
+    return {
+        m: blocks.Stretches(
+            together.first, together.rows, *(getattr(together, f)[:, widths[j] : widths[j + 1]] for f in fields)
+        )
+        for j, (m, _) in enumerate(items)
+    }
 
 
 def _put_blocks(
