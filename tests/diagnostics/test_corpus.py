@@ -23,10 +23,14 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
-from gradwatch_server.diagnostics import CODES
+from gradwatch_server.diagnostics import CODES, RunContext, RunDiagnosis
+from gradwatch_server.diagnostics.data import METRICS, SCALARS
+from gradwatch_server.jobs.assemble import DESYNC_PREFIX
+from gradwatch_server.store import open_store
 from support.corpus import SCRIPTS, Outcome, declared, declares, is_instability_case, run_all
 from support.server import start_server
 
@@ -41,9 +45,15 @@ pytestmark = pytest.mark.timeout(900)
 
 
 @pytest.fixture(scope="module")
-def corpus(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[tuple[str, str], Outcome]]:
+def corpus_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Where the corpus' server keeps its database (gradwatch.db) and the scripts their spool."""
+    return tmp_path_factory.mktemp("corpus")
+
+
+@pytest.fixture(scope="module")
+def corpus(corpus_folder: Path) -> Iterator[dict[tuple[str, str], Outcome]]:
     """Every run of RUNS (a few at a time) against one server; their findings over REST."""
-    folder = tmp_path_factory.mktemp("corpus")
+    folder = corpus_folder
     server = start_server(folder)
     by_stem = {s.stem: s for s in CLASSIC}
     try:
@@ -121,6 +131,36 @@ def test_precision_and_recall_are_100_percent(corpus: dict[tuple[str, str], Outc
     assert all(severity == "info" for _, _, severity in clean), clean
     assert sum(1 for name in runs if name.startswith("clean_")) >= (8 if every == "1" else 3)
     assert sum(1 for name in runs if name.startswith("mistake_")) >= (10 if every == "1" else 6)
+
+
+def test_the_live_findings_are_those_of_the_steps_judged_one_by_one(
+    corpus: dict[tuple[str, str], Outcome], corpus_folder: Path
+) -> None:
+    """The server judged each batch of steps at once (`Check.observe_batch`); judged again here
+    from the stored steps one by one (`RunDiagnosis.observe_record`, the oracle), every run of
+    the corpus has exactly the findings it got live: codes, steps, messages and figures."""
+    store = open_store(f"sqlite:///{corpus_folder / 'gradwatch.db'}")
+    try:
+        compared = 0
+        for outcome in corpus.values():
+            for run_id, found in outcome.findings.items():
+                run = store.get_run(run_id)
+                assert run is not None
+                params = store.get_params(run_id)
+                diag = RunDiagnosis(RunContext.of([(p.name, p.numel, p.dtype) for p in params], run.config))
+                desync = [k for k in store.series_names(run_id, "scalar") if k.startswith(DESYNC_PREFIX)]
+                for chunk in store.iter_steps(run_id, metrics=METRICS, scalar_keys=(*SCALARS, *desync)):
+                    for record in chunk:
+                        diag.observe_record(record.step, record.scalars, record.arrays)
+                oracle = [f.to_dict() for f in diag.findings()]
+                for f in oracle:  # the API's shape: a figure's evidence is there, null if none
+                    if f["figure"] is not None:
+                        f["figure"].setdefault("evidence", None)
+                assert oracle == found, (outcome.script.stem, outcome.every)
+                compared += 1
+        assert compared >= len(corpus)
+    finally:
+        store.close()
 
 
 def test_every_code_is_caught_by_some_script() -> None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import ClassVar
 
-from .data import RunContext, StepView
+from .data import RunContext, StepBatch, StepView
 from .finding import Finding
 
 
@@ -13,7 +13,9 @@ class Check:
 
     A check is small and self-contained: its docstring says what evidence it uses and its
     thresholds are class attributes. `start` sees the run's `hello`; `observe` sees each measured
-    step once, in step order, `observe_unmeasured` each other step (its scalars only). Either may set or update `finding`; the engine notices the change,
+    step once, in step order, `observe_unmeasured` each other step (its scalars only); the engine
+    gives runs of consecutive measured steps to `observe_batch`, which must leave the check as
+    `observe` on each would (a test holds every check to it: tests/backend/test_diagnostics_batch.py). Either may set or update `finding`; the engine notices the change,
     stores it and tells the browsers and the hook. A finding, once made, is never withdrawn.
     """
 
@@ -30,3 +32,9 @@ class Check:
 
     def observe_unmeasured(self, run: RunContext, step: StepView) -> None:
         """One step the hook did not measure (`StepView.unmeasured`: scalars only), in order."""
+
+    def observe_batch(self, run: RunContext, batch: StepBatch) -> None:
+        """Consecutive measured steps, in order: the same as `observe` on each of them in turn,
+        which is what it does unless the check knows a faster way to the same state and finding."""
+        for step in batch.views:
+            self.observe(run, step)

@@ -12,7 +12,7 @@ from __future__ import annotations
 import numpy as np
 
 from .check import Check
-from .data import NONE, NOT_CLEARED, NOT_SEEN, SET_TO_NONE, ZERO, ZERO_FILLED, RunContext, StepView
+from .data import NONE, NOT_CLEARED, NOT_SEEN, SET_TO_NONE, ZERO, ZERO_FILLED, RunContext, StepBatch, StepView
 from .finding import Figure, Finding, fmt_bytes, name_list, plural
 
 
@@ -84,6 +84,24 @@ class UnclearedGradients(Check):
         )
         self.finding = Finding(self.code, "error", message, run.names(piled), step.step, figure)
 
+    def observe_batch(self, run: RunContext, batch: StepBatch) -> None:
+        passes, clear, status = batch.stack("passes_known"), batch.stack("clear"), batch.stack("status")
+        if (
+            self.held is None
+            or passes is None
+            or clear is None
+            or status is None
+            or len(self.held) != passes.shape[1]
+            or ((clear == NOT_CLEARED) | (clear == NOT_SEEN)).any()
+        ):
+            super().observe_batch(run, batch)
+            return
+        # every .grad cleared at every step: nothing piles up, and what `.grad` holds after the
+        # batch is its last step's passes
+        held = passes[-1].copy()
+        held[status[-1] == NONE] = 0
+        self.held, self.prev_step = held, batch.views[-1].step
+
 
 class GradAccumulation(Check):
     """`grad_accumulation` (info): K micro-batches are accumulated per step on purpose.
@@ -132,6 +150,13 @@ class GradAccumulation(Check):
             Figure("backward passes per step", float(self.k_max), "passes", text, step.step),
         )
 
+    def observe_batch(self, run: RunContext, batch: StepBatch) -> None:
+        passes, clear = batch.stack("passes_known"), batch.stack("clear")
+        if passes is not None and clear is not None and passes.shape == clear.shape:
+            if not (((clear == SET_TO_NONE) | (clear == ZERO_FILLED)) & (passes > 1)).any():
+                return  # no step accumulated: each would return at once
+        super().observe_batch(run, batch)
+
 
 class ZeroFilledGradBuffers(Check):
     """`zero_filled_grad_buffers` (warning): `zero_grad(set_to_none=False)` keeps buffers allocated.
@@ -177,3 +202,9 @@ class ZeroFilledGradBuffers(Check):
             before.first_step if before else step.step,
             Figure("bytes held between steps", held, "bytes", fmt_bytes(held), at),
         )
+
+    def observe_batch(self, run: RunContext, batch: StepBatch) -> None:
+        clear = batch.stack("clear")
+        if clear is not None and not (clear == ZERO_FILLED).any():
+            return  # no buffer zero-filled: each step would return at once
+        super().observe_batch(run, batch)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 
 from .check import Check
-from .data import NONE, ZERO, RunContext, StepView
+from .data import NONE, ZERO, RunContext, StepBatch, StepView
 from .finding import Finding, name_list, plural
 
 
@@ -109,3 +109,21 @@ class StepWithoutGrad(Check):
             "or after step(), never between them."
         )
         self.finding = Finding(self.code, "error", message, (), step.step)
+
+    def observe_batch(self, run: RunContext, batch: StepBatch) -> None:
+        if self.finding is not None:
+            return
+        status = batch.stack("status")
+        known = [v.passes_known is not None for v in batch.views]
+        passes = batch.stack("passes_known") if all(known) else None
+        if (
+            status is not None
+            and status.shape[1]
+            and (passes is not None and passes.shape == status.shape or not any(known))
+        ):
+            empty = (status == NONE).all(axis=1)
+            if passes is not None:
+                empty |= ~(passes > 0).any(axis=1) & ((status == NONE) | (status == ZERO)).all(axis=1)
+            if not empty.any():
+                return  # no step without a gradient: each would return
+        super().observe_batch(run, batch)

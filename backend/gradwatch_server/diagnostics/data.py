@@ -191,3 +191,108 @@ class StepView:
     def scalar(self, key: str) -> float | None:
         value = self.scalars.get(key)
         return None if value is None else float(value)
+
+
+#: The float metrics `StepView.of` decodes, by field (grad_norm and the status are done apart).
+_FLOAT_FIELDS = (
+    ("desync", DESYNC_METRIC),
+    ("update_ratio", "update_ratio"),
+    ("eps_share", "eps_share"),
+    ("spike_z", "spike_z"),
+    ("spike_ratio", "spike_ratio"),
+)
+
+
+class StepBatch:
+    """Consecutive measured steps, judged at once (`Check.observe_batch`): their `StepView`s and,
+    per field, the steps' arrays as one 2-D array (a row per step), made once for all checks.
+
+    Per step the checks' numpy calls cost more than their work (80 parameters: a microsecond or
+    two a call, about 15 checks of several calls each); over a batch of the hook's steps (its
+    `linger` brings tens of them) one call covers them all (docs/design.md)."""
+
+    def __init__(self, views: Sequence[StepView], stacked: Mapping[str, np.ndarray] | None = None) -> None:
+        self.views = list(views)
+        self.steps = np.array([v.step for v in self.views], dtype=np.int64)
+        self._stacked: dict[str, np.ndarray | None] = dict(stacked or {})
+
+    def __len__(self) -> int:
+        return len(self.views)
+
+    def stack(self, name: str) -> np.ndarray | None:
+        """The `StepView` field `name` of every step as rows of one array; None where a step
+        lacks it (then the caller judges step by step)."""
+        if name not in self._stacked:
+            rows = [getattr(v, name) for v in self.views]
+            self._stacked[name] = (
+                None if any(r is None for r in rows) or len({len(r) for r in rows}) != 1 else np.stack(rows)
+            )
+        return self._stacked[name]
+
+    @classmethod
+    def decode(
+        cls, records: Sequence[tuple[int, Mapping[str, float], Mapping[str, bytes | np.ndarray]]], count: int
+    ) -> StepBatch | None:
+        """`StepView.of` of each (step, scalars, arrays), the same arrays, decoded at once: one
+        `frombuffer` and one ABSENT mask per metric for the whole batch. None (the caller decodes
+        step by step) unless every step has the same metrics, each of `count` values."""
+        if not records:
+            return None
+        keys = [k for k in METRICS if k in records[0][2]]  # what `StepView.of` reads
+        if "grad_norm" not in keys or any([k for k in METRICS if k in r[2]] != keys for r in records):
+            return None
+        n = len(records)
+
+        def rows(key: str, dtype: str) -> np.ndarray | None:
+            """The steps' `key` as an (n, count) array of `dtype` (raw bytes joined, or arrays
+            stacked, as `StepView.of` reads each); None unless each has `count` values."""
+            raws = [r[2][key] for r in records]
+            size = count * np.dtype(dtype).itemsize
+            if all(isinstance(raw, bytes) and len(raw) == size for raw in raws):
+                return np.frombuffer(b"".join(raws), dtype=dtype).reshape(n, count)  # type: ignore[arg-type]
+            if all(isinstance(raw, np.ndarray) and raw.shape == (count,) for raw in raws):
+                return np.stack([np.asarray(raw, dtype=dtype) for raw in raws])
+            return None
+
+        loaded = {k: rows(k, "u1" if k == GRAD_STATUS else "<f4") for k in keys}
+        if any(arr is None for arr in loaded.values()):
+            return None
+
+        def floats(key: str) -> tuple[np.ndarray, np.ndarray]:
+            arr = loaded[key]
+            assert arr is not None
+            absent = absent_mask(arr)
+            values = arr.astype(np.float64)
+            if absent.any():
+                values[absent] = np.nan
+            return values, absent
+
+        norm, no_grad = floats("grad_norm")
+        given = loaded.get(GRAD_STATUS)
+        if given is not None:
+            status = given
+        else:  # as the hook derives it
+            status = np.full((n, count), NONZERO, dtype=np.uint8)
+            status[norm == 0] = ZERO
+            status[~np.isfinite(norm)] = NONFINITE
+            status[no_grad] = NONE
+        stacked: dict[str, np.ndarray | None] = {"grad_norm": norm, "status": status}
+        passes = floats("backward_passes")[0] if "backward_passes" in keys else None
+        stacked["passes"] = passes
+        stacked["passes_known"] = None if passes is None else np.nan_to_num(passes)
+        if "grad_clear" in keys:
+            values, absent = floats("grad_clear")
+            stacked["clear"] = np.where(absent | ~np.isfinite(values), NOT_SEEN, values).astype(np.int64)
+        else:
+            stacked["clear"] = None
+        for name, key in _FLOAT_FIELDS:
+            stacked[name] = floats(key)[0] if key in keys else None
+        views = [
+            StepView(
+                step=step,
+                scalars=scalars,
+                **{name: None if arr is None else arr[i] for name, arr in stacked.items()},  # type: ignore[arg-type]
+            )
+            for i, (step, scalars, _) in enumerate(records)
+        ]
+        return cls(views, {k: v for k, v in stacked.items() if v is not None})

@@ -13,14 +13,17 @@ checks' state every `SNAPSHOT_EVERY` judged steps (the last `SNAPSHOTS`), and a 
 steps rewinds to the copy before its earliest step and replays the stored steps from there
 (`Diagnostics.judge_late`), as a diagnosis derived from the start would have judged them.
 
-Cost: the checks are vectorised over parameters and run in a worker thread, once per stored
-step; the medians of exploding/vanishing dominate (docs/benchmarks.md).
+Cost: the checks are vectorised over parameters and run in a worker thread; the consecutive
+measured steps of a batch are judged at once (`RunDiagnosis.observe_records`, `StepBatch`): each
+check either proves over the whole batch that a step by step judgement would change nothing but
+what it updates at once, or judges them step by step (docs/design.md, docs/benchmarks.md).
 """
 
 from __future__ import annotations
 
 import collections
 import copy
+import functools
 import logging
 import threading
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -34,7 +37,7 @@ from .amp import AmpSkippedSteps
 from .check import Check
 from .clearing import GradAccumulation, UnclearedGradients, ZeroFilledGradBuffers
 from .coverage import ParamNeverGetsGrad, ParamNotInOptimizer, StepWithoutGrad
-from .data import METRICS, SCALARS, RunContext, StepView
+from .data import METRICS, SCALARS, RunContext, StepBatch, StepView
 from .finding import Finding
 from .ranks import RankDesync
 from .spikes import AdamEpsilonRegime, GradNormSpike, LargeUpdate, LossSpike
@@ -145,6 +148,37 @@ class RunDiagnosis:
     def observe_data(self, data: StepData) -> None:
         self.observe_record(data.step, data.scalars, data.arrays)
 
+    def observe_records(
+        self, records: Sequence[tuple[int, Mapping[str, float], Mapping[str, bytes | np.ndarray]]]
+    ) -> None:
+        """`observe_record` of each (step, scalars, arrays) in turn, to the same state and
+        findings: runs of consecutive measured steps (each after the last judged, none past the
+        next snapshot) are decoded and judged as one `StepBatch` (`Check.observe_batch`), the
+        other steps one by one."""
+        count, i = len(self.context.params), 0
+        while i < len(records):
+            j, last = i, self.last_step
+            room = self.SNAPSHOT_EVERY - self._since  # a snapshot falls after a batch, never inside
+            while j < len(records) and j - i < room and "grad_norm" in records[j][2]:
+                if last is not None and records[j][0] <= last:
+                    break
+                last = records[j][0]
+                j += 1
+            batch = StepBatch.decode(records[i:j], count) if j - i > 1 else None
+            if batch is None:
+                self.observe_record(*records[i])
+                i += 1
+                continue
+            self.steps += len(batch)
+            self.last_step = batch.views[-1].step
+            judge = functools.partial(_judge_batch, self.context, batch)
+            for check in list(self.checks):
+                self._run(check, judge)
+            self._since += len(batch)
+            if self._since >= self.SNAPSHOT_EVERY:
+                self._snap()
+            i = j
+
     def observe_record(self, step: int, scalars: Mapping[str, float], arrays: Mapping[str, bytes | np.ndarray]) -> None:
         """A stored or ingested step; one the hook did not measure (cheap facts only: no
         `grad_norm`) is seen by the checks as scalars only."""
@@ -165,6 +199,10 @@ class RunDiagnosis:
         except Exception:  # a broken check must not stop ingest nor the other checks
             log.exception("diagnostics: check %s failed; it is off for this run", check.code)
             self.checks.remove(check)
+
+
+def _judge_batch(context: RunContext, batch: StepBatch, check: Check) -> None:
+    check.observe_batch(context, batch)
 
 
 def _stored(f: Finding) -> StoredFinding:
@@ -236,8 +274,7 @@ class Diagnostics:
             diag = self._ensure(run_id, replayed=steps)
             if stored_before is not None and diag.steps < stored_before:
                 self._feed(run_id, diag, after=diag.last_step, skip={d.step for d in steps})
-            for data in steps:
-                diag.observe_data(data)
+            diag.observe_records([(data.step, data.scalars, data.arrays) for data in steps])
             self._save(run_id, diag, mark=False)
             return diag.findings()
 
@@ -368,10 +405,7 @@ class Diagnostics:
     def _feed(self, run_id: str, diag: RunDiagnosis, after: int | None, skip: set[int]) -> None:
         desync = [k for k in self.store.series_names(run_id, "scalar") if k.startswith(DESYNC_PREFIX)]
         for chunk in self.store.iter_steps(run_id, metrics=METRICS, scalar_keys=(*SCALARS, *desync), after=after):
-            for record in chunk:
-                if record.step in skip:
-                    continue
-                diag.observe_record(record.step, record.scalars, record.arrays)
+            diag.observe_records([(r.step, r.scalars, r.arrays) for r in chunk if r.step not in skip])
 
     def _save(self, run_id: str, diag: RunDiagnosis, *, mark: bool = True, replace: bool = False) -> None:
         """Store the findings that differ from the stored ones, and (with `mark`) how far they go.

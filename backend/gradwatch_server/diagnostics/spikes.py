@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 
 from .check import Check
-from .data import NONZERO, RunContext, StepView
+from .data import NONZERO, RunContext, StepBatch, StepView
 from .finding import Figure, Finding, fmt_num, name_list
 
 #: The scale of normal noise from a median absolute deviation.
@@ -116,6 +116,24 @@ def _grad_score(step: StepView, window: SpikeWindow, warmup: int) -> tuple[np.nd
     z, ratio = window.score(_usable_grads(step), warmup, least=GRAD_LEAST)
     step.memo["grad_score"] = (key, z, ratio)
     return z, ratio
+
+
+def _no_usable_grads(batch: StepBatch, window: SpikeWindow | None) -> np.ndarray | None:
+    """The batch's usable gradient norms (steps x parameters) where no step has one that
+    `window` would keep or score (none finite and positive: the gradients gone to zero), nor a
+    score of the hook's flight recorder: each step's score is NaN and its push keeps nothing.
+    None otherwise (the steps are judged one by one)."""
+    status, norm = batch.stack("status"), batch.stack("grad_norm")
+    if window is None or status is None or norm is None or status.shape[1] != len(window.count):
+        return None
+    if any(v.spike_z is not None or v.spike_ratio is not None for v in batch.views):
+        return None
+    usable = np.where(status == NONZERO, norm, np.nan)
+    with np.errstate(invalid="ignore"):
+        if (usable > 0).any():  # NaN is not above 0; a log of what is finite and above 0 is finite
+            if np.isfinite(usable[usable > 0]).any():
+                return None
+    return usable
 
 
 def _total(step: StepView) -> float | None:
@@ -221,6 +239,14 @@ class GradNormSpike(Check):
         }
         figure = Figure("gradient norm / its recent median", worst, "ratio", f"{fmt_num(worst)}×", step.step, evidence)
         self.finding = Finding(self.code, "warning", message, ordered, step.step, figure)
+
+    def observe_batch(self, run: RunContext, batch: StepBatch) -> None:
+        usable = _no_usable_grads(batch, self.params)
+        if self.params is None or usable is None or any(_total(v) is not None for v in batch.views):
+            super().observe_batch(run, batch)
+            return
+        # every score NaN, nothing flagged; of the pushes only the last one's key remains
+        self.params.push(usable[-1])
 
 
 class LargeUpdate(Check):
@@ -393,6 +419,18 @@ class LossSpike(Check):
         if step.update_ratio is not None:
             self._track("update", step.update_ratio, step.step)
         self.observe_unmeasured(run, step)
+
+    def observe_batch(self, run: RunContext, batch: StepBatch) -> None:
+        usable = _no_usable_grads(batch, self.grads)
+        if self.grads is None or usable is None or any(v.update_ratio is not None for v in batch.views):
+            super().observe_batch(run, batch)
+            return
+        # no gradient moved (every score NaN): each step only ages the recent moves, then its loss
+        for step in batch.views:
+            while self.recent and self.recent[0][0] <= step.step - self.LOOKBACK:
+                self.recent.popleft()
+            self.observe_unmeasured(run, step)
+        self.grads.push(usable[-1])
 
     def _track(
         self, series: str, values: np.ndarray, at: int, step: StepView | None = None, shared: bool = False

@@ -7,7 +7,7 @@ from dataclasses import replace
 import numpy as np
 
 from .check import Check
-from .data import NONFINITE, NONZERO, ZERO, RunContext, StepView
+from .data import NONFINITE, NONZERO, ZERO, RunContext, StepBatch, StepView
 from .finding import Figure, Finding, name_list
 
 
@@ -38,6 +38,12 @@ class NonfiniteGrad(Check):
             "clip gradients with torch.nn.utils.clip_grad_norm_."
         )
         self.finding = Finding(self.code, "error", message, ordered, first)
+
+    def observe_batch(self, run: RunContext, batch: StepBatch) -> None:
+        status = batch.stack("status")
+        if status is not None and not (status == NONFINITE).any():
+            return  # each step would return at once
+        super().observe_batch(run, batch)
 
 
 def _row_medians(values: np.ndarray) -> np.ndarray:
@@ -157,6 +163,13 @@ class _NormJump(Check):
     def _far(self, value: np.ndarray, median: np.ndarray, history: NormHistory, streak: np.ndarray) -> np.ndarray:
         raise NotImplementedError
 
+    def _far_any_streak(
+        self, value: np.ndarray, median: np.ndarray, history: NormHistory
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """`_far` of a batch's rows of values against one history: (far whatever the streak,
+        far where the streak is above 0), so that the streak can be carried step by step."""
+        raise NotImplementedError
+
     def _near(self, value: np.ndarray, history: NormHistory, streak: np.ndarray) -> np.ndarray:
         """Where `_far` is false whatever the median within the window's bounds (True: no need
         to make the median); False where that cannot be told (the default)."""
@@ -193,9 +206,99 @@ class _NormJump(Check):
         streak[judged & ~far] = 0
         self.ratio = np.where(far, ratio, self.ratio)
         history.push(reached & (step.status == NONZERO), step.grad_norm)
-        flagged = streak >= self.PERSIST
+        self._flag(run, step.step, streak >= self.PERSIST)
+
+    def observe_batch(self, run: RunContext, batch: StepBatch) -> None:
+        """Steps whose norms leave the windows as they are (none kept but maybe the last step's:
+        a gradient gone to zero, or NaN) are judged against the same window at once: the
+        bounds, medians and comparisons as (steps x parameters) arrays; only the streaks go
+        step by step. Any other batch, step by step."""
+        history, streak, began = self.history, self.streak, self.began
+        status, norm = batch.stack("status"), batch.stack("grad_norm")
+        with_passes = [v.passes is not None for v in batch.views]
+        passes = batch.stack("passes") if all(with_passes) else None
+        if (
+            history is None
+            or streak is None
+            or began is None
+            or status is None
+            or norm is None
+            or status.shape[1] != len(streak)
+            or (any(with_passes) and passes is None)
+        ):
+            super().observe_batch(run, batch)
+            return
+        reached = (passes > 0) if passes is not None else status == NONZERO
+        kept = reached & (status == NONZERO)
+        if kept[:-1].any():  # the window changes inside the batch
+            super().observe_batch(run, batch)
+            return
+        value = np.where(status == ZERO, 0.0, norm)
+        judged = reached & ((status == ZERO) | (status == NONZERO)) & (history.count >= self.WARMUP)
+        maybe = judged & ~self._near(value, history, streak)
+        rows = maybe.any(axis=0)
+        if rows.any():
+            median = np.where(maybe, history.median(rows=rows), np.nan)
+            always, if_streak = self._far_any_streak(value, median, history)
+            always, if_streak = maybe & always, maybe & if_streak
+            with np.errstate(divide="ignore", invalid="ignore"):
+                ratios = value / median
+        else:
+            always = if_streak = ratios = np.zeros(value.shape, dtype=bool)
+        if not self._scan(batch.steps, always, if_streak, judged, ratios):
+            for i, step in enumerate(batch.steps.tolist()):
+                far = always[i] | (if_streak[i] & (streak > 0))
+                if far.any():
+                    began[far & (streak == 0)] = step
+                    streak[far] += 1
+                    self.ratio = np.asarray(np.where(far, ratios[i], self.ratio))
+                streak[judged[i] & ~far] = 0
+                self._flag(run, step, streak >= self.PERSIST)
+        history.push(kept[-1], norm[-1])
+
+    def _scan(
+        self, steps: np.ndarray, always: np.ndarray, if_streak: np.ndarray, judged: np.ndarray, ratios: np.ndarray
+    ) -> bool:
+        """The streaks, beginnings and ratios after the batch's steps (rows), all at once, where
+        no step flags a parameter the finding does not name yet (True: done); else nothing is
+        changed (False: the caller goes step by step, making the finding where it changes).
+
+        A streak is above 0 after a step that is far whatever the streak (`always`), 0 after a
+        judged step that is not far even with a streak (`if_streak` holds `always`, and both are
+        judged), and as before otherwise: the last such step tells, and a step far only with a
+        streak is far exactly where the streak before it is above 0. A streak's length is then
+        its far steps since its last judged step that was not far (or since the batch began)."""
+        assert self.streak is not None and self.began is not None and self.ratio is not None
+        start = self.streak
+        at = np.arange(len(steps))[:, None]
+        event = np.where(always, 1, np.where(judged & ~if_streak, 0, -1))
+        last = np.maximum.accumulate(np.where(event >= 0, at, -1), axis=0)
+        up = np.where(last >= 0, np.take_along_axis(event, np.maximum(last, 0), 0) == 1, start > 0)
+        up_before = np.vstack([start[None, :] > 0, up[:-1]])
+        far = always | (if_streak & up_before)
+        reset = judged & ~far
+        fars = np.cumsum(far, axis=0)
+        since = np.maximum.accumulate(np.where(reset, at, -1), axis=0)
+        after = np.where(since >= 0, fars - np.take_along_axis(fars, np.maximum(since, 0), 0), start + fars)
+        flagged = after >= self.PERSIST
+        if flagged.any() and (self.finding is None or self.named is None or (flagged & ~self.named).any()):
+            return False
+        before = np.vstack([start[None, :], after[:-1]])
+        began = far & (before == 0)
+        if began.any():
+            last_began = len(steps) - 1 - np.argmax(began[::-1], axis=0)
+            self.began = np.where(began.any(axis=0), steps[last_began], self.began)
+        if far.any():
+            last_far = len(steps) - 1 - np.argmax(far[::-1], axis=0)
+            self.ratio = np.where(far.any(axis=0), ratios[last_far, np.arange(far.shape[1])], self.ratio)
+        self.streak = np.ascontiguousarray(after[-1])
+        return True
+
+    def _flag(self, run: RunContext, at: int, flagged: np.ndarray) -> None:
+        """The finding after step `at`, whose streaks reach PERSIST at `flagged`."""
         if not flagged.any():
             return
+        assert self.began is not None and self.ratio is not None
         before = self.finding
         if before is not None and self.named is not None and not (flagged & ~self.named).any():
             return  # every flagged parameter is named already: the finding stays as it is
@@ -216,8 +319,8 @@ class _NormJump(Check):
             else float(ratios.max() if self.ABOVE else ratios.min())
         )
         message, figure = self._message(ordered, first, worst)
-        at = before.figure.step if before is not None and before.figure is not None else step.step
-        self.finding = Finding(self.code, "warning", message, ordered, first, replace(figure, step=at))
+        shown = before.figure.step if before is not None and before.figure is not None else at
+        self.finding = Finding(self.code, "warning", message, ordered, first, replace(figure, step=shown))
 
 
 class ExplodingGrad(_NormJump):
@@ -237,6 +340,12 @@ class ExplodingGrad(_NormJump):
     def _far(self, value: np.ndarray, median: np.ndarray, history: NormHistory, streak: np.ndarray) -> np.ndarray:
         with np.errstate(invalid="ignore"):
             return np.asarray(value > self.RATIO * median)
+
+    def _far_any_streak(
+        self, value: np.ndarray, median: np.ndarray, history: NormHistory
+    ) -> tuple[np.ndarray, np.ndarray]:
+        far = self._far(value, median, history, np.zeros(0))
+        return far, far
 
     def _near(self, value: np.ndarray, history: NormHistory, streak: np.ndarray) -> np.ndarray:
         # median >= least, so RATIO * median >= RATIO * least (rounding is monotonic)
@@ -278,6 +387,17 @@ class VanishingGrad(_NormJump):
                 return np.asarray(low)
             sudden = value < self.SUDDEN * history.median(self.RECENT, rows=low & (streak == 0))
         return np.asarray(low & ((streak > 0) | sudden))
+
+    def _far_any_streak(
+        self, value: np.ndarray, median: np.ndarray, history: NormHistory
+    ) -> tuple[np.ndarray, np.ndarray]:
+        # a row's recent median is the same number whichever other rows are asked for
+        with np.errstate(invalid="ignore"):
+            low = value < self.RATIO * median
+            if not low.any():
+                return low, low
+            sudden = value < self.SUDDEN * history.median(self.RECENT, rows=np.asarray(low.any(axis=0)))
+        return low & sudden, low
 
     def _near(self, value: np.ndarray, history: NormHistory, streak: np.ndarray) -> np.ndarray:
         # median <= greatest, so RATIO * median <= RATIO * greatest (rounding is monotonic)
