@@ -1,4 +1,4 @@
-"""The server's CPU per stored step, `every=1` on overhead.py's MLP (issue 27).
+"""The server's CPU per stored step of overhead.py's MLP, `every=1` by default (issue 27).
 
 A real `gradwatch serve` on SQLite (overhead.py's: a subprocess of its own, which imports the
 code PYTHONPATH names before the installed one), the MLP of overhead.py (40 Linear(256), 80 tensors, AdamW) watched with
@@ -10,7 +10,10 @@ per stored step, the median of the rounds and each of them. The hook sends every
 while no browser watches), so a round of N steps holds N / (5 s x steps a second) batches.
 
     OMP_NUM_THREADS=1 PYTHONPATH=$PWD/trainer_hook:$PWD/backend python benchmarks/server_cpu.py \\
-        [--steps 300] [--rounds 3] [--warmup 30] [--profile out.txt]
+        [--steps 300] [--rounds 3] [--warmup 30] [--every N] [--profile out.txt]
+
+`--every N` watches with `every=N` (`--every 1000000000`: unmeasured steps only, what the server
+spends on each step of an `every="auto"` run between its measured ones).
 
 `--profile FILE` samples the server with py-spy (`PYSPY`, default /tmp/pyspy/bin/py-spy; the thread
 holding the GIL, 1,000 times a second: where its Python spends CPU) during
@@ -86,7 +89,10 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--warmup", type=int, default=30)
     ap.add_argument("--profile", type=Path, help="py-spy's collapsed stacks of the server go here")
+    ap.add_argument("--every", type=int, default=1, help="watch(every=N): 10**9 for unmeasured steps only (default 1)")
     args = ap.parse_args()
+    if args.every < 1:
+        ap.error("--every must be at least 1")
     torch.set_num_threads(1)
     torch.set_flush_denormal(True)
     with tempfile.TemporaryDirectory() as name:
@@ -97,7 +103,9 @@ def main() -> None:
             model, loss_fn = mlp_task()
             opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
             before = {t.ident for t in __import__("threading").enumerate()}
-            w = gradwatch.watch(opt, model=model, run="server-cpu", project="bench", server=url, every=1, warn=False)
+            w = gradwatch.watch(
+                opt, model=model, run="server-cpu", project="bench", server=url, every=args.every, warn=False
+            )
             threads = [t for t in __import__("threading").enumerate() if t.ident not in before]
 
             def step() -> None:
@@ -132,11 +140,11 @@ def main() -> None:
                 time.sleep(1.0)
             server_ms, ticks_ms, sender_ms = [], [], []
             for _ in range(args.rounds):
-                c0, s0, t0, n0 = tasks_cpu(server.pid), process_cpu(server.pid), thread_cpu(threads), w.measured_steps
+                c0, s0, t0 = tasks_cpu(server.pid), process_cpu(server.pid), thread_cpu(threads)
                 for _ in range(args.steps):
                     step()
                 acked(w, 120)
-                n = w.measured_steps - n0
+                n = args.steps  # every step is stored: a measured one, or an unmeasured one's facts
                 server_ms.append((tasks_cpu(server.pid) - c0) / n * 1e3)
                 ticks_ms.append((process_cpu(server.pid) - s0) / n * 1e3)
                 sender_ms.append((thread_cpu(threads) - t0) / n * 1e3)
@@ -153,7 +161,8 @@ def main() -> None:
 
     print(
         f"server CPU per stored step: {rounds(server_ms)}; in /proc/PID/stat's ticks {rounds(ticks_ms)}; "
-        f"the hook's threads {rounds(sender_ms)}; {args.rounds} x {args.steps} steps; load {load:.1f}"
+        f"the hook's threads {rounds(sender_ms)}; {args.rounds} x {args.steps} steps, every={args.every}; "
+        f"load {load:.1f}"
     )
     if args.profile is not None:
         summarize(args.profile, statistics.median(server_ms) / 1e3)
