@@ -4,8 +4,8 @@ A real `gradwatch serve` on SQLite (overhead.py's: a subprocess of its own, whic
 code PYTHONPATH names before the installed one), the MLP of overhead.py (40 Linear(256), 80 tensors, AdamW) watched with
 `every=1`, one torch thread, at the training's own pace. After `--warmup` steps (acked), each of
 `--rounds` rounds runs `--steps` steps, waits until the server has acknowledged all of them, and
-reads the server's CPU (its threads' run time from /proc/PID/task/*/schedstat, and utime + stime
-from /proc/PID/stat as overhead.py reads it) and the watcher's threads' CPU before and after: CPU
+reads the server's CPU (its threads' run time from /proc/PID/task/*/schedstat, and its process's
+CPU clock as overhead.py reads it) and the hook's threads' CPU before and after: CPU
 per stored step, the median of the rounds and each of them. The hook sends every `linger` (5 s
 while no browser watches), so a round of N steps holds N / (5 s x steps a second) batches.
 
@@ -38,7 +38,7 @@ import torch
 import gradwatch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from overhead import acked, mlp_task, process_cpu, start_server, stop_server, thread_cpu  # noqa: E402
+from overhead import acked, hook_threads_cpu, mlp_task, process_cpu, start_server, stop_server  # noqa: E402
 
 
 def tasks_cpu(pid: int) -> float:
@@ -102,11 +102,9 @@ def main() -> None:
         try:
             model, loss_fn = mlp_task()
             opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
-            before = {t.ident for t in __import__("threading").enumerate()}
             w = gradwatch.watch(
                 opt, model=model, run="server-cpu", project="bench", server=url, every=args.every, warn=False
             )
-            threads = [t for t in __import__("threading").enumerate() if t.ident not in before]
 
             def step() -> None:
                 opt.zero_grad(set_to_none=True)
@@ -140,14 +138,14 @@ def main() -> None:
                 time.sleep(1.0)
             server_ms, ticks_ms, sender_ms = [], [], []
             for _ in range(args.rounds):
-                c0, s0, t0 = tasks_cpu(server.pid), process_cpu(server.pid), thread_cpu(threads)
+                c0, s0, t0 = tasks_cpu(server.pid), process_cpu(server.pid), hook_threads_cpu()
                 for _ in range(args.steps):
                     step()
                 acked(w, 120)
                 n = args.steps  # every step is stored: a measured one, or an unmeasured one's facts
                 server_ms.append((tasks_cpu(server.pid) - c0) / n * 1e3)
                 ticks_ms.append((process_cpu(server.pid) - s0) / n * 1e3)
-                sender_ms.append((thread_cpu(threads) - t0) / n * 1e3)
+                sender_ms.append((hook_threads_cpu() - t0) / n * 1e3)
             w.close(timeout=30)
             if spy is not None:
                 spy.send_signal(2)
@@ -160,7 +158,7 @@ def main() -> None:
         return f"{statistics.median(figures):.3f} ms ({', '.join(f'{x:.3f}' for x in figures)})"
 
     print(
-        f"server CPU per stored step: {rounds(server_ms)}; in /proc/PID/stat's ticks {rounds(ticks_ms)}; "
+        f"server CPU per stored step: {rounds(server_ms)}; by its process clock {rounds(ticks_ms)}; "
         f"the hook's threads {rounds(sender_ms)}; {args.rounds} x {args.steps} steps, every={args.every}; "
         f"load {load:.1f}"
     )
