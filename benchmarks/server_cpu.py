@@ -43,8 +43,8 @@ from overhead import acked, hook_threads_cpu, mlp_task, process_cpu, start_serve
 
 def tasks_cpu(pid: int) -> float:
     """CPU seconds so far of the live threads of process `pid`, in nanoseconds of each one's
-    run time (/proc/PID/task/*/schedstat: finer than /proc/PID/stat's 10 ms ticks, which over a
-    round of a few hundred steps move its figure by 0.03 ms a step; a thread that ended is left out)."""
+    run time (/proc/PID/task/*/schedstat: finer than /proc/PID/stat's 10 ms ticks, too coarse for a
+    round of a few hundred steps; a thread that ended is left out)."""
     total = 0
     for task in Path(f"/proc/{pid}/task").iterdir():
         try:

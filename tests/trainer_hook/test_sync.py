@@ -80,7 +80,7 @@ def grad_norms(url: str, run_id: str, steps: int) -> list[list[float]]:
 @pytest.mark.server
 def test_sync_delivers_each_run_and_reports_progress(tmp_path: Path, spool_dir: Path) -> None:
     """The first run's spool keeps its steps as binary frames; the second's is rewritten as JSON
-    alone, as hooks wrote spools before: both deliver the same values."""
+    alone (the format of a hook that spools JSON only): both deliver the same values."""
     port = find_free_port()
     url = f"http://127.0.0.1:{port}"
     runs = [offline_run(url, 5 + i, f"offline-{i}") for i in range(2)]
