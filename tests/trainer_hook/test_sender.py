@@ -195,6 +195,27 @@ def test_a_sender_with_no_server_waits_rather_than_spins(tmp_path: Path, monkeyp
         w.close(timeout=0.1)
 
 
+def test_a_pump_that_always_fails_logs_once_and_ends_at_close(caplog: pytest.LogCaptureFixture) -> None:
+    """A bug that makes every pump raise: its traceback is logged once, not ten times a second for
+    the rest of the process, and the thread ends once close()'s deadline has passed."""
+    sender = Sender("ws://127.0.0.1:9/ws/ingest", {"type": "hello"}, linger=0.05)
+    pumps = []
+
+    def failing() -> None:
+        pumps.append(time.monotonic())
+        raise RuntimeError("injected sender bug")
+
+    sender._pump = failing  # type: ignore[method-assign]
+    with caplog.at_level("DEBUG", logger="gradwatch"):
+        while len(pumps) < 3:
+            time.sleep(0.05)
+        assert sender.close(timeout=0.2)  # the thread has ended
+    assert not sender._thread.is_alive()
+    tracebacks = [r for r in caplog.records if r.levelname == "ERROR" and "sender error" in r.getMessage()]
+    assert len(tracebacks) == 1 and tracebacks[0].exc_info is not None
+    assert sum("sender error again" in r.getMessage() for r in caplog.records) == len(pumps) - 1
+
+
 @pytest.mark.server
 def test_a_replica_sends_its_digest_and_answers_the_servers_ask_from_its_ring(tmp_path: Path) -> None:
     """A DDP replica (rank 1, nothing counted) on protocol v2 sends a measured step's grad_digest

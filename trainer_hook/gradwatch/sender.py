@@ -146,6 +146,7 @@ class Sender:
         self._ws: Optional[ClientConnection] = None
         self._ws_scope = contextlib.ExitStack()  # websockets>=17 wants connect() as a context manager
         self._closing = threading.Event()
+        self._errors_seen: set[tuple[type, str]] = set()
         self._wake = threading.Event()  # set by close(): stop waiting for the next drain
         #: a DDP replica's measured steps go as their digest once the server speaks v2 (`_v2`)
         self._replica = wire.is_replica(hello)
@@ -210,10 +211,32 @@ class Sender:
                         self._disconnect()
                         next_attempt = time.monotonic() + backoff * (0.5 + random.random())
                         backoff = min(backoff * 2, 5.0)
-            except Exception:  # a bug here must never reach the training loop
-                log.exception("gradwatch: sender error; continuing")
+            except Exception as exc:  # a bug here must never reach the training loop
+                self._report_error(exc)
                 self._disconnect()
+                if self._past_deadline():  # a pump that keeps failing must not outlive close()
+                    self._give_up()
+                    return
                 time.sleep(0.1)
+
+    def _report_error(self, exc: Exception) -> None:
+        """Log a sender error's traceback the first time it is seen, its repeats at debug level:
+        a fault that recurs at every pump would otherwise write a traceback ten times a second
+        into the training job's log for the rest of the process."""
+        key = (type(exc), str(exc))
+        if key in self._errors_seen or len(self._errors_seen) >= 16:
+            log.debug("gradwatch: sender error again; continuing: %r", exc)
+            return
+        self._errors_seen.add(key)
+        log.error("gradwatch: sender error; continuing", exc_info=exc)
+
+    def _give_up(self) -> None:
+        """End the thread after close()'s deadline when the pump itself keeps failing: keep on
+        disk what can be kept, and say so."""
+        try:
+            self._finish(delivered=False)
+        except Exception as exc:
+            log.warning("gradwatch: the sender ended on an error; messages may be lost: %r", exc)
 
     def _pump(self) -> None:
         """Every SPOOL_EVERY_S (or `linger`, if shorter): serialize what was submitted and write
