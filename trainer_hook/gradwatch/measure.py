@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import operator
 import time
-from collections.abc import Callable, Collection, Iterable
+from collections.abc import Callable, Collection, Iterable, Sequence
 from dataclasses import dataclass, field
 from itertools import repeat
 from typing import Any, Optional
@@ -60,8 +60,13 @@ def fused_norms(tensors: list[torch.Tensor], plan: Optional[NormPlan] = None) ->
         return torch.zeros(0)
     if plan is None:
         plan = norm_plan(tensors)
+    return planned_norms(plan, *plan.gather(tensors))
+
+
+def planned_norms(plan: NormPlan, fused: Sequence[torch.Tensor], runs: Sequence[Sequence[torch.Tensor]]) -> torch.Tensor:
+    """`fused_norms` of the tensors that `plan.gather` gave as `fused` and `runs` (a caller that
+    reads the same tensors at every step gathers them once)."""
     parts = []
-    fused = tensors if plan.fused is None else [tensors[i] for i in plan.fused]
     if fused:
         if plan.prep:
             fused = [f(t) if f else t for t, f in zip(fused, plan.prep)]
@@ -69,8 +74,8 @@ def fused_norms(tensors: list[torch.Tensor], plan: Optional[NormPlan] = None) ->
             parts.append(torch.stack(torch._foreach_norm(fused, 2, dtype=torch.float32)))
         except TypeError:  # torch < 2.3 has no dtype argument: norms come in the tensors' dtype
             parts.append(torch.stack([n.float() for n in torch._foreach_norm(fused, 2)]))
-    for run in plan.stacked:
-        rows = torch.stack([tensors[i] for i in run]).view(len(run), -1)
+    for run in runs:
+        rows = torch.stack(run).view(len(run), -1)
         parts.append(torch.linalg.vector_norm(rows, dim=1, dtype=torch.float32))
     norms = parts[0] if len(parts) == 1 else torch.cat(parts)
     return norms if plan.order is None else norms[plan.order]
@@ -94,6 +99,25 @@ class NormPlan:
     stacked: tuple[list[int], ...] = ()
     #: where each tensor's norm is among the fused call's then the runs' (None: in order)
     order: Optional[torch.Tensor] = None
+
+    def __post_init__(self) -> None:
+        # `gather`'s getters (operator.itemgetter: the lists are made in C, not by a loop here)
+        object.__setattr__(self, "_fused", None if self.fused is None else _items(self.fused))
+        object.__setattr__(self, "_runs", [_items(run) for run in self.stacked])
+
+    def gather(self, tensors: Sequence[torch.Tensor]) -> tuple[Sequence[torch.Tensor], list[Sequence[torch.Tensor]]]:
+        """The tensors of the fused call and of each stacked run, out of `tensors`."""
+        fused = tensors if self._fused is None else self._fused(tensors)
+        return fused, [get(tensors) for get in self._runs]
+
+
+def _items(indices: list[int]) -> Callable[[Sequence[Any]], Sequence[Any]]:
+    """A getter of the items `indices` of a sequence, as a tuple (`itemgetter` of one index
+    gives the item itself)."""
+    if len(indices) < 2:
+        only = indices[:1]
+        return lambda seq: tuple(seq[i] for i in only)
+    return operator.itemgetter(*indices)
 
 
 def norm_plan(tensors: list[torch.Tensor]) -> NormPlan:
@@ -206,6 +230,11 @@ class _StatePlan:
             self._tensors += tensors
         self._expected = [state for _, _, expected in self._with.values() for state in expected]
         self._dicts = all(isinstance(state, dict) for state in self._expected)  # else `valid` asks each one
+        #: per device, its tensors as `fused_norms` reads them (`NormPlan.gather`), gathered once
+        #: where they are read as they are (None where pieces' views are taken at each step)
+        self.gathered = [
+            None if views is not None else how.gather(tensors) for (tensors, how, _), views in zip(self.reads, self.views)
+        ]
 
     def valid(self) -> bool:
         is_ = operator.is_
@@ -471,10 +500,11 @@ class Probe:
         if plan is None or not plan.valid():
             plan = self._plans[key] = self._state_plan(range(len(self.params)) if indices is None else indices)
         pending.optimizer_bytes += plan.optimizer_bytes
-        for (tensors, how, segments), views in zip(plan.reads, plan.views):  # one pass per device
-            if views is not None:  # pieces' views are taken anew: FSDP swaps its params' storage
-                tensors = [t if v is None else v(t) for t, v in zip(tensors, views)]
-            norms = fused_norms(tensors, how)
+        for (tensors, how, segments), views, gathered in zip(plan.reads, plan.views, plan.gathered):  # per device
+            if gathered is not None:
+                norms = planned_norms(how, *gathered)
+            else:  # pieces' views are taken anew: FSDP swaps its params' storage
+                norms = fused_norms([t if v is None else v(t) for t, v in zip(tensors, views or ())], how)
             offset = 0
             for metric, idx, count in segments:
                 pending.segments.append(_Segment(metric, idx, norms[offset : offset + count]))
