@@ -4,8 +4,8 @@ the user sees).
 
 Each scenario trains a small seeded model (one torch thread) watched with no server listening,
 so that the sender spools every message; the spool is read back and each step message split
-into its steps. What differs from one run to the next by nature is left out: the run's id and
-start time, each message's `seq` (how steps are batched depends on the sender's pace), a step's
+into its steps. What differs from one run to the next by nature is left out: the run's id, default
+name and start time, the git commit of the working folder, each message's `seq` (how steps are batched depends on the sender's pace), a step's
 `time`, and the scalars that time the hook or the process (`hook/*`, `time/*`, `mem/rss_bytes`).
 `every="auto"` decides from measured costs: its scenario feeds the sampler fixed figures
 (`AutoInterval.observe*` patched here, in both checkouts alike), so that the same steps are
@@ -160,6 +160,7 @@ def records(path: Path) -> Iterator[dict[str, Any]]:
             message["run"].pop("id", None)
             message["run"].pop("started_at", None)
             message["run"].pop("name", None)  # a default name is the time it started
+            message["run"].get("config", {}).get("context", {}).pop("git", None)  # the checkout's commit
             yield message
             continue
         if message.get("type") not in ("step", "steps"):

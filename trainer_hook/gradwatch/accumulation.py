@@ -118,6 +118,7 @@ class GradTracker:
         #: hooks, not an accumulator node
         self._on_node = [on_node and type(p) in (torch.nn.Parameter, torch.Tensor) for p in params]
         self._key = object()  # this tracker's mark in a node's metadata: the hook it already has
+        self._plain = all(self._on_node) and not self._shared  # `plain`: the tensors stay what they are
         #: distinct tensors counted without a hook of their own (`scan`): the end-of-backward
         #: callback that a hooked sentinel queues looks at their `.grad`s instead
         self._scanned: list[int] = []
@@ -145,10 +146,16 @@ class GradTracker:
         """`arm` by distinct tensor."""
         if self._scanned:
             self._scanned = [u for u in self._scanned if u not in slots]
-        nodes, params, hookable, key = self._nodes, self._params, self._hookable, self._key
+        nodes, hookable = self._nodes, self._hookable
+        todo = [u for u in slots if u not in nodes and hookable[u]]
+        if todo:
+            with torch.enable_grad():  # once for every node `_accumulator` finds
+                self._hook(todo)
+
+    def _hook(self, slots: list[int]) -> None:
+        """`arm_slots` of tensors not hooked yet, grad mode on."""
+        nodes, params, key = self._nodes, self._params, self._key
         for u in slots:
-            if u in nodes or not hookable[u]:
-                continue
             if not self._on_node[u]:
                 on = [True]
                 hook = self._counter(u, on)
@@ -183,7 +190,7 @@ class GradTracker:
     def plain(self) -> bool:
         """Whether every tensor is hooked on its accumulator node and reported once (what `scan`
         needs besides one process)."""
-        return all(self._on_node) and not self._shared
+        return self._plain
 
     @property
     def scanning(self) -> bool:
@@ -431,9 +438,9 @@ def _unhook(held: Any, on: list[bool]) -> None:
 
 
 def _accumulator(p: torch.Tensor) -> Any:
-    """The AccumulateGrad node of leaf `p` (made if no graph holds one now), as DDP finds it."""
-    with torch.enable_grad():
-        view = p.view_as(p).grad_fn
+    """The AccumulateGrad node of leaf `p` (made if no graph holds one now), as DDP finds it.
+    Called with grad mode on (`arm_slots`)."""
+    view = p.view_as(p).grad_fn
     if view is None:
         raise RuntimeError("no autograd graph for a parameter that requires grad")
     return view.next_functions[0][0]

@@ -21,7 +21,7 @@ import time
 from collections.abc import Callable, Collection, Iterable, Sequence
 from dataclasses import dataclass, field
 from itertools import repeat
-from typing import Any, Optional
+from typing import Any, Optional, Union
 
 import numpy as np
 import torch
@@ -248,7 +248,13 @@ class _StatePlan:
                     return False
             return True
         return (
-            all(all(map(is_, map(states.get, ps), expected)) for states, ps, expected in self._with.values())
+            all(
+                # a mapping of these parameters alone, in this order (the optimizer's first step
+                # made their states in it), is compared entry by entry without hashing a tensor
+                (len(states) == len(ps) and all(map(is_, states, ps)) and all(map(is_, states.values(), expected)))
+                or all(map(is_, map(states.get, ps), expected))
+                for states, ps, expected in self._with.values()
+            )
             and not any(any(map(states.get, ps)) for states, ps in self._without.values())
             and list(map(len, self._expected)) == self._sizes
             and all(map(is_, map(dict.get, self._owners, self._keys), self._tensors))
@@ -276,6 +282,10 @@ class _DeviceBuffer:
     event: Optional[torch.cuda.Event] = None
 
 
+#: per-parameter metrics made on the host (`Snapshot.host_metrics`), or what makes them
+HostMetrics = Union[dict[str, np.ndarray], Callable[[], dict[str, np.ndarray]]]
+
+
 @dataclass
 class Snapshot:
     """One sampled step's measurements, on their way from the device to the sender thread."""
@@ -286,8 +296,16 @@ class Snapshot:
     buffers: list[_DeviceBuffer]
     scalars: dict[str, float]
     grad_bytes: np.ndarray  # bytes of each parameter's .grad (0 where None)
-    host_metrics: dict[str, np.ndarray] = field(default_factory=dict)  # per-parameter, NaN = ABSENT
+    #: per-parameter metrics made on the host, NaN = ABSENT; or what makes them, called on the
+    #: sender thread (`host_arrays`): the training thread hands over its lists as they are
+    host_metrics: HostMetrics = field(default_factory=dict)
     cost_s: float = 0.0  # training-thread seconds spent measuring this step
+
+    def host_arrays(self) -> dict[str, np.ndarray]:
+        """`host_metrics`, made now where it was handed over as what makes them."""
+        if callable(self.host_metrics):
+            self.host_metrics = self.host_metrics()
+        return self.host_metrics
 
     def resolve(self) -> tuple[dict[str, np.ndarray], np.ndarray, dict[str, float]]:
         """Wait for the copies, then build per-parameter arrays, grad status and scalars."""
@@ -305,7 +323,7 @@ class Snapshot:
                     scalars[metric] = float(chunk[0])
                 else:
                     metrics.setdefault(metric, _absent(self.num_params))[index] = chunk
-        for name, values in self.host_metrics.items():
+        for name, values in self.host_arrays().items():
             metrics[name] = np.where(np.isnan(values), _absent(self.num_params), values).astype(np.float32)
         status = grad_status(metrics["grad_norm"])
         grads = metrics["grad_norm"][status != GRAD_STATUS_NONE].astype(np.float64)
@@ -517,7 +535,7 @@ class Probe:
 
     @torch.no_grad()
     def finish(
-        self, extra_scalars: dict[str, Any], host_metrics: Optional[dict[str, np.ndarray]] = None
+        self, extra_scalars: dict[str, Any], host_metrics: Optional[HostMetrics] = None
     ) -> Optional[Snapshot]:
         """Add the step's scalars and enqueue the one device-to-host copy per device."""
         pending, self._pending = self._pending, None
