@@ -64,6 +64,19 @@ def plain(every: Any = 1, set_to_none: bool = True, micro: int = 1, clip: bool =
     return run
 
 
+def mixed() -> None:
+    """Tensors of many sizes: some read by the fused norm, others stacked (norm_plan)."""
+    model = torch.nn.Sequential(torch.nn.Linear(8, 80), torch.nn.Tanh(), torch.nn.Linear(80, 80), torch.nn.Tanh())
+    model.append(torch.nn.Linear(80, 8))
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    w = gradwatch.watch(opt, model=model, server=NOWHERE, every=1, warn=False)
+    for s in range(STEPS):
+        opt.zero_grad()
+        model(torch.randn(4, 8)).square().mean().backward()
+        opt.step()
+    w.close(timeout=0.2)
+
+
 def forgotten() -> None:
     """zero_grad() forgotten at some steps, a `.grad` set to None by hand at others."""
     model = mlp()
@@ -144,6 +157,7 @@ SCENARIOS: dict[str, Callable[[], None]] = {
     "set_to_none=False": plain(set_to_none=False),
     "clip+log": plain(clip=True),
     "forgotten": forgotten,
+    "mixed sizes": mixed,
     "gan": gan,
     "frozen": frozen,
     "added mid-run": added_mid_run,

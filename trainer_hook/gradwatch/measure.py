@@ -63,9 +63,13 @@ def fused_norms(tensors: list[torch.Tensor], plan: Optional[NormPlan] = None) ->
     return planned_norms(plan, *plan.gather(tensors))
 
 
-def planned_norms(plan: NormPlan, fused: Sequence[torch.Tensor], runs: Sequence[Sequence[torch.Tensor]]) -> torch.Tensor:
+def planned_norms(
+    plan: NormPlan, fused: Sequence[torch.Tensor], runs: Sequence[Sequence[torch.Tensor]], ordered: bool = True
+) -> torch.Tensor:
     """`fused_norms` of the tensors that `plan.gather` gave as `fused` and `runs` (a caller that
-    reads the same tensors at every step gathers them once)."""
+    reads the same tensors at every step gathers them once). `ordered=False`: in the order they
+    are computed, where norm k is tensor `plan.slots[k]`'s (one indexing op less, for a caller
+    that places each norm by its own index)."""
     parts = []
     if fused:
         if plan.prep:
@@ -75,10 +79,12 @@ def planned_norms(plan: NormPlan, fused: Sequence[torch.Tensor], runs: Sequence[
         except TypeError:  # torch < 2.3 has no dtype argument: norms come in the tensors' dtype
             parts.append(torch.stack([n.float() for n in torch._foreach_norm(fused, 2)]))
     for run in runs:
-        rows = torch.stack(run).view(len(run), -1)
+        rows = torch.stack(run)
+        if rows.dim() != 2:  # a run of vectors stacks as the matrix of their rows already
+            rows = rows.view(len(run), -1)
         parts.append(torch.linalg.vector_norm(rows, dim=1, dtype=torch.float32))
     norms = parts[0] if len(parts) == 1 else torch.cat(parts)
-    return norms if plan.order is None else norms[plan.order]
+    return norms if plan.order is None or not ordered else norms[plan.order]
 
 
 #: What `fused_norms` does to a tensor before the fused call: a tensor with the same norm.
@@ -99,6 +105,8 @@ class NormPlan:
     stacked: tuple[list[int], ...] = ()
     #: where each tensor's norm is among the fused call's then the runs' (None: in order)
     order: Optional[torch.Tensor] = None
+    #: the tensor whose norm each of those is (`order`'s inverse; None: in order)
+    slots: Optional[np.ndarray] = None
 
     def __post_init__(self) -> None:
         # `gather`'s getters (operator.itemgetter: the lists are made in C, not by a loop here)
@@ -140,7 +148,7 @@ def norm_plan(tensors: list[torch.Tensor]) -> NormPlan:
     slots = fused + [i for run in stacked for i in run]  # the tensor whose norm each slot holds
     order = torch.empty(len(slots), dtype=torch.long)
     order[torch.tensor(slots)] = torch.arange(len(slots))
-    return NormPlan(fused_prep if any(fused_prep) else [], fused, tuple(stacked), order)
+    return NormPlan(fused_prep if any(fused_prep) else [], fused, tuple(stacked), order, np.asarray(slots))
 
 
 def norm_preps(tensors: list[torch.Tensor]) -> list[Optional[Prep]]:
@@ -235,6 +243,9 @@ class _StatePlan:
         self.gathered = [
             None if views is not None else how.gather(tensors) for (tensors, how, _), views in zip(self.reads, self.views)
         ]
+        #: per device, its norms' stretches in the order they are computed (`planned_norms`
+        #: unordered): (metric, parameter indices, count), a stretch per metric where none is stacked
+        self.layouts = [_layout(segments, how.slots) for _, how, segments in self.reads]
 
     def valid(self) -> bool:
         is_ = operator.is_
@@ -261,6 +272,19 @@ class _StatePlan:
         )
 
 
+def _layout(
+    segments: list[tuple[str, np.ndarray, int]], slots: Optional[np.ndarray]
+) -> list[tuple[str, np.ndarray, int]]:
+    """`segments` (metric, parameter indices, count: the tensors in reading order) as the
+    stretches of norms computed in the order `slots` (None: reading order) says."""
+    if slots is None:
+        return segments
+    metrics = np.repeat(np.arange(len(segments)), [count for _, _, count in segments])[slots]
+    params = np.concatenate([idx for _, idx, _ in segments])[slots]
+    cuts = [0, *(np.flatnonzero(metrics[1:] != metrics[:-1]) + 1).tolist(), len(slots)]
+    return [(segments[metrics[a]][0], params[a:b], b - a) for a, b in zip(cuts, cuts[1:])]
+
+
 @dataclass
 class _Segment:
     """`values[k]` (a float32 vector on the device) is metric `metric` of parameter `index[k]`
@@ -269,6 +293,9 @@ class _Segment:
     metric: str
     index: Optional[np.ndarray]
     values: torch.Tensor
+    #: where `values` holds several metrics' stretches: (metric, parameter indices, count) of
+    #: each, in order (`metric` and `index` then unused)
+    layout: Optional[list[tuple[str, np.ndarray, int]]] = None
 
 
 @dataclass
@@ -394,6 +421,10 @@ class Probe:
         if self._plain and not any(p.is_sparse for p in self.params):
             self._param_nbytes = np.array([p.nbytes for p in self.params], dtype=np.int64)
         self._every_index = np.arange(len(self.params))
+        #: the parameter of each norm of every `.grad`, in the order `_grad_plan` computes them
+        self._grad_index = self._every_index
+        if self._grad_plan is not None and self._grad_plan.slots is not None:
+            self._grad_index = self._every_index[self._grad_plan.slots]
         self._plans: dict[Optional[tuple[int, ...]], _StatePlan] = {}  # by the indices read_state is given
         self._pending: Optional[_Pending] = None
         self._pinned: dict[int, list[torch.Tensor]] = {}  # free pinned host buffers by length
@@ -442,7 +473,7 @@ class Probe:
                 # enforces both), so its bytes are the parameter's; the lists are made by `map`, in C
                 assert pending.grad_bytes is not None
                 pending.grad_bytes[:] = self._param_nbytes
-                self._plain_norms(pending, self._every_index, grads, optimizer, self._grad_plan)
+                self._plain_norms(pending, self._grad_index, grads, optimizer, self._grad_plan)
                 return
         for i in range(len(params)) if indices is None else indices:
             g = params[i].grad
@@ -470,8 +501,13 @@ class Probe:
         plan: Optional[NormPlan] = None,
     ) -> None:
         """The norms of `read_plain_grads`' gradients `ts` (of the parameters `index`), read as
-        `plan` says (worked out here when None)."""
-        norms = fused_norms(ts, plan)
+        `plan` says (worked out here when None), in the order the plan computes them: a given
+        `plan`'s `index` is in that order already (`plan.slots`)."""
+        if plan is None:
+            plan = norm_plan(ts)
+            if plan.slots is not None:
+                index = index[plan.slots]
+        norms = planned_norms(plan, *plan.gather(ts), ordered=False)  # placed by their index instead
         inv_scale = self._inverse_scale(ts[0].device, optimizer)
         if inv_scale is not None:
             norms = norms * inv_scale
@@ -518,15 +554,11 @@ class Probe:
         if plan is None or not plan.valid():
             plan = self._plans[key] = self._state_plan(range(len(self.params)) if indices is None else indices)
         pending.optimizer_bytes += plan.optimizer_bytes
-        for (tensors, how, segments), views, gathered in zip(plan.reads, plan.views, plan.gathered):  # per device
-            if gathered is not None:
-                norms = planned_norms(how, *gathered)
-            else:  # pieces' views are taken anew: FSDP swaps its params' storage
-                norms = fused_norms([t if v is None else v(t) for t, v in zip(tensors, views or ())], how)
-            offset = 0
-            for metric, idx, count in segments:
-                pending.segments.append(_Segment(metric, idx, norms[offset : offset + count]))
-                offset += count
+        for (tensors, how, _), views, gathered, layout in zip(plan.reads, plan.views, plan.gathered, plan.layouts):
+            if gathered is None:  # pieces' views are taken anew: FSDP swaps its params' storage
+                gathered = how.gather([t if v is None else v(t) for t, v in zip(tensors, views or ())])
+            # in the order they are computed: the layout places each stretch (no indexing op, no slices)
+            pending.segments.append(_Segment("", None, planned_norms(how, *gathered, ordered=False), layout))
         for metric, i, q in plan.quantized:
             pending.segments.append(_Segment(metric, np.asarray([i]), q.norm().reshape(1)))
         if self.signals:
@@ -704,7 +736,7 @@ class Probe:
         buffers = []
         for device, segs in by_device.items():
             flat = torch.cat([s.values for s in segs])
-            placed = [(s.metric, s.index, s.values.numel()) for s in segs]
+            placed = [p for s in segs for p in (s.layout or [(s.metric, s.index, s.values.numel())])]
             if device.type == "cpu":
                 buffers.append(_DeviceBuffer(placed, flat))
                 continue
