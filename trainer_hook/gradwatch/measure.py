@@ -198,8 +198,10 @@ class _StatePlan:
 
     torch optimizers update their state tensors in place, so the same tensors are read every
     step; rebuilding the lists from the state dicts cost more than the norms on models of many
-    small tensors. A plan is used only while every parameter's state dict, its size and every
-    listed tensor are still the ones it was built from (identity checks), else it is rebuilt.
+    small tensors. A plan is used only while each optimizer's state mapping, every parameter's
+    state dict, its size and every listed tensor are still the ones it was built from (identity
+    checks), else it is rebuilt. `load_state_dict` replaces the mapping (its old dicts and
+    tensors stay in the old one, which nothing updates any more).
     """
 
     checks: list[
@@ -214,6 +216,8 @@ class _StatePlan:
     views: list[Optional[list[Optional[View]]]] = field(default_factory=list)
     #: quantized state (states.py): (metric, parameter index, its codes and scales), read apart
     quantized: list[tuple[str, int, Quantized]] = field(default_factory=list)
+    #: each optimizer read, with the state mapping it had (`state_of`)
+    mappings: list[tuple[torch.optim.Optimizer, Any]] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         # `checks` flattened for `valid`, whose loops then run in C (map, all): per distinct
@@ -249,6 +253,8 @@ class _StatePlan:
 
     def valid(self) -> bool:
         is_ = operator.is_
+        if not all(state_of(o) is states for o, states in self.mappings):
+            return False
         if not self._dicts:  # a custom optimizer's state mappings
             for states, p, state, size, keys, tensors in self.checks:
                 now = states.get(p)
@@ -641,8 +647,10 @@ class Probe:
         ] = []
         nbytes = 0
         quantized: list[tuple[str, int, Quantized]] = []
+        used: set[int] = set()  # the optimizers of `indices`
         for i in indices:
             w = self.layout.params[i]
+            used.add(w.optimizer)
             p = w.param
             idx, ts, vs = by_device.setdefault(p.device, {}).setdefault("param_norm", ([], [], []))
             idx.append(i)
@@ -676,7 +684,8 @@ class Probe:
             # the plan is worked out on the local views: their shapes and layouts stay the same
             reads.append(([t for _, ts, _ in metrics.values() for t in ts], norm_plan(on_device), segments))
             views.append(viewed)
-        return _StatePlan(checks, reads, nbytes, views, quantized)
+        mappings = [(o, state_of(o)) for o in (self.layout.optimizers[k] for k in sorted(used))]
+        return _StatePlan(checks, reads, nbytes, views, quantized, mappings)
 
     def _updates(self, before: dict[int, torch.Tensor]) -> list[_Segment]:
         """`update_norm` = ‖p_after − p_before‖ and `update_ratio` = update_norm / ‖p_before‖."""
