@@ -41,7 +41,9 @@ VARYING = ("hook/", "time/", "mem/rss_bytes")
 
 
 def mlp(width: int = 8, layers: int = 6) -> torch.nn.Sequential:
-    return torch.nn.Sequential(*[torch.nn.Sequential(torch.nn.Linear(width, width), torch.nn.Tanh()) for _ in range(layers)])
+    return torch.nn.Sequential(
+        *[torch.nn.Sequential(torch.nn.Linear(width, width), torch.nn.Tanh()) for _ in range(layers)]
+    )
 
 
 def plain(every: Any = 1, set_to_none: bool = True, micro: int = 1, clip: bool = False) -> Callable[[], None]:
@@ -49,9 +51,9 @@ def plain(every: Any = 1, set_to_none: bool = True, micro: int = 1, clip: bool =
         model = mlp()
         opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
         w = gradwatch.watch(opt, model=model, server=NOWHERE, every=every, warn=False)
-        for s in range(STEPS):
+        for _ in range(STEPS):
             opt.zero_grad(set_to_none=set_to_none)
-            for m in range(micro):
+            for _ in range(micro):
                 x = torch.randn(4, 8)
                 loss = model(x).square().mean() / micro
                 loss.backward()
@@ -70,7 +72,7 @@ def mixed() -> None:
     model.append(torch.nn.Linear(80, 8))
     opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
     w = gradwatch.watch(opt, model=model, server=NOWHERE, every=1, warn=False)
-    for s in range(STEPS):
+    for _ in range(STEPS):
         opt.zero_grad()
         model(torch.randn(4, 8)).square().mean().backward()
         opt.step()
@@ -98,8 +100,10 @@ def gan() -> None:
     d, g = mlp(layers=3), mlp(layers=3)
     opt_d = torch.optim.Adam(d.parameters(), lr=1e-3)
     opt_g = torch.optim.Adam(g.parameters(), lr=1e-3)
-    w = gradwatch.watch([opt_d, opt_g], model=torch.nn.ModuleDict({"d": d, "g": g}), server=NOWHERE, every=1, warn=False)
-    for s in range(STEPS):
+    w = gradwatch.watch(
+        [opt_d, opt_g], model=torch.nn.ModuleDict({"d": d, "g": g}), server=NOWHERE, every=1, warn=False
+    )
+    for _ in range(STEPS):
         fake = g(torch.randn(4, 8))
         opt_d.zero_grad()
         (d(torch.randn(4, 8)).mean() - d(fake.detach()).mean()).backward()
@@ -116,7 +120,7 @@ def frozen() -> None:
     model[1][0].requires_grad_(False)
     opt = torch.optim.AdamW([p for n, p in model.named_parameters() if not n.startswith("5.")], lr=1e-2)
     w = gradwatch.watch(opt, model=model, server=NOWHERE, every=1, warn=False)
-    for s in range(STEPS):
+    for _ in range(STEPS):
         opt.zero_grad()
         model(torch.randn(4, 8)).square().mean().backward()
         opt.step()
@@ -183,7 +187,10 @@ def records(path: Path) -> Iterator[dict[str, Any]]:
         many = message["type"] == "steps"
         steps = message["step"] if many else [message["step"]]
         n = len(steps)
-        params = {k: np.frombuffer(base64.b64decode(v), dtype=np.float32).reshape(n, -1) for k, v in message.get("params", {}).items()}
+        params = {
+            k: np.frombuffer(base64.b64decode(v), dtype=np.float32).reshape(n, -1)
+            for k, v in message.get("params", {}).items()
+        }
         status = message.get("grad_status")
         status_rows = None if status is None else np.frombuffer(base64.b64decode(status), dtype=np.uint8).reshape(n, -1)
         for k, step in enumerate(steps):

@@ -40,7 +40,7 @@ import operator
 import time
 import weakref
 from collections import deque
-from collections.abc import Collection
+from collections.abc import Callable, Collection, Iterable
 from itertools import repeat
 from typing import Any, Optional
 
@@ -60,7 +60,7 @@ _NO_GRAD = (_DEAD, 0)
 _GRAD = operator.attrgetter("grad")
 _VERSION = operator.attrgetter("_version")
 _FIRST = operator.itemgetter(0)
-_consume = deque(maxlen=0).extend  # runs an iterator of calls (`map`) to its end, in C
+_consume: Callable[[Iterable[Any]], None] = deque(maxlen=0).extend  # runs an iterator of calls (`map`) to its end, in C
 
 
 def grad_nbytes(grad: torch.Tensor) -> int:

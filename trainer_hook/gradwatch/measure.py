@@ -63,9 +63,7 @@ def fused_norms(tensors: list[torch.Tensor], plan: Optional[NormPlan] = None) ->
     return planned_norms(plan, *plan.gather(tensors))
 
 
-def planned_norms(
-    plan: NormPlan, fused: Sequence[torch.Tensor], runs: Sequence[Sequence[torch.Tensor]], ordered: bool = True
-) -> torch.Tensor:
+def planned_norms(plan: NormPlan, fused: Tensors, runs: Sequence[Tensors], ordered: bool = True) -> torch.Tensor:
     """`fused_norms` of the tensors that `plan.gather` gave as `fused` and `runs` (a caller that
     reads the same tensors at every step gathers them once). `ordered=False`: in the order they
     are computed, where norm k is tensor `plan.slots[k]`'s (one indexing op less, for a caller
@@ -87,6 +85,8 @@ def planned_norms(
     return norms if plan.order is None or not ordered else norms[plan.order]
 
 
+#: Tensors as `NormPlan.gather` gives them (itemgetter makes tuples).
+Tensors = Union[list[torch.Tensor], tuple[torch.Tensor, ...]]
 #: What `fused_norms` does to a tensor before the fused call: a tensor with the same norm.
 Prep = Callable[[torch.Tensor], torch.Tensor]
 
@@ -108,18 +108,21 @@ class NormPlan:
     #: the tensor whose norm each of those is (`order`'s inverse; None: in order)
     slots: Optional[np.ndarray] = None
 
+    #: `gather`'s getters (operator.itemgetter: the lists are made in C, not by a loop here)
+    _fused: Optional[Callable[[Tensors], Tensors]] = field(init=False, repr=False, compare=False, default=None)
+    _runs: list[Callable[[Tensors], Tensors]] = field(init=False, repr=False, compare=False, default_factory=list)
+
     def __post_init__(self) -> None:
-        # `gather`'s getters (operator.itemgetter: the lists are made in C, not by a loop here)
         object.__setattr__(self, "_fused", None if self.fused is None else _items(self.fused))
         object.__setattr__(self, "_runs", [_items(run) for run in self.stacked])
 
-    def gather(self, tensors: Sequence[torch.Tensor]) -> tuple[Sequence[torch.Tensor], list[Sequence[torch.Tensor]]]:
+    def gather(self, tensors: Tensors) -> tuple[Tensors, list[Tensors]]:
         """The tensors of the fused call and of each stacked run, out of `tensors`."""
         fused = tensors if self._fused is None else self._fused(tensors)
         return fused, [get(tensors) for get in self._runs]
 
 
-def _items(indices: list[int]) -> Callable[[Sequence[Any]], Sequence[Any]]:
+def _items(indices: list[int]) -> Callable[[Tensors], Tensors]:
     """A getter of the items `indices` of a sequence, as a tuple (`itemgetter` of one index
     gives the item itself)."""
     if len(indices) < 2:
@@ -245,7 +248,8 @@ class _StatePlan:
         #: per device, its tensors as `fused_norms` reads them (`NormPlan.gather`), gathered once
         #: where they are read as they are (None where pieces' views are taken at each step)
         self.gathered = [
-            None if views is not None else how.gather(tensors) for (tensors, how, _), views in zip(self.reads, self.views)
+            None if views is not None else how.gather(tensors)
+            for (tensors, how, _), views in zip(self.reads, self.views)
         ]
         #: per device, its norms' stretches in the order they are computed (`planned_norms`
         #: unordered): (metric, parameter indices, count), a stretch per metric where none is stacked
@@ -301,7 +305,7 @@ class _Segment:
     values: torch.Tensor
     #: where `values` holds several metrics' stretches: (metric, parameter indices, count) of
     #: each, in order (`metric` and `index` then unused)
-    layout: Optional[list[tuple[str, np.ndarray, int]]] = None
+    layout: Optional[Sequence[tuple[str, Optional[np.ndarray], int]]] = None
 
 
 @dataclass
@@ -572,9 +576,7 @@ class Probe:
         pending.cost_s += time.perf_counter() - started
 
     @torch.no_grad()
-    def finish(
-        self, extra_scalars: dict[str, Any], host_metrics: Optional[HostMetrics] = None
-    ) -> Optional[Snapshot]:
+    def finish(self, extra_scalars: dict[str, Any], host_metrics: Optional[HostMetrics] = None) -> Optional[Snapshot]:
         """Add the step's scalars and enqueue the one device-to-host copy per device."""
         pending, self._pending = self._pending, None
         if pending is None:
@@ -745,7 +747,9 @@ class Probe:
         buffers = []
         for device, segs in by_device.items():
             flat = torch.cat([s.values for s in segs])
-            placed = [p for s in segs for p in (s.layout or [(s.metric, s.index, s.values.numel())])]
+            placed: list[tuple[str, Optional[np.ndarray], int]] = []
+            for s in segs:
+                placed.extend(s.layout or [(s.metric, s.index, s.values.numel())])
             if device.type == "cpu":
                 buffers.append(_DeviceBuffer(placed, flat))
                 continue
