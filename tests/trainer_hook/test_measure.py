@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import math
 
 import numpy as np
@@ -180,6 +181,17 @@ def test_state_read_again_when_an_optimizer_replaces_or_adds_state_tensors() -> 
         buf = opt.state.get(p, {}).get("momentum_buffer")
         if buf is not None:
             assert metrics["momentum_buffer_norm"][j] == pytest.approx(float(torch.linalg.vector_norm(buf)), rel=1e-5)
+    # a checkpoint loaded: a new state mapping whose tensors are copies; the old mapping still
+    # holds the old dicts and tensors, which nothing updates any more
+    checkpoint = copy.deepcopy(opt.state_dict())
+    for buf in checkpoint["state"].values():
+        buf["momentum_buffer"].mul_(3)
+    opt.load_state_dict(checkpoint)
+    metrics, *_ = step(4)
+    for j, p in enumerate(params):
+        buf = opt.state.get(p, {}).get("momentum_buffer")
+        if buf is not None:
+            assert metrics["momentum_buffer_norm"][j] == pytest.approx(float(torch.linalg.vector_norm(buf)), rel=1e-5)
 
 
 def test_state_read_once_a_parameter_without_state_gets_some() -> None:
@@ -246,6 +258,11 @@ def test_fused_norms_read_every_kind_of_tensor_as_its_own_norm() -> None:
         else:
             assert got == pytest.approx(w, rel=1e-5, abs=1e-30)
     torch.testing.assert_close(measure.fused_norms(tensors, plan), norms, rtol=0, atol=0, equal_nan=True)
+    # in the order they are computed (the hook's measured step places each by its index): the
+    # same norms, tensor `plan.slots[k]`'s at k
+    unordered = measure.planned_norms(plan, *plan.gather(tensors), ordered=False)
+    assert sorted(plan.slots.tolist()) == list(range(len(tensors)))
+    torch.testing.assert_close(unordered, norms[torch.from_numpy(plan.slots)], rtol=0, atol=0, equal_nan=True)
 
 
 def test_a_plan_made_from_parameters_reads_their_non_contiguous_grads() -> None:

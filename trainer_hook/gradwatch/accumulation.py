@@ -36,9 +36,12 @@ step pays once rather than inside each hook (docs/benchmarks.md).
 from __future__ import annotations
 
 import logging
+import operator
 import time
 import weakref
-from collections.abc import Collection
+from collections import deque
+from collections.abc import Callable, Collection, Iterable
+from itertools import repeat
 from typing import Any, Optional
 
 import torch
@@ -51,7 +54,13 @@ log = logging.getLogger("gradwatch")
 #: `grad_clear` codes (see docs/protocol.md); None (sent as ABSENT) when nothing accumulated since the last step.
 CLEAR_NOT, CLEAR_NONE, CLEAR_ZERO = 0.0, 1.0, 2.0
 
-_NO_GRAD = (None, 0)
+#: a weak reference that is already dead: what a step that left `.grad` None is compared with
+_DEAD: weakref.ref[Any] = weakref.ref(set())
+_NO_GRAD = (_DEAD, 0)
+_GRAD = operator.attrgetter("grad")
+_VERSION = operator.attrgetter("_version")
+_FIRST = operator.itemgetter(0)
+_consume: Callable[[Iterable[Any]], None] = deque(maxlen=0).extend  # runs an iterator of calls (`map`) to its end, in C
 
 
 def grad_nbytes(grad: torch.Tensor) -> int:
@@ -87,8 +96,8 @@ class GradTracker:
         self._passes = [0] * n
         self._clear: list[Optional[float]] = [None] * n
         # per parameter, as the last step left it: (weakref to .grad, its version), or None before
-        # the first step; (None, 0) when .grad was None then
-        self._ref: list[Optional[tuple[Optional[weakref.ref[torch.Tensor]], int]]] = [None] * n
+        # the first step; (_DEAD, 0) when .grad was None then
+        self._ref: list[Optional[tuple[weakref.ref[Any], int]]] = [None] * n
         # per parameter, the `.grad` the last backward pass since the step left and its version
         self._pass_ref: list[Optional[weakref.ref[torch.Tensor]]] = [None] * n
         self._pass_version = [0] * n
@@ -109,11 +118,15 @@ class GradTracker:
         #: hooks, not an accumulator node
         self._on_node = [on_node and type(p) in (torch.nn.Parameter, torch.Tensor) for p in params]
         self._key = object()  # this tracker's mark in a node's metadata: the hook it already has
+        self._plain = all(self._on_node) and not self._shared  # `plain`: the tensors stay what they are
         #: distinct tensors counted without a hook of their own (`scan`): the end-of-backward
         #: callback that a hooked sentinel queues looks at their `.grad`s instead
         self._scanned: list[int] = []
         #: a scan saw what only a backward pass it missed explains (see `scan`)
         self.doubtful = False
+        #: `_scan_new`'s look-ups for the scanned tensors: (the slots, their tensors, a getter of
+        #: their items in per-tensor lists), made again when the scanned tensors change
+        self._scan_cache: Optional[tuple[tuple[int, ...], list[torch.Tensor], Any]] = None
 
     # -- arming: which tensors are hooked --------------------------------------------------
     def arm(self, indices: Optional[Collection[int]] = None) -> None:
@@ -133,10 +146,16 @@ class GradTracker:
         """`arm` by distinct tensor."""
         if self._scanned:
             self._scanned = [u for u in self._scanned if u not in slots]
-        nodes, params, hookable, key = self._nodes, self._params, self._hookable, self._key
+        nodes, hookable = self._nodes, self._hookable
+        todo = [u for u in slots if u not in nodes and hookable[u]]
+        if todo:
+            with torch.enable_grad():  # once for every node `_accumulator` finds
+                self._hook(todo)
+
+    def _hook(self, slots: list[int]) -> None:
+        """`arm_slots` of tensors not hooked yet, grad mode on."""
+        nodes, params, key = self._nodes, self._params, self._key
         for u in slots:
-            if u in nodes or not hookable[u]:
-                continue
             if not self._on_node[u]:
                 on = [True]
                 hook = self._counter(u, on)
@@ -171,7 +190,7 @@ class GradTracker:
     def plain(self) -> bool:
         """Whether every tensor is hooked on its accumulator node and reported once (what `scan`
         needs besides one process)."""
-        return all(self._on_node) and not self._shared
+        return self._plain
 
     @property
     def scanning(self) -> bool:
@@ -262,6 +281,8 @@ class GradTracker:
     def _scan_touched(self) -> None:
         """Note, as their hooks would have, the scanned tensors whose `.grad` the ending backward
         touched: not the tensor, or not the version, that the last pass (or the step) left."""
+        if self._scan_new():
+            return
         note, params, passes = self._seen.append, self._params, self._passes
         refs, pass_refs, pass_versions = self._ref, self._pass_ref, self._pass_version
         for u in self._scanned:
@@ -282,12 +303,44 @@ class GradTracker:
             ref = refs[u]
             if ref is not None:
                 old, old_version = ref
-                if old is not None and old() is grad:
+                if old() is grad:
                     if version == old_version:
                         continue
                     if version - old_version > 2:  # more than a clear (`zero_()`) and one pass
                         self.doubtful = True
             note((u, grad, version))
+
+    def _scan_new(self) -> bool:
+        """`_scan_touched` and `_drain` at once for the usual first backward after a step, where
+        every scanned tensor has a `.grad` that is not the one the step left (`zero_grad()` set
+        them to None): each is one pass after a clear to None, counted with no loop in Python
+        (the `map`s run in C). False, having changed nothing, where any tensor differs (no step
+        yet, a pass already counted, a `.grad` absent or the step's): the loops then."""
+        scanned = self._scanned
+        if len(scanned) < 2:
+            return False
+        key = tuple(scanned)
+        cache = self._scan_cache
+        if cache is None or cache[0] != key:
+            params = self._params
+            cache = self._scan_cache = (key, [params[u] for u in key], operator.itemgetter(*key))
+        _, params, get = cache
+        if any(get(self._passes)):
+            return False
+        refs = get(self._ref)
+        if any(map(operator.is_, refs, repeat(None))):
+            return False
+        grads = list(map(_GRAD, params))
+        if any(map(operator.is_, grads, repeat(None))) or any(
+            map(operator.is_, map(operator.call, map(_FIRST, refs)), grads)
+        ):
+            return False
+        passes, clear, pass_refs, pass_versions = self._passes, self._clear, self._pass_ref, self._pass_version
+        _consume(map(passes.__setitem__, key, repeat(1)))
+        _consume(map(clear.__setitem__, key, repeat(CLEAR_NONE)))
+        _consume(map(pass_refs.__setitem__, key, map(weakref.ref, grads)))
+        _consume(map(pass_versions.__setitem__, key, map(_VERSION, grads)))
+        return True
 
     def _drain(self) -> list[tuple[int, Optional[torch.Tensor], int]]:
         """Count the passes the hooks noted, in their order, each against what the previous pass
@@ -318,7 +371,7 @@ class GradTracker:
             passes[i] = 1
             ref = refs[i]
             old, old_version = _NO_GRAD if ref is None else ref
-            if old is not None and old() is grad:
+            if old() is grad:
                 pass_refs[i], pass_versions[i] = old, version
                 clear[i] = CLEAR_NOT if version - old_version <= 1 else CLEAR_ZERO
             else:
@@ -354,6 +407,11 @@ class GradTracker:
             passes, clear = self._passes[:], self._clear[:]
             self._passes[:] = [0] * len(params)
             self._clear[:] = [None] * len(params)
+            # each `.grad` read and weakly held by `map`s, in C (no loop in Python)
+            grads = list(map(_GRAD, params))
+            if not any(map(operator.is_, grads, repeat(None))):
+                refs[:] = zip(map(weakref.ref, grads), map(_VERSION, grads))
+                return passes, clear
             indices = range(len(params))
         else:
             passes, clear = [self._passes[i] for i in indices], [self._clear[i] for i in indices]
@@ -380,9 +438,9 @@ def _unhook(held: Any, on: list[bool]) -> None:
 
 
 def _accumulator(p: torch.Tensor) -> Any:
-    """The AccumulateGrad node of leaf `p` (made if no graph holds one now), as DDP finds it."""
-    with torch.enable_grad():
-        view = p.view_as(p).grad_fn
+    """The AccumulateGrad node of leaf `p` (made if no graph holds one now), as DDP finds it.
+    Called with grad mode on (`arm_slots`)."""
+    view = p.view_as(p).grad_fn
     if view is None:
         raise RuntimeError("no autograd graph for a parameter that requires grad")
     return view.next_functions[0][0]

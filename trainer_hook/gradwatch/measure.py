@@ -18,10 +18,10 @@ from __future__ import annotations
 
 import operator
 import time
-from collections.abc import Callable, Collection, Iterable
+from collections.abc import Callable, Collection, Iterable, Sequence
 from dataclasses import dataclass, field
 from itertools import repeat
-from typing import Any, Optional
+from typing import Any, Optional, Union
 
 import numpy as np
 import torch
@@ -60,8 +60,15 @@ def fused_norms(tensors: list[torch.Tensor], plan: Optional[NormPlan] = None) ->
         return torch.zeros(0)
     if plan is None:
         plan = norm_plan(tensors)
+    return planned_norms(plan, *plan.gather(tensors))
+
+
+def planned_norms(plan: NormPlan, fused: Tensors, runs: Sequence[Tensors], ordered: bool = True) -> torch.Tensor:
+    """`fused_norms` of the tensors that `plan.gather` gave as `fused` and `runs` (a caller that
+    reads the same tensors at every step gathers them once). `ordered=False`: in the order they
+    are computed, where norm k is tensor `plan.slots[k]`'s (one indexing op less, for a caller
+    that places each norm by its own index)."""
     parts = []
-    fused = tensors if plan.fused is None else [tensors[i] for i in plan.fused]
     if fused:
         if plan.prep:
             fused = [f(t) if f else t for t, f in zip(fused, plan.prep)]
@@ -69,13 +76,17 @@ def fused_norms(tensors: list[torch.Tensor], plan: Optional[NormPlan] = None) ->
             parts.append(torch.stack(torch._foreach_norm(fused, 2, dtype=torch.float32)))
         except TypeError:  # torch < 2.3 has no dtype argument: norms come in the tensors' dtype
             parts.append(torch.stack([n.float() for n in torch._foreach_norm(fused, 2)]))
-    for run in plan.stacked:
-        rows = torch.stack([tensors[i] for i in run]).view(len(run), -1)
+    for run in runs:
+        rows = torch.stack(run)
+        if rows.dim() != 2:  # a run of vectors stacks as the matrix of their rows already
+            rows = rows.view(len(run), -1)
         parts.append(torch.linalg.vector_norm(rows, dim=1, dtype=torch.float32))
     norms = parts[0] if len(parts) == 1 else torch.cat(parts)
-    return norms if plan.order is None else norms[plan.order]
+    return norms if plan.order is None or not ordered else norms[plan.order]
 
 
+#: Tensors as `NormPlan.gather` gives them (itemgetter makes tuples).
+Tensors = Union[list[torch.Tensor], tuple[torch.Tensor, ...]]
 #: What `fused_norms` does to a tensor before the fused call: a tensor with the same norm.
 Prep = Callable[[torch.Tensor], torch.Tensor]
 
@@ -94,6 +105,30 @@ class NormPlan:
     stacked: tuple[list[int], ...] = ()
     #: where each tensor's norm is among the fused call's then the runs' (None: in order)
     order: Optional[torch.Tensor] = None
+    #: the tensor whose norm each of those is (`order`'s inverse; None: in order)
+    slots: Optional[np.ndarray] = None
+
+    #: `gather`'s getters (operator.itemgetter: the lists are made in C, not by a loop here)
+    _fused: Optional[Callable[[Tensors], Tensors]] = field(init=False, repr=False, compare=False, default=None)
+    _runs: list[Callable[[Tensors], Tensors]] = field(init=False, repr=False, compare=False, default_factory=list)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "_fused", None if self.fused is None else _items(self.fused))
+        object.__setattr__(self, "_runs", [_items(run) for run in self.stacked])
+
+    def gather(self, tensors: Tensors) -> tuple[Tensors, list[Tensors]]:
+        """The tensors of the fused call and of each stacked run, out of `tensors`."""
+        fused = tensors if self._fused is None else self._fused(tensors)
+        return fused, [get(tensors) for get in self._runs]
+
+
+def _items(indices: list[int]) -> Callable[[Tensors], Tensors]:
+    """A getter of the items `indices` of a sequence, as a tuple (`itemgetter` of one index
+    gives the item itself)."""
+    if len(indices) < 2:
+        only = indices[:1]
+        return lambda seq: tuple(seq[i] for i in only)
+    return operator.itemgetter(*indices)
 
 
 def norm_plan(tensors: list[torch.Tensor]) -> NormPlan:
@@ -116,7 +151,7 @@ def norm_plan(tensors: list[torch.Tensor]) -> NormPlan:
     slots = fused + [i for run in stacked for i in run]  # the tensor whose norm each slot holds
     order = torch.empty(len(slots), dtype=torch.long)
     order[torch.tensor(slots)] = torch.arange(len(slots))
-    return NormPlan(fused_prep if any(fused_prep) else [], fused, tuple(stacked), order)
+    return NormPlan(fused_prep if any(fused_prep) else [], fused, tuple(stacked), order, np.asarray(slots))
 
 
 def norm_preps(tensors: list[torch.Tensor]) -> list[Optional[Prep]]:
@@ -166,8 +201,10 @@ class _StatePlan:
 
     torch optimizers update their state tensors in place, so the same tensors are read every
     step; rebuilding the lists from the state dicts cost more than the norms on models of many
-    small tensors. A plan is used only while every parameter's state dict, its size and every
-    listed tensor are still the ones it was built from (identity checks), else it is rebuilt.
+    small tensors. A plan is used only while each optimizer's state mapping, every parameter's
+    state dict, its size and every listed tensor are still the ones it was built from (identity
+    checks), else it is rebuilt. `load_state_dict` replaces the mapping (its old dicts and
+    tensors stay in the old one, which nothing updates any more).
     """
 
     checks: list[
@@ -182,6 +219,8 @@ class _StatePlan:
     views: list[Optional[list[Optional[View]]]] = field(default_factory=list)
     #: quantized state (states.py): (metric, parameter index, its codes and scales), read apart
     quantized: list[tuple[str, int, Quantized]] = field(default_factory=list)
+    #: each optimizer read, with the state mapping it had (`state_of`)
+    mappings: list[tuple[torch.optim.Optimizer, Any]] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         # `checks` flattened for `valid`, whose loops then run in C (map, all): per distinct
@@ -206,9 +245,20 @@ class _StatePlan:
             self._tensors += tensors
         self._expected = [state for _, _, expected in self._with.values() for state in expected]
         self._dicts = all(isinstance(state, dict) for state in self._expected)  # else `valid` asks each one
+        #: per device, its tensors as `fused_norms` reads them (`NormPlan.gather`), gathered once
+        #: where they are read as they are (None where pieces' views are taken at each step)
+        self.gathered = [
+            None if views is not None else how.gather(tensors)
+            for (tensors, how, _), views in zip(self.reads, self.views)
+        ]
+        #: per device, its norms' stretches in the order they are computed (`planned_norms`
+        #: unordered): (metric, parameter indices, count), a stretch per metric where none is stacked
+        self.layouts = [_layout(segments, how.slots) for _, how, segments in self.reads]
 
     def valid(self) -> bool:
         is_ = operator.is_
+        if not all(state_of(o) is states for o, states in self.mappings):
+            return False
         if not self._dicts:  # a custom optimizer's state mappings
             for states, p, state, size, keys, tensors in self.checks:
                 now = states.get(p)
@@ -219,11 +269,30 @@ class _StatePlan:
                     return False
             return True
         return (
-            all(all(map(is_, map(states.get, ps), expected)) for states, ps, expected in self._with.values())
+            all(
+                # a mapping of these parameters alone, in this order (the optimizer's first step
+                # made their states in it), is compared entry by entry without hashing a tensor
+                (len(states) == len(ps) and all(map(is_, states, ps)) and all(map(is_, states.values(), expected)))
+                or all(map(is_, map(states.get, ps), expected))
+                for states, ps, expected in self._with.values()
+            )
             and not any(any(map(states.get, ps)) for states, ps in self._without.values())
             and list(map(len, self._expected)) == self._sizes
             and all(map(is_, map(dict.get, self._owners, self._keys), self._tensors))
         )
+
+
+def _layout(
+    segments: list[tuple[str, np.ndarray, int]], slots: Optional[np.ndarray]
+) -> list[tuple[str, np.ndarray, int]]:
+    """`segments` (metric, parameter indices, count: the tensors in reading order) as the
+    stretches of norms computed in the order `slots` (None: reading order) says."""
+    if slots is None:
+        return segments
+    metrics = np.repeat(np.arange(len(segments)), [count for _, _, count in segments])[slots]
+    params = np.concatenate([idx for _, idx, _ in segments])[slots]
+    cuts = [0, *(np.flatnonzero(metrics[1:] != metrics[:-1]) + 1).tolist(), len(slots)]
+    return [(segments[metrics[a]][0], params[a:b], b - a) for a, b in zip(cuts, cuts[1:])]
 
 
 @dataclass
@@ -234,6 +303,9 @@ class _Segment:
     metric: str
     index: Optional[np.ndarray]
     values: torch.Tensor
+    #: where `values` holds several metrics' stretches: (metric, parameter indices, count) of
+    #: each, in order (`metric` and `index` then unused)
+    layout: Optional[Sequence[tuple[str, Optional[np.ndarray], int]]] = None
 
 
 @dataclass
@@ -247,6 +319,10 @@ class _DeviceBuffer:
     event: Optional[torch.cuda.Event] = None
 
 
+#: per-parameter metrics made on the host (`Snapshot.host_metrics`), or what makes them
+HostMetrics = Union[dict[str, np.ndarray], Callable[[], dict[str, np.ndarray]]]
+
+
 @dataclass
 class Snapshot:
     """One sampled step's measurements, on their way from the device to the sender thread."""
@@ -257,8 +333,16 @@ class Snapshot:
     buffers: list[_DeviceBuffer]
     scalars: dict[str, float]
     grad_bytes: np.ndarray  # bytes of each parameter's .grad (0 where None)
-    host_metrics: dict[str, np.ndarray] = field(default_factory=dict)  # per-parameter, NaN = ABSENT
+    #: per-parameter metrics made on the host, NaN = ABSENT; or what makes them, called on the
+    #: sender thread (`host_arrays`): the training thread hands over its lists as they are
+    host_metrics: HostMetrics = field(default_factory=dict)
     cost_s: float = 0.0  # training-thread seconds spent measuring this step
+
+    def host_arrays(self) -> dict[str, np.ndarray]:
+        """`host_metrics`, made now where it was handed over as what makes them."""
+        if callable(self.host_metrics):
+            self.host_metrics = self.host_metrics()
+        return self.host_metrics
 
     def resolve(self) -> tuple[dict[str, np.ndarray], np.ndarray, dict[str, float]]:
         """Wait for the copies, then build per-parameter arrays, grad status and scalars."""
@@ -276,7 +360,7 @@ class Snapshot:
                     scalars[metric] = float(chunk[0])
                 else:
                     metrics.setdefault(metric, _absent(self.num_params))[index] = chunk
-        for name, values in self.host_metrics.items():
+        for name, values in self.host_arrays().items():
             metrics[name] = np.where(np.isnan(values), _absent(self.num_params), values).astype(np.float32)
         status = grad_status(metrics["grad_norm"])
         grads = metrics["grad_norm"][status != GRAD_STATUS_NONE].astype(np.float64)
@@ -347,6 +431,10 @@ class Probe:
         if self._plain and not any(p.is_sparse for p in self.params):
             self._param_nbytes = np.array([p.nbytes for p in self.params], dtype=np.int64)
         self._every_index = np.arange(len(self.params))
+        #: the parameter of each norm of every `.grad`, in the order `_grad_plan` computes them
+        self._grad_index = self._every_index
+        if self._grad_plan is not None and self._grad_plan.slots is not None:
+            self._grad_index = self._every_index[self._grad_plan.slots]
         self._plans: dict[Optional[tuple[int, ...]], _StatePlan] = {}  # by the indices read_state is given
         self._pending: Optional[_Pending] = None
         self._pinned: dict[int, list[torch.Tensor]] = {}  # free pinned host buffers by length
@@ -395,7 +483,7 @@ class Probe:
                 # enforces both), so its bytes are the parameter's; the lists are made by `map`, in C
                 assert pending.grad_bytes is not None
                 pending.grad_bytes[:] = self._param_nbytes
-                self._plain_norms(pending, self._every_index, grads, optimizer, self._grad_plan)
+                self._plain_norms(pending, self._grad_index, grads, optimizer, self._grad_plan)
                 return
         for i in range(len(params)) if indices is None else indices:
             g = params[i].grad
@@ -423,8 +511,13 @@ class Probe:
         plan: Optional[NormPlan] = None,
     ) -> None:
         """The norms of `read_plain_grads`' gradients `ts` (of the parameters `index`), read as
-        `plan` says (worked out here when None)."""
-        norms = fused_norms(ts, plan)
+        `plan` says (worked out here when None), in the order the plan computes them: a given
+        `plan`'s `index` is in that order already (`plan.slots`)."""
+        if plan is None:
+            plan = norm_plan(ts)
+            if plan.slots is not None:
+                index = index[plan.slots]
+        norms = planned_norms(plan, *plan.gather(ts), ordered=False)  # placed by their index instead
         inv_scale = self._inverse_scale(ts[0].device, optimizer)
         if inv_scale is not None:
             norms = norms * inv_scale
@@ -471,14 +564,11 @@ class Probe:
         if plan is None or not plan.valid():
             plan = self._plans[key] = self._state_plan(range(len(self.params)) if indices is None else indices)
         pending.optimizer_bytes += plan.optimizer_bytes
-        for (tensors, how, segments), views in zip(plan.reads, plan.views):  # one pass per device
-            if views is not None:  # pieces' views are taken anew: FSDP swaps its params' storage
-                tensors = [t if v is None else v(t) for t, v in zip(tensors, views)]
-            norms = fused_norms(tensors, how)
-            offset = 0
-            for metric, idx, count in segments:
-                pending.segments.append(_Segment(metric, idx, norms[offset : offset + count]))
-                offset += count
+        for (tensors, how, _), views, gathered, layout in zip(plan.reads, plan.views, plan.gathered, plan.layouts):
+            if gathered is None:  # pieces' views are taken anew: FSDP swaps its params' storage
+                gathered = how.gather([t if v is None else v(t) for t, v in zip(tensors, views or ())])
+            # in the order they are computed: the layout places each stretch (no indexing op, no slices)
+            pending.segments.append(_Segment("", None, planned_norms(how, *gathered, ordered=False), layout))
         for metric, i, q in plan.quantized:
             pending.segments.append(_Segment(metric, np.asarray([i]), q.norm().reshape(1)))
         if self.signals:
@@ -486,9 +576,7 @@ class Probe:
         pending.cost_s += time.perf_counter() - started
 
     @torch.no_grad()
-    def finish(
-        self, extra_scalars: dict[str, Any], host_metrics: Optional[dict[str, np.ndarray]] = None
-    ) -> Optional[Snapshot]:
+    def finish(self, extra_scalars: dict[str, Any], host_metrics: Optional[HostMetrics] = None) -> Optional[Snapshot]:
         """Add the step's scalars and enqueue the one device-to-host copy per device."""
         pending, self._pending = self._pending, None
         if pending is None:
@@ -561,8 +649,10 @@ class Probe:
         ] = []
         nbytes = 0
         quantized: list[tuple[str, int, Quantized]] = []
+        used: set[int] = set()  # the optimizers of `indices`
         for i in indices:
             w = self.layout.params[i]
+            used.add(w.optimizer)
             p = w.param
             idx, ts, vs = by_device.setdefault(p.device, {}).setdefault("param_norm", ([], [], []))
             idx.append(i)
@@ -596,7 +686,8 @@ class Probe:
             # the plan is worked out on the local views: their shapes and layouts stay the same
             reads.append(([t for _, ts, _ in metrics.values() for t in ts], norm_plan(on_device), segments))
             views.append(viewed)
-        return _StatePlan(checks, reads, nbytes, views, quantized)
+        mappings = [(o, state_of(o)) for o in (self.layout.optimizers[k] for k in sorted(used))]
+        return _StatePlan(checks, reads, nbytes, views, quantized, mappings)
 
     def _updates(self, before: dict[int, torch.Tensor]) -> list[_Segment]:
         """`update_norm` = ‖p_after − p_before‖ and `update_ratio` = update_norm / ‖p_before‖."""
@@ -656,7 +747,9 @@ class Probe:
         buffers = []
         for device, segs in by_device.items():
             flat = torch.cat([s.values for s in segs])
-            placed = [(s.metric, s.index, s.values.numel()) for s in segs]
+            placed: list[tuple[str, Optional[np.ndarray], int]] = []
+            for s in segs:
+                placed.extend(s.layout or [(s.metric, s.index, s.values.numel())])
             if device.type == "cpu":
                 buffers.append(_DeviceBuffer(placed, flat))
                 continue

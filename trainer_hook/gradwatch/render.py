@@ -81,7 +81,7 @@ def _same_layout(a: Snapshot, b: Snapshot) -> bool:
         a.num_params == b.num_params
         and len(a.buffers) == len(b.buffers)
         and all(_same_segments(x.segments, y.segments) for x, y in zip(a.buffers, b.buffers))
-        and a.host_metrics.keys() == b.host_metrics.keys()
+        and a.host_arrays().keys() == b.host_arrays().keys()
     )
 
 
@@ -151,8 +151,8 @@ def _resolve(snapshots: Sequence[Snapshot]) -> list[Resolved]:
             if values is None:
                 values = metrics[metric] = np.full((n, p), _ABSENT, dtype=np.float32)
             values[:, index] = chunk
-    for name in first.host_metrics:
-        values = _rows([s.host_metrics[name] for s in snapshots])
+    for name in first.host_arrays():
+        values = _rows([s.host_arrays()[name] for s in snapshots])
         metrics[name] = np.where(np.isnan(values), _ABSENT, values).astype(np.float32, copy=False)
     grad_norm = metrics["grad_norm"]
     if grad_norm is None:

@@ -308,10 +308,10 @@ class Rounds:
         scanned = tracker.scanning
         uniform, moved = True, False
         for k, hookable in enumerate(self._hookable):
-            best = max(hookable, key=passes.__getitem__, default=None)
             current = self._sentinels[k]
-            if best is not None and (current is None or passes[best] > passes[current]):
-                self._sentinels[k] = current = best
+            top = max(map(passes.__getitem__, hookable), default=None)  # in C; the argmax only if it moves
+            if top is not None and (current is None or top > passes[current]):
+                self._sentinels[k] = current = max(hookable, key=passes.__getitem__)
                 moved = True
             if not scanned:  # `uniform` is read after a round counted with hooks only
                 most = 0 if current is None else passes[current]
@@ -388,7 +388,8 @@ class Rounds:
             passes, clear = list(self._passes), self._clear
             self._clear = [None] * len(clear)
             logged["backward_passes"] = float(max(passes, default=0))
-            snapshot = self._probe.finish(logged, _host_arrays(passes, clear))
+            # their arrays are made on the sender thread: the lists are this step's alone
+            snapshot = self._probe.finish(logged, functools.partial(_host_arrays, passes, clear))
             switched, self._switch_s = self._switch_s, 0.0  # arming for this step is part of its cost
             steps = self._cost.measured(None if snapshot is None else snapshot.cost_s + switched)
             if snapshot is not None:

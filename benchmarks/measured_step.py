@@ -1,0 +1,157 @@
+"""What a measured step costs the training thread, by parameter-tensor count (`every=1`).
+
+Where a measured step's time goes on the training thread: the norms' kernels and, around them,
+the hook's own Python (the backward's accounting, the step's passes and clears, the optimizer
+state plan, the rounds' bookkeeping, the hand-over to the sender). This prints the extra CPU time
+of a watched step against an unwatched twin, and with `--profile` where the hook's part of it
+goes, function by function.
+
+For each tensor count, an MLP of tiny `Linear(--width, --width)` layers (two tensors each),
+AdamW (two state tensors per parameter: 3 x tensors norms a step besides the gradients'), one
+torch thread, watched with `every=1` against an unwatched twin with the same weights and batch
+in the same process; nothing listens, so the sender spools to a temporary folder (the training
+thread's cost is the same with a server: docs/benchmarks.md). The steps alternate strictly, twin,
+watched, twin, ..., and a watched step's extra is its training-thread CPU time
+(`time.thread_time`) minus the mean of the two twin steps beside it; the figure is the median
+over `--steps` watched steps, with a 90% bootstrap interval. `--repeat R` runs each count R
+times, to see the spread. To compare two checkouts, run the script (from either) with each
+checkout's hook first on the path, alternating:
+
+    OMP_NUM_THREADS=1 PYTHONPATH=<checkout>/trainer_hook python benchmarks/measured_step.py [--tensors 80,400] [--steps 300]
+    OMP_NUM_THREADS=1 PYTHONPATH=<checkout>/trainer_hook python benchmarks/measured_step.py --profile [--tensors 80]
+
+`--profile` times `--steps` watched steps (no twin) under cProfile and prints the functions of
+gradwatch by their own time per step, and the total of torch's calls that the hook made.
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import logging
+import os
+import pstats
+import random
+import statistics
+import sys
+import tempfile
+import time
+
+import torch
+
+import gradwatch
+
+NOWHERE = "http://127.0.0.1:9"  # nothing listens: the hook spools
+WARMUP = 30  # untimed steps of each copy: the first measured steps, the allocator, the plans
+
+
+def model(tensors: int, width: int) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(*[torch.nn.Linear(width, width) for _ in range(tensors // 2)])
+    return net, torch.optim.AdamW(net.parameters(), lr=1e-4)
+
+
+def step(net: torch.nn.Module, opt: torch.optim.Optimizer, x: torch.Tensor) -> None:
+    opt.zero_grad(set_to_none=True)
+    net(x).square().mean().backward()
+    opt.step()
+
+
+def median_interval(values: list[float], resamples: int = 1000, seed: int = 0) -> tuple[float, float]:
+    """90% bootstrap interval of the median of `values`."""
+    rng = random.Random(seed)
+    n = len(values)
+    got = sorted(statistics.median(rng.choices(values, k=n)) for _ in range(resamples))
+    return got[int(0.05 * resamples)], got[int(0.95 * resamples) - 1]
+
+
+def measure(tensors: int, width: int, steps: int) -> dict[str, float]:
+    """The watched copy's extra training-thread CPU per step against its twin's."""
+    x = torch.randn(16, width)
+    twin, twin_opt = model(tensors, width)
+    other, other_opt = model(tensors, width)
+    w = gradwatch.watch(other_opt, model=other, server=NOWHERE, every=1, warn=False)
+    for _ in range(WARMUP):
+        step(twin, twin_opt, x)
+        step(other, other_opt, x)
+    cpu = []  # per step, alternating: twin, watched, twin, ..., twin
+    for k in range(2 * steps + 1):
+        c = time.thread_time()
+        step(other, other_opt, x) if k % 2 else step(twin, twin_opt, x)
+        cpu.append(time.thread_time() - c)
+    measured = w.measured_steps
+    w.close(timeout=0.5)
+    if measured != WARMUP + steps:
+        raise SystemExit(f"{measured} steps were measured, expected {WARMUP + steps}")
+    extra = [cpu[k] - (cpu[k - 1] + cpu[k + 1]) / 2 for k in range(1, len(cpu), 2)]
+    lo, hi = median_interval(extra)
+    return {"step": statistics.median(cpu[0::2]), "extra": statistics.median(extra), "lo": lo, "hi": hi}
+
+
+def profile(tensors: int, width: int, steps: int, top: int) -> None:
+    """cProfile of `steps` watched steps: gradwatch's functions by own time per step."""
+    x = torch.randn(16, width)
+    net, opt = model(tensors, width)
+    w = gradwatch.watch(opt, model=net, server=NOWHERE, every=1, warn=False)
+    for _ in range(WARMUP):
+        step(net, opt, x)
+    prof = cProfile.Profile(time.thread_time)  # the training thread's clock: the sender's work is not counted
+    prof.enable()
+    for _ in range(steps):
+        step(net, opt, x)
+    prof.disable()
+    w.close(timeout=0.5)
+    stats = pstats.Stats(prof).stats  # type: ignore[attr-defined]
+    rows = []
+    hook = 0.0
+    for (path, line, name), (_, calls, own, cumulative, _) in stats.items():
+        if "gradwatch" in path:
+            hook += own
+            rows.append((own, cumulative, calls, f"{os.path.basename(path)}:{line}({name})"))
+    print(f"\n{tensors} tensors: gradwatch's own Python {hook / steps * 1e6:.0f} us a step (under cProfile)")
+    print("own us/step | cumulative us/step | calls/step | function")
+    for own, cumulative, calls, where in sorted(rows, reverse=True)[:top]:
+        print(f"{own / steps * 1e6:11.1f} | {cumulative / steps * 1e6:18.1f} | {calls / steps:10.1f} | {where}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--tensors", default="80,400", help="parameter tensor counts (even; default 80,400)")
+    ap.add_argument("--steps", type=int, default=300, help="watched steps timed per count (default 300)")
+    ap.add_argument("--width", type=int, default=8, help="in and out features of each Linear (default 8)")
+    ap.add_argument("--repeat", type=int, default=1, help="runs of each count (default 1)")
+    ap.add_argument("--profile", action="store_true", help="profile the hook's Python instead (cProfile)")
+    ap.add_argument("--top", type=int, default=25, help="functions --profile prints (default 25)")
+    args = ap.parse_args(argv)
+    try:
+        counts = [int(c) for c in args.tensors.split(",")]
+    except ValueError:
+        ap.error("--tensors is a comma-separated list of whole numbers")
+    if args.steps < 2 or args.width < 1 or args.repeat < 1 or any(c < 2 or c % 2 for c in counts):
+        ap.error("--steps must be 2 or more, --width and --repeat 1 or more, each tensor count even and 2 or more")
+    torch.set_num_threads(1)
+    torch.set_flush_denormal(True)
+    logging.getLogger("gradwatch").setLevel(logging.ERROR)  # not "kept in the spool": it is deleted
+    with tempfile.TemporaryDirectory(prefix="gradwatch-bench-") as tmp:
+        os.environ["GRADWATCH_SPOOL"] = tmp
+        print(
+            f"gradwatch {gradwatch.__version__} from {os.path.dirname(gradwatch.__file__)}; torch {torch.__version__}, "
+            f"1 thread, AdamW, Linear({args.width}, {args.width}) layers, every=1, no server (spooling)"
+        )
+        if args.profile:
+            for n in counts:
+                profile(n, args.width, args.steps, args.top)
+            return 0
+        print("tensors | twin step us (CPU) | watched step's extra us, CPU (90% interval) | per tensor us")
+        for n in counts:
+            for _ in range(args.repeat):
+                r = measure(n, args.width, args.steps)
+                print(
+                    f"{n:7d} | {r['step'] * 1e6:18.0f} | {r['extra'] * 1e6:+8.0f} ({r['lo'] * 1e6:+.0f} to "
+                    f"{r['hi'] * 1e6:+.0f}) | {r['extra'] * 1e6 / n:13.2f}"
+                )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
