@@ -60,6 +60,7 @@ _NO_GRAD = (_DEAD, 0)
 _GRAD = operator.attrgetter("grad")
 _VERSION = operator.attrgetter("_version")
 _FIRST = operator.itemgetter(0)
+_DEREF: Callable[[weakref.ref[Any]], Any] = weakref.ref.__call__  # operator.call is Python 3.11+
 _consume: Callable[[Iterable[Any]], None] = deque(maxlen=0).extend  # runs an iterator of calls (`map`) to its end, in C
 
 
@@ -331,9 +332,7 @@ class GradTracker:
         if any(map(operator.is_, refs, repeat(None))):
             return False
         grads = list(map(_GRAD, params))
-        if any(map(operator.is_, grads, repeat(None))) or any(
-            map(operator.is_, map(operator.call, map(_FIRST, refs)), grads)
-        ):
+        if any(map(operator.is_, grads, repeat(None))) or any(map(operator.is_, map(_DEREF, map(_FIRST, refs)), grads)):
             return False
         passes, clear, pass_refs, pass_versions = self._passes, self._clear, self._pass_ref, self._pass_version
         _consume(map(passes.__setitem__, key, repeat(1)))
