@@ -27,9 +27,17 @@ from support.wiresteps import spooled_steps
 pytestmark = pytest.mark.timed
 
 
+#: The model's width and batch rows. A step's time is mostly the optimizer's and the hook's work
+#: on every parameter (Adam's single-tensor CPU step, the norms): 4 x 512 x 512 took about 120 ms
+#: a step on a quiet 2-core machine, 4 x 256 x 256 a quarter of that. The hook's messages, what a
+#: stalled server leaves unread, are as many (8 tensors a step) whatever the size; a training
+#: thread that waited on the network would weigh more against a shorter step, not less.
+WIDTH, BATCH = 256, 64
+
+
 def step_times(model: torch.nn.Module, opt: torch.optim.Optimizer, steps: int) -> list[float]:
     times = []
-    x = torch.randn(256, 512)
+    x = torch.randn(BATCH, WIDTH)
     for _ in range(steps):
         t0 = time.perf_counter()
         opt.zero_grad()
@@ -40,7 +48,7 @@ def step_times(model: torch.nn.Module, opt: torch.optim.Optimizer, steps: int) -
 
 
 def model_and_optimizer() -> tuple[torch.nn.Module, torch.optim.Optimizer]:
-    model = torch.nn.Sequential(*[torch.nn.Linear(512, 512) for _ in range(4)])
+    model = torch.nn.Sequential(*[torch.nn.Linear(WIDTH, WIDTH) for _ in range(4)])
     return model, torch.optim.Adam(model.parameters())
 
 
