@@ -27,9 +27,19 @@ from support.wiresteps import spooled_steps
 pytestmark = pytest.mark.timed
 
 
+#: The width of test_a_server_that_stops_reading_mid_run's model (the others': 512). A step's time
+#: is mostly the optimizer's and the hook's work on every parameter (Adam's single-tensor CPU step,
+#: the norms), a quarter of it at 256; the hook sends as many messages a step. Its steps are
+#: paired after 160 others, the sender in its steady state: the tests that pair steps from
+#: watch() on keep steps long enough that the sender's start weighs on a few of them only (at
+#: 256, the never-answering handshake's median read 1.9x once, at load 5).
+STALLED_WIDTH = 256
+
+
 def step_times(model: torch.nn.Module, opt: torch.optim.Optimizer, steps: int) -> list[float]:
     times = []
-    x = torch.randn(256, 512)
+    width = next(model.parameters()).shape[1]  # the first Linear's in_features
+    x = torch.randn(width // 2, width)
     for _ in range(steps):
         t0 = time.perf_counter()
         opt.zero_grad()
@@ -39,8 +49,8 @@ def step_times(model: torch.nn.Module, opt: torch.optim.Optimizer, steps: int) -
     return times
 
 
-def model_and_optimizer() -> tuple[torch.nn.Module, torch.optim.Optimizer]:
-    model = torch.nn.Sequential(*[torch.nn.Linear(512, 512) for _ in range(4)])
+def model_and_optimizer(width: int = 512) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
+    model = torch.nn.Sequential(*[torch.nn.Linear(width, width) for _ in range(4)])
     return model, torch.optim.Adam(model.parameters())
 
 
@@ -66,9 +76,9 @@ def paired_ratios(hooked: Trained, ref: Trained, steps: int) -> list[float]:
     return ratios
 
 
-def twin() -> tuple[Trained, gradwatch.Watcher]:
+def twin(width: int = 512) -> tuple[Trained, gradwatch.Watcher]:
     """The reference: a model watched by a hook whose server refuses at once, warmed up."""
-    model, opt = model_and_optimizer()
+    model, opt = model_and_optimizer(width)
     w = gradwatch.watch(opt, model=model, server=f"http://127.0.0.1:{refused_port()}", warn=False)
     step_times(model, opt, 2)  # the first steps allocate
     return (model, opt), w
@@ -121,8 +131,8 @@ def test_a_server_that_stops_reading_mid_run(spool_dir: Path) -> None:
     threading.Thread(target=stalled_after_welcome, args=(port, stop), daemon=True).start()
     while not port:
         time.sleep(0.01)
-    ref, ref_watcher = twin()
-    model, opt = model_and_optimizer()
+    ref, ref_watcher = twin(STALLED_WIDTH)
+    model, opt = model_and_optimizer(STALLED_WIDTH)
     w = gradwatch.watch(opt, model=model, server=f"http://127.0.0.1:{port[0]}", warn=False)
     step_times(model, opt, 160)  # enough messages to fill the socket buffers
     ratios = paired_ratios((model, opt), ref, 40)  # its last 40 steps, each against a twin's
