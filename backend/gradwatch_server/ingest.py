@@ -407,6 +407,11 @@ class IngestConnection:
         while True:
             if closing is None:
                 items = [await pending.get()]
+                if isinstance(items[0], tuple) and pending.empty():
+                    # let the reader queue the frames already received: a hook sends a pace's
+                    # messages together, and one batch of them costs one commit, thread hand-off,
+                    # diagnosis and ack rather than one per message
+                    await asyncio.sleep(0)
             else:
                 try:
                     items = [await asyncio.wait_for(pending.get(), max(0.0, closing.deadline - loop.time()))]
