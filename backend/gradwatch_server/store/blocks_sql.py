@@ -195,7 +195,7 @@ def _put_blocks(
             continue
         records = blocks.to_records(stretches, blocks.RECORDS[kind])
         made[name] = {
-            first // size: (first, count, records[j])
+            first // size: (first, count, records[j].copy())  # not a view: the rest may go
             for j, (first, count) in enumerate(zip(stretches.first.tolist(), stretches.rows.tolist()))
         }
         parts = -(-records.shape[1] // blocks.PART)
