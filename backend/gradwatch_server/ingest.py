@@ -61,9 +61,12 @@ from .protocol import (
 )
 from .sessions import Sessions
 from .settings import Settings
-from .store import ParamsMismatch, Run, StepData, Store, UnknownRun
+from .store import NotifyInTransaction, ParamsMismatch, Run, StepData, Store, UnknownRun
 
 log = logging.getLogger("gradwatch.ingest")
+
+#: What judging a batch found: the run's findings, or None (nothing judged).
+_Judged = list[Finding] | None
 
 CLOSE_INVALID = 1003
 CLOSE_POLICY = 1008
@@ -404,6 +407,11 @@ class IngestConnection:
         while True:
             if closing is None:
                 items = [await pending.get()]
+                if isinstance(items[0], tuple) and pending.empty():
+                    # let the reader queue the frames already received: a hook sends a pace's
+                    # messages together, and one batch of them costs one commit, thread hand-off,
+                    # diagnosis and ack rather than one per message
+                    await asyncio.sleep(0)
             else:
                 try:
                     items = [await asyncio.wait_for(pending.get(), max(0.0, closing.deadline - loop.time()))]
@@ -479,9 +487,13 @@ class IngestConnection:
             for s in steps
         ]
         notice = self.hub.steps_notice(self.run_id)
+        late = [s for s, data in zip(steps, batch) if data.resent]
+        judged: _Judged = None
         try:
             if self.job is not None and self.jobs is not None:  # with other ranks' frames: a group commit
                 stored = await self.jobs.commits.write(self.run_id, batch, notice)
+            elif self.job is None and not late:  # stored and judged in one hand-off to a thread
+                stored, judged = await asyncio.to_thread(self._store_and_judge, batch, notice)
             else:
                 stored = await asyncio.to_thread(
                     self.store.write_steps, self.run_id, batch, notice, self.job is not None
@@ -489,7 +501,6 @@ class IngestConnection:
         except UnknownRun:
             raise _deleted(self.run_id) from None
         new = [data for data, is_new in zip(batch, stored) if is_new]
-        late = [s for s, data in zip(steps, batch) if data.resent]
         whole = False
         if self.job is not None:  # with a replica's arrays asked for (resent): the step they held back
             await self._assemble([d for d, is_new in zip(batch, stored) if is_new or d.resent])
@@ -500,8 +511,8 @@ class IngestConnection:
             # after the ack (about 0.7 ms a stored step: docs/benchmarks.md)
             earliest = min(s.step for s in late)
             whole = not await self._report(lambda run_id: self.diagnostics.judge_late(run_id, earliest))
-        elif new:
-            await self._report(lambda run_id: self.diagnostics.observe(run_id, new))
+        elif judged is not None:
+            await self._tell(judged)
         ack: dict[str, object] = {
             "type": "ack",
             "seq": max(s.seq for s in steps),
@@ -526,6 +537,21 @@ class IngestConnection:
             await asyncio.gather(self.rejudging, return_exceptions=True)
             self.rejudging = None
 
+    def _store_and_judge(self, batch: list[StepData], notice: NotifyInTransaction | None) -> tuple[list[bool], _Judged]:
+        """In a worker thread: store a batch of a run of its own, then judge its new steps once
+        committed (one hand-off to a thread for both: each costs the loop and the thread more
+        than a batch of unmeasured steps costs the store). The run's findings; None where no
+        step was new, or the diagnostics failed (logged: they never stop ingest)."""
+        stored = self.store.write_steps(self.run_id, batch, notice, False)
+        new = [data for data, is_new in zip(batch, stored) if is_new]
+        if not new:
+            return stored, None
+        try:
+            return stored, self.diagnostics.observe(self.run_id, new)
+        except Exception:  # diagnostics must never stop ingest: log, and carry on storing
+            log.exception("diagnostics of run %s failed", self.run_id)
+            return stored, None
+
     async def _report(self, diagnose: Callable[[str], list[Finding] | None], notify: bool = True) -> bool:
         """Run the diagnostics (off the loop); send the hook each new code (again if its severity
         changes), and the webhooks too (with `notify`); the browsers each change. False where
@@ -537,6 +563,12 @@ class IngestConnection:
             return True
         if found is None:
             return False
+        await self._tell(found, notify)
+        return True
+
+    async def _tell(self, found: list[Finding], notify: bool = True) -> None:
+        """Send the hook each new code of the run's findings `found` (again if its severity
+        changes), and the webhooks too (with `notify`); the browsers each change."""
         for finding in found:
             public = finding.to_dict()
             told = tell(self.reported, public)
@@ -546,7 +578,6 @@ class IngestConnection:
                     self.notifier.finding(self.run_ref, public)
             if told.changed:
                 self.hub.publish_finding(self.run_id, public)
-        return True
 
     async def _assemble(self, stored: Sequence[StepData] = (), closed: bool = False) -> None:
         """A rank's batch is committed (its new steps `stored`), or its close: assemble the job's

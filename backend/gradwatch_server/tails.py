@@ -5,7 +5,10 @@ batches mostly stored: computing them from these tails saves reading those steps
 trusted only while the run's (stored steps, last step, last seq) in the database still match it
 (read under the run's lock); any other write, a failed transaction or a deleted run makes it match
 nothing, and the store reads the database instead. It covers only steps from its start on.
-Why: docs/design.md, Tails.
+
+A tail also keeps, per block size but the largest, the closed blocks inside the open block of the
+next size (`Closed`): a closing larger block is made from them, not from the smaller blocks read
+back from the database. Why: docs/design.md, Tails.
 """
 
 from __future__ import annotations
@@ -13,10 +16,12 @@ from __future__ import annotations
 import threading
 from collections import OrderedDict
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Protocol
 
-from .blocks import SIZES
+import numpy as np
+
+from .blocks import SIZES, closed
 
 #: The block size whose raw steps a tail holds.
 SIZE = SIZES[0]
@@ -42,29 +47,97 @@ class WrittenStep(Protocol):
 Token = tuple[int | None, ...]
 
 
+#: A stored block as written: (first stored step, stored steps, its record per parameter: one
+#: row of blocks.RECORD or blocks.SCALAR_RECORD, every part of the block joined).
+BlockRow = tuple[int, int, np.ndarray]
+
+#: Blocks of one size, per series (kind, name), per block number.
+BlockRows = dict[tuple[str, str], dict[int, BlockRow]]
+
+#: What a write computed, per block size: (the block numbers recomputed, the blocks stored of
+#: them; a series without stored steps in a block has none).
+Computed = dict[int, tuple[list[int], BlockRows]]
+
+
+@dataclass(frozen=True)
+class Closed:
+    """The closed blocks of one size in the open block of the next size: every stored one
+    numbered from `start` on (up to the last closed one) is in `rows`."""
+
+    start: int
+    rows: BlockRows
+
+
 @dataclass(frozen=True)
 class Tail:
     token: Token  # the run's Token when it was kept
-    start: int  # first step of the open block: every stored step from here on is in `steps`
+    #: first step of the open block: every stored step from here on is in `steps` (None: the
+    #: open block holds steps not in memory; only `closed` is kept)
+    start: int | None
     steps: tuple[WrittenStep, ...]
+    closed: Mapping[int, Closed] = field(default_factory=dict)  # per size (all but the largest)
 
 
 def next_tail(
-    tail: Tail | None, new: Sequence[WrittenStep], before: int | None, after: int | None, token: Token
+    tail: Tail | None,
+    new: Sequence[WrittenStep],
+    before: int | None,
+    after: int | None,
+    token: Token,
+    computed: Computed | None = None,
+    held: Mapping[int, Closed] | None = None,
 ) -> Tail | None:
     """The tail after storing `new` (the run's last step going from `before` to `after`), given
-    the tail that matched before it (None: none did, or it did not cover the new steps)."""
+    the tail that matched before it and covered the new steps (None: none did), the blocks the
+    write `computed` and the closed ones kept before it that matched (`held`)."""
     if after is None:
         return Tail(token, 0, ())
+    closed_now = next_closed(held, computed or {}, before, after)
     start = after // SIZE * SIZE
     if tail is None and before is not None and start <= before:
-        return None  # the open block holds steps stored earlier that are not in memory
+        # the open block holds steps stored earlier that are not in memory: only blocks are kept
+        return Tail(token, None, (), closed_now)
     kept = (tail.steps if tail is not None else ()) + tuple(new)
-    return Tail(token, start, tuple(s for s in kept if s.step >= start))
+    return Tail(token, start, tuple(s for s in kept if s.step >= start), closed_now)
+
+
+def next_closed(
+    held: Mapping[int, Closed] | None, computed: Computed, before: int | None, after: int
+) -> dict[int, Closed]:
+    """The closed blocks to keep after a write (the run's last step going from `before` to
+    `after`) that computed `computed`, given those kept before it (None: they did not match).
+
+    Without them, the blocks of a size numbered from `closed(size, before)` on are still known:
+    none of them was stored before the write (every stored step was at most `before`), and the
+    write computed each of them that closed (blocks.dirty: the ones its steps landed in, and the
+    one holding `before`; the others in between hold no step)."""
+    out = {}
+    for size, larger in zip(SIZES, SIZES[1:]):
+        old = None if held is None else held.get(size)
+        start = old.start if old is not None else closed(size, before)
+        numbers, made = computed.get(size, ([], {}))
+        low = after // larger * (larger // size)  # the open larger block's first block of `size`
+        redone = set(numbers)
+        rows: BlockRows = {}
+        for key, mine in old.rows.items() if old is not None else ():
+            kept = {n: row for n, row in mine.items() if n >= low and n not in redone}
+            if kept:
+                rows[key] = kept
+        for key, mine in made.items():
+            kept = {n: row for n, row in mine.items() if n >= low}
+            if kept:
+                rows.setdefault(key, {}).update(kept)
+        out[size] = Closed(max(start, low), rows)
+    return out
 
 
 def covers(tail: Tail | None, new: Iterable[WrittenStep]) -> bool:
-    return tail is not None and all(s.step >= tail.start for s in new)
+    """Whether `tail` holds every stored step of the open block and those `new` steps are in it
+    or after it."""
+    if tail is None or tail.start is None:
+        return False
+    start = tail.start
+    return all(s.step >= start for s in new)
 
 
 class Tails:

@@ -69,14 +69,13 @@ def _recomputed(store: Store) -> list[tuple[object, ...]]:
     return _blocks(store)
 
 
-@pytest.fixture
-def raw_reads() -> Iterator[list[str]]:
-    """The statements that read stored raw values (param_metrics, scalars) while the test runs."""
+def _reads(*tables: str) -> Iterator[list[str]]:
+    """The statements that read any of `tables` while the test runs."""
     seen: list[str] = []
 
     def record(conn: object, cursor: object, statement: str, *args: object) -> None:
         text = statement.upper()
-        if text.lstrip().startswith("SELECT") and ("FROM PARAM_METRICS" in text or "FROM SCALARS" in text):
+        if text.lstrip().startswith("SELECT") and any(f"FROM {t}" in text for t in tables):
             seen.append(statement)
 
     event.listen(Engine, "before_cursor_execute", record)
@@ -84,7 +83,21 @@ def raw_reads() -> Iterator[list[str]]:
     event.remove(Engine, "before_cursor_execute", record)
 
 
-def test_small_batches_close_blocks_from_memory_exactly(db_url: str, raw_reads: list[str]) -> None:
+@pytest.fixture
+def raw_reads() -> Iterator[list[str]]:
+    """The statements that read stored raw values (param_metrics, scalars) while the test runs."""
+    yield from _reads("PARAM_METRICS", "SCALARS")
+
+
+@pytest.fixture
+def block_reads() -> Iterator[list[str]]:
+    """The statements that read stored blocks back while the test runs."""
+    yield from _reads("METRIC_BLOCKS")
+
+
+def test_small_batches_close_blocks_from_memory_exactly(
+    db_url: str, raw_reads: list[str], block_reads: list[str]
+) -> None:
     store = _open(db_url)
     rng = np.random.default_rng(3)
     sizes = rng.integers(1, 40, 240)
@@ -99,9 +112,45 @@ def test_small_batches_close_blocks_from_memory_exactly(db_url: str, raw_reads: 
             store.write_steps("t", batch)
         assert step > 4 * 1024
         assert raw_reads == []  # every closed block came from memory
+        assert block_reads == []  # the larger ones too: from the smaller blocks kept
         kept = _blocks(store)
         assert {r[3] for r in kept} >= {16, 64, 256, 1024, 4096}
         assert kept == _recomputed(store)
+    finally:
+        store.close()
+
+
+def test_a_restarted_store_reads_back_until_each_open_block_is_its_own(
+    db_url: str, raw_reads: list[str], block_reads: list[str]
+) -> None:
+    """A server restarted mid-run (a new store on the same database, nothing in memory) reads the
+    smaller blocks of each open larger block back, stores the same blocks as a recomputation,
+    and stops reading once every open block began after the restart."""
+    store = _open(db_url)
+    rng = np.random.default_rng(7)
+    step = seq = 0
+
+    def write(target: Store, until: int) -> None:
+        nonlocal step, seq
+        while step < until:
+            seq += 1
+            batch = []
+            for _ in range(min(int(rng.integers(1, 40)), until - step)):
+                step += 1
+                batch.append(_step(rng, seq, step))
+            target.write_steps("t", batch)
+
+    try:
+        write(store, 1500)
+        store.close()
+        store = open_store(db_url)
+        write(store, 4200)  # the blocks open at the restart closed at 1,504 ... 2,048 and 4,096
+        assert raw_reads and block_reads
+        raw_reads.clear()
+        block_reads.clear()
+        write(store, 5300)  # every open block began after the restart
+        assert raw_reads == [] and block_reads == []
+        assert _blocks(store) == _recomputed(store)
     finally:
         store.close()
 
@@ -182,7 +231,8 @@ def test_next_tail_keeps_the_open_block_and_knows_what_it_does_not_hold() -> Non
     assert kept is not None and kept.start == 16 and [s.step for s in kept.steps] == [16, 17, 18, 19]
     assert tails.covers(kept, [_s(20)]) and not tails.covers(kept, [_s(15), _s(20)])
     # without a tail, the open block is known only when it starts after the last step before
-    assert tails.next_tail(None, [_s(20)], 19, 20, (20, 20)) is None
+    unknown = tails.next_tail(None, [_s(20)], 19, 20, (20, 20))
+    assert unknown is not None and unknown.start is None and not tails.covers(unknown, [_s(21)])
     fresh = tails.next_tail(None, [_s(31), _s(32)], 30, 32, (21, 32))
     assert fresh is not None and fresh.start == 32 and [s.step for s in fresh.steps] == [32]
 

@@ -112,10 +112,11 @@ class RunDiagnosis:
         if self.last_step is not None and step.step <= self.last_step:
             return
         self.last_step = step.step
-        for check in list(self.checks):
-            if measured:
+        if measured:
+            for check in list(self.checks):
                 self._run(check, lambda c: c.observe(self.context, step))
-            else:
+        else:  # only the checks that look at unmeasured steps: the others' call does nothing
+            for check in [c for c in self.checks if _sees_unmeasured(type(c))]:
                 self._run(check, lambda c: c.observe_unmeasured(self.context, step))
         self._since += 1
         if self._since >= self.SNAPSHOT_EVERY:
@@ -199,6 +200,11 @@ class RunDiagnosis:
         except Exception:  # a broken check must not stop ingest nor the other checks
             log.exception("diagnostics: check %s failed; it is off for this run", check.code)
             self.checks.remove(check)
+
+
+def _sees_unmeasured(cls: type[Check]) -> bool:
+    """Whether a check's class judges unmeasured steps (Check.observe_unmeasured does nothing)."""
+    return cls.observe_unmeasured is not Check.observe_unmeasured
 
 
 def _judge_batch(context: RunContext, batch: StepBatch, check: Check) -> None:

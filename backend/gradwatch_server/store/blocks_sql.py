@@ -13,7 +13,7 @@ from .. import blocks
 from ..protocol import absent_mask, array_dtype
 from ..schema import metric_blocks, param_metrics, runs, series_names, steps
 from ..schema import scalars as scalars_table
-from ..tails import WrittenStep
+from ..tails import BlockRow, BlockRows, Closed, Computed, WrittenStep
 from .rows import insert_plain, joined, metric_where, plain_rows
 from .values import scalar_columns
 
@@ -41,20 +41,25 @@ def update_blocks(
     after: int,
     stored: Sequence[WrittenStep] | None = None,
     kinds: Sequence[str] = tuple(blocks.RECORDS),
-) -> None:
+    held: Mapping[int, Closed] | None = None,
+) -> Computed:
     """Recompute the closed blocks that storing `new_steps` changed or closed (blocks.dirty),
     of every series of the run, in the caller's transaction: per kind and size, one query reads
     what they are made of (raw rows for the smallest size, blocks of the size below for the
-    others), one deletes them and one inserts them, whatever the number of series.
+    others), one deletes them and one inserts them, whatever the number of series. Returns what
+    it computed (tails.next_closed keeps the blocks a larger one will be made of).
 
     `stored`: every stored step of the smallest blocks to recompute, when the store has them in
-    memory (tails.py); then the raw rows are not read back. Blocks never closed before (numbered
-    from `closed(size, before)` on) were never written, so they need no delete. `kinds`: the
-    kinds of series that get blocks."""
+    memory (tails.py); then the raw rows are not read back. `held`: the closed blocks the store
+    keeps in memory (tails.Closed, per size); a larger block made only of blocks it holds, or of
+    blocks this write computed that were never stored before, is not read back either. Blocks
+    never closed before (numbered from `closed(size, before)` on) were never written, so they
+    need no delete. `kinds`: the kinds of series that get blocks."""
     todo = blocks.dirty(new_steps, before, after)
     if not todo[blocks.SIZES[0]]:
-        return
+        return {}
     names = conn.execute(select(series_names.c.kind, series_names.c.name).where(series_names.c.run_id == run_id)).all()
+    computed: Computed = {size: (todo[size], {}) for size in blocks.SIZES}
     for kind in kinds:
         mine = [name for k, name in names if k == kind]
         for i, size in enumerate(blocks.SIZES):
@@ -71,15 +76,15 @@ def update_blocks(
                         )
                 else:
                     ratio = size // blocks.SIZES[i - 1]
-                    found = _block_stretches_of(
-                        conn,
-                        run_id,
-                        kind,
-                        mine,
-                        blocks.SIZES[i - 1],
-                        [(a * ratio, (b + 1) * ratio - 1) for a, b in ranges],
-                    )
-                _put_blocks(
+                    smaller = blocks.SIZES[i - 1]
+                    wanted = [(a * ratio, (b + 1) * ratio - 1) for a, b in ranges]
+                    level = None if held is None else held.get(smaller)
+                    start = level.start if level is not None else blocks.closed(smaller, before)
+                    if wanted[0][0] >= start:  # every block below is in memory or was computed now
+                        found = _kept_stretches_of(kind, mine, wanted, level, computed[smaller], blocks.RECORDS[kind])
+                    else:
+                        found = _block_stretches_of(conn, run_id, kind, mine, smaller, wanted)
+                made = _put_blocks(
                     conn,
                     run_id,
                     kind,
@@ -91,6 +96,41 @@ def update_blocks(
                     found if i == 0 else _grouped(found, size),
                     blocks.closed(size, before),
                 )
+                rows = computed[size][1]
+                for name, mine_rows in made.items():
+                    rows.setdefault((kind, name), {}).update(mine_rows)
+    return computed
+
+
+def _kept_stretches_of(
+    kind: str,
+    names: list[str],
+    ranges: list[tuple[int, int]],
+    level: Closed | None,
+    now: tuple[list[int], BlockRows],
+    record: np.dtype,
+) -> dict[str, blocks.Stretches]:
+    """What `_block_stretches_of` reads, from the blocks kept in memory (`level`, numbered from its
+    start on) and those this write computed (`now`: the numbers recomputed, and their rows)."""
+    redone, made = set(now[0]), now[1]
+    kept = level.rows if level is not None else {}
+    found = {}
+    for name in names:
+        key = (kind, name)
+        fresh, old = made.get(key, {}), kept.get(key, {})
+        rows: list[BlockRow] = []
+        for a, b in ranges:
+            for n in range(a, b + 1):
+                row = fresh.get(n) if n in redone else old.get(n)
+                if row is not None:
+                    rows.append(row)
+        if rows:
+            found[name] = blocks.from_records(
+                np.array([r[0] for r in rows], dtype=np.int64),
+                np.array([r[1] for r in rows], dtype=np.int64),
+                np.stack([r[2] for r in rows]).astype(record, copy=False),
+            )
+    return found
 
 
 def _grouped(found: Mapping[str, blocks.Stretches], size: int) -> dict[str, blocks.Stretches]:
@@ -133,9 +173,10 @@ def _put_blocks(
     ranges: list[tuple[int, int]],
     found: Mapping[str, blocks.Stretches],
     fresh: int = 0,
-) -> None:
+) -> dict[str, dict[int, BlockRow]]:
     """Replace the stored blocks of a size numbered in `ranges` by `found` (per series, one
-    stretch per block holding data); those numbered from `fresh` on are known not to be stored."""
+    stretch per block holding data); those numbered from `fresh` on are known not to be stored.
+    Returns the blocks stored, per series and block number."""
     stale = [(a, b) for a, b in ranges if a < fresh]
     if stale:
         conn.execute(
@@ -148,10 +189,15 @@ def _put_blocks(
             )
         )
     rows = []
+    made: dict[str, dict[int, BlockRow]] = {}
     for name, stretches in found.items():
         if not len(stretches):
             continue
         records = blocks.to_records(stretches, blocks.RECORDS[kind])
+        made[name] = {
+            first // size: (first, count, records[j].copy())  # not a view: the rest may go
+            for j, (first, count) in enumerate(zip(stretches.first.tolist(), stretches.rows.tolist()))
+        }
         parts = -(-records.shape[1] // blocks.PART)
         rows += [
             (
@@ -169,6 +215,7 @@ def _put_blocks(
             for part in range(parts)
         ]
     insert_plain(conn, metric_blocks, rows)
+    return made
 
 
 def _split(rows: list[Any]) -> Iterator[tuple[str, list[Any]]]:

@@ -127,27 +127,29 @@ def write_steps(
         names |= add_names(conn, run_id, "param", {m for d in resent for m in d.arrays}, known)
     top = max((d.step for d in new), default=None)
     after = last_step_before if top is None else top if last_step_before is None else max(top, last_step_before)
-    tail = run_tails.get(run_id, (locked.steps, last_step_before, locked.last_seq))
-    tail = tail if tails.covers(tail, new) and not added else None  # a kept step got arrays: read them
+    kept = run_tails.get(run_id, (locked.steps, last_step_before, locked.last_seq))
+    tail = kept if tails.covers(kept, new) and not added else None  # a kept step got arrays: read them
+    held = None if kept is None or added else kept.closed  # the closed blocks kept stay true
+    computed: tails.Computed = {}
     if (top is not None or added) and param_blocks and after is not None:
-        update_blocks(
+        computed = update_blocks(
             conn,
             run_id,
             [d.step for d in new] + added,
             last_step_before,
             after,
             None if tail is None else (*tail.steps, *new),
+            held=held,
         )
     if top is None:
         conn.execute(_ADVANCE_SEQ, {"run_id": run_id, "seq_now": last_seq, "now": now})
     else:
         conn.execute(_ADVANCE, {"run_id": run_id, "seq_now": last_seq, "new": len(new), "top": top, "now": now})
+    token = (locked.steps + len(new), after, last_seq)
     return Written(
         stored,
         names,
-        None
-        if added
-        else tails.next_tail(tail, new, last_step_before, after, (locked.steps + len(new), after, last_seq)),
+        None if added else tails.next_tail(tail, new, last_step_before, after, token, computed, held),
         changed=True,
     )
 
