@@ -140,12 +140,24 @@ def covers(tail: Tail | None, new: Iterable[WrittenStep]) -> bool:
     return all(s.step >= start for s in new)
 
 
-class Tails:
-    """The tails of the last `capacity` runs written; safe to share between threads."""
+def tail_nbytes(tail: Tail) -> int:
+    """About the memory `tail` holds: its steps' arrays and its closed blocks' records."""
+    steps = sum(len(a) for s in tail.steps for a in s.arrays.values())
+    blocks = sum(
+        row[2].nbytes for level in tail.closed.values() for rows in level.rows.values() for row in rows.values()
+    )
+    return steps + blocks
 
-    def __init__(self, capacity: int = 256) -> None:
-        self._capacity = capacity
-        self._tails: OrderedDict[str, Tail] = OrderedDict()
+
+class Tails:
+    """The tails of the last `capacity` runs written, in at most `budget` bytes (the latest
+    always kept): a server that writes many runs of many parameters at once (a large job's
+    ranks) would otherwise hold several megabytes a run; safe to share between threads."""
+
+    def __init__(self, capacity: int = 256, budget: int = 256 << 20) -> None:
+        self._capacity, self._budget = capacity, budget
+        self._tails: OrderedDict[str, tuple[Tail, int]] = OrderedDict()
+        self._nbytes = 0
         self._lock = threading.Lock()
 
     def get(self, run_id: str, token: Token) -> Tail | None:
@@ -153,14 +165,23 @@ class Tails:
         if token[0] == 0:
             return Tail(token, 0, ())  # nothing stored: nothing to read back
         with self._lock:
-            tail = self._tails.get(run_id)
-        return tail if tail is not None and tail.token == token else None
+            kept = self._tails.get(run_id)
+        return kept[0] if kept is not None and kept[0].token == token else None
 
     def keep(self, run_id: str, tail: Tail | None) -> None:
         """Remember `tail` (None: forget the run's) once its write has committed."""
+        size = 0 if tail is None else tail_nbytes(tail)
         with self._lock:
-            self._tails.pop(run_id, None)
+            old = self._tails.pop(run_id, None)
+            if old is not None:
+                self._nbytes -= old[1]
             if tail is not None:
-                self._tails[run_id] = tail
-                while len(self._tails) > self._capacity:
-                    self._tails.popitem(last=False)
+                self._tails[run_id] = (tail, size)
+                self._nbytes += size
+                while len(self._tails) > 1 and (len(self._tails) > self._capacity or self._nbytes > self._budget):
+                    self._nbytes -= self._tails.popitem(last=False)[1][1]
+
+    @property
+    def nbytes(self) -> int:
+        """What the kept tails hold (`tail_nbytes`)."""
+        return self._nbytes

@@ -245,3 +245,23 @@ def test_tails_are_found_only_at_their_token_and_at_most_capacity_kept() -> None
     assert kept.get("b", (1, 1)) is not None and kept.get("b", (2, 1)) is None
     kept.keep("b", None)
     assert kept.get("b", (1, 1)) is None
+
+
+def test_tails_are_kept_within_their_byte_budget_the_latest_always() -> None:
+    def tail(values: int) -> tails.Tail:
+        step = StepData(1, 1, 1.0, {}, {"grad_norm": bytes(4 * values)})
+        rows = {("param", "grad_norm"): {0: (0, 16, np.zeros(values, dtype=np.float64))}}
+        return tails.Tail((1, 1), 0, (step,), {16: tails.Closed(0, rows)})
+
+    assert tails.tail_nbytes(tail(100)) == 4 * 100 + 8 * 100
+    kept = tails.Tails(budget=3_000)
+    kept.keep("a", tail(100))  # 1,200 bytes
+    kept.keep("b", tail(100))
+    assert kept.nbytes == 2_400 and kept.get("a", (1, 1)) is not None
+    kept.keep("c", tail(100))  # 3,600: the oldest goes
+    assert kept.get("a", (1, 1)) is None and kept.get("b", (1, 1)) is not None and kept.nbytes == 2_400
+    kept.keep("d", tail(1_000))  # alone over the budget: kept, every other one goes
+    assert kept.nbytes == 12_000 and kept.get("d", (1, 1)) is not None
+    assert kept.get("b", (1, 1)) is None and kept.get("c", (1, 1)) is None
+    kept.keep("d", None)
+    assert kept.nbytes == 0
