@@ -64,11 +64,15 @@ demo: setup
 # The timed tier collects only the modules whose text marks a test `timed` (TIMED_MODULES), not
 # the whole suite for its few tests (about 10 s); tests/conftest.py fails any collection where a
 # `timed` test's module does not say `mark.timed`, so none is left out of both tiers.
+# `make test CHECK=1` (what CI runs) also runs `make check` beside the parallel tier, whose waits
+# leave the cores part idle, and prints its log after it; the timed tier starts once it is done.
 TIMED_MODULES = $(shell grep -rlE --include='test_*.py' 'mark\.timed' tests | sort)
 test: setup-test
+	if [ -n "$(CHECK)" ]; then $(MAKE) --no-print-directory check > .check.log 2>&1 & fi; checking=$$!; \
 	OMP_NUM_THREADS=1 $(BIN)/python -m pytest -n 3 --dist loadfile --no-loadscope-reorder -m "not timed" --durations=10; parallel=$$?; \
+	checked=0; if [ -n "$(CHECK)" ]; then wait $$checking; checked=$$?; echo "== make check (exit $$checked)"; cat .check.log; fi; \
 	$(BIN)/python -m pytest -m timed --durations=10 $(TIMED_MODULES); timed=$$?; \
-	test $$parallel -eq 0 && test $$timed -eq 0
+	test $$parallel -eq 0 && test $$timed -eq 0 && test $$checked -eq 0
 
 # The tiers are markers each test module declares (tests/support/tiers.py; pytest.ini lists them).
 # The fast tier runs on every core (pytest-xdist), a test file per worker so that a module's fixtures
