@@ -148,7 +148,13 @@ class Prefork:
         request_id = str(next(self._ids))
         out, err = (self.folder / "output" / f"{request_id}.{name}" for name in ("stdout", "stderr"))
         out.parent.mkdir(exist_ok=True)
-        request = {"id": request_id, "script": str(script), "args": list(args), "env": dict(env), "cwd": str(self.folder)}
+        request = {
+            "id": request_id,
+            "script": str(script),
+            "args": list(args),
+            "env": dict(env),
+            "cwd": str(self.folder),
+        }
         with self._changed:
             self.proc.stdin.write(json.dumps({**request, "stdout": str(out), "stderr": str(err)}) + "\n")
             self.proc.stdin.flush()
