@@ -241,13 +241,14 @@ def test_list_runs_filters_and_orders(store: Store) -> None:
 
 
 def test_thousands_of_runs_list_filtered_and_paged_exactly(store: Store) -> None:
-    """2,000 runs in 3 projects with many equal creation times: with a filter, pages of any size
-    add up to the matching runs newest first (ties by id), each once, and `count` is theirs."""
+    """1,100 runs (more than the largest page, 1,000) in 3 projects with many equal creation
+    times: with a filter, pages of any size add up to the matching runs newest first (ties by
+    id), each once, and `count` is theirs."""
     rng = np.random.default_rng(4)
     made = []
-    for i in range(2000):
+    for i in range(1100):  # storing the runs is most of the time: 1,100 keep every page size's seams
         run_id, project = f"r{i:04d}", ("alpha", "beta", "gamma")[i % 3]
-        created = 1_700_000_000.0 + int(rng.integers(0, 300))
+        created = 1_700_000_000.0 + int(rng.integers(0, 150))  # about 7 runs a creation time, as before
         message = parse_message(json.dumps(hello(run_id, project=project, name=f"run {i}", started_at=created)))
         assert isinstance(message, Hello)
         store.open_run(message)
@@ -476,21 +477,30 @@ def test_reopening_is_a_no_op(db_url: str) -> None:
 
 def test_processes_starting_together_on_a_new_database_all_open_it(db_url: str) -> None:
     """Two servers, or a server and `gradwatch import`: one creates the schema, the others wait."""
-    start_at = time.time() + 2.0  # after every child has imported gradwatch_server
+    # Each child says when it has imported gradwatch_server, then waits for the word to open
+    # the store: all three open it at once, and nobody waits out a fixed delay.
     code = (
-        "import sys, time; from gradwatch_server.store import open_store; "
-        "time.sleep(max(0.0, float(sys.argv[2]) - time.time())); open_store(sys.argv[1]).close()"
+        "import sys; from gradwatch_server.store import open_store; "
+        "print('ready', flush=True); sys.stdin.readline(); open_store(sys.argv[1]).close()"
     )
     children = [
         subprocess.Popen(
-            [sys.executable, "-c", code, db_url, str(start_at)],
+            [sys.executable, "-c", code, db_url],
             env=server_env(),
+            stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             text=True,
         )
         for _ in range(3)
     ]
+    for child in children:
+        assert child.stdout is not None
+        assert child.stdout.readline() == "ready\n", child.communicate(timeout=60)[0]
+    for child in children:
+        assert child.stdin is not None
+        child.stdin.write("go\n")
+        child.stdin.flush()
     outputs = [child.communicate(timeout=60)[0] for child in children]
     assert [child.returncode for child in children] == [0] * 3, outputs
     store = open_store(db_url)

@@ -99,13 +99,13 @@ def run_env(server: ServerProcess, folder: Path, every: str) -> dict[str, str]:
 
 class Prefork:
     """The client of tests/support/prefork.py: `run` forks a script's process from the server's
-    interpreter (torch and the hook imported) and waits for it like `subprocess.run`. Thread-safe:
-    several scripts run at once."""
+    interpreter (torch and the hook imported, and the modules `imports` names) and waits for it
+    like `subprocess.run`. Thread-safe: several scripts run at once."""
 
-    def __init__(self, folder: Path) -> None:
+    def __init__(self, folder: Path, imports: Sequence[str] = ()) -> None:
         self.folder = folder
         self.proc = subprocess.Popen(
-            [sys.executable, str(Path(__file__).with_name("prefork.py"))],
+            [sys.executable, str(Path(__file__).with_name("prefork.py")), *imports],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             text=True,
@@ -139,13 +139,22 @@ class Prefork:
                 return None
             return self._replies[request_id][key]
 
-    def run(self, script: Path, env: Mapping[str, str], timeout: float) -> subprocess.CompletedProcess[str]:
-        """`python script` in `self.folder` with `env`, its output captured; TimeoutExpired past `timeout` s."""
+    def run(
+        self, script: Path, env: Mapping[str, str], timeout: float, args: Sequence[str] = ()
+    ) -> subprocess.CompletedProcess[str]:
+        """`python script *args` in `self.folder` with `env`, its output captured; TimeoutExpired
+        past `timeout` s."""
         assert self.proc.stdin is not None
         request_id = str(next(self._ids))
         out, err = (self.folder / "output" / f"{request_id}.{name}" for name in ("stdout", "stderr"))
         out.parent.mkdir(exist_ok=True)
-        request = {"id": request_id, "script": str(script), "env": dict(env), "cwd": str(self.folder)}
+        request = {
+            "id": request_id,
+            "script": str(script),
+            "args": list(args),
+            "env": dict(env),
+            "cwd": str(self.folder),
+        }
         with self._changed:
             self.proc.stdin.write(json.dumps({**request, "stdout": str(out), "stderr": str(err)}) + "\n")
             self.proc.stdin.flush()
@@ -157,7 +166,8 @@ class Prefork:
             os.kill(pid, signal.SIGKILL)
             self._wait(request_id, "returncode", 60)
             raise subprocess.TimeoutExpired(script.name, timeout, out.read_text(), err.read_text())
-        return subprocess.CompletedProcess([sys.executable, str(script)], returncode, out.read_text(), err.read_text())
+        argv = [sys.executable, str(script), *args]
+        return subprocess.CompletedProcess(argv, returncode, out.read_text(), err.read_text())
 
     def close(self) -> None:
         """EOF ends the server (and any script still running: it kills them)."""

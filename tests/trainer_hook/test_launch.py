@@ -5,10 +5,12 @@ are their own; bad usage gets a clear error."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -43,6 +45,88 @@ def launch(
     )
 
 
+#: the module's launches by key: `launched("gan")` is (its folder, its completed process)
+Launched = Callable[[str], tuple[Path, subprocess.CompletedProcess[str]]]
+PLAIN_ARGS = ["--steps", "3", "--oracle", "oracle.jsonl", "--exit", "3"]  # the oracle in its folder
+TORCHRUN = [
+    sys.executable,
+    "-m",
+    "torch.distributed.run",
+    "--standalone",
+    "--nproc-per-node",
+    "2",
+    str(HERE / "ddp.py"),
+]
+
+
+def plain_alone(folder: Path) -> subprocess.CompletedProcess[str]:
+    """plain.py alone, not launched (it writes the same oracle as the launched one)."""
+    return subprocess.run(
+        [sys.executable, str(HERE / "plain.py"), *PLAIN_ARGS],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=server_env({"OMP_NUM_THREADS": "1"}),
+        cwd=folder,
+    )
+
+
+def oracle_argv(folder: Path) -> list[str]:
+    return ["--oracle", str(folder / "oracle.jsonl")]
+
+
+#: what each training test launches (its folder: the oracle, the spool, the working directory)
+LAUNCHES: dict[str, Callable[[Path, ServerProcess], subprocess.CompletedProcess[str]]] = {
+    "plain-alone": lambda folder, server: plain_alone(folder),
+    "plain": lambda folder, server: launch(
+        folder, "--project", "launch", "--run", "plain", "--", sys.executable, str(HERE / "plain.py"),
+        *PLAIN_ARGS, server=server,
+    ),
+    "gan": lambda folder, server: launch(
+        folder, "--run", "gan", "--", sys.executable, str(HERE / "plain.py"), "--gan", *oracle_argv(folder),
+        server=server,
+    ),
+    "compiled": lambda folder, server: launch(
+        folder, "--run", "compiled", "--every", "2", "--", sys.executable, str(HERE / "plain.py"), "--compile",
+        *oracle_argv(folder), server=server,
+    ),
+    "watches-itself": lambda folder, server: launch(
+        folder, "--run", "launcher-name", "--", sys.executable, str(REPO / "examples" / "train_transformer.py"),
+        "--steps", "3", "--run", "own-name", server=server,
+    ),
+    "ddp": lambda folder, server: launch(folder, "--run", "ddp-launch", "--", *TORCHRUN, *oracle_argv(folder), server=server),
+    "hf": lambda folder, server: launch(
+        folder, "--run", "hf-launch", "--", sys.executable, str(HERE / "hf_trainer.py"), *oracle_argv(folder),
+        server=server,
+    ),
+    "zero": lambda folder, server: launch(
+        folder, "--run", "zero", "--", *TORCHRUN, "--zero", *oracle_argv(folder), server=server
+    ),
+}  # fmt: skip
+#: launches at a time: each is fresh interpreters importing torch (the ranks and torchrun's agent
+#: too), so the module's wall is theirs; two at once overlap one's imports with the other's waits
+PARALLEL = 2
+
+
+@pytest.fixture(scope="module")
+def launched(server: ServerProcess, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Launched]:
+    """Every launch of LAUNCHES started at the module's first test, PARALLEL at a time, in the
+    tests' order; `launched(key)` waits for that one: (its folder, its completed process). Each
+    test asserts on its own launch as before; the runs are told apart by name."""
+    keys = [k for k in LAUNCHES if k != "hf" or importlib.util.find_spec("transformers") is not None]
+    with ThreadPoolExecutor(PARALLEL) as pool:
+        started: dict[str, tuple[Path, Future[subprocess.CompletedProcess[str]]]] = {}
+        for key in keys:
+            folder = tmp_path_factory.mktemp(key)
+            started[key] = (folder, pool.submit(LAUNCHES[key], folder, server))
+
+        def result(key: str) -> tuple[Path, subprocess.CompletedProcess[str]]:
+            folder, future = started[key]
+            return folder, future.result()
+
+        yield result
+
+
 def oracle_of(path: Path) -> dict[int, dict[str, Any]]:
     out = {}
     for line in path.read_text().splitlines():
@@ -62,56 +146,28 @@ def runs_named(server: ServerProcess, name: str, count: int = 1) -> list[dict[st
 
 
 def test_a_plain_script_is_one_run_equal_to_its_oracle_and_keeps_its_output_and_status(
-    server: ServerProcess, tmp_path: Path
+    server: ServerProcess, launched: Launched
 ) -> None:
-    args = ["--steps", "3", "--oracle", str(tmp_path / "oracle.jsonl"), "--exit", "3"]
-    alone = subprocess.run(
-        [sys.executable, str(HERE / "plain.py"), *args],  # the same script alone (it writes the same oracle)
-        capture_output=True,
-        text=True,
-        timeout=120,
-        env=server_env({"OMP_NUM_THREADS": "1"}),
-    )
-    done = launch(
-        tmp_path,
-        "--project",
-        "launch",
-        "--run",
-        "plain",
-        "--",
-        sys.executable,
-        str(HERE / "plain.py"),
-        *args,
-        server=server,
-    )
+    folder, done = launched("plain")
+    alone_folder, alone = launched("plain-alone")  # the same script alone
     assert done.returncode == 3 == alone.returncode, done.stderr[-3000:]
     assert done.stdout == alone.stdout  # the script's output, untouched
     assert done.stderr == alone.stderr
-    assert f"argv {json.dumps(args)}" in done.stdout.splitlines()
+    assert f"argv {json.dumps(PLAIN_ARGS)}" in done.stdout.splitlines()
+    assert oracle_of(alone_folder / "oracle.jsonl") == oracle_of(folder / "oracle.jsonl")
     [run] = runs_named(server, "plain")
     assert run["project"] == "launch" and run["steps"] == 3
-    oracle = oracle_of(tmp_path / "oracle.jsonl")
+    oracle = oracle_of(folder / "oracle.jsonl")
     assert set(oracle[1]) == {"grad_norm", "param_norm", "exp_avg_norm", "exp_avg_sq_norm"}
     assert assert_norms(exported(server.url, run["id"]), oracle, "plain") == 3 * 4 * 4
-    assert not list((tmp_path / "spool").glob("*.spool"))
+    assert not list((folder / "spool").glob("*.spool"))
 
 
 def test_two_optimizers_of_two_models_are_one_run_named_after_their_models(
-    server: ServerProcess, tmp_path: Path
+    server: ServerProcess, launched: Launched
 ) -> None:
-    oracle_file = tmp_path / "oracle.jsonl"
-    done = launch(
-        tmp_path,
-        "--run",
-        "gan",
-        "--",
-        sys.executable,
-        str(HERE / "plain.py"),
-        "--gan",
-        "--oracle",
-        str(oracle_file),
-        server=server,
-    )
+    folder, done = launched("gan")
+    oracle_file = folder / "oracle.jsonl"
     assert done.returncode == 0, done.stderr[-3000:]
     [run] = runs_named(server, "gan")
     assert run["steps"] == 4
@@ -129,22 +185,9 @@ def test_two_optimizers_of_two_models_are_one_run_named_after_their_models(
     assert checked == 4 * (8 * 2 + 4 * 2 + 4)  # grad and param of 8; Adam's 2 of 4; SGD's momentum of 4
 
 
-def test_torch_compile_names_are_the_models(server: ServerProcess, tmp_path: Path) -> None:
-    oracle_file = tmp_path / "oracle.jsonl"
-    done = launch(
-        tmp_path,
-        "--run",
-        "compiled",
-        "--every",
-        "2",
-        "--",
-        sys.executable,
-        str(HERE / "plain.py"),
-        "--compile",
-        "--oracle",
-        str(oracle_file),
-        server=server,
-    )
+def test_torch_compile_names_are_the_models(server: ServerProcess, launched: Launched) -> None:
+    folder, done = launched("compiled")
+    oracle_file = folder / "oracle.jsonl"
     assert done.returncode == 0, done.stderr[-3000:]
     [run] = runs_named(server, "compiled")
     stored = exported(server.url, run["id"])
@@ -155,43 +198,16 @@ def test_torch_compile_names_are_the_models(server: ServerProcess, tmp_path: Pat
     assert assert_norms({s: stored[s] for s in measured}, oracle, "compiled") == 2 * 4 * 4
 
 
-def test_a_script_that_watches_itself_is_watched_once(server: ServerProcess, tmp_path: Path) -> None:
-    done = launch(
-        tmp_path,
-        "--run",
-        "launcher-name",
-        "--",
-        sys.executable,
-        str(REPO / "examples" / "train_transformer.py"),
-        "--steps",
-        "3",
-        "--run",
-        "own-name",
-        server=server,
-    )
+def test_a_script_that_watches_itself_is_watched_once(server: ServerProcess, launched: Launched) -> None:
+    _, done = launched("watches-itself")
     assert done.returncode == 0, done.stderr[-3000:]
     runs_named(server, "own-name")
     assert not [r for r in get(server.url, "/api/runs", limit=500)["data"] if r["name"].startswith("launcher-name")]
 
 
-def test_torchrun_ddp_is_one_job_equal_to_rank_0s_oracle(server: ServerProcess, tmp_path: Path) -> None:
-    oracle_file = tmp_path / "oracle.jsonl"
-    done = launch(
-        tmp_path,
-        "--run",
-        "ddp-launch",
-        "--",
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--standalone",
-        "--nproc-per-node",
-        "2",
-        str(HERE / "ddp.py"),
-        "--oracle",
-        str(oracle_file),
-        server=server,
-    )
+def test_torchrun_ddp_is_one_job_equal_to_rank_0s_oracle(server: ServerProcess, launched: Launched) -> None:
+    folder, done = launched("ddp")
+    oracle_file = folder / "oracle.jsonl"
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-4000:]
     assert done.stdout.splitlines().count("trained") == 1
     [run] = runs_named(server, "ddp-launch")
@@ -201,20 +217,10 @@ def test_torchrun_ddp_is_one_job_equal_to_rank_0s_oracle(server: ServerProcess, 
     assert assert_norms(exported(server.url, run["id"]), oracle, "ddp") == 4 * 4 * 6
 
 
-def test_a_hf_trainer_script_is_one_run_equal_to_its_own_callback(server: ServerProcess, tmp_path: Path) -> None:
+def test_a_hf_trainer_script_is_one_run_equal_to_its_own_callback(server: ServerProcess, launched: Launched) -> None:
     pytest.importorskip("transformers", reason="needs transformers (pip install gradwatch[transformers])")
-    oracle_file = tmp_path / "oracle.jsonl"
-    done = launch(
-        tmp_path,
-        "--run",
-        "hf-launch",
-        "--",
-        sys.executable,
-        str(HERE / "hf_trainer.py"),
-        "--oracle",
-        str(oracle_file),
-        server=server,
-    )
+    folder, done = launched("hf")
+    oracle_file = folder / "oracle.jsonl"
     assert done.returncode == 0, done.stderr[-3000:]
     [run] = runs_named(server, "hf-launch")
     oracle = oracle_of(oracle_file)
@@ -258,15 +264,12 @@ def test_the_hidden_sitecustomize_still_runs_and_sys_path_is_the_scripts(tmp_pat
     assert json.loads(done.stdout) == ["1", [], False]  # no torch imported for a script that imports none
 
 
-def test_zero_redundancy_state_is_each_parameters_owners(server: ServerProcess, tmp_path: Path) -> None:
+def test_zero_redundancy_state_is_each_parameters_owners(server: ServerProcess, launched: Launched) -> None:
     """ZeroRedundancyOptimizer under DDP: each parameter's Adam state lives on the one rank that
     owns it; the job's `<key>_norm` equals that rank's state at every step (each rank's oracle
     reads its own `.optim.state`), and the parameters and gradients equal rank 0's."""
-    oracle_file = tmp_path / "oracle.jsonl"
-    done = launch(
-        tmp_path, "--run", "zero", "--", sys.executable, "-m", "torch.distributed.run", "--standalone",
-        "--nproc-per-node", "2", str(HERE / "ddp.py"), "--zero", "--oracle", str(oracle_file), server=server,
-    )  # fmt: skip
+    folder, done = launched("zero")
+    oracle_file = folder / "oracle.jsonl"
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-4000:]
     [run] = runs_named(server, "zero")
     settled(server.url, run["id"])

@@ -3,9 +3,9 @@ a config, nothing downloaded) streaming to a real server, against an independent
 
 from __future__ import annotations
 
-import subprocess
-import sys
+import os
 import textwrap
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +30,7 @@ from stored import (  # noqa: E402
 from transformers import Trainer, TrainerCallback, TrainingArguments  # noqa: E402
 
 from gradwatch.integrations.transformers import GradwatchCallback  # noqa: E402
+from support.corpus import Prefork  # noqa: E402
 from support.examples import findings  # noqa: E402
 
 pytestmark = pytest.mark.unit  # a test that starts a server says so (@pytest.mark.server)
@@ -191,10 +192,20 @@ finally:
 """
 
 
+@pytest.fixture(scope="module")
+def scripts(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Prefork]:
+    """Each script its own process, forked from one that imported torch, transformers' Trainer
+    and the callback once (tests/support/prefork.py): those imports were 5 s of a script's 7 s."""
+    imports = ("transformers.trainer", "transformers.models.gpt2.modeling_gpt2", "gradwatch.integrations.transformers")
+    forks = Prefork(tmp_path_factory.mktemp("hf-scripts"), imports)
+    yield forks
+    forks.close()
+
+
 @pytest.mark.server
 @pytest.mark.parametrize("how, status, steps", [("raise", "crashed", 2), ("end", "finished", STEPS)])
 def test_a_script_whose_train_raised_ends_its_run_as_crashed(
-    tmp_path: Path, sqlite_server, how: str, status: str, steps: int
+    tmp_path: Path, sqlite_server, scripts: Prefork, how: str, status: str, steps: int
 ) -> None:
     """A script whose `train()` raises exits with the traceback: the exit hook closes the run as
     crashed (before the watcher's own exit hook, which would close it as finished). A script whose
@@ -205,7 +216,7 @@ def test_a_script_whose_train_raised_ends_its_run_as_crashed(
             TRAIN_SCRIPT.format(tests=str(Path(__file__).parent), server=sqlite_server.url, out=str(tmp_path))
         )
     )
-    done = subprocess.run([sys.executable, str(script), how], capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    done = scripts.run(script, dict(os.environ), 300, args=[how])
     assert (done.returncode != 0) == (how == "raise"), done.stderr[-3000:]
     if how == "raise":
         assert "RuntimeError: the user's bug" in done.stderr
