@@ -155,7 +155,7 @@ def test_import_keeps_the_tags_and_refuses_bad_ones(exported: str, tmp_path: Pat
     assert again["run"]["tags"] == ["imported", "<b>x</b>"]
     head["run"]["tags"] = ["a,b"]
     dump.write_text("\n".join([json.dumps(head), *lines[1:]]) + "\n")
-    refused = gradwatch("import", str(dump), "--db", str(tmp_path / "other.db"))
+    refused = parsed("import", str(dump), "--db", str(tmp_path / "other.db"))  # in this process
     assert refused.returncode != 0 and "line 1" in refused.stderr and "comma" in refused.stderr
 
 
