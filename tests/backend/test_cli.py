@@ -17,7 +17,7 @@ from pydantic import ValidationError
 from gradwatch_server import cli
 from gradwatch_server.settings import Settings
 from support.scripts import Done, run_main
-from support.server import ServerProcess, find_free_port, server_command, server_env, start_server
+from support.server import find_free_port, server_command, server_env, start_server
 from support.wiremsg import Hook, close, f32, hello, step, with_absent
 
 pytestmark = pytest.mark.unit  # a test that starts a server says so (@pytest.mark.server)
@@ -31,7 +31,8 @@ def gradwatch(*args: str, cwd: Path | None = None, stdin: str | None = None) -> 
 
 def parsed(*args: str) -> Done:
     """`gradwatch *args` in this process, for what the argument handling decides (help, usage
-    errors) before a command does anything: the tests above and below run each command as a process."""
+    errors) before a command does anything, and for a command's refusals of bad input: the tests
+    below run each command as a process too."""
     return run_main(cli.main, Path("gradwatch"), list(args))
 
 
@@ -56,6 +57,14 @@ def db(tmp_path_factory: pytest.TempPathFactory) -> Path:
     finally:
         server.stop()
     return server.db_path
+
+
+@pytest.fixture(scope="module")
+def exported(db: Path) -> str:
+    """The run of `db` as `gradwatch export --format json` writes it, once for the tests that import it."""
+    result = gradwatch("export", "cli-run", "--format", "json", "--db", str(db))
+    assert result.returncode == 0, result.stderr
+    return result.stdout
 
 
 @pytest.mark.parametrize("command", [[], ["serve"], ["runs"], ["export"], ["import"], ["sync"], ["gc"]])
@@ -100,19 +109,18 @@ def test_export_parquet_to_a_file(db: Path, tmp_path: Path) -> None:
 
 @pytest.mark.server
 def test_export_of_an_unknown_run_fails_with_a_hint(db: Path) -> None:
-    result = gradwatch("export", "nope", "--db", str(db))
+    result = parsed("export", "nope", "--db", str(db))  # in this process: `export` runs as one above
     assert result.returncode == 1 and "gradwatch runs" in result.stderr and not result.stdout
 
 
 def test_missing_database_folder_fails_clearly(tmp_path: Path) -> None:
-    result = gradwatch("runs", "--db", str(tmp_path / "no" / "such.db"))
+    result = parsed("runs", "--db", str(tmp_path / "no" / "such.db"))  # `runs` runs as a process above
     assert result.returncode == 1 and "does not exist" in result.stderr
 
 
 @pytest.mark.server
-def test_json_export_imports_back_identically(db: Path, tmp_path: Path, db_url: str) -> None:
+def test_json_export_imports_back_identically(exported: str, tmp_path: Path, db_url: str) -> None:
     """From SQLite into another SQLite file, or into PostgreSQL: runs move between servers."""
-    exported = gradwatch("export", "cli-run", "--format", "json", "--db", str(db)).stdout
     dump = tmp_path / "run.jsonl"
     dump.write_text(exported)
     copy = db_url
@@ -131,8 +139,8 @@ def test_json_export_imports_back_identically(db: Path, tmp_path: Path, db_url: 
 
 
 @pytest.mark.server
-def test_import_keeps_the_tags_and_refuses_bad_ones(db: Path, tmp_path: Path) -> None:
-    lines = gradwatch("export", "cli-run", "--format", "json", "--db", str(db)).stdout.splitlines()
+def test_import_keeps_the_tags_and_refuses_bad_ones(exported: str, tmp_path: Path) -> None:
+    lines = exported.splitlines()
     head = json.loads(lines[0])
     assert head["run"]["tags"] == [] and "findings" not in head["run"]  # findings are derived again
     head["run"]["tags"] = ["imported", "<b>x</b>"]
@@ -147,7 +155,7 @@ def test_import_keeps_the_tags_and_refuses_bad_ones(db: Path, tmp_path: Path) ->
     assert again["run"]["tags"] == ["imported", "<b>x</b>"]
     head["run"]["tags"] = ["a,b"]
     dump.write_text("\n".join([json.dumps(head), *lines[1:]]) + "\n")
-    refused = gradwatch("import", str(dump), "--db", str(tmp_path / "other.db"))
+    refused = parsed("import", str(dump), "--db", str(tmp_path / "other.db"))  # in this process
     assert refused.returncode != 0 and "line 1" in refused.stderr and "comma" in refused.stderr
 
 
@@ -160,9 +168,10 @@ def test_an_unreachable_postgres_fails_clearly_without_showing_the_password() ->
 def test_import_refuses_what_is_not_an_export(tmp_path: Path) -> None:
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"type": "step"}\n')
-    result = gradwatch("import", str(bad), "--db", str(tmp_path / "x.db"))
+    # in this process: `import` runs as a process in the tests above
+    result = parsed("import", str(bad), "--db", str(tmp_path / "x.db"))
     assert result.returncode == 1 and "line 1" in result.stderr
-    result = gradwatch("import", str(tmp_path / "missing.jsonl"), "--db", str(tmp_path / "x.db"))
+    result = parsed("import", str(tmp_path / "missing.jsonl"), "--db", str(tmp_path / "x.db"))
     assert result.returncode == 1 and "cannot read" in result.stderr
 
 
@@ -214,10 +223,16 @@ def test_settings_come_from_an_injected_environment() -> None:
 
 
 @pytest.mark.server
-def test_serve_on_a_port_in_use_exits_1(server: ServerProcess, tmp_path: Path) -> None:
-    port = server.url.rsplit(":", 1)[1]
-    result = gradwatch("serve", "--db", str(tmp_path / "second.db"), "--port", port)
-    assert result.returncode == 1 and "pass --port" in result.stderr
+def test_serve_on_a_port_in_use_exits_1(tmp_path: Path) -> None:
+    # One server on SQLite holds the port: the second `serve` opens only its own database and then
+    # fails on the port, so the first server's database (once also PostgreSQL) plays no part.
+    server = start_server(tmp_path)
+    try:
+        port = server.url.rsplit(":", 1)[1]
+        result = gradwatch("serve", "--db", str(tmp_path / "second.db"), "--port", port)
+        assert result.returncode == 1 and "pass --port" in result.stderr
+    finally:
+        server.stop()
 
 
 # -- gc ----------------------------------------------------------------------------------------
@@ -284,7 +299,10 @@ def sqlite_bytes(db_url: str) -> int:
     return sum(Path(path + s).stat().st_size for s in ("", "-wal") if Path(path + s).exists())
 
 
-def test_gc_dry_run_lists_what_it_would_delete_and_changes_nothing(db_url: str) -> None:
+def test_gc_dry_run_changes_nothing_then_gc_deletes_the_chosen_runs_with_all_their_data_and_compacts(
+    db_url: str,
+) -> None:
+    """The dry run and the deletions on one database of GC_RUNS (writing it is most of the time)."""
     gc_database(db_url)
     before = rows_of(db_url)
     result = gradwatch("gc", "--older-than", "30", "--dry-run", "--db", db_url)
@@ -293,10 +311,6 @@ def test_gc_dry_run_lists_what_it_would_delete_and_changes_nothing(db_url: str) 
     assert listed == ["old-done", "old-crash"] or listed == ["old-crash", "old-done"]  # never the running one
     assert "would delete 2 runs (620 steps)" in result.stdout and "nothing changed" in result.stdout
     assert rows_of(db_url) == before
-
-
-def test_gc_deletes_the_chosen_runs_with_all_their_data_and_compacts(db_url: str) -> None:
-    gc_database(db_url)
     refused = gradwatch("gc", "--older-than", "30", "--db", db_url)  # no terminal to ask, no --yes
     assert refused.returncode == 2 and "--yes" in refused.stderr
     assert rows_of(db_url)["runs"] == {r for r, _, _ in GC_RUNS}

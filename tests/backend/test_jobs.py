@@ -627,9 +627,11 @@ def test_a_server_down_longer_than_the_rank_timeout_loses_no_rank(tmp_path: Path
             r1.call(rank_hello("j-restart", 1, 2))
             send(r0, 1, 1, [3.0, 3.0])
             send(r1, 1, 1, [4.0, 4.0])
+            heard = time.monotonic()  # both ranks were last heard of by now
     finally:
         server.stop()  # both hooks would keep training and spooling
-    time.sleep(3.0)  # longer than --rank-timeout
+    # silent longer than --rank-timeout by the clock (the stop counts, and the restart adds its own)
+    time.sleep(max(0.0, heard + 2.25 - time.monotonic()))
     server = start_server(tmp_path, db_url=db_url, crash_grace_s=60, args=timeout)
     try:
         with Hook(server.ws_url) as r0, Hook(server.ws_url) as r1:
@@ -660,39 +662,40 @@ def test_a_disconnected_rank_is_waited_for_the_rank_timeout_not_the_crash_grace(
     after --rank-timeout, however short the crash grace: the job's steps wait for it meanwhile."""
     server = start_server(tmp_path, db_url=db_url, crash_grace_s=0.2, args=("--rank-timeout", "4"))
     try:
-        with Hook(server.ws_url) as r0:
-            r0.call(rank_hello("j-blip", 0, 2))
-            with Hook(server.ws_url) as r1:
-                r1.call(rank_hello("j-blip", 1, 2))
-                send(r0, 1, 1, [3.0, 3.0])
-                send(r1, 1, 1, [4.0, 4.0])
-            # rank 1's connection is gone, without a close
-            send(r0, 2, 2, [3.0, 3.0])
-            send(r0, 3, 3, [3.0, 3.0])
-            time.sleep(1.5)  # the crash grace many times over, and the timer's looks (every 1 s)
-            assert httpx.get(f"{server.url}/api/runs/j-blip.r1").json()["status"] == "running"
-            assert httpx.get(f"{server.url}/api/runs/j-blip").json()["steps"] == 1
-            with Hook(server.ws_url) as r1:
-                assert r1.call(rank_hello("j-blip", 1, 2))["last_seq"] == 1
-                send(r1, 2, 2, [4.0, 4.0])
-                send(r1, 3, 3, [4.0, 4.0])
-                r1.call(close(4))
-            r0.call(close(4))
-        stored = job_steps(server.url, "j-blip")
-        assert [stored[s]["scalars"]["dist/ranks"] for s in (1, 2, 3)] == [2.0, 2.0, 2.0]
-        assert httpx.get(f"{server.url}/api/runs/j-blip/ranks").json()["partial"]["steps"] == 0
-        # a rank that stays away is marked crashed once --rank-timeout has passed
-        with Hook(server.ws_url) as r0, Hook(server.ws_url) as r1:
-            r0.call(rank_hello("j-gone", 0, 2))
-            r1.call(rank_hello("j-gone", 1, 2))
-            send(r1, 1, 1, [4.0, 4.0])
-            r1.ws.close()  # gone without a close
-            started = time.monotonic()
+        # a rank that stays away is marked crashed once --rank-timeout has passed: j-gone's rank 1
+        # goes first, and its four seconds pass while j-blip's rank comes back (the same server)
+        with Hook(server.ws_url) as g0, Hook(server.ws_url) as g1:
+            g0.call(rank_hello("j-gone", 0, 2))
+            g1.call(rank_hello("j-gone", 1, 2))
+            send(g1, 1, 1, [4.0, 4.0])
+            g1.ws.close()  # gone without a close
+            gone = time.monotonic()
+            with Hook(server.ws_url) as r0:
+                r0.call(rank_hello("j-blip", 0, 2))
+                with Hook(server.ws_url) as r1:
+                    r1.call(rank_hello("j-blip", 1, 2))
+                    send(r0, 1, 1, [3.0, 3.0])
+                    send(r1, 1, 1, [4.0, 4.0])
+                # rank 1's connection is gone, without a close
+                send(r0, 2, 2, [3.0, 3.0])
+                send(r0, 3, 3, [3.0, 3.0])
+                time.sleep(1.5)  # the crash grace many times over, and the timer's looks (every 1 s)
+                assert httpx.get(f"{server.url}/api/runs/j-blip.r1").json()["status"] == "running"
+                assert httpx.get(f"{server.url}/api/runs/j-blip").json()["steps"] == 1
+                with Hook(server.ws_url) as r1:
+                    assert r1.call(rank_hello("j-blip", 1, 2))["last_seq"] == 1
+                    send(r1, 2, 2, [4.0, 4.0])
+                    send(r1, 3, 3, [4.0, 4.0])
+                    r1.call(close(4))
+                r0.call(close(4))
+            stored = job_steps(server.url, "j-blip")
+            assert [stored[s]["scalars"]["dist/ranks"] for s in (1, 2, 3)] == [2.0, 2.0, 2.0]
+            assert httpx.get(f"{server.url}/api/runs/j-blip/ranks").json()["partial"]["steps"] == 0
             crashed = wait_for(
                 lambda: httpx.get(f"{server.url}/api/runs/j-gone.r1").json()["status"] == "crashed", timeout=30
             )
-            assert crashed and time.monotonic() - started >= 4.0 * 0.95
-            r0.call(close(1))
+            assert crashed and time.monotonic() - gone >= 4.0 * 0.95
+            g0.call(close(1))
     finally:
         server.stop()
 
@@ -708,6 +711,11 @@ def test_a_job_whose_other_ranks_never_said_hello_finishes_with_partial_steps(qu
         for i in (1, 2, 3):
             send(r0, i, i, [3.0, 4.0])
         r0.call(close(4))
+    # the same with no step at all (nobody is ahead of rank 1, and still the job ends): its wait
+    # for rank 1 runs alongside j-alone's
+    with Hook(quick.ws_url) as r0:
+        r0.call(rank_hello("j-alone-empty", 0, 2))
+        r0.call(close(1))
     run = wait_for(lambda: (r := httpx.get(f"{quick.url}/api/runs/j-alone").json())["status"] != "running" and r)
     assert time.monotonic() - started >= RANK_TIMEOUT_S * 0.95  # rank 1 was waited for first
     assert run and (run["status"], run["steps"]) == ("finished", 3)
@@ -716,10 +724,6 @@ def test_a_job_whose_other_ranks_never_said_hello_finishes_with_partial_steps(qu
     assert [(r["rank"], r["status"], r["lost"]) for r in ranks["ranks"]] == [(0, "finished", False)]
     assert ranks["partial"] == {"steps": 3, "ranges": [{"first": 1, "last": 3, "missing": [1]}]}
     assert [s["scalars"]["dist/ranks"] for s in job_steps(quick.url, "j-alone").values()] == [1.0] * 3
-    # the same with no step at all: nobody is ahead of rank 1, and still the job ends
-    with Hook(quick.ws_url) as r0:
-        r0.call(rank_hello("j-alone-empty", 0, 2))
-        r0.call(close(1))
     run = wait_for(lambda: (r := httpx.get(f"{quick.url}/api/runs/j-alone-empty").json())["status"] != "running" and r)
     assert run and (run["status"], run["steps"]) == ("finished", 0)
 

@@ -98,11 +98,15 @@ def test_sync_without_a_server_fails_clearly_and_keeps_the_spool(tmp_path: Path,
     assert bad.returncode == 2 and "http(s)://" in bad.stderr  # bad usage
 
 
-#: twenty-one server starts: asserts nothing timed, so it runs with the parallel tests, where beside
+#: eleven server starts: asserts nothing timed, so it runs with the parallel tests, where beside
 #: them on a loaded machine it may take longer than pytest.ini's 300 s
 @pytest.mark.timeout(900)
 def test_server_sigkilled_mid_run_loses_and_duplicates_nothing(tmp_path: Path) -> None:
-    trials, steps = 10, 120
+    # Two runs per trial, trained step for step side by side, so that each SIGKILL lands on two
+    # runs at once, each in its own phase of sending (their senders' linger timers are their own):
+    # ten runs and twenty (run, kill) pairs, as ten trials of one run gave, for half the server
+    # starts (a start is ~1.5 s of the trial's ~3 s on a loaded 2-core machine).
+    trials, runs, steps = 5, 2, 120
     port = find_free_port()
     db = tmp_path / "kill.db"
     lost = duplicated = 0
@@ -112,9 +116,12 @@ def test_server_sigkilled_mid_run_loses_and_duplicates_nothing(tmp_path: Path) -
     try:
         for trial in range(trials):
             rng = random.Random(trial)
-            model = torch.nn.Linear(8, 2)
-            opt = torch.optim.Adam(model.parameters())
-            w = gradwatch.watch(opt, model=model, server=holder["s"].url, run=f"kill-{trial}")
+            models = [torch.nn.Linear(8, 2) for _ in range(runs)]
+            opts = [torch.optim.Adam(m.parameters()) for m in models]
+            watchers = [
+                gradwatch.watch(o, model=m, server=holder["s"].url, run=f"kill-{trial}-{r}")
+                for r, (m, o) in enumerate(zip(models, opts, strict=True))
+            ]
             kill_at = sorted(rng.uniform(0.1, 1.0) for _ in range(2))
 
             def killer(kill_at: list[float], rng: random.Random, holder: dict[str, ServerProcess]) -> None:
@@ -128,18 +135,24 @@ def test_server_sigkilled_mid_run_loses_and_duplicates_nothing(tmp_path: Path) -
 
             t = threading.Thread(target=killer, args=(kill_at, rng, holder))
             t.start()
-            train(w, model, opt, steps, pause=0.01)
+            for _ in range(steps):
+                for w, model, opt in zip(watchers, models, opts, strict=True):
+                    train(w, model, opt, 1)
+                time.sleep(0.01)
             t.join()
-            w.close(timeout=30)
-            assert w.pending == 0
-            got = stored_steps(holder["s"].url, w.run_id)
-            lost += len(set(range(1, steps + 1)) - set(got))
-            duplicated += len(got) - len(set(got))
-            csv = httpx.get(f"{holder['s'].url}/api/runs/{w.run_id}/export", params={"format": "csv"}).text
-            assert csv.count("\n") - 1 == steps * 2  # two parameters: each (step, param) row exactly once
+            for w in watchers:
+                w.close(timeout=30)
+                assert w.pending == 0
+                got = stored_steps(holder["s"].url, w.run_id)
+                lost += len(set(range(1, steps + 1)) - set(got))
+                duplicated += len(got) - len(set(got))
+                csv = httpx.get(f"{holder['s'].url}/api/runs/{w.run_id}/export", params={"format": "csv"}).text
+                assert csv.count("\n") - 1 == steps * 2  # two parameters: each (step, param) row exactly once
     finally:
         holder["s"].stop()
-    print(f"\nserver SIGKILLed twice per run, {trials} trials: {lost} steps lost, {duplicated} duplicated")
+    print(
+        f"\nserver SIGKILLed twice per trial, {trials} trials of {runs} runs: {lost} steps lost, {duplicated} duplicated"
+    )
     assert lost == 0 and duplicated == 0
 
 
