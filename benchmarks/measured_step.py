@@ -31,7 +31,6 @@ import cProfile
 import logging
 import os
 import pstats
-import random
 import statistics
 import sys
 import tempfile
@@ -41,6 +40,9 @@ import torch
 
 import gradwatch
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from unmeasured_step import median_interval, step  # noqa: E402  (a sibling script)
+
 NOWHERE = "http://127.0.0.1:9"  # nothing listens: the hook spools
 WARMUP = 30  # untimed steps of each copy: the first measured steps, the allocator, the plans
 
@@ -49,20 +51,6 @@ def model(tensors: int, width: int) -> tuple[torch.nn.Module, torch.optim.Optimi
     torch.manual_seed(0)
     net = torch.nn.Sequential(*[torch.nn.Linear(width, width) for _ in range(tensors // 2)])
     return net, torch.optim.AdamW(net.parameters(), lr=1e-4)
-
-
-def step(net: torch.nn.Module, opt: torch.optim.Optimizer, x: torch.Tensor) -> None:
-    opt.zero_grad(set_to_none=True)
-    net(x).square().mean().backward()
-    opt.step()
-
-
-def median_interval(values: list[float], resamples: int = 1000, seed: int = 0) -> tuple[float, float]:
-    """90% bootstrap interval of the median of `values`."""
-    rng = random.Random(seed)
-    n = len(values)
-    got = sorted(statistics.median(rng.choices(values, k=n)) for _ in range(resamples))
-    return got[int(0.05 * resamples)], got[int(0.95 * resamples) - 1]
 
 
 def measure(tensors: int, width: int, steps: int) -> dict[str, float]:
