@@ -22,7 +22,7 @@ import uvicorn
 
 #: Seconds between the main loop's looks at its state when no signal wakes it, and between two
 #: renewals of the `Date` header (HTTP asks only for a reasonable approximation of the time). Each
-#: wake-up cost the server about 0.3 ms of CPU, charged to the training beside it.
+#: wake-up costs the server CPU, which the training beside it pays.
 TICK_S = 5.0
 #: The collector's thresholds once started (CPython's default is (700, 10, 10)): a young
 #: generation of 50,000 objects lets the objects of a frame, an ack or a group commit die by

@@ -104,8 +104,8 @@ def test_sync_without_a_server_fails_clearly_and_keeps_the_spool(tmp_path: Path,
 def test_server_sigkilled_mid_run_loses_and_duplicates_nothing(tmp_path: Path) -> None:
     # Two runs per trial, trained step for step side by side, so that each SIGKILL lands on two
     # runs at once, each in its own phase of sending (their senders' linger timers are their own):
-    # ten runs and twenty (run, kill) pairs, as ten trials of one run gave, for half the server
-    # starts (a start is ~1.5 s of the trial's ~3 s on a loaded 2-core machine).
+    # ten runs and twenty (run, kill) pairs for half the server starts, which are most of a
+    # trial's time.
     trials, runs, steps = 5, 2, 120
     port = find_free_port()
     db = tmp_path / "kill.db"

@@ -34,7 +34,7 @@ import sys
 from typing import Any
 
 import torch  # noqa: F401  (the point: imported once, here)
-import torch._dynamo  # noqa: F401  (a script's first optimizer imports it: 0.6 s of CPU each, modules only)
+import torch._dynamo  # noqa: F401  (a script's first optimizer imports it; modules only, no threads)
 import torch.distributed  # noqa: F401
 import torch.multiprocessing  # noqa: F401
 import torch.nn.parallel  # noqa: F401

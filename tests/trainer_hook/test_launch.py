@@ -112,7 +112,7 @@ PARALLEL = 2
 def launched(server: ServerProcess, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Launched]:
     """Every launch of LAUNCHES started at the module's first test, PARALLEL at a time, in the
     tests' order; `launched(key)` waits for that one: (its folder, its completed process). Each
-    test asserts on its own launch as before; the runs are told apart by name."""
+    test asserts on its own launch; the runs are told apart by name."""
     keys = [k for k in LAUNCHES if k != "hf" or importlib.util.find_spec("transformers") is not None]
     with ThreadPoolExecutor(PARALLEL) as pool:
         started: dict[str, tuple[Path, Future[subprocess.CompletedProcess[str]]]] = {}

@@ -46,5 +46,5 @@ if __name__ == "__main__":
         s.bind(("127.0.0.1", 0))
         free_port = s.getsockname()[1]
     # Forked ranks: this process has imported torch and run no op yet (a spawned rank would
-    # import torch again, 2 s of CPU each); the ranks and their job are the same either way.
+    # import torch again); the ranks and their job are the same either way.
     mp.start_processes(train, args=(2, free_port), nprocs=2, start_method="fork")

@@ -195,7 +195,7 @@ finally:
 @pytest.fixture(scope="module")
 def scripts(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Prefork]:
     """Each script its own process, forked from one that imported torch, transformers' Trainer
-    and the callback once (tests/support/prefork.py): those imports were 5 s of a script's 7 s."""
+    and the callback once (tests/support/prefork.py): those imports are most of a script's time."""
     imports = ("transformers.trainer", "transformers.models.gpt2.modeling_gpt2", "gradwatch.integrations.transformers")
     forks = Prefork(tmp_path_factory.mktemp("hf-scripts"), imports)
     yield forks
