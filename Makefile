@@ -89,6 +89,7 @@ LINTED := backend trainer_hook tests benchmarks examples
 check: $(VENV)/.stamp-test-deps
 	$(BIN)/ruff check $(LINTED)
 	$(BIN)/ruff format --check $(LINTED)
+	$(BIN)/vermin --quiet --no-tips --violations -t=3.9- trainer_hook/gradwatch
 	(cd backend && ../$(BIN)/mypy) & backend=$$!; \
 	(cd trainer_hook && ../$(BIN)/mypy); hook=$$?; \
 	wait $$backend && test $$hook -eq 0
