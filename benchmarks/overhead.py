@@ -20,10 +20,13 @@ The peers (tensorboard, wandb) are installed for the benchmark only (benchmarks/
 `make bench`); a peer that is not installed is reported as "n/a".
 
 The steps are interleaved one by one. A cycle visits every variant's process once, in a
-shuffled order; there the twin steps once untimed (the first step after the switch to a process
-is slower), then the twin, the variant and the twin again, so each variant step lies between
-two baseline steps of the same process taken within a second of it; its ratio to their mean,
-minus 1, is that cycle's overhead. This shared machine's speed changes from one second to the
+shuffled order; there a third copy of the model steps once untimed (the first step after the
+switch to a process is slower), then the twin, the variant and the twin again, so each variant
+step lies between two baseline steps of the same process taken within a second of it; its ratio
+to their mean, minus 1, is that cycle's overhead. Every timed step follows another copy's step,
+so each finds its own tensors equally cold in the CPU caches: with the twin's own untimed step
+first, the twin's first timed step found its tensors warm and the A/A read +1.8% on the MLP
+(docs/benchmarks.md, "A/A bias"). This shared machine's speed changes from one second to the
 next (whole runs of 12 steps timed round by round spread by +-15% on the GPT), and a step's
 neighbours share its conditions.
 A variant's figure is the median over cycles, with a 90% bootstrap interval. Before the cycles
@@ -523,11 +526,12 @@ def _serve_lane(conn: Any, kind: str, name: str, tmp: str, clock: str = "wall") 
     if lane is None:
         return
     twin = Lane("baseline", model, loss_fn)
+    other = Lane("baseline", model, loss_fn)  # steps first, untimed: every timed step follows another copy's
     try:
         while True:
             command, *args = conn.recv()
             if command == "cycle":
-                twin.step()  # the first step after the switch to this process is slower: untimed
+                other.step()  # the first step after the switch to this process is slower: untimed
                 before = twin.step()[0]
                 took, measured = lane.step()
                 after = twin.step()[0]
@@ -537,6 +541,7 @@ def _serve_lane(conn: Any, kind: str, name: str, tmp: str, clock: str = "wall") 
                     lane.step()
                 for _ in range(twin.warmup):
                     twin.step()
+                    other.step()
                 conn.send(None)
             elif command == "alone":
                 conn.send(lane.alone(*args))
