@@ -26,7 +26,9 @@ step lies between two baseline steps of the same process taken within a second o
 to their mean, minus 1, is that cycle's overhead. Every timed step follows another copy's step,
 so each finds its own tensors equally cold in the CPU caches: with the twin's own untimed step
 first, the twin's first timed step found its tensors warm and the A/A read +1.8% on the MLP
-(docs/benchmarks.md, "A/A bias"). This shared machine's speed changes from one second to the
+(docs/benchmarks.md, "The A/A bias of a twin's warm step"). What the order of a cycle's steps
+still does to every copy alike, the A/A reads: with `aa` among the variants, each gradwatch
+figure is printed again beyond it (less the A/A's median, cycle by cycle). This shared machine's speed changes from one second to the
 next (whole runs of 12 steps timed round by round spread by +-15% on the GPT), and a step's
 neighbours share its conditions.
 A variant's figure is the median over cycles, with a 90% bootstrap interval. Before the cycles
@@ -459,6 +461,23 @@ class Figure:
         return got[int(0.05 * resamples)], got[int(0.95 * resamples) - 1]
 
 
+def beyond(f: Figure, aa: Figure, resamples: int = 1000, seed: int = 0) -> tuple[float, float, float]:
+    """`f`'s estimate less the A/A's median, and its 90% bootstrap interval: the cycles resampled
+    with replacement, the same cycles for both (a cycle visits every variant's process), so that
+    what the design does to every copy alike (the order of a cycle's steps) cancels."""
+    n = min(len(f.ratios), len(aa.ratios))
+    rng = random.Random(seed)
+    got = []
+    for _ in range(resamples):
+        picks = [rng.randrange(n) for _ in range(n)]
+        got.append(
+            f.estimate([f.ratios[i] for i in picks], [f.measured[i] for i in picks])
+            - statistics.median(aa.ratios[i] for i in picks)
+        )
+    got.sort()
+    return f.estimate() - statistics.median(aa.ratios), got[int(0.05 * resamples)], got[int(0.95 * resamples) - 1]
+
+
 TASKS = {"gpt": gpt_task, "mlp": mlp_task, "wide": wide_task}
 
 
@@ -669,6 +688,9 @@ def main() -> None:
                 f"{r['model']} {LABELS[v]}: on the training thread {f.estimate() - f.charge:+.1%}, its threads and "
                 f"server {f.charge * step * 1e3:.2f} ms a step (+{f.charge:.1%}){split}{share}"
             )
+            if "aa" in figures:
+                diff, lo, hi = beyond(f, figures["aa"])
+                print(f"{r['model']} {LABELS[v]} beyond the A/A: {diff:+.1%} ({lo:+.1%} to {hi:+.1%})")
         total = {v: f.estimate() for v, f in figures.items()}
         if "wandb" in total and total.get("gradwatch", 0) > 0:
             print(

@@ -42,6 +42,22 @@ def test_auto_weighs_measured_and_unmeasured_steps_by_its_share() -> None:
     assert f.estimate() == pytest.approx(0.02)
 
 
+def test_beyond_the_aa_subtracts_the_designs_bias_cycle_by_cycle() -> None:
+    """A bias every copy shares (the A/A reads it) cancels; the interval resamples the same
+    cycles for both, so a shared cycle-to-cycle swing does not widen it."""
+    swing = [0.00, 0.02, -0.01, 0.03, 0.01, -0.02, 0.00, 0.02, 0.04]
+    aa, f = Figure(), Figure()
+    aa.ratios, aa.measured = [0.007 + s for s in swing], [False] * len(swing)
+    f.ratios, f.measured = [0.010 + s for s in swing], [True] * len(swing)
+    f.charge = 0.002
+    diff, low, high = overhead.beyond(f, aa)
+    assert diff == pytest.approx(0.003 + 0.002)
+    assert low == pytest.approx(diff) and high == pytest.approx(diff)  # the swing is in both: it cancels
+    f.ratios[3] += 0.05  # one cycle of the variant's own, above the median: the interval widens
+    diff, low, high = overhead.beyond(f, aa)
+    assert diff == pytest.approx(0.005) and low <= diff < high
+
+
 @pytest.mark.parametrize(
     "args, message",
     [
