@@ -12,22 +12,36 @@ docs/benchmarks.md); a watched step's extra is its time minus the mean of the tw
 beside it (a step and its neighbours share the machine's conditions). The figure is the median
 over `--steps` watched steps, with a 90% bootstrap interval of that median, in wall time and in
 the training thread's CPU time (`time.thread_time`, which a loaded machine's descheduling does
-not inflate). `--aa` also times an unwatched copy the same way: the design's own bias. By default the watcher streams to a
+not inflate). `--aa` also times an unwatched copy the same way: the design's own bias.
+
+The C allocator is held steady (`--malloc steady`, the default): glibc hands tensors of 128 KiB
+and more (a Linear(256)'s weight and gradient) to mmap, then, once one is freed, raises that
+threshold and serves them from the heap, whose top it gives back to the kernel whenever more than
+twice the threshold is free there. `zero_grad(set_to_none=True)` frees a whole model's gradients
+each step, so whichever copy's gradients happen to lie at the heap's top page-faults all of them
+back in at its next backward (thousands of faults, about a millisecond of the training thread's
+system time at width 256), the other copy none: a bias of either sign, by the heap's history, that
+no pairing cancels. Steady: no trimming, no mmap below 32 MiB, so steps fault nothing once warm.
+The column "faults" prints the training thread's minor page faults per step, copy and twin, to
+show it; `--malloc default` keeps glibc's own behaviour. By default the watcher streams to a
 real `gradwatch serve` on this machine (its own process, SQLite in a temporary folder); with
 `--server none` nothing listens and the sender spools. `--flight-recorder` watches with the flight
 recorder on (as on a GPU by default; off on CPU): its norm pass on the training thread, and its
 incident test on the sender thread, which the column "other threads" shows (the process's CPU
 time less the training thread's, per watched step; a local server's is its own process's).
 
-    python benchmarks/unmeasured_step.py [--tensors 80,400,1600] [--steps 300] [--server local|none] [--flight-recorder]
+    python benchmarks/unmeasured_step.py [--tensors 80,400,1600] [--steps 300] [--width 8] [--server local|none]
+        [--aa] [--flight-recorder] [--malloc steady|default]
 """
 
 from __future__ import annotations
 
 import argparse
+import ctypes
 import logging
 import os
 import random
+import resource
 import statistics
 import sys
 import tempfile
@@ -43,6 +57,25 @@ from overhead import start_server, stop_server  # noqa: E402  (a sibling script,
 
 NOWHERE = "http://127.0.0.1:9"  # nothing listens: the hook spools
 WARMUP = 20  # untimed steps of each twin: the first (measured) step, the allocator
+
+
+M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3  # glibc's mallopt parameters (malloc.h)
+
+
+def steady_malloc() -> bool:
+    """Stop glibc's malloc from giving the heap's top back to the kernel and from mmapping
+    tensors below 32 MiB (its largest threshold), so that a steady loop faults no page in; False
+    where there is no glibc to ask (then the faults column shows what happens)."""
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+        return bool(libc.mallopt(M_TRIM_THRESHOLD, 2**31 - 1)) and bool(libc.mallopt(M_MMAP_THRESHOLD, 32 << 20))
+    except (OSError, AttributeError):
+        return False
+
+
+def thread_faults() -> int:
+    """The calling thread's minor page faults so far."""
+    return resource.getrusage(resource.RUSAGE_THREAD).ru_minflt
 
 
 def target_us(tensors: int) -> float:
@@ -84,16 +117,17 @@ def measure(tensors: int, width: int, steps: int, server: str | None, recorder: 
     for _ in range(WARMUP):
         step(twin, twin_opt, x)
         step(other, other_opt, x)
-    wall, cpu = [], []  # per step, alternating: twin, other, twin, ..., twin
+    wall, cpu, faults = [], [], []  # per step, alternating: twin, other, twin, ..., twin
     process, thread = time.process_time(), time.thread_time()
     for k in range(2 * steps + 1):
-        t, c = time.perf_counter(), time.thread_time()
+        f, t, c = thread_faults(), time.perf_counter(), time.thread_time()
         if k % 2:
             step(other, other_opt, x)
         else:
             step(twin, twin_opt, x)
         wall.append(time.perf_counter() - t)
         cpu.append(time.thread_time() - c)
+        faults.append(thread_faults() - f)
     background = ((time.process_time() - process) - (time.thread_time() - thread)) / steps
     if w is not None:
         measured = w.measured_steps
@@ -104,7 +138,12 @@ def measure(tensors: int, width: int, steps: int, server: str | None, recorder: 
     def extra(times: list[float]) -> list[float]:
         return [times[k] - (times[k - 1] + times[k + 1]) / 2 for k in range(1, len(times), 2)]
 
-    out = {"step": statistics.median(wall[0::2]), "background": background}
+    out = {
+        "step": statistics.median(wall[0::2]),
+        "background": background,
+        "faults": statistics.mean(faults[1::2]),
+        "twin_faults": statistics.mean(faults[0::2]),
+    }
     for name, times in (("wall", extra(wall)), ("cpu", extra(cpu))):
         out[name] = statistics.median(times)
         out[name + "_lo"], out[name + "_hi"] = median_interval(times)
@@ -121,6 +160,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--flight-recorder", action="store_true", help="watch with the flight recorder on (on a GPU's default)"
     )
+    ap.add_argument(
+        "--malloc",
+        choices=("steady", "default"),
+        default="steady",
+        help="glibc's malloc held steady (no trimming, no mmap below 32 MiB; the default) or left as it is",
+    )
     args = ap.parse_args(argv)
     try:
         counts = [int(c) for c in args.tensors.split(",")]
@@ -128,6 +173,7 @@ def main(argv: list[str] | None = None) -> int:
         ap.error("--tensors is a comma-separated list of whole numbers")
     if args.steps < 2 or args.width < 1 or any(c < 2 or c % 2 for c in counts):
         ap.error("--steps must be 2 or more, --width 1 or more, and each tensor count even and 2 or more")
+    steady = args.malloc == "steady" and steady_malloc()
     torch.set_num_threads(1)
     torch.set_flush_denormal(True)
     logging.getLogger("gradwatch").setLevel(logging.ERROR)  # not "kept in the spool": it is deleted
@@ -139,10 +185,11 @@ def main(argv: list[str] | None = None) -> int:
                 f"torch {torch.__version__}, 1 thread, SGD, Linear({args.width}, {args.width}) layers, "
                 f"{'a local server' if proc else 'no server (spooling)'}; {args.steps} watched steps each, alternating with twin steps"
                 + ("; the flight recorder on" if args.flight_recorder else "")
+                + ("; malloc held steady" if steady else "; malloc as it is")
             )
             print(
                 "tensors | variant | step ms | extra us, wall (90% interval) | extra us, CPU (90% interval) "
-                "| other threads us | target us | met"
+                "| other threads us | faults, copy / twin | target us | met"
             )
             met = True
             for n in counts:
@@ -153,7 +200,8 @@ def main(argv: list[str] | None = None) -> int:
                     print(
                         f"{n:7d} | {name:7s} | {r['step'] * 1e3:7.2f} | {r['wall'] * 1e6:+7.1f} ({r['wall_lo'] * 1e6:+.1f} "
                         f"to {r['wall_hi'] * 1e6:+.1f}) | {r['cpu'] * 1e6:+7.1f} ({r['cpu_lo'] * 1e6:+.1f} to "
-                        f"{r['cpu_hi'] * 1e6:+.1f}) | {r['background'] * 1e6:16.0f} | {target_us(n):9.0f} | "
+                        f"{r['cpu_hi'] * 1e6:+.1f}) | {r['background'] * 1e6:16.0f} | "
+                        f"{r['faults']:7.1f} / {r['twin_faults']:<7.1f} | {target_us(n):9.0f} | "
                         f"{'yes' if ok else 'no'}"
                     )
             print(
