@@ -23,7 +23,14 @@ back in at its next backward (thousands of faults, about a millisecond of the tr
 system time at width 256), the other copy none: a bias of either sign, by the heap's history, that
 no pairing cancels. Steady: no trimming, no mmap below 32 MiB, so steps fault nothing once warm.
 The column "faults" prints the training thread's minor page faults per step, copy and twin, to
-show it; `--malloc default` keeps glibc's own behaviour. By default the watcher streams to a
+show it; `--malloc default` keeps glibc's own behaviour. Even held steady, where each copy's
+tensors lie (their pages, the cache sets they share) moves a copy's step by tens of µs at
+width 256, the same way for the whole life of the copies: `--blocks K` makes fresh copies K
+times per variant, the variants alternating block by block, and pools their steps; the column
+"blocks' CPU spread" is the range of the blocks' medians, the size of that placement effect.
+The copy made second is the faster one at width 256 (an A/A of one block read -10 to -55 µs in
+eight runs of eight), so every other block makes the copy first, its twin second: an even
+`--blocks` cancels the order's share of the bias. By default the watcher streams to a
 real `gradwatch serve` on this machine (its own process, SQLite in a temporary folder); with
 `--server none` nothing listens and the sender spools. `--flight-recorder` watches with the flight
 recorder on (as on a GPU by default; off on CPU): its norm pass on the training thread, and its
@@ -31,7 +38,7 @@ incident test on the sender thread, which the column "other threads" shows (the 
 time less the training thread's, per watched step; a local server's is its own process's).
 
     python benchmarks/unmeasured_step.py [--tensors 80,400,1600] [--steps 300] [--width 8] [--server local|none]
-        [--aa] [--flight-recorder] [--malloc steady|default]
+        [--aa] [--blocks 1] [--flight-recorder] [--malloc steady|default]
 """
 
 from __future__ import annotations
@@ -103,12 +110,19 @@ def median_interval(values: list[float], resamples: int = 1000, seed: int = 0) -
     return got[int(0.05 * resamples)], got[int(0.95 * resamples) - 1]
 
 
-def measure(tensors: int, width: int, steps: int, server: str | None, recorder: bool = False) -> dict[str, float]:
-    """The watched copy's (`server` None: an unwatched copy's) extra time, wall and CPU, and the
-    CPU of the process's other threads per watched step."""
+def measure(
+    tensors: int, width: int, steps: int, server: str | None, recorder: bool = False, copy_first: bool = False
+) -> dict[str, list[float]]:
+    """The watched copy's (`server` None: an unwatched copy's) extra time per step, wall and CPU,
+    the CPU of the process's other threads per watched step, the page faults of each step;
+    `copy_first`: the copy's tensors are made before its twin's."""
     x = torch.randn(16, width)
-    twin, twin_opt = model(tensors, width)
-    other, other_opt = model(tensors, width)
+    if copy_first:
+        other, other_opt = model(tensors, width)
+        twin, twin_opt = model(tensors, width)
+    else:
+        twin, twin_opt = model(tensors, width)
+        other, other_opt = model(tensors, width)
     w = (
         None
         if server is None
@@ -138,15 +152,30 @@ def measure(tensors: int, width: int, steps: int, server: str | None, recorder: 
     def extra(times: list[float]) -> list[float]:
         return [times[k] - (times[k - 1] + times[k + 1]) / 2 for k in range(1, len(times), 2)]
 
-    out = {
-        "step": statistics.median(wall[0::2]),
-        "background": background,
-        "faults": statistics.mean(faults[1::2]),
-        "twin_faults": statistics.mean(faults[0::2]),
+    return {
+        "step": wall[0::2],
+        "background": [background],
+        "faults": faults[1::2],
+        "twin_faults": faults[0::2],
+        "wall": extra(wall),
+        "cpu": extra(cpu),
     }
-    for name, times in (("wall", extra(wall)), ("cpu", extra(cpu))):
-        out[name] = statistics.median(times)
-        out[name + "_lo"], out[name + "_hi"] = median_interval(times)
+
+
+def pooled(blocks: list[dict[str, list[float]]]) -> dict[str, float]:
+    """The blocks' steps together: medians of the step and of the extras (with their intervals),
+    mean faults and background."""
+    got = {k: [v for b in blocks for v in b[k]] for k in blocks[0]}
+    out = {
+        "step": statistics.median(got["step"]),
+        "background": statistics.mean(got["background"]),
+        "faults": statistics.mean(got["faults"]),
+        "twin_faults": statistics.mean(got["twin_faults"]),
+        "spread": max(statistics.median(b["cpu"]) for b in blocks) - min(statistics.median(b["cpu"]) for b in blocks),
+    }
+    for name in ("wall", "cpu"):
+        out[name] = statistics.median(got[name])
+        out[name + "_lo"], out[name + "_hi"] = median_interval(got[name])
     return out
 
 
@@ -154,6 +183,9 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--tensors", default="80,400,1600", help="parameter tensor counts (even; default 80,400,1600)")
     ap.add_argument("--steps", type=int, default=300, help="watched steps timed per count (default 300)")
+    ap.add_argument(
+        "--blocks", type=int, default=1, help="fresh copies this many times per variant, alternating, steps split (default 1)"
+    )
     ap.add_argument("--width", type=int, default=8, help="in and out features of each Linear (default 8)")
     ap.add_argument("--server", choices=("local", "none"), default="local", help="a real local server, or none")
     ap.add_argument("--aa", action="store_true", help="also time an unwatched copy against its twin (A/A)")
@@ -171,8 +203,10 @@ def main(argv: list[str] | None = None) -> int:
         counts = [int(c) for c in args.tensors.split(",")]
     except ValueError:
         ap.error("--tensors is a comma-separated list of whole numbers")
-    if args.steps < 2 or args.width < 1 or any(c < 2 or c % 2 for c in counts):
-        ap.error("--steps must be 2 or more, --width 1 or more, and each tensor count even and 2 or more")
+    if args.steps < 2 or args.width < 1 or args.blocks < 1 or args.steps < 2 * args.blocks or any(c < 2 or c % 2 for c in counts):
+        ap.error(
+            "--steps must be 2 or more a block, --width and --blocks 1 or more, and each tensor count even and 2 or more"
+        )
     steady = args.malloc == "steady" and steady_malloc()
     torch.set_num_threads(1)
     torch.set_flush_denormal(True)
@@ -184,24 +218,31 @@ def main(argv: list[str] | None = None) -> int:
             print(
                 f"torch {torch.__version__}, 1 thread, SGD, Linear({args.width}, {args.width}) layers, "
                 f"{'a local server' if proc else 'no server (spooling)'}; {args.steps} watched steps each, alternating with twin steps"
+                + (f", in {args.blocks} blocks of fresh copies" if args.blocks > 1 else "")
                 + ("; the flight recorder on" if args.flight_recorder else "")
                 + ("; malloc held steady" if steady else "; malloc as it is")
             )
             print(
                 "tensors | variant | step ms | extra us, wall (90% interval) | extra us, CPU (90% interval) "
-                "| other threads us | faults, copy / twin | target us | met"
+                "| other threads us | faults, copy / twin | blocks' CPU spread | target us | met"
             )
             met = True
+            variants = [("watched", url)] + ([("A/A", None)] if args.aa else [])
             for n in counts:
-                for name, where in [("watched", url)] + ([("A/A", None)] if args.aa else []):
-                    r = measure(n, args.width, args.steps, where, args.flight_recorder)
+                got: dict[str, list[dict[str, list[float]]]] = {name: [] for name, _ in variants}
+                for b in range(args.blocks):  # the variants alternate by block, each with fresh copies,
+                    for name, where in variants:  # made copy first in every other block
+                        steps = -(-args.steps // args.blocks)
+                        got[name].append(measure(n, args.width, steps, where, args.flight_recorder, b % 2 == 1))
+                for name, where in variants:
+                    r = pooled(got[name])
                     ok = min(r["wall_hi"], r["cpu_hi"]) * 1e6 <= target_us(n)
                     met &= ok or where is None
                     print(
                         f"{n:7d} | {name:7s} | {r['step'] * 1e3:7.2f} | {r['wall'] * 1e6:+7.1f} ({r['wall_lo'] * 1e6:+.1f} "
                         f"to {r['wall_hi'] * 1e6:+.1f}) | {r['cpu'] * 1e6:+7.1f} ({r['cpu_lo'] * 1e6:+.1f} to "
                         f"{r['cpu_hi'] * 1e6:+.1f}) | {r['background'] * 1e6:16.0f} | "
-                        f"{r['faults']:7.1f} / {r['twin_faults']:<7.1f} | {target_us(n):9.0f} | "
+                        f"{r['faults']:7.1f} / {r['twin_faults']:<7.1f} | {r['spread'] * 1e6:18.0f} | {target_us(n):9.0f} | "
                         f"{'yes' if ok else 'no'}"
                     )
             print(
