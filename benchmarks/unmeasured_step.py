@@ -184,7 +184,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--tensors", default="80,400,1600", help="parameter tensor counts (even; default 80,400,1600)")
     ap.add_argument("--steps", type=int, default=300, help="watched steps timed per count (default 300)")
     ap.add_argument(
-        "--blocks", type=int, default=1, help="fresh copies this many times per variant, alternating, steps split (default 1)"
+        "--blocks",
+        type=int,
+        default=1,
+        help="fresh copies this many times per variant, alternating, steps split (default 1)",
     )
     ap.add_argument("--width", type=int, default=8, help="in and out features of each Linear (default 8)")
     ap.add_argument("--server", choices=("local", "none"), default="local", help="a real local server, or none")
@@ -203,7 +206,13 @@ def main(argv: list[str] | None = None) -> int:
         counts = [int(c) for c in args.tensors.split(",")]
     except ValueError:
         ap.error("--tensors is a comma-separated list of whole numbers")
-    if args.steps < 2 or args.width < 1 or args.blocks < 1 or args.steps < 2 * args.blocks or any(c < 2 or c % 2 for c in counts):
+    if (
+        args.steps < 2
+        or args.width < 1
+        or args.blocks < 1
+        or args.steps < 2 * args.blocks
+        or any(c < 2 or c % 2 for c in counts)
+    ):
         ap.error(
             "--steps must be 2 or more a block, --width and --blocks 1 or more, and each tensor count even and 2 or more"
         )

@@ -39,7 +39,15 @@ def test_a_short_run_prints_a_row_per_tensor_count_against_its_target(tmp_path: 
 
 
 @pytest.mark.parametrize(
-    "args", [["--steps", "0"], ["--tensors", "3"], ["--steps", "many"], ["--server", "remote"], ["--malloc", "jemalloc"], ["--steps", "3", "--blocks", "2"]]
+    "args",
+    [
+        ["--steps", "0"],
+        ["--tensors", "3"],
+        ["--steps", "many"],
+        ["--server", "remote"],
+        ["--malloc", "jemalloc"],
+        ["--steps", "3", "--blocks", "2"],
+    ],
 )
 def test_bad_flags_are_refused(args: list[str]) -> None:
     done = run_main(load(SCRIPT).main, SCRIPT, args)  # argparse's refusal: the short run above is the process
