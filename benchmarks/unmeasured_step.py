@@ -8,29 +8,30 @@ one torch thread, watched with `every=10**9` (only step 1 is measured) against a
 with the same weights and batch in the same process. The steps alternate strictly: twin,
 watched, twin, watched, ..., so that every step follows one of the other model (a twin step
 right after a twin step would find its tensors in the CPU caches and bias the pairing:
-docs/benchmarks.md); a watched step's extra is its time minus the mean of the two twin steps
-beside it (a step and its neighbours share the machine's conditions). The figure is the median
-over `--steps` watched steps, with a 90% bootstrap interval of that median, in wall time and in
-the training thread's CPU time (`time.thread_time`, which a loaded machine's descheduling does
-not inflate). `--aa` also times an unwatched copy the same way: the design's own bias.
+docs/benchmarks.md); a watched step's extra is its time minus each of the two twin steps beside
+it (a step and its neighbours share the machine's conditions), both differences kept: step times
+are skewed to the right, so a step less the mean of its two neighbours has a median below zero
+even between steps alike, where the difference of two steps alike is symmetric about zero. The
+figure is the median over `--steps` watched steps, with a 90% bootstrap interval of that median,
+in wall time and in the training thread's CPU time (`time.thread_time`, which a loaded machine's
+descheduling does not inflate). `--aa` also times an unwatched copy the same way: the design's
+own bias.
 
 The C allocator is held steady (`--malloc steady`, the default): glibc hands tensors of 128 KiB
 and more (a Linear(256)'s weight and gradient) to mmap, then, once one is freed, raises that
 threshold and serves them from the heap, whose top it gives back to the kernel whenever more than
 twice the threshold is free there. `zero_grad(set_to_none=True)` frees a whole model's gradients
-each step, so whichever copy's gradients happen to lie at the heap's top page-faults all of them
-back in at its next backward (thousands of faults, about a millisecond of the training thread's
-system time at width 256), the other copy none: a bias of either sign, by the heap's history, that
-no pairing cancels. Steady: no trimming, no mmap below 32 MiB, so steps fault nothing once warm.
-The column "faults" prints the training thread's minor page faults per step, copy and twin, to
-show it; `--malloc default` keeps glibc's own behaviour. Even held steady, where each copy's
-tensors lie (their pages, the cache sets they share) moves a copy's step by tens of µs at
-width 256, the same way for the whole life of the copies: `--blocks K` makes fresh copies K
-times per variant, the variants alternating block by block, and pools their steps; the column
-"blocks' CPU spread" is the range of the blocks' medians, the size of that placement effect.
-The copy made second is the faster one at width 256 (an A/A of one block read -10 to -55 µs in
-eight runs of eight), so every other block makes the copy first, its twin second: an even
-`--blocks` cancels the order's share of the bias. By default the watcher streams to a
+each step, so whichever copy's gradients happen to lie at the heap's top page-faults them back
+in at its next backward (system time on the training thread), the other copy not: a bias of
+either sign, by the heap's history, that no pairing cancels. Held steady (no trimming, no mmap
+below 32 MiB), a warm loop faults nothing. The column "faults" prints the training thread's minor
+page faults per step, copy and twin; `--malloc default` keeps glibc's own behaviour. Even held
+steady, where each copy's tensors lie (their pages, the cache sets they share) moves its steps
+at width 256 the same way for the copies' whole life: `--blocks K` makes fresh copies K times
+per variant, the variants alternating block by block, every other block making the copy before
+its twin, and pools their steps; the column "blocks' CPU spread" is the range of the blocks'
+medians, the size of that placement effect (the interval, over steps, does not include it: the
+A/A shows what is left). By default the watcher streams to a
 real `gradwatch serve` on this machine (its own process, SQLite in a temporary folder); with
 `--server none` nothing listens and the sender spools. `--flight-recorder` watches with the flight
 recorder on (as on a GPU by default; off on CPU): its norm pass on the training thread, and its
@@ -150,7 +151,9 @@ def measure(
             raise SystemExit(f"{measured} steps were measured, expected only step 1")
 
     def extra(times: list[float]) -> list[float]:
-        return [times[k] - (times[k - 1] + times[k + 1]) / 2 for k in range(1, len(times), 2)]
+        # each copy step against each twin step beside it: a difference of two steps alike is
+        # symmetric about zero, where a step less the mean of two is not (step times are skewed)
+        return [times[k] - times[j] for k in range(1, len(times), 2) for j in (k - 1, k + 1)]
 
     return {
         "step": wall[0::2],
