@@ -45,7 +45,6 @@ time less the training thread's, per watched step; a local server's is its own p
 from __future__ import annotations
 
 import argparse
-import ctypes
 import logging
 import os
 import random
@@ -61,24 +60,10 @@ import torch
 import gradwatch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from overhead import start_server, stop_server  # noqa: E402  (a sibling script, not a package)
+from overhead import start_server, steady_malloc, stop_server  # noqa: E402  (a sibling script, not a package)
 
 NOWHERE = "http://127.0.0.1:9"  # nothing listens: the hook spools
 WARMUP = 20  # untimed steps of each twin: the first (measured) step, the allocator
-
-
-M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3  # glibc's mallopt parameters (malloc.h)
-
-
-def steady_malloc() -> bool:
-    """Stop glibc's malloc from giving the heap's top back to the kernel and from mmapping
-    tensors below 32 MiB (its largest threshold), so that a steady loop faults no page in; False
-    where there is no glibc to ask (then the faults column shows what happens)."""
-    try:
-        libc = ctypes.CDLL("libc.so.6")
-        return bool(libc.mallopt(M_TRIM_THRESHOLD, 2**31 - 1)) and bool(libc.mallopt(M_MMAP_THRESHOLD, 32 << 20))
-    except (OSError, AttributeError):
-        return False
 
 
 def thread_faults() -> int:
