@@ -67,6 +67,7 @@ from __future__ import annotations
 import argparse
 import atexit
 import copy
+import ctypes
 import multiprocessing
 import os
 import random
@@ -181,6 +182,22 @@ def stop_server(proc: subprocess.Popen) -> None:
 #: than the hook costs). The background's CPU is charged the same way with either clock.
 CLOCKS = {"wall": time.perf_counter, "cpu": time.thread_time}
 CLOCK = ["wall"]
+MALLOC = ["default"]  # "steady": each lane's process holds glibc's malloc steady (`steady_malloc`)
+M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3  # glibc's mallopt parameters (malloc.h)
+
+
+def steady_malloc() -> bool:
+    """Stop glibc's malloc from giving the heap's top back to the kernel and from mmapping
+    tensors below 32 MiB (its largest threshold), so that a steady training loop faults no page
+    in (`zero_grad(set_to_none=True)` frees a model's gradients each step: where they lay at the
+    heap's top, the next backward faults them all back in); False where there is no glibc."""
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+        return bool(libc.mallopt(M_TRIM_THRESHOLD, 2**31 - 1)) and bool(libc.mallopt(M_MMAP_THRESHOLD, 32 << 20))
+    except (OSError, AttributeError):
+        return False
+
+
 WARMUP = 3  # untimed steps of each variant before the timed cycles
 #: every="auto" takes this many untimed steps: while it learns its interval it measures steps
 #: 1, 2 and about 14 (a one-time cost of about two measured steps), and a long run pays its
@@ -500,7 +517,7 @@ class Remote:
         context = multiprocessing.get_context("spawn")
         self._conn, child = context.Pipe()
         self._proc = context.Process(
-            target=_serve_lane, args=(child, kind, name, str(tmp), CLOCK[0]), name=f"bench-{kind}"
+            target=_serve_lane, args=(child, kind, name, str(tmp), CLOCK[0], MALLOC[0]), name=f"bench-{kind}"
         )
         self._proc.start()
         child.close()
@@ -533,10 +550,12 @@ class Remote:
             self._proc.kill()
 
 
-def _serve_lane(conn: Any, kind: str, name: str, tmp: str, clock: str = "wall") -> None:
+def _serve_lane(conn: Any, kind: str, name: str, tmp: str, clock: str = "wall", malloc: str = "default") -> None:
     """A variant's process: make its lane and its baseline twin (the model from the same seed as
     every other process's), then answer `Remote`'s commands until "close"."""
     CLOCK[0] = clock
+    if malloc == "steady":
+        steady_malloc()
     torch.set_flush_denormal(True)  # decayed Adam state turns denormal and slows every variant alike
     torch.manual_seed(0)
     model, loss_fn = TASKS[name]()
@@ -642,8 +661,15 @@ def main() -> None:
         help="a step's time: wall, or the training thread's CPU (with OMP_NUM_THREADS=1, on a loaded machine)",
     )
     ap.add_argument("--variants", default=",".join(VARIANTS), help="comma-separated subset of: " + ",".join(VARIANTS))
+    ap.add_argument(
+        "--malloc",
+        choices=("default", "steady"),
+        default="default",
+        help="glibc's malloc as it is (default), or held steady in each lane: no page faults from heap trimming",
+    )
     args = ap.parse_args()
     CLOCK[0] = args.clock
+    MALLOC[0] = args.malloc
     variants = [v for v in args.variants.split(",") if v]
     models = [m for m in args.models.split(",") if m]
     if "baseline" not in variants or len(variants) < 2 or set(variants) - set(VARIANTS):
@@ -659,7 +685,8 @@ def main() -> None:
             rows.append(bench(name, args.cycles or CYCLES[name], variants, Path(tmp)))
     print()
     print(
-        f"torch {torch.__version__}, {torch.get_num_threads()} threads, {os.cpu_count()} cores, {args.clock} clock; "
+        f"torch {torch.__version__}, {torch.get_num_threads()} threads, {os.cpu_count()} cores, {args.clock} clock, "
+        f"malloc {'held steady' if args.malloc == 'steady' else 'as it is'}; "
         "steps interleaved "
         "one by one; median overhead vs the neighbouring baseline steps (90% bootstrap interval); gradwatch "
         "with its sender's and its server's CPU charged"

@@ -8,18 +8,38 @@ one torch thread, watched with `every=10**9` (only step 1 is measured) against a
 with the same weights and batch in the same process. The steps alternate strictly: twin,
 watched, twin, watched, ..., so that every step follows one of the other model (a twin step
 right after a twin step would find its tensors in the CPU caches and bias the pairing:
-docs/benchmarks.md); a watched step's extra is its time minus the mean of the two twin steps
-beside it (a step and its neighbours share the machine's conditions). The figure is the median
-over `--steps` watched steps, with a 90% bootstrap interval of that median, in wall time and in
-the training thread's CPU time (`time.thread_time`, which a loaded machine's descheduling does
-not inflate). `--aa` also times an unwatched copy the same way: the design's own bias. By default the watcher streams to a
+docs/benchmarks.md); a watched step's extra is its time minus each of the two twin steps beside
+it (a step and its neighbours share the machine's conditions), both differences kept: step times
+are skewed to the right, so a step less the mean of its two neighbours has a median below zero
+even between steps alike, where the difference of two steps alike is symmetric about zero. The
+figure is the median over `--steps` watched steps, with a 90% bootstrap interval of that median,
+in wall time and in the training thread's CPU time (`time.thread_time`, which a loaded machine's
+descheduling does not inflate). `--aa` also times an unwatched copy the same way: the design's
+own bias.
+
+The C allocator is held steady (`--malloc steady`, the default): glibc hands tensors of 128 KiB
+and more (a Linear(256)'s weight and gradient) to mmap, then, once one is freed, raises that
+threshold and serves them from the heap, whose top it gives back to the kernel whenever more than
+twice the threshold is free there. `zero_grad(set_to_none=True)` frees a whole model's gradients
+each step, so whichever copy's gradients happen to lie at the heap's top page-faults them back
+in at its next backward (system time on the training thread), the other copy not: a bias of
+either sign, by the heap's history, that no pairing cancels. Held steady (no trimming, no mmap
+below 32 MiB), a warm loop faults nothing. The column "faults" prints the training thread's minor
+page faults per step, copy and twin; `--malloc default` keeps glibc's own behaviour. Even held
+steady, where each copy's tensors lie (their pages, the cache sets they share) moves its steps
+at width 256 the same way for the copies' whole life: `--blocks K` makes fresh copies K times
+per variant, the variants alternating block by block, every other block making the copy before
+its twin, and pools their steps; the column "blocks' CPU spread" is the range of the blocks'
+medians, the size of that placement effect (the interval, over steps, does not include it: the
+A/A shows what is left). By default the watcher streams to a
 real `gradwatch serve` on this machine (its own process, SQLite in a temporary folder); with
 `--server none` nothing listens and the sender spools. `--flight-recorder` watches with the flight
 recorder on (as on a GPU by default; off on CPU): its norm pass on the training thread, and its
 incident test on the sender thread, which the column "other threads" shows (the process's CPU
 time less the training thread's, per watched step; a local server's is its own process's).
 
-    python benchmarks/unmeasured_step.py [--tensors 80,400,1600] [--steps 300] [--server local|none] [--flight-recorder]
+    python benchmarks/unmeasured_step.py [--tensors 80,400,1600] [--steps 300] [--width 8] [--server local|none]
+        [--aa] [--blocks 1] [--flight-recorder] [--malloc steady|default]
 """
 
 from __future__ import annotations
@@ -28,6 +48,7 @@ import argparse
 import logging
 import os
 import random
+import resource
 import statistics
 import sys
 import tempfile
@@ -39,10 +60,15 @@ import torch
 import gradwatch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from overhead import start_server, stop_server  # noqa: E402  (a sibling script, not a package)
+from overhead import start_server, steady_malloc, stop_server  # noqa: E402  (a sibling script, not a package)
 
 NOWHERE = "http://127.0.0.1:9"  # nothing listens: the hook spools
 WARMUP = 20  # untimed steps of each twin: the first (measured) step, the allocator
+
+
+def thread_faults() -> int:
+    """The calling thread's minor page faults so far."""
+    return resource.getrusage(resource.RUSAGE_THREAD).ru_minflt
 
 
 def target_us(tensors: int) -> float:
@@ -70,12 +96,19 @@ def median_interval(values: list[float], resamples: int = 1000, seed: int = 0) -
     return got[int(0.05 * resamples)], got[int(0.95 * resamples) - 1]
 
 
-def measure(tensors: int, width: int, steps: int, server: str | None, recorder: bool = False) -> dict[str, float]:
-    """The watched copy's (`server` None: an unwatched copy's) extra time, wall and CPU, and the
-    CPU of the process's other threads per watched step."""
+def measure(
+    tensors: int, width: int, steps: int, server: str | None, recorder: bool = False, copy_first: bool = False
+) -> dict[str, list[float]]:
+    """The watched copy's (`server` None: an unwatched copy's) extra time per step, wall and CPU,
+    the CPU of the process's other threads per watched step, the page faults of each step;
+    `copy_first`: the copy's tensors are made before its twin's."""
     x = torch.randn(16, width)
-    twin, twin_opt = model(tensors, width)
-    other, other_opt = model(tensors, width)
+    if copy_first:
+        other, other_opt = model(tensors, width)
+        twin, twin_opt = model(tensors, width)
+    else:
+        twin, twin_opt = model(tensors, width)
+        other, other_opt = model(tensors, width)
     w = (
         None
         if server is None
@@ -84,16 +117,17 @@ def measure(tensors: int, width: int, steps: int, server: str | None, recorder: 
     for _ in range(WARMUP):
         step(twin, twin_opt, x)
         step(other, other_opt, x)
-    wall, cpu = [], []  # per step, alternating: twin, other, twin, ..., twin
+    wall, cpu, faults = [], [], []  # per step, alternating: twin, other, twin, ..., twin
     process, thread = time.process_time(), time.thread_time()
     for k in range(2 * steps + 1):
-        t, c = time.perf_counter(), time.thread_time()
+        f, t, c = thread_faults(), time.perf_counter(), time.thread_time()
         if k % 2:
             step(other, other_opt, x)
         else:
             step(twin, twin_opt, x)
         wall.append(time.perf_counter() - t)
         cpu.append(time.thread_time() - c)
+        faults.append(thread_faults() - f)
     background = ((time.process_time() - process) - (time.thread_time() - thread)) / steps
     if w is not None:
         measured = w.measured_steps
@@ -102,12 +136,34 @@ def measure(tensors: int, width: int, steps: int, server: str | None, recorder: 
             raise SystemExit(f"{measured} steps were measured, expected only step 1")
 
     def extra(times: list[float]) -> list[float]:
-        return [times[k] - (times[k - 1] + times[k + 1]) / 2 for k in range(1, len(times), 2)]
+        # each copy step against each twin step beside it: a difference of two steps alike is
+        # symmetric about zero, where a step less the mean of two is not (step times are skewed)
+        return [times[k] - times[j] for k in range(1, len(times), 2) for j in (k - 1, k + 1)]
 
-    out = {"step": statistics.median(wall[0::2]), "background": background}
-    for name, times in (("wall", extra(wall)), ("cpu", extra(cpu))):
-        out[name] = statistics.median(times)
-        out[name + "_lo"], out[name + "_hi"] = median_interval(times)
+    return {
+        "step": wall[0::2],
+        "background": [background],
+        "faults": faults[1::2],
+        "twin_faults": faults[0::2],
+        "wall": extra(wall),
+        "cpu": extra(cpu),
+    }
+
+
+def pooled(blocks: list[dict[str, list[float]]]) -> dict[str, float]:
+    """The blocks' steps together: medians of the step and of the extras (with their intervals),
+    mean faults and background."""
+    got = {k: [v for b in blocks for v in b[k]] for k in blocks[0]}
+    out = {
+        "step": statistics.median(got["step"]),
+        "background": statistics.mean(got["background"]),
+        "faults": statistics.mean(got["faults"]),
+        "twin_faults": statistics.mean(got["twin_faults"]),
+        "spread": max(statistics.median(b["cpu"]) for b in blocks) - min(statistics.median(b["cpu"]) for b in blocks),
+    }
+    for name in ("wall", "cpu"):
+        out[name] = statistics.median(got[name])
+        out[name + "_lo"], out[name + "_hi"] = median_interval(got[name])
     return out
 
 
@@ -115,19 +171,40 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--tensors", default="80,400,1600", help="parameter tensor counts (even; default 80,400,1600)")
     ap.add_argument("--steps", type=int, default=300, help="watched steps timed per count (default 300)")
+    ap.add_argument(
+        "--blocks",
+        type=int,
+        default=1,
+        help="fresh copies this many times per variant, alternating, steps split (default 1)",
+    )
     ap.add_argument("--width", type=int, default=8, help="in and out features of each Linear (default 8)")
     ap.add_argument("--server", choices=("local", "none"), default="local", help="a real local server, or none")
     ap.add_argument("--aa", action="store_true", help="also time an unwatched copy against its twin (A/A)")
     ap.add_argument(
         "--flight-recorder", action="store_true", help="watch with the flight recorder on (on a GPU's default)"
     )
+    ap.add_argument(
+        "--malloc",
+        choices=("steady", "default"),
+        default="steady",
+        help="glibc's malloc held steady (no trimming, no mmap below 32 MiB; the default) or left as it is",
+    )
     args = ap.parse_args(argv)
     try:
         counts = [int(c) for c in args.tensors.split(",")]
     except ValueError:
         ap.error("--tensors is a comma-separated list of whole numbers")
-    if args.steps < 2 or args.width < 1 or any(c < 2 or c % 2 for c in counts):
-        ap.error("--steps must be 2 or more, --width 1 or more, and each tensor count even and 2 or more")
+    if (
+        args.steps < 2
+        or args.width < 1
+        or args.blocks < 1
+        or args.steps < 2 * args.blocks
+        or any(c < 2 or c % 2 for c in counts)
+    ):
+        ap.error(
+            "--steps must be 2 or more a block, --width and --blocks 1 or more, and each tensor count even and 2 or more"
+        )
+    steady = args.malloc == "steady" and steady_malloc()
     torch.set_num_threads(1)
     torch.set_flush_denormal(True)
     logging.getLogger("gradwatch").setLevel(logging.ERROR)  # not "kept in the spool": it is deleted
@@ -138,22 +215,31 @@ def main(argv: list[str] | None = None) -> int:
             print(
                 f"torch {torch.__version__}, 1 thread, SGD, Linear({args.width}, {args.width}) layers, "
                 f"{'a local server' if proc else 'no server (spooling)'}; {args.steps} watched steps each, alternating with twin steps"
+                + (f", in {args.blocks} blocks of fresh copies" if args.blocks > 1 else "")
                 + ("; the flight recorder on" if args.flight_recorder else "")
+                + ("; malloc held steady" if steady else "; malloc as it is")
             )
             print(
                 "tensors | variant | step ms | extra us, wall (90% interval) | extra us, CPU (90% interval) "
-                "| other threads us | target us | met"
+                "| other threads us | faults, copy / twin | blocks' CPU spread | target us | met"
             )
             met = True
+            variants = [("watched", url)] + ([("A/A", None)] if args.aa else [])
             for n in counts:
-                for name, where in [("watched", url)] + ([("A/A", None)] if args.aa else []):
-                    r = measure(n, args.width, args.steps, where, args.flight_recorder)
+                got: dict[str, list[dict[str, list[float]]]] = {name: [] for name, _ in variants}
+                for b in range(args.blocks):  # the variants alternate by block, each with fresh copies,
+                    for name, where in variants:  # made copy first in every other block
+                        steps = -(-args.steps // args.blocks)
+                        got[name].append(measure(n, args.width, steps, where, args.flight_recorder, b % 2 == 1))
+                for name, where in variants:
+                    r = pooled(got[name])
                     ok = min(r["wall_hi"], r["cpu_hi"]) * 1e6 <= target_us(n)
                     met &= ok or where is None
                     print(
                         f"{n:7d} | {name:7s} | {r['step'] * 1e3:7.2f} | {r['wall'] * 1e6:+7.1f} ({r['wall_lo'] * 1e6:+.1f} "
                         f"to {r['wall_hi'] * 1e6:+.1f}) | {r['cpu'] * 1e6:+7.1f} ({r['cpu_lo'] * 1e6:+.1f} to "
-                        f"{r['cpu_hi'] * 1e6:+.1f}) | {r['background'] * 1e6:16.0f} | {target_us(n):9.0f} | "
+                        f"{r['cpu_hi'] * 1e6:+.1f}) | {r['background'] * 1e6:16.0f} | "
+                        f"{r['faults']:7.1f} / {r['twin_faults']:<7.1f} | {r['spread'] * 1e6:18.0f} | {target_us(n):9.0f} | "
                         f"{'yes' if ok else 'no'}"
                     )
             print(

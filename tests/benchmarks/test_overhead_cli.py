@@ -66,6 +66,7 @@ def test_beyond_the_aa_subtracts_the_designs_bias_cycle_by_cycle() -> None:
         (["--variants", "gradwatch"], "--variants must include baseline and another"),
         (["--variants", "baseline,nope"], "--variants must include baseline and another"),
         (["--clock", "sundial"], "argument --clock: invalid choice"),
+        (["--malloc", "jemalloc"], "argument --malloc: invalid choice"),
     ],
 )
 def test_bad_flags_are_refused_with_what_to_do(args: list[str], message: str) -> None:
@@ -78,3 +79,41 @@ def test_the_script_run_as_a_process_exits_2_on_a_bad_flag() -> None:
     done = subprocess.run([sys.executable, str(SCRIPT), "--cycles", "1"], capture_output=True, text=True, timeout=120)
     assert done.returncode == 2
     assert "--cycles must be 2 or more" in done.stderr
+
+
+FAULTS = """
+import resource, sys
+sys.path.insert(0, sys.argv[2])
+import torch
+from overhead import mlp_task, steady_malloc
+if sys.argv[1] == "steady":
+    assert steady_malloc()
+torch.set_num_threads(1)
+model, loss_fn = mlp_task()
+opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+def step():
+    opt.zero_grad(set_to_none=True)
+    loss_fn(model).backward()
+    opt.step()
+for _ in range(10):
+    step()
+before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+for _ in range(10):
+    step()
+print((resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before) / 10)
+"""
+
+
+def test_steady_malloc_stops_the_mlp_faulting_its_tensors_back_in() -> None:
+    """The rule `--malloc steady` rests on: with glibc as it is, the MLP's steps give freed
+    tensors' pages back and fault them in again; held steady, a warm step faults a few times
+    fewer (none but what new memory needs)."""
+    faults = {}
+    for mode in ("default", "steady"):
+        done = subprocess.run(
+            [sys.executable, "-c", FAULTS, mode, str(SCRIPT.parent)], capture_output=True, text=True, timeout=120
+        )
+        assert done.returncode == 0, done.stderr
+        faults[mode] = float(done.stdout)
+    assert faults["default"] > 200, faults
+    assert faults["steady"] * 3 < faults["default"], faults
