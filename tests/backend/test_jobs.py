@@ -8,6 +8,7 @@ for a silent rank (--rank-timeout 60): its tests never see a rank lost; `quick` 
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import hashlib
 import json
@@ -611,6 +612,44 @@ def test_the_timer_looking_for_lost_ranks_never_spins(tmp_path: Path) -> None:
     try:
         for timeout, interval in ((0.1, 0.05), (1e-9, 0.05), (1.0, 0.25), (30.0, 5.0)):
             assert JobAssembler(store, LiveHub(8), Diagnostics(store), timeout).interval_s == interval
+    finally:
+        store.close()
+
+
+def test_the_timer_rests_while_no_job_runs_and_a_hello_wakes_it(tmp_path: Path) -> None:
+    """A sole writer's timer reads the running jobs once, finds none, and reads them no more
+    until a hello: the statements SQLite receives say how often it looked."""
+    store = open_store(f"sqlite:///{tmp_path / 'x.db'}")
+    looks: list[str] = []
+
+    def heard(conn: Any, cursor: Any, statement: str, *args: Any) -> None:
+        sql = " ".join(statement.split())
+        if sql.startswith("SELECT runs.id FROM runs WHERE runs.status = ") and "runs.kind" in sql:
+            looks.append(sql)
+
+    event.listen(store.engine, "before_cursor_execute", heard)
+
+    async def scenario() -> list[int]:
+        jobs = JobAssembler(store, LiveHub(8), Diagnostics(store), 0.2)  # a look every 0.05 s
+        counts = []
+        jobs.start()
+        try:
+            await asyncio.sleep(0.5)
+            counts.append(len(looks))
+            await asyncio.sleep(0.5)
+            counts.append(len(looks))
+            with jobs.admitting():  # a hello, which may open a job
+                pass
+            await asyncio.sleep(0.5)
+            counts.append(len(looks))
+            await asyncio.sleep(0.5)
+            counts.append(len(looks))
+        finally:
+            await jobs.close()
+        return counts
+
+    try:
+        assert asyncio.run(scenario()) == [1, 1, 2, 2]
     finally:
         store.close()
 

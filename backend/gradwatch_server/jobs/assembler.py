@@ -279,6 +279,8 @@ class JobAssembler:
         #: its run was deleted must not bring their state back (a deleted id is never reopened)
         self._deleted: dict[str, None] = {}
         self._timer: asyncio.Task[None] | None = None
+        #: set by a hello, and when this process first keeps a job's state: a resting timer looks again (`_sweep`)
+        self._known = asyncio.Event()
         #: the ranks' frames, stored in group commits (commits.py)
         self.commits = GroupCommits(store)
         #: (job, rank) -> how to ask that rank's connection here for a replica's arrays
@@ -342,6 +344,7 @@ class JobAssembler:
         state = self._jobs.get(job)
         if state is None:
             state = self._jobs[job] = _Job(first_seen=now, touched=now)
+            self._known.set()
         state.touched = now
         return state
 
@@ -578,6 +581,7 @@ class JobAssembler:
     def admitting(self) -> Iterator[None]:
         """A hello is validated and its run opened meanwhile (ingest.py)."""
         self._admitting += 1
+        self._known.set()  # it may open a job: a resting timer looks again
         try:
             yield
         finally:
@@ -667,14 +671,26 @@ class JobAssembler:
         self._timer = asyncio.create_task(self._sweep())
 
     async def _sweep(self) -> None:
+        """Look for lost ranks every `interval_s` while a job may be running. A process that is
+        the database's only writer (no coordinator) rests once a look found no running job, it
+        keeps no job's state, and no hello came since the pause before it: a job starts running only
+        through a rank's hello here (`admitting`, then `_job` keeps its state), which wakes the
+        timer. A server beside a training run without jobs then neither wakes nor reads the store
+        for them: each costs CPU that the training pays."""
+        idle = False
         while True:
+            if idle:
+                await self._known.wait()
+            self._known.clear()
             await asyncio.sleep(self.interval_s)
+            idle = False
             try:
                 asked = self._clock()
                 jobs = await asyncio.to_thread(self._store.running_jobs)
                 self._drop_stale(set(jobs), asked)
                 for job in jobs:
                     await self.assemble(job)
+                idle = not jobs and not self._jobs and self._coordinator is None and not self._known.is_set()
             except Exception:  # a timer has no caller to report to: log, and look again later
                 log.exception("could not assemble the running jobs")
 
