@@ -10,6 +10,8 @@ process of its own, as a training script would, beside a baseline twin (see Remo
   wandb.watch         wandb (offline) watch(log="all", log_freq=1) and a wandb.log per step
   gradwatch every=1   the hook, streaming every step to a real local `gradwatch serve`
   gradwatch auto      the same with every="auto" (0.4% budget, all told; unmeasured steps send cheap facts)
+  gradwatch unmeasured every=10**9: only its first step is measured, what every other step of
+                      every="auto" costs (a sentinel, the cheap facts), alone
   gradwatch no server every=1 with no server listening: everything goes to the spool on disk
   floor               one .sum() (on torch's threads) over the bytes the hook reads, where it reads them:
                       the grads before optimizer.step(), the params and Adam's moments after it
@@ -340,6 +342,7 @@ VARIANTS = (
     "wandb",
     "gradwatch",
     "gradwatch_auto",
+    "gradwatch_unmeasured",
     "gradwatch_spool",
     "floor",
     "floor_before",
@@ -352,11 +355,12 @@ LABELS = {
     "wandb": '`wandb.watch(log="all", log_freq=1)`',
     "gradwatch": "gradwatch every=1",
     "gradwatch_auto": 'gradwatch every="auto"',
+    "gradwatch_unmeasured": "gradwatch unmeasured",
     "gradwatch_spool": "gradwatch every=1, server down (spooling)",
     "floor": "floor",
     "floor_before": "floor, all read before the step",
 }
-GRADWATCH = ("gradwatch", "gradwatch_auto", "gradwatch_spool")
+GRADWATCH = ("gradwatch", "gradwatch_auto", "gradwatch_unmeasured", "gradwatch_spool")
 
 
 def make_lane(kind: str, model: nn.Module, loss_fn: Callable[[nn.Module], torch.Tensor], tmp: Path) -> Lane | None:
@@ -440,7 +444,8 @@ def make_lane(kind: str, model: nn.Module, loss_fn: Callable[[nn.Module], torch.
         else:
             (tmp / kind).mkdir()
             lane.server, url = start_server(tmp / kind)
-        lane.watch("auto" if kind == "gradwatch_auto" else 1, url, tmp / f"spool-{kind}")
+        every = {"gradwatch_auto": "auto", "gradwatch_unmeasured": 10**9}.get(kind, 1)
+        lane.watch(every, url, tmp / f"spool-{kind}")
         if kind == "gradwatch_auto":
             lane.warmup = AUTO_WARMUP
     return lane

@@ -382,8 +382,8 @@ def watch(
     every: measure every N-th `optimizer.step()`, or "auto" to keep all that watching costs within
         0.4% of the step time (measured steps spread over the interval, every step's hooks, the
         hook's threads, and a server on this machine: its acks say its CPU).
-        A step that is not measured costs a few tens of µs, whatever the model's size
-        (docs/benchmarks.md).
+        A step that is not measured does no work per tensor: a few tens of µs where the hook's
+        code stays in the CPU caches, more where each step's tensors evict it (docs/benchmarks.md).
     updates: also measure `update_norm`/`update_ratio` (holds one copy of the
         parameters during sampled steps).
     warn: show each diagnostic once as a Python warning.
