@@ -687,20 +687,27 @@ class JobAssembler:
             try:
                 asked = self._clock()
                 jobs = await asyncio.to_thread(self._store.running_jobs)
-                self._drop_stale(set(jobs), asked)
+                for job in self._drop_stale(set(jobs), asked):
+                    if self._coordinator is not None:  # a job lock taken late, with nothing left to assemble
+                        await self._coordinator.release(job)
                 for job in jobs:
                     await self.assemble(job)
                 idle = not jobs and not self._jobs and self._coordinator is None and not self._known.is_set()
             except Exception:  # a timer has no caller to report to: log, and look again later
                 log.exception("could not assemble the running jobs")
 
-    def _drop_stale(self, running: set[str], asked: float) -> None:
+    def _drop_stale(self, running: set[str], asked: float) -> list[str]:
         """Drop the jobs that were not running when asked at `asked` (settled by another worker,
-        or deleted) and that nothing here touched since."""
+        or deleted) and that nothing here touched since; the jobs dropped. Their assembly locks
+        are let go too: a worker may take a job's lock after its owner settled it and let go
+        (`Coordinator.owns`, asked by a late frame or note), and find nothing to assemble."""
+        dropped = []
         for job, state in list(self._jobs.items()):
             if job not in running and state.users == 0 and state.touched < asked:
                 state.progressed()  # its closing ranks look at the store
                 del self._jobs[job]
+                dropped.append(job)
+        return dropped
 
     async def close(self) -> None:
         if self._timer is not None:
