@@ -26,9 +26,9 @@ shuffled order; there a third copy of the model steps once untimed (the first st
 switch to a process is slower), then the twin, the variant and the twin again, so each variant
 step lies between two baseline steps of the same process taken within a second of it; its ratio
 to their mean, minus 1, is that cycle's overhead. Every timed step follows another copy's step,
-so each finds its own tensors equally cold in the CPU caches: with the twin's own untimed step
-first, the twin's first timed step found its tensors warm and the A/A read +1.8% on the MLP
-(docs/benchmarks.md, "The A/A bias of a twin's warm step"). What the order of a cycle's steps
+so each finds its own tensors equally cold in the CPU caches (a timed step right after its own
+copy's finds them warm, which biases its pair: docs/benchmarks.md, "The A/A bias of a twin's warm
+step"). What the order of a cycle's steps
 still does to every copy alike, the A/A reads: with `aa` among the variants, each gradwatch
 figure is printed again beyond it (less the A/A's median, cycle by cycle). This shared machine's speed changes from one second to the
 next (whole runs of 12 steps timed round by round spread by +-15% on the GPT), and a step's
