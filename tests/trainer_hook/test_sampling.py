@@ -147,3 +147,46 @@ def test_every_auto_samples_less_when_the_hook_is_costly_relative_to_the_step() 
 def test_bad_every(every) -> None:
     with pytest.raises(ValueError, match='every must be a whole number >= 1 .* or "auto"'):
         make_sampler(every)
+
+
+def test_every_step_sends_its_exact_cheap_facts_whichever_path_its_hooks_take() -> None:
+    """A step between unmeasured ones takes the hooks' lean path (one optimizer, no closure);
+    a step with a closure, or next to a measured one, the general path. Every step's cheap facts
+    are the loop's own: its backward passes, the learning rate it stepped with, the clipped
+    norm and the value it logged."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Tanh(), torch.nn.Linear(8, 2))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda i: 1.0 / (1 + i))
+    w = gradwatch.watch(opt, model=model, server=NOWHERE, every=5, warn=False)
+    oracle = {}
+    for step in range(1, 25):
+        opt.zero_grad()
+        passes = 1 + step % 3
+
+        def closure(passes: int = passes) -> torch.Tensor:
+            for _ in range(passes):
+                loss = model(torch.randn(3, 4)).square().mean()
+                loss.backward()
+            return loss
+
+        w.log(value=step * 0.5)  # the scalars of the step to come
+        if step % 7 == 0:
+            opt.step(closure)
+            norm = None
+        else:
+            closure()
+            norm = float(torch.nn.utils.clip_grad_norm_(model.parameters(), 1e9))
+            opt.step()
+        oracle[step] = (float(passes), opt.param_groups[0]["lr"], norm, step * 0.5)
+        sched.step()
+    msgs = {m["step"]: m for m in sent_steps(w)}
+    w.close(timeout=0.1)
+    assert sorted(msgs) == list(range(1, 25))
+    assert [s for s in msgs if "grad_norm" in msgs[s]["params"]] == [1, 6, 11, 16, 21]
+    for step, (passes, lr, norm, value) in oracle.items():
+        scalars = msgs[step]["scalars"]
+        assert scalars["backward_passes"] == passes, step
+        assert scalars["lr/0"] == pytest.approx(lr, rel=1e-6), step
+        assert scalars.get("clip/total_norm") == (None if norm is None else pytest.approx(norm, rel=1e-6)), step
+        assert scalars["value"] == value, step

@@ -421,6 +421,19 @@ class GradTracker:
             refs[i] = _NO_GRAD if g is None else (weakref.ref(g), g._version)
         return passes, clear
 
+    def end_one(self, i: int) -> int:
+        """`end_step([i])`'s passes for one reported parameter (an unmeasured step's sentinel):
+        the same bookkeeping without the lists, on the training thread at every step."""
+        self._drain().clear()
+        if self._can_settle:
+            self._settling[0] = False
+        u = self._slot[i]
+        passes = self._passes[u]
+        self._passes[u], self._clear[u] = 0, None
+        g = self._params[u].grad
+        self._ref[u] = _NO_GRAD if g is None else (weakref.ref(g), g._version)
+        return passes
+
     def remove(self) -> None:
         self._scanned = []
         for held, on in self._nodes.values():

@@ -784,13 +784,18 @@ def _state_tensors(
 
 
 def cuda_memory(devices: set[torch.device]) -> dict[str, float]:
-    """Allocator counters (host-side, no synchronisation) for the CUDA devices in use."""
+    """Allocator counters (host-side, no synchronisation) for the CUDA devices in use: what
+    `torch.cuda.memory_allocated`, `memory_reserved` and `max_memory_allocated` return, read from
+    one `memory_stats_as_nested_dict` per device (each of those flattens and sorts every counter
+    the allocator keeps, and this runs at every step)."""
     out: dict[str, float] = {}
     for device in devices:
         if device.type != "cuda":
             continue
         index = device.index if device.index is not None else torch.cuda.current_device()
-        out[f"mem/cuda:{index}/allocated"] = float(torch.cuda.memory_allocated(index))
-        out[f"mem/cuda:{index}/reserved"] = float(torch.cuda.memory_reserved(index))
-        out[f"mem/cuda:{index}/peak"] = float(torch.cuda.max_memory_allocated(index))
+        stats = torch.cuda.memory_stats_as_nested_dict(index)
+        allocated = stats.get("allocated_bytes", {}).get("all", {})
+        out[f"mem/cuda:{index}/allocated"] = float(allocated.get("current", 0))
+        out[f"mem/cuda:{index}/reserved"] = float(stats.get("reserved_bytes", {}).get("all", {}).get("current", 0))
+        out[f"mem/cuda:{index}/peak"] = float(allocated.get("peak", 0))
     return out

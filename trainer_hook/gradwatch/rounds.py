@@ -128,6 +128,10 @@ class Rounds:
         self._sampled = False
         self._step_began = time.perf_counter()  # where the first step's `time/step_s` starts
         self._clip = ClipNorms().open()  # the total norm the loop's clip_grad_norm_ returns
+        #: the next round may take the lean path (`_lean_before`): one optimizer, this round and
+        #: the next unmeasured, nothing armed, no closure in flight
+        self._lean = self._may_be_lean()
+        self._lean_round = False  # the open round took the lean path at its pre-step hook
         self._handles = []
         for k, opt in enumerate(optimizers):
             self._handles += [
@@ -141,11 +145,13 @@ class Rounds:
     def request_stop(self) -> None:
         """Stop at the next step (close() inside the on_finding callback, not on this thread)."""
         self._close_requested = True
+        self._lean = False
 
     def finish(self) -> None:
         """The watching ends (`Watcher.close`): send the open round and what the flight recorder
         holds, and remove every hook."""
         self._closed = True
+        self._lean = False
         if self._round and self._handles:  # an optimizer never stepped in the last round: send what there is
             self._emit()
         self._flush_recorder()
@@ -173,6 +179,10 @@ class Rounds:
     # D then G step; a critic stepped 5 times per generator step). Each optimizer is measured at
     # its first step of a sampled round: its gradients just before, its state just after.
     def _before_step(self, k: int, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> Any:
+        if self._lean and len(args) == 1 and not kwargs:  # `args[0]` is the optimizer: no closure
+            self._lean_before(optimizer)
+            return None
+        self._lean_round = False
         started = time.perf_counter()
         try:
             if self._close_requested:
@@ -205,6 +215,48 @@ class Rounds:
                 self._cost.pre_hook(time.perf_counter() - started)
         return None
 
+    def _lean_before(self, optimizer: torch.optim.Optimizer) -> None:
+        """`_before_step` where the round is unmeasured and so was the last, one optimizer and no
+        closure: what every unmeasured step pays, so the same work in as few calls and objects as
+        can be (each step's tensors evict the hook's code and data from the CPU caches, so every
+        call and object touched costs a miss)."""
+        started = time.perf_counter()
+        try:
+            self._lean_round = True
+            if self._amp is not None:
+                self._amp.stepped(optimizer)
+            self.step += 1
+            self._memory = self._probe.cuda_memory()
+            self._cost.begin_step(previous_measured=False)
+            self._upcoming = self._sampler(self.step + 1)
+            if self._recorder is not None:
+                self._recorder.record(self.step)
+        except Exception as exc:
+            self._give_up(exc)
+        self._cost.pre_hook(time.perf_counter() - started)
+
+    def _lean_after(self) -> None:
+        """`_after_step` of a round `_lean_before` opened whose next round is not measured (as
+        the sampler said then): its sentinel's passes, its cheap facts sent, the next round
+        decided (`_after_step` and `_emit` do the same in the general case)."""
+        started = time.perf_counter()
+        try:
+            self._lean_round = False
+            self._opt_steps[0] += 1
+            sentinel = self._sentinels[0]
+            passes = 0
+            if sentinel is not None:
+                self._passes[sentinel] = passes = self._tracker.end_one(sentinel)
+            self._send_unmeasured(self._round_scalars(started), float(passes))
+            switched = self._switch_s
+            self._upcoming = self._sampler.revise(self.step + 1, False)
+            if self._upcoming:
+                self._lean = False
+                self._prepare_measured()
+            self._cost.light_hook(time.perf_counter() - started - (self._switch_s - switched))
+        except Exception as exc:
+            self._give_up(exc)
+
     def _closure_returned(self, k: int, first: bool) -> None:
         """The first evaluation of optimizer `k`'s closure returned: its gradients are the step's
         (see closures.py); the backward passes so far are the step's, those after it no step's."""
@@ -221,6 +273,9 @@ class Rounds:
         self._probe.read_grads(self._members[k], k if len(self._members) > 1 else None)
 
     def _after_step(self, k: int, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
+        if self._lean_round and not self._upcoming:
+            self._lean_after()
+            return
         try:
             started = time.perf_counter()
             first = k not in self._round
@@ -246,17 +301,30 @@ class Rounds:
                 if self._sampled:
                     self._choose_counting()
                 if self._upcoming:
-                    for j in range(len(self._members)):
-                        if not self._armed[j]:
-                            self._arm(j)
-                    if self._scan_ok and not self._tracker.scanning:
-                        self._tracker.to_scan(keep=self._sentinel_list())
+                    self._prepare_measured()
                 elif not self._closed:
                     self._disarm()
+                self._lean = self._may_be_lean()
                 if not self._sampled:  # what this hook costs every step, for every="auto"
                     self._cost.light_hook(time.perf_counter() - started - (self._switch_s - switched))
         except Exception as exc:
             self._give_up(exc)
+
+    def _may_be_lean(self) -> bool:
+        """Whether the next round may take the lean path (`_lean_before`), as a round ends."""
+        return (
+            len(self._members) == 1
+            and not (self._sampled or self._upcoming or self._closed or self._close_requested)
+            and not (self._closures or self._taken or self._round or any(self._armed))
+        )
+
+    def _prepare_measured(self) -> None:
+        """The next round is measured: count every parameter's passes from here."""
+        for j in range(len(self._members)):
+            if not self._armed[j]:
+                self._arm(j)
+        if self._scan_ok and not self._tracker.scanning:
+            self._tracker.to_scan(keep=self._sentinel_list())
 
     # -- arming (training thread) ------------------------------------------------------------
     def _first_sentinel(self, k: int) -> Optional[int]:
@@ -367,22 +435,7 @@ class Rounds:
         """The round is complete (its last `optimizer.step()` returned at perf_counter `ended`,
         default now): send the measured step, or the cheap facts of an unmeasured one."""
         self._round.clear()
-        logged, self.logged = self.logged, {}
-        clipped = self._clip.take()
-        if clipped is not None:
-            logged.setdefault(CLIP_KEY, clipped)
-        if self.dist is not None:
-            self._time_step(logged, time.perf_counter() if ended is None else ended)
-        if self._amp is not None:
-            self._amp.scalars(logged)
-        if self._closure_calls is not None:
-            logged.setdefault("closure_calls", self._closure_calls)
-            self._closure_calls = None
-        if len(self._members) > 1:
-            for k, n in enumerate(self._opt_steps):
-                logged[f"opt/{k}/steps"] = n
-        for key, value in self._memory.items():  # as the round began: the hook's own tensors not yet made
-            logged.setdefault(key, value)
+        logged = self._round_scalars(time.perf_counter() if ended is None else ended)
         if self._sampled:
             self._flush_recorder()  # the held steps go before this one
             passes, clear = list(self._passes), self._clear
@@ -395,15 +448,38 @@ class Rounds:
             if snapshot is not None:
                 self._sender.submit_step(functools.partial(self._renderer.render, snapshot, steps))
             return
-        # An unmeasured step: what its sentinels saw, and no per-parameter array (docs/protocol.md).
         sentinels = self._sentinel_list()
-        logged["backward_passes"] = float(max((self._passes[i] for i in sentinels), default=0))
         for i in sentinels:
             self._clear[i] = None
+        self._send_unmeasured(logged, float(max((self._passes[i] for i in sentinels), default=0)))
+
+    def _round_scalars(self, ended: float) -> dict[str, Any]:
+        """The round's scalars, measured or not: the user's, the clipped norm, the step's times
+        (ended at perf_counter `ended`), AMP's, closures', each optimizer's steps, CUDA memory."""
+        logged, self.logged = self.logged, {}
+        clipped = self._clip.take()
+        if clipped is not None:
+            logged.setdefault(CLIP_KEY, clipped)
+        if self.dist is not None:
+            self._time_step(logged, ended)
+        if self._amp is not None:
+            self._amp.scalars(logged)
+        if self._closure_calls is not None:
+            logged.setdefault("closure_calls", self._closure_calls)
+            self._closure_calls = None
+        if len(self._members) > 1:
+            for k, n in enumerate(self._opt_steps):
+                logged[f"opt/{k}/steps"] = n
+        for key, value in self._memory.items():  # as the round began: the hook's own tensors not yet made
+            logged.setdefault(key, value)
+        return logged
+
+    def _send_unmeasured(self, logged: dict[str, Any], passes: float) -> None:
+        """An unmeasured step: `passes`, the most backward passes its sentinels saw, its scalars
+        and cheap facts, and no per-parameter array (docs/protocol.md)."""
+        logged["backward_passes"] = passes
         self._cost.unmeasured()
-        for key in [key for key, v in logged.items() if isinstance(v, torch.Tensor) and v.device.type != "cpu"]:
-            logged.pop(key)  # a CUDA tensor is read only at measured steps: reading it now would sync
-        scalars = self._probe.cheap_facts(logged)
+        scalars = self._probe.cheap_facts(logged)  # never reads a CUDA tensor: that would sync
         step, now = self.step, time.time()
         make = functools.partial(UnsentStep, step, now, scalars, {}, None)
         if self._recorder is None:
