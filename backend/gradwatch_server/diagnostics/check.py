@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import ClassVar
 
 from .data import RunContext, StepBatch, StepView
@@ -32,6 +33,12 @@ class Check:
 
     def observe_unmeasured(self, run: RunContext, step: StepView) -> None:
         """One step the hook did not measure (`StepView.unmeasured`: scalars only), in order."""
+
+    def observe_unmeasured_batch(self, run: RunContext, steps: Sequence[StepView]) -> None:
+        """Consecutive unmeasured steps, in order: the same as `observe_unmeasured` on each in
+        turn (the engine calls it only where the class overrides `observe_unmeasured`)."""
+        for step in steps:
+            self.observe_unmeasured(run, step)
 
     def observe_batch(self, run: RunContext, batch: StepBatch) -> None:
         """Consecutive measured steps, in order: the same as `observe` on each of them in turn,
