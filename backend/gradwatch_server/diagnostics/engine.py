@@ -205,9 +205,9 @@ class RunDiagnosis:
             return i
         seeing = [c for c in self.checks if _sees_unmeasured(type(c))]
         if seeing:
-            views = StepView.unmeasured_batch([(r[0], r[1]) for r in records[i:j]], len(self.context.params))
+            steps = [(r[0], r[1]) for r in records[i:j]]
             for check in seeing:
-                self._run(check, lambda c: c.observe_unmeasured_batch(self.context, views))
+                self._run(check, lambda c: c.observe_unmeasured_batch(self.context, steps))
         self.steps += j - i
         self.last_step = last
         self._since += j - i
