@@ -88,7 +88,7 @@ DIGEST_STORE_EVERY_S = 1.0
 MAX_PENDING = 64
 
 #: A hook sends a pace's frames back to back, but its sending thread may wait for the training
-#: process' GIL between two (up to its switch interval, 5 ms by default): the writer waits for the
+#: process' GIL between two (up to the interpreter's switch interval): the writer waits for the
 #: rest of a burst of step frames (until BURST_GAP_S passes without one, BURST_MAX_S at most) and
 #: stores it as one batch: each batch costs a commit, a thread hand-off, a diagnosis and an ack.
 BURST_GAP_S = 0.01
