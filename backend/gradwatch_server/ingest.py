@@ -87,6 +87,13 @@ DIGEST_STORE_EVERY_S = 1.0
 #: Messages validated but not yet stored; when full, the reader stops reading the socket.
 MAX_PENDING = 64
 
+#: A hook sends a pace's frames back to back, but its sending thread may wait for the training
+#: process' GIL between two (up to the interpreter's switch interval): the writer waits for the
+#: rest of a burst of step frames (until BURST_GAP_S passes without one, BURST_MAX_S at most) and
+#: stores it as one batch: each batch costs a commit, a thread hand-off, a diagnosis and an ack.
+BURST_GAP_S = 0.01
+BURST_MAX_S = 0.05
+
 #: How long a rank's close waits for the job's run to hold that rank's last step, so that the
 #: job's findings (found when the last rank's steps arrive) reach every rank before it ends.
 #: Bounded well under the hook's own close timeout (5 s by default): nothing waits on it for data.
@@ -407,11 +414,10 @@ class IngestConnection:
         while True:
             if closing is None:
                 items = [await pending.get()]
-                if isinstance(items[0], tuple) and pending.empty():
-                    # let the reader queue the frames already received: a hook sends a pace's
-                    # messages together, and one batch of them costs one commit, thread hand-off,
-                    # diagnosis and ack rather than one per message
-                    await asyncio.sleep(0)
+                if isinstance(items[0], tuple):
+                    # let the reader queue the rest of the pace's frames: one batch of them costs
+                    # one commit, thread hand-off, diagnosis and ack rather than one per message
+                    await self._burst(pending)
             else:
                 try:
                     items = [await asyncio.wait_for(pending.get(), max(0.0, closing.deadline - loop.time()))]
@@ -449,6 +455,18 @@ class IngestConnection:
                 raise last
             elif isinstance(last, _Disconnected):
                 return
+
+    async def _burst(self, pending: asyncio.Queue[Pending]) -> None:
+        """Wait while the reader queues more of a burst of frames (BURST_GAP_S, BURST_MAX_S)."""
+        loop = asyncio.get_running_loop()
+        end = loop.time() + BURST_MAX_S
+        seen = -1
+        while pending.qsize() != seen and not pending.full():
+            seen = pending.qsize()
+            left = end - loop.time()
+            if left <= 0:
+                return
+            await asyncio.sleep(min(BURST_GAP_S, left))
 
     async def _end_close(self, closing: _Closing) -> None:
         """A replica's close, its answers stored: the close takes the seq of its last answer

@@ -123,7 +123,9 @@ class LiveHub:
             self._deliver(sub, text)
 
     def publish_steps(self, run_id: str, steps: Sequence[Step]) -> None:
-        """The new steps of one committed batch, in order."""
+        """The new steps of one committed batch, in order (none watching: nothing per step)."""
+        if not self._watchers(run_id):
+            return
         for step in steps:
             self.publish_step(run_id, step)
 

@@ -31,7 +31,7 @@ def f32(values: np.ndarray, absent: np.ndarray | None = None) -> bytes:
     return out.tobytes()
 
 
-def random_run(rng: np.random.Generator, steps: int) -> tuple[list[Record], range]:
+def random_run(rng: np.random.Generator, steps: int, unmeasured: float = 0.05) -> tuple[list[Record], range]:
     """A run of P parameters whose regimes change at random steps: calm lognormal norms, a
     gradient gone to zero, a jump up, NaN, spikes; clears and passes drawn per regime too. And
     the steps where every gradient is zero."""
@@ -97,7 +97,7 @@ def random_run(rng: np.random.Generator, steps: int) -> tuple[list[Record], rang
             scalars["amp/scale"] = 2.0**10
         if clearing == 2:
             scalars["mem/zero_grad_bytes"] = 4096.0
-        if rng.random() < 0.05:  # a step the hook did not measure: scalars only
+        if rng.random() < unmeasured:  # a step the hook did not measure: scalars only
             arrays = {}
         records.append((step, scalars, arrays))
     if rng.random() < 0.3:  # a step sent again, and one out of order
@@ -161,6 +161,32 @@ def test_batches_find_exactly_what_steps_one_by_one_find() -> None:
     # no proof if they find nothing: every code a single run's steps can show is found (a
     # distributed job's, and those of the hello's config, cannot be)
     assert found == set(CODES) - {"rank_desync", "param_not_in_optimizer", "param_never_gets_grad"}
+
+
+def test_batches_of_unmeasured_steps_find_what_steps_one_by_one_find() -> None:
+    """Mostly unmeasured steps (every="auto"): stretches of them are judged at once
+    (`observe_unmeasured_batch`), to the same findings, state and snapshots (whose steps a late
+    window rewinds to) as step by step."""
+    found: set[str] = set()
+    for seed in range(12):
+        rng = np.random.default_rng(100 + seed)
+        records, _ = random_run(rng, 400, unmeasured=0.9)
+        context = RunContext.of([(f"layer{i}.weight", 1000 * (i + 1), "float32") for i in range(P)])
+        oracle, batched = RunDiagnosis(context), RunDiagnosis(context)
+        i = 0
+        while i < len(records):
+            n = int(rng.choice([1, 2, 5, 40, 90, 150]))
+            for record in records[i : i + n]:
+                oracle.observe_record(*record)
+            batched.observe_records(records[i : i + n])
+            i += n
+            assert public(batched) == public(oracle), (seed, i)
+            assert (batched.steps, batched.last_step) == (oracle.steps, oracle.last_step)
+            assert same_state(batched, oracle), (seed, i)
+            snaps = [[(s.steps, s.last_step) for s in d._snapshots or ()] for d in (batched, oracle)]
+            assert snaps[0] == snaps[1], (seed, i)
+        found.update(f["code"] for f in public(oracle))
+    assert "loss_spike" in found
 
 
 def test_what_grad_holds_after_a_batch_counts_into_the_next_steps_pile() -> None:

@@ -10,10 +10,10 @@ from collections.abc import Iterator
 
 import pytest
 
-from gradwatch_server.ingest import PACED_ACKS_FROM_RANKS, RANK_ACK_EVERY_S
+from gradwatch_server.ingest import BURST_GAP_S, PACED_ACKS_FROM_RANKS, RANK_ACK_EVERY_S
 from gradwatch_server.store import open_store
 from support.server import ServerProcess, start_server
-from support.wiremsg import Hook, close, f32, rank_hello, step
+from support.wiremsg import Hook, close, f32, hello, rank_hello, step
 
 pytestmark = pytest.mark.server
 
@@ -72,3 +72,23 @@ def test_a_large_jobs_rank_gets_one_ack_for_several_frames_each_after_its_commit
         code, _, error = r1.refused()
         assert code == 1003 and error is not None and "step" in error
         assert committed_seq(srv, 1) == 2
+
+
+def test_a_burst_of_frames_a_few_milliseconds_apart_is_stored_as_one_batch(srv: ServerProcess) -> None:
+    """A hook sends a pace's frames back to back, its sending thread waiting for the training
+    process' GIL between two: the writer waits for the rest of the burst (BURST_GAP_S), and
+    stores and acknowledges it as one batch (each batch costs a commit, a hand-off and an ack)."""
+    whole = 0
+    with Hook(srv.ws_url) as hook:
+        assert hook.call(hello("burst"))["type"] == "welcome"
+        for burst in range(3):
+            first = 1 + 3 * burst
+            for seq in range(first, first + 3):
+                hook.send(frame(seq))
+                time.sleep(BURST_GAP_S / 5)
+            acks = [hook.recv()]
+            while acks[-1]["seq"] < first + 2:
+                acks.append(hook.recv())
+            whole += len(acks) == 1
+    # three bursts: a machine that stalls this test's thread past BURST_GAP_S once still passes
+    assert whole >= 2, whole

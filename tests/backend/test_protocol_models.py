@@ -7,6 +7,7 @@ import math
 
 import numpy as np
 import pytest
+from pydantic import ValidationError
 
 from gradwatch_server.jsonvalues import float_list, metric_array, metric_list
 from gradwatch_server.protocol import (
@@ -96,6 +97,24 @@ def test_a_steps_message_stands_for_its_steps_exactly() -> None:
     assert expanded[2].scalars["loss"] == -math.inf
     one = parse(steps(1, [3]))  # no arrays, no scalars: a step with its time only
     assert isinstance(one, Steps) and [s.step for s in one.expand()] == [3]
+
+
+def test_an_expanded_step_is_the_step_pydantic_would_make() -> None:
+    """`Steps.expand` sets a Step's attributes itself (pydantic's model_construct costs most of a
+    frame's parsing): what it makes equals model_construct's and a validated `step` message's."""
+    m = parse(steps(7, [4, 5], scalars={"loss": [1.0, 2.0]}, arrays={"grad_norm": np.ones((2, 2))}, times=[1.0, 2.0]))
+    assert isinstance(m, Steps)
+    for i, s in enumerate(m.expand()):
+        made = Step.model_construct(**dict(vars(s)))
+        assert s == made and list(vars(s)) == list(vars(made)) == list(Step.model_fields)
+        assert s.model_fields_set == made.model_fields_set
+        assert (s.__pydantic_extra__, s.__pydantic_private__) == (made.__pydantic_extra__, made.__pydantic_private__)
+        alone = parse(
+            step(7, [4, 5][i], scalars={"loss": [1.0, 2.0][i]}, arrays={"grad_norm": np.ones(2)}, time=[1.0, 2.0][i])
+        )
+        assert s.model_dump(exclude={"v"}) == alone.model_dump(exclude={"v"})
+        with pytest.raises(ValidationError):  # frozen, as a validated one
+            s.step = 3  # type: ignore[misc]
 
 
 @pytest.mark.parametrize(

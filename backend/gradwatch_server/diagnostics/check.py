@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from typing import ClassVar
 
 from .data import RunContext, StepBatch, StepView
@@ -32,6 +33,13 @@ class Check:
 
     def observe_unmeasured(self, run: RunContext, step: StepView) -> None:
         """One step the hook did not measure (`StepView.unmeasured`: scalars only), in order."""
+
+    def observe_unmeasured_batch(self, run: RunContext, steps: Sequence[tuple[int, Mapping[str, float]]]) -> None:
+        """Consecutive unmeasured steps, (step, scalars) in order: the same as `observe_unmeasured`
+        on each in turn (the engine calls it only where the class overrides `observe_unmeasured`;
+        a check that reads a few scalars may pass on the steps without them)."""
+        for step in StepView.unmeasured_batch(steps, len(run.params)):
+            self.observe_unmeasured(run, step)
 
     def observe_batch(self, run: RunContext, batch: StepBatch) -> None:
         """Consecutive measured steps, in order: the same as `observe` on each of them in turn,

@@ -188,6 +188,14 @@ class StepView:
         """A step the hook did not measure: its scalars only (the loss it logged, learning rates)."""
         return cls(step=step, scalars=scalars, grad_norm=np.full(count, np.nan), status=np.zeros(count, dtype=np.uint8))
 
+    @classmethod
+    def unmeasured_batch(cls, steps: Sequence[tuple[int, Mapping[str, float]]], count: int) -> list[StepView]:
+        """`unmeasured` of each (step, scalars), sharing one read-only pair of arrays: a check
+        writing into a step's arrays fails loudly rather than changing the other steps."""
+        norm, status = np.full(count, np.nan), np.zeros(count, dtype=np.uint8)
+        norm.flags.writeable = status.flags.writeable = False
+        return [cls(step=step, scalars=scalars, grad_norm=norm, status=status) for step, scalars in steps]
+
     def scalar(self, key: str) -> float | None:
         value = self.scalars.get(key)
         return None if value is None else float(value)

@@ -165,6 +165,11 @@ class RunDiagnosis:
                     break
                 last = records[j][0]
                 j += 1
+            if j == i:
+                j = self._observe_unmeasured(records, i)
+                if j > i:
+                    i = j
+                    continue
             batch = StepBatch.decode(records[i:j], count) if j - i > 1 else None
             if batch is None:
                 self.observe_record(*records[i])
@@ -179,6 +184,36 @@ class RunDiagnosis:
             if self._since >= self.SNAPSHOT_EVERY:
                 self._snap()
             i = j
+
+    def _observe_unmeasured(
+        self, records: Sequence[tuple[int, Mapping[str, float], Mapping[str, bytes | np.ndarray]]], i: int
+    ) -> int:
+        """Judge the run of consecutive unmeasured steps from `records[i]` (each after the last
+        judged, none past the next snapshot) at once, to the state and findings `observe_record`
+        of each would give; the index after them (`i` where there are fewer than two). A batch of
+        the hook's unmeasured steps costs the checks nothing when none looks at unmeasured steps,
+        and otherwise one `observe_unmeasured_batch` call each: per step, Python costs more than
+        their work (docs/benchmarks.md)."""
+        j, last = i, self.last_step
+        room = self.SNAPSHOT_EVERY - self._since
+        while j < len(records) and j - i < room and "grad_norm" not in records[j][2]:
+            if last is not None and records[j][0] <= last:
+                break
+            last = records[j][0]
+            j += 1
+        if j - i < 2:
+            return i
+        seeing = [c for c in self.checks if _sees_unmeasured(type(c))]
+        if seeing:
+            steps = [(r[0], r[1]) for r in records[i:j]]
+            for check in seeing:
+                self._run(check, lambda c: c.observe_unmeasured_batch(self.context, steps))
+        self.steps += j - i
+        self.last_step = last
+        self._since += j - i
+        if self._since >= self.SNAPSHOT_EVERY:
+            self._snap()
+        return j
 
     def observe_record(self, step: int, scalars: Mapping[str, float], arrays: Mapping[str, bytes | np.ndarray]) -> None:
         """A stored or ingested step; one the hook did not measure (cheap facts only: no

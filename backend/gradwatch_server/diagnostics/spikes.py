@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import math
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -472,6 +472,10 @@ class LossSpike(Check):
                 was = first.get(name)
                 first[name] = (when, max(float(ratios[i]), was[1] if was else 0.0), was[2] if was else series)
         return first
+
+    def observe_unmeasured_batch(self, run: RunContext, steps: Sequence[tuple[int, Mapping[str, float]]]) -> None:
+        # a step that logged no loss changes nothing (`observe_unmeasured`)
+        super().observe_unmeasured_batch(run, [s for s in steps if "loss" in s[1]])
 
     def observe_unmeasured(self, run: RunContext, step: StepView) -> None:
         loss = step.scalar("loss")

@@ -292,6 +292,10 @@ def _raw_scalar_stretches_of(
     return out
 
 
+def _step_of(d: WrittenStep) -> int:
+    return d.step
+
+
 def _memory_stretches_of(
     stored: Sequence[WrittenStep], kind: str, spans: list[tuple[int, int]], size: int
 ) -> dict[str, blocks.Stretches]:
@@ -301,7 +305,8 @@ def _memory_stretches_of(
     Series stored at the same steps are reduced together, a column each: reductions run down the
     columns, so each series gets the summaries it would alone, and one call for all of them costs
     about what one per series did."""
-    inside = sorted((d for d in stored if any(a <= d.step <= b for a, b in spans)), key=lambda d: d.step)
+    numbers = {n for a, b in spans for n in range(a // size, b // size + 1)}  # spans are whole blocks
+    inside = sorted([d for d in stored if d.step // size in numbers], key=_step_of)
     series: dict[str, tuple[list[int], list[Any]]] = {}
     held = [d.arrays if kind == "param" else d.scalars for d in inside]
     if held and all(h.keys() == held[0].keys() for h in held):  # every step has every series: by column

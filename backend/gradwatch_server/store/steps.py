@@ -96,9 +96,13 @@ def write_steps(
             fresh.append(i)  # the steps of one `steps` message share its seq
     if not fresh:
         return Written(stored)
-    have = set(
-        conn.execute(_STORED_STEPS, {"run_id": run_id, "steps": sorted({batch[i].step for i in fresh})}).scalars()
+    wanted = sorted({batch[i].step for i in fresh})
+    # the run's last step is its highest stored one (kept in the transaction that stores a step):
+    # a batch wholly after it, a live hook's usual one, has none of its steps stored
+    after_last = (last_step_before is None and locked.steps == 0) or (
+        last_step_before is not None and wanted[0] > last_step_before
     )
+    have = set() if after_last else set(conn.execute(_STORED_STEPS, {"run_id": run_id, "steps": wanted}).scalars())
     resent = []
     for i in fresh:
         if batch[i].resent:  # the flight recorder's arrays of a stored step: added below, never a step
