@@ -324,7 +324,7 @@ def close(seq: int, status: str = "finished") -> dict[str, Any]:
 
 
 #: `json.dumps(message, allow_nan=False, separators=(",", ":"))`, with its encoder made once
-_encode = json.JSONEncoder(allow_nan=False, separators=(",", ":")).encode
+_encode = json.JSONEncoder(allow_nan=False, separators=(",", ":"), check_circular=False).encode
 
 
 def dumps(message: Mapping[str, Any]) -> str:
