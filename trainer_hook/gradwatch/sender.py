@@ -120,6 +120,9 @@ class Sender:
         self.ws_url = ws_url
         self.max_linger = min(max(max_linger, MIN_LINGER_S), MAX_LINGER_S)
         self.linger = min(linger, self.max_linger)
+        #: wait for replies after a send (a finding reaches `on_finding` as soon as it comes) rather
+        #: than read them at the next drain: a hook capped below MAX_LINGER_S acts on findings
+        self._prompt_replies = self.max_linger < MAX_LINGER_S
         self.hello = hello
         #: the hellos to try in turn (wire.rank_hellos), serialized on the sender thread
         self._hellos: Optional[list[str]] = None
@@ -263,10 +266,12 @@ class Sender:
         if self._unsent() and (now >= self._next_send - period / 2 or closing):
             self._next_send = now + self.linger
             self._send_unsent()
-        # Replies (acks, findings, a replica's `arrays`) answer what was sent: those already
-        # received are read at each wake, without waiting for more (an ack that woke this thread
-        # would cost a wake per send), but while closing, where an ack ends the wait.
-        if not closing and self._awaiting_replies():
+        # Replies (acks, findings, a replica's `arrays`) answer what was sent. Those already
+        # received are read at each wake, without waiting for more: an ack that woke this thread
+        # would cost a wake per send. A hook whose training acts on findings, and one closing,
+        # wait for them instead (a reply ends the wait).
+        prompt = closing or self._prompt_replies
+        if not prompt and self._awaiting_replies():
             self._read_acks(0.0)
         if self._items:  # the next drain (a send due by then goes with it)
             wake_at = self._next_drain
@@ -277,13 +282,11 @@ class Sender:
         wait = min(max(wake_at - time.monotonic(), 0.001), SPOOL_EVERY_S)
         if closing:  # close() waits `timeout` at most, whatever pace the server set
             wait = min(wait, max(self._deadline - time.monotonic(), 0.001))
-            if self._awaiting_replies():
-                self._read_acks(wait)
-            elif self._ws is None:  # `_run` retries the connection meanwhile
-                time.sleep(0.02)
+        if prompt and self._awaiting_replies():
+            self._read_acks(wait)
         elif self._ws is None:  # `_run` retries the connection meanwhile
-            self._wake.acquire(timeout=min(wait, 0.05))
-        else:
+            time.sleep(0.02) if closing else self._wake.acquire(timeout=min(wait, 0.05))
+        elif not closing:
             self._wake.acquire(timeout=wait)
 
     def _awaiting_replies(self) -> bool:
