@@ -248,8 +248,8 @@ class Sender:
 
     def _pump(self) -> None:
         """Every SPOOL_EVERY_S (or `linger`, if shorter): serialize what was submitted and write
-        it to the spool; every `linger` (at once when closing): send what is serialized and not
-        sent yet; then read the replies that came meanwhile, and wait for the next of those.
+        it to the spool; read the replies that came since; every `linger` (at once when closing):
+        send what is serialized and not sent yet; then wait for the next of those.
 
         The spool is flushed before anything is sent, so a send that hangs on a stalled server
         leaves every serialized message on disk.
@@ -261,18 +261,19 @@ class Sender:
             self._drain()
             if self.spool is not None:
                 self.spool.flush()
+        # Replies (acks, findings, a replica's `arrays`) answer what was sent. Those received
+        # since the last wake are read at this one (before this wake's send: its acks come at the
+        # next), without waiting for more: an ack that woke this thread would cost a wake per send.
+        # A hook whose training acts on findings, and one closing, wait for them instead (after
+        # the send: a reply ends the wait).
+        prompt = closing or self._prompt_replies
+        if not prompt and self._awaiting_replies():
+            self._read_acks(0.0)
         # A send due within half a drain period goes with this wake's drain: each wake of this
         # thread costs more CPU than its work (docs/benchmarks.md), and the pace stays `linger`.
         if self._unsent() and (now >= self._next_send - period / 2 or closing):
             self._next_send = now + self.linger
             self._send_unsent()
-        # Replies (acks, findings, a replica's `arrays`) answer what was sent. Those already
-        # received are read at each wake, without waiting for more: an ack that woke this thread
-        # would cost a wake per send. A hook whose training acts on findings, and one closing,
-        # wait for them instead (a reply ends the wait).
-        prompt = closing or self._prompt_replies
-        if not prompt and self._awaiting_replies():
-            self._read_acks(0.0)
         if self._items:  # the next drain (a send due by then goes with it)
             wake_at = self._next_drain
         elif self._unsent():
