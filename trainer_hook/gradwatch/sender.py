@@ -324,9 +324,9 @@ class Sender:
                 self._add(item)
                 continue
             make = item.make
-            if type(make) is functools.partial and make.func is UnsentStep:  # an unmeasured step's facts
-                made = self._make_one(make)
-            elif (renderer := _renderer(make)) is None:
+            lean = type(make) is functools.partial and make.func is UnsentStep  # an unmeasured step's facts
+            renderer = None if lean else _renderer(make)
+            if renderer is None:
                 made = self._make_one(make)
             else:  # the steps queued after it that the same renderer makes: rendered with it
                 batch = [item]
