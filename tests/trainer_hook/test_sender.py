@@ -4,16 +4,22 @@ and the server sets the pace (short while a browser watches the run)."""
 from __future__ import annotations
 
 import base64
+import contextlib
+import functools
 import hashlib
 import json
+import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
 import numpy as np
 import pytest
 import torch
+from websockets.exceptions import ConnectionClosed
 from websockets.sync.client import connect
+from websockets.sync.server import ServerConnection, serve
 
 import gradwatch
 from gradwatch.sender import MAX_LINGER_S, MIN_LINGER_S, SPOOL_EVERY_S, Sender
@@ -299,3 +305,69 @@ def test_a_replica_that_closes_before_rank_0_sends_answers_the_ask_at_its_close(
         server.stop()
     job = {d["step"]: d for d in map(json.loads, lines.splitlines()) if d["type"] == "step" and d.get("rank") is None}
     assert [job[s]["params"]["desync_ranks"] for s in (1, 2)] == [[0.0, 0.0], [0.0, 1.0]]
+
+
+@pytest.fixture
+def paced_server() -> Iterator[tuple[str, list[tuple[float, dict]]]]:
+    """A websocket server that asks for a 2 s pace (`linger`, in its welcome and acks), acks each
+    message and notes when it came. Yields its URL and (arrival, message) of each message."""
+    received: list[tuple[float, dict]] = []
+
+    def handler(ws: ServerConnection) -> None:
+        ws.recv()  # the hello
+        ws.send(json.dumps({"type": "welcome", "run_id": "paced", "last_seq": 0, "linger": 2.0}))
+        with contextlib.suppress(ConnectionClosed):
+            while True:
+                message = json.loads(ws.recv())
+                received.append((time.monotonic(), message))
+                ws.send(json.dumps({"type": "ack", "seq": message["seq"], "linger": 2.0}))
+
+    with serve(handler, "127.0.0.1", 0) as server:
+        threading.Thread(target=server.serve_forever, daemon=True).start()
+        yield f"ws://127.0.0.1:{server.socket.getsockname()[1]}", received
+        server.shutdown()
+
+
+@pytest.mark.timed  # it counts what happens within a few seconds at a 2 s pace: a quiet machine
+def test_a_send_and_its_acks_ride_on_the_wakes_of_the_spool_writes(
+    paced_server: tuple[str, list[tuple[float, dict]]],
+) -> None:
+    """Steps streamed at 50 a second, at a 2 s pace: the thread wakes once per spool write
+    (SPOOL_EVERY_S): each send goes with one of them, and the acks are read at the next one
+    rather than waking the thread (each wake costs it more than its work); every step arrives,
+    in order, and the sends are about `linger` apart."""
+    url, received = paced_server
+    sender = Sender(url, {"v": 1, "type": "hello", "run": {"id": "paced"}, "params": [], "groups": []})
+    drains = pumps = 0
+    drain, pump = sender._drain, sender._pump
+
+    def counted_drain() -> None:
+        nonlocal drains
+        drains += 1
+        drain()
+
+    def counted_pump() -> None:
+        nonlocal pumps
+        pumps += 1
+        pump()
+
+    try:
+        deadline = time.monotonic() + 10
+        while (sender._ws is None or sender.linger != 2.0) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert sender.linger == 2.0
+        sender._drain, sender._pump = counted_drain, counted_pump  # type: ignore[method-assign]
+        for s in range(1, 226):  # 4.5 s
+            sender.submit_step(functools.partial(UnsentStep, s, 1.7e9 + s, {"loss": float(s)}, {}, None))
+            time.sleep(0.02)
+        counted = (drains, pumps)
+        assert sender.close(timeout=10)
+    finally:
+        sender.close(timeout=1)
+    assert 4 <= counted[0] <= 6  # a spool write a second
+    assert counted[1] <= counted[0] + 1  # no wake of its own for a send or an ack
+    steps = [m["step"] for _, message in received for m in split(message) if message["type"] != "close"]
+    assert steps == list(range(1, 226))
+    sends = [t for i, (t, _) in enumerate(received) if i == 0 or t - received[i - 1][0] > 0.5]
+    gaps = [b - a for a, b in zip(sends, sends[1:-1])]  # the last: close() sends at once
+    assert gaps and all(1.4 < g < 2.6 for g in gaps), gaps

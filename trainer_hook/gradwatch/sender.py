@@ -31,6 +31,7 @@ import math
 import random
 import threading
 import time
+from collections.abc import Sequence
 from typing import Any, Callable, Optional, Union
 
 from websockets.exceptions import ConnectionClosed
@@ -119,6 +120,9 @@ class Sender:
         self.ws_url = ws_url
         self.max_linger = min(max(max_linger, MIN_LINGER_S), MAX_LINGER_S)
         self.linger = min(linger, self.max_linger)
+        #: wait for replies after a send (a finding reaches `on_finding` as soon as it comes) rather
+        #: than read them at the next drain: a hook capped below MAX_LINGER_S acts on findings
+        self._prompt_replies = self.max_linger < MAX_LINGER_S
         self.hello = hello
         #: the hellos to try in turn (wire.rank_hellos), serialized on the sender thread
         self._hellos: Optional[list[str]] = None
@@ -147,7 +151,10 @@ class Sender:
         self._ws_scope = contextlib.ExitStack()  # websockets>=17 wants connect() as a context manager
         self._closing = threading.Event()
         self._errors_seen: set[tuple[type, str]] = set()
-        self._wake = threading.Event()  # set by close(): stop waiting for the next drain
+        # held until close() releases it: a wait to acquire it ends at close() (a bare lock: an
+        # Event's wait runs a Condition's Python code at each of this thread's wakes)
+        self._wake = threading.Lock()
+        self._wake.acquire()
         #: a DDP replica's measured steps go as their digest once the server speaks v2 (`_v2`)
         self._replica = wire.is_replica(hello)
         self._replica_state = replica_state
@@ -181,7 +188,8 @@ class Sender:
         self.submit(lambda seq: wire.close(seq, status))
         self._deadline = time.monotonic() + timeout
         self._closing.set()
-        self._wake.set()
+        with contextlib.suppress(RuntimeError):  # released already by a close() on another thread
+            self._wake.release()
         self._thread.join(timeout + 1.5)  # a send in progress gives up within 1 s (SO_SNDTIMEO)
         return not self._thread.is_alive()
 
@@ -240,37 +248,51 @@ class Sender:
 
     def _pump(self) -> None:
         """Every SPOOL_EVERY_S (or `linger`, if shorter): serialize what was submitted and write
-        it to the spool; every `linger` (at once when closing): send what is serialized and not
-        sent yet; in between, wait for acks (or for the next of those).
+        it to the spool; read the replies that came since; every `linger` (at once when closing):
+        send what is serialized and not sent yet; then wait for the next of those.
 
         The spool is flushed before anything is sent, so a send that hangs on a stalled server
         leaves every serialized message on disk.
         """
         now, closing = time.monotonic(), self._closing.is_set()
+        period = min(self.linger, SPOOL_EVERY_S)
         if self._items and (now >= self._next_drain or closing):
-            self._next_drain = now + min(self.linger, SPOOL_EVERY_S)
+            self._next_drain = now + period
             self._drain()
             if self.spool is not None:
                 self.spool.flush()
-        if self._unsent() and (now >= self._next_send or closing):
+        # Replies (acks, findings, a replica's `arrays`) answer what was sent. Those received
+        # since the last wake are read at this one (before this wake's send: its acks come at the
+        # next), without waiting for more: an ack that woke this thread would cost a wake per send.
+        # A hook whose training acts on findings, and one closing, wait for them instead (after
+        # the send: a reply ends the wait).
+        prompt = closing or self._prompt_replies
+        if not prompt and self._awaiting_replies():
+            self._read_acks(0.0)
+        # A send due within half a drain period goes with this wake's drain: each wake of this
+        # thread costs more CPU than its work (docs/benchmarks.md), and the pace stays `linger`.
+        if self._unsent() and (now >= self._next_send - period / 2 or closing):
             self._next_send = now + self.linger
             self._send_unsent()
-        # Block in one place: in `recv` while acks are due (an ack ends the wait), else on the
-        # wake event, until the next drain or send. Waking every few ms cost more CPU than sending.
-        due = [t for t, pending in ((self._next_drain, self._items), (self._next_send, self._unsent())) if pending]
-        wait = min(max(min(due) - time.monotonic(), 0.001), SPOOL_EVERY_S) if due else SPOOL_EVERY_S
-        if self._closing.is_set():  # close() waits `timeout` at most, whatever pace the server set
+        if self._items:  # the next drain (a send due by then goes with it)
+            wake_at = self._next_drain
+        elif self._unsent():
+            wake_at = self._next_send
+        else:  # submitted steps wait SPOOL_EVERY_S at most (the training thread does not wake this one)
+            wake_at = now + SPOOL_EVERY_S
+        wait = min(max(wake_at - time.monotonic(), 0.001), SPOOL_EVERY_S)
+        if closing:  # close() waits `timeout` at most, whatever pace the server set
             wait = min(wait, max(self._deadline - time.monotonic(), 0.001))
-        # Replies (acks, findings, a replica's `arrays`) answer what was sent: read only while
-        # something sent is unacknowledged. A wait in `recv` that times out costs this thread
-        # more than one on the event (websockets' receiving code, its TimeoutError), and with the
-        # spool written every second and sends every `linger` most waits would be such.
-        if self._ws is not None and self._unacked and self._sent_upto > self._acked:
+        if prompt and self._awaiting_replies():
             self._read_acks(wait)
         elif self._ws is None:  # `_run` retries the connection meanwhile
-            time.sleep(0.02) if self._closing.is_set() else self._wake.wait(min(wait, 0.05))
-        elif not self._closing.is_set():
-            self._wake.wait(wait)
+            time.sleep(0.02) if closing else self._wake.acquire(timeout=min(wait, 0.05))
+        elif not closing:
+            self._wake.acquire(timeout=wait)
+
+    def _awaiting_replies(self) -> bool:
+        """Whether something sent on this connection is not acknowledged yet."""
+        return self._ws is not None and bool(self._unacked) and self._sent_upto > self._acked
 
     def _drain(self) -> None:
         """Serialize every submitted item in order into `_unacked` (and the spool); runs of steps
@@ -293,34 +315,36 @@ class Sender:
                 whole.clear()
                 size = 0
 
-        while self._items:
-            item = self._items.popleft()
+        items = self._items
+        while items:
+            item = items.popleft()
             taken += 1
             if not isinstance(item, _StepItem):
                 flush()
                 self._add(item)
                 continue
-            renderer = _renderer(item.make)
+            make = item.make
+            lean = type(make) is functools.partial and make.func is UnsentStep  # an unmeasured step's facts
+            renderer = None if lean else _renderer(make)
             if renderer is None:
-                made = self._make([item])
+                made = self._make_one(make)
             else:  # the steps queued after it that the same renderer makes: rendered with it
-                items = [item]
-                while (
-                    self._items and isinstance(after := self._items[0], _StepItem) and _renderer(after.make) is renderer
-                ):
-                    items.append(after)
-                    self._items.popleft()
-                taken += len(items) - 1
-                made = self._make(items, renderer)
+                batch = [item]
+                while items and isinstance(after := items[0], _StepItem) and _renderer(after.make) is renderer:
+                    batch.append(after)
+                    items.popleft()
+                taken += len(batch) - 1
+                made = self._make(batch, renderer)
             for full in made:
-                record = self._replica_step(full)
+                record = self._replica_step(full) if self._replica else full
                 keys = record.keys()
-                if run and (keys != run_keys or len(run) >= MAX_BATCH_STEPS or size + record.nbytes > MAX_BATCH_BYTES):
+                nbytes = record.nbytes
+                if run and (keys != run_keys or len(run) >= MAX_BATCH_STEPS or size + nbytes > MAX_BATCH_BYTES):
                     flush()
                 run_keys = keys
                 run.append(record)
                 whole.append(full)
-                size += record.nbytes
+                size += nbytes
         flush()
         self._serialized += taken  # only now: every item taken is in `_unacked` (or skipped)
 
@@ -336,13 +360,19 @@ class Sender:
                 log.debug("gradwatch: could not render %d steps at once; one by one", len(items), exc_info=True)
         records: list[UnsentStep] = []
         for item in items:
-            try:
-                one = item.make()
-            except Exception:
-                log.exception("gradwatch: could not build a step; skipped")
-                continue
-            records.extend(one if isinstance(one, list) else [one])  # the flight recorder's held steps
+            records.extend(self._make_one(item.make))
         return records
+
+    @staticmethod
+    def _make_one(make: Callable[[], Union[UnsentStep, list[UnsentStep]]]) -> Sequence[UnsentStep]:
+        """The record(s) of one `make` (several: the flight recorder's held steps); none, with a
+        warning, when it raises."""
+        try:
+            one = make()
+        except Exception:
+            log.exception("gradwatch: could not build a step; skipped")
+            return ()
+        return one if isinstance(one, list) else (one,)
 
     def _replica_step(self, record: UnsentStep) -> UnsentStep:
         """A replica's measured step as its digest (its arrays kept in the ring), on v2."""
