@@ -33,6 +33,10 @@ still does to every copy alike, the A/A reads: with `aa` among the variants, eac
 figure is printed again beyond it (less the A/A's median, cycle by cycle). This shared machine's speed changes from one second to the
 next (whole runs of 12 steps timed round by round spread by +-15% on the GPT), and a step's
 neighbours share its conditions.
+Where a copy's tensors lie moves its steps for the copy's whole life (tens to hundreds of µs at
+width 256), and each run places them once: with `--blocks K` the cycles are taken in K blocks,
+every process's copies moved to fresh memory before each (the same values and objects), so that
+a figure pools K placements (docs/benchmarks.md).
 A variant's figure is the median over cycles, with a 90% bootstrap interval. Before the cycles
 each variant takes WARMUP untimed steps (a fresh watch() allocates its buffers at its first
 measured step), every="auto" AUTO_WARMUP: while it learns its interval it measures steps 1, 2
@@ -310,6 +314,19 @@ class Lane:
             (self.watcher.measured_steps - measured) / steps,
         )
 
+    def replace(self) -> None:
+        """Move this copy's parameters and optimizer state to fresh memory, the same values and
+        the same objects: where a copy's tensors lie moves its steps at width 256 by tens to
+        hundreds of µs for the copy's whole life (`unmeasured_step.py --blocks`), so a run's
+        cycles are taken in blocks, each with its copies placed anew (`--blocks`)."""
+        with torch.no_grad():
+            for p in self.model.parameters():
+                p.data = p.data.clone()
+            for state in self.opt.state.values():
+                for key, value in list(state.items()):
+                    if isinstance(value, torch.Tensor) and value.dim() > 0:
+                        state[key] = value.clone()
+
     def settle(self) -> None:
         """Wait until the watcher's threads have done their work on the steps so far: the server
         has them, or (no server) the spool, which the sender writes every `linger` (0.25 s)."""
@@ -544,6 +561,10 @@ class Remote:
         """See `Lane.alone`."""
         return self._call("alone", steps)
 
+    def replace(self, seed: int) -> None:
+        """Place the process's copies anew (`Lane.replace`), in an order `seed` shuffles."""
+        self._call("replace", seed)
+
     def close(self) -> None:
         try:
             if self.available:
@@ -588,6 +609,15 @@ def _serve_lane(conn: Any, kind: str, name: str, tmp: str, clock: str = "wall", 
                 conn.send(None)
             elif command == "alone":
                 conn.send(lane.alone(*args))
+            elif command == "replace":
+                copies = [lane, twin, other]
+                random.Random(args[0]).shuffle(copies)
+                for each in copies:
+                    each.replace()
+                for _ in range(2):  # the first steps after a move fault its pages in: untimed
+                    for each in copies:
+                        each.step()
+                conn.send(None)
             else:
                 break
     finally:
@@ -595,9 +625,10 @@ def _serve_lane(conn: Any, kind: str, name: str, tmp: str, clock: str = "wall", 
         conn.send(None)
 
 
-def bench(name: str, cycles: int, wanted: list[str], tmp: Path) -> dict[str, Any]:
+def bench(name: str, cycles: int, wanted: list[str], tmp: Path, blocks: int = 1) -> dict[str, Any]:
     """Model `name` with the variants `wanted` (each in its process, with its twin): the
-    baseline step (median seconds of the twins') and a Figure per variant."""
+    baseline step (median seconds of the twins') and a Figure per variant. The cycles are taken
+    in `blocks` blocks, every process's copies placed anew before each block but the first."""
     lanes: dict[str, Remote] = {}
     try:
         for kind in wanted:
@@ -618,7 +649,11 @@ def bench(name: str, cycles: int, wanted: list[str], tmp: Path) -> dict[str, Any
             figures["gradwatch_auto"].share = alone["gradwatch_auto"][2]
         base_times: list[float] = []
         report = max(1, cycles // 10)
+        starts = {cycles * b // blocks for b in range(1, blocks)}
         for c in range(cycles):
+            if c in starts:
+                for lane in lanes.values():
+                    lane.replace(c)
             order = list(lanes)
             random.Random(c).shuffle(order)
             for k in order:
@@ -672,6 +707,13 @@ def main() -> None:
         default="default",
         help="glibc's malloc as it is (default), or held steady in each lane: no page faults from heap trimming",
     )
+    ap.add_argument(
+        "--blocks",
+        type=int,
+        default=1,
+        help="take the cycles in this many blocks, every copy's tensors moved to fresh memory before "
+        "each (where they lie moves a step for the copy's life; default 1: one placement)",
+    )
     args = ap.parse_args()
     CLOCK[0] = args.clock
     MALLOC[0] = args.malloc
@@ -683,16 +725,19 @@ def main() -> None:
         ap.error(f"--models must name some of: {','.join(CYCLES)}")
     if args.cycles is not None and args.cycles < 2:
         ap.error("--cycles must be 2 or more")
+    if args.blocks < 1 or args.blocks > (args.cycles or min(CYCLES[m] for m in models)):
+        ap.error("--blocks must be at least 1 and at most the cycles")
     with tempfile.TemporaryDirectory() as tmp:
         rows = []
         for name in models:
             (Path(tmp) / name).mkdir()
-            rows.append(bench(name, args.cycles or CYCLES[name], variants, Path(tmp)))
+            rows.append(bench(name, args.cycles or CYCLES[name], variants, Path(tmp), args.blocks))
     print()
     print(
         f"torch {torch.__version__}, {torch.get_num_threads()} threads, {os.cpu_count()} cores, {args.clock} clock, "
         f"malloc {'held steady' if args.malloc == 'steady' else 'as it is'}; "
-        "steps interleaved "
+        + (f"{args.blocks} blocks of cycles, the copies placed anew before each; " if args.blocks > 1 else "")
+        + "steps interleaved "
         "one by one; median overhead vs the neighbouring baseline steps (90% bootstrap interval); gradwatch "
         "with its sender's and its server's CPU charged"
     )

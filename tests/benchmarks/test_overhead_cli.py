@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
 sys.path.insert(0, str(BENCHMARKS))
@@ -67,6 +68,8 @@ def test_beyond_the_aa_subtracts_the_designs_bias_cycle_by_cycle() -> None:
         (["--variants", "baseline,nope"], "--variants must include baseline and another"),
         (["--clock", "sundial"], "argument --clock: invalid choice"),
         (["--malloc", "jemalloc"], "argument --malloc: invalid choice"),
+        (["--blocks", "0"], "--blocks must be at least 1 and at most the cycles"),
+        (["--cycles", "4", "--blocks", "5"], "--blocks must be at least 1 and at most the cycles"),
     ],
 )
 def test_bad_flags_are_refused_with_what_to_do(args: list[str], message: str) -> None:
@@ -117,3 +120,30 @@ def test_steady_malloc_stops_the_mlp_faulting_its_tensors_back_in() -> None:
         faults[mode] = float(done.stdout)
     assert faults["default"] > 200, faults
     assert faults["steady"] * 3 < faults["default"], faults
+
+
+def test_a_copy_placed_anew_keeps_its_values_and_objects_in_fresh_memory() -> None:
+    """`Lane.replace` (each block of `--blocks`): every parameter and state tensor moves, the
+    parameters stay the objects the optimizer and a watcher hold, and the next step is the one an
+    untouched copy takes."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.ReLU(), torch.nn.Linear(8, 2))
+    x = torch.randn(4, 8)
+    moved, kept = (
+        overhead.Lane("a", model, lambda m: m(x).square().mean()),
+        overhead.Lane("b", model, lambda m: m(x).square().mean()),
+    )
+    moved.step(), kept.step()
+    params = list(moved.model.parameters())
+    where = [p.data_ptr() for p in params] + [
+        t.data_ptr() for st in moved.opt.state.values() for t in st.values() if t.dim()
+    ]
+    moved.replace()
+    assert list(moved.model.parameters()) == params and list(moved.opt.param_groups[0]["params"]) == params
+    now = [p.data_ptr() for p in params] + [
+        t.data_ptr() for st in moved.opt.state.values() for t in st.values() if t.dim()
+    ]
+    assert len(now) == len(where) == 12 and all(map(int.__ne__, now, where))  # each its own old place left
+    moved.step(), kept.step()
+    for a, b in zip(moved.model.parameters(), kept.model.parameters()):
+        assert torch.equal(a, b)
