@@ -150,17 +150,22 @@ def test_batches_find_exactly_what_steps_one_by_one_find() -> None:
             for edge in (dead.start, dead.stop):  # often a batch begins where the gradients die or come back
                 if i < edge < i + n and rng.random() < 0.7:
                     n = edge - i
-            for record in records[i : i + n]:
-                oracle.observe_record(*record)
-            batched.observe_records(records[i : i + n])
+            judge_alike(oracle, batched, records[i : i + n], (seed, i + n))
             i += n
-            assert public(batched) == public(oracle), (seed, i)
-            assert (batched.steps, batched.last_step) == (oracle.steps, oracle.last_step)
-            assert same_state(batched, oracle), (seed, i)
         found.update(f["code"] for f in public(oracle))
     # no proof if they find nothing: every code a single run's steps can show is found (a
     # distributed job's, and those of the hello's config, cannot be)
     assert found == set(CODES) - {"rank_desync", "param_not_in_optimizer", "param_never_gets_grad"}
+
+
+def judge_alike(oracle: RunDiagnosis, batched: RunDiagnosis, chunk: list[Any], where: Any) -> None:
+    """`oracle` judges `chunk` step by step, `batched` at once: the same findings, steps and state."""
+    for record in chunk:
+        oracle.observe_record(*record)
+    batched.observe_records(chunk)
+    assert public(batched) == public(oracle), where
+    assert (batched.steps, batched.last_step) == (oracle.steps, oracle.last_step)
+    assert same_state(batched, oracle), where
 
 
 def test_batches_of_unmeasured_steps_find_what_steps_one_by_one_find() -> None:
@@ -176,13 +181,8 @@ def test_batches_of_unmeasured_steps_find_what_steps_one_by_one_find() -> None:
         i = 0
         while i < len(records):
             n = int(rng.choice([1, 2, 5, 40, 90, 150]))
-            for record in records[i : i + n]:
-                oracle.observe_record(*record)
-            batched.observe_records(records[i : i + n])
+            judge_alike(oracle, batched, records[i : i + n], (seed, i + n))
             i += n
-            assert public(batched) == public(oracle), (seed, i)
-            assert (batched.steps, batched.last_step) == (oracle.steps, oracle.last_step)
-            assert same_state(batched, oracle), (seed, i)
             snaps = [[(s.steps, s.last_step) for s in d._snapshots or ()] for d in (batched, oracle)]
             assert snaps[0] == snaps[1], (seed, i)
         found.update(f["code"] for f in public(oracle))
