@@ -255,7 +255,7 @@ class GradTracker:
         """Queue `_settled` to run when the running backward has ended (see the module docstring)."""
         if not self.first_grad:  # the first hook of a backward: once per pass, not per parameter
             self.first_grad.append(time.perf_counter())
-        queue = torch.autograd.Variable._execution_engine.queue_callback
+        queue = _QUEUE_CALLBACK
         try:
             queue(lambda: queue(self._settled))
             self._settling[0] = True
@@ -424,7 +424,8 @@ class GradTracker:
     def end_one(self, i: int) -> int:
         """`end_step([i])`'s passes for one reported parameter (an unmeasured step's sentinel):
         the same bookkeeping without the lists, on the training thread at every step."""
-        self._drain().clear()
+        if self._seen:  # a backward that never ran its callback
+            self._drain().clear()
         if self._can_settle:
             self._settling[0] = False
         u = self._slot[i]
@@ -439,6 +440,20 @@ class GradTracker:
         for held, on in self._nodes.values():
             _unhook(held, on)
         self._nodes.clear()
+
+
+#: autograd's queue for callbacks run when the running backward ends
+_QUEUE_CALLBACK = torch.autograd.Variable._execution_engine.queue_callback
+
+
+def process_group() -> bool:
+    """Whether a process group is up: DDP or FSDP may write `.grad` inside a backward (DDP's
+    reducer does at world size 1 too, where the watcher has no `dist`)."""
+    return _DIST_AVAILABLE and _dist_initialized()
+
+
+_DIST_AVAILABLE = torch.distributed.is_available()
+_dist_initialized: Callable[[], bool] = torch.distributed.is_initialized if _DIST_AVAILABLE else bool
 
 
 def _unhook(held: Any, on: list[bool]) -> None:

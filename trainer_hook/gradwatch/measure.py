@@ -419,6 +419,8 @@ class Probe:
         self.params_bytes = float(sum(local_nbytes(w.param) for w in layout.params if w.shard.owns_bytes))
         self._devices = {p.device for p in self.params}
         self._cuda = any(d.type == "cuda" for d in self._devices)
+        #: `lr/G` per param group so far: made once, not formatted (and hashed) anew every step
+        self._lr_names: list[str] = []
         #: one device and whole tensors (no pieces): `read_grads` takes its short path
         self._plain = len(self._devices) == 1 and all(v is None for v in self.views)
         #: how `fused_norms` reads every parameter's `.grad`, made from the parameters where it
@@ -609,20 +611,28 @@ class Probe:
 
     def group_lrs(self, scalars: dict[str, Any]) -> dict[str, Any]:
         """`scalars` with `lr/G` of every param group added (read now: schedulers change them)."""
-        for g, (o, gi) in enumerate(self.layout.group_keys):
-            scalars.setdefault(f"lr/{g}", self.layout.optimizers[o].param_groups[gi].get("lr"))
+        layout, names = self.layout, self._lr_names
+        keys = layout.group_keys
+        if len(names) != len(keys):  # a group added since (`add_param_group`)
+            names[:] = [f"lr/{g}" for g in range(len(keys))]
+        optimizers = layout.optimizers
+        for name, (o, gi) in zip(names, keys):
+            scalars.setdefault(name, optimizers[o].param_groups[gi].get("lr"))
         return scalars
 
     def cheap_facts(self, scalars: dict[str, Any]) -> dict[str, float]:
         """What a step not measured still records, at a cost that does not grow with the number
         of parameters (no device work, no pass over the parameters): learning rates, the
-        parameters' bytes and the user's numbers (the CUDA counters come with `scalars`)."""
-        out = {
-            k: float(v)
-            for k, v in self.group_lrs(scalars).items()
-            if (isinstance(v, (int, float)) and not isinstance(v, bool))
-            or (isinstance(v, torch.Tensor) and v.device.type == "cpu" and v.numel() == 1)
-        }
+        parameters' bytes and the user's numbers (the CUDA counters come with `scalars`): every
+        number as a float, a CPU tensor of one element read, anything else left out."""
+        out: dict[str, float] = {}
+        for k, v in self.group_lrs(scalars).items():
+            if type(v) is float:  # the usual case, first: no conversion, no isinstance
+                out[k] = v
+            elif (isinstance(v, (int, float)) and not isinstance(v, bool)) or (
+                isinstance(v, torch.Tensor) and v.device.type == "cpu" and v.numel() == 1
+            ):
+                out[k] = float(v)
         out["mem/params_bytes"] = self.params_bytes
         return out
 

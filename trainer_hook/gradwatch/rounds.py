@@ -21,7 +21,7 @@ import numpy as np
 import torch
 
 from . import distributed
-from .accumulation import GradTracker
+from .accumulation import GradTracker, process_group
 from .amp import AmpScaler
 from .clipping import KEY as CLIP_KEY
 from .clipping import ClipNorms
@@ -387,7 +387,7 @@ class Rounds:
         if scanned:
             self._scanned_rounds += 1
             self._scan_doubted |= tracker.doubtful
-        ok = not self._scan_doubted and tracker.plain and not _process_group()
+        ok = not self._scan_doubted and tracker.plain and not process_group()
         if not scanned:  # a round counted with hooks says whether the next may scan
             ok = ok and uniform
         else:  # and every VERIFY_EVERY-th measured round is counted with hooks again, to check
@@ -510,12 +510,6 @@ class Rounds:
             return
         k = next(k for k, o in enumerate(self.layout.optimizers) if o is optimizer)
         self._tracker.end_step(self._hooked(k))
-
-
-def _process_group() -> bool:
-    """Whether a process group is up: DDP or FSDP may write `.grad` inside a backward (DDP's
-    reducer does at world size 1 too, where the watcher has no `dist`)."""
-    return torch.distributed.is_available() and torch.distributed.is_initialized()
 
 
 def _host_arrays(passes: list[int], clear: list[Optional[float]]) -> dict[str, np.ndarray]:
