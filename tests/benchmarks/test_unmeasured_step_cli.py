@@ -16,15 +16,15 @@ pytestmark = pytest.mark.unit
 SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "unmeasured_step.py"
 
 
-def test_a_short_run_prints_a_row_per_tensor_count_against_its_target(tmp_path: Path) -> None:
-    done = subprocess.run(
-        [sys.executable, str(SCRIPT), "--tensors", "4,6", "--steps", "4", "--blocks", "2", "--flight-recorder"],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        cwd=tmp_path,
-    )
+def run_script(cwd: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    """The script run in its own process, as a user runs it; it must succeed."""
+    done = subprocess.run([sys.executable, str(SCRIPT), *args], capture_output=True, text=True, timeout=300, cwd=cwd)
     assert done.returncode == 0, done.stderr
+    return done
+
+
+def test_a_short_run_prints_a_row_per_tensor_count_against_its_target(tmp_path: Path) -> None:
+    done = run_script(tmp_path, "--tensors", "4,6", "--steps", "4", "--blocks", "2", "--flight-recorder")
     assert "4 watched steps each" in done.stdout and "in 2 blocks of fresh copies" in done.stdout
     assert "the flight recorder on" in done.stdout
     assert "malloc held steady" in done.stdout, done.stdout  # glibc here: mallopt says yes
@@ -32,10 +32,34 @@ def test_a_short_run_prints_a_row_per_tensor_count_against_its_target(tmp_path: 
         row = rf"^\s+{count} \| watched \|\s+\d+\.\d\d \|\s+[+-]\d+\.\d \([+-]\d+\.\d to [+-]\d+\.\d\) \|"
         faults = r"\s+\d+\.\d / \d+\.\d\s+"  # the copy's and the twin's page faults per step
         spread = r"\s+\d+ "  # the blocks' CPU medians' range: 0 with one block
-        assert re.search(row + rf".*\|\s+-?\d+ \|{faults}\|{spread}\|\s+{target} \| (yes|no)$", done.stdout, re.M), (
+        background = r"\s+-?\d+ \|\s+\d+ "  # other threads, the server: CPU µs per step
+        assert re.search(row + rf".*\|{background}\|{faults}\|{spread}\|\s+{target} \| (yes|no)$", done.stdout, re.M), (
             done.stdout
         )
     assert re.search(r"^target (met at every count|NOT met at some count)", done.stdout, re.M), done.stdout
+
+
+def test_the_mlp_is_held_to_half_a_percent_of_its_step_all_told(tmp_path: Path) -> None:
+    done = run_script(tmp_path, "--model", "mlp", "--steps", "2", "--server", "none", "--aa")
+    assert "overhead.py's MLP, AdamW" in done.stdout and "no server (spooling)" in done.stdout, done.stdout
+    rows = {}
+    for line in done.stdout.splitlines():
+        cells = [c.strip() for c in line.split("|")]
+        if len(cells) == 12 and cells[0] == "80":
+            rows[cells[1]] = cells
+    assert set(rows) == {"watched", "A/A"}, done.stdout
+    for name, cells in rows.items():
+        cpu_hi = float(re.search(r"to ([+-]\d+\.\d)\)", cells[4]).group(1))  # type: ignore[union-attr]
+        other, server = float(cells[5]), float(cells[6])
+        assert server == 0  # no server process to charge
+        assert (other > 0) == (name == "watched")  # the sender thread's CPU, the watched copy's only
+        step_ms = float(cells[2])
+        told = float(cells[9])
+        # the printed share: the CPU interval's top and the background over the twin's CPU step,
+        # which on one thread is within a few % of the wall step printed
+        assert abs(told - 100 * (cpu_hi + other + server) / (step_ms * 1e3)) < 0.05 * abs(told) + 0.02, cells
+        assert cells[10] == "0.5" and cells[11] == ("yes" if told <= 0.5 else "no"), cells
+    assert re.search(r"^target (met \(all told|NOT met)", done.stdout, re.M), done.stdout
 
 
 @pytest.mark.parametrize(
@@ -46,6 +70,7 @@ def test_a_short_run_prints_a_row_per_tensor_count_against_its_target(tmp_path: 
         ["--steps", "many"],
         ["--server", "remote"],
         ["--malloc", "jemalloc"],
+        ["--model", "resnet"],
         ["--steps", "3", "--blocks", "2"],
     ],
 )
