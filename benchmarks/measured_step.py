@@ -22,6 +22,17 @@ checkout's hook first on the path, alternating:
 
 `--profile` times `--steps` watched steps (no twin) under cProfile and prints the functions of
 gradwatch by their own time per step, and the total of torch's calls that the hook made.
+
+`--floor` sets `every=1` against overhead.py's floor variant (one `.sum()` of every gradient
+after the backward, of every parameter and state tensor after the step: the bytes the hook
+reads, read once) in the same process, each a copy of its own stepped by overhead.py's `Lane`:
+twin, watched, twin, floor, twin, ..., each watched or floor step against both twin steps beside
+it, and prints the two medians and their ratio with a 90% bootstrap interval, against the
+issue's bound (1.2x). With `--model mlp` the copies are overhead.py's MLP (40 `Linear(256, 256)`,
+its batch of 256, AdamW), whose `overhead.py` figure moves by more than the bound's margin from
+run to run (separate processes, each with its own placement in memory):
+
+    OMP_NUM_THREADS=1 PYTHONPATH=<checkout>/trainer_hook:<checkout>/backend python benchmarks/measured_step.py --floor --model mlp [--steps 1000]
 """
 
 from __future__ import annotations
@@ -31,17 +42,20 @@ import cProfile
 import logging
 import os
 import pstats
+import random
 import statistics
 import sys
 import tempfile
 import time
+from pathlib import Path
 
 import torch
 
 import gradwatch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from unmeasured_step import median_interval, step  # noqa: E402  (a sibling script)
+import overhead  # noqa: E402  (sibling scripts)
+from unmeasured_step import median_interval, step  # noqa: E402
 
 NOWHERE = "http://127.0.0.1:9"  # nothing listens: the hook spools
 WARMUP = 30  # untimed steps of each copy: the first measured steps, the allocator, the plans
@@ -74,6 +88,58 @@ def measure(tensors: int, width: int, steps: int) -> dict[str, float]:
     extra = [cpu[k] - (cpu[k - 1] + cpu[k + 1]) / 2 for k in range(1, len(cpu), 2)]
     lo, hi = median_interval(extra)
     return {"step": statistics.median(cpu[0::2]), "extra": statistics.median(extra), "lo": lo, "hi": hi}
+
+
+#: the issue's bound on `every=1` on overhead.py's MLP: its extra at most this many times the floor's
+FLOOR_TARGET = 1.2
+
+
+def against_floor(tensors: int, width: int, steps: int, mlp: bool, spool: str) -> dict[str, float]:
+    """`every=1`'s extra training-thread CPU a step and the floor's (overhead.py's variant: one
+    `.sum()` of every gradient after the backward, of every parameter and state tensor after the
+    step), each against an unwatched twin in this process, and the ratio of the two medians with
+    a 90% bootstrap interval (the steps of each resampled). The steps go twin, watched, twin,
+    floor, twin, ...: each watched or floor step has a twin step on either side, both differences
+    kept (as unmeasured_step.py does)."""
+    torch.manual_seed(0)
+    if mlp:
+        net, loss_fn = overhead.mlp_task()
+    else:
+        net = model(tensors, width)[0]
+        x = torch.randn(16, width)
+
+        def loss_fn(m: torch.nn.Module) -> torch.Tensor:
+            return m(x).square().mean()
+
+    overhead.CLOCK[0] = "cpu"
+    lanes = {kind: overhead.make_lane(kind, net, loss_fn, Path(spool)) for kind in ("baseline", "floor")}
+    watched = lanes["watched"] = overhead.Lane("watched", net, loss_fn)
+    watched.watch(1, NOWHERE, Path(spool) / "watched")
+    order = ["baseline", "watched", "baseline", "floor"]
+    for _ in range(WARMUP):
+        for kind in order:
+            lanes[kind].step()  # type: ignore[union-attr]
+    times = [lanes[order[k % 4]].step()[0] for k in range(4 * steps + 1)]  # type: ignore[union-attr]
+    measured = watched.watcher.measured_steps if watched.watcher is not None else 0
+    watched.close()
+    if measured != WARMUP + steps:
+        raise SystemExit(f"{measured} steps were measured, expected {WARMUP + steps}")
+    extras = {
+        kind: [times[k] - times[j] for k in range(first, len(times), 4) for j in (k - 1, k + 1)]
+        for kind, first in (("watched", 1), ("floor", 3))
+    }
+    ratio = statistics.median(extras["watched"]) / statistics.median(extras["floor"])
+    rng = random.Random(0)
+    got = []
+    for _ in range(1000):
+        picks = {kind: rng.choices(v, k=len(v)) for kind, v in extras.items()}
+        got.append(statistics.median(picks["watched"]) / statistics.median(picks["floor"]))
+    got.sort()
+    out = {"step": statistics.median(times[0::2]), "ratio": ratio, "ratio_lo": got[50], "ratio_hi": got[949]}
+    for kind, v in extras.items():
+        out[kind] = statistics.median(v)
+        out[kind + "_lo"], out[kind + "_hi"] = median_interval(v)
+    return out
 
 
 def profile(tensors: int, width: int, steps: int, top: int) -> None:
@@ -110,6 +176,17 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--repeat", type=int, default=1, help="runs of each count (default 1)")
     ap.add_argument("--profile", action="store_true", help="profile the hook's Python instead (cProfile)")
     ap.add_argument("--top", type=int, default=25, help="functions --profile prints (default 25)")
+    ap.add_argument(
+        "--floor",
+        action="store_true",
+        help="also time overhead.py's floor variant: every=1's extra against the floor's",
+    )
+    ap.add_argument(
+        "--model",
+        choices=("tiny", "mlp"),
+        default="tiny",
+        help="tiny Linear layers (--tensors, --width), or overhead.py's MLP (80 tensors; with --floor)",
+    )
     args = ap.parse_args(argv)
     try:
         counts = [int(c) for c in args.tensors.split(",")]
@@ -117,6 +194,10 @@ def main(argv: list[str] | None = None) -> int:
         ap.error("--tensors is a comma-separated list of whole numbers")
     if args.steps < 2 or args.width < 1 or args.repeat < 1 or any(c < 2 or c % 2 for c in counts):
         ap.error("--steps must be 2 or more, --width and --repeat 1 or more, each tensor count even and 2 or more")
+    if args.model == "mlp" and not args.floor:
+        ap.error("--model mlp goes with --floor")
+    if args.floor and args.profile:
+        ap.error("--floor and --profile are two runs")
     torch.set_num_threads(1)
     torch.set_flush_denormal(True)
     logging.getLogger("gradwatch").setLevel(logging.ERROR)  # not "kept in the spool": it is deleted
@@ -129,6 +210,30 @@ def main(argv: list[str] | None = None) -> int:
         if args.profile:
             for n in counts:
                 profile(n, args.width, args.steps, args.top)
+            return 0
+        if args.floor:
+            mlp = args.model == "mlp"
+            print(
+                ("overhead.py's MLP" if mlp else f"Linear({args.width}, {args.width}) layers")
+                + f", against overhead.py's floor: {args.steps} steps each, twin, watched, twin, floor, ..."
+            )
+            print(
+                "tensors | twin step us (CPU) | every=1 extra us (90% interval) | floor extra us (90% interval) "
+                "| every=1 / floor (90% interval) | target | met"
+            )
+            met = True
+            for n in [80] if mlp else counts:
+                for _ in range(args.repeat):
+                    r = against_floor(n, args.width, args.steps, mlp, tmp)
+                    ok = r["ratio_hi"] <= FLOOR_TARGET
+                    met &= ok
+                    print(
+                        f"{n:7d} | {r['step'] * 1e6:18.0f} | {r['watched'] * 1e6:+8.0f} ({r['watched_lo'] * 1e6:+.0f} to "
+                        f"{r['watched_hi'] * 1e6:+.0f}) | {r['floor'] * 1e6:+8.0f} ({r['floor_lo'] * 1e6:+.0f} to "
+                        f"{r['floor_hi'] * 1e6:+.0f}) | {r['ratio']:.2f}x ({r['ratio_lo']:.2f}x to {r['ratio_hi']:.2f}x) "
+                        f"| {FLOOR_TARGET:.1f}x | {'yes' if ok else 'no'}"
+                    )
+            print("target met (the upper end of every interval)" if met else "target NOT met")
             return 0
         print("tensors | twin step us (CPU) | watched step's extra us, CPU (90% interval) | per tensor us")
         for n in counts:

@@ -1,0 +1,55 @@
+"""The measured-step benchmark's floor comparison runs and refuses bad flags (its figures: docs/benchmarks.md)."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from support.scripts import load, run_main
+
+pytestmark = pytest.mark.unit
+
+SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "measured_step.py"
+ROW = re.compile(
+    r"^\s+(\d+) \|\s+(\d+) \|\s+([+-]\d+) \(([+-]\d+) to ([+-]\d+)\) \|\s+([+-]\d+) \(([+-]\d+) to ([+-]\d+)\) \| "
+    r"(-?\d+\.\d\d)x \((-?\d+\.\d\d)x to (-?\d+\.\d\d)x\) \| 1\.2x \| (yes|no)$",
+    re.M,
+)
+
+
+@pytest.mark.parametrize("model", ["tiny", "mlp"])
+def test_every_1_is_set_against_the_floor_step_by_step(tmp_path: Path, model: str) -> None:
+    args = ["--floor", "--steps", "3", "--model", model] + (["--tensors", "4"] if model == "tiny" else [])
+    done = subprocess.run(
+        [sys.executable, str(SCRIPT), *args], capture_output=True, text=True, timeout=300, cwd=tmp_path
+    )
+    assert done.returncode == 0, done.stderr
+    assert ("overhead.py's MLP" if model == "mlp" else "Linear(8, 8) layers") in done.stdout, done.stdout
+    rows = ROW.findall(done.stdout)
+    assert len(rows) == 1, done.stdout
+    tensors, _, watched, w_lo, w_hi, floor, f_lo, f_hi, ratio, r_lo, r_hi, met = rows[0]
+    assert int(tensors) == (80 if model == "mlp" else 4)
+    assert int(w_lo) <= int(watched) <= int(w_hi) and int(f_lo) <= int(floor) <= int(f_hi), rows
+    if abs(int(floor)) >= 5:  # the printed ratio is the two printed medians' (to their rounding)
+        assert float(ratio) == pytest.approx(int(watched) / int(floor), rel=0.2, abs=0.02), rows
+    assert met == ("yes" if float(r_hi) <= 1.2 else "no")
+    assert re.search(r"^target (met|NOT met)", done.stdout, re.M), done.stdout
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["--model", "mlp"],
+        ["--floor", "--profile"],
+        ["--floor", "--steps", "1"],
+        ["--model", "resnet", "--floor"],
+        ["--tensors", "3", "--floor"],
+    ],
+)
+def test_bad_flags_are_refused(args: list[str]) -> None:
+    done = run_main(load(SCRIPT).main, SCRIPT, args)
+    assert done.returncode == 2 and "usage:" in done.stderr, done.stderr
