@@ -60,7 +60,9 @@ import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -97,6 +99,25 @@ def model(tensors: int, width: int, mlp: bool = False) -> tuple[torch.nn.Module,
         return net, torch.optim.AdamW(net.parameters(), lr=1e-4)
     net = torch.nn.Sequential(*[torch.nn.Linear(width, width) for _ in range(tensors // 2)])
     return net, torch.optim.SGD(net.parameters(), lr=1e-4)
+
+
+def background_cpu(
+    w: gradwatch.Watcher, run_step: Callable[[], Any], steps: int, server_pid: int | None, settle: bool = True
+) -> tuple[float, float]:
+    """CPU seconds a step of this process's threads but the calling one (the hook's) and of the
+    server process `server_pid` (0 without one), over `steps` steps of the watched copy alone, at
+    the training's own pace (between twin steps what they do by the second, a wake and a spool
+    write, would fall on half as many steps); `settle`: the server's acks waited for first (its
+    work on the steps before done) and after (on these)."""
+    if settle:
+        acked(w)
+    serving, process, thread = process_cpu(server_pid) if server_pid else 0.0, time.process_time(), time.thread_time()
+    for _ in range(steps):
+        run_step()
+    if settle:
+        acked(w)
+    serving = (process_cpu(server_pid) - serving) / steps if server_pid else 0.0
+    return ((time.process_time() - process) - (time.thread_time() - thread)) / steps, serving
 
 
 def step(net: torch.nn.Module, opt: torch.optim.Optimizer, x: torch.Tensor) -> None:
@@ -155,27 +176,11 @@ def measure(
         faults.append(thread_faults() - f)
     background = serving = 0.0
     if w is not None:
-        # The CPU of the hook's other threads and of the server per step, at the training's own
-        # pace: as many steps of the watched copy alone (between twin steps, what they do by the
-        # second, a wake and a spool write, would fall on half as many steps), each side's work
-        # on the steps before done first (the server's acks), and on these after.
         # (The flight recorder holds its steps until an incident or the close: no acks to wait for.)
         settle = server_pid is not None and not recorder
-        if settle:
-            acked(w)
-        alone = min(steps, ALONE)
-        serving, process, thread = (
-            process_cpu(server_pid) if server_pid else 0.0,
-            time.process_time(),
-            time.thread_time(),
+        background, serving = background_cpu(
+            w, lambda: step(other, other_opt, x), min(steps, ALONE), server_pid, settle
         )
-        for _ in range(alone):
-            step(other, other_opt, x)
-        if settle:
-            acked(w)
-        if server_pid is not None:
-            serving = (process_cpu(server_pid) - serving) / alone
-        background = ((time.process_time() - process) - (time.thread_time() - thread)) / alone
         measured = w.measured_steps
         w.close(timeout=10 if server != NOWHERE else 0.5)
         if measured != 1:

@@ -14,29 +14,39 @@ from support.scripts import load, run_main
 pytestmark = pytest.mark.unit
 
 SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "measured_step.py"
+INTERVAL = r"([+-]\d+) \(([+-]\d+) to ([+-]\d+)\)"
+RATIO = r"(-?\d+\.\d\d)x \((-?\d+\.\d\d)x to (-?\d+\.\d\d)x\)"
 ROW = re.compile(
-    r"^\s+(\d+) \|\s+(\d+) \|\s+([+-]\d+) \(([+-]\d+) to ([+-]\d+)\) \|\s+([+-]\d+) \(([+-]\d+) to ([+-]\d+)\) \| "
-    r"(-?\d+\.\d\d)x \((-?\d+\.\d\d)x to (-?\d+\.\d\d)x\) \| 1\.2x \| (yes|no)$",
+    rf"^\s+(\d+) \|\s+(\d+) \|\s+{INTERVAL} \|\s+{INTERVAL} \| {RATIO} \|\s+(-?\d+) \|\s+(\d+) \| {RATIO} "
+    r"\| 1\.2x \| (yes|no)$",
     re.M,
 )
 
 
-@pytest.mark.parametrize("model", ["tiny", "mlp"])
-def test_every_1_is_set_against_the_floor_step_by_step(tmp_path: Path, model: str) -> None:
-    args = ["--floor", "--steps", "3", "--model", model] + (["--tensors", "4"] if model == "tiny" else [])
+@pytest.mark.parametrize(("model", "server"), [("tiny", "local"), ("mlp", "none")])
+def test_every_1_is_set_against_the_floor_step_by_step(tmp_path: Path, model: str, server: str) -> None:
+    args = ["--floor", "--steps", "3", "--model", model, "--server", server]
     done = subprocess.run(
-        [sys.executable, str(SCRIPT), *args], capture_output=True, text=True, timeout=300, cwd=tmp_path
+        [sys.executable, str(SCRIPT), *args, *(["--tensors", "4"] if model == "tiny" else [])],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=tmp_path,
     )
     assert done.returncode == 0, done.stderr
     assert ("overhead.py's MLP" if model == "mlp" else "Linear(8, 8) layers") in done.stdout, done.stdout
     rows = ROW.findall(done.stdout)
     assert len(rows) == 1, done.stdout
-    tensors, _, watched, w_lo, w_hi, floor, f_lo, f_hi, ratio, r_lo, r_hi, met = rows[0]
+    tensors, _, watched, w_lo, w_hi, floor, f_lo, f_hi, ratio, _, _, other, serving, told, _, t_hi, met = rows[0]
     assert int(tensors) == (80 if model == "mlp" else 4)
     assert int(w_lo) <= int(watched) <= int(w_hi) and int(f_lo) <= int(floor) <= int(f_hi), rows
-    if abs(int(floor)) >= 5:  # the printed ratio is the two printed medians' (to their rounding)
+    assert int(other) > 0  # the sender thread's work: spooling or sending
+    assert (int(serving) > 0) == (server == "local"), rows
+    if abs(int(floor)) >= 5:  # the printed ratios are the printed figures' (to their rounding)
         assert float(ratio) == pytest.approx(int(watched) / int(floor), rel=0.2, abs=0.02), rows
-    assert met == ("yes" if float(r_hi) <= 1.2 else "no")
+        told_from_parts = (int(watched) + int(other) + int(serving)) / int(floor)
+        assert float(told) == pytest.approx(told_from_parts, rel=0.2, abs=0.02), rows
+    assert met == ("yes" if float(t_hi) <= 1.2 else "no")
     assert re.search(r"^target (met|NOT met)", done.stdout, re.M), done.stdout
 
 
@@ -48,6 +58,8 @@ def test_every_1_is_set_against_the_floor_step_by_step(tmp_path: Path, model: st
         ["--floor", "--steps", "1"],
         ["--model", "resnet", "--floor"],
         ["--tensors", "3", "--floor"],
+        ["--server", "local"],
+        ["--floor", "--server", "remote"],
     ],
 )
 def test_bad_flags_are_refused(args: list[str]) -> None:
