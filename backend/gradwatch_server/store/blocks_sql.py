@@ -7,7 +7,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 import numpy as np
-from sqlalchemy import Connection, delete, func, or_, select
+from sqlalchemy import Connection, bindparam, delete, func, or_, select
 
 from .. import blocks
 from ..protocol import absent_mask, array_dtype
@@ -20,6 +20,10 @@ from .values import scalar_columns
 #: Blocks of one size recomputed per query: bounds ingest's and the backfill's memory to this
 #: many x 4 (or x 16 raw steps) x parameters x 40 bytes.
 _BLOCK_BATCH = 64
+
+#: The run's series, read at every stored batch: built once (its construction and cache key cost
+#: more than SQLite's answer).
+_SERIES_NAMES = select(series_names.c.kind, series_names.c.name).where(series_names.c.run_id == bindparam("run_id"))
 
 
 def _ranges(numbers: Sequence[int]) -> list[tuple[int, int]]:
@@ -58,7 +62,7 @@ def update_blocks(
     todo = blocks.dirty(new_steps, before, after)
     if not todo[blocks.SIZES[0]]:
         return {}
-    names = conn.execute(select(series_names.c.kind, series_names.c.name).where(series_names.c.run_id == run_id)).all()
+    names = conn.execute(_SERIES_NAMES, {"run_id": run_id}).all()
     computed: Computed = {size: (todo[size], {}) for size in blocks.SIZES}
     for kind in kinds:
         mine = [name for k, name in names if k == kind]
