@@ -22,7 +22,7 @@ from websockets.sync.client import connect
 from websockets.sync.server import ServerConnection, serve
 
 import gradwatch
-from gradwatch.sender import MAX_LINGER_S, MIN_LINGER_S, SPOOL_EVERY_S, Sender
+from gradwatch.sender import FINDING_LINGER_S, MAX_LINGER_S, MIN_LINGER_S, SPOOL_EVERY_S, Sender
 from gradwatch.wire import UnsentStep, binary_as_json
 from gradwatch_server.live import IDLE_LINGER_S, LIVE_LINGER_S
 from support.sent import wait_serialized
@@ -308,19 +308,21 @@ def test_a_replica_that_closes_before_rank_0_sends_answers_the_ask_at_its_close(
 
 
 @pytest.fixture
-def paced_server() -> Iterator[tuple[str, list[tuple[float, dict]]]]:
-    """A websocket server that asks for a 2 s pace (`linger`, in its welcome and acks), acks each
-    message and notes when it came. Yields its URL and (arrival, message) of each message."""
+def paced_server(request: pytest.FixtureRequest) -> Iterator[tuple[str, list[tuple[float, dict]]]]:
+    """A websocket server that asks for a pace (`linger`, in its welcome and acks: 2 s, or the
+    test's indirect parameter), acks each message and notes when it came. Yields its URL and
+    (arrival, message) of each message."""
     received: list[tuple[float, dict]] = []
+    linger = getattr(request, "param", 2.0)
 
     def handler(ws: ServerConnection) -> None:
         ws.recv()  # the hello
-        ws.send(json.dumps({"type": "welcome", "run_id": "paced", "last_seq": 0, "linger": 2.0}))
+        ws.send(json.dumps({"type": "welcome", "run_id": "paced", "last_seq": 0, "linger": linger}))
         with contextlib.suppress(ConnectionClosed):
             while True:
                 message = json.loads(ws.recv())
                 received.append((time.monotonic(), message))
-                ws.send(json.dumps({"type": "ack", "seq": message["seq"], "linger": 2.0}))
+                ws.send(json.dumps({"type": "ack", "seq": message["seq"], "linger": linger}))
 
     with serve(handler, "127.0.0.1", 0) as server:
         threading.Thread(target=server.serve_forever, daemon=True).start()
@@ -371,3 +373,35 @@ def test_a_send_and_its_acks_ride_on_the_wakes_of_the_spool_writes(
     sends = [t for i, (t, _) in enumerate(received) if i == 0 or t - received[i - 1][0] > 0.5]
     gaps = [b - a for a, b in zip(sends, sends[1:-1])]  # the last: close() sends at once
     assert gaps and all(1.4 < g < 2.6 for g in gaps), gaps
+
+
+@pytest.mark.timed  # it times each step's way to the server at a quarter-second pace: a quiet machine
+@pytest.mark.parametrize("paced_server", [FINDING_LINGER_S], indirect=True)
+def test_a_step_submitted_to_an_idle_sender_goes_out_at_the_pace(
+    paced_server: tuple[str, list[tuple[float, dict]]],
+) -> None:
+    """At a short pace (a training that acts on findings, a browser watching), a step submitted
+    while nothing is queued waits for the next drain, `linger` away at most, not for the spool's
+    second (SPOOL_EVERY_S): its finding can then reach `on_finding` within a second of the step.
+    Steps come 0.37 s apart, so most find a sender that drained nothing at its last wake."""
+    url, received = paced_server
+    hello = {"v": 1, "type": "hello", "run": {"id": "paced"}, "params": [], "groups": []}
+    sender = Sender(url, hello, linger=FINDING_LINGER_S, max_linger=FINDING_LINGER_S)
+    submitted: dict[int, float] = {}
+    try:
+        deadline = time.monotonic() + 10
+        while sender._ws is None and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert sender._ws is not None
+        for s in range(1, 13):
+            time.sleep(0.37)
+            submitted[s] = time.monotonic()
+            sender.submit_step(functools.partial(UnsentStep, s, 1.7e9 + s, {"loss": float(s)}, {}, None))
+        time.sleep(2 * FINDING_LINGER_S)  # the last step goes at the pace too, not with close()
+        assert sender.close(timeout=10)
+    finally:
+        sender.close(timeout=1)
+    arrived = {m["step"]: t for t, message in received if message["type"] != "close" for m in split(message)}
+    assert sorted(arrived) == sorted(submitted)
+    delays = [round(arrived[s] - submitted[s], 3) for s in submitted]
+    assert max(delays) < FINDING_LINGER_S + 0.25, delays

@@ -278,8 +278,8 @@ class Sender:
             wake_at = self._next_drain
         elif self._unsent():
             wake_at = self._next_send
-        else:  # submitted steps wait SPOOL_EVERY_S at most (the training thread does not wake this one)
-            wake_at = now + SPOOL_EVERY_S
+        else:  # the training thread does not wake this one: look for submitted steps at the pace
+            wake_at = self._next_drain if self._next_drain > now else now + period
         wait = min(max(wake_at - time.monotonic(), 0.001), SPOOL_EVERY_S)
         if closing:  # close() waits `timeout` at most, whatever pace the server set
             wait = min(wait, max(self._deadline - time.monotonic(), 0.001))
