@@ -51,7 +51,7 @@ class FreshHeaders(ServerState):
     _second: int
     _headers: list[tuple[bytes, bytes]]
 
-    @property  # type: ignore[override]
+    @property
     def default_headers(self) -> list[tuple[bytes, bytes]]:
         if self._dated and (now := int(time.time())) != self._second:
             self._second = now
