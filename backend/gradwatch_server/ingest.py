@@ -217,6 +217,7 @@ class IngestConnection:
         #: a whole re-diagnosis of the run after late values (`_steps`), running after its batch's ack
         self.rejudging: asyncio.Task[bool] | None = None
         self.paced = False  # a rank of a large job: acks at most every RANK_ACK_EVERY_S (`_hold`)
+        self.pacing: set[asyncio.Task[None]] = set()  # `pace` messages being sent (`_tell_pace`)
         self.held: dict[str, object] | None = None  # an ack not sent yet (what it covers is committed)
         self.held_timer: asyncio.TimerHandle | None = None
         self.ack_sent_at = -math.inf  # loop time of the last step ack sent
@@ -244,6 +245,7 @@ class IngestConnection:
                 if not isinstance(first, Hello):
                     raise Refusal(CLOSE_INVALID, f"the first message must be hello, not {first.type}")
                 await self._hello(first)
+            self.hub.listen_pace(self.run_id, self._tell_pace)
             pending: asyncio.Queue[Pending] = asyncio.Queue(MAX_PENDING)
             self.pending = pending
             reader = asyncio.create_task(self._read(pending))
@@ -256,9 +258,11 @@ class IngestConnection:
             log.exception("ingest of run %s failed", self.run_id or "(before hello)")
             await self._refuse(Refusal(CLOSE_SERVER_ERROR, "server error while storing; see the server log"))
         finally:
+            if self.state is not State.AWAIT_HELLO:
+                self.hub.unlisten_pace(self.run_id, self._tell_pace)
             if self.held_timer is not None:
                 self.held_timer.cancel()
-            for task in (reader, self.rejudging):
+            for task in (reader, self.rejudging, *self.pacing):
                 if task is not None:
                     task.cancel()
                     await asyncio.gather(task, return_exceptions=True)
@@ -267,6 +271,17 @@ class IngestConnection:
                 self.jobs.unlisten(self.job, self.rank, self._ask_arrays)
             if self.state is not State.AWAIT_HELLO:
                 self.sessions.detach(self.run_id, closed=self.state is State.CLOSED)
+
+    def _tell_pace(self, linger: float) -> None:
+        """A browser started watching this run: tell the hook its pace now (`pace`), not with the
+        next ack (a hook at the idle pace sends, and so hears an ack, IDLE_LINGER_S apart)."""
+        task = asyncio.get_running_loop().create_task(self._send_pace(linger))
+        self.pacing.add(task)
+        task.add_done_callback(self.pacing.discard)
+
+    async def _send_pace(self, linger: float) -> None:
+        with contextlib.suppress(WebSocketDisconnect, WebSocketDisconnected, RuntimeError):
+            await self._send({"type": "pace", "linger": linger})
 
     async def _receive(self) -> str | bytes:
         """The next frame: JSON text, or binary (a version 3 step frame, `parse_binary`)."""

@@ -92,11 +92,30 @@ class LiveHub:
     def __init__(self, queue_size: int) -> None:
         self._queue_size = queue_size
         self._subscribers: set[Subscriber] = set()
+        #: run id -> how to tell each of its hooks' connections a new pace (`listen_pace`)
+        self._pacers: dict[str, set[Callable[[float], None]]] = {}
 
     def subscribe(self, run_id: str | None) -> Subscriber:
+        """A browser; one that changes its run's pace (the first to watch it) has the run's hooks
+        told the new pace at once rather than with their next ack, up to IDLE_LINGER_S away."""
+        before = None if run_id is None else self.linger(run_id)
         sub = Subscriber(run_id, self._queue_size)
         self._subscribers.add(sub)
+        if run_id is not None and (linger := self.linger(run_id)) != before:
+            for tell in list(self._pacers.get(run_id, ())):
+                tell(linger)
         return sub
+
+    def listen_pace(self, run_id: str, tell: Callable[[float], None]) -> None:
+        """A hook's connection of the run: `tell(linger)` when a browser starts watching it."""
+        self._pacers.setdefault(run_id, set()).add(tell)
+
+    def unlisten_pace(self, run_id: str, tell: Callable[[float], None]) -> None:
+        tells = self._pacers.get(run_id)
+        if tells is not None:
+            tells.discard(tell)
+            if not tells:
+                del self._pacers[run_id]
 
     def unsubscribe(self, sub: Subscriber) -> None:
         self._subscribers.discard(sub)

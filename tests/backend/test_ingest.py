@@ -120,6 +120,24 @@ def test_resent_messages_are_acknowledged_and_stored_once(srv: ServerProcess, ht
     assert http.get("/api/runs/idem").json()["steps"] == 3
 
 
+def test_a_browser_that_starts_watching_has_the_hook_told_the_live_pace_at_once(srv: ServerProcess) -> None:
+    """A hook at the idle pace hears the live one as soon as a browser opens its run (`pace`),
+    not with its next ack, IDLE_LINGER_S away; a second browser tells it nothing new."""
+    with Hook(srv.ws_url) as hook:
+        hook.call(hello("paced-live"))
+        assert hook.call(step(1, 1, scalars={"loss": 1.0}))["linger"] == IDLE_LINGER_S
+        with connect(f"{srv.ws_url}/ws/live?run=paced-live", origin=srv.url):
+            assert json.loads(hook.ws.recv(timeout=5)) == {"type": "pace", "linger": LIVE_LINGER_S}
+            with connect(f"{srv.ws_url}/ws/live?run=paced-live", origin=srv.url):
+                assert hook.call(step(2, 2, scalars={"loss": 2.0})) == {
+                    "type": "ack",
+                    "seq": 2,
+                    "linger": LIVE_LINGER_S,
+                }
+        with connect(f"{srv.ws_url}/ws/live?run=another", origin=srv.url):  # another run's browser
+            assert hook.call(step(3, 3, scalars={"loss": 3.0}))["type"] == "ack"
+
+
 def test_a_steps_message_is_stored_whole_once_and_streamed_live(srv: ServerProcess, http: httpx.Client) -> None:
     grads = np.array([[0.5, 1.5], [np.nan, 2.5], [0.25, np.inf]], dtype="<f4")
     batch = steps(

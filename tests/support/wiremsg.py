@@ -122,6 +122,7 @@ class Hook:
         self.ws: ClientConnection
         self.findings: list[dict[str, Any]] = []
         self.costs: list[float] = []
+        self.paces: list[float] = []
 
     def __enter__(self) -> Hook:
         self.ws = self._connect.__enter__()
@@ -135,15 +136,19 @@ class Hook:
 
     def recv(self, timeout: float = 10) -> dict[str, Any]:
         """The next reply; `finding` frames (diagnostics, sent ahead of acks) go to `self.findings`,
-        and an ack's `cpu_per_step` (the server's cost, which comes once the server has stored for
-        a few seconds: cost.py) to `self.costs`, so that replies compare equal whatever the timing."""
+        `pace` frames (a browser opened the run) to `self.paces`, and an ack's `cpu_per_step` (the
+        server's cost, which comes once the server has stored for a few seconds: cost.py) to
+        `self.costs`, so that replies compare equal whatever the timing."""
         while True:
             frame = json.loads(self.ws.recv(timeout))
             if "cpu_per_step" in frame:
                 self.costs.append(frame.pop("cpu_per_step"))
-            if frame.get("type") != "finding":
+            if frame.get("type") == "finding":
+                self.findings.append(frame["finding"])
+            elif frame.get("type") == "pace":
+                self.paces.append(frame["linger"])
+            else:
                 return frame
-            self.findings.append(frame["finding"])
 
     def call(self, message: Mapping[str, Any] | str | bytes) -> dict[str, Any]:
         self.send(message)

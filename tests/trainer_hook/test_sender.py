@@ -80,23 +80,32 @@ def _record(payload: str | bytes | None, sent: list[dict]) -> str | bytes | None
 
 
 @pytest.mark.server
+@pytest.mark.timed  # it times how soon the pace changes: a quiet machine
 def test_the_server_sets_the_pace_while_a_browser_watches(tmp_path: Path) -> None:
+    """The idle pace while nobody watches; the live one within a couple of seconds of a browser
+    opening the run, with no step sent meanwhile (the server's `pace`, read at the sender's next
+    look, a second away at most), not with the next ack, IDLE_LINGER_S away."""
     server = start_server(tmp_path)
     try:
         model = torch.nn.Linear(8, 2)
         opt = torch.optim.SGD(model.parameters(), lr=0.1)
         w = gradwatch.watch(opt, model=model, server=server.url, run="paced", warn=False)
         train(w, model, opt, 2)
+        s = w._sender
+
+        def settled() -> bool:  # both steps sent and acknowledged: the next send is a linger away
+            return not w.pending and s.linger == IDLE_LINGER_S and s._sent_upto == s._seq
+
         deadline = time.monotonic() + 10
-        while w._sender.linger != IDLE_LINGER_S and time.monotonic() < deadline:
+        while not settled() and time.monotonic() < deadline:
             time.sleep(0.05)
-        assert w._sender.linger == IDLE_LINGER_S
+        assert settled()
         with connect(f"{server.ws_url}/ws/live?run={w.run_id}", origin=server.url):
-            deadline = time.monotonic() + IDLE_LINGER_S + 10  # the next ack, up to a linger away, brings the pace
-            while w._sender.linger != LIVE_LINGER_S and time.monotonic() < deadline:
-                train(w, model, opt, 1)
-                time.sleep(0.05)
+            opened = time.monotonic()
+            while w._sender.linger != LIVE_LINGER_S and time.monotonic() < opened + IDLE_LINGER_S:
+                time.sleep(0.02)
             assert w._sender.linger == LIVE_LINGER_S
+            assert time.monotonic() - opened < 2.5
         w.close(timeout=10)
     finally:
         server.stop()

@@ -261,13 +261,14 @@ class Sender:
             self._drain()
             if self.spool is not None:
                 self.spool.flush()
-        # Replies (acks, findings, a replica's `arrays`) answer what was sent. Those received
+        # Replies (acks, findings, a replica's `arrays`) answer what was sent; a `pace` comes
+        # when a browser starts watching the run. Those received
         # since the last wake are read at this one (before this wake's send: its acks come at the
         # next), without waiting for more: an ack that woke this thread would cost a wake per send.
         # A hook whose training acts on findings, and one closing, wait for them instead (after
         # the send: a reply ends the wait).
         prompt = closing or self._prompt_replies
-        if not prompt and self._awaiting_replies():
+        if not prompt and self._ws is not None:  # a `pace` may come with nothing awaited
             self._read_acks(0.0)
         # A send due within half a drain period goes with this wake's drain: each wake of this
         # thread costs more CPU than its work (docs/benchmarks.md), and the pace stays `linger`.
@@ -464,6 +465,8 @@ class Sender:
                     self._note_cost(reply)
                 elif reply.get("type") == "error":
                     log.warning("gradwatch: the server refused a message: %s", reply.get("message"))
+                elif reply.get("type") == "pace":  # a browser started watching: its pace, now
+                    self._pace(reply)
                 elif reply.get("type") == "finding":  # a diagnostic (findings.py); never raises
                     self.on_finding(reply.get("finding"))
                 elif reply.get("type") == "arrays":  # a replica's digest differs from rank 0's
@@ -490,6 +493,9 @@ class Sender:
         linger = reply.get("linger")
         if isinstance(linger, (int, float)) and not isinstance(linger, bool) and math.isfinite(linger):
             self.linger = min(max(float(linger), MIN_LINGER_S), self.max_linger)
+            soon = time.monotonic() + self.linger  # a shorter pace starts now, not after the longer one
+            self._next_send = min(self._next_send, soon)
+            self._next_drain = min(self._next_drain, soon)
 
     def _note_cost(self, reply: dict[str, Any]) -> None:
         """Keep the server's CPU per stored step (for every="auto"), if the ack says a sane one."""
