@@ -32,11 +32,12 @@ issue's bound (1.2x). With `--model mlp` the copies are overhead.py's MLP (40 `L
 its batch of 256, AdamW), whose `overhead.py` figure moves by more than the bound's margin from
 run to run (separate processes, each with its own placement in memory):
 
-    OMP_NUM_THREADS=1 PYTHONPATH=<checkout>/trainer_hook:<checkout>/backend python benchmarks/measured_step.py --floor --model mlp [--steps 1000] [--server local]
+    OMP_NUM_THREADS=1 PYTHONPATH=<checkout>/trainer_hook:<checkout>/backend python benchmarks/measured_step.py --floor --model mlp [--steps 1000] [--server local] [--ballast]
 
 All told, the CPU of the hook's other threads (its sender) and, with `--server local`, of a real
 `gradwatch serve` on this machine, per step, is added to every=1's extra: read over up to 200
-steps of the watched copy alone after the timed ones (unmeasured_step.py's `background_cpu`).
+steps of the watched copy alone after the timed ones (unmeasured_step.py's `background_cpu`);
+`--ballast` keeps every core busy at the lowest priority meanwhile, as unmeasured_step.py's does.
 """
 
 from __future__ import annotations
@@ -98,7 +99,9 @@ def measure(tensors: int, width: int, steps: int) -> dict[str, float]:
 FLOOR_TARGET = 1.2
 
 
-def against_floor(tensors: int, width: int, steps: int, mlp: bool, spool: str, server: str) -> dict[str, float]:
+def against_floor(
+    tensors: int, width: int, steps: int, mlp: bool, spool: str, server: str, ballast: overhead.Ballast | None = None
+) -> dict[str, float]:
     """`every=1`'s extra training-thread CPU a step and the floor's (overhead.py's variant: one
     `.sum()` of every gradient after the backward, of every parameter and state tensor after the
     step), each against an unwatched twin in this process, and the ratio of the two medians with
@@ -107,7 +110,8 @@ def against_floor(tensors: int, width: int, steps: int, mlp: bool, spool: str, s
     kept (as unmeasured_step.py does). Then the CPU of the hook's other threads and of the
     server (`server` "local": a `gradwatch serve` of its own; "none": nothing listens, the sender
     spools) per step over steps of the watched copy alone (`unmeasured_step.background_cpu`),
-    and the ratio all told: every=1's extra with them, against the floor's."""
+    and the ratio all told: every=1's extra with them, against the floor's; `ballast`: run while
+    they are read."""
     torch.manual_seed(0)
     if mlp:
         net, loss_fn = overhead.mlp_task()
@@ -134,7 +138,7 @@ def against_floor(tensors: int, width: int, steps: int, mlp: bool, spool: str, s
     measured = watched.watcher.measured_steps
     alone = min(steps, ALONE)
     pid = watched.server.pid if watched.server is not None else None
-    other, serving = background_cpu(watched.watcher, watched.step, alone, pid, pid is not None)
+    other, serving = background_cpu(watched.watcher, watched.step, alone, pid, pid is not None, ballast)
     watched.close()
     if measured != WARMUP + steps:
         raise SystemExit(f"{measured} steps were measured, expected {WARMUP + steps}")
@@ -206,6 +210,12 @@ def main(argv: list[str] | None = None) -> int:
         help="with --floor: a real local server whose CPU is charged all told, or none (spooling; the default)",
     )
     ap.add_argument(
+        "--ballast",
+        action="store_true",
+        help="with --floor: keep every core busy at the lowest priority while the hook's other threads and "
+        "the server are read (a VM that charges a waking thread for its idle vCPU: what is left is their work)",
+    )
+    ap.add_argument(
         "--model",
         choices=("tiny", "mlp"),
         default="tiny",
@@ -224,6 +234,8 @@ def main(argv: list[str] | None = None) -> int:
         ap.error("--floor and --profile are two runs")
     if args.server == "local" and not args.floor:
         ap.error("--server local goes with --floor")
+    if args.ballast and not args.floor:
+        ap.error("--ballast goes with --floor")
     torch.set_num_threads(1)
     torch.set_flush_denormal(True)
     logging.getLogger("gradwatch").setLevel(logging.ERROR)  # not "kept in the spool": it is deleted
@@ -251,7 +263,12 @@ def main(argv: list[str] | None = None) -> int:
             met = True
             for n in [80] if mlp else counts:
                 for _ in range(args.repeat):
-                    r = against_floor(n, args.width, args.steps, mlp, tmp, args.server)
+                    ballast = overhead.Ballast() if args.ballast else None
+                    try:
+                        r = against_floor(n, args.width, args.steps, mlp, tmp, args.server, ballast)
+                    finally:
+                        if ballast is not None:
+                            ballast.close()
                     ok = r["told_hi"] <= FLOOR_TARGET
                     met &= ok
                     print(

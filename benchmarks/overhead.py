@@ -233,6 +233,39 @@ def process_cpu(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+class Ballast:
+    """One busy process per core at SCHED_IDLE (it runs only where a core would otherwise idle),
+    stopped until `on()`. On a VM that charges a thread waking on an idle vCPU for the time the
+    vCPU slept (this project's 2-core machine: 1.7-3.1 ms of CPU across a 5 s sleep, docs/
+    benchmarks.md), the hook's and the server's CPU read while the ballast runs is their work,
+    the charge falling on the ballast."""
+
+    CODE = "while True:\n    pass"
+
+    def __init__(self, processes: int | None = None) -> None:
+        def idle() -> None:  # in the child, before exec: it never runs at a normal priority
+            os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
+
+        self.procs = [
+            subprocess.Popen([sys.executable, "-c", self.CODE], preexec_fn=idle)
+            for _ in range(processes or os.cpu_count() or 1)
+        ]
+        self.off()
+
+    def on(self) -> None:
+        for p in self.procs:
+            p.send_signal(signal.SIGCONT)
+
+    def off(self) -> None:
+        for p in self.procs:
+            p.send_signal(signal.SIGSTOP)
+
+    def close(self) -> None:
+        for p in self.procs:
+            p.kill()
+            p.wait()
+
+
 def hook_threads_cpu() -> float:
     """CPU seconds so far of this process's threads but the calling (training) thread and those
     that Python did not start (torch's own): the hook's (its sender, its websocket's threads,

@@ -44,10 +44,13 @@ threads" is the process's CPU time less the training thread's per step, "server"
 server process's, both read over up to 200 steps of the watched copy alone after the timed ones
 of a block (its sender's and server's work on the steps before done first, on these after): at
 the training's own pace, since between twin steps what they do by the second (a wake, a spool
-write) would fall on half as many steps.
+write) would fall on half as many steps. `--ballast` keeps every core busy at the lowest priority
+(SCHED_IDLE) meanwhile: a VM that charges a thread waking on an idle vCPU for the vCPU's sleep
+(this project's machine does) then charges the ballast, and those two columns are the threads'
+work.
 
     python benchmarks/unmeasured_step.py [--tensors 80,400,1600] [--steps 300] [--width 8] [--server local|none]
-        [--aa] [--blocks 1] [--flight-recorder] [--malloc steady|default] [--model tiny|mlp|gpt|wide]
+        [--aa] [--blocks 1] [--flight-recorder] [--malloc steady|default] [--model tiny|mlp|gpt|wide] [--ballast]
 """
 
 from __future__ import annotations
@@ -70,7 +73,7 @@ import torch
 import gradwatch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from overhead import TASKS, acked, process_cpu, start_server, steady_malloc, stop_server  # noqa: E402  (a sibling script, not a package)
+from overhead import TASKS, Ballast, acked, process_cpu, start_server, steady_malloc, stop_server  # noqa: E402  (a sibling script, not a package)
 
 NOWHERE = "http://127.0.0.1:9"  # nothing listens: the hook spools
 WARMUP = 20  # untimed steps of each twin: the first (measured) step, the allocator
@@ -114,22 +117,36 @@ def train_step(net: torch.nn.Module, opt: torch.optim.Optimizer, loss: Loss) -> 
 
 
 def background_cpu(
-    w: gradwatch.Watcher, run_step: Callable[[], Any], steps: int, server_pid: int | None, settle: bool = True
+    w: gradwatch.Watcher,
+    run_step: Callable[[], Any],
+    steps: int,
+    server_pid: int | None,
+    settle: bool = True,
+    ballast: Ballast | None = None,
 ) -> tuple[float, float]:
     """CPU seconds a step of this process's threads but the calling one (the hook's) and of the
     server process `server_pid` (0 without one), over `steps` steps of the watched copy alone, at
     the training's own pace (between twin steps what they do by the second, a wake and a spool
     write, would fall on half as many steps); `settle`: the server's acks waited for first (its
-    work on the steps before done) and after (on these)."""
-    if settle:
-        acked(w)
-    serving, process, thread = process_cpu(server_pid) if server_pid else 0.0, time.process_time(), time.thread_time()
-    for _ in range(steps):
-        run_step()
-    if settle:
-        acked(w)
-    serving = (process_cpu(server_pid) - serving) / steps if server_pid else 0.0
-    return ((time.process_time() - process) - (time.thread_time() - thread)) / steps, serving
+    work on the steps before done) and after (on these). `ballast`: run meanwhile, so that no
+    core idles (overhead.Ballast: what is read is then the threads' work, not a VM's charge for
+    their sleep)."""
+    if ballast is not None:
+        ballast.on()
+    try:
+        if settle:
+            acked(w)
+        serving, process = process_cpu(server_pid) if server_pid else 0.0, time.process_time()
+        thread = time.thread_time()
+        for _ in range(steps):
+            run_step()
+        if settle:
+            acked(w)
+        serving = (process_cpu(server_pid) - serving) / steps if server_pid else 0.0
+        return ((time.process_time() - process) - (time.thread_time() - thread)) / steps, serving
+    finally:
+        if ballast is not None:
+            ballast.off()
 
 
 def step(net: torch.nn.Module, opt: torch.optim.Optimizer, x: torch.Tensor) -> None:
@@ -155,12 +172,14 @@ def measure(
     copy_first: bool = False,
     task: str | None = None,
     server_pid: int | None = None,
+    ballast: Ballast | None = None,
 ) -> dict[str, list[float]]:
     """The watched copy's (`server` None: an unwatched copy's) extra time per step, wall and CPU,
     the CPU of the process's other threads and of the server process `server_pid` per watched
     step (once the server has acknowledged the steps before and those timed), the page faults of
     each step; `copy_first`: the copy's tensors are made before its twin's; `task`: overhead.py's
-    model of that name instead of `tensors` / 2 `Linear(width, width)`."""
+    model of that name instead of `tensors` / 2 `Linear(width, width)`; `ballast`: run while the
+    background is read (`background_cpu`)."""
     if copy_first:
         other, other_opt, loss = model(tensors, width, task)
         twin, twin_opt, _ = model(tensors, width, task)
@@ -190,7 +209,7 @@ def measure(
         # (The flight recorder holds its steps until an incident or the close: no acks to wait for.)
         settle = server_pid is not None and not recorder
         background, serving = background_cpu(
-            w, lambda: train_step(other, other_opt, loss), min(steps, ALONE), server_pid, settle
+            w, lambda: train_step(other, other_opt, loss), min(steps, ALONE), server_pid, settle, ballast
         )
         measured = w.measured_steps
         w.close(timeout=10 if server != NOWHERE else 0.5)
@@ -257,6 +276,12 @@ def main(argv: list[str] | None = None) -> int:
         "--flight-recorder", action="store_true", help="watch with the flight recorder on (on a GPU's default)"
     )
     ap.add_argument(
+        "--ballast",
+        action="store_true",
+        help="keep every core busy at the lowest priority while the hook's other threads and the server "
+        "are read (a VM that charges a waking thread for its idle vCPU: what is left is their work)",
+    )
+    ap.add_argument(
         "--malloc",
         choices=("steady", "default"),
         default="steady",
@@ -284,6 +309,7 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(1)
     torch.set_flush_denormal(True)
     logging.getLogger("gradwatch").setLevel(logging.ERROR)  # not "kept in the spool": it is deleted
+    ballast = Ballast() if args.ballast else None
     with tempfile.TemporaryDirectory(prefix="gradwatch-bench-") as tmp:
         os.environ["GRADWATCH_SPOOL"] = tmp
         proc, url = start_server(Path(tmp)) if args.server == "local" else (None, NOWHERE)
@@ -295,6 +321,7 @@ def main(argv: list[str] | None = None) -> int:
                 + (f", in {args.blocks} blocks of fresh copies" if args.blocks > 1 else "")
                 + ("; the flight recorder on" if args.flight_recorder else "")
                 + ("; malloc held steady" if steady else "; malloc as it is")
+                + ("; the background read with every core kept busy (--ballast)" if ballast else "")
             )
             print(
                 "tensors | variant | step ms | extra us, wall (90% interval) | extra us, CPU (90% interval) "
@@ -311,7 +338,7 @@ def main(argv: list[str] | None = None) -> int:
                         steps = -(-args.steps // args.blocks)
                         pid = proc.pid if proc is not None and where is not None else None
                         got[name].append(
-                            measure(n, args.width, steps, where, args.flight_recorder, b % 2 == 1, task, pid)
+                            measure(n, args.width, steps, where, args.flight_recorder, b % 2 == 1, task, pid, ballast)
                         )
                 for name, where in variants:
                     r = pooled(got[name])
@@ -342,6 +369,8 @@ def main(argv: list[str] | None = None) -> int:
         finally:
             if proc is not None:
                 stop_server(proc)
+            if ballast is not None:
+                ballast.close()
     return 0
 
 

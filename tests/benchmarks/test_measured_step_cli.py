@@ -60,6 +60,7 @@ def test_every_1_is_set_against_the_floor_step_by_step(tmp_path: Path, model: st
         ["--tensors", "3", "--floor"],
         ["--server", "local"],
         ["--floor", "--server", "remote"],
+        ["--ballast"],
     ],
 )
 def test_bad_flags_are_refused(args: list[str]) -> None:

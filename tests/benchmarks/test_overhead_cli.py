@@ -3,8 +3,10 @@ itself runs in `make bench`, not here)."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -147,3 +149,30 @@ def test_a_copy_placed_anew_keeps_its_values_and_objects_in_fresh_memory() -> No
     moved.step(), kept.step()
     for a, b in zip(moved.model.parameters(), kept.model.parameters()):
         assert torch.equal(a, b)
+
+
+def test_the_ballast_runs_at_the_lowest_priority_and_only_while_on() -> None:
+    """`--ballast`'s processes: SCHED_IDLE from their start (they take a core only where it would
+    idle), stopped until `on()`, stopped again by `off()` (no CPU meanwhile), gone after `close()`."""
+
+    def state(pid: int) -> str:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+
+    ballast = overhead.Ballast(2)
+    try:
+        pids = [p.pid for p in ballast.procs]
+        assert all(os.sched_getscheduler(pid) == os.SCHED_IDLE for pid in pids)
+        time.sleep(0.3)
+        assert [state(pid) for pid in pids] == ["T", "T"]  # stopped before they ran
+        used = [overhead.process_cpu(pid) for pid in pids]
+        ballast.on()
+        time.sleep(0.5)
+        ballast.off()
+        time.sleep(0.1)
+        ran = [overhead.process_cpu(pid) for pid in pids]
+        assert all(after > before for before, after in zip(used, ran)), (used, ran)  # little on a busy machine
+        time.sleep(0.3)
+        assert [overhead.process_cpu(pid) for pid in pids] == ran  # stopped: nothing more
+    finally:
+        ballast.close()
+    assert all(p.poll() is not None for p in ballast.procs)

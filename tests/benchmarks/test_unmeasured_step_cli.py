@@ -24,8 +24,9 @@ def run_script(cwd: Path, *args: str) -> subprocess.CompletedProcess[str]:
 
 
 def test_a_short_run_prints_a_row_per_tensor_count_against_its_target(tmp_path: Path) -> None:
-    done = run_script(tmp_path, "--tensors", "4,6", "--steps", "4", "--blocks", "2", "--flight-recorder")
+    done = run_script(tmp_path, "--tensors", "4,6", "--steps", "4", "--blocks", "2", "--flight-recorder", "--ballast")
     assert "4 watched steps each" in done.stdout and "in 2 blocks of fresh copies" in done.stdout
+    assert "every core kept busy (--ballast)" in done.stdout, done.stdout
     assert "the flight recorder on" in done.stdout
     assert "malloc held steady" in done.stdout, done.stdout  # glibc here: mallopt says yes
     for count, target in ((4, 22), (6, 23)):  # 20 us + 0.5 us per tensor
