@@ -236,9 +236,8 @@ def process_cpu(pid: int) -> float:
 class Ballast:
     """One busy process per core at SCHED_IDLE (it runs only where a core would otherwise idle),
     stopped until `on()`. On a VM that charges a thread waking on an idle vCPU for the time the
-    vCPU slept (this project's 2-core machine: 1.7-3.1 ms of CPU across a 5 s sleep, docs/
-    benchmarks.md), the hook's and the server's CPU read while the ballast runs is their work,
-    the charge falling on the ballast."""
+    vCPU slept (this project's machine does: docs/benchmarks.md), the hook's and the server's CPU
+    read while the ballast runs is their work, the charge falling on the ballast."""
 
     CODE = "while True:\n    pass"
 
