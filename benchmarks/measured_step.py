@@ -255,6 +255,7 @@ def main(argv: list[str] | None = None) -> int:
                 ("overhead.py's MLP" if mlp else f"Linear({args.width}, {args.width}) layers")
                 + f", against overhead.py's floor: {args.steps} steps each, twin, watched, twin, floor, ..."
             )
+            print(overhead.wake_line())
             print(
                 "tensors | twin step us (CPU) | every=1 extra us (90% interval) | floor extra us (90% interval) "
                 "| every=1 / floor, training thread (90% interval) | other threads us | server us "

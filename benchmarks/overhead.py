@@ -265,6 +265,46 @@ class Ballast:
             p.wait()
 
 
+def wake_cost(rounds: int = 8, gap: float = 0.2) -> tuple[float, float]:
+    """What this machine charges for sleeping and waking, in CPU seconds (medians of `rounds`):
+    a thread's CPU clock across a `gap` s sleep (nothing, on bare metal), and what a thread pays
+    to wake another that sleeps (`threading.Event.set`, after a 2 ms spin that takes its own
+    wake's charge first: a few µs on bare metal). On a VM that charges them (this project's:
+    docs/benchmarks.md), the background's figures move with them: benchmarks print them beside
+    their figures."""
+    asleep, waking = [], []
+    for _ in range(rounds):
+        event, ready = threading.Event(), threading.Event()
+
+        def wait(event: threading.Event = event, ready: threading.Event = ready) -> None:
+            ready.set()
+            event.wait()
+
+        waiter = threading.Thread(target=wait, daemon=True)
+        waiter.start()
+        ready.wait()
+        before = time.thread_time()
+        time.sleep(gap)  # the waiter is asleep in its wait by now
+        asleep.append(time.thread_time() - before)
+        spin = time.perf_counter()
+        while time.perf_counter() - spin < 0.002:
+            pass
+        before = time.thread_time()
+        event.set()
+        waking.append(time.thread_time() - before)
+        waiter.join()
+    return statistics.median(asleep), statistics.median(waking)
+
+
+def wake_line() -> str:
+    """`wake_cost` as a line for a benchmark's header."""
+    asleep, waking = wake_cost()
+    return (
+        f"this machine charges a 0.2 s sleep {asleep * 1e6:.0f} us of CPU and a wake of a sleeping "
+        f"thread {waking * 1e6:.0f} us to the waker (bare metal: 0 and a few)"
+    )
+
+
 def hook_threads_cpu() -> float:
     """CPU seconds so far of this process's threads but the calling (training) thread and those
     that Python did not start (torch's own): the hook's (its sender, its websocket's threads,

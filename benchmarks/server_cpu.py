@@ -38,7 +38,7 @@ import torch
 import gradwatch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from overhead import acked, hook_threads_cpu, mlp_task, process_cpu, start_server, stop_server  # noqa: E402
+from overhead import acked, hook_threads_cpu, mlp_task, process_cpu, start_server, stop_server, wake_line  # noqa: E402
 
 
 def tasks_cpu(pid: int) -> float:
@@ -162,6 +162,7 @@ def main() -> None:
         f"the hook's threads {rounds(sender_ms)}; {args.rounds} x {args.steps} steps, every={args.every}; "
         f"load {load:.1f}"
     )
+    print(wake_line())
     if args.profile is not None:
         summarize(args.profile, statistics.median(server_ms) / 1e3)
 

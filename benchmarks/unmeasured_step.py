@@ -11,11 +11,19 @@ right after a twin step would find its tensors in the CPU caches and bias the pa
 docs/benchmarks.md); a watched step's extra is its time minus each of the two twin steps beside
 it (a step and its neighbours share the machine's conditions), both differences kept: step times
 are skewed to the right, so a step less the mean of its two neighbours has a median below zero
-even between steps alike, where the difference of two steps alike is symmetric about zero. The
-figure is the median over `--steps` watched steps, with a 90% bootstrap interval of that median,
-in wall time and in the training thread's CPU time (`time.thread_time`, which a loaded machine's
-descheduling does not inflate). `--aa` also times an unwatched copy the same way: the design's
-own bias.
+even between steps alike, where the difference of two steps alike is symmetric about zero.
+
+Where each copy's tensors lie (their pages, the cache sets they share) moves its steps the same
+way for the copies' whole life, by as much as the hook costs at width 256 (unwatched against
+unwatched, +/-100 us on the MLP), and no pairing of steps cancels it. So the two copies cross
+over: the first is watched for half the steps, then its watcher is closed (its hooks removed)
+and the second is watched against the first for the other half; the k-th extra of one half and
+the k-th of the other are averaged, and the placement cancels. The figure is the median of those
+averages over `--steps` watched steps, with a 90% bootstrap interval of that median, in wall time
+and in the training thread's CPU time (`time.thread_time`, which a loaded machine's descheduling
+does not inflate). The column "placement" is half the difference of the halves' CPU medians in
+the block where it was largest: how far watching one copy only would have been off. `--aa` also
+times unwatched copies the same way: the design's own bias and noise.
 
 The C allocator is held steady (`--malloc steady`, the default): glibc hands tensors of 128 KiB
 and more (a Linear(256)'s weight and gradient) to mmap, then, once one is freed, raises that
@@ -23,15 +31,13 @@ threshold and serves them from the heap, whose top it gives back to the kernel w
 twice the threshold is free there. `zero_grad(set_to_none=True)` frees a whole model's gradients
 each step, so whichever copy's gradients happen to lie at the heap's top page-faults them back
 in at its next backward (system time on the training thread), the other copy not: a bias of
-either sign, by the heap's history, that no pairing cancels. Held steady (no trimming, no mmap
-below 32 MiB), a warm loop faults nothing. The column "faults" prints the training thread's minor
-page faults per step, copy and twin; `--malloc default` keeps glibc's own behaviour. Even held
-steady, where each copy's tensors lie (their pages, the cache sets they share) moves its steps
-at width 256 the same way for the copies' whole life: `--blocks K` makes fresh copies K times
-per variant, the variants alternating block by block, every other block making the copy before
-its twin, and pools their steps; the column "blocks' CPU spread" is the range of the blocks'
-medians, the size of that placement effect (the interval, over steps, does not include it: the
-A/A shows what is left). `--model mlp` times overhead.py's MLP instead (40 `Linear(256, 256)`
+either sign, by the heap's history. Held steady (no trimming, no mmap below 32 MiB), a warm loop
+faults nothing. The column "faults" prints the training thread's minor page faults per step,
+watched slot and twin slot; `--malloc default` keeps glibc's own behaviour. `--blocks K` makes
+fresh copies K times per variant, the variants alternating block by block, every other block
+watching the copy made second first, and pools their steps; the column "blocks' CPU spread" is
+the range of the blocks' medians.
+`--model mlp` times overhead.py's MLP instead (40 `Linear(256, 256)`
 with ReLUs, its batch of 256, AdamW: 80 tensors whose step evicts the CPU caches; `gpt`, `wide`:
 its other models), held to the issue's bound for `every="auto"` there: 0.5% of its step all
 told, the training thread's extra (the upper end of its CPU interval) with the CPU of the hook's
@@ -41,8 +47,8 @@ SQLite in a temporary folder); with `--server none` nothing listens and the send
 `--flight-recorder` watches with the flight recorder on (as on a GPU by default; off on CPU): its
 norm pass on the training thread, and its incident test on the sender thread. The column "other
 threads" is the process's CPU time less the training thread's per step, "server" the local
-server process's, both read over up to 200 steps of the watched copy alone after the timed ones
-of a block (its sender's and server's work on the steps before done first, on these after): at
+server process's, both read over up to 100 steps of the watched copy alone after the timed ones
+of each half (its sender's and server's work on the steps before done first, on these after): at
 the training's own pace, since between twin steps what they do by the second (a wake, a spool
 write) would fall on half as many steps. `--ballast` keeps every core busy at the lowest priority
 (SCHED_IDLE) meanwhile: a VM that charges a thread waking on an idle vCPU for the vCPU's sleep
@@ -73,7 +79,7 @@ import torch
 import gradwatch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from overhead import TASKS, Ballast, acked, process_cpu, start_server, steady_malloc, stop_server  # noqa: E402  (a sibling script, not a package)
+from overhead import TASKS, Ballast, acked, process_cpu, start_server, steady_malloc, stop_server, wake_line  # noqa: E402  (a sibling script, not a package)
 
 NOWHERE = "http://127.0.0.1:9"  # nothing listens: the hook spools
 WARMUP = 20  # untimed steps of each twin: the first (measured) step, the allocator
@@ -163,6 +169,68 @@ def median_interval(values: list[float], resamples: int = 1000, seed: int = 0) -
     return got[int(0.05 * resamples)], got[int(0.95 * resamples) - 1]
 
 
+def phase(
+    copy: tuple[torch.nn.Module, torch.optim.Optimizer],
+    twin: tuple[torch.nn.Module, torch.optim.Optimizer],
+    loss: Loss,
+    steps: int,
+    server: str | None,
+    recorder: bool,
+    server_pid: int | None,
+    ballast: Ballast | None,
+) -> dict[str, Any]:
+    """`copy` watched (`server` None: left unwatched) and stepped in turn with its `twin`,
+    `steps` times each: its steps' and its twin's wall and CPU times and page faults (twin,
+    copy, twin, ..., twin), and its background's CPU (`background_cpu`); the watcher closed,
+    its hooks gone, after."""
+    net, opt = copy
+    w = (
+        None
+        if server is None
+        else gradwatch.watch(opt, model=net, server=server, every=10**9, warn=False, flight_recorder=recorder)
+    )
+    for _ in range(WARMUP):
+        train_step(*twin, loss)
+        train_step(net, opt, loss)
+    wall, cpu, faults = [], [], []
+    for k in range(2 * steps + 1):
+        f, t, c = thread_faults(), time.perf_counter(), time.thread_time()
+        if k % 2:
+            train_step(net, opt, loss)
+        else:
+            train_step(*twin, loss)
+        wall.append(time.perf_counter() - t)
+        cpu.append(time.thread_time() - c)
+        faults.append(thread_faults() - f)
+    background = serving = 0.0
+    if w is not None:
+        # (The flight recorder holds its steps until an incident or the close: no acks to wait for.)
+        settle = server_pid is not None and not recorder
+        background, serving = background_cpu(
+            w, lambda: train_step(net, opt, loss), min(steps, ALONE // 2), server_pid, settle, ballast
+        )
+        measured = w.measured_steps
+        w.close(timeout=10 if server != NOWHERE else 0.5)
+        if measured != 1:
+            raise SystemExit(f"{measured} steps were measured, expected only step 1")
+    return {"wall": wall, "cpu": cpu, "faults": faults, "background": background, "server": serving}
+
+
+def extra(times: list[float]) -> list[float]:
+    """Each copy step (odd places) against each twin step beside it: a difference of two steps
+    alike is symmetric about zero, where a step less the mean of two is not (step times are
+    skewed to the right)."""
+    return [times[k] - times[j] for k in range(1, len(times), 2) for j in (k - 1, k + 1)]
+
+
+def crossed(first: list[float], second: list[float]) -> tuple[list[float], float]:
+    """The two halves' step times (twin, copy, twin, ...) of a crossover: the k-th extra of the
+    first averaged with the k-th of the second (where each copy lies cancels), and half the
+    difference of the halves' median extras (that placement effect)."""
+    a, b = extra(first), extra(second)
+    return [(x + y) / 2 for x, y in zip(a, b)], (statistics.median(a) - statistics.median(b)) / 2
+
+
 def measure(
     tensors: int,
     width: int,
@@ -174,62 +242,35 @@ def measure(
     server_pid: int | None = None,
     ballast: Ballast | None = None,
 ) -> dict[str, list[float]]:
-    """The watched copy's (`server` None: an unwatched copy's) extra time per step, wall and CPU,
-    the CPU of the process's other threads and of the server process `server_pid` per watched
-    step (once the server has acknowledged the steps before and those timed), the page faults of
-    each step; `copy_first`: the copy's tensors are made before its twin's; `task`: overhead.py's
+    """A crossover of two copies alike: one watched (`server` None: left unwatched, the A/A)
+    against the other for half the `steps`, then the other watched against the first. Returned:
+    the watch's extra time per step, wall and CPU, each a pair of the two halves' extras (index
+    by index) averaged, so that where each copy's tensors lie cancels; half the difference of the
+    halves' CPU medians (`placement`: that effect, the bias of watching one copy only); the CPU of
+    the process's other threads and of the server process `server_pid` a watched step; the page
+    faults of each step. `copy_first`: the copy watched first is made first; `task`: overhead.py's
     model of that name instead of `tensors` / 2 `Linear(width, width)`; `ballast`: run while the
     background is read (`background_cpu`)."""
-    if copy_first:
-        other, other_opt, loss = model(tensors, width, task)
-        twin, twin_opt, _ = model(tensors, width, task)
-    else:
-        twin, twin_opt, loss = model(tensors, width, task)
-        other, other_opt, _ = model(tensors, width, task)
-    w = (
-        None
-        if server is None
-        else gradwatch.watch(other_opt, model=other, server=server, every=10**9, warn=False, flight_recorder=recorder)
-    )
-    for _ in range(WARMUP):
-        train_step(twin, twin_opt, loss)
-        train_step(other, other_opt, loss)
-    wall, cpu, faults = [], [], []  # per step, alternating: twin, other, twin, ..., twin
-    for k in range(2 * steps + 1):
-        f, t, c = thread_faults(), time.perf_counter(), time.thread_time()
-        if k % 2:
-            train_step(other, other_opt, loss)
-        else:
-            train_step(twin, twin_opt, loss)
-        wall.append(time.perf_counter() - t)
-        cpu.append(time.thread_time() - c)
-        faults.append(thread_faults() - f)
-    background = serving = 0.0
-    if w is not None:
-        # (The flight recorder holds its steps until an incident or the close: no acks to wait for.)
-        settle = server_pid is not None and not recorder
-        background, serving = background_cpu(
-            w, lambda: train_step(other, other_opt, loss), min(steps, ALONE), server_pid, settle, ballast
-        )
-        measured = w.measured_steps
-        w.close(timeout=10 if server != NOWHERE else 0.5)
-        if measured != 1:
-            raise SystemExit(f"{measured} steps were measured, expected only step 1")
-
-    def extra(times: list[float]) -> list[float]:
-        # each copy step against each twin step beside it: a difference of two steps alike is
-        # symmetric about zero, where a step less the mean of two is not (step times are skewed)
-        return [times[k] - times[j] for k in range(1, len(times), 2) for j in (k - 1, k + 1)]
-
+    made = [model(tensors, width, task) for _ in range(2)]
+    first, second = (made[0], made[1]) if copy_first else (made[1], made[0])
+    loss = made[0][2]
+    half = -(-steps // 2)
+    runs = [
+        phase(first[:2], second[:2], loss, half, server, recorder, server_pid, ballast),
+        phase(second[:2], first[:2], loss, half, server, recorder, server_pid, ballast),
+    ]
+    wall, _ = crossed(runs[0]["wall"], runs[1]["wall"])
+    cpu, placement = crossed(runs[0]["cpu"], runs[1]["cpu"])
     return {
-        "step": wall[0::2],
-        "step_cpu": cpu[0::2],
-        "background": [background],
-        "server": [serving],
-        "faults": faults[1::2],
-        "twin_faults": faults[0::2],
-        "wall": extra(wall),
-        "cpu": extra(cpu),
+        "step": [t for r in runs for t in r["wall"][0::2]],
+        "step_cpu": [t for r in runs for t in r["cpu"][0::2]],
+        "background": [statistics.mean(r["background"] for r in runs)],
+        "server": [statistics.mean(r["server"] for r in runs)],
+        "faults": [f for r in runs for f in r["faults"][1::2]],
+        "twin_faults": [f for r in runs for f in r["faults"][0::2]],
+        "placement": [placement],
+        "wall": wall,
+        "cpu": cpu,
     }
 
 
@@ -245,6 +286,7 @@ def pooled(blocks: list[dict[str, list[float]]]) -> dict[str, float]:
         "faults": statistics.mean(got["faults"]),
         "twin_faults": statistics.mean(got["twin_faults"]),
         "spread": max(statistics.median(b["cpu"]) for b in blocks) - min(statistics.median(b["cpu"]) for b in blocks),
+        "placement": max((b["placement"][0] for b in blocks), key=abs),
     }
     for name in ("wall", "cpu"):
         out[name] = statistics.median(got[name])
@@ -323,9 +365,10 @@ def main(argv: list[str] | None = None) -> int:
                 + ("; malloc held steady" if steady else "; malloc as it is")
                 + ("; the background read with every core kept busy (--ballast)" if ballast else "")
             )
+            print(wake_line())
             print(
                 "tensors | variant | step ms | extra us, wall (90% interval) | extra us, CPU (90% interval) "
-                "| other threads us | server us | faults, copy / twin | blocks' CPU spread | "
+                "| other threads us | server us | faults, copy / twin | blocks' CPU spread | placement us | "
                 + ("all told, % of the twin's CPU step | target %" if task else "target us")
                 + " | met"
             )
@@ -354,7 +397,8 @@ def main(argv: list[str] | None = None) -> int:
                         f"{n:7d} | {name:7s} | {r['step'] * 1e3:7.2f} | {r['wall'] * 1e6:+7.1f} ({r['wall_lo'] * 1e6:+.1f} "
                         f"to {r['wall_hi'] * 1e6:+.1f}) | {r['cpu'] * 1e6:+7.1f} ({r['cpu_lo'] * 1e6:+.1f} to "
                         f"{r['cpu_hi'] * 1e6:+.1f}) | {r['background'] * 1e6:16.0f} | {r['server'] * 1e6:9.0f} | "
-                        f"{r['faults']:7.1f} / {r['twin_faults']:<7.1f} | {r['spread'] * 1e6:18.0f} | {goal} | "
+                        f"{r['faults']:7.1f} / {r['twin_faults']:<7.1f} | {r['spread'] * 1e6:18.0f} | "
+                        f"{r['placement'] * 1e6:+12.0f} | {goal} | "
                         f"{'yes' if ok else 'no'}"
                     )
             print(

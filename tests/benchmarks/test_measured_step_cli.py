@@ -35,6 +35,7 @@ def test_every_1_is_set_against_the_floor_step_by_step(tmp_path: Path, model: st
     )
     assert done.returncode == 0, done.stderr
     assert ("overhead.py's MLP" if model == "mlp" else "Linear(8, 8) layers") in done.stdout, done.stdout
+    assert "this machine charges a 0.2 s sleep" in done.stdout, done.stdout
     rows = ROW.findall(done.stdout)
     assert len(rows) == 1, done.stdout
     tensors, _, watched, w_lo, w_hi, floor, f_lo, f_hi, ratio, _, _, other, serving, told, _, t_hi, met = rows[0]

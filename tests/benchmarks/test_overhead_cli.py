@@ -4,6 +4,7 @@ itself runs in `make bench`, not here)."""
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 import time
@@ -176,3 +177,17 @@ def test_the_ballast_runs_at_the_lowest_priority_and_only_while_on() -> None:
     finally:
         ballast.close()
     assert all(p.poll() is not None for p in ballast.procs)
+
+
+def test_the_machines_charges_for_sleeping_and_waking_are_read_as_cpu_time() -> None:
+    """`wake_cost`: a sleep's CPU clock cannot pass the sleep, and a wake's cost is the waker's
+    own clock, far under a round; each round's waiter did wake (it is joined: a lost wake hangs)."""
+    asleep, waking = overhead.wake_cost(rounds=3, gap=0.05)
+    assert 0 <= asleep < 0.05
+    assert 0 <= waking < 0.05
+    line = overhead.wake_line()
+    assert re.fullmatch(
+        r"this machine charges a 0\.2 s sleep \d+ us of CPU and a wake of a sleeping thread \d+ us to the waker "
+        r"\(bare metal: 0 and a few\)",
+        line,
+    ), line

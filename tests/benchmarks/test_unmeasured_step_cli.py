@@ -29,14 +29,16 @@ def test_a_short_run_prints_a_row_per_tensor_count_against_its_target(tmp_path: 
     assert "every core kept busy (--ballast)" in done.stdout, done.stdout
     assert "the flight recorder on" in done.stdout
     assert "malloc held steady" in done.stdout, done.stdout  # glibc here: mallopt says yes
+    assert re.search(r"^this machine charges a 0\.2 s sleep \d+ us", done.stdout, re.M), done.stdout
     for count, target in ((4, 22), (6, 23)):  # 20 us + 0.5 us per tensor
         row = rf"^\s+{count} \| watched \|\s+\d+\.\d\d \|\s+[+-]\d+\.\d \([+-]\d+\.\d to [+-]\d+\.\d\) \|"
         faults = r"\s+\d+\.\d / \d+\.\d\s+"  # the copy's and the twin's page faults per step
         spread = r"\s+\d+ "  # the blocks' CPU medians' range: 0 with one block
+        placement = r"\s+[+-]\d+ "  # half the crossover halves' difference, the largest block's
         background = r"\s+-?\d+ \|\s+\d+ "  # other threads, the server: CPU µs per step
-        assert re.search(row + rf".*\|{background}\|{faults}\|{spread}\|\s+{target} \| (yes|no)$", done.stdout, re.M), (
-            done.stdout
-        )
+        assert re.search(
+            row + rf".*\|{background}\|{faults}\|{spread}\|{placement}\|\s+{target} \| (yes|no)$", done.stdout, re.M
+        ), done.stdout
     assert re.search(r"^target (met at every count|NOT met at some count)", done.stdout, re.M), done.stdout
 
 
@@ -46,7 +48,7 @@ def test_the_mlp_is_held_to_half_a_percent_of_its_step_all_told(tmp_path: Path) 
     rows = {}
     for line in done.stdout.splitlines():
         cells = [c.strip() for c in line.split("|")]
-        if len(cells) == 12 and cells[0] == "80":
+        if len(cells) == 13 and cells[0] == "80":
             rows[cells[1]] = cells
     assert set(rows) == {"watched", "A/A"}, done.stdout
     for name, cells in rows.items():
@@ -54,11 +56,25 @@ def test_the_mlp_is_held_to_half_a_percent_of_its_step_all_told(tmp_path: Path) 
         other, server = float(cells[5]), float(cells[6])
         assert server == 0  # no server process to charge
         assert (other > 0) == (name == "watched")  # the sender thread's CPU, the watched copy's only
-        told, step_ms = (float(v) for v in re.fullmatch(r"([+-]\d+\.\d\d) of\s+(\d+\.\d\d) ms", cells[9]).groups())  # type: ignore[union-attr]
+        told, step_ms = (float(v) for v in re.fullmatch(r"([+-]\d+\.\d\d) of\s+(\d+\.\d\d) ms", cells[10]).groups())  # type: ignore[union-attr]
         # the printed share: the CPU interval's top and the background over the twin's CPU step
         assert told == pytest.approx(100 * (cpu_hi + other + server) / (step_ms * 1e3), abs=0.01), cells
-        assert cells[10] == "0.5" and cells[11] == ("yes" if told <= 0.5 else "no"), cells
+        assert cells[11] == "0.5" and cells[12] == ("yes" if told <= 0.5 else "no"), cells
     assert re.search(r"^target (met \(all told|NOT met)", done.stdout, re.M), done.stdout
+
+
+def test_a_crossover_cancels_where_the_copies_lie() -> None:
+    script = load(SCRIPT)
+    # step times twin, copy, twin, ...: in the first half the watched copy lies 100 us slower than
+    # its twin, in the second the copies have swapped roles; the watch costs 7 us on each
+    hook, lies = 7e-6, 100e-6
+    twin = [1e-3, 1.2e-3, 0.9e-3, 1.1e-3, 1e-3]  # the same machine's conditions in both halves
+    first = [t + (hook + lies if k % 2 else 0) for k, t in enumerate(twin)]
+    second = [t + (hook if k % 2 else lies) for k, t in enumerate(twin)]
+    pairs, placement = script.crossed(first, second)
+    assert len(pairs) == 4  # two copy steps, each against the twin step on either side
+    assert pairs == pytest.approx([hook + twin[k] - twin[j] for k in (1, 3) for j in (k - 1, k + 1)])
+    assert placement == pytest.approx(lies)
 
 
 @pytest.mark.parametrize(
