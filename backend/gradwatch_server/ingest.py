@@ -94,6 +94,11 @@ MAX_PENDING = 64
 BURST_GAP_S = 0.01
 BURST_MAX_S = 0.05
 
+#: A batch of at most this many steps, none with per-parameter arrays (a hook's unmeasured
+#: steps), is stored on the event loop where the store can without waiting (`_store_now`): a
+#: few ms of the loop at most (about 26 us a step, 100 run cold: docs/benchmarks.md).
+LOOP_STEPS = 256
+
 #: How long a rank's close waits for the job's run to hold that rank's last step, so that the
 #: job's findings (found when the last rank's steps arrive) reach every rank before it ends.
 #: Bounded well under the hook's own close timeout (5 s by default): nothing waits on it for data.
@@ -170,6 +175,11 @@ class _Closing:
 #: The steps of one message (one `step`, or the K of a `steps`: stored in one transaction), or
 #: what ends the batch.
 Pending = tuple[Step, ...] | Close | Refusal | _Disconnected | _AckDue
+
+
+def _small(batch: Sequence[StepData]) -> bool:
+    """Whether a batch is cheap enough to store on the event loop (LOOP_STEPS)."""
+    return len(batch) <= LOOP_STEPS and not any(d.arrays for d in batch)
 
 
 def close_reason(message: str) -> str:
@@ -525,8 +535,12 @@ class IngestConnection:
         try:
             if self.job is not None and self.jobs is not None:  # with other ranks' frames: a group commit
                 stored = await self.jobs.commits.write(self.run_id, batch, notice)
-            elif self.job is None and not late:  # stored and judged in one hand-off to a thread
-                stored, judged = await asyncio.to_thread(self._store_and_judge, batch, notice)
+            elif self.job is None and not late:  # stored and judged here, or in one hand-off to a thread
+                now = self._store_now(batch) if notice is None and _small(batch) else None
+                if now is not None:
+                    stored, judged = now, self._judge(batch, now)
+                else:
+                    stored, judged = await asyncio.to_thread(self._store_and_judge, batch, notice)
             else:
                 stored = await asyncio.to_thread(
                     self.store.write_steps, self.run_id, batch, notice, self.job is not None
@@ -573,17 +587,33 @@ class IngestConnection:
     def _store_and_judge(self, batch: list[StepData], notice: NotifyInTransaction | None) -> tuple[list[bool], _Judged]:
         """In a worker thread: store a batch of a run of its own, then judge its new steps once
         committed (one hand-off to a thread for both: each costs the loop and the thread more
-        than a batch of unmeasured steps costs the store). The run's findings; None where no
-        step was new, or the diagnostics failed (logged: they never stop ingest)."""
+        than a batch of unmeasured steps costs the store)."""
         stored = self.store.write_steps(self.run_id, batch, notice, False)
+        return stored, self._judge(batch, stored)
+
+    def _store_now(self, batch: list[StepData]) -> list[bool] | None:
+        """On the loop: store a small batch if the store can without waiting (SQLite, no other
+        write under way), else None. A thread's hand-off and its wake of the loop when done
+        cost more CPU than storing a batch of unmeasured steps (docs/design.md)."""
+        try:
+            return self.store.try_write_steps(self.run_id, batch)
+        except UnknownRun:
+            raise
+        except Exception:  # the thread's path tries again and reports what fails there
+            log.debug("storing run %s's batch on the loop failed; handing it to a thread", self.run_id, exc_info=True)
+            return None
+
+    def _judge(self, batch: list[StepData], stored: list[bool]) -> _Judged:
+        """The run's findings after its new steps in `batch` (`stored`) were committed; None where
+        no step was new, or the diagnostics failed (logged: they never stop ingest)."""
         new = [data for data, is_new in zip(batch, stored) if is_new]
         if not new:
-            return stored, None
+            return None
         try:
-            return stored, self.diagnostics.observe(self.run_id, new)
+            return self.diagnostics.observe(self.run_id, new)
         except Exception:  # diagnostics must never stop ingest: log, and carry on storing
             log.exception("diagnostics of run %s failed", self.run_id)
-            return stored, None
+            return None
 
     async def _report(self, diagnose: Callable[[str], list[Finding] | None], notify: bool = True) -> bool:
         """Run the diagnostics (off the loop); send the hook each new code (again if its severity

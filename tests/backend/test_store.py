@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import math
+import sqlite3
 import subprocess
 import sys
 import threading
@@ -144,6 +145,43 @@ def test_a_batch_is_stored_once_in_order(store: Store) -> None:
     assert store.scalar_series("r", "loss")[1].tolist() == [1.0, 2.0, 4.0]
     run = store.get_run("r")
     assert run is not None and (run.last_seq, run.steps, run.last_step) == (4, 3, 4)
+
+
+def test_a_batch_is_stored_now_only_where_it_need_not_wait(store: Store, db_url: str) -> None:
+    """`try_write_steps`: SQLite stores at once, as `write_steps` does; with the file's write lock
+    held by another process's connection it answers None at once (not after the 10 s busy wait)
+    and stores nothing, then stores once the lock is gone. PostgreSQL: always None (the caller's
+    thread stores)."""
+    open_hello(store)
+    batch = [StepData(1, 1, 1.0, {"loss": 1.0}, {}), StepData(2, 2, 2.0, {"loss": 2.0}, {})]
+    if not db_url.startswith("sqlite"):
+        assert store.try_write_steps("r", batch) is None
+        assert store.scalar_series("r", "loss")[0].tolist() == []
+        return
+    other = sqlite3.connect(db_url.removeprefix("sqlite:///"), isolation_level=None)
+    try:
+        other.execute("BEGIN IMMEDIATE")  # another writer holds the file
+        began = time.monotonic()
+        assert store.try_write_steps("r", batch) is None
+        assert time.monotonic() - began < 2.0
+        other.execute("ROLLBACK")
+    finally:
+        other.close()
+    assert store.scalar_series("r", "loss")[0].tolist() == []
+    assert store.try_write_steps("r", batch) == [True, True]
+    assert store.try_write_steps("r", batch) == [False, False]  # as write_steps: stored once
+    steps, values = store.scalar_series("r", "loss")
+    assert (steps.tolist(), values.tolist()) == ([1, 2], [1.0, 2.0])
+    later = [StepData(3, 3, 3.0, {"loss": 3.0}, {})]
+    with ThreadPoolExecutor(1) as pool:  # the busy wait is back for the store's other writes
+        other = sqlite3.connect(db_url.removeprefix("sqlite:///"), isolation_level=None)
+        other.execute("BEGIN IMMEDIATE")
+        waiting = pool.submit(store.write_steps, "r", later)
+        time.sleep(0.5)
+        assert not waiting.done()
+        other.execute("ROLLBACK")
+        other.close()
+        assert waiting.result(timeout=10) == [True]
 
 
 def test_writes_are_idempotent_and_update_the_run(store: Store, clock: Clock) -> None:

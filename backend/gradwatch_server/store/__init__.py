@@ -354,6 +354,38 @@ class Store:
             self._tails.keep(run_id, written.tail)
         return written.stored
 
+    def try_write_steps(self, run_id: str, batch: Sequence[StepData]) -> list[bool] | None:
+        """`write_steps` of a run of its own, done now only if it need not wait: on SQLite, with
+        no other write of this store under way and the file not locked by another process
+        (SQLite's busy wait turned off meanwhile). None where it would have waited, nothing
+        stored: the caller stores the batch on a thread, where a wait blocks no one. For the
+        event loop, where a thread's hand-off and the loop's wake cost more than storing a small
+        batch (docs/design.md)."""
+        if not self._serial or not self._write_lock.acquire(blocking=False):
+            return None
+        try:
+            with self.engine.connect() as conn:
+                conn.exec_driver_sql("PRAGMA busy_timeout=0")
+                conn.commit()  # (SQLAlchemy's autobegun transaction: SQLite began none)
+                try:
+                    with conn.begin():
+                        written = _steps.write_steps(
+                            conn, run_id, batch, self._clock(), self._known_names, self._tails, None
+                        )
+                except OperationalError as exc:
+                    if "locked" in str(exc) or "busy" in str(exc):
+                        return None
+                    raise
+                finally:
+                    conn.exec_driver_sql(f"PRAGMA busy_timeout={_engine.BUSY_TIMEOUT_MS}")
+                    conn.commit()
+        finally:
+            self._write_lock.release()
+        if written.changed:
+            self._known_names |= written.names
+            self._tails.keep(run_id, written.tail)
+        return written.stored
+
     def write_rank_steps(
         self, writes: Sequence[tuple[str, Sequence[StepData], NotifyInTransaction | None]]
     ) -> list[list[bool] | Exception]:

@@ -15,13 +15,16 @@ from sqlalchemy.exc import ArgumentError, NoSuchModuleError, OperationalError
 from ..schema import metadata
 from .records import StoreError
 
+#: How long a SQLite connection waits for another process's write (e.g. `gradwatch import`)
+#: instead of failing, in ms.
+BUSY_TIMEOUT_MS = 10000
+
 
 def _set_sqlite_pragmas(dbapi_connection: Any, _record: Any) -> None:
     cursor = dbapi_connection.cursor()
-    # Wait up to 10 s for another process's write (e.g. `gradwatch import`) instead of failing.
     # First: switching a new file to WAL takes a lock too, which another process starting at the
     # same moment may hold.
-    cursor.execute("PRAGMA busy_timeout=10000")
+    cursor.execute(f"PRAGMA busy_timeout={BUSY_TIMEOUT_MS}")
     # WAL: readers (dashboard, exports) never block the writer (ingest), nor it them.
     _enable_wal(cursor)
     # NORMAL: in WAL mode a commit survives a crash of the process; only an OS crash or power
