@@ -6,6 +6,7 @@ The module's server runs once on SQLite and once on PostgreSQL (`module_db_url`,
 from __future__ import annotations
 
 import json
+import sqlite3
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -299,6 +300,35 @@ def test_reconnect_within_the_grace_period_keeps_the_run_running(srv: ServerProc
         time.sleep(1.0)  # twice the grace period, connected all along
         assert http.get("/api/runs/flaky").json()["status"] == "running"
         hook.call(close(1))
+
+
+def test_a_database_file_another_process_locks_stalls_no_one_and_loses_no_step(tmp_path: Path) -> None:
+    """An unmeasured step is stored on the server's loop only where the store need not wait: with
+    the SQLite file locked by another process, its batch waits on a thread, the server answers
+    meanwhile, and the step is stored and acked once the lock is gone."""
+    server = start_server(tmp_path)
+    try:
+        with Hook(server.ws_url) as hook, httpx.Client(base_url=server.url, timeout=10) as http:
+            hook.call(hello("locked"))
+            assert hook.call(step(1, 1, scalars={"loss": 1.0})) == {"type": "ack", "seq": 1, "linger": IDLE_LINGER_S}
+            assert server.db_path is not None
+            other = sqlite3.connect(server.db_path, isolation_level=None)
+            try:
+                other.execute("BEGIN IMMEDIATE")  # another process writes (`gradwatch import`, say)
+                hook.send(step(2, 2, scalars={"loss": 0.5}))
+                time.sleep(0.5)
+                began = time.monotonic()
+                assert http.get("/api/runs/locked").json()["steps"] == 1  # the loop answers
+                assert time.monotonic() - began < 1.0
+                with pytest.raises(TimeoutError):  # not acked while it cannot be stored
+                    hook.recv(timeout=0.5)
+                other.execute("ROLLBACK")
+            finally:
+                other.close()
+            assert hook.recv() == {"type": "ack", "seq": 2, "linger": IDLE_LINGER_S}
+            assert run_steps(http, "locked") == [1, 2]
+    finally:
+        server.stop()
 
 
 def test_token_is_required_for_ingest(tmp_path: Path) -> None:
