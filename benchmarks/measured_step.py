@@ -27,8 +27,9 @@ gradwatch by their own time per step, and the total of torch's calls that the ho
 after the backward, of every parameter and state tensor after the step: the bytes the hook
 reads, read once) in the same process, each a copy of its own stepped by overhead.py's `Lane`:
 twin, watched, twin, floor, twin, ..., each watched or floor step against both twin steps beside
-it, and prints the two medians and their ratio with a 90% bootstrap interval, against the
-issue's bound (1.2x). With `--model mlp` the copies are overhead.py's MLP (40 `Linear(256, 256)`,
+it, the three copies taking the three roles in turn, a third of the steps each, so that where
+each copy lies cancels (`against_floor`), and prints the two medians and their ratio with a 90%
+bootstrap interval, against the issue's bound (1.2x). With `--model mlp` the copies are overhead.py's MLP (40 `Linear(256, 256)`,
 its batch of 256, AdamW), whose `overhead.py` figure moves by more than the bound's margin from
 run to run (separate processes, each with its own placement in memory):
 
@@ -107,11 +108,16 @@ def against_floor(
     step), each against an unwatched twin in this process, and the ratio of the two medians with
     a 90% bootstrap interval (the steps of each resampled). The steps go twin, watched, twin,
     floor, twin, ...: each watched or floor step has a twin step on either side, both differences
-    kept (as unmeasured_step.py does). Then the CPU of the hook's other threads and of the
-    server (`server` "local": a `gradwatch serve` of its own; "none": nothing listens, the sender
-    spools) per step over steps of the watched copy alone (`unmeasured_step.background_cpu`),
-    and the ratio all told: every=1's extra with them, against the floor's; `ballast`: run while
-    they are read."""
+    kept (as unmeasured_step.py does).
+
+    Three copies alike take the three roles in turn, a third of the steps each (a Latin square:
+    every copy is watched once, the floor once and the twin once), and the k-th extra of each
+    third is averaged with the k-th of the others, so that where each copy's tensors lie cancels
+    (unmeasured_step.py's crossover, for three). Then the CPU of the hook's other threads and of
+    the server (`server` "local": a `gradwatch serve` of its own; "none": nothing listens, the
+    sender spools) per step over steps of the watched copy alone in each third
+    (`unmeasured_step.background_cpu`), and the ratio all told: every=1's extra with them,
+    against the floor's; `ballast`: run while they are read."""
     torch.manual_seed(0)
     if mlp:
         net, loss_fn = overhead.mlp_task()
@@ -123,29 +129,43 @@ def against_floor(
             return m(x).square().mean()
 
     overhead.CLOCK[0] = "cpu"
-    lanes = {kind: overhead.make_lane(kind, net, loss_fn, Path(spool)) for kind in ("baseline", "floor")}
-    watched = lanes["watched"] = overhead.Lane("watched", net, loss_fn)
+    copies = [overhead.Lane(f"copy{k}", net, loss_fn) for k in range(3)]
+    proc = url = None
     if server == "local":
         (Path(spool) / "server").mkdir(exist_ok=True)
-        watched.server, url = overhead.start_server(Path(spool) / "server")
-    watched.watch(1, url if server == "local" else NOWHERE, Path(spool) / "watched")
-    assert watched.watcher is not None
-    order = ["baseline", "watched", "baseline", "floor"]
-    for _ in range(WARMUP):
-        for kind in order:
-            lanes[kind].step()  # type: ignore[union-attr]
-    times = [lanes[order[k % 4]].step()[0] for k in range(4 * steps + 1)]  # type: ignore[union-attr]
-    measured = watched.watcher.measured_steps
-    alone = min(steps, ALONE)
-    pid = watched.server.pid if watched.server is not None else None
-    other, serving = background_cpu(watched.watcher, watched.step, alone, pid, pid is not None, ballast)
-    watched.close()
-    if measured != WARMUP + steps:
-        raise SystemExit(f"{measured} steps were measured, expected {WARMUP + steps}")
-    extras = {
-        kind: [times[k] - times[j] for k in range(first, len(times), 4) for j in (k - 1, k + 1)]
-        for kind, first in (("watched", 1), ("floor", 3))
-    }
+        proc, url = overhead.start_server(Path(spool) / "server")
+    third = -(-steps // 3)
+    thirds: dict[str, list[list[float]]] = {"watched": [], "floor": []}
+    step_times: list[float] = []
+    other = serving = 0.0
+    try:
+        for k in range(3):
+            watched, floor, twin = copies[k], copies[(k + 1) % 3], copies[(k + 2) % 3]
+            floor.after_backward, floor.after_step = overhead.floor_passes(floor)
+            watched.watch(1, url or NOWHERE, Path(spool) / f"watched{k}")
+            assert watched.watcher is not None
+            order = [twin, watched, twin, floor]
+            for _ in range(WARMUP):
+                for lane in order:
+                    lane.step()
+            times = [order[i % 4].step()[0] for i in range(4 * third + 1)]
+            measured = watched.watcher.measured_steps
+            alone = max(1, min(third, ALONE // 3))
+            pid = proc.pid if proc is not None else None
+            hook, serve = background_cpu(watched.watcher, watched.step, alone, pid, pid is not None, ballast)
+            other, serving = other + hook / 3, serving + serve / 3
+            watched.watcher.close(timeout=30 if proc is not None else 0.5)
+            watched.watcher = None
+            floor.after_backward = floor.after_step = None
+            if measured != WARMUP + third:
+                raise SystemExit(f"{measured} steps were measured, expected {WARMUP + third}")
+            for kind, first in (("watched", 1), ("floor", 3)):
+                thirds[kind].append([times[i] - times[j] for i in range(first, len(times), 4) for j in (i - 1, i + 1)])
+            step_times += times[0::2]
+    finally:
+        if proc is not None:
+            overhead.stop_server(proc)
+    extras = {kind: [statistics.mean(trio) for trio in zip(*parts)] for kind, parts in thirds.items()}
     charge = other + serving
     rng = random.Random(0)
     got: dict[str, list[float]] = {"ratio": [], "told": []}
@@ -153,7 +173,7 @@ def against_floor(
         picks = {kind: statistics.median(rng.choices(v, k=len(v))) for kind, v in extras.items()}
         got["ratio"].append(picks["watched"] / picks["floor"])
         got["told"].append((picks["watched"] + charge) / picks["floor"])
-    out = {"step": statistics.median(times[0::2]), "other": other, "server": serving}
+    out = {"step": statistics.median(step_times), "other": other, "server": serving}
     for name, add in (("ratio", 0.0), ("told", charge)):
         out[name] = (statistics.median(extras["watched"]) + add) / statistics.median(extras["floor"])
         ratios = sorted(got[name])
@@ -253,7 +273,8 @@ def main(argv: list[str] | None = None) -> int:
             mlp = args.model == "mlp"
             print(
                 ("overhead.py's MLP" if mlp else f"Linear({args.width}, {args.width}) layers")
-                + f", against overhead.py's floor: {args.steps} steps each, twin, watched, twin, floor, ..."
+                + f", against overhead.py's floor: {args.steps} steps each, twin, watched, twin, floor, ..., "
+                "three copies rotating the roles by thirds"
             )
             print(overhead.wake_line())
             print(

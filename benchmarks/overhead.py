@@ -452,6 +452,30 @@ LABELS = {
 GRADWATCH = ("gradwatch", "gradwatch_auto", "gradwatch_unmeasured", "gradwatch_spool")
 
 
+def floor_passes(lane: Lane) -> tuple[Callable[[], None], Callable[[], None]]:
+    """The floor variant's two passes over `lane`'s copy: one `.sum()` of every gradient (after
+    the backward), and of every parameter and AdamW state tensor (after the step). One pass over
+    the bytes the hook reads. The hook reads the grads before the step (as the step uses them)
+    and the params and state after it (as the step left them); read before the step instead,
+    they are the step's inputs, and reading them warms the caches that the step then reads,
+    which refunds part of their reading (docs/benchmarks.md)."""
+    named = list(lane.model.named_parameters())
+
+    def grads() -> None:
+        for _, p in named:
+            if p.grad is not None:
+                p.grad.sum()
+
+    def state() -> None:
+        for _, p in named:
+            st = lane.opt.state[p]
+            for t in (p, st.get("exp_avg"), st.get("exp_avg_sq")):
+                if t is not None:
+                    t.sum()
+
+    return grads, state
+
+
 def make_lane(kind: str, model: nn.Module, loss_fn: Callable[[nn.Module], torch.Tensor], tmp: Path) -> Lane | None:
     """The variant `kind` on its own copy of `model`; None for a peer that is not installed."""
     lane = Lane(kind, model, loss_fn)
@@ -464,22 +488,7 @@ def make_lane(kind: str, model: nn.Module, loss_fn: Callable[[nn.Module], torch.
 
         lane.after_backward = naive
     elif kind in ("floor", "floor_before"):
-        # One pass over the bytes the hook reads. The hook reads the grads before the step (as the
-        # step uses them) and the params and state after it (as the step left them); read before
-        # the step instead, they are the step's inputs, and reading them warms the caches that the
-        # step then reads, which refunds part of their reading (docs/benchmarks.md).
-
-        def grads() -> None:
-            for _, p in named:
-                if p.grad is not None:
-                    p.grad.sum()
-
-        def state() -> None:
-            for _, p in named:
-                st = lane.opt.state[p]
-                for t in (p, st.get("exp_avg"), st.get("exp_avg_sq")):
-                    if t is not None:
-                        t.sum()
+        grads, state = floor_passes(lane)
 
         def both() -> None:  # each parameter's four tensors in turn, all before the step (floor_before)
             for _, p in named:
