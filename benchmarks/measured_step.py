@@ -100,6 +100,13 @@ def measure(tensors: int, width: int, steps: int) -> dict[str, float]:
 FLOOR_TARGET = 1.2
 
 
+def rotated(parts: list[list[float]]) -> list[float]:
+    """A variant's extras from each copy in its role (one list a copy, index by index alike): the
+    k-th of each averaged, so that a placement constant over a copy's life cancels where the
+    copies took every role once."""
+    return [statistics.mean(same) for same in zip(*parts)]
+
+
 def against_floor(
     tensors: int, width: int, steps: int, mlp: bool, spool: str, server: str, ballast: overhead.Ballast | None = None
 ) -> dict[str, float]:
@@ -165,7 +172,7 @@ def against_floor(
     finally:
         if proc is not None:
             overhead.stop_server(proc)
-    extras = {kind: [statistics.mean(trio) for trio in zip(*parts)] for kind, parts in thirds.items()}
+    extras = {kind: rotated(parts) for kind, parts in thirds.items()}
     charge = other + serving
     rng = random.Random(0)
     got: dict[str, list[float]] = {"ratio": [], "told": []}

@@ -51,6 +51,22 @@ def test_every_1_is_set_against_the_floor_step_by_step(tmp_path: Path, model: st
     assert re.search(r"^target (met|NOT met)", done.stdout, re.M), done.stdout
 
 
+def test_the_copies_rotating_cancel_where_each_lies() -> None:
+    """Each copy lies so as to add its own constant to its steps; in a rotation every copy is
+    watched once, the floor once and the twin once, so each role's averaged extra is its cost."""
+    script = load(SCRIPT)
+    lies = [300e-6, -120e-6, 40e-6]  # copy k's steps take this much longer for its whole life
+    hook, floor, noise = 5e-3, 4e-3, [1e-5, -2e-5, 3e-5, 0.0]
+    watched, floored = [], []
+    for k in range(3):  # third k: copy k watched, k + 1 the floor, k + 2 the twin
+        w, f, t = lies[k], lies[(k + 1) % 3], lies[(k + 2) % 3]
+        watched.append([hook + w - t + e for e in noise])
+        floored.append([floor + f - t + e for e in noise])
+    assert script.rotated(watched) == pytest.approx([hook + e for e in noise])
+    assert script.rotated(floored) == pytest.approx([floor + e for e in noise])
+    assert script.rotated(watched[:1]) != pytest.approx([hook + e for e in noise])  # one copy alone: off
+
+
 @pytest.mark.parametrize(
     "args",
     [
