@@ -14,8 +14,8 @@ are skewed to the right, so a step less the mean of its two neighbours has a med
 even between steps alike, where the difference of two steps alike is symmetric about zero.
 
 Where each copy's tensors lie (their pages, the cache sets they share) moves its steps the same
-way for the copies' whole life, by as much as the hook costs at width 256 (unwatched against
-unwatched, +/-100 us on the MLP), and no pairing of steps cancels it. So the two copies cross
+way for the copies' whole life, by as much as the hook costs at width 256 (docs/benchmarks.md),
+and no pairing of steps cancels it. So the two copies cross
 over: the first is watched for half the steps, then its watcher is closed (its hooks removed)
 and the second is watched against the first for the other half; the k-th extra of one half and
 the k-th of the other are averaged, and the placement cancels. The figure is the median of those

@@ -96,7 +96,7 @@ BURST_MAX_S = 0.05
 
 #: A batch of at most this many steps, none with per-parameter arrays (a hook's unmeasured
 #: steps), is stored on the event loop where the store can without waiting (`_store_now`): a
-#: few ms of the loop at most (about 26 us a step, 100 run cold: docs/benchmarks.md).
+#: few ms of the loop at most (its cost a step: docs/benchmarks.md).
 LOOP_STEPS = 256
 
 #: How long a rank's close waits for the job's run to hold that rank's last step, so that the
