@@ -249,3 +249,47 @@ def test_sparse_gradients_are_measured_not_fatal(make) -> None:
     if isinstance(opt, torch.optim.SparseAdam):  # its state is dense
         got = [m["params"]["exp_avg_norm"]["weight"] for m in measured(msgs)]
         assert got == pytest.approx([states[0], states[2]], rel=1e-6)
+
+
+def test_unmeasured_steps_count_the_sentinels_passes_at_the_step_with_no_callback(monkeypatch) -> None:
+    """One process, only the sentinel hooked: its hook's notes are counted at the step, with no
+    end-of-backward callback queued, and the counts are those a watcher measuring every step (its
+    hooks on every parameter, counted by the callback) sends: accumulation, a clear to None or a
+    zero-fill between passes (a GAN's D cleared after G's pass), and more passes between two steps
+    than the notes held for the step (counted as they come)."""
+    from gradwatch import accumulation
+    from gradwatch.accumulation import MAX_NOTED
+
+    queued = []
+    queue = accumulation._QUEUE_CALLBACK
+    monkeypatch.setattr(accumulation, "_QUEUE_CALLBACK", lambda f: (queued.append(f), queue(f)))
+    passes_between = [1, 3, 2, MAX_NOTED + 5, 2, 1]
+
+    def train(every: int):
+        torch.manual_seed(0)
+        model = Net()
+        opt = torch.optim.SGD(model.parameters(), lr=0.01)
+        w = gradwatch.watch(opt, model=model, server=NOWHERE, every=every)
+        callbacks, held = [], []
+        for step, n in enumerate(passes_between):
+            opt.zero_grad()
+            queued.clear()
+            for k in range(n):
+                if step == 2 and k == 1:  # a pass, then a clear: only the passes after it count
+                    model.zero_grad(set_to_none=step % 2 == 0)
+                if step == 4 and k == 1:
+                    opt.zero_grad(set_to_none=False)
+                model(torch.randn(2, 4)).sum().backward()
+                held.append(len(w._rounds._tracker._seen))
+            callbacks.append(len(queued))
+            opt.step()
+        msgs = sent_steps(w)
+        w.close(timeout=0.1)
+        return [m["scalars"]["backward_passes"] for m in msgs], callbacks, max(held)
+
+    counts, callbacks, held = train(every=10**9)
+    oracle, oracle_callbacks, _ = train(every=1)
+    assert counts == oracle == [1.0, 3.0, 1.0, MAX_NOTED + 5.0, 1.0, 1.0]
+    assert callbacks[0] > 0 and callbacks[1:] == [0] * (len(passes_between) - 1)  # step 1 is measured
+    assert all(n > 0 for n in oracle_callbacks)  # the watcher measuring every step settles each backward
+    assert held <= MAX_NOTED + 1

@@ -30,7 +30,10 @@ that one notes the version of each `.grad` the backward touched.
 The hooks themselves only note which `.grad` they found and its version; that callback (or the
 step's `end_step`, for a backward that never ran it) makes the comparisons above for the whole
 backward in one loop, in the hooks' order: the same counts, at a cost per tensor that a measured
-step pays once rather than inside each hook (docs/benchmarks.md).
+step pays once rather than inside each hook (docs/benchmarks.md). Where no process group is up
+and only the sentinels are hooked (an unmeasured step), nothing writes `.grad` inside a backward:
+the notes wait for the step and no callback is queued (`count_at_step`), which spares every
+unmeasured step most of what its sentinel cost.
 """
 
 from __future__ import annotations
@@ -53,6 +56,10 @@ log = logging.getLogger("gradwatch")
 
 #: `grad_clear` codes (see docs/protocol.md); None (sent as ABSENT) when nothing accumulated since the last step.
 CLEAR_NOT, CLEAR_NONE, CLEAR_ZERO = 0.0, 1.0, 2.0
+
+#: notes held for the step at most (`count_at_step`): more backward passes than this without a
+#: step are counted as they come, so that the `.grad`s they hold do not pile up
+MAX_NOTED = 64
 
 #: a weak reference that is already dead: what a step that left `.grad` None is compared with
 _DEAD: weakref.ref[Any] = weakref.ref(set())
@@ -106,6 +113,8 @@ class GradTracker:
         self._seen: list[tuple[int, Optional[torch.Tensor], int]] = []
         self._settling = [False]  # the end-of-backward callback of the running backward is queued
         self._can_settle = True  # the autograd engine takes final callbacks
+        #: the hooks' notes wait for the step to be counted, with no end-of-backward callback (`count_at_step`)
+        self._at_step = [False]
         #: perf_counter of the first gradient since the watcher last cleared it (its step timing)
         self.first_grad: list[float] = []
         self._params = params
@@ -183,6 +192,7 @@ class GradTracker:
         counted with its sentinel). A pass that reached no sentinel shows at a later scan as a
         version moved by more than one after a pass: `doubtful` is set, for the caller to go
         back to hooks. Counts start at the next `end_step`, as `arm`'s do."""
+        self.count_at_step(False)
         slots = range(len(self._params)) if indices is None else {self._slot[i] for i in indices}
         known = set(self._scanned)
         self._scanned += [u for u in slots if u not in known and u not in self._nodes and self._hookable[u]]
@@ -200,6 +210,7 @@ class GradTracker:
     def to_scan(self, keep: Collection[int]) -> None:
         """Count every hooked parameter but the reported parameters `keep` (the sentinels, which
         stay hooked) by `scan` from now on; the counts so far carry on."""
+        self.count_at_step(False)
         kept = {self._slot[i] for i in keep}
         moved = [u for u in self._nodes if u not in kept]
         for u in moved:
@@ -237,7 +248,7 @@ class GradTracker:
         It runs in every backward pass for every armed parameter, so it only notes which `.grad`
         it found and its version (no device work, no comparison): `_drain` compares, once per
         backward for all the parameters it touched, in the order the hooks ran."""
-        seen, settling, settle = self._seen, self._settling, self._settle_at_end
+        seen, settling, settle, at_step = self._seen, self._settling, self._settle_at_end, self._at_step
         note = seen.append
         p = self._params[i]
 
@@ -248,8 +259,23 @@ class GradTracker:
             note((i, grad, 0 if grad is None else grad._version))
             if not settling[0]:
                 settle()
+            elif at_step[0] and len(seen) > MAX_NOTED:  # backward passes and no step: count them now
+                self._drain().clear()
 
         return on_accumulate
+
+    def count_at_step(self, on: bool) -> None:
+        """Whether the hooks' notes are counted at the step (`end_step`, `end_one`) rather than
+        by an end-of-backward callback: the versions as the hooks saw them, exact where nothing
+        writes to a `.grad` inside a backward after its accumulation (no process group: the
+        caller's guard) and nothing is scanned (`scan` and `to_scan` turn it off). It spares
+        each backward the callback, most of what a step that hooks one sentinel costs."""
+        if on and not self._scanned:
+            self._drain().clear()
+            self._at_step[0] = self._settling[0] = True
+        elif self._at_step[0]:
+            self._at_step[0] = False
+            self._settling[0] = not self._can_settle
 
     def _settle_at_end(self) -> None:
         """Queue `_settled` to run when the running backward has ended (see the module docstring)."""
@@ -400,7 +426,7 @@ class GradTracker:
         """
         params, refs = self._params, self._ref
         self._drain().clear()  # a backward that failed never ran its callback, nor one that could not queue it
-        if self._can_settle:
+        if self._can_settle and not self._at_step[0]:
             self._settling[0] = False
         if indices is None:  # one optimizer: whole lists at once
             passes, clear = self._passes[:], self._clear[:]
@@ -424,11 +450,16 @@ class GradTracker:
     def end_one(self, i: int) -> int:
         """`end_step([i])`'s passes for one reported parameter (an unmeasured step's sentinel):
         the same bookkeeping without the lists, on the training thread at every step."""
-        if self._seen:  # a backward that never ran its callback
-            self._drain().clear()
-        if self._can_settle:
-            self._settling[0] = False
         u = self._slot[i]
+        seen = self._seen
+        if seen:  # counted at the step, or a backward that never ran its callback
+            if len(seen) == 1 and seen[0][0] == u and not self._passes[u]:
+                self._passes[u] = 1  # one pass: how `.grad` was cleared before it is not asked
+                seen.clear()
+            else:
+                self._drain().clear()
+        if self._can_settle and not self._at_step[0]:
+            self._settling[0] = False
         passes = self._passes[u]
         self._passes[u], self._clear[u] = 0, None
         g = self._params[u].grad

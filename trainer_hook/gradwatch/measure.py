@@ -419,6 +419,8 @@ class Probe:
         self.params_bytes = float(sum(local_nbytes(w.param) for w in layout.params if w.shard.owns_bytes))
         self._devices = {p.device for p in self.params}
         self._cuda = any(d.type == "cuda" for d in self._devices)
+        #: `cuda_memory` reads counters (some parameter is on a GPU); else it is always empty
+        self.reads_memory = self._cuda
         #: `lr/G` per param group so far: made once, not formatted (and hashed) anew every step
         self._lr_names: list[str] = []
         #: one device and whole tensors (no pieces): `read_grads` takes its short path

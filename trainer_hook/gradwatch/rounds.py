@@ -113,6 +113,7 @@ class Rounds:
             self._tracker.arm()
         else:
             self._tracker.arm(self._sentinel_list())
+            self._tracker.count_at_step(self._may_count_at_step())
         self._round: dict[int, int] = {}  # optimizer -> its steps in the open round
         self._opt_steps = [0] * len(optimizers)
         n = len(layout.params)
@@ -132,6 +133,9 @@ class Rounds:
         #: the next unmeasured, nothing armed, no closure in flight
         self._lean = self._may_be_lean()
         self._lean_round = False  # the open round took the lean path at its pre-step hook
+        #: a lean round's pre-step work is done by its post-step hook (`_lean_after`): nothing of
+        #: it must precede the update (no GradScaler, flight recorder or CUDA counters)
+        self._fold = amp is None and recorder is None and not probe.reads_memory
         self._handles = []
         for k, opt in enumerate(optimizers):
             self._handles += [
@@ -180,7 +184,10 @@ class Rounds:
     # its first step of a sampled round: its gradients just before, its state just after.
     def _before_step(self, k: int, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> Any:
         if self._lean and len(args) == 1 and not kwargs:  # `args[0]` is the optimizer: no closure
-            self._lean_before(optimizer)
+            if self._fold:
+                self._lean_round = True
+            else:
+                self._lean_before(optimizer)
             return None
         self._lean_round = False
         started = time.perf_counter()
@@ -236,12 +243,16 @@ class Rounds:
         self._cost.pre_hook(time.perf_counter() - started)
 
     def _lean_after(self) -> None:
-        """`_after_step` of a round `_lean_before` opened whose next round is not measured (as
-        the sampler said then): its sentinel's passes, its cheap facts sent, the next round
-        decided (`_after_step` and `_emit` do the same in the general case)."""
+        """`_after_step` of a round that took the lean path at its pre-step hook whose next round
+        is not measured (as the sampler said then): `_lean_before`'s work where it was folded
+        into this hook, its sentinel's passes, its cheap facts sent, the next round decided
+        (`_after_step` and `_emit` do the same in the general case)."""
         started = time.perf_counter()
         try:
             self._lean_round = False
+            if self._fold:  # `_lean_before`'s work, which needs to precede nothing
+                self.step += 1
+                self._cost.begin_step(previous_measured=False)
             self._opt_steps[0] += 1
             sentinel = self._sentinels[0]
             passes = 0
@@ -345,6 +356,7 @@ class Rounds:
     def _arm(self, k: int) -> None:
         """Hook every parameter of optimizer `k`; their counts start now, as the step's do."""
         started = time.perf_counter()
+        self._tracker.count_at_step(False)
         if self._scan_ok:
             self._tracker.scan(self._members[k])
         else:
@@ -361,8 +373,15 @@ class Rounds:
         started = time.perf_counter()
         self._tracker.disarm(keep=self._sentinel_list())
         self._tracker.arm(self._sentinel_list())  # a sentinel that `scan` counted gets its hook
+        self._tracker.count_at_step(self._may_count_at_step())
         self._armed = [False] * len(self._armed)
         self._switch_s += time.perf_counter() - started
+
+    def _may_count_at_step(self) -> bool:
+        """Whether the sentinels' passes may be counted at the step, with no end-of-backward
+        callback (`GradTracker.count_at_step`): no process group writes `.grad` inside a backward
+        and no rank times its backward (`time/before_backward_s`)."""
+        return self.dist is None and not process_group()
 
     def _choose_counting(self) -> None:
         """After a measured round: make each optimizer's sentinel the parameter that the round saw
