@@ -62,6 +62,23 @@ def test_every_step_cost_counts_both_step_hooks_of_an_unmeasured_step() -> None:
     assert meter.every_step_s() == pytest.approx(0.001)
 
 
+def test_a_step_whose_hooks_all_ran_after_it_tells_its_cost_and_start_in_one_call() -> None:
+    """The lean path (one post-step hook does the round's work) tells `unmeasured` where the step
+    began and what its hooks cost: the same every-step cost and step times as `begin_step` and
+    `light_hook` would give, pre-step time carried in."""
+    meter = CostMeter(make_sampler("auto"), False, lambda: 0.0)
+    meter.pre_hook(0.0005)
+    meter.unmeasured(began=10.0, hooks_s=0.001)
+    assert meter.every_step_s() == pytest.approx(0.0015)
+    meter.unmeasured(began=10.25, hooks_s=0.002)
+    meter.unmeasured(began=10.75, hooks_s=0.002)
+    assert meter.step_times.last() == pytest.approx(0.5)
+    assert meter.step_times.typical() == pytest.approx(0.375)
+    assert meter.every_step_s() == pytest.approx(0.002)
+    meter.unmeasured()  # the general path: the hooks tell their own, step times unchanged
+    assert meter.every_step_s() == pytest.approx(0.002) and meter.step_times.last() == pytest.approx(0.5)
+
+
 def test_auto_interval_hears_what_every_step_costs_between_measured_steps() -> None:
     """A co-located server's figure (its acks) arrives between measured steps: the interval
     follows it at once, and one figure far too high (a server that just started) neither locks

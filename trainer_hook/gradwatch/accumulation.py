@@ -448,8 +448,10 @@ class GradTracker:
         return passes, clear
 
     def end_one(self, i: int) -> int:
-        """`end_step([i])`'s passes for one reported parameter (an unmeasured step's sentinel):
-        the same bookkeeping without the lists, on the training thread at every step."""
+        """`end_step([i])`'s passes for one reported parameter (an unmeasured step's sentinel),
+        on the training thread at every step: no lists, and the `.grad` the step leaves is not
+        noted, as it tells only the next pass's clear, which no unmeasured step asks (the step
+        before a measured one notes every `.grad`: `end_step`)."""
         u = self._slot[i]
         seen = self._seen
         if seen:  # counted at the step, or a backward that never ran its callback
@@ -462,8 +464,6 @@ class GradTracker:
             self._settling[0] = False
         passes = self._passes[u]
         self._passes[u], self._clear[u] = 0, None
-        g = self._params[u].grad
-        self._ref[u] = _NO_GRAD if g is None else (weakref.ref(g), g._version)
         return passes
 
     def remove(self) -> None:

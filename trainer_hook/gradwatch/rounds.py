@@ -250,21 +250,20 @@ class Rounds:
         started = time.perf_counter()
         try:
             self._lean_round = False
-            if self._fold:  # `_lean_before`'s work, which needs to precede nothing
+            fold = self._fold
+            if fold:  # `_lean_before`'s work, which needs to precede nothing
                 self.step += 1
-                self._cost.begin_step(previous_measured=False)
             self._opt_steps[0] += 1
             sentinel = self._sentinels[0]
             passes = 0
             if sentinel is not None:
                 self._passes[sentinel] = passes = self._tracker.end_one(sentinel)
             self._send_unmeasured(self._round_scalars(started), float(passes))
-            switched = self._switch_s
-            self._upcoming = self._sampler.revise(self.step + 1, False)
-            if self._upcoming:
+            self._upcoming = upcoming = self._sampler.revise(self.step + 1, False)
+            self._cost.unmeasured(started if fold else None, time.perf_counter() - started)
+            if upcoming:
                 self._lean = False
                 self._prepare_measured()
-            self._cost.light_hook(time.perf_counter() - started - (self._switch_s - switched))
         except Exception as exc:
             self._give_up(exc)
 
@@ -470,6 +469,7 @@ class Rounds:
         sentinels = self._sentinel_list()
         for i in sentinels:
             self._clear[i] = None
+        self._cost.unmeasured()
         self._send_unmeasured(logged, float(max((self._passes[i] for i in sentinels), default=0)))
 
     def _round_scalars(self, ended: float) -> dict[str, Any]:
@@ -497,7 +497,6 @@ class Rounds:
         """An unmeasured step: `passes`, the most backward passes its sentinels saw, its scalars
         and cheap facts, and no per-parameter array (docs/protocol.md)."""
         logged["backward_passes"] = passes
-        self._cost.unmeasured()
         scalars = self._probe.cheap_facts(logged)  # never reads a CUDA tensor: that would sync
         step, now = self.step, time.time()
         make = functools.partial(UnsentStep, step, now, scalars, {}, None)

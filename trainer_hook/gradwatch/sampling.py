@@ -210,9 +210,17 @@ class CostMeter:
             self.sampler.observe(cost_s + self._render_s, self.step_times.typical(), self.every_step_s())
         return steps
 
-    def unmeasured(self) -> None:
-        """An unmeasured step ended; when the server said a new figure, the sampler learns it."""
+    def unmeasured(self, began: Optional[float] = None, hooks_s: Optional[float] = None) -> None:
+        """An unmeasured step ended; when the server said a new figure, the sampler learns it.
+
+        A step whose hooks all ran in one post-step hook (`Rounds._lean_after`) tells here, in
+        one call, what `begin_step` and `light_hook` would: `began`, where it began in that
+        hook (perf_counter), and `hooks_s`, what its hooks cost: every call is a cache miss there."""
         self._since_measured += 1
+        if began is not None:
+            self.step_times.tick(began)
+        if hooks_s is not None:
+            self._light_s, self._pre_s = hooks_s + self._pre_s, 0.0
         if self._server_here and self._server_cpu() != self._server_seen:
             self._server_seen = self._server_cpu()
             self.sampler.observe_every_step(self.every_step_s())
