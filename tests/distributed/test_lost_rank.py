@@ -4,11 +4,11 @@ spool, replayed by `python -m gradwatch sync`, completes its own child run and t
 was missing from.
 
 No collective after setup (each rank trains its own copy), so the survivor goes on as a real job
-would until its launcher noticed. The dead rank makes its death deterministic: it waits until
-the server has acknowledged its first steps, takes two more, waits until its spool holds them
-(written every second), and kills itself with SIGKILL before it sends them (the server lets an
-unwatched hook hold steps 5 s between sends).
-"""
+would until its launcher noticed. The dead rank makes its death deterministic: it reaches the
+server through a proxy; once the server has acknowledged its first steps, the proxy cuts the
+link (forwarding nothing more, the sockets left open, as on a dead network), the rank takes two
+more steps, waits until its spool holds them (written every second) and kills itself with SIGKILL.
+Those two steps can only have reached its spool, whenever its sender tried to send them."""
 
 from __future__ import annotations
 
@@ -19,6 +19,7 @@ import pickle
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -30,6 +31,7 @@ import gradwatch
 from gradwatch.spool import read_records, spool_dir
 from support.dist import PRELOAD, _rank_main
 from support.distruns import exported, get, job_of, settled, wait_for
+from support.proxy import Partition
 from support.server import find_free_port, server_env, start_server
 
 pytestmark = pytest.mark.server
@@ -49,13 +51,13 @@ def spooled_steps(path: Path) -> set[int]:
     return steps
 
 
-def lost_rank_job(rank: int, world_size: int, url: str, folder: str) -> tuple[str, list[float]]:
-    """Rank 1 dies by SIGKILL after step SPOOLED; rank 0 trains on to SURVIVOR_STEPS and returns its
-    run id and its losses."""
+def lost_rank_job(rank: int, world_size: int, urls: tuple[str, str], folder: str) -> tuple[str, list[float]]:
+    """Rank 1 (at `urls[1]`, the proxy) has its link cut after step DELIVERED and dies by SIGKILL
+    after step SPOOLED; rank 0 trains on to SURVIVOR_STEPS and returns its run id and its losses."""
     torch.manual_seed(rank)
     model = nn.Sequential(nn.Linear(4, 8), nn.Tanh(), nn.Linear(8, 1))
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    died = Path(folder) / "rank1-died"
+    url, died, cut = urls[rank], Path(folder) / "rank1-died", Path(folder) / "rank1-cut"
     losses = []
     w = gradwatch.watch(opt, model=model, run="lost-rank", project="dist", server=url, warn=False)
 
@@ -70,10 +72,16 @@ def lost_rank_job(rank: int, world_size: int, url: str, folder: str) -> tuple[st
     for _ in range(DELIVERED):
         step()
     if rank == 1:
+        # the job's first steps assembled whole (rank 1's arrays asked for and sent: its digests
+        # differ from rank 0's) and acknowledged: the cut then takes nothing of them
         deadline = time.monotonic() + 30
-        while w.pending and time.monotonic() < deadline:
+        while w.pending or get(url, f"/api/runs/{job_of(w.run_id)}")["steps"] < DELIVERED:
+            assert time.monotonic() < deadline, "the server did not assemble and acknowledge rank 1's first steps"
+            time.sleep(0.05)
+        cut.with_suffix(".asked").touch()
+        while not cut.exists():
+            assert time.monotonic() < deadline, "the link was not cut"
             time.sleep(0.02)
-        assert not w.pending, "the server did not acknowledge rank 1's first steps"
         for _ in range(SPOOLED - DELIVERED):
             step()
         spool = spool_dir() / f"{w.run_id}.r1.spool"
@@ -90,9 +98,20 @@ def lost_rank_job(rank: int, world_size: int, url: str, folder: str) -> tuple[st
     return w.run_id, losses
 
 
-@pytest.mark.timed  # rank 1 must die within the 5 s its server lets it hold unsent steps
+def cut_when_asked(partition: Partition, folder: Path, timeout: float = 120.0) -> None:
+    """Cut `partition` once rank 1 asks (its `.asked` file), then tell it so (the file itself)."""
+    cut, deadline = folder / "rank1-cut", time.monotonic() + timeout
+    while not cut.with_suffix(".asked").exists() and time.monotonic() < deadline:
+        time.sleep(0.02)
+    partition.cut()
+    cut.touch()
+
+
+@pytest.mark.timed  # the server gives a missing rank RANK_TIMEOUT_S before it stores a step partial
 def test_a_killed_rank_marks_the_run_and_its_spool_completes_it(tmp_path: Path) -> None:
     server = start_server(tmp_path, args=("--rank-timeout", str(RANK_TIMEOUT_S)))
+    partition = Partition(int(server.url.rsplit(":", 1)[1]))
+    threading.Thread(target=cut_when_asked, args=(partition, tmp_path), daemon=True).start()
     spool = tmp_path / "spool"
     try:
         # the fork server that support.dist's jobs use: torch and the hook imported once, not
@@ -103,7 +122,15 @@ def test_a_killed_rank_marks_the_run_and_its_spool_completes_it(tmp_path: Path) 
         ranks = [
             context.Process(
                 target=_rank_main,
-                args=(rank, 2, port, str(tmp_path), dict(os.environ), lost_rank_job, (server.url, str(tmp_path))),
+                args=(
+                    rank,
+                    2,
+                    port,
+                    str(tmp_path),
+                    dict(os.environ),
+                    lost_rank_job,
+                    ((server.url, partition.url), str(tmp_path)),
+                ),
             )
             for rank in range(2)
         ]
@@ -181,4 +208,5 @@ def test_a_killed_rank_marks_the_run_and_its_spool_completes_it(tmp_path: Path) 
             stored[s]["scalars"]["loss"] for s in sorted(stored)
         ]
     finally:
+        partition.close()
         server.stop()
