@@ -319,13 +319,15 @@ def test_a_replica_that_closes_before_rank_0_sends_answers_the_ask_at_its_close(
 @pytest.fixture
 def paced_server(request: pytest.FixtureRequest) -> Iterator[tuple[str, list[tuple[float, dict]]]]:
     """A websocket server that asks for a pace (`linger`, in its welcome and acks: 2 s, or the
-    test's indirect parameter), acks each message and notes when it came. Yields its URL and
-    (arrival, message) of each message."""
+    test's indirect parameter: `linger`, or `(linger, seconds before the welcome)`), acks each
+    message and notes when it came. Yields its URL and (arrival, message) of each message."""
     received: list[tuple[float, dict]] = []
-    linger = getattr(request, "param", 2.0)
+    param = getattr(request, "param", 2.0)
+    linger, welcome_after = param if isinstance(param, tuple) else (param, 0.0)
 
     def handler(ws: ServerConnection) -> None:
         ws.recv()  # the hello
+        time.sleep(welcome_after)  # a slow admission: the hook queues its steps meanwhile
         ws.send(json.dumps({"type": "welcome", "run_id": "paced", "last_seq": 0, "linger": linger}))
         with contextlib.suppress(ConnectionClosed):
             while True:
@@ -414,3 +416,31 @@ def test_a_step_submitted_to_an_idle_sender_goes_out_at_the_pace(
     assert sorted(arrived) == sorted(submitted)
     delays = [round(arrived[s] - submitted[s], 3) for s in submitted]
     assert max(delays) < FINDING_LINGER_S + 0.25, delays
+
+
+@pytest.mark.timed  # it times when a step goes out after the connection's first send
+@pytest.mark.parametrize("paced_server", [(4.0, 1.5)], indirect=True)
+def test_the_backlog_sent_on_connecting_starts_the_pace(paced_server: tuple[str, list[tuple[float, dict]]]) -> None:
+    """Steps queued before the server's welcome go out as the hook connects; that send starts
+    the pace like any other: a step submitted right after waits about `linger` for the next
+    send, not for the thread's next wake (a second at most)."""
+    url, received = paced_server
+    linger = 4.0
+    sender = Sender(url, {"v": 1, "type": "hello", "run": {"id": "paced"}, "params": [], "groups": []})
+    try:
+        for s in (1, 2, 3):  # before the welcome, 1.5 s away
+            sender.submit_step(functools.partial(UnsentStep, s, 1.7e9 + s, {"loss": float(s)}, {}, None))
+        deadline = time.monotonic() + 20
+        while len(received) < 1 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert [m["step"] for _, message in received for m in split(message)] == [1, 2, 3]
+        backlog_sent = received[0][0]
+        sender.submit_step(functools.partial(UnsentStep, 4, 1.7e9 + 4, {"loss": 4.0}, {}, None))
+        while len(received) < 2 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert sender.close(timeout=10)
+    finally:
+        sender.close(timeout=1)
+    assert [m["step"] for m in split(received[1][1])] == [4]
+    # at the earliest with the wake half a drain period (0.5 s) before the pace is up: 3.5 s
+    assert received[1][0] - backlog_sent > linger - 1.0, received[1][0] - backlog_sent

@@ -537,6 +537,7 @@ class Sender:
         last_seq = int(reply.get("last_seq", 0))
         self._acknowledge(last_seq)
         self._pace(reply)
+        backlog = bool(self._unacked) or (self._evicted_upto > last_seq and self.spool is not None)
         if self._evicted_upto and self.spool is not None:
             for payload in self.spool.payloads():  # the hello, then messages in seq order
                 seq = wire.seq_of(payload)
@@ -548,6 +549,8 @@ class Sender:
         for _, payload in list(self._unacked):
             ws.send(payload)
         self._sent_upto = self._seq
+        if backlog:  # a send: the next is `linger` away, as after any other
+            self._next_send = time.monotonic() + self.linger
 
     def _disconnect(self) -> None:
         self._ws = None
