@@ -182,6 +182,19 @@ def _small(batch: Sequence[StepData]) -> bool:
     return len(batch) <= LOOP_STEPS and not any(d.arrays for d in batch)
 
 
+def step_data(step: Step) -> StepData:
+    """What the store keeps of a step message (its arrays decoded to bytes)."""
+    return StepData(
+        seq=step.seq,
+        step=step.step,
+        time=step.time,
+        scalars=step.scalars,
+        arrays=step.arrays(),
+        resent=RESENT in step.scalars,
+        digest=step.grad_digest,
+    )
+
+
 def close_reason(message: str) -> str:
     """A close reason must fit in 123 bytes of UTF-8; cut on a character boundary."""
     raw = message.encode()
@@ -517,18 +530,7 @@ class IngestConnection:
         if self.job is None and any(s.grad_digest is not None for s in steps):
             raise Refusal(CLOSE_INVALID, "grad_digest is for a distributed job's rank (a hello with dist)")
         await self._settle()
-        batch = [
-            StepData(
-                seq=s.seq,
-                step=s.step,
-                time=s.time,
-                scalars=s.scalars,
-                arrays=s.arrays(),
-                resent=RESENT in s.scalars,
-                digest=s.grad_digest,
-            )
-            for s in steps
-        ]
+        batch = [step_data(s) for s in steps]
         notice = self.hub.steps_notice(self.run_id)
         late = [s for s, data in zip(steps, batch) if data.resent]
         judged: _Judged = None

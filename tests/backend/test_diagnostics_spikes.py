@@ -288,3 +288,47 @@ def test_grad_norm_spike_and_loss_spike_share_one_score_a_step_and_find_what_eac
         for a, b in zip(shared[1].recent, alone[1].recent):
             assert a[0] == b[0] and a[2] == b[2] and np.array_equal(a[1], b[1], equal_nan=True)
     assert all(c.finding is not None for c in shared)
+
+
+def test_a_run_of_losses_scored_at_once_is_scored_and_kept_as_one_by_one() -> None:
+    """`SpikeWindow.score_run` against `score` then `push` value by value (the oracle): the same
+    scores, bit for bit, and the same window after, through the warmup, a window that wraps,
+    runs longer than the window, and losses that are zero or negative (scored NaN, not kept)."""
+    rng = np.random.default_rng(11)
+    for trial in range(20):
+        one, run = SpikeWindow(1, LossSpike.WINDOW), SpikeWindow(1, LossSpike.WINDOW)
+        for size in rng.choice([1, 2, 7, 19, 49, 50, 51, 130], size=8):
+            values = np.exp(0.1 * rng.standard_normal(size)) * (1 + 30 * (rng.random(size) < 0.05))
+            values[rng.random(size) < 0.1] = 0.0
+            values[rng.random(size) < 0.05] = -2.0
+            expected = []
+            for v in values:
+                z, ratio = one.score(np.array([v]), LossSpike.WARMUP)
+                one.push(np.array([v]))
+                expected.append((z[0], ratio[0]))
+            z, ratio = run.score_run(values, LossSpike.WARMUP)
+            assert np.array_equal(np.array(expected), np.stack([z, ratio], axis=1), equal_nan=True), trial
+            assert np.array_equal(run.values, one.values, equal_nan=True), trial
+            assert (run.pos.tolist(), run.count.tolist(), run.last) == (one.pos.tolist(), one.count.tolist(), one.last)
+        assert one.count[0] > LossSpike.WINDOW  # the window wrapped
+
+
+def test_loss_spike_judges_a_batch_of_unmeasured_steps_as_one_by_one() -> None:
+    """`LossSpike.observe_unmeasured_batch` (the losses scored at once) finds the spike at the
+    step `observe_unmeasured` finds it, with the same words, after steps without a loss or with
+    one that is not finite."""
+    rng = np.random.default_rng(5)
+    steps: list[tuple[int, dict[str, float]]] = []
+    for n in range(1, 200):
+        loss = float(np.exp(0.03 * rng.standard_normal())) * (6 if n in (150, 170) else 1)
+        steps.append((n, {} if n % 13 == 0 else {"loss": math.nan if n % 17 == 0 else loss, "lr/0": 0.1}))
+    oracle, batched = LossSpike(), LossSpike()
+    oracle.start(RUN)
+    batched.start(RUN)
+    for n, scalars in steps:
+        oracle.observe_unmeasured(RUN, StepView.unmeasured(n, scalars, 3))
+    for lo in range(0, len(steps), 64):
+        batched.observe_unmeasured_batch(RUN, steps[lo : lo + 64])
+    assert oracle.finding is not None and oracle.finding.first_step == 150
+    assert batched.finding == oracle.finding
+    assert np.array_equal(batched.loss.values, oracle.loss.values, equal_nan=True)

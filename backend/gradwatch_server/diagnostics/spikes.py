@@ -82,6 +82,41 @@ class SpikeWindow:
         ratio[ready] = np.exp(x - median)
         return z, ratio
 
+    def score_run(self, values: np.ndarray, warmup: int) -> tuple[np.ndarray, np.ndarray]:
+        """A one-row window's `score` of each of `values` in turn, each pushed after it is
+        scored, as `score` then `push` value by value would leave them and the window, in a few
+        numpy calls for the run: each value's window is a row of a sliding view over the kept
+        values (oldest first) and the run's, and the medians of all of them are taken at once.
+        The medians sort the same values as `score`'s, so the scores are the same bits."""
+        width = self.values.shape[1]
+        with np.errstate(divide="ignore", invalid="ignore"):
+            logs = np.log(values)
+        z, ratio = np.full(len(values), np.nan), np.full(len(values), np.nan)
+        usable = np.flatnonzero(np.isfinite(logs))
+        held = int(min(self.count[0], width))
+        if len(usable):
+            order = (self.pos[0] - held + np.arange(held)) % width  # the kept values, oldest first
+            line = np.concatenate([np.full(width - held, np.nan), self.values[0, order], logs[usable]])
+            windows = np.lib.stride_tricks.sliding_window_view(line, width)[: len(usable)]
+            before = self.count[0] + np.arange(len(usable))  # values kept before each
+            ready = before >= warmup
+            if ready.any():
+                kept, size = windows[ready], np.minimum(before[ready], width)
+                median = _medians(kept, size)
+                spread = _medians(np.abs(kept - median[:, None]), size) * MAD_SIGMA
+                x, at = logs[usable[ready]], usable[ready]
+                with np.errstate(divide="ignore", invalid="ignore"):
+                    z[at] = np.where(spread > 0, (x - median) / spread, np.where(x > median, np.inf, 0.0))
+                ratio[at] = np.exp(x - median)
+            run = logs[usable[-width:]]  # the run's last `width` overwrite all before them
+            slots = (self.pos[0] + len(usable) - len(run) + np.arange(len(run))) % width
+            self.values[0, slots] = run
+            self.pos[0] = (self.pos[0] + len(usable)) % width
+            self.count[0] += len(usable)
+        if len(values):  # as `push` of the last value leaves it, kept or not
+            self.last = logs[-1:].tobytes()
+        return z, ratio
+
 
 def _medians(rows: np.ndarray, size: np.ndarray) -> np.ndarray:
     """Median of each row's first `size` finite values (NaN sorts last)."""
@@ -474,8 +509,25 @@ class LossSpike(Check):
         return first
 
     def observe_unmeasured_batch(self, run: RunContext, steps: Sequence[tuple[int, Mapping[str, float]]]) -> None:
-        # a step that logged no loss changes nothing (`observe_unmeasured`)
-        super().observe_unmeasured_batch(run, [s for s in steps if "loss" in s[1]])
+        """`observe_unmeasured` of each step in turn, the run's losses scored at once
+        (`SpikeWindow.score_run`): per step, numpy's calls on a one-value window cost more than
+        storing the step (docs/benchmarks.md)."""
+        # a step that logged no loss, or a loss not finite, changes nothing (`observe_unmeasured`)
+        at, losses = [], []
+        for step, scalars in steps:
+            loss = scalars.get("loss")
+            if loss is not None and math.isfinite(loss := float(loss)):
+                at.append(step)
+                losses.append(loss)
+        if not losses:
+            return
+        z, ratio = self.loss.score_run(np.array(losses), self.WARMUP)
+        if self.finding is None:
+            with np.errstate(invalid="ignore"):
+                spiked = np.flatnonzero(((z >= self.Z) & (ratio >= self.RATIO)) | (ratio >= self.JUMP))
+            if len(spiked):
+                i = int(spiked[0])
+                self._loss_spike(run, at[i], losses[i], float(z[i]), float(ratio[i]))
 
     def observe_unmeasured(self, run: RunContext, step: StepView) -> None:
         loss = step.scalar("loss")
@@ -486,34 +538,36 @@ class LossSpike(Check):
         self.loss.push(value)
         if self.finding is not None or not ((z[0] >= self.Z and ratio[0] >= self.RATIO) or ratio[0] >= self.JUMP):
             return
-        first = self._moved_first(run, step.step)
+        self._loss_spike(run, step.step, loss, float(z[0]), float(ratio[0]))
+
+    def _loss_spike(self, run: RunContext, at_step: int, loss: float, z: float, ratio: float) -> None:
+        """The finding of a loss that spiked at `at_step` (score `z`, `ratio` to its median)."""
+        first = self._moved_first(run, at_step)
         ranked = sorted(first.items(), key=lambda kv: (kv[1][0], -kv[1][1]))[: self.NAMED]
         if ranked:
             named = ", ".join(
-                f"{name} ({series} {fmt_num(r)}× at step {at}, {plural_steps(step.step - at)})"
+                f"{name} ({series} {fmt_num(r)}× at step {at}, {plural_steps(at_step - at)})"
                 for name, (at, r, series) in ranked
             )
             moved = f" First to move: {named}."
         else:
             moved = " No parameter's gradient moved before it (a bad batch, or the loss alone)."
         message = (
-            f"The loss spiked at step {step.step} to {fmt_num(loss)}, {fmt_num(float(ratio[0]))}× its recent median."
+            f"The loss spiked at step {at_step} to {fmt_num(loss)}, {fmt_num(ratio)}× its recent median."
             f"{moved} Look at the data of that step, the learning rate, and the parameters named."
         )
         evidence = {
-            "step": step.step,
+            "step": at_step,
             "loss": loss,
-            "ratio": round(float(ratio[0]), 3),
-            "z": round(float(min(z[0], 1e6)), 1),
+            "ratio": round(ratio, 3),
+            "z": round(min(z, 1e6), 1),
             "moved_first": [
-                {"param": name, "series": series, "step": at, "lead": step.step - at, "ratio": round(r, 3)}
+                {"param": name, "series": series, "step": at, "lead": at_step - at, "ratio": round(r, 3)}
                 for name, (at, r, series) in ranked
             ],
         }
-        figure = Figure(
-            "loss / its recent median", float(ratio[0]), "ratio", f"{fmt_num(float(ratio[0]))}×", step.step, evidence
-        )
-        self.finding = Finding(self.code, "warning", message, tuple(name for name, _ in ranked), step.step, figure)
+        figure = Figure("loss / its recent median", ratio, "ratio", f"{fmt_num(ratio)}×", at_step, evidence)
+        self.finding = Finding(self.code, "warning", message, tuple(name for name, _ in ranked), at_step, figure)
 
 
 def plural_steps(n: int) -> str:
