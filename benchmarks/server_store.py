@@ -7,14 +7,15 @@ measured steps, timed by this thread's CPU clock: parse and expand the binary `s
 (`gradwatch.wire.binary_steps`) for `--params` parameters: `--messages` messages of
 `--steps-each` steps a pace (the hook writes one a second, and sends at the idle pace of 5 s),
 each step with the four scalars an unmeasured step of overhead.py's MLP carries (the user's
-loss, `backward_passes`, `lr/0`, `mem/params_bytes`).
+loss, `backward_passes`, `lr/0`, `mem/params_bytes`). `--measured` sends measured steps instead,
+as `every=1` on AdamW does (six per-parameter metrics and the gradients' status besides).
 
 `server_cpu.py` reads the whole server at a training's pace, where this machine's charge for a
 thread's sleep (docs/benchmarks.md) is a large part of what it reads. This reads the work alone,
 hot (`--gap 0`) or with `--gap S` seconds of sleep before each pace (the work run cold, as after
 the 5 s a server waits between paces):
 
-    PYTHONPATH=$PWD/backend:$PWD/trainer_hook python benchmarks/server_store.py [--paces 200] [--gap 0] [--profile]
+    PYTHONPATH=$PWD/backend:$PWD/trainer_hook python benchmarks/server_store.py [--paces 200] [--gap 0] [--measured] [--profile]
 """
 
 from __future__ import annotations
@@ -27,6 +28,8 @@ import statistics
 import tempfile
 import time
 from pathlib import Path
+
+import numpy as np
 
 from gradwatch import wire
 from gradwatch.wire import UnsentStep
@@ -59,11 +62,18 @@ def hello(run_id: str, params: int) -> str:
     )
 
 
-class Hook:
-    """The frames a hook sends for its unmeasured steps, numbered on from the last."""
+#: A measured step's per-parameter metrics on AdamW (`every=1`): what the hook sends for each.
+MEASURED = ("grad_norm", "param_norm", "exp_avg_norm", "exp_avg_sq_norm", "backward_passes", "grad_clear")
 
-    def __init__(self) -> None:
+
+class Hook:
+    """The frames a hook sends for its steps (unmeasured, or with `params` measured norms each),
+    numbered on from the last."""
+
+    def __init__(self, params: int | None = None) -> None:
         self.seq = self.step = 0
+        self.params = params
+        self.rng = np.random.default_rng(0)
 
     def frame(self, steps: int) -> bytes:
         records = []
@@ -75,7 +85,16 @@ class Hook:
                 "lr/0": 1e-4,
                 "mem/params_bytes": 168960.0,
             }
-            records.append(UnsentStep(self.step, 1.7e9 + self.step * 0.05, scalars, {}, None))
+            metrics: dict[str, np.ndarray] = {}
+            status = None
+            if self.params is not None:
+                scalars["grad_norm_total"] = 1.0
+                noise = np.exp(0.1 * self.rng.standard_normal((len(MEASURED), self.params))).astype(np.float32)
+                metrics = {name: noise[i] for i, name in enumerate(MEASURED)}
+                metrics["backward_passes"] = np.ones(self.params, dtype=np.float32)
+                metrics["grad_clear"] = np.full(self.params, np.nan, dtype=np.float32)
+                status = np.full(self.params, 2, dtype=np.uint8)  # non-zero
+            records.append(UnsentStep(self.step, 1.7e9 + self.step * 0.05, scalars, metrics, status))
         self.seq += 1
         return wire.binary_steps(self.seq, records)
 
@@ -87,6 +106,7 @@ def main() -> None:
     ap.add_argument("--steps-each", type=int, default=37, help="steps a message")
     ap.add_argument("--params", type=int, default=80, help="the run's parameter tensors")
     ap.add_argument("--gap", type=float, default=0.0, help="seconds of sleep before each pace")
+    ap.add_argument("--measured", action="store_true", help="measured steps (every=1, AdamW's norms) instead")
     ap.add_argument("--profile", action="store_true", help="cProfile the timed paces, by own time")
     args = ap.parse_args()
     for flag in ("paces", "messages", "steps_each", "params"):
@@ -100,7 +120,7 @@ def main() -> None:
         diagnostics = Diagnostics(store)
         opened = parse_message(hello("bench", args.params), None)
         store.open_run(opened)  # type: ignore[arg-type]
-        hook = Hook()
+        hook = Hook(args.params if args.measured else None)
 
         def pace() -> tuple[float, float, float, int, int, int]:
             frames = [hook.frame(args.steps_each) for _ in range(args.messages)]
@@ -140,7 +160,7 @@ def main() -> None:
     parse, write, judge = (statistics.median(g[i] for g in got) for i in range(3))
     whole = statistics.median(g[0] + g[1] + g[2] for g in got)
     print(
-        f"{args.paces} paces of {n} unmeasured steps ({args.messages} messages), {args.params} parameters, "
+        f"{args.paces} paces of {n} {'measured' if args.measured else 'unmeasured'} steps ({args.messages} messages), {args.params} parameters, "
         f"{'hot' if not args.gap else f'{args.gap:g} s asleep before each'}; medians, this thread's CPU:"
     )
     print(

@@ -40,3 +40,13 @@ def test_it_times_paces_of_the_hooks_own_frames() -> None:
     assert done.returncode == 0, done.stderr
     assert "3 paces of 10 unmeasured steps (2 messages), 4 parameters, hot" in done.stdout
     assert re.search(r"a pace [0-9.]+ ms \| a step [0-9.]+ us", done.stdout), done.stdout
+
+
+def test_it_times_measured_steps_too() -> None:
+    done = run_main(
+        load(SCRIPT).main,
+        SCRIPT,
+        ["--paces", "2", "--messages", "1", "--steps-each", "4", "--params", "6", "--measured"],
+    )
+    assert done.returncode == 0, done.stderr
+    assert "2 paces of 4 measured steps (1 messages), 6 parameters, hot" in done.stdout
