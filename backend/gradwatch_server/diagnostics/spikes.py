@@ -456,16 +456,26 @@ class LossSpike(Check):
         self.observe_unmeasured(run, step)
 
     def observe_batch(self, run: RunContext, batch: StepBatch) -> None:
+        """`observe` of each step in turn, the batch's losses scored at once first: the loss's
+        window depends on nothing else, and the spike's finding, made at its step, reads the
+        recent moves as that step leaves them."""
+        views = batch.views
+        spike = self._score_losses([(v.step, v.scalars) for v in views])
         usable = _no_usable_grads(batch, self.grads)
-        if self.grads is None or usable is None or any(v.update_ratio is not None for v in batch.views):
-            super().observe_batch(run, batch)
-            return
-        # no gradient moved (every score NaN): each step only ages the recent moves, then its loss
-        for step in batch.views:
-            while self.recent and self.recent[0][0] <= step.step - self.LOOKBACK:
-                self.recent.popleft()
-            self.observe_unmeasured(run, step)
-        self.grads.push(usable[-1])
+        moved = self.grads is None or usable is None or any(v.update_ratio is not None for v in views)
+        for j, step in enumerate(views):
+            if moved:
+                self._track("gradient", _usable_grads(step), step.step, step, shared=True)
+                if step.update_ratio is not None:
+                    self._track("update", step.update_ratio, step.step)
+            else:  # no gradient moved (every score NaN): each step only ages the recent moves
+                while self.recent and self.recent[0][0] <= step.step - self.LOOKBACK:
+                    self.recent.popleft()
+            if spike is not None and spike[0] == j:
+                self._loss_spike(run, step.step, *spike[1:])
+        if not moved:
+            assert self.grads is not None and usable is not None
+            self.grads.push(usable[-1])
 
     def _track(
         self, series: str, values: np.ndarray, at: int, step: StepView | None = None, shared: bool = False
@@ -512,22 +522,32 @@ class LossSpike(Check):
         """`observe_unmeasured` of each step in turn, the run's losses scored at once
         (`SpikeWindow.score_run`): per step, numpy's calls on a one-value window cost more than
         storing the step (docs/benchmarks.md)."""
+        spike = self._score_losses(steps)
+        if spike is not None:
+            self._loss_spike(run, steps[spike[0]][0], *spike[1:])
+
+    def _score_losses(self, steps: Sequence[tuple[int, Mapping[str, float]]]) -> tuple[int, float, float, float] | None:
+        """Score and keep the losses of `steps` ((step, scalars), in order), as `observe_unmeasured`
+        on each would; the first that spiked while no finding is held: (its index in `steps`,
+        the loss, its score, its ratio to the median), else None."""
         # a step that logged no loss, or a loss not finite, changes nothing (`observe_unmeasured`)
         at, losses = [], []
-        for step, scalars in steps:
+        for i, (_, scalars) in enumerate(steps):
             loss = scalars.get("loss")
             if loss is not None and math.isfinite(loss := float(loss)):
-                at.append(step)
+                at.append(i)
                 losses.append(loss)
         if not losses:
-            return
+            return None
         z, ratio = self.loss.score_run(np.array(losses), self.WARMUP)
-        if self.finding is None:
-            with np.errstate(invalid="ignore"):
-                spiked = np.flatnonzero(((z >= self.Z) & (ratio >= self.RATIO)) | (ratio >= self.JUMP))
-            if len(spiked):
-                i = int(spiked[0])
-                self._loss_spike(run, at[i], losses[i], float(z[i]), float(ratio[i]))
+        if self.finding is not None:
+            return None
+        with np.errstate(invalid="ignore"):
+            spiked = np.flatnonzero(((z >= self.Z) & (ratio >= self.RATIO)) | (ratio >= self.JUMP))
+        if not len(spiked):
+            return None
+        k = int(spiked[0])
+        return at[k], losses[k], float(z[k]), float(ratio[k])
 
     def observe_unmeasured(self, run: RunContext, step: StepView) -> None:
         loss = step.scalar("loss")
