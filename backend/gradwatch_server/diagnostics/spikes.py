@@ -220,22 +220,27 @@ class GradNormSpike(Check):
         self.total = SpikeWindow(1, self.WINDOW)
 
     def observe(self, run: RunContext, step: StepView) -> None:
-        values = _usable_grads(step)
-        if self.params is None:
-            self.params = SpikeWindow(len(values), self.WINDOW)
-        z, ratio = _grad_score(step, self.params, self.WARMUP)  # rows below GRAD_LEAST x: 0 and 0
         total = _total(step)
         # no total: nothing to score nor keep (score and push would find no log)
         none = np.array([np.nan])
         tz, tratio = (none, none) if total is None else self.total.score(np.array([total]), self.WARMUP)
+        if total is not None:
+            self.total.push(np.array([total]))
+        self._observe_params(run, step, tz, tratio)
+
+    def _observe_params(self, run: RunContext, step: StepView, tz: np.ndarray, tratio: np.ndarray) -> None:
+        """`observe` of the step's parameters, its total scored already (`tz`, `tratio`: one value
+        each, NaN where it has none): the total's window and the parameters' are apart."""
+        values = _usable_grads(step)
+        if self.params is None:
+            self.params = SpikeWindow(len(values), self.WINDOW)
+        z, ratio = _grad_score(step, self.params, self.WARMUP)  # rows below GRAD_LEAST x: 0 and 0
         if step.spike_z is not None and step.spike_ratio is not None:  # the flight recorder scored it
             z, ratio = np.where(np.isnan(z), step.spike_z, z), np.where(np.isnan(ratio), step.spike_ratio, ratio)
             hook_z, hook_ratio = step.scalar("flight/total_z"), step.scalar("flight/total_ratio")
             if np.isnan(tz[0]) and hook_z is not None and hook_ratio is not None:
                 tz, tratio = np.array([hook_z]), np.array([hook_ratio])
         self.params.push(values)
-        if total is not None:
-            self.total.push(np.array([total]))
         with np.errstate(invalid="ignore"):
             flagged = (z >= self.Z) & (ratio >= self.RATIO)
             total_flagged = bool(tz[0] >= self.Z and tratio[0] >= self.RATIO)
@@ -276,12 +281,21 @@ class GradNormSpike(Check):
         self.finding = Finding(self.code, "warning", message, ordered, step.step, figure)
 
     def observe_batch(self, run: RunContext, batch: StepBatch) -> None:
+        """`observe` of each step in turn, the batch's total norms scored at once first
+        (`SpikeWindow.score_run`: one numpy round for the batch rather than one a step)."""
+        views = batch.views
+        totals = [_total(v) for v in views]
         usable = _no_usable_grads(batch, self.params)
-        if self.params is None or usable is None or any(_total(v) is not None for v in batch.views):
-            super().observe_batch(run, batch)
+        if self.params is not None and usable is not None and all(t is None for t in totals):
+            # every score NaN, nothing flagged; of the pushes only the last one's key remains
+            self.params.push(usable[-1])
             return
-        # every score NaN, nothing flagged; of the pushes only the last one's key remains
-        self.params.push(usable[-1])
+        tz, tratio = np.full(len(views), np.nan), np.full(len(views), np.nan)
+        have = [j for j, t in enumerate(totals) if t is not None]
+        if have:
+            tz[have], tratio[have] = self.total.score_run(np.array([totals[j] for j in have]), self.WARMUP)
+        for j, step in enumerate(views):
+            self._observe_params(run, step, tz[j : j + 1], tratio[j : j + 1])
 
 
 class LargeUpdate(Check):
