@@ -211,3 +211,31 @@ def test_what_grad_holds_after_a_batch_counts_into_the_next_steps_pile() -> None
         batched.observe_records(records[lo:hi])
     assert public(batched) == public(oracle)
     assert "grad_accumulation_unbounded" in {f["code"] for f in public(oracle)}
+
+
+def test_a_step_the_flight_recorder_scored_counts_as_a_move_in_a_batch() -> None:
+    """Before the windows are warm they score nothing (NaN); a step the hook's flight recorder
+    scored carries its own scores, which stand in: `loss_spike` keeps that step's moved
+    parameters whether the step comes alone or in a batch, and names them at the spike."""
+    records: list[Record] = []
+    for step in range(1, 40):
+        arrays = {
+            "grad_norm": f32(np.full(P, 1.0)),
+            GRAD_STATUS: np.full(P, 2, dtype=np.uint8).tobytes(),
+            "backward_passes": f32(np.ones(P)),
+            "grad_clear": f32(np.ones(P), np.full(P, step == 1)),
+        }
+        # every step carries the hook's scores, so that they decode as one batch; one step spiked
+        arrays["spike_z"] = f32(np.array([9.0 if step == 5 else 0.0] + [0.0] * (P - 1)))
+        arrays["spike_ratio"] = f32(np.array([8.0 if step == 5 else 1.0] + [1.0] * (P - 1)))
+        records.append((step, {"loss": 30.0 if step == 7 else 1.0}, arrays))
+    context = RunContext.of([(f"layer{i}.weight", 1000, "float32") for i in range(P)])
+    oracle, batched = RunDiagnosis(context), RunDiagnosis(context)
+    for record in records:
+        oracle.observe_record(*record)
+    batched.observe_records(records[:3])
+    batched.observe_records(records[3:])
+    assert public(batched) == public(oracle)
+    assert same_state(batched, oracle)
+    moved = [c for c in oracle.checks if c.code == "loss_spike"][0].recent
+    assert [(at, series) for at, _, series in moved] == [(5, "gradient")]

@@ -313,6 +313,45 @@ def test_a_run_of_losses_scored_at_once_is_scored_and_kept_as_one_by_one() -> No
         assert one.count[0] > LossSpike.WINDOW  # the window wrapped
 
 
+def test_a_batch_of_steps_scored_at_once_is_scored_and_kept_as_one_by_one() -> None:
+    """`SpikeWindow.score_many` (steps x series) against `score` then `push` row by row (the
+    oracle): the same scores, bit for bit, and the same window after, for series that keep
+    different counts of values (non-positive and non-finite ones are not kept), through the
+    warmup and windows that wrap, with `least` ruling values out (by its bound, and where only
+    the window's own least value can tell) and without it."""
+    rng = np.random.default_rng(12)
+    ruled_out = scored = 0
+    for trial in range(60):
+        series, width = int(rng.integers(1, 7)), int(rng.choice([5, 16, 128]))
+        least = (None, 2.0, 4.0)[trial % 3]
+        one, many = SpikeWindow(series, width), SpikeWindow(series, width)
+        for size in rng.choice([1, 2, 9, 60, 200], size=3):
+            # mostly steady series, some noisy enough (or drifting) that the bound cannot rule them out
+            spread = rng.choice([0.05, 1.0], size=series)
+            values = np.exp(
+                spread * rng.standard_normal((size, series)) + rng.choice([0.0, 0.02]) * np.arange(size)[:, None]
+            )
+            values[rng.random(values.shape) < 0.08] = rng.choice([0.0, -1.0, np.nan, np.inf])
+            expected_z, expected_ratio = [], []
+            for row in values:
+                z, ratio = one.score(row, 20, least)
+                one.push(row)
+                expected_z.append(z)
+                expected_ratio.append(ratio)
+            z, ratio = many.score_many(values, 20, least)
+            assert np.array_equal(np.array(expected_z), z, equal_nan=True), trial
+            assert np.array_equal(np.array(expected_ratio), ratio, equal_nan=True), trial
+            assert np.array_equal(many.values, one.values, equal_nan=True), trial
+            assert (many.pos.tolist(), many.count.tolist(), many.last) == (
+                one.pos.tolist(),
+                one.count.tolist(),
+                one.last,
+            )
+            ruled_out += int((ratio == 0).sum())
+            scored += int((ratio > 0).sum())
+    assert ruled_out > 0 and scored > 0  # both ways through were taken
+
+
 def test_loss_spike_judges_a_batch_of_unmeasured_steps_as_one_by_one() -> None:
     """`LossSpike.observe_unmeasured_batch` (the losses scored at once) finds the spike at the
     step `observe_unmeasured` finds it, with the same words, after steps without a loss or with

@@ -223,6 +223,8 @@ class StepBatch:
         self.views = list(views)
         self.steps = np.array([v.step for v in self.views], dtype=np.int64)
         self._stacked: dict[str, np.ndarray | None] = dict(stacked or {})
+        #: what one check worked out for the batch and another may reuse (spikes.py's scores)
+        self.memo: dict[str, Any] = {}
 
     def __len__(self) -> int:
         return len(self.views)

@@ -19,6 +19,7 @@ from typing import Any
 
 import numpy as np
 
+from . import rings
 from .check import Check
 from .data import NONZERO, RunContext, StepBatch, StepView
 from .finding import Figure, Finding, fmt_num, name_list
@@ -84,37 +85,55 @@ class SpikeWindow:
 
     def score_run(self, values: np.ndarray, warmup: int) -> tuple[np.ndarray, np.ndarray]:
         """A one-row window's `score` of each of `values` in turn, each pushed after it is
-        scored, as `score` then `push` value by value would leave them and the window, in a few
-        numpy calls for the run: each value's window is a row of a sliding view over the kept
-        values (oldest first) and the run's, and the medians of all of them are taken at once.
-        The medians sort the same values as `score`'s, so the scores are the same bits."""
+        scored (`score_many` of a column)."""
+        z, ratio = self.score_many(np.asarray(values, dtype=np.float64)[:, None], warmup)
+        return z[:, 0], ratio[:, 0]
+
+    def score_many(self, values: np.ndarray, warmup: int, least: float | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """`score` then `push` of each row of `values` (steps x series) in turn: the same scores,
+        bit for bit, and the same window after, in a few numpy calls for the batch rather than
+        a few a step. Each value's window is a row of a sliding view over its series' kept values
+        and the batch's before it (rings.py); with `least`, a bound of each window's smallest
+        value rules out most values first, and only the others' windows are gathered. The
+        medians sort the same values as `score`'s, so the scores are the same bits."""
+        steps, n = values.shape
         width = self.values.shape[1]
         with np.errstate(divide="ignore", invalid="ignore"):
             logs = np.log(values)
-        z, ratio = np.full(len(values), np.nan), np.full(len(values), np.nan)
-        usable = np.flatnonzero(np.isfinite(logs))
-        held = int(min(self.count[0], width))
-        if len(usable):
-            order = (self.pos[0] - held + np.arange(held)) % width  # the kept values, oldest first
-            line = np.concatenate([np.full(width - held, np.nan), self.values[0, order], logs[usable]])
-            windows = np.lib.stride_tricks.sliding_window_view(line, width)[: len(usable)]
-            before = self.count[0] + np.arange(len(usable))  # values kept before each
-            ready = before >= warmup
-            if ready.any():
-                kept, size = windows[ready], np.minimum(before[ready], width)
+        z, ratio = np.full((steps, n), np.nan), np.full((steps, n), np.nan)
+        if not steps:
+            return z, ratio
+        usable = np.isfinite(logs)
+        before = rings.kept_before(usable)
+        held = self.count[None, :] + before  # values kept before each
+        ready = usable & (held >= warmup)
+        below = np.zeros((steps, n), dtype=bool)
+        if least is not None and ready.any():
+            # as `score`'s test, against a bound below each window's least value first
+            bar = math.log(least) - 1e-9
+            with np.errstate(invalid="ignore"):
+                least_kept = np.fmin.reduce(self.values, axis=1)
+                below = ready & (logs - rings.floors(least_kept, logs, usable) < bar)
+        todo = ready & ~below
+        if todo.any():
+            i, s = np.nonzero(todo)
+            kept = rings.windows(self.values, self.pos, logs, usable, before, i, s)
+            if least is not None:
+                with np.errstate(invalid="ignore"):
+                    out = logs[i, s] - np.fmin.reduce(kept, axis=1) < bar
+                below[i[out], s[out]] = True
+                i, s, kept = i[~out], s[~out], kept[~out]
+            if len(i):
+                size = np.minimum(held[i, s], width)
                 median = _medians(kept, size)
                 spread = _medians(np.abs(kept - median[:, None]), size) * MAD_SIGMA
-                x, at = logs[usable[ready]], usable[ready]
+                x = logs[i, s]
                 with np.errstate(divide="ignore", invalid="ignore"):
-                    z[at] = np.where(spread > 0, (x - median) / spread, np.where(x > median, np.inf, 0.0))
-                ratio[at] = np.exp(x - median)
-            run = logs[usable[-width:]]  # the run's last `width` overwrite all before them
-            slots = (self.pos[0] + len(usable) - len(run) + np.arange(len(run))) % width
-            self.values[0, slots] = run
-            self.pos[0] = (self.pos[0] + len(usable)) % width
-            self.count[0] += len(usable)
-        if len(values):  # as `push` of the last value leaves it, kept or not
-            self.last = logs[-1:].tobytes()
+                    z[i, s] = np.where(spread > 0, (x - median) / spread, np.where(x > median, np.inf, 0.0))
+                ratio[i, s] = np.exp(x - median)
+        z[below], ratio[below] = 0.0, 0.0
+        rings.append(self.values, self.pos, self.count, logs, usable)
+        self.last = logs[-1].tobytes()  # as `push` of the last row leaves it
         return z, ratio
 
 
@@ -153,22 +172,33 @@ def _grad_score(step: StepView, window: SpikeWindow, warmup: int) -> tuple[np.nd
     return z, ratio
 
 
-def _no_usable_grads(batch: StepBatch, window: SpikeWindow | None) -> np.ndarray | None:
-    """The batch's usable gradient norms (steps x parameters) where no step has one that
-    `window` would keep or score (none finite and positive: the gradients gone to zero), nor a
-    score of the hook's flight recorder: each step's score is NaN and its push keeps nothing.
-    None otherwise (the steps are judged one by one)."""
+def _grad_scores(batch: StepBatch, window: SpikeWindow | None, warmup: int) -> tuple[np.ndarray, np.ndarray] | None:
+    """`_grad_score` of each step of the batch in turn, each step's usable norms pushed after
+    it (`SpikeWindow.score_many`: steps x parameters): None where a step lacks the norms or
+    the window counts other parameters (the steps are judged one by one). Kept on the batch
+    with the window as it leaves it: the other check that keeps the same window (the same
+    key before the batch) takes both instead of scoring again."""
     status, norm = batch.stack("status"), batch.stack("grad_norm")
     if window is None or status is None or norm is None or status.shape[1] != len(window.count):
         return None
-    if any(v.spike_z is not None or v.spike_ratio is not None for v in batch.views):
-        return None
-    usable = np.where(status == NONZERO, norm, np.nan)
-    with np.errstate(invalid="ignore"):
-        if (usable > 0).any():  # NaN is not above 0; a log of what is finite and above 0 is finite
-            if np.isfinite(usable[usable > 0]).any():
-                return None
-    return usable
+    key = (warmup, window.values.shape, window.count.tobytes(), window.pos.tobytes(), window.last)
+    held = batch.memo.get("grad_scores")
+    if held is not None and held[0] == key:
+        _, z, ratio, (values, pos, count, last) = held
+        window.values[...], window.pos[...], window.count[...], window.last = values, pos, count, last
+        return z, ratio
+    z, ratio = window.score_many(np.where(status == NONZERO, norm, np.nan), warmup, least=GRAD_LEAST)
+    after = (window.values.copy(), window.pos.copy(), window.count.copy(), window.last)
+    batch.memo["grad_scores"] = (key, z, ratio, after)
+    return z, ratio
+
+
+def _flown(step: StepView, z: np.ndarray, ratio: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """A step's gradient scores, where the hook's flight recorder scored it (`spike_z`,
+    `spike_ratio`) its scores standing in for those the window could not make (NaN)."""
+    if step.spike_z is None or step.spike_ratio is None:
+        return z, ratio
+    return np.where(np.isnan(z), step.spike_z, z), np.where(np.isnan(ratio), step.spike_ratio, ratio)
 
 
 def _total(step: StepView) -> float | None:
@@ -235,12 +265,20 @@ class GradNormSpike(Check):
         if self.params is None:
             self.params = SpikeWindow(len(values), self.WINDOW)
         z, ratio = _grad_score(step, self.params, self.WARMUP)  # rows below GRAD_LEAST x: 0 and 0
+        self.params.push(values)
+        self._judge(run, step, z, ratio, tz, tratio)
+
+    def _judge(
+        self, run: RunContext, step: StepView, z: np.ndarray, ratio: np.ndarray, tz: np.ndarray, tratio: np.ndarray
+    ) -> None:
+        """The finding after `step`, scored: its parameters (`z`, `ratio`) and its total (one
+        value each, NaN where it has none), the flight recorder's scores standing in for those
+        the windows could not make."""
         if step.spike_z is not None and step.spike_ratio is not None:  # the flight recorder scored it
-            z, ratio = np.where(np.isnan(z), step.spike_z, z), np.where(np.isnan(ratio), step.spike_ratio, ratio)
+            z, ratio = _flown(step, z, ratio)
             hook_z, hook_ratio = step.scalar("flight/total_z"), step.scalar("flight/total_ratio")
             if np.isnan(tz[0]) and hook_z is not None and hook_ratio is not None:
                 tz, tratio = np.array([hook_z]), np.array([hook_ratio])
-        self.params.push(values)
         with np.errstate(invalid="ignore"):
             flagged = (z >= self.Z) & (ratio >= self.RATIO)
             total_flagged = bool(tz[0] >= self.Z and tratio[0] >= self.RATIO)
@@ -281,21 +319,29 @@ class GradNormSpike(Check):
         self.finding = Finding(self.code, "warning", message, ordered, step.step, figure)
 
     def observe_batch(self, run: RunContext, batch: StepBatch) -> None:
-        """`observe` of each step in turn, the batch's total norms scored at once first
-        (`SpikeWindow.score_run`: one numpy round for the batch rather than one a step)."""
+        """`observe` of each step in turn: the batch's total norms scored at once
+        (`SpikeWindow.score_run`), its parameters' norms too (`_grad_scores`), then only the
+        steps that may raise or change the finding are looked at one by one."""
         views = batch.views
         totals = [_total(v) for v in views]
-        usable = _no_usable_grads(batch, self.params)
-        if self.params is not None and usable is not None and all(t is None for t in totals):
-            # every score NaN, nothing flagged; of the pushes only the last one's key remains
-            self.params.push(usable[-1])
-            return
         tz, tratio = np.full(len(views), np.nan), np.full(len(views), np.nan)
         have = [j for j, t in enumerate(totals) if t is not None]
         if have:
             tz[have], tratio[have] = self.total.score_run(np.array([totals[j] for j in have]), self.WARMUP)
-        for j, step in enumerate(views):
-            self._observe_params(run, step, tz[j : j + 1], tratio[j : j + 1])
+        status = batch.stack("status")
+        if self.params is None and status is not None:
+            self.params = SpikeWindow(status.shape[1], self.WINDOW)
+        scored = _grad_scores(batch, self.params, self.WARMUP)
+        if scored is None:
+            for j, step in enumerate(views):
+                self._observe_params(run, step, tz[j : j + 1], tratio[j : j + 1])
+            return
+        z, ratio = scored
+        with np.errstate(invalid="ignore"):
+            hot = ((z >= self.Z) & (ratio >= self.RATIO)).any(axis=1) | ((tz >= self.Z) & (tratio >= self.RATIO))
+        hot |= [v.spike_z is not None and v.spike_ratio is not None for v in views]
+        for k in map(int, np.flatnonzero(hot)):
+            self._judge(run, views[k], z[k], ratio[k], tz[k : k + 1], tratio[k : k + 1])
 
 
 class LargeUpdate(Check):
@@ -464,32 +510,60 @@ class LossSpike(Check):
         self.recent: deque[tuple[int, np.ndarray, str]] = deque()
 
     def observe(self, run: RunContext, step: StepView) -> None:
-        self._track("gradient", _usable_grads(step), step.step, step, shared=True)
-        if step.update_ratio is not None:
-            self._track("update", step.update_ratio, step.step)
+        self.observe_moves(step)
         self.observe_unmeasured(run, step)
 
     def observe_batch(self, run: RunContext, batch: StepBatch) -> None:
-        """`observe` of each step in turn, the batch's losses scored at once first: the loss's
-        window depends on nothing else, and the spike's finding, made at its step, reads the
-        recent moves as that step leaves them."""
+        """`observe` of each step in turn: the batch's losses scored at once (the loss's window
+        depends on nothing else), its gradient norms and update ratios too (`score_many`), then
+        only the steps where something moved or the loss spiked are looked at one by one (the
+        spike's finding, made at its step, reads the recent moves as that step leaves them)."""
         views = batch.views
         spike = self._score_losses([(v.step, v.scalars) for v in views])
-        usable = _no_usable_grads(batch, self.grads)
-        moved = self.grads is None or usable is None or any(v.update_ratio is not None for v in views)
-        for j, step in enumerate(views):
-            if moved:
-                self._track("gradient", _usable_grads(step), step.step, step, shared=True)
-                if step.update_ratio is not None:
-                    self._track("update", step.update_ratio, step.step)
-            else:  # no gradient moved (every score NaN): each step only ages the recent moves
-                while self.recent and self.recent[0][0] <= step.step - self.LOOKBACK:
-                    self.recent.popleft()
-            if spike is not None and spike[0] == j:
+        status = batch.stack("status")
+        if self.grads is None and status is not None:
+            self.grads = SpikeWindow(status.shape[1], 128)
+        with_updates = [j for j, v in enumerate(views) if v.update_ratio is not None]
+        updates = [v.update_ratio for v in views if v.update_ratio is not None]
+        sizes = {len(u) for u in updates} | ({len(self.updates.count)} if self.updates is not None else set())
+        alike = status is not None and sizes <= {status.shape[1]}  # the updates' window, a row a parameter
+        scored = _grad_scores(batch, self.grads, self.WARMUP) if alike else None
+        if scored is None:
+            for j, step in enumerate(views):
+                self.observe_moves(step)
+                if spike is not None and spike[0] == j:
+                    self._loss_spike(run, step.step, *spike[1:])
+            return
+        z, ratio = scored
+        moved_updates = np.zeros(z.shape, dtype=bool)
+        update_ratio = np.full(z.shape, np.nan)
+        if updates:
+            if self.updates is None:
+                self.updates = SpikeWindow(z.shape[1], 128)
+            uz, uratio = self.updates.score_many(np.stack(updates), self.WARMUP, least=self.MOVED_RATIO)
+            with np.errstate(invalid="ignore"):
+                moved_updates[with_updates] = (uz >= self.MOVED_Z) & (uratio >= self.MOVED_RATIO)
+            update_ratio[with_updates] = uratio
+        flown = np.array([v.spike_z is not None and v.spike_ratio is not None for v in views])
+        with np.errstate(invalid="ignore"):
+            act = ((z >= self.MOVED_Z) & (ratio >= self.MOVED_RATIO)).any(axis=1) | moved_updates.any(axis=1) | flown
+        if spike is not None:
+            act[spike[0]] = True
+        for k in map(int, np.flatnonzero(act)):
+            step = views[k]
+            self._moved(step.step, *_flown(step, z[k], ratio[k]), "gradient")
+            if moved_updates[k].any():
+                self.recent.append((step.step, np.where(moved_updates[k], update_ratio[k], np.nan), "update"))
+            self._age(step.step)
+            if spike is not None and spike[0] == k:
                 self._loss_spike(run, step.step, *spike[1:])
-        if not moved:
-            assert self.grads is not None and usable is not None
-            self.grads.push(usable[-1])
+        self._age(views[-1].step)
+
+    def observe_moves(self, step: StepView) -> None:
+        """A measured step's gradient norms, and its update ratios where it has them, scored and kept."""
+        self._track("gradient", _usable_grads(step), step.step, step, shared=True)
+        if step.update_ratio is not None:
+            self._track("update", step.update_ratio, step.step)
 
     def _track(
         self, series: str, values: np.ndarray, at: int, step: StepView | None = None, shared: bool = False
@@ -507,12 +581,20 @@ class LossSpike(Check):
         else:
             z, ratio = window.score(values, self.WARMUP, least=self.MOVED_RATIO)
         window.push(values)
-        if step is not None and step.spike_z is not None and step.spike_ratio is not None:  # scored by the hook
-            z, ratio = np.where(np.isnan(z), step.spike_z, z), np.where(np.isnan(ratio), step.spike_ratio, ratio)
+        if step is not None:  # scored by the hook
+            z, ratio = _flown(step, z, ratio)
+        self._moved(at, z, ratio, series)
+        self._age(at)
+
+    def _moved(self, at: int, z: np.ndarray, ratio: np.ndarray, series: str) -> None:
+        """Keep the parameters of `series` that moved at step `at` (`recent`)."""
         with np.errstate(invalid="ignore"):
             moved = (z >= self.MOVED_Z) & (ratio >= self.MOVED_RATIO)
         if moved.any():
             self.recent.append((at, np.where(moved, ratio, np.nan), series))
+
+    def _age(self, at: int) -> None:
+        """Forget the moves of more than LOOKBACK steps before `at`."""
         while self.recent and self.recent[0][0] <= at - self.LOOKBACK:
             self.recent.popleft()
 

@@ -6,6 +6,7 @@ from dataclasses import replace
 
 import numpy as np
 
+from . import rings
 from .check import Check
 from .data import NONFINITE, NONZERO, ZERO, RunContext, StepBatch, StepView
 from .finding import Figure, Finding, name_list
@@ -129,6 +130,14 @@ class NormHistory:
         out[index] = sub
         return out
 
+    def push_many(self, kept: np.ndarray, values: np.ndarray) -> None:
+        """`push` of each row (a step) in turn."""
+        if not kept.any():
+            return
+        rings.append(self.values, self.pos, self.count, values, kept)
+        self._known[kept.any(axis=0)] = False
+        self._bounds = None
+
     def bounds(self) -> tuple[np.ndarray, np.ndarray]:
         """Per parameter: the smallest and the largest kept value (NaN if none). A median lies
         between them, in floating point too: cheap bounds that spare most medians (`_NormJump`)."""
@@ -172,8 +181,13 @@ class _NormJump(Check):
 
     def _near(self, value: np.ndarray, history: NormHistory, streak: np.ndarray) -> np.ndarray:
         """Where `_far` is false whatever the median within the window's bounds (True: no need
-        to make the median); False where that cannot be told (the default)."""
-        return np.zeros(len(value), dtype=bool)
+        to make the median)."""
+        return self._within(value, *history.bounds())
+
+    def _within(self, value: np.ndarray, least: np.ndarray, greatest: np.ndarray) -> np.ndarray:
+        """Where `_far` is false whatever the median, for windows whose values lie between
+        `least` and `greatest`; False where that cannot be told (the default)."""
+        return np.zeros(value.shape, dtype=bool)
 
     def _message(self, names: tuple[str, ...], first: int, ratio: float) -> tuple[str, Figure]:
         raise NotImplementedError
@@ -231,7 +245,8 @@ class _NormJump(Check):
         reached = (passes > 0) if passes is not None else status == NONZERO
         kept = reached & (status == NONZERO)
         if kept[:-1].any():  # the window changes inside the batch
-            super().observe_batch(run, batch)
+            if not self._quiet(run, batch, reached, status, norm, kept):
+                super().observe_batch(run, batch)
             return
         value = np.where(status == ZERO, 0.0, norm)
         judged = reached & ((status == ZERO) | (status == NONZERO)) & (history.count >= self.WARMUP)
@@ -255,6 +270,37 @@ class _NormJump(Check):
                 streak[judged[i] & ~far] = 0
                 self._flag(run, step, streak >= self.PERSIST)
         history.push(kept[-1], norm[-1])
+
+    def _quiet(
+        self,
+        run: RunContext,
+        batch: StepBatch,
+        reached: np.ndarray,
+        status: np.ndarray,
+        norm: np.ndarray,
+        kept: np.ndarray,
+    ) -> bool:
+        """A batch whose steps change the windows, judged at once where no value can be far from
+        its window (True: done); else nothing is changed (False: the caller goes step by step).
+        Each step's window holds a subset of the values kept before the batch and the batch's
+        kept ones before it: a value within the bounds of those (`rings.floors`) is within its
+        window's own, so no median is needed, no streak grows, and the judged ones end."""
+        assert self.history is not None and self.streak is not None
+        history = self.history
+        held = history.count[None, :] + rings.kept_before(kept)
+        value = np.where(status == ZERO, 0.0, norm)
+        judged = reached & ((status == ZERO) | (status == NONZERO)) & (held >= self.WARMUP)
+        if judged.any():
+            least, greatest = history.bounds()
+            low = rings.floors(least, norm, kept, np.fmin)
+            high = rings.floors(greatest, norm, kept, np.fmax)
+            if (judged & ~self._within(value, low, high)).any():
+                return False
+        none = np.zeros(value.shape, dtype=bool)
+        if not self._scan(batch.steps, none, none, judged, np.zeros(value.shape)):
+            return False
+        history.push_many(kept, norm)
+        return True
 
     def _scan(
         self, steps: np.ndarray, always: np.ndarray, if_streak: np.ndarray, judged: np.ndarray, ratios: np.ndarray
@@ -347,10 +393,10 @@ class ExplodingGrad(_NormJump):
         far = self._far(value, median, history, np.zeros(0))
         return far, far
 
-    def _near(self, value: np.ndarray, history: NormHistory, streak: np.ndarray) -> np.ndarray:
+    def _within(self, value: np.ndarray, least: np.ndarray, greatest: np.ndarray) -> np.ndarray:
         # median >= least, so RATIO * median >= RATIO * least (rounding is monotonic)
         with np.errstate(invalid="ignore"):
-            return np.asarray(value <= self.RATIO * history.bounds()[0])
+            return np.asarray(value <= self.RATIO * least)
 
     def _message(self, names: tuple[str, ...], first: int, ratio: float) -> tuple[str, Figure]:
         text = f"{ratio:.0f}×"
@@ -399,10 +445,10 @@ class VanishingGrad(_NormJump):
             sudden = value < self.SUDDEN * history.median(self.RECENT, rows=np.asarray(low.any(axis=0)))
         return low & sudden, low
 
-    def _near(self, value: np.ndarray, history: NormHistory, streak: np.ndarray) -> np.ndarray:
+    def _within(self, value: np.ndarray, least: np.ndarray, greatest: np.ndarray) -> np.ndarray:
         # median <= greatest, so RATIO * median <= RATIO * greatest (rounding is monotonic)
         with np.errstate(invalid="ignore"):
-            return np.asarray(value >= self.RATIO * history.bounds()[1])
+            return np.asarray(value >= self.RATIO * greatest)
 
     def _message(self, names: tuple[str, ...], first: int, ratio: float) -> tuple[str, Figure]:
         text = "0×" if ratio == 0 else f"{ratio:.1e}×"
