@@ -270,7 +270,14 @@ def main(argv: list[str] | None = None) -> int:
         os.environ["GRADWATCH_SPOOL"] = tmp
         print(
             f"gradwatch {gradwatch.__version__} from {os.path.dirname(gradwatch.__file__)}; torch {torch.__version__}, "
-            f"1 thread, AdamW, Linear({args.width}, {args.width}) layers, every=1, no server (spooling)"
+            "1 thread, AdamW, "
+            + (
+                "overhead.py's MLP"
+                if args.floor and args.model == "mlp"
+                else f"Linear({args.width}, {args.width}) layers"
+            )
+            + ", every=1, "
+            + ("a local server" if args.server == "local" else "no server (spooling)")
         )
         if args.profile:
             for n in counts:

@@ -26,7 +26,7 @@ def line(values: np.ndarray, pos: np.ndarray, new: np.ndarray, kept: np.ndarray,
     width = values.shape[1]
     order = (pos[:, None] - width + np.arange(width)[None, :]) % width
     out = np.full((values.shape[0], width + new.shape[0]), np.nan)
-    out[:, :width] = np.take_along_axis(values, order, 1)
+    out[:, :width] = values[np.arange(len(values))[:, None], order]
     i, s = np.nonzero(kept)
     out[s, width + before[i, s]] = new[i, s]
     return out
@@ -57,12 +57,20 @@ def floors(least: np.ndarray, new: np.ndarray, kept: np.ndarray, ufunc: np.ufunc
         return np.asarray(ufunc.accumulate(np.vstack([least[None, :], prior[:-1]]), axis=0))
 
 
-def append(values: np.ndarray, pos: np.ndarray, count: np.ndarray, new: np.ndarray, kept: np.ndarray) -> None:
+def append(
+    values: np.ndarray,
+    pos: np.ndarray,
+    count: np.ndarray,
+    new: np.ndarray,
+    kept: np.ndarray,
+    before: np.ndarray | None = None,
+) -> None:
     """Push each step's kept values (rows of `new` where `kept`) in turn, in place: as many
-    one-step pushes leave the ring. Only each series' last `width` are written (they overwrite
-    all before them), so no slot is written twice."""
+    one-step pushes leave the ring (`before`: `kept_before(kept)`, where the caller has it).
+    Only each series' last `width` are written (they overwrite all before them), so no slot is
+    written twice."""
     width = values.shape[1]
-    before = kept_before(kept)
+    before = kept_before(kept) if before is None else before
     total = before[-1] + kept[-1] if len(kept) else np.zeros_like(count)
     i, s = np.nonzero(kept & (before >= total[None, :] - width))
     values[s, (pos[s] + before[i, s]) % width] = new[i, s]

@@ -132,7 +132,7 @@ class SpikeWindow:
                     z[i, s] = np.where(spread > 0, (x - median) / spread, np.where(x > median, np.inf, 0.0))
                 ratio[i, s] = np.exp(x - median)
         z[below], ratio[below] = 0.0, 0.0
-        rings.append(self.values, self.pos, self.count, logs, usable)
+        rings.append(self.values, self.pos, self.count, logs, usable, before)
         self.last = logs[-1].tobytes()  # as `push` of the last row leaves it
         return z, ratio
 
@@ -140,9 +140,8 @@ class SpikeWindow:
 def _medians(rows: np.ndarray, size: np.ndarray) -> np.ndarray:
     """Median of each row's first `size` finite values (NaN sorts last)."""
     ordered = np.sort(rows, axis=1)
-    lo = np.take_along_axis(ordered, ((size - 1) // 2)[:, None], 1)[:, 0]
-    hi = np.take_along_axis(ordered, (size // 2)[:, None], 1)[:, 0]
-    return np.asarray((lo + hi) / 2)
+    at = np.arange(len(ordered))
+    return np.asarray((ordered[at, (size - 1) // 2] + ordered[at, size // 2]) / 2)
 
 
 def _usable_grads(step: StepView) -> np.ndarray:

@@ -296,9 +296,13 @@ class _NormJump(Check):
             high = rings.floors(greatest, norm, kept, np.fmax)
             if (judged & ~self._within(value, low, high)).any():
                 return False
-        none = np.zeros(value.shape, dtype=bool)
-        if not self._scan(batch.steps, none, none, judged, np.zeros(value.shape)):
+        # `_scan` with no step far: a streak ends at its parameter's first judged step; one
+        # already at PERSIST before that is flagged again, which changes nothing if it is named
+        start = self.streak
+        flagged = (start >= self.PERSIST) & ~judged[0]
+        if flagged.any() and (self.finding is None or self.named is None or (flagged & ~self.named).any()):
             return False
+        self.streak = np.where(judged.any(axis=0), 0, start)
         history.push_many(kept, norm)
         return True
 
