@@ -192,14 +192,18 @@ class _NormJump(Check):
     def _message(self, names: tuple[str, ...], first: int, ratio: float) -> tuple[str, Figure]:
         raise NotImplementedError
 
-    def observe(self, run: RunContext, step: StepView) -> None:
-        n = len(step.status)
+    def _state(self, n: int) -> tuple[NormHistory, np.ndarray]:
+        """The windows and streaks of `n` parameters, made at the first step."""
         if self.history is None or self.streak is None or self.began is None or self.ratio is None:
             self.history = NormHistory(n, self.WINDOW)
             self.streak = np.zeros(n, dtype=np.int64)
             self.began = np.zeros(n, dtype=np.int64)
             self.ratio = np.zeros(n)
-        history, streak = self.history, self.streak
+        return self.history, self.streak
+
+    def observe(self, run: RunContext, step: StepView) -> None:
+        n = len(step.status)
+        history, streak = self._state(n)
         # Plain comparisons, not np.nan_to_num / np.isin (same values; they ran at every step):
         # a NaN count of passes is not above 0.
         reached = (step.passes > 0) if step.passes is not None else step.status == NONZERO
@@ -215,6 +219,7 @@ class _NormJump(Check):
         far = maybe & self._far(value, median, history, streak)
         with np.errstate(divide="ignore", invalid="ignore"):
             ratio = np.where(far, value / median, 0.0)
+        assert self.began is not None and self.ratio is not None
         self.began[far & (streak == 0)] = step.step
         streak[far] += 1
         streak[judged & ~far] = 0
@@ -227,8 +232,10 @@ class _NormJump(Check):
         a gradient gone to zero, or NaN) are judged against the same window at once: the
         bounds, medians and comparisons as (steps x parameters) arrays; only the streaks go
         step by step. Any other batch, step by step."""
-        history, streak, began = self.history, self.streak, self.began
         status, norm = batch.stack("status"), batch.stack("grad_norm")
+        if status is not None:
+            self._state(status.shape[1])
+        history, streak, began = self.history, self.streak, self.began
         with_passes = [v.passes is not None for v in batch.views]
         passes = batch.stack("passes") if all(with_passes) else None
         if (
