@@ -270,3 +270,26 @@ def test_a_healthy_run_is_judged_a_batch_at_a_time() -> None:
         batched.observe_records(records[lo : lo + 20])
     assert batched.steps == 300 and public(batched) == []
     assert one_by_one == {}
+
+
+def test_updates_as_large_as_their_parameter_are_found_in_a_batch_as_the_warmup_ends() -> None:
+    """`large_update` flags an update ratio of 1 or more once its window holds WARMUP values,
+    steady or not (this one is never a spike of its own history): a batch that crosses the
+    warm-up finds it at the step one by one finds it."""
+    records: list[Record] = []
+    for step in range(1, 41):
+        ratio = np.full(P, 1e-3)
+        ratio[2] = 1.5
+        arrays = {
+            "grad_norm": f32(np.ones(P)),
+            GRAD_STATUS: np.full(P, 2, dtype=np.uint8).tobytes(),
+            "backward_passes": f32(np.ones(P)),
+            "grad_clear": f32(np.ones(P), np.full(P, step == 1)),
+            "update_ratio": f32(ratio),
+        }
+        records.append((step, {}, arrays))
+    context = RunContext.of([(f"layer{i}.weight", 1000, "float32") for i in range(P)])
+    oracle, batched = RunDiagnosis(context), RunDiagnosis(context)
+    judge_alike(oracle, batched, records, "one batch")
+    found = {f["code"]: f for f in public(oracle)}
+    assert found["large_update"]["first_step"] == 21 and found["large_update"]["params"] == ["layer2.weight"]

@@ -375,10 +375,36 @@ class LargeUpdate(Check):
         z, ratio = self.window.score(values, self.WARMUP, least=self.RATIO)
         ready = self.window.count >= self.WARMUP
         self.window.push(values)
+        self._judge(run, step, values, z, ratio, ready)
+
+    def observe_batch(self, run: RunContext, batch: StepBatch) -> None:
+        """`observe` of each step in turn: the batch's ratios scored at once
+        (`SpikeWindow.score_many`), then only the steps with a flagged parameter looked at."""
+        values = batch.stack("update_ratio")  # None where a step has none: step by step (each returns at once)
+        if values is not None and self.window is None:
+            self.window = SpikeWindow(values.shape[1], self.WINDOW)
+        if values is None or self.window is None or values.shape[1] != len(self.window.count):
+            super().observe_batch(run, batch)
+            return
+        with np.errstate(divide="ignore", invalid="ignore"):
+            kept = np.isfinite(np.log(values))  # what `push` keeps
+        ready = self.window.count[None, :] + rings.kept_before(kept) >= self.WARMUP
+        z, ratio = self.window.score_many(values, self.WARMUP, least=self.RATIO)
+        for k in map(int, np.flatnonzero(self._flagged(values, z, ratio, ready).any(axis=1))):
+            self._judge(run, batch.views[k], values[k], z[k], ratio[k], ready[k])
+
+    def _flagged(self, values: np.ndarray, z: np.ndarray, ratio: np.ndarray, ready: np.ndarray) -> np.ndarray:
         with np.errstate(invalid="ignore"):
-            flagged = ((z >= self.Z) & (ratio >= self.RATIO)) | (
-                ready & (values >= self.ABSOLUTE) & np.isfinite(values)
+            return np.asarray(
+                ((z >= self.Z) & (ratio >= self.RATIO)) | (ready & (values >= self.ABSOLUTE) & np.isfinite(values))
             )
+
+    def _judge(
+        self, run: RunContext, step: StepView, values: np.ndarray, z: np.ndarray, ratio: np.ndarray, ready: np.ndarray
+    ) -> None:
+        """The finding after `step`, its update ratios (`values`) scored (`z`, `ratio`);
+        `ready`: where the window was warm before it."""
+        flagged = self._flagged(values, z, ratio, ready)
         if not flagged.any():
             return
         before = self.finding
