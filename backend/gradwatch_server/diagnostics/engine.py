@@ -102,6 +102,10 @@ class RunDiagnosis:
             collections.deque(maxlen=self.SNAPSHOTS) if snapshots else None
         )
         self._since = 0  # steps judged since the last snapshot
+        #: the latest snapshot's copy of each live check (by id), and the checks called since:
+        #: a check no step reached since (most, over unmeasured steps) is the same as its copy
+        self._copies: dict[int, Check] = {}
+        self._called: set[int] = set()
         for check in list(self.checks):
             self._run(check, lambda c: c.start(context))
         self._snap()
@@ -123,9 +127,20 @@ class RunDiagnosis:
             self._snap()
 
     def _snap(self) -> None:
+        """A snapshot of the checks: a copy of each that was called since the last one, the
+        last one's copy of the others (never changed after it is made: `rewind` copies it)."""
         self._since = 0
-        if self._snapshots is not None:
-            self._snapshots.append(_Snapshot(copy.deepcopy(self.checks), self.steps, self.last_step))
+        if self._snapshots is None:
+            return
+        memo: dict[int, object] = {}  # one deepcopy's memo: what the checks share, copied once
+        copies = {}
+        for check in self.checks:
+            held = self._copies.get(id(check))
+            copies[id(check)] = (
+                held if held is not None and id(check) not in self._called else copy.deepcopy(check, memo)
+            )
+        self._copies, self._called = copies, set()
+        self._snapshots.append(_Snapshot([copies[id(c)] for c in self.checks], self.steps, self.last_step))
 
     def rewind(self, before: int) -> bool:
         """Go back to the state before step `before` (from the latest snapshot that is before it,
@@ -143,6 +158,8 @@ class RunDiagnosis:
             kept.pop()
         point = kept[-1]
         self.checks = copy.deepcopy(point.checks)  # the copy stays, for a later rewind to it
+        self._copies = {id(live): held for live, held in zip(self.checks, point.checks)}
+        self._called = set()
         self.steps, self.last_step, self._since = point.steps, point.last_step, 0
         return True
 
@@ -230,6 +247,7 @@ class RunDiagnosis:
         return sorted(found, key=lambda f: (f.first_step is not None, f.first_step or 0, f.code))
 
     def _run(self, check: Check, call: Callable[[Check], None]) -> None:
+        self._called.add(id(check))
         try:
             call(check)
         except Exception:  # a broken check must not stop ingest nor the other checks
