@@ -243,8 +243,8 @@ def test_a_step_the_flight_recorder_scored_counts_as_a_move_in_a_batch() -> None
 
 def test_a_healthy_run_is_judged_a_batch_at_a_time() -> None:
     """Steady norms that enter the windows at every step (a healthy run at `every=1`): the
-    checks that keep windows judge each batch at once, never a step at a time (what made a
-    measured step cost the server about 0.2 ms), and find nothing."""
+    checks that keep windows judge each batch at once, never a step at a time (per step their
+    numpy calls cost more than their work), and find nothing."""
     rng = np.random.default_rng(3)
     records: list[Record] = []
     for step in range(1, 301):
