@@ -114,7 +114,8 @@ print((resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before) / 10)
 def test_steady_malloc_stops_the_mlp_faulting_its_tensors_back_in() -> None:
     """The rule `--malloc steady` rests on: with glibc as it is, the MLP's steps give freed
     tensors' pages back and fault them in again; held steady, a warm step faults a few times
-    fewer (none but what new memory needs)."""
+    fewer (none but what new memory needs). How many pages a default step faults depends on the
+    machine, so the bound on it is loose."""
     faults = {}
     for mode in ("default", "steady"):
         done = subprocess.run(
@@ -122,7 +123,7 @@ def test_steady_malloc_stops_the_mlp_faulting_its_tensors_back_in() -> None:
         )
         assert done.returncode == 0, done.stderr
         faults[mode] = float(done.stdout)
-    assert faults["default"] > 200, faults
+    assert faults["default"] > 50, faults
     assert faults["steady"] * 3 < faults["default"], faults
 
 
