@@ -44,6 +44,8 @@ told, the training thread's extra (the upper end of its CPU interval) with the C
 other threads and of the server.
 By default the watcher streams to a real `gradwatch serve` on this machine (its own process,
 SQLite in a temporary folder); with `--server none` nothing listens and the sender spools.
+`--keep-loss` keeps each step's loss until the copy's next forward, as a loop that assigns
+`loss = ...` does: the parameters' gradient accumulator nodes then live from one step to the next.
 `--flight-recorder` watches with the flight recorder on (as on a GPU by default; off on CPU): its
 norm pass on the training thread, and its incident test on the sender thread. The column "other
 threads" is the process's CPU time less the training thread's per step, "server" the local
@@ -155,10 +157,17 @@ def background_cpu(
             ballast.off()
 
 
+#: `--keep-loss`: each copy's last loss, held until its next step's forward has run
+KEPT: dict[int, torch.Tensor] | None = None
+
+
 def step(net: torch.nn.Module, opt: torch.optim.Optimizer, x: torch.Tensor) -> None:
     opt.zero_grad(set_to_none=True)
-    net(x).square().mean().backward()
+    loss = net(x).square().mean()
+    loss.backward()
     opt.step()
+    if KEPT is not None:  # its graph, and the gradient accumulator nodes, live until the next forward
+        KEPT[id(net)] = loss
 
 
 def median_interval(values: list[float], resamples: int = 1000, seed: int = 0) -> tuple[float, float]:
@@ -324,6 +333,12 @@ def main(argv: list[str] | None = None) -> int:
         "are read (a VM that charges a waking thread for its idle vCPU: what is left is their work)",
     )
     ap.add_argument(
+        "--keep-loss",
+        action="store_true",
+        help="keep each step's loss until the next step's forward, as a loop that assigns `loss = ...` "
+        "does (autograd then reuses the parameters' gradient accumulator nodes: any hook left on them costs)",
+    )
+    ap.add_argument(
         "--malloc",
         choices=("steady", "default"),
         default="steady",
@@ -344,6 +359,8 @@ def main(argv: list[str] | None = None) -> int:
         ap.error(
             "--steps must be 2 or more a block, --width and --blocks 1 or more, and each tensor count even and 2 or more"
         )
+    global KEPT
+    KEPT = {} if args.keep_loss else None
     task = None if args.model == "tiny" else args.model
     if task is not None:
         counts = [len(list(model(2, 1, task)[0].parameters()))]
@@ -363,6 +380,7 @@ def main(argv: list[str] | None = None) -> int:
                 + (f", in {args.blocks} blocks of fresh copies" if args.blocks > 1 else "")
                 + ("; the flight recorder on" if args.flight_recorder else "")
                 + ("; malloc held steady" if steady else "; malloc as it is")
+                + ("; each loss kept until the next forward" if KEPT is not None else "")
                 + ("; the background read with every core kept busy (--ballast)" if ballast else "")
             )
             print(wake_line())

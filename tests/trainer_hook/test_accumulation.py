@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable
 
 import pytest
@@ -293,3 +294,43 @@ def test_unmeasured_steps_count_the_sentinels_passes_at_the_step_with_no_callbac
     assert callbacks[0] > 0 and callbacks[1:] == [0] * (len(passes_between) - 1)  # step 1 is measured
     assert all(n > 0 for n in oracle_callbacks)  # the watcher measuring every step settles each backward
     assert held <= MAX_NOTED + 1
+
+
+@pytest.mark.parametrize("every, steps", [(1, 20), (10**9, 6)])
+def test_a_loop_that_keeps_its_loss_calls_the_hook_of_the_sentinel_alone_on_unmeasured_steps(
+    every: int, steps: int
+) -> None:
+    """A loop that keeps its last loss until its next forward keeps that graph's gradient
+    accumulator nodes alive, and autograd reuses them: the hooks a round counted with hooks put
+    on them are removed when it ends, so the other steps call gradwatch's hook once per backward
+    pass (the sentinel's), not once per parameter, and a node hooked again (the round that checks
+    the scan, `VERIFY_EVERY`) counts each pass once."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(*[torch.nn.Linear(4, 4) for _ in range(5)])  # 10 tensors
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    w = gradwatch.watch(opt, model=model, server=NOWHERE, every=every)
+    calls: list[int] = []
+
+    def profile(frame, event, arg) -> None:
+        if event == "call" and frame.f_code.co_name == "on_accumulate":
+            calls[-1] += 1
+
+    for _ in range(steps):
+        calls.append(0)
+        sys.setprofile(profile)
+        try:
+            opt.zero_grad()
+            for _ in range(2):
+                loss = model(torch.randn(2, 4)).sum()  # the last pass's graph is alive meanwhile
+                loss.backward()
+            opt.step()
+        finally:
+            sys.setprofile(None)
+    msgs = sent_steps(w)
+    w.close(timeout=0.1)
+    hooked = 10 * 2  # every parameter's hook, at each of the two passes
+    assert calls[0] == hooked
+    assert set(calls[1:]) == ({2, hooked} if every == 1 else {2})
+    assert calls.count(hooked) == (2 if every == 1 else 1)  # the first round, and one that checks the scan
+    assert all(m["scalars"]["backward_passes"] == 2.0 for m in msgs)
+    assert all(set(m["params"]["backward_passes"].values()) == {2.0} for m in measured(msgs))

@@ -120,14 +120,13 @@ class GradTracker:
         self._params = params
         #: the distinct tensors that can be hooked (as torch allows: leaves that require grad)
         self._hookable = [p.requires_grad and p.is_leaf for p in params]
-        #: distinct tensor -> (its gradient accumulator node, held while armed, or its tensor
-        #: hook's handle; the hook's on-flag)
-        self._nodes: dict[int, tuple[Any, list[bool]]] = {}
+        #: distinct tensor -> (its hook's handle; the hook's on-flag; its gradient accumulator
+        #: node, held while armed, or None for a tensor hook)
+        self._nodes: dict[int, tuple[RemovableHandle, list[bool], Any]] = {}
         #: plain tensors are hooked on their accumulator node; others on the tensor: FSDP fills
         #: the `.grad` of its sharded DTensor and flat parameters itself and runs their tensor
         #: hooks, not an accumulator node
         self._on_node = [on_node and type(p) in (torch.nn.Parameter, torch.Tensor) for p in params]
-        self._key = object()  # this tracker's mark in a node's metadata: the hook it already has
         self._plain = all(self._on_node) and not self._shared  # `plain`: the tensors stay what they are
         #: distinct tensors counted without a hook of their own (`scan`): the end-of-backward
         #: callback that a hooked sentinel queues looks at their `.grad`s instead
@@ -145,11 +144,12 @@ class GradTracker:
 
         The hook goes on the parameter's gradient accumulator node (autograd's AccumulateGrad,
         which runs it right after adding into `.grad`), held here while armed so that the next
-        forward passes use that node. A tensor's own post-accumulate-grad hook would cost every
-        backward pass a call into Python even after its removal (torch keeps the C++ hook of an
-        emptied hook dict); a node that is no longer held dies with the graph that used it, and
-        the next forward makes a fresh one without hooks. A node that outlives its disarming (a
-        graph kept alive) keeps an inert hook, turned on again if the node is armed again."""
+        forward passes use that node; disarming removes it. A node that is no longer held dies
+        with the last graph that used it, and the next forward makes a fresh one without hooks.
+        A loop that keeps its last loss until its next forward keeps the node alive for good:
+        there an inert hook would cost every backward a call into Python per tensor, and even a
+        removed one leaves torch's emptied hook dict, which costs about half that (a tensor's own
+        post-accumulate-grad hook leaves the same: docs/benchmarks.md)."""
         self.arm_slots(range(len(self._params)) if indices is None else {self._slot[i] for i in indices})
 
     def arm_slots(self, slots: Collection[int]) -> None:
@@ -164,21 +164,15 @@ class GradTracker:
 
     def _hook(self, slots: list[int]) -> None:
         """`arm_slots` of tensors not hooked yet, grad mode on."""
-        nodes, params, key = self._nodes, self._params, self._key
+        nodes, params = self._nodes, self._params
         for u in slots:
+            on = [True]
+            hook = self._counter(u, on)
             if not self._on_node[u]:
-                on = [True]
-                hook = self._counter(u, on)
-                nodes[u] = (params[u].register_post_accumulate_grad_hook(lambda _, hook=hook: hook((), ())), on)
+                nodes[u] = (params[u].register_post_accumulate_grad_hook(lambda _, hook=hook: hook((), ())), on, None)
                 continue
             node = _accumulator(params[u])
-            known: Optional[list[bool]] = node.metadata.get(key)
-            if known is None:
-                known = [True]
-                node.register_hook(self._counter(u, known))
-                node.metadata[key] = known
-            known[0] = True
-            nodes[u] = (node, known)
+            nodes[u] = (node.register_hook(hook), on, node)
 
     def scan(self, indices: Optional[Collection[int]] = None) -> None:
         """Count the reported parameters `indices` (default: all) without hooking them: at the
@@ -468,8 +462,8 @@ class GradTracker:
 
     def remove(self) -> None:
         self._scanned = []
-        for held, on in self._nodes.values():
-            _unhook(held, on)
+        for hooked in self._nodes.values():
+            _unhook(*hooked)
         self._nodes.clear()
 
 
@@ -487,12 +481,10 @@ _DIST_AVAILABLE = torch.distributed.is_available()
 _dist_initialized: Callable[[], bool] = torch.distributed.is_initialized if _DIST_AVAILABLE else bool
 
 
-def _unhook(held: Any, on: list[bool]) -> None:
-    """Turn a hook off: a tensor hook's handle is removed; a node's hook stays, inert, on a node
-    that is no longer held."""
+def _unhook(handle: RemovableHandle, on: list[bool], node: Any = None) -> None:
+    """Turn a hook off and remove it (a node's `node` is no longer held here)."""
     on[0] = False
-    if isinstance(held, RemovableHandle):
-        held.remove()
+    handle.remove()
 
 
 def _accumulator(p: torch.Tensor) -> Any:
