@@ -118,10 +118,17 @@ def model(tensors: int, width: int, task: str | None = None) -> tuple[torch.nn.M
     return net, torch.optim.SGD(net.parameters(), lr=1e-4), lambda m: m(x).square().mean()
 
 
+#: `--keep-loss`: each copy's last loss, held until its next step's forward has run
+KEPT: dict[int, torch.Tensor] | None = None
+
+
 def train_step(net: torch.nn.Module, opt: torch.optim.Optimizer, loss: Loss) -> None:
     opt.zero_grad(set_to_none=True)
-    loss(net).backward()
+    value = loss(net)
+    value.backward()
     opt.step()
+    if KEPT is not None:  # its graph, and the gradient accumulator nodes, live until the next forward
+        KEPT[id(net)] = value
 
 
 def background_cpu(
@@ -157,17 +164,10 @@ def background_cpu(
             ballast.off()
 
 
-#: `--keep-loss`: each copy's last loss, held until its next step's forward has run
-KEPT: dict[int, torch.Tensor] | None = None
-
-
 def step(net: torch.nn.Module, opt: torch.optim.Optimizer, x: torch.Tensor) -> None:
     opt.zero_grad(set_to_none=True)
-    loss = net(x).square().mean()
-    loss.backward()
+    net(x).square().mean().backward()
     opt.step()
-    if KEPT is not None:  # its graph, and the gradient accumulator nodes, live until the next forward
-        KEPT[id(net)] = loss
 
 
 def median_interval(values: list[float], resamples: int = 1000, seed: int = 0) -> tuple[float, float]:

@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 from support.scripts import load, run_main
 
@@ -24,8 +25,11 @@ def run_script(cwd: Path, *args: str) -> subprocess.CompletedProcess[str]:
 
 
 def test_a_short_run_prints_a_row_per_tensor_count_against_its_target(tmp_path: Path) -> None:
-    done = run_script(tmp_path, "--tensors", "4,6", "--steps", "4", "--blocks", "2", "--flight-recorder", "--ballast")
+    done = run_script(
+        tmp_path, "--tensors", "4,6", "--steps", "4", "--blocks", "2", "--flight-recorder", "--ballast", "--keep-loss"
+    )
     assert "4 watched steps each" in done.stdout and "in 2 blocks of fresh copies" in done.stdout
+    assert "each loss kept until the next forward" in done.stdout, done.stdout
     assert "every core kept busy (--ballast)" in done.stdout, done.stdout
     assert "the flight recorder on" in done.stdout
     assert "malloc held steady" in done.stdout, done.stdout  # glibc here: mallopt says yes
@@ -61,6 +65,32 @@ def test_the_mlp_is_held_to_half_a_percent_of_its_step_all_told(tmp_path: Path) 
         assert told == pytest.approx(100 * (cpu_hi + other + server) / (step_ms * 1e3), abs=0.01), cells
         assert cells[11] == "0.5" and cells[12] == ("yes" if told <= 0.5 else "no"), cells
     assert re.search(r"^target (met \(all told|NOT met)", done.stdout, re.M), done.stdout
+
+
+@pytest.mark.parametrize("keep", [True, False])
+def test_keep_loss_holds_each_copys_graph_so_autograd_reuses_its_accumulator_nodes(keep: bool) -> None:
+    """`--keep-loss`: a parameter's gradient accumulator node (a mark left in its metadata) is
+    the one the next step's backward runs, as in a loop that assigns `loss = ...`; without it
+    the graph dies with the step and the next forward makes a fresh node."""
+    script = load(SCRIPT)
+    script.KEPT = {} if keep else None
+    net = torch.nn.Linear(3, 2)
+    opt = torch.optim.SGD(net.parameters(), lr=0.1)
+    x = torch.randn(4, 3)
+
+    def loss(m: torch.nn.Module) -> torch.Tensor:
+        return m(x).square().mean()
+
+    script.train_step(net, opt, loss)
+    node = net.weight.view_as(net.weight).grad_fn.next_functions[0][0]
+    node.metadata["mark"] = True
+    del node
+    seen = []
+    net.weight.register_post_accumulate_grad_hook(lambda p: seen.append(0))
+    script.train_step(net, opt, loss)
+    assert len(seen) == 1  # the step ran its backward into the weight
+    now = net.weight.view_as(net.weight).grad_fn.next_functions[0][0]
+    assert ("mark" in now.metadata) == keep
 
 
 def test_a_crossover_cancels_where_the_copies_lie() -> None:
