@@ -45,7 +45,7 @@ import weakref
 from collections import deque
 from collections.abc import Callable, Collection, Iterable
 from itertools import repeat
-from typing import Any, Optional
+from typing import Any, NamedTuple, Optional
 
 import torch
 from torch.utils.hooks import RemovableHandle
@@ -64,6 +64,13 @@ MAX_NOTED = 64
 #: a weak reference that is already dead: what a step that left `.grad` None is compared with
 _DEAD: weakref.ref[Any] = weakref.ref(set())
 _NO_GRAD = (_DEAD, 0)
+
+
+class _Fresh:
+    """What a pass that found no `.grad` made: a tensor no reference names (`_take_found`)."""
+
+
+_FRESH: Any = _Fresh()
 _GRAD = operator.attrgetter("grad")
 _VERSION = operator.attrgetter("_version")
 _FIRST = operator.itemgetter(0)
@@ -111,6 +118,11 @@ class GradTracker:
         self._pass_version = [0] * n
         #: (parameter, its `.grad`, that tensor's version) per hook run since the last `_drain`
         self._seen: list[tuple[int, Optional[torch.Tensor], int]] = []
+        #: (parameter, the `.grad` it found, that tensor's version) per run of a pre-hook (`arm`,
+        #: not `lasting`) since the last `_drain`, which reads them as the passes they began
+        self._found: list[tuple[int, Optional[torch.Tensor], int]] = []
+        #: the parameters `_drain` took from `_found`: what their passes left is read after it
+        self._began: list[int] = []
         self._settling = [False]  # the end-of-backward callback of the running backward is queued
         self._can_settle = True  # the autograd engine takes final callbacks
         #: the hooks' notes wait for the step to be counted, with no end-of-backward callback (`count_at_step`)
@@ -120,9 +132,8 @@ class GradTracker:
         self._params = params
         #: the distinct tensors that can be hooked (as torch allows: leaves that require grad)
         self._hookable = [p.requires_grad and p.is_leaf for p in params]
-        #: distinct tensor -> (its hook's handle; the hook's on-flag; its gradient accumulator
-        #: node, held while armed, or None for a tensor hook)
-        self._nodes: dict[int, tuple[RemovableHandle, list[bool], Any]] = {}
+        #: distinct tensor -> its hook (`_Hook`)
+        self._nodes: dict[int, _Hook] = {}
         #: plain tensors are hooked on their accumulator node; others on the tensor: FSDP fills
         #: the `.grad` of its sharded DTensor and flat parameters itself and runs their tensor
         #: hooks, not an accumulator node
@@ -138,9 +149,14 @@ class GradTracker:
         self._scan_cache: Optional[tuple[tuple[int, ...], list[torch.Tensor], Any]] = None
 
     # -- arming: which tensors are hooked --------------------------------------------------
-    def arm(self, indices: Optional[Collection[int]] = None) -> None:
+    def arm(self, indices: Optional[Collection[int]] = None, lasting: bool = False) -> None:
         """Hook the reported parameters `indices` (default: all) that are not hooked yet. Their
         counts start at their next `end_step`, which notes the `.grad` they compare with.
+
+        A hook for a few rounds is a tensor pre-hook, which torch lets go of entirely once
+        removed (`_unhook`): it notes the `.grad` a pass finds, and the end-of-backward callback
+        reads what the pass left. A `lasting` one (a sentinel, hooked for the whole run, whose
+        passes may be counted at the step with no callback: `count_at_step`) goes on the node.
 
         The hook goes on the parameter's gradient accumulator node (autograd's AccumulateGrad,
         which runs it right after adding into `.grad`), held here while armed so that the next
@@ -150,29 +166,36 @@ class GradTracker:
         there an inert hook would cost every backward a call into Python per tensor, and even a
         removed one leaves torch's emptied hook dict, which costs about half that (a tensor's own
         post-accumulate-grad hook leaves the same: docs/benchmarks.md)."""
-        self.arm_slots(range(len(self._params)) if indices is None else {self._slot[i] for i in indices})
+        slots = range(len(self._params)) if indices is None else {self._slot[i] for i in indices}
+        self.arm_slots(slots, lasting)
 
-    def arm_slots(self, slots: Collection[int]) -> None:
+    def arm_slots(self, slots: Collection[int], lasting: bool = False) -> None:
         """`arm` by distinct tensor."""
         if self._scanned:
             self._scanned = [u for u in self._scanned if u not in slots]
         nodes, hookable = self._nodes, self._hookable
+        if lasting:  # a pre-hook counts only with the callback: a lasting hook goes on the node
+            for u in [u for u in slots if u in nodes and nodes[u].before is not None]:
+                _unhook(*nodes.pop(u))
         todo = [u for u in slots if u not in nodes and hookable[u]]
         if todo:
             with torch.enable_grad():  # once for every node `_accumulator` finds
-                self._hook(todo)
+                self._hook(todo, lasting or not self._can_settle)
 
-    def _hook(self, slots: list[int]) -> None:
+    def _hook(self, slots: list[int], lasting: bool) -> None:
         """`arm_slots` of tensors not hooked yet, grad mode on."""
         nodes, params = self._nodes, self._params
         for u in slots:
             on = [True]
-            hook = self._counter(u, on)
+            p = params[u]
             if not self._on_node[u]:
-                nodes[u] = (params[u].register_post_accumulate_grad_hook(lambda _, hook=hook: hook((), ())), on, None)
-                continue
-            node = _accumulator(params[u])
-            nodes[u] = (node.register_hook(hook), on, node)
+                hook = self._counter(u, on)
+                nodes[u] = _Hook(p.register_post_accumulate_grad_hook(lambda _, hook=hook: hook((), ())), on)
+            elif not lasting:
+                nodes[u] = _Hook(p.register_hook(self._finder(u, on)), on, before=p)
+            else:
+                node = _accumulator(p)
+                nodes[u] = _Hook(node.register_hook(self._counter(u, on)), on, node=node)
 
     def scan(self, indices: Optional[Collection[int]] = None) -> None:
         """Count the reported parameters `indices` (default: all) without hooking them: at the
@@ -258,6 +281,21 @@ class GradTracker:
 
         return on_accumulate
 
+    def _finder(self, i: int, on: list[bool]) -> Callable[[torch.Tensor], None]:
+        """The pre-hook of parameter `i`, active while `on[0]`: it runs before autograd adds into
+        `.grad` and notes the `.grad` it found and its version, for `_drain` (`_take_found`)."""
+        found, settling, settle = self._found.append, self._settling, self._settle_at_end
+        p = self._params[i]
+
+        def on_pass(_: torch.Tensor) -> None:
+            if on[0]:
+                grad = p.grad
+                found((i, grad, 0 if grad is None else grad._version))
+                if not settling[0]:
+                    settle()
+
+        return on_pass
+
     def count_at_step(self, on: bool) -> None:
         """Whether the hooks' notes are counted at the step (`end_step`, `end_one`) rather than
         by an end-of-backward callback: the versions as the hooks saw them, exact where nothing
@@ -266,6 +304,7 @@ class GradTracker:
         each backward the callback, most of what a step that hooks one sentinel costs."""
         if on and not self._scanned:
             self._drain().clear()
+            self._left()
             self._at_step[0] = self._settling[0] = True
         elif self._at_step[0]:
             self._at_step[0] = False
@@ -294,9 +333,10 @@ class GradTracker:
         seen = self._drain()
         pass_versions = self._pass_version
         for i, grad, _ in seen:
-            if grad is not None:
+            if grad is not None and grad is not _FRESH:
                 pass_versions[i] = grad._version
         seen.clear()
+        self._left()
         self._settling[0] = False
 
     def _scan_touched(self) -> None:
@@ -365,6 +405,8 @@ class GradTracker:
         """Count the passes the hooks noted, in their order, each against what the previous pass
         of its parameter left (see the module docstring); returns what they noted, for the
         caller to clear."""
+        if self._found:
+            self._take_found()
         seen = self._seen
         if not seen:
             return seen
@@ -399,6 +441,38 @@ class GradTracker:
                     clear[i] = CLEAR_NONE
         return seen
 
+    def _take_found(self) -> None:
+        """The pre-hooks' notes as the notes a hook after the accumulation would have made: a
+        `.grad` found is one more pass into it, in place (its version one on), and none found is a
+        new tensor (`_FRESH`, like no tensor left before), or, after a pass that left none (a hook
+        of the user's own set it to None), nothing to compare. What each pass left is read after
+        the count (`_left`): autograd's new tensor, or one that replaced it inside the backward
+        (DDP's bucket view), which no note here names."""
+        note, pass_refs, passes = self._seen.append, self._pass_ref, self._passes
+        for i, grad, version in self._found:
+            if grad is not None:
+                note((i, grad, version + 1))
+            elif passes[i] and pass_refs[i] is _DEAD:
+                note((i, None, 0))
+            else:
+                note((i, _FRESH, 0))
+            self._began.append(i)
+        self._found.clear()
+
+    def _left(self) -> None:
+        """What the passes `_take_found` counted left in `.grad`: what the next pass is compared with."""
+        began = self._began
+        if not began:
+            return
+        params, pass_refs, pass_versions = self._params, self._pass_ref, self._pass_version
+        for i in began:
+            grad = params[i].grad
+            if grad is None:
+                pass_refs[i], pass_versions[i] = _DEAD, 0
+            else:
+                pass_refs[i], pass_versions[i] = weakref.ref(grad), grad._version
+        began.clear()
+
     def end_step(self, indices: Optional[Collection[int]] = None) -> tuple[list[int], list[Optional[float]]]:
         """Passes and clear codes (None = nothing to say) of the reported parameters `indices`
         (default: all) since the last step; starts a new step. See `_end_step`."""
@@ -420,6 +494,7 @@ class GradTracker:
         """
         params, refs = self._params, self._ref
         self._drain().clear()  # a backward that failed never ran its callback, nor one that could not queue it
+        self._left()
         if self._can_settle and not self._at_step[0]:
             self._settling[0] = False
         if indices is None:  # one optimizer: whole lists at once
@@ -454,6 +529,7 @@ class GradTracker:
                 seen.clear()
             else:
                 self._drain().clear()
+                self._left()
         if self._can_settle and not self._at_step[0]:
             self._settling[0] = False
         passes = self._passes[u]
@@ -481,10 +557,25 @@ _DIST_AVAILABLE = torch.distributed.is_available()
 _dist_initialized: Callable[[], bool] = torch.distributed.is_initialized if _DIST_AVAILABLE else bool
 
 
-def _unhook(handle: RemovableHandle, on: list[bool], node: Any = None) -> None:
-    """Turn a hook off and remove it (a node's `node` is no longer held here)."""
+class _Hook(NamedTuple):
+    """A hook of the tracker's: its handle and on-flag, and what it holds (`GradTracker.arm`)."""
+
+    handle: RemovableHandle
+    on: list[bool]
+    #: the gradient accumulator node it is on, held while armed (a node hook)
+    node: Any = None
+    #: the tensor whose pre-hook it is
+    before: Optional[torch.Tensor] = None
+
+
+def _unhook(handle: RemovableHandle, on: list[bool], node: Any = None, before: Optional[torch.Tensor] = None) -> None:
+    """Turn a hook off and remove it. A tensor left with no pre-hook has its hook dict cleared,
+    which drops torch's side of it too (the dict torch keeps for a node's hooks, or for a
+    tensor's post-accumulate-grad hooks, costs every backward a call even empty)."""
     on[0] = False
     handle.remove()
+    if before is not None and not before._backward_hooks:
+        before._backward_hooks = None
 
 
 def _accumulator(p: torch.Tensor) -> Any:

@@ -112,7 +112,7 @@ class Rounds:
         if self._upcoming:
             self._tracker.arm()
         else:
-            self._tracker.arm(self._sentinel_list())
+            self._tracker.arm(self._sentinel_list(), lasting=True)
             self._tracker.count_at_step(self._may_count_at_step())
         self._round: dict[int, int] = {}  # optimizer -> its steps in the open round
         self._opt_steps = [0] * len(optimizers)
@@ -371,7 +371,7 @@ class Rounds:
             return
         started = time.perf_counter()
         self._tracker.disarm(keep=self._sentinel_list())
-        self._tracker.arm(self._sentinel_list())  # a sentinel that `scan` counted gets its hook
+        self._tracker.arm(self._sentinel_list(), lasting=True)  # a sentinel that `scan` counted gets its hook
         self._tracker.count_at_step(self._may_count_at_step())
         self._armed = [False] * len(self._armed)
         self._switch_s += time.perf_counter() - started
@@ -414,7 +414,7 @@ class Rounds:
         if scanned and not ok:
             tracker.to_hooks()
         if moved and tracker.scanning:  # a new sentinel that `scan` counted gets its hook, an old one loses it
-            tracker.arm(self._sentinel_list())
+            tracker.arm(self._sentinel_list(), lasting=True)
             tracker.to_scan(keep=self._sentinel_list())
 
     def _give_up(self, exc: Exception) -> None:
