@@ -14,7 +14,13 @@ default the ranks stream to a real `gradwatch serve` on this machine; `--server 
 senders spool. `--aa` also times a third copy, unwatched, against the twin the same way: the
 design's own bias (which should read 0), to subtract from the watched row.
 
+`--wrapper ddp` wraps each copy in DistributedDataParallel instead, whose reducer holds every
+parameter's gradient accumulator node for the job's life. `--every N` (N at most the warm-up's 20
+steps) watches with `every=N`: the warm-up then holds a measured step, whose per-parameter hooks
+come and go before the timing; the timed steps that are measured are left out of the figure.
+
     python benchmarks/unmeasured_step_fsdp.py [--tensors 80,400] [--steps 200] [--server local|none] [--aa]
+    python benchmarks/unmeasured_step_fsdp.py --wrapper ddp --every 10 [--tensors 80,400,1600]
 """
 
 from __future__ import annotations
@@ -49,8 +55,33 @@ def shard(net: torch.nn.Module) -> torch.nn.Module:
     return fully_shard(net, mesh=init_device_mesh("cpu", (WORLD,)))
 
 
+def replicate(net: torch.nn.Module) -> torch.nn.Module:
+    return torch.nn.parallel.DistributedDataParallel(net)
+
+
+WRAPPERS = {"fsdp2": shard, "ddp": replicate}
+LABELS = {"fsdp2": "FSDP2", "ddp": "DDP"}
+NEVER = 10**9  # `--every`'s default: no step measured
+
+
+def measured_index(every: int, steps: int) -> set[int]:
+    """The places, among the timed steps (twin, watched, twin, ...), of the watched steps that a
+    job watching with `every` measures (its ranks measure the multiples of N; the warm-up took
+    the watched copy's first WARMUP steps)."""
+    return {k for k in range(1, 2 * steps + 1, 2) if (WARMUP + (k + 1) // 2) % every == 0}
+
+
 def rank_main(
-    rank: int, port: int, url: str, counts: list[int], width: int, steps: int, out: str, aa: bool = False
+    rank: int,
+    port: int,
+    url: str,
+    counts: list[int],
+    width: int,
+    steps: int,
+    out: str,
+    aa: bool = False,
+    wrapper: str = "fsdp2",
+    every: int = NEVER,
 ) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(WORLD))
     torch.set_num_threads(1)
@@ -60,15 +91,16 @@ def rank_main(
     results = {}
     x = torch.randn(16, width, generator=torch.Generator().manual_seed(rank))
     for n, variant in [(n, v) for n in counts for v in ("watched",) + (("A/A",) if aa else ())]:
-        net, _ = model(n, width)
-        twin = shard(net)
+        wrap = WRAPPERS[wrapper]
+        net = model(n, width)[0]
+        twin = wrap(net)
         twin_opt = torch.optim.SGD(twin.parameters(), lr=1e-4)
-        other_net, _ = model(n, width)
-        other = shard(other_net)
+        other_net = model(n, width)[0]
+        other = wrap(other_net)
         other_opt = torch.optim.SGD(other.parameters(), lr=1e-4)
         w = None
         if variant == "watched":
-            w = gradwatch.watch(other_opt, model=other, server=url, run=f"bench-fsdp-{n}", every=10**9, warn=False)
+            w = gradwatch.watch(other_opt, model=other, server=url, run=f"bench-{wrapper}-{n}", every=every, warn=False)
         for _ in range(WARMUP):
             step(twin, twin_opt, x)
             step(other, other_opt, x)
@@ -84,8 +116,9 @@ def rank_main(
         if w is not None:
             measured = w.measured_steps
             w.close(timeout=10 if url != NOWHERE else 0.5)
-            if measured:  # a job's ranks measure the multiples of N: none here
-                raise SystemExit(f"{measured} steps were measured, expected none")
+            expected = (WARMUP + steps) // every  # a job's ranks measure the multiples of N
+            if measured != expected:
+                raise SystemExit(f"{measured} steps were measured, expected {expected}")
         results[n, variant] = (wall, cpu)
     dist.destroy_process_group()
     if rank == 0:
@@ -99,6 +132,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--width", type=int, default=8, help="in and out features of each Linear (default 8)")
     ap.add_argument("--server", choices=("local", "none"), default="local", help="a real local server, or none")
     ap.add_argument("--aa", action="store_true", help="also time an unwatched copy against its twin (A/A)")
+    ap.add_argument("--wrapper", choices=tuple(WRAPPERS), default="fsdp2", help="FSDP2 (the default) or DDP")
+    ap.add_argument(
+        "--every",
+        type=int,
+        default=NEVER,
+        help=f"watch with every=N, N at most {WARMUP}: a step of the warm-up is measured, and the timed "
+        "steps measured are left out (default: none measured)",
+    )
     args = ap.parse_args(argv)
     try:
         counts = [int(c) for c in args.tensors.split(",")]
@@ -106,6 +147,8 @@ def main(argv: list[str] | None = None) -> int:
         ap.error("--tensors is a comma-separated list of whole numbers")
     if args.steps < 2 or args.width < 1 or any(c < 2 or c % 2 for c in counts):
         ap.error("--steps must be 2 or more, --width 1 or more, and each tensor count even and 2 or more")
+    if not (2 <= args.every <= WARMUP or args.every == NEVER):
+        ap.error(f"--every must be from 2 to {WARMUP} (a step of the warm-up measured), or left out")
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     with tempfile.TemporaryDirectory(prefix="gradwatch-bench-") as tmp:
         os.environ["GRADWATCH_SPOOL"] = tmp
@@ -114,7 +157,7 @@ def main(argv: list[str] | None = None) -> int:
         try:
             mp.start_processes(
                 rank_main,
-                args=(free_port(), url, counts, args.width, args.steps, str(out), args.aa),
+                args=(free_port(), url, counts, args.width, args.steps, str(out), args.aa, args.wrapper, args.every),
                 nprocs=WORLD,
                 start_method="spawn",
             )
@@ -123,18 +166,28 @@ def main(argv: list[str] | None = None) -> int:
                 stop_server(proc)
         results = pickle.loads(out.read_bytes())
     print(
-        f"torch {torch.__version__}, FSDP2 on {WORLD} ranks (gloo, 1 thread each), SGD, Linear({args.width}, "
-        f"{args.width}) layers, {'a local server' if proc else 'no server (spooling)'}; {args.steps} watched steps "
-        "each, alternating with twin steps; rank 0"
+        f"torch {torch.__version__}, {LABELS[args.wrapper]} on {WORLD} ranks (gloo, 1 thread each), SGD, "
+        f"Linear({args.width}, {args.width}) layers, {'a local server' if proc else 'no server (spooling)'}; "
+        f"{args.steps} watched steps each, alternating with twin steps; rank 0"
+        + (
+            f"; every={args.every}, a step of the warm-up measured, the timed ones measured left out"
+            if args.every != NEVER
+            else ""
+        )
     )
     print(
         "tensors | variant | step ms | extra us, wall (90% interval) | extra us, CPU (90% interval) | target us | met"
     )
     met = True
+    left_out = measured_index(args.every, args.steps)
     for (n, variant), (wall, cpu) in results.items():
         row = {}
         for name, times in (("wall", wall), ("cpu", cpu)):
-            extra = [times[k] - (times[k - 1] + times[k + 1]) / 2 for k in range(1, len(times), 2)]
+            extra = [
+                times[k] - (times[k - 1] + times[k + 1]) / 2
+                for k in range(1, len(times), 2)
+                if variant != "watched" or k not in left_out
+            ]
             row[name] = statistics.median(extra)
             row[name + "_lo"], row[name + "_hi"] = median_interval(extra)
         ok = min(row["wall_hi"], row["cpu_hi"]) * 1e6 <= target_us(n)
