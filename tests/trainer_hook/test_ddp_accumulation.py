@@ -5,6 +5,7 @@ zero-fill between passes is still seen as one."""
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -67,3 +68,37 @@ def test_ddp_zero_fill_between_passes_restarts_the_count(ddp_group: None) -> Non
     for m in msgs:
         assert m["params"]["backward_passes"]["weight"] == 1.0, m["step"]
         assert m["params"]["grad_clear"]["weight"] == 2.0, m["step"]
+
+
+def test_ddp_holds_the_accumulator_nodes_and_only_the_sentinels_hook_runs_between_measured_steps(
+    ddp_group: None,
+) -> None:
+    """DDP's reducer holds every parameter's gradient accumulator node for the model's life: the
+    hooks a measured round puts on its parameters must go with the round, or every later
+    backward calls them all (docs/benchmarks.md). Counted with `sys.setprofile`."""
+    torch.manual_seed(0)
+    model = torch.nn.parallel.DistributedDataParallel(torch.nn.Sequential(*[torch.nn.Linear(4, 4) for _ in range(5)]))
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    w = gradwatch.watch(opt, model=model.module, server=NOWHERE, warn=False, every=3)
+    calls: list[int] = []
+
+    def profile(frame, event, arg) -> None:
+        if event == "call" and frame.f_code.co_name in ("on_accumulate", "on_pass"):  # gradwatch's hooks
+            calls[-1] += 1
+
+    for _ in range(7):
+        calls.append(0)
+        sys.setprofile(profile)
+        try:
+            opt.zero_grad()
+            for _ in range(2):
+                model(torch.randn(2, 4)).sum().backward()
+            opt.step()
+        finally:
+            sys.setprofile(None)
+    msgs = sent_steps(w)
+    w.close(timeout=0.1)
+    measured = {m["step"] for m in msgs if m["params"]}
+    assert measured and len(measured) < 7, measured
+    assert calls == [10 * 2 if k + 1 in measured else 2 for k in range(7)]
+    assert all(set(m["params"]["backward_passes"].values()) == {2.0} for m in msgs if m["params"])

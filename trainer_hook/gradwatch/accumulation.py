@@ -1,9 +1,11 @@
 """How each `.grad` was filled: backward passes since the last step, and how it was cleared.
 
-A hook per parameter, run right after autograd adds into its `.grad` (a post hook of its
-AccumulateGrad node), counts the backward passes. The watcher arms the hooks of every parameter
+A hook per parameter counts the backward passes. The watcher arms the hooks of every parameter
 only for the steps it measures, and one sentinel parameter per optimizer otherwise (`arm`,
-`disarm`; docs/design.md). At
+`disarm`; docs/design.md). A sentinel's hook runs right after autograd adds into its `.grad` (a
+post hook of its AccumulateGrad node); a measured round's hooks run right before (tensor
+pre-hooks, which torch drops entirely once removed), and their notes are read as the ones a hook
+after the accumulation would have made (`_take_found`). At
 the first of them after an optimizer step it looks at tensor metadata only (no device work):
 - a different `.grad` tensor than the step left behind: it was set to `None` (`zero_grad()`,
   `model.zero_grad()`, `p.grad = None`) and autograd made a new one;
