@@ -76,6 +76,7 @@ _FRESH: Any = _Fresh()
 _GRAD = operator.attrgetter("grad")
 _VERSION = operator.attrgetter("_version")
 _FIRST = operator.itemgetter(0)
+_SECOND = operator.itemgetter(1)
 _DEREF: Callable[[weakref.ref[Any]], Any] = weakref.ref.__call__  # operator.call is Python 3.11+
 _consume: Callable[[Iterable[Any]], None] = deque(maxlen=0).extend  # runs an iterator of calls (`map`) to its end, in C
 
@@ -450,16 +451,29 @@ class GradTracker:
         of the user's own set it to None), nothing to compare. What each pass left is read after
         the count (`_left`): autograd's new tensor, or one that replaced it inside the backward
         (DDP's bucket view), which no note here names."""
-        note, pass_refs, passes = self._seen.append, self._pass_ref, self._passes
-        for i, grad, version in self._found:
+        found, passes = self._found, self._passes
+        slots = list(map(_FIRST, found))
+        self._began += slots
+        if (
+            not any(map(operator.is_not, map(_SECOND, found), repeat(None)))
+            and not any(map(passes.__getitem__, slots))
+            and not any(map(operator.is_, map(self._ref.__getitem__, slots), repeat(None)))
+            and len(set(slots)) == len(slots)
+        ):  # the usual first pass after a step whose zero_grad() set every `.grad` to None: each
+            # one pass after a clear to None, as `_drain` reads it, with no loop in Python
+            _consume(map(passes.__setitem__, slots, repeat(1)))
+            _consume(map(self._clear.__setitem__, slots, repeat(CLEAR_NONE)))
+            found.clear()
+            return
+        note, pass_refs = self._seen.append, self._pass_ref
+        for i, grad, version in found:
             if grad is not None:
                 note((i, grad, version + 1))
             elif passes[i] and pass_refs[i] is _DEAD:
                 note((i, None, 0))
             else:
                 note((i, _FRESH, 0))
-            self._began.append(i)
-        self._found.clear()
+        found.clear()
 
     def _left(self) -> None:
         """What the passes `_take_found` counted left in `.grad`: what the next pass is compared with."""
@@ -467,12 +481,16 @@ class GradTracker:
         if not began:
             return
         params, pass_refs, pass_versions = self._params, self._pass_ref, self._pass_version
-        for i in began:
-            grad = params[i].grad
-            if grad is None:
-                pass_refs[i], pass_versions[i] = _DEAD, 0
-            else:
-                pass_refs[i], pass_versions[i] = weakref.ref(grad), grad._version
+        grads = list(map(_GRAD, map(params.__getitem__, began)))
+        if not any(map(operator.is_, grads, repeat(None))):  # in C, as `_scan_new`
+            _consume(map(pass_refs.__setitem__, began, map(weakref.ref, grads)))
+            _consume(map(pass_versions.__setitem__, began, map(_VERSION, grads)))
+        else:
+            for i, grad in zip(began, grads):
+                if grad is None:
+                    pass_refs[i], pass_versions[i] = _DEAD, 0
+                else:
+                    pass_refs[i], pass_versions[i] = weakref.ref(grad), grad._version
         began.clear()
 
     def end_step(self, indices: Optional[Collection[int]] = None) -> tuple[list[int], list[Optional[float]]]:
