@@ -18,10 +18,12 @@ times, to see the spread. To compare two checkouts, run the script (from either)
 checkout's hook first on the path, alternating:
 
     OMP_NUM_THREADS=1 PYTHONPATH=<checkout>/trainer_hook python benchmarks/measured_step.py [--tensors 80,400] [--steps 300]
-    OMP_NUM_THREADS=1 PYTHONPATH=<checkout>/trainer_hook python benchmarks/measured_step.py --profile [--tensors 80]
+    OMP_NUM_THREADS=1 PYTHONPATH=<checkout>/trainer_hook python benchmarks/measured_step.py --profile [--tensors 80] [--ddp]
 
 `--profile` times `--steps` watched steps (no twin) under cProfile and prints the functions of
-gradwatch by their own time per step, and the total of torch's calls that the hook made.
+gradwatch by their own time per step, and the total of torch's calls that the hook made; with
+`--ddp` the model is in DistributedDataParallel (one rank, gloo), where no round is counted by a
+scan: every measured round hooks every parameter.
 
 `--floor` sets `every=1` against overhead.py's floor variant (one `.sum()` of every gradient
 after the backward, of every parameter and state tensor after the step: the bytes the hook
@@ -191,10 +193,13 @@ def against_floor(
     return out
 
 
-def profile(tensors: int, width: int, steps: int, top: int) -> None:
-    """cProfile of `steps` watched steps: gradwatch's functions by own time per step."""
+def profile(tensors: int, width: int, steps: int, top: int, ddp: bool = False) -> None:
+    """cProfile of `steps` watched steps: gradwatch's functions by own time per step. `ddp`: the
+    model wrapped in DistributedDataParallel, in a one-rank group of its own (gloo)."""
     x = torch.randn(16, width)
     net, opt = model(tensors, width)
+    if ddp:
+        net = torch.nn.parallel.DistributedDataParallel(net)
     w = gradwatch.watch(opt, model=net, server=NOWHERE, every=1, warn=False)
     for _ in range(WARMUP):
         step(net, opt, x)
@@ -225,6 +230,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--repeat", type=int, default=1, help="runs of each count (default 1)")
     ap.add_argument("--profile", action="store_true", help="profile the hook's Python instead (cProfile)")
     ap.add_argument("--top", type=int, default=25, help="functions --profile prints (default 25)")
+    ap.add_argument(
+        "--ddp",
+        action="store_true",
+        help="with --profile: the model in DistributedDataParallel, one rank (gloo): every round counted with hooks",
+    )
     ap.add_argument(
         "--floor",
         action="store_true",
@@ -263,6 +273,8 @@ def main(argv: list[str] | None = None) -> int:
         ap.error("--server local goes with --floor")
     if args.ballast and not args.floor:
         ap.error("--ballast goes with --floor")
+    if args.ddp and not args.profile:
+        ap.error("--ddp goes with --profile")
     torch.set_num_threads(1)
     torch.set_flush_denormal(True)
     logging.getLogger("gradwatch").setLevel(logging.ERROR)  # not "kept in the spool": it is deleted
@@ -280,8 +292,16 @@ def main(argv: list[str] | None = None) -> int:
             + ("a local server" if args.server == "local" else "no server (spooling)")
         )
         if args.profile:
-            for n in counts:
-                profile(n, args.width, args.steps, args.top)
+            if args.ddp:
+                store = torch.distributed.FileStore(os.path.join(tmp, "ddp-store"), 1)
+                torch.distributed.init_process_group("gloo", store=store, rank=0, world_size=1)
+                print("DistributedDataParallel, one rank (gloo): every round counted with hooks")
+            try:
+                for n in counts:
+                    profile(n, args.width, args.steps, args.top, args.ddp)
+            finally:
+                if args.ddp:
+                    torch.distributed.destroy_process_group()
             return 0
         if args.floor:
             mlp = args.model == "mlp"

@@ -78,8 +78,23 @@ def test_the_copies_rotating_cancel_where_each_lies() -> None:
         ["--server", "local"],
         ["--floor", "--server", "remote"],
         ["--ballast"],
+        ["--ddp"],
     ],
 )
 def test_bad_flags_are_refused(args: list[str]) -> None:
     done = run_main(load(SCRIPT).main, SCRIPT, args)
     assert done.returncode == 2 and "usage:" in done.stderr, done.stderr
+
+
+def test_the_profile_of_a_ddp_model_names_the_rounds_pre_hooks() -> None:
+    """`--profile --ddp`: a one-rank DDP (every measured round hooks every parameter) profiled
+    step by step, its rows gradwatch's functions, among them the pre-hook that counts the passes."""
+    done = subprocess.run(
+        [sys.executable, str(SCRIPT), "--profile", "--ddp", "--tensors", "4", "--steps", "5", "--top", "40"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr
+    assert "DistributedDataParallel, one rank (gloo)" in done.stdout, done.stdout
+    assert "4 tensors: gradwatch's own Python" in done.stdout and "on_pass" in done.stdout, done.stdout
