@@ -134,9 +134,8 @@ def test_zoom_fetches_the_window_at_full_resolution(dash: ServerProcess, page: P
     assert not loss_steps(p, 601, 700) or len(loss_steps(p, 601, 700)) < 100
 
     # Double-click: back to the whole run, downsampled as before.
-    box = chart(p, "loss").locator(".nsewdrag").bounding_box()
-    assert box is not None
-    p.mouse.dblclick(box["x"] + box["width"] / 2, box["y"] + box["height"] / 2)
+    area = box(p, '[data-chart="loss"] .nsewdrag')
+    p.mouse.dblclick(area["x"] + area["width"] / 2, area["y"] + area["height"] / 2)
     p.wait_for_function("document.body.dataset.zoom === 'all'")
     assert loss_steps(p) == overview
     assert chart(p, "loss").get_attribute("data-window") is None

@@ -188,13 +188,24 @@ def scalars_run(run_id: str, params: list[str], extra: tuple[str, ...]) -> Scala
     return run
 
 
-def box(p: sync_api.Page, selector: str) -> dict[str, float]:
-    """The element's box once it is drawn (the page may draw it a frame after its row exists)."""
-    first = p.locator(selector).first
-    sync_api.expect(first).to_be_visible()
-    b = first.bounding_box()
-    assert b is not None, f"{selector} is not drawn"
-    return b
+_DRAWN_BOX = """(selector) => {
+    const e = document.querySelector(selector);
+    const r = e && e.getBoundingClientRect();
+    return r && r.width > 0 && r.height > 0 ? {x: r.x, y: r.y, width: r.width, height: r.height} : null;
+}"""
+
+
+def box(p: sync_api.Page, selector: str, timeout_ms: float = 5000) -> dict[str, float]:
+    """The first match's box once it is drawn, read in one evaluation in the page.
+
+    Pages redraw whole tables and cards on refresh: a box read through a locator can resolve an
+    element the next redraw has just detached, and comes back empty. One evaluation cannot be
+    split by a redraw, and it is retried until the element is drawn.
+    """
+    try:
+        return p.wait_for_function(_DRAWN_BOX, arg=selector, timeout=timeout_ms).json_value()
+    except sync_api.TimeoutError:
+        raise AssertionError(f"{selector} is not drawn within {timeout_ms / 1000:g} s") from None
 
 
 def finding_counts(http: httpx.Client, run_id: str) -> dict[str, int]:
