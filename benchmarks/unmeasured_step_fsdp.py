@@ -4,20 +4,24 @@ The FSDP sibling of benchmarks/unmeasured_step.py: a 2-rank job on CPU (gloo, on
 per rank). Each rank holds two copies of an MLP of tiny `Linear(--width, --width)` layers, each
 wrapped by FSDP2's `fully_shard` on a 1-D mesh (the root only: one all-gather and one
 reduce-scatter a step, whatever the tensor count, so that the collectives do not swamp the
-per-tensor figure): a twin, unwatched, and a copy watched on every rank with `every=10**9` (in a job the
-ranks measure the multiples of N: no step is measured). SGD. The steps alternate strictly, twin, watched, twin, ..., the same on
-both ranks (each step's collectives pair the ranks' copies); a watched step's extra is its time
-minus the mean of the two twin steps beside it, on rank 0. The figure is the median over
-`--steps` watched steps, with a 90% bootstrap interval, in wall time and in the training thread's
-CPU time (`time.thread_time`), against the issue's bound of 20 us plus 0.5 us per tensor. By
+per-tensor figure), SGD: one copy watched on every rank with `every=10**9` (in a job the ranks
+measure the multiples of N: no step is measured), the other its unwatched twin. The steps
+alternate strictly, twin, watched, twin, ..., the same on both ranks (each step's collectives pair
+the ranks' copies); a watched step's extra is its time minus the mean of the two twin steps
+beside it, on rank 0. Where each copy's tensors lie moves its steps for its whole life, so the
+copies cross over, as in unmeasured_step.py: the first is watched for half the steps, then its
+watcher is closed and the second is watched against it for the other half (each half after a
+warm-up); the k-th extras of the halves are averaged. The figure is the median of those averages
+over `--steps` watched steps, with a 90% bootstrap interval, in wall time and in the training
+thread's CPU time (`time.thread_time`), against the issue's bound of 20 us plus 0.5 us per tensor. By
 default the ranks stream to a real `gradwatch serve` on this machine; `--server none`: the
 senders spool. `--aa` also times a third copy, unwatched, against the twin the same way: the
 design's own bias (which should read 0), to subtract from the watched row.
 
 `--wrapper ddp` wraps each copy in DistributedDataParallel instead, whose reducer holds every
 parameter's gradient accumulator node for the job's life. `--every N` (N at most the warm-up's 20
-steps) watches with `every=N`: the warm-up then holds a measured step, whose per-parameter hooks
-come and go before the timing; the timed steps that are measured are left out of the figure.
+steps) watches with `every=N`: each half's warm-up then holds a measured step, whose per-parameter
+hooks come and go before the timing; the timed steps that are measured are left out of the figure.
 
     python benchmarks/unmeasured_step_fsdp.py [--tensors 80,400] [--steps 200] [--server local|none] [--aa]
     python benchmarks/unmeasured_step_fsdp.py --wrapper ddp --every 10 [--tensors 80,400,1600]
@@ -65,9 +69,9 @@ NEVER = 10**9  # `--every`'s default: no step measured
 
 
 def measured_index(every: int, steps: int) -> set[int]:
-    """The places, among the timed steps (twin, watched, twin, ...), of the watched steps that a
-    job watching with `every` measures (its ranks measure the multiples of N; the warm-up took
-    the watched copy's first WARMUP steps)."""
+    """The places, among a half's `steps` timed steps (twin, watched, twin, ...), of the watched
+    steps that a job watching with `every` measures (its ranks measure the multiples of N; the
+    half's warm-up took the watched copy's first WARMUP steps under its watcher)."""
     return {k for k in range(1, 2 * steps + 1, 2) if (WARMUP + (k + 1) // 2) % every == 0}
 
 
@@ -90,36 +94,35 @@ def rank_main(
     dist.init_process_group("gloo", rank=rank, world_size=WORLD)
     results = {}
     x = torch.randn(16, width, generator=torch.Generator().manual_seed(rank))
+    half = -(-steps // 2)
     for n, variant in [(n, v) for n in counts for v in ("watched",) + (("A/A",) if aa else ())]:
-        wrap = WRAPPERS[wrapper]
-        net = model(n, width)[0]
-        twin = wrap(net)
-        twin_opt = torch.optim.SGD(twin.parameters(), lr=1e-4)
-        other_net = model(n, width)[0]
-        other = wrap(other_net)
-        other_opt = torch.optim.SGD(other.parameters(), lr=1e-4)
-        w = None
-        if variant == "watched":
-            w = gradwatch.watch(other_opt, model=other, server=url, run=f"bench-{wrapper}-{n}", every=every, warn=False)
-        for _ in range(WARMUP):
-            step(twin, twin_opt, x)
-            step(other, other_opt, x)
-        wall, cpu = [], []
-        for k in range(2 * steps + 1):
-            t, c = time.perf_counter(), time.thread_time()
-            if k % 2:
-                step(other, other_opt, x)
-            else:
-                step(twin, twin_opt, x)
-            wall.append(time.perf_counter() - t)
-            cpu.append(time.thread_time() - c)
-        if w is not None:
-            measured = w.measured_steps
-            w.close(timeout=10 if url != NOWHERE else 0.5)
-            expected = (WARMUP + steps) // every  # a job's ranks measure the multiples of N
-            if measured != expected:
-                raise SystemExit(f"{measured} steps were measured, expected {expected}")
-        results[n, variant] = (wall, cpu)
+        copies = []
+        for _ in range(2):
+            net = WRAPPERS[wrapper](model(n, width)[0])
+            copies.append((net, torch.optim.SGD(net.parameters(), lr=1e-4)))
+        halves = []
+        for i, (twin, copy) in enumerate((copies, copies[::-1])):  # each copy watched for half the steps
+            w = None
+            if variant == "watched":
+                run = f"bench-{wrapper}-{n}-{i}"
+                w = gradwatch.watch(copy[1], model=copy[0], server=url, run=run, every=every, warn=False)
+            for _ in range(WARMUP):
+                step(*twin, x)
+                step(*copy, x)
+            wall, cpu = [], []
+            for k in range(2 * half + 1):
+                t, c = time.perf_counter(), time.thread_time()
+                step(*(copy if k % 2 else twin), x)
+                wall.append(time.perf_counter() - t)
+                cpu.append(time.thread_time() - c)
+            if w is not None:
+                measured = w.measured_steps
+                w.close(timeout=10 if url != NOWHERE else 0.5)
+                expected = (WARMUP + half) // every  # a job's ranks measure the multiples of N
+                if measured != expected:
+                    raise SystemExit(f"{measured} steps were measured, expected {expected}")
+            halves.append((wall, cpu))
+        results[n, variant] = halves
     dist.destroy_process_group()
     if rank == 0:
         Path(out).write_bytes(pickle.dumps(results))
@@ -179,20 +182,25 @@ def main(argv: list[str] | None = None) -> int:
         "tensors | variant | step ms | extra us, wall (90% interval) | extra us, CPU (90% interval) | target us | met"
     )
     met = True
-    left_out = measured_index(args.every, args.steps)
-    for (n, variant), (wall, cpu) in results.items():
+    half = -(-args.steps // 2)
+    left_out = measured_index(args.every, half)
+    for (n, variant), halves in results.items():
         row = {}
-        for name, times in (("wall", wall), ("cpu", cpu)):
-            extra = [
-                times[k] - (times[k - 1] + times[k + 1]) / 2
-                for k in range(1, len(times), 2)
-                if variant != "watched" or k not in left_out
+        for name, at in (("wall", 0), ("cpu", 1)):
+            extras = [
+                [
+                    times[k] - (times[k - 1] + times[k + 1]) / 2
+                    for k in range(1, len(times), 2)
+                    if variant != "watched" or k not in left_out
+                ]
+                for times in (h[at] for h in halves)
             ]
+            extra = [(a + b) / 2 for a, b in zip(*extras)]  # where each copy lies cancels
             row[name] = statistics.median(extra)
             row[name + "_lo"], row[name + "_hi"] = median_interval(extra)
         ok = min(row["wall_hi"], row["cpu_hi"]) * 1e6 <= target_us(n)
         met &= ok or variant == "A/A"
-        step_ms = statistics.median(wall[0::2]) * 1e3
+        step_ms = statistics.median(t for wall, _ in halves for t in wall[0::2]) * 1e3
         print(
             f"{n:7d} | {variant:7s} | {step_ms:7.2f} | {row['wall'] * 1e6:+8.1f} ({row['wall_lo'] * 1e6:+.1f} to "
             f"{row['wall_hi'] * 1e6:+.1f}) | {row['cpu'] * 1e6:+8.1f} ({row['cpu_lo'] * 1e6:+.1f} to "
