@@ -1,22 +1,23 @@
 """What a step gradwatch does not measure costs the training thread under FSDP2, by tensor count.
 
-The FSDP sibling of benchmarks/unmeasured_step.py: a 2-rank job on CPU (gloo, one torch thread
-per rank). Each rank holds two copies of an MLP of tiny `Linear(--width, --width)` layers, each
-wrapped by FSDP2's `fully_shard` on a 1-D mesh (the root only: one all-gather and one
-reduce-scatter a step, whatever the tensor count, so that the collectives do not swamp the
-per-tensor figure), SGD: one copy watched on every rank with `every=10**9` (in a job the ranks
-measure the multiples of N: no step is measured), the other its unwatched twin. The steps
-alternate strictly, twin, watched, twin, ..., the same on both ranks (each step's collectives pair
-the ranks' copies); a watched step's extra is its time minus the mean of the two twin steps
-beside it, on rank 0. Where each copy's tensors lie moves its steps for its whole life, so the
-copies cross over, as in unmeasured_step.py: the first is watched for half the steps, then its
-watcher is closed and the second is watched against it for the other half (each half after a
-warm-up); the k-th extras of the halves are averaged. The figure is the median of those averages
-over `--steps` watched steps, with a 90% bootstrap interval, in wall time and in the training
-thread's CPU time (`time.thread_time`), against the issue's bound of 20 us plus 0.5 us per tensor. By
-default the ranks stream to a real `gradwatch serve` on this machine; `--server none`: the
-senders spool. `--aa` also times a third copy, unwatched, against the twin the same way: the
-design's own bias (which should read 0), to subtract from the watched row.
+The FSDP sibling of benchmarks/unmeasured_step.py: a 2-rank job on CPU (gloo, one torch thread per
+rank). Each rank holds two copies of an MLP of tiny `Linear(--width, --width)` layers, each wrapped
+by FSDP2's `fully_shard` on a 1-D mesh (the root only: one all-gather and one reduce-scatter a
+step, whatever the tensor count, so that the collectives do not swamp the per-tensor figure), SGD:
+one copy watched on every rank with `every=10**9` (in a job the ranks measure the multiples of N:
+no step is measured), the other its unwatched twin. The steps alternate strictly, twin, watched,
+twin, ..., the same on both ranks (each step's collectives pair the ranks' copies); a watched
+step's extra is its time minus each of the two twin steps beside it, both differences kept (a step
+less the mean of its two neighbours has a median below zero even between steps alike, their times
+being skewed to the right), on rank 0. Where each copy's tensors lie moves its steps for its whole
+life, so the copies cross over, as in unmeasured_step.py: the first is watched for half the steps,
+then its watcher is closed and the second is watched against it for the other half (each half after
+a warm-up); the k-th extras of the halves are averaged. The figure is the median of those averages
+over `--steps` watched steps (two a step), with a 90% bootstrap interval, in wall time and in the
+training thread's CPU time (`time.thread_time`), against the issue's bound of 20 us plus 0.5 us per
+tensor. By default the ranks stream to a real `gradwatch serve` on this machine; `--server none`:
+the senders spool. `--aa` also times two fresh copies, neither watched, the same way: the design's
+own bias (which should read 0), to subtract from the watched row.
 
 `--wrapper ddp` wraps each copy in DistributedDataParallel instead, whose reducer holds every
 parameter's gradient accumulator node for the job's life. `--every N` (N at most the warm-up's 20
@@ -187,11 +188,12 @@ def main(argv: list[str] | None = None) -> int:
     for (n, variant), halves in results.items():
         row = {}
         for name, at in (("wall", 0), ("cpu", 1)):
-            extras = [
+            extras = [  # each difference to a twin step beside it: see unmeasured_step.extra
                 [
-                    times[k] - (times[k - 1] + times[k + 1]) / 2
+                    times[k] - times[j]
                     for k in range(1, len(times), 2)
                     if variant != "watched" or k not in left_out
+                    for j in (k - 1, k + 1)
                 ]
                 for times in (h[at] for h in halves)
             ]
