@@ -157,7 +157,7 @@ def test_a_sender_thread_that_raises_or_hangs_never_reaches_training(spool_dir: 
     Its steps are timed paired with a reference twin's (the hook with a working sender, pointed
     at a port that refuses at once), interleaved step by step: a reference taken before the hooked
     steps counted the load that came between them against the hook (2.2x once, on a loaded machine)."""
-    steps = 40  # pairs a fault: a median of 20 moved by +-0.3 beside a busy process on 2 cores
+    steps = 40  # pairs a fault: enough for a median that a busy process beside it does not move
     figures = []
     release = threading.Event()
 

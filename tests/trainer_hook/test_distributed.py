@@ -169,9 +169,9 @@ def test_gradwatch_sync_replays_each_ranks_spool_into_one_run(tmp_path: Path, sp
     url = f"http://127.0.0.1:{find_free_port()}"
     job = run_ranks(offline_ddp_job, world_size=2, args=(url,))[0]
     spools = [f"{job}.r0.spool", f"{job}.r1.spool"]
-    # Both ranks' processes are reaped here, and each closed its spool; yet once, on a machine
-    # loaded to five test workers on two cores, a rank's spool still read as locked at this
-    # point. Listed again for a while: if a lock outlives its run, the message says where.
+    # Both ranks' processes are reaped here and each closed its spool, but on a loaded machine a
+    # spool can still read as locked for a moment: listed again for a while, and if a lock
+    # outlives its run, the message says which process holds it.
     try:
         wait_for("both ranks' spools pending", lambda: sorted(p.name for p in pending_spools(spool_dir)) == spools, 10)
     except AssertionError as exc:
